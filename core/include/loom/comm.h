@@ -1,0 +1,152 @@
+/* loom — the communicator ABI (DESIGN §3).
+ *
+ * Two layers:
+ *  - loom_comm_plugin_v1: what a backend plugin (mpi, ucx, nccl) implements,
+ *    exported as `const loom_comm_plugin_v1 loom_comm_plugin_v1`;
+ *  - loom_comm_api: what strategies and the core call, on loom_group handles.
+ *    It dispatches to the backend, counts bytes per op and traces each call.
+ *
+ * Conventions for every collective:
+ *  - non-blocking: the call posts the operation and returns a request, which
+ *    test/wait complete and release. A backend may set *req = NULL when the
+ *    operation completed at issue (a zero-size one, say).
+ *  - counts are in elements of dtype; zero counts are legal and complete.
+ *  - buffers are of the memory kinds the backend declares in mem_kinds.
+ *  - in place: allreduce and reduce accept send == recv; allgather accepts
+ *    send == recv + rank * count * elemsize.
+ *  - every rank of the group calls collectives in the same order; each call
+ *    gets the next sequence number of that group, which error messages name.
+ *  - wait never blocks longer than the host's timeout_s: on expiry it fails
+ *    with LOOM_ERR_TIMEOUT and a detail naming the op, its sequence number
+ *    and the ranks that did not arrive. */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include "loom/plugin.h"
+
+typedef struct loom_comm loom_comm;                 /* a backend's communicator */
+typedef struct loom_comm_request loom_comm_request; /* a backend's in-flight op */
+
+typedef enum loom_comm_op {
+    LOOM_OP_ALLREDUCE = 0,
+    LOOM_OP_BROADCAST = 1,
+    LOOM_OP_REDUCE = 2,
+    LOOM_OP_ALLGATHER = 3,
+    LOOM_OP_REDUCESCATTER = 4,
+    LOOM_OP_ALLTOALL = 5,
+    LOOM_OP_SEND = 6,
+    LOOM_OP_RECV = 7,
+    LOOM_OP_BARRIER = 8,
+    LOOM_OP_COUNT
+} loom_comm_op;
+
+static inline const char *loom_comm_op_name(loom_comm_op op)
+{
+    static const char *names[LOOM_OP_COUNT] = {"allreduce", "broadcast",     "reduce",
+                                               "allgather", "reducescatter", "alltoall",
+                                               "send",      "recv",          "barrier"};
+    return (unsigned)op < LOOM_OP_COUNT ? names[op] : "?";
+}
+
+typedef struct loom_comm_plugin_v1 {
+    loom_plugin_header header; /* kind = LOOM_PLUGIN_COMM */
+    uint32_t mem_kinds;        /* LOOM_MEM_BIT(LOOM_MEM_HOST) | ... */
+    uint32_t reserved;
+
+    /* ---- lifetime (REQUIRED) ---- */
+
+    /* The communicator of all ranks of the job, ranks as host->rank. Uses the
+     * host's bootstrap store for any out-of-band exchange. Collective. */
+    int (*create_world)(const loom_host *host, loom_comm **out);
+    /* Collective over every rank of parent: each rank passes the parent
+     * ranks of its own subgroup (which contains it), in the order that gives
+     * the subgroup's ranks; disjoint lists partition the parent. */
+    int (*create_subgroup)(loom_comm *parent, const int *ranks, int nranks, loom_comm **out);
+    int (*destroy)(loom_comm *comm);
+    int (*rank)(const loom_comm *comm);
+    int (*size)(const loom_comm *comm);
+
+    /* ---- collectives (REQUIRED) ---- */
+
+    int (*allreduce)(loom_comm *comm, const void *send, void *recv, size_t count,
+                     loom_dtype dtype, loom_redop op, loom_comm_request **req);
+    int (*broadcast)(loom_comm *comm, void *buf, size_t count, loom_dtype dtype, int root,
+                     loom_comm_request **req);
+    /* recv is significant on root only. */
+    int (*reduce)(loom_comm *comm, const void *send, void *recv, size_t count,
+                  loom_dtype dtype, loom_redop op, int root, loom_comm_request **req);
+    /* send: count elements; recv: size * count, rank r's block at r * count. */
+    int (*allgather)(loom_comm *comm, const void *send, void *recv, size_t count,
+                     loom_dtype dtype, loom_comm_request **req);
+    /* send: size * count elements; recv: count, the reduced block of this rank. */
+    int (*reducescatter)(loom_comm *comm, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_redop op, loom_comm_request **req);
+    /* send and recv: size * count; block j of send goes to rank j, block i of
+     * recv came from rank i. */
+    int (*alltoall)(loom_comm *comm, const void *send, void *recv, size_t count,
+                    loom_dtype dtype, loom_comm_request **req);
+    /* Point-to-point. tag >= 0; a (peer, tag) pair matches in posting order. */
+    int (*send)(loom_comm *comm, const void *buf, size_t count, loom_dtype dtype, int peer,
+                int tag, loom_comm_request **req);
+    int (*recv)(loom_comm *comm, void *buf, size_t count, loom_dtype dtype, int peer,
+                int tag, loom_comm_request **req);
+    int (*barrier)(loom_comm *comm, loom_comm_request **req);
+
+    /* LOOM_OK when done (the request is released), LOOM_IN_PROGRESS, or an
+     * error (the request is released). Drives progress; never blocks. */
+    int (*test)(loom_comm_request *req);
+    /* Until done or the timeout; releases the request either way. */
+    int (*wait)(loom_comm_request *req);
+
+    /* ---- OPTIONAL ---- */
+
+    /* Bracket point-to-point calls that must be posted together (a pipeline
+     * stage's send+recv pair). NULL: calls are posted as they come, which is
+     * correct because they never block. */
+    int (*group_start)(loom_comm *comm);
+    int (*group_end)(loom_comm *comm);
+    /* Register a buffer for reuse across calls (UCX memory handles, NCCL user
+     * buffers). NULL: nothing to register. */
+    int (*mem_register)(loom_comm *comm, void *ptr, size_t bytes, loom_mem_kind kind,
+                        void **handle);
+    int (*mem_deregister)(loom_comm *comm, void *handle);
+    /* Give up on everything in flight after a failure so destroy cannot hang. */
+    int (*abort)(loom_comm *comm);
+} loom_comm_plugin_v1;
+
+/* ---- the core's side: groups, as strategies and the core use them ---- */
+
+typedef struct loom_group loom_group;     /* a communicator the core manages */
+typedef struct loom_request loom_request; /* an in-flight op on a group */
+
+/* Semantics as in loom_comm_plugin_v1. A NULL request is already complete. */
+typedef struct loom_comm_api {
+    uint32_t struct_size;
+    int (*rank)(const loom_group *g);
+    int (*size)(const loom_group *g);
+    const char *(*backend)(const loom_group *g); /* "mpi", "ucx", "self", ... */
+
+    int (*allreduce)(loom_group *g, const void *send, void *recv, size_t count,
+                     loom_dtype dtype, loom_redop op, loom_request **req);
+    int (*broadcast)(loom_group *g, void *buf, size_t count, loom_dtype dtype, int root,
+                     loom_request **req);
+    int (*reduce)(loom_group *g, const void *send, void *recv, size_t count, loom_dtype dtype,
+                  loom_redop op, int root, loom_request **req);
+    int (*allgather)(loom_group *g, const void *send, void *recv, size_t count,
+                     loom_dtype dtype, loom_request **req);
+    int (*reducescatter)(loom_group *g, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_redop op, loom_request **req);
+    int (*alltoall)(loom_group *g, const void *send, void *recv, size_t count,
+                    loom_dtype dtype, loom_request **req);
+    int (*send)(loom_group *g, const void *buf, size_t count, loom_dtype dtype, int peer,
+                int tag, loom_request **req);
+    int (*recv)(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                loom_request **req);
+    int (*barrier)(loom_group *g, loom_request **req);
+    int (*group_start)(loom_group *g);
+    int (*group_end)(loom_group *g);
+    int (*test)(loom_request *req);
+    int (*wait)(loom_request *req);
+} loom_comm_api;
+
+#endif

@@ -1,0 +1,196 @@
+/* loom — the plugin ABI: the header every plugin struct starts with, the
+ * export convention, and the host table the core hands to each plugin.
+ *
+ * A plugin file is libloom-<kind>-<name>.so and exports exactly one const
+ * data symbol, loom_<kind>_plugin_v<MAJOR> (e.g. loom_comm_plugin_v1), whose
+ * type is the frozen struct of comm.h, strategy.h or memtier.h. Structs only
+ * grow at their end (minor versions); the core calls an op only when
+ * offsetof(op) < header.struct_size and the pointer is non-NULL. A new major
+ * gets a new struct type and symbol name.
+ *
+ * Plugins do not link libloom. Everything they need from the core arrives
+ * through the loom_host table passed to their create op. */
+#ifndef LOOM_PLUGIN_H
+#define LOOM_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/status.h"
+#include "loom/tensor.h"
+
+#define LOOM_ABI_MAJOR 1
+#define LOOM_ABI_MINOR 0
+#define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
+#define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
+#define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
+
+/* Put this on the one exported symbol; build everything else with
+ * -fvisibility=hidden. */
+#if defined(__GNUC__)
+#define LOOM_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define LOOM_PLUGIN_EXPORT
+#endif
+
+typedef enum loom_plugin_kind {
+    LOOM_PLUGIN_COMM = 1,
+    LOOM_PLUGIN_STRATEGY = 2,
+    LOOM_PLUGIN_MEMTIER = 3,
+} loom_plugin_kind;
+
+static inline const char *loom_plugin_kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case LOOM_PLUGIN_COMM: return "comm";
+    case LOOM_PLUGIN_STRATEGY: return "strategy";
+    case LOOM_PLUGIN_MEMTIER: return "memtier";
+    default: return "?";
+    }
+}
+
+/* A setting a plugin accepts in its own config group (comm.ucx = { ... }).
+ * The core validates the group against this list before create: unknown
+ * names are errors with a suggestion, values are type-checked, and missing
+ * ones take default_value. */
+typedef enum loom_setting_type {
+    LOOM_SETTING_INT = 1,
+    LOOM_SETTING_FLOAT = 2,
+    LOOM_SETTING_BOOL = 3,
+    LOOM_SETTING_STRING = 4,
+} loom_setting_type;
+
+typedef struct loom_setting_spec {
+    const char *name;          /* NULL ends the list */
+    loom_setting_type type;
+    const char *default_value; /* as it would be written in the config */
+    const char *help;          /* one line */
+} loom_setting_spec;
+
+/* The first member of every plugin struct. */
+typedef struct loom_plugin_header {
+    uint32_t abi_version;  /* LOOM_ABI_VERSION(MAJOR, MINOR) the plugin was built with */
+    uint32_t struct_size;  /* sizeof the whole plugin struct at build time */
+    uint32_t kind;         /* loom_plugin_kind */
+    uint32_t reserved;
+    const char *name;        /* must match the file: libloom-<kind>-<name>.so */
+    const char *description; /* one line */
+    const loom_setting_spec *settings; /* NULL or a list ended by a NULL name */
+} loom_plugin_header;
+
+#define LOOM_PLUGIN_HEADER(kind_, struct_type, name_, description_, settings_)      \
+    {                                                                                \
+        LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR), (uint32_t)sizeof(struct_type), \
+            (uint32_t)(kind_), 0, (name_), (description_), (settings_)               \
+    }
+
+typedef enum loom_log_level {
+    LOOM_LOG_ERROR = 0,
+    LOOM_LOG_WARN = 1,
+    LOOM_LOG_INFO = 2,
+    LOOM_LOG_DEBUG = 3,
+} loom_log_level;
+
+/* Memory purposes: every byte the core, a strategy or the model keeps is
+ * accounted under one of these, per tier. */
+typedef enum loom_purpose {
+    LOOM_PURPOSE_PARAMS = 0,
+    LOOM_PURPOSE_GRADS = 1,
+    LOOM_PURPOSE_OPTIMIZER = 2,
+    LOOM_PURPOSE_ACTIVATIONS = 3,
+    LOOM_PURPOSE_COMM = 4,
+    LOOM_PURPOSE_OTHER = 5,
+    LOOM_PURPOSE_COUNT
+} loom_purpose;
+
+static inline const char *loom_purpose_name(loom_purpose p)
+{
+    static const char *names[LOOM_PURPOSE_COUNT] = {
+        "params", "grads", "optimizer", "activations", "comm", "other"};
+    return (unsigned)p < LOOM_PURPOSE_COUNT ? names[p] : "?";
+}
+
+/* Storage tiers, fastest first. */
+typedef enum loom_tier {
+    LOOM_TIER_DEVICE = 0,
+    LOOM_TIER_HOST = 1,
+    LOOM_TIER_PINNED = 2, /* page-locked host memory, for async device copies */
+    LOOM_TIER_NVME = 3,
+    LOOM_TIER_COUNT
+} loom_tier;
+
+static inline const char *loom_tier_name(loom_tier t)
+{
+    static const char *names[LOOM_TIER_COUNT] = {"device", "host", "pinned", "nvme"};
+    return (unsigned)t < LOOM_TIER_COUNT ? names[t] : "?";
+}
+
+/* Trace lanes of the Chrome/Perfetto timeline. */
+typedef enum loom_trace_lane {
+    LOOM_LANE_COMPUTE = 0,
+    LOOM_LANE_COMM = 1,
+    LOOM_LANE_MEMORY = 2,
+} loom_trace_lane;
+
+struct loom_comm_api;
+
+#define LOOM_HOST_VERSION 1
+
+/* The core's services, one table per plugin instance (its config group and
+ * its key prefix in the bootstrap store are bound into it). Grows at its end;
+ * check struct_size before using a member added after LOOM_HOST_VERSION 1. */
+typedef struct loom_host {
+    uint32_t struct_size;
+    uint32_t version;
+
+    /* Who we are in the job. */
+    int rank;
+    int world_size;
+    int local_rank; /* rank among the processes on this machine */
+    int local_size;
+    double timeout_s; /* comm.timeout_s: no wait may exceed it */
+
+    /* Logging; lines are prefixed with the rank and the plugin's name. */
+    void (*log)(const struct loom_host *host, loom_log_level level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    /* Records the calling thread's error detail and returns status, so a
+     * plugin can write: return host->error(host, LOOM_ERR_INVALID, "..."). */
+    int (*error)(const struct loom_host *host, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+
+    /* The plugin's own config group, already validated against its
+     * loom_setting_spec list, defaults filled in. LOOM_ERR_NOT_FOUND for a
+     * name the plugin did not declare. */
+    int (*config_int)(const struct loom_host *host, const char *name, int64_t *out);
+    int (*config_float)(const struct loom_host *host, const char *name, double *out);
+    int (*config_bool)(const struct loom_host *host, const char *name, int *out);
+    int (*config_string)(const struct loom_host *host, const char *name, const char **out);
+
+    /* The bootstrap key-value store served by rank 0. Keys are private to
+     * the plugin (the core prefixes them). get waits until the key exists or
+     * timeout_s passes (LOOM_ERR_TIMEOUT). add atomically adds to an integer
+     * key (created as 0) and returns the new value. barrier waits for every
+     * rank of the world under the given name. */
+    int (*kv_put)(const struct loom_host *host, const char *key, const void *value, size_t len);
+    int (*kv_get)(const struct loom_host *host, const char *key, void *buf, size_t cap,
+                  size_t *len, double timeout_s);
+    int (*kv_add)(const struct loom_host *host, const char *key, int64_t delta, int64_t *result);
+    int (*kv_barrier)(const struct loom_host *host, const char *name, double timeout_s);
+
+    /* Accounted memory. tier is LOOM_TIER_HOST, LOOM_TIER_PINNED or
+     * LOOM_TIER_DEVICE (addressable tiers); alignment is at least 64. */
+    int (*mem_alloc)(const struct loom_host *host, loom_tier tier, loom_purpose purpose,
+                     size_t bytes, void **out);
+    void (*mem_free)(const struct loom_host *host, void *ptr);
+
+    /* Timeline: a span [start_ns, end_ns] of now_ns() times on a lane. */
+    uint64_t (*now_ns)(void);
+    void (*trace)(const struct loom_host *host, loom_trace_lane lane, const char *name,
+                  uint64_t start_ns, uint64_t end_ns, uint64_t bytes);
+
+    /* Collectives on the core's groups (with byte accounting and tracing);
+     * strategies reach other ranks through this and nothing else. */
+    const struct loom_comm_api *comm;
+} loom_host;
+
+#endif

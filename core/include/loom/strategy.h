@@ -1,0 +1,260 @@
+/* loom — the parallel-strategy ABI (DESIGN §5).
+ *
+ * A strategy plugin serves one axis of the mesh (tp, sp, pp, dp). Its struct
+ * has a common part and one set of hooks per axis; a plugin fills the common
+ * part and the hooks of its axis. Hooks left NULL take the core's default:
+ *   data axis:     parameters, gradients and optimizer state replicated, no
+ *                  communication (right for a dp group of one);
+ *   tensor axis:   parameters replicated, border operators identity;
+ *   sequence axis: the whole sequence on each rank, local attention;
+ *   pipeline axis: one stage holds every unit.
+ * Exported as `const loom_strategy_plugin_v1 loom_strategy_plugin_v1`.
+ *
+ * Strategies never see the model's insides: the model is a list of units
+ * (embedding, each block, final LayerNorm + LM head + loss), each with a
+ * flat parameter buffer described by loom_param_desc views; tensor-parallel
+ * regions are marked by the model; attention is one replaceable op; a
+ * pipeline schedule is data the core validates and executes. */
+#ifndef LOOM_STRATEGY_H
+#define LOOM_STRATEGY_H
+
+#include "loom/comm.h"
+#include "loom/plugin.h"
+
+typedef enum loom_axis {
+    LOOM_AXIS_TP = 0, /* innermost: talks most, fastest links */
+    LOOM_AXIS_SP = 1,
+    LOOM_AXIS_PP = 2,
+    LOOM_AXIS_DP = 3,
+    LOOM_AXIS_COUNT
+} loom_axis;
+
+static inline const char *loom_axis_name(loom_axis a)
+{
+    static const char *names[LOOM_AXIS_COUNT] = {"tp", "sp", "pp", "dp"};
+    return (unsigned)a < LOOM_AXIS_COUNT ? names[a] : "?";
+}
+
+typedef struct loom_strategy loom_strategy; /* a plugin's instance */
+
+/* ---- model description shared with strategies ---- */
+
+/* How the tensor axis may split a parameter. */
+typedef enum loom_split {
+    LOOM_SPLIT_REPLICATED = 0,
+    LOOM_SPLIT_ROWS = 1,    /* along dim 0 (output features; vocabulary rows) */
+    LOOM_SPLIT_COLUMNS = 2, /* along the last dim (input features) */
+} loom_split;
+
+typedef struct loom_param_desc {
+    const char *name;       /* llm.c's name: "wte", "qkvw", "fcprojw", ... */
+    size_t offset;          /* elements into the unit's flat buffer, as stored on this rank */
+    size_t count;           /* elements stored on this rank */
+    int ndim;
+    int64_t shape[LOOM_MAX_DIMS];      /* the full, unsplit shape */
+    int64_t local_shape[LOOM_MAX_DIMS]; /* the shape stored on this rank */
+    loom_split split;       /* how it may be split on the tensor axis */
+    int split_parts;        /* >1: the split dim holds this many stacked parts
+                               (QKV: 3) that are split separately */
+} loom_param_desc;
+
+typedef enum loom_unit_kind {
+    LOOM_UNIT_EMBEDDING = 0, /* token and position embeddings */
+    LOOM_UNIT_BLOCK = 1,     /* one transformer block */
+    LOOM_UNIT_HEAD = 2,      /* final LayerNorm, LM head (tied) and loss */
+} loom_unit_kind;
+
+/* One unit as the data axis sees it. The strategy decides where the
+ * buffers live (data_setup) and fills params/grads whenever a hook promises
+ * them to the model. */
+typedef struct loom_unit {
+    int index;
+    loom_unit_kind kind;
+    const char *name;            /* "embedding", "block.3", "head" */
+    int ntensors;
+    const loom_param_desc *tensors; /* views into the flat buffer */
+    size_t numel;                /* elements of the flat buffer on this rank */
+    loom_dtype compute_dtype;    /* of params/grads during forward/backward */
+    void *params;                /* full (this tp rank's) parameters, when materialised */
+    void *grads;                 /* gradients of the current step, when materialised */
+    void *strategy_data;         /* the data strategy's per-unit state */
+} loom_unit;
+
+/* AdamW as the core implements it (llm.c's update). The strategy calls
+ * update on the master weights it owns. */
+typedef struct loom_optimizer_step {
+    int64_t step;       /* 1-based, for bias correction */
+    float lr;
+    float beta1, beta2, eps, weight_decay;
+    float grad_scale;   /* multiply gradients by this first (clipping, loss scale) */
+    /* master, m, v: fp32, n elements. grad: n elements of grad_dtype. */
+    void (*update)(const struct loom_optimizer_step *s, float *master, const void *grad,
+                   loom_dtype grad_dtype, float *m, float *v, size_t n);
+} loom_optimizer_step;
+
+/* ---- tensor axis ---- */
+
+/* The border regions the model marks. */
+typedef enum loom_region {
+    LOOM_REGION_ATTENTION = 0, /* before QKV ... after the output projection */
+    LOOM_REGION_MLP = 1,       /* before up ... after down */
+    LOOM_REGION_VOCAB = 2,     /* the LM head and the loss */
+} loom_region;
+
+/* Where this rank's slice of a parameter lies along its split dim. */
+typedef struct loom_param_shard {
+    int64_t begin; /* first index along the split dim (per part) */
+    int64_t count; /* indices kept (per part) */
+} loom_param_shard;
+
+/* ---- sequence axis ---- */
+
+/* Host-provided attention kernels a sequence strategy composes. Layout:
+ * q, k, v, out: (B, T, NH, HS) rows of positions; lse: (B, NH, T) log-sum-exp
+ * of the softmax rows. A "block" call attends queries at q_pos to keys at
+ * k_pos with the causal mask applied by position and merges into out/lse
+ * with an online softmax, so ring attention can feed K/V blocks one at a time. */
+typedef struct loom_attention_kernels {
+    uint32_t struct_size;
+    void (*block_forward)(const void *q, const int *q_pos, int tq, const void *k,
+                          const void *v, const int *k_pos, int tk, int B, int NH, int HS,
+                          loom_dtype dtype, void *out, float *lse, int first_block);
+    void (*block_backward)(const void *q, const int *q_pos, int tq, const void *k,
+                           const void *v, const int *k_pos, int tk, int B, int NH, int HS,
+                           loom_dtype dtype, const void *out, const void *dout,
+                           const float *lse, void *dq, void *dk, void *dv);
+} loom_attention_kernels;
+
+typedef struct loom_attention {
+    int B, T, NH, HS;           /* T: positions held by this rank */
+    loom_dtype dtype;
+    const int *positions;       /* T global positions of this rank's rows */
+    const void *q, *k, *v;      /* (B, T, NH, HS) */
+    void *out;                  /* (B, T, NH, HS) */
+    float *lse;                 /* (B, NH, T), saved by forward for backward */
+    const void *dout;           /* backward only */
+    void *dq, *dk, *dv;         /* backward only */
+    const loom_attention_kernels *kernels;
+} loom_attention;
+
+/* ---- pipeline axis ---- */
+
+typedef enum loom_action_kind {
+    LOOM_ACT_FORWARD = 0,
+    LOOM_ACT_BACKWARD = 1,        /* input and weight gradients together */
+    LOOM_ACT_BACKWARD_INPUT = 2,
+    LOOM_ACT_BACKWARD_WEIGHT = 3,
+    LOOM_ACT_SEND_ACTIVATION = 4,
+    LOOM_ACT_RECV_ACTIVATION = 5,
+    LOOM_ACT_SEND_GRADIENT = 6,
+    LOOM_ACT_RECV_GRADIENT = 7,
+    LOOM_ACT_KIND_COUNT
+} loom_action_kind;
+
+typedef struct loom_action {
+    uint16_t kind;          /* loom_action_kind */
+    uint16_t virtual_stage; /* 0 .. virtual_stages-1 on this pp rank */
+    int32_t microbatch;
+} loom_action;
+
+typedef struct loom_pipeline_shape {
+    int stages;           /* pp ranks */
+    int virtual_stages;   /* model chunks per pp rank */
+    int microbatches;
+    /* Stage s = virtual_stage * stages + pp_rank holds a contiguous range of
+     * units; sends go to the rank holding stage s+1 (activations) or s-1
+     * (gradients). */
+    void *builder; /* opaque, passed back to emit */
+    /* Append one action to pp_rank's list. */
+    int (*emit)(void *builder, int pp_rank, loom_action action);
+} loom_pipeline_shape;
+
+/* ---- what the core gives a strategy at create ---- */
+
+typedef struct loom_strategy_setup {
+    uint32_t struct_size;
+    loom_axis axis;
+    int sizes[LOOM_AXIS_COUNT];        /* mesh shape */
+    int coords[LOOM_AXIS_COUNT];       /* this rank's position in the mesh */
+    loom_group *groups[LOOM_AXIS_COUNT]; /* this rank's communicator per axis */
+    /* model shape */
+    int layers, heads, channels, vocab, padded_vocab, max_seq;
+    /* run shape */
+    int micro_batch, seq, grad_accum;
+    loom_dtype compute_dtype;          /* f32, bf16 or f16 */
+} loom_strategy_setup;
+
+typedef struct loom_strategy_plugin_v1 {
+    loom_plugin_header header; /* kind = LOOM_PLUGIN_STRATEGY */
+    uint32_t axis;             /* the loom_axis this strategy serves */
+    uint32_t reserved;
+
+    /* ---- common (REQUIRED) ---- */
+    int (*create)(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out);
+    int (*destroy)(loom_strategy *s);
+    /* One line for the progress header: "zero3 over 4 ranks, prefetch 1". */
+    int (*describe)(const loom_strategy *s, char *buf, size_t cap);
+
+    /* ---- data axis (data_setup and data_optimizer_step REQUIRED there) ---- */
+
+    /* Allocate (through host->mem_alloc) and place parameters, gradients,
+     * master weights and optimizer state for every unit; initial fp32
+     * parameters are in init[i] (full, this tp rank's), to be copied or
+     * sharded. */
+    int (*data_setup)(loom_strategy *s, loom_unit *units, int nunits, float *const *init);
+    /* Before a unit's forward: its params must be materialised on return
+     * (ZeRO-3 all-gathers, and may start prefetching the next unit). */
+    int (*data_before_forward)(loom_strategy *s, loom_unit *unit);
+    int (*data_after_forward)(loom_strategy *s, loom_unit *unit);
+    /* Before a unit's backward: params and a zeroed-or-accumulating grads
+     * buffer must be materialised on return. */
+    int (*data_before_backward)(loom_strategy *s, loom_unit *unit);
+    /* A unit's gradients for this micro-batch are complete (DDP buckets and
+     * all-reduces here; ZeRO-2/3 reduce-scatter). last_micro: the last
+     * micro-batch of the step. */
+    int (*data_grads_ready)(loom_strategy *s, loom_unit *unit, int last_micro);
+    /* After the whole backward: complete every outstanding reduction. */
+    int (*data_finish_backward)(loom_strategy *s);
+    /* Sum of squared gradients over the whole model (all shards, all data
+     * ranks), for clipping by the global norm. */
+    int (*data_grad_norm_sq)(loom_strategy *s, double *out);
+    /* Step the owned master weights and re-materialise parameters as the
+     * strategy keeps them (ZeRO-1/2 all-gather). */
+    int (*data_optimizer_step)(loom_strategy *s, const loom_optimizer_step *step);
+    /* Write the unit's full fp32 parameters into out (checkpointing). */
+    int (*data_gather_params)(loom_strategy *s, loom_unit *unit, float *out);
+
+    /* ---- tensor axis (all four REQUIRED there) ---- */
+
+    /* This rank's slice of a parameter that may be split. */
+    int (*tensor_shard)(loom_strategy *s, const loom_param_desc *param, loom_param_shard *out);
+    /* Megatron's f: entering a region, x (replicated, or sequence-split with
+     * sequence parallelism) becomes the region's input. */
+    int (*tensor_enter)(loom_strategy *s, loom_region region, const loom_tensor *x,
+                        loom_tensor *out);
+    /* Megatron's g: leaving a region, partial sums become the result. */
+    int (*tensor_exit)(loom_strategy *s, loom_region region, const loom_tensor *partial,
+                       loom_tensor *out);
+    /* The conjugates, in backward: gradient of g's output -> of its input,
+     * and gradient of f's output -> of its input. */
+    int (*tensor_exit_backward)(loom_strategy *s, loom_region region, const loom_tensor *dout,
+                                loom_tensor *dpartial);
+    int (*tensor_enter_backward)(loom_strategy *s, loom_region region,
+                                 const loom_tensor *dregion_in, loom_tensor *dx);
+
+    /* ---- sequence axis (attention_forward and _backward REQUIRED there) ---- */
+
+    /* The global positions this rank holds out of seq (contiguous block, or
+     * zigzag for balanced causal work); positions has room for seq. */
+    int (*sequence_positions)(loom_strategy *s, int seq, int *positions, int *count);
+    int (*attention_forward)(loom_strategy *s, const loom_attention *a);
+    int (*attention_backward)(loom_strategy *s, const loom_attention *a);
+
+    /* ---- pipeline axis (REQUIRED there) ---- */
+
+    /* Emit every pp rank's action list through shape->emit. The core
+     * validates the lists before the first step and runs them. */
+    int (*pipeline_schedule)(loom_strategy *s, const loom_pipeline_shape *shape);
+} loom_strategy_plugin_v1;
+
+#endif

@@ -1,0 +1,40 @@
+/* loom — the command line: loom <command> [args]. */
+#include <stdio.h>
+#include <string.h>
+
+#include "loom_internal.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: loom <command> [args]\n"
+            "\n"
+            "commands:\n"
+            "  bench CONFIG [--json FILE] [--set path=value ...]\n"
+            "                         time every collective of every backend in bench.comms\n"
+            "  launch -n N [--] CMD...  start N local ranks of CMD\n"
+            "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
+            "  plugins --check FILE   run the conformance checks on one plugin file\n"
+            "  help                   this text\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "plugins"))
+        return loom_cmd_plugins(argc - 1, argv + 1);
+    if (!strcmp(cmd, "launch"))
+        return loom_cmd_launch(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return loom_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,2 @@
+/* PLACEHOLDER — replaced by the runtime (issue 2). */
+#include "loom_internal.h"
