@@ -146,6 +146,10 @@ double loom_runtime_timeout(const loom_runtime *rt); /* comm.timeout_s */
  * group_path (validated there against the plugin's specs). Owned by rt. */
 int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *group_path,
                       const loom_host **out);
+/* Load a plugin once per runtime (cached by kind and name; unloaded at
+ * destroy). */
+int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
+                        const loom_plugin **out);
 
 /* -------------------------------------------------------------- group.c */
 
@@ -154,6 +158,8 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out);
 /* Collective over parent: see loom_comm_plugin_v1.create_subgroup. A list
  * of one rank gives a self group without calling the backend. */
 int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_group **out);
+/* A group of this rank alone, over the built-in self communicator. */
+int loom_group_self(loom_runtime *rt, loom_group **out);
 void loom_group_destroy(loom_group *g);
 extern const loom_comm_api loom_core_comm_api;
 
@@ -193,6 +199,15 @@ typedef struct loom_mem_usage {
 } loom_mem_usage;
 void loom_mem_usage_get(loom_mem_usage *out);
 void loom_mem_usage_reset_peak(void);
+
+/* -------------------------------------------------------------- trace.c */
+
+/* Spans on the Chrome/Perfetto timeline; recorded only after
+ * loom_trace_enable(), written as JSON by loom_trace_write(). */
+void loom_trace_enable(int rank);
+void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
+                     uint64_t end_ns, uint64_t bytes);
+int loom_trace_write(const char *path);
 
 /* ----------------------------------------------------------- commands */
 
