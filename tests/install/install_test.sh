@@ -1,0 +1,37 @@
+#!/bin/sh
+# cmake --install gives a usable loom: headers, libloom, plugins, loom.pc and
+# the CMake package; the out-of-tree example plugin builds against it alone
+# and passes `loom plugins --check`.
+#   usage: install_test.sh BUILD_DIR SOURCE_DIR
+set -eu
+BUILD=$1
+SRC=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+PREFIX=$TMP/prefix
+
+cmake --install "$BUILD" --prefix "$PREFIX" > "$TMP/install.log"
+for f in include/loom/plugin.h include/loom/comm.h include/loom/strategy.h \
+         include/loom/memtier.h include/loom/tensor.h include/loom/status.h \
+         lib/libloom.so bin/loom lib/pkgconfig/loom.pc lib/cmake/loom/loomConfig.cmake; do
+    [ -e "$PREFIX/$f" ] || { echo "install_test: missing $f"; exit 1; }
+done
+
+# pkg-config: compile and link a program against the installed headers and library.
+cat > "$TMP/consumer.c" <<'C'
+#include <loom/comm.h>
+#include <stdio.h>
+int main(void) { printf("%s %s\n", loom_status_string(LOOM_ERR_TIMEOUT), loom_comm_op_name(LOOM_OP_ALLREDUCE)); return 0; }
+C
+flags=$(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" pkg-config --cflags --libs loom)
+cc -std=c11 -Wall -Wextra -Werror "$TMP/consumer.c" $flags -o "$TMP/consumer"
+[ "$("$TMP/consumer")" = "timed out allreduce" ] || { echo "install_test: consumer printed the wrong thing"; exit 1; }
+
+# The CMake package: build the out-of-tree plugin with nothing from this tree.
+cp -r "$SRC/examples/out-of-tree-plugin" "$TMP/plugin-src"
+cmake -S "$TMP/plugin-src" -B "$TMP/plugin-build" -DCMAKE_PREFIX_PATH="$PREFIX" > "$TMP/plugin.log"
+cmake --build "$TMP/plugin-build" >> "$TMP/plugin.log"
+"$PREFIX/bin/loom" plugins --check "$TMP/plugin-build/libloom-strategy-filldrain.so"
+LOOM_PLUGIN_PATH="$TMP/plugin-build" "$PREFIX/bin/loom" plugins | grep -E "filldrain.*ok" > /dev/null ||
+    { echo "install_test: loom plugins does not list filldrain as ok"; exit 1; }
+echo "install_test: ok"
