@@ -97,6 +97,9 @@ int loom_store_get(loom_store *s, const char *key, void *buf, size_t cap, size_t
 int loom_store_add(loom_store *s, const char *key, int64_t delta, int64_t *result);
 /* All world ranks; a timeout names the ranks that did not arrive. */
 int loom_store_barrier(loom_store *s, const char *name, double timeout_s);
+/* "rank 2" or "ranks 0, 1, 3" (long lists end in "... (N more)"), the one
+ * way every message names a set of ranks. Returns n. */
+int loom_format_ranks(char *buf, size_t cap, const int *ranks, int n);
 
 /* ------------------------------------------------------------- loader.c */
 
@@ -130,6 +133,29 @@ int loom_plugin_has_op(const loom_plugin *p, size_t offset);
 #define LOOM_HAS_OP(plugin, type, member)                                             \
     loom_plugin_has_op((plugin), offsetof(type, member))
 
+/* What one load found, for `loom plugins` and `loom plugins --check`.
+ * report (nullable) hears every check as it runs, failure NULL when it
+ * passed. After a refusal, reason is the bare cause (no file, no name) and
+ * abi_version what the file says it was built for (0: not known). */
+typedef struct loom_plugin_checks {
+    void (*report)(void *ctx, const char *check, const char *failure);
+    void *ctx;
+    uint32_t abi_version;
+    char reason[768];
+} loom_plugin_checks;
+/* Load the file at path as a plugin of kind, every check of DESIGN §2 in
+ * turn. expect_name NULL: the name the file's name carries, when it reads
+ * libloom-<kind>-<name>.so. checks is nullable. */
+int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out);
+/* Split a file name (any directory part is ignored) that reads
+ * libloom-<kind>-<name>.so into its kind and name texts; 0 when it does not.
+ * loom_plugin_kind_of maps "comm" to LOOM_PLUGIN_COMM, and so on; 0 for a
+ * kind loom does not know. */
+int loom_plugin_parse_file_name(const char *path, char *kind, size_t kind_cap, char *name,
+                                size_t name_cap);
+uint32_t loom_plugin_kind_of(const char *kind_name);
+
 /* ------------------------------------------------------------ runtime.c */
 
 /* One per process: config, launch env, bootstrap store, search path, the
@@ -155,7 +181,7 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
 
 /* The world group over backend `name` ("mpi", "ucx", "nccl", "self"). */
 int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out);
-/* Collective over parent: see loom_comm_plugin_v1.create_subgroup. A list
+/* Collective over parent: see loom_comm_plugin_v1_t.create_subgroup. A list
  * of one rank gives a self group without calling the backend. */
 int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_group **out);
 /* A group of this rank alone, over the built-in self communicator. */

@@ -76,8 +76,8 @@ static int filldrain_schedule(loom_strategy *s, const loom_pipeline_shape *shape
     return rc;
 }
 
-LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1 loom_strategy_plugin_v1 = {
-    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1, "filldrain",
+LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, "filldrain",
                                  "pipeline schedule: all forwards, then all backwards newest first",
                                  NULL),
     .axis = LOOM_AXIS_PP,

@@ -1,8 +1,8 @@
 /* loom — the communicator ABI (DESIGN §3).
  *
  * Two layers:
- *  - loom_comm_plugin_v1: what a backend plugin (mpi, ucx, nccl) implements,
- *    exported as `const loom_comm_plugin_v1 loom_comm_plugin_v1`;
+ *  - loom_comm_plugin_v1_t: what a backend plugin (mpi, ucx, nccl) implements,
+ *    exported as `const loom_comm_plugin_v1_t loom_comm_plugin_v1`;
  *  - loom_comm_api: what strategies and the core call, on loom_group handles.
  *    It dispatches to the backend, counts bytes per op and traces each call.
  *
@@ -48,7 +48,7 @@ static inline const char *loom_comm_op_name(loom_comm_op op)
     return (unsigned)op < LOOM_OP_COUNT ? names[op] : "?";
 }
 
-typedef struct loom_comm_plugin_v1 {
+typedef struct loom_comm_plugin_v1_t {
     loom_plugin_header header; /* kind = LOOM_PLUGIN_COMM */
     uint32_t mem_kinds;        /* LOOM_MEM_BIT(LOOM_MEM_HOST) | ... */
     uint32_t reserved;
@@ -112,14 +112,14 @@ typedef struct loom_comm_plugin_v1 {
     int (*mem_deregister)(loom_comm *comm, void *handle);
     /* Give up on everything in flight after a failure so destroy cannot hang. */
     int (*abort)(loom_comm *comm);
-} loom_comm_plugin_v1;
+} loom_comm_plugin_v1_t;
 
 /* ---- the core's side: groups, as strategies and the core use them ---- */
 
 typedef struct loom_group loom_group;     /* a communicator the core manages */
 typedef struct loom_request loom_request; /* an in-flight op on a group */
 
-/* Semantics as in loom_comm_plugin_v1. A NULL request is already complete. */
+/* Semantics as in loom_comm_plugin_v1_t. A NULL request is already complete. */
 typedef struct loom_comm_api {
     uint32_t struct_size;
     int (*rank)(const loom_group *g);

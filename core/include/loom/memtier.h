@@ -3,7 +3,7 @@
  * A tier stores blocks and moves bytes between them and host memory,
  * asynchronously. The core has built-in tiers for host memory and, when
  * built with CUDA, device and pinned memory; offload-nvme adds files on a
- * fast disk. Exported as `const loom_memtier_plugin_v1 loom_memtier_plugin_v1`.
+ * fast disk. Exported as `const loom_memtier_plugin_v1_t loom_memtier_plugin_v1`.
  *
  * Accounting is the core's job: every alloc goes through the core with a
  * purpose (loom_purpose), and the core keeps current and peak bytes per tier
@@ -21,7 +21,7 @@ typedef struct loom_tier_request loom_tier_request;   /* an in-flight transfer *
 #define LOOM_TIER_HOST_ADDRESSABLE (1u << 0)   /* address() gives a CPU pointer */
 #define LOOM_TIER_DEVICE_ADDRESSABLE (1u << 1) /* address() gives a device pointer */
 
-typedef struct loom_memtier_plugin_v1 {
+typedef struct loom_memtier_plugin_v1_t {
     loom_plugin_header header; /* kind = LOOM_PLUGIN_MEMTIER */
     uint32_t tier;             /* the loom_tier it provides */
     uint32_t flags;
@@ -49,6 +49,6 @@ typedef struct loom_memtier_plugin_v1 {
     void *(*address)(loom_tier_block *block);
     /* Hint: bytes of a block will be read soon (offload-nvme reads ahead). */
     int (*prefetch)(loom_memtier *tier, loom_tier_block *block, size_t offset, size_t bytes);
-} loom_memtier_plugin_v1;
+} loom_memtier_plugin_v1_t;
 
 #endif

@@ -8,7 +8,7 @@
  *   tensor axis:   parameters replicated, border operators identity;
  *   sequence axis: the whole sequence on each rank, local attention;
  *   pipeline axis: one stage holds every unit.
- * Exported as `const loom_strategy_plugin_v1 loom_strategy_plugin_v1`.
+ * Exported as `const loom_strategy_plugin_v1_t loom_strategy_plugin_v1`.
  *
  * Strategies never see the model's insides: the model is a list of units
  * (embedding, each block, final LayerNorm + LM head + loss), each with a
@@ -184,7 +184,7 @@ typedef struct loom_strategy_setup {
     loom_dtype compute_dtype;          /* f32, bf16 or f16 */
 } loom_strategy_setup;
 
-typedef struct loom_strategy_plugin_v1 {
+typedef struct loom_strategy_plugin_v1_t {
     loom_plugin_header header; /* kind = LOOM_PLUGIN_STRATEGY */
     uint32_t axis;             /* the loom_axis this strategy serves */
     uint32_t reserved;
@@ -255,6 +255,6 @@ typedef struct loom_strategy_plugin_v1 {
     /* Emit every pp rank's action list through shape->emit. The core
      * validates the lists before the first step and runs them. */
     int (*pipeline_schedule)(loom_strategy *s, const loom_pipeline_shape *shape);
-} loom_strategy_plugin_v1;
+} loom_strategy_plugin_v1_t;
 
 #endif

@@ -1,0 +1,1663 @@
+/* comm-mpi — the communicator over MPI (DESIGN §3).
+ *
+ * Every loom collective maps onto an MPI non-blocking collective on an MPI
+ * communicator of its own. Two ways to get an MPI world:
+ *  - under mpirun, MPI_COMM_WORLD is the job;
+ *  - under `loom launch`, which starts independent processes, each process is
+ *    an MPI singleton. Rank 0 runs ompi-server, every rank points MPI at it
+ *    before MPI_Init, and the ranks join one at a time by connect/accept and
+ *    MPI_Intercomm_merge, taking turns through the bootstrap store.
+ *
+ * MPI_Init and MPI_Finalize happen once per process, so the only state
+ * outside the communicator objects is the process's MPI state (`proc`
+ * below): the count of live communicators (the last destroy finalizes), the
+ * base world every world communicator duplicates, the half-precision type
+ * and reductions, and the ompi-server child.
+ *
+ * No call waits forever: waits poll with MPI_Test under the host's timeout,
+ * and creation steps that MPI can only do blocking (split, accept) are
+ * preceded by a non-blocking barrier waited the same way, so a missing rank
+ * is named instead of hanging everyone. Errors come back as loom statuses
+ * (MPI_ERRORS_RETURN on every communicator); MPI_Abort is never called. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "loom/comm.h"
+
+/* ------------------------------------------------------------ settings */
+
+static const loom_setting_spec mpi_settings[] = {
+    {"yield_when_idle", LOOM_SETTING_BOOL, "true",
+     "give the CPU away while waiting (MPI's mpi_yield_when_idle, and waits that sleep); "
+     "false polls without sleeping, for dedicated cores"},
+    {"connect_timeout_s", LOOM_SETTING_FLOAT, "0.0",
+     "bound on starting ompi-server and on each rank's turn to join under loom launch; "
+     "0 means comm.timeout_s"},
+    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+     "after a timeout, how long to collect the other ranks' reports before naming the ranks "
+     "that did not arrive"},
+    {"ompi_server", LOOM_SETTING_STRING, "\"ompi-server\"",
+     "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
+    {"tcp_interface", LOOM_SETTING_STRING, "\"lo\"",
+     "network interface for MPI's TCP traffic between ranks joined under loom launch"},
+    {NULL, 0, NULL, NULL},
+};
+
+typedef struct mpi_settings_t {
+    int yield;
+    double timeout_s;
+    double connect_timeout_s;
+    double grace_s;
+    const char *ompi_server;
+    const char *tcp_interface;
+} mpi_settings_t;
+
+static void read_settings(const loom_host *host, mpi_settings_t *s)
+{
+    s->yield = 1;
+    s->timeout_s = host->timeout_s > 0 ? host->timeout_s : 60.0;
+    s->connect_timeout_s = 0.0;
+    s->grace_s = 2.0;
+    s->ompi_server = "ompi-server";
+    s->tcp_interface = "lo";
+    /* The core has validated the group and filled in defaults; the fallbacks
+     * above only matter for a host without config (a bare test harness). */
+    double d;
+    const char *str;
+    if (host->config_bool && host->config_bool(host, "yield_when_idle", &s->yield) != LOOM_OK)
+        s->yield = 1;
+    if (host->config_float && host->config_float(host, "connect_timeout_s", &d) == LOOM_OK)
+        s->connect_timeout_s = d;
+    if (host->config_float && host->config_float(host, "late_grace_s", &d) == LOOM_OK)
+        s->grace_s = d;
+    if (host->config_string && host->config_string(host, "ompi_server", &str) == LOOM_OK && str && *str)
+        s->ompi_server = str;
+    if (host->config_string && host->config_string(host, "tcp_interface", &str) == LOOM_OK && str && *str)
+        s->tcp_interface = str;
+    if (s->connect_timeout_s <= 0)
+        s->connect_timeout_s = s->timeout_s;
+    if (s->grace_s < 0)
+        s->grace_s = 0;
+}
+
+/* ------------------------------------------------- the process's MPI state */
+
+typedef struct mpi_process {
+    pthread_mutex_t lock;
+    int refs;             /* live loom_comm objects of this process */
+    int started;          /* base is usable */
+    int init_here;        /* we called MPI_Init, so we call MPI_Finalize */
+    int failed;           /* a group failed or was aborted: MPI_Finalize could hang */
+    int joined;           /* base was made by joining singletons through ompi-server */
+    int thread_level;
+    MPI_Comm base;        /* MPI_COMM_WORLD or the joined world; rank = loom rank */
+    int nworlds;          /* world communicators made so far: part of their ids */
+    MPI_Datatype half;    /* bf16 and f16 travel as two opaque bytes */
+    MPI_Op half_ops[2][3]; /* [0 bf16, 1 f16][sum, max, min] */
+    int nhalf_ops;        /* how many of half_ops exist (they are filled in order) */
+    int half_type_ok;
+    pid_t server;         /* ompi-server, a child of rank 0 */
+    char server_dir[64];
+} mpi_process;
+
+static mpi_process proc = {.lock = PTHREAD_MUTEX_INITIALIZER, .base = MPI_COMM_NULL};
+
+/* --------------------------------------------------------- small helpers */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+/* The status class of an MPI error: argument errors are the caller's,
+ * everything else most likely means a peer or the transport went away. */
+static int mpi_status(int rc)
+{
+    int cls = MPI_ERR_OTHER;
+    MPI_Error_class(rc, &cls);
+    switch (cls) {
+    case MPI_ERR_BUFFER:
+    case MPI_ERR_COUNT:
+    case MPI_ERR_TYPE:
+    case MPI_ERR_TAG:
+    case MPI_ERR_RANK:
+    case MPI_ERR_ROOT:
+    case MPI_ERR_OP:
+    case MPI_ERR_ARG:
+    case MPI_ERR_TRUNCATE:
+        return LOOM_ERR_INVALID;
+    case MPI_ERR_NO_MEM:
+        return LOOM_ERR_NO_MEMORY;
+    default:
+        return LOOM_ERR_REMOTE;
+    }
+}
+
+/* host->error with MPI's own text appended: "comm-mpi: <what>: <MPI text>". */
+__attribute__((format(printf, 3, 4))) static int mpi_fail(const loom_host *host, int rc,
+                                                           const char *fmt, ...)
+{
+    char what[512], text[MPI_MAX_ERROR_STRING + 1] = "";
+    int len = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "MPI error %d", rc);
+    return host->error(host, mpi_status(rc), "comm-mpi: %s: %s", what, text);
+}
+
+/* snprintf("%s") without the compiler's truncation warning: cutting a long
+ * message short is fine here. */
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static int kv_put_str(const loom_host *host, const char *key, const char *value)
+{
+    return host->kv_put(host, key, value, strlen(value) + 1);
+}
+
+static int kv_get_str(const loom_host *host, const char *key, char *buf, size_t cap,
+                      double timeout_s)
+{
+    size_t len = 0;
+    int st = host->kv_get(host, key, buf, cap - 1, &len, timeout_s);
+    if (st != LOOM_OK)
+        return st;
+    buf[len < cap - 1 ? len : cap - 1] = '\0';
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------ bf16 / f16 reductions */
+
+/* bf16 and f16 have no MPI type: they travel as two opaque bytes and reduce
+ * through these user ops, which widen each element to f32. Each pairwise
+ * combine rounds back to 16 bits once, so over n ranks a sum is rounded up to
+ * n-1 times, in the order MPI's algorithm combines — not once, as an f32
+ * accumulator over all ranks would. Max and min pick an input unchanged. */
+static float half_to_f32(uint16_t h, int is_f16)
+{
+    return is_f16 ? loom_f16_to_f32(h) : loom_bf16_to_f32(h);
+}
+
+static void half_reduce(const void *in_, void *inout_, int n, int is_f16, loom_redop op)
+{
+    const uint16_t *in = in_;
+    uint16_t *inout = inout_;
+    for (int i = 0; i < n; i++) {
+        float a = half_to_f32(in[i], is_f16);
+        float b = half_to_f32(inout[i], is_f16);
+        if (op == LOOM_SUM)
+            inout[i] = is_f16 ? loom_f32_to_f16(a + b) : loom_f32_to_bf16(a + b);
+        else if (op == LOOM_MAX ? a > b : a < b)
+            inout[i] = in[i];
+    }
+}
+
+static void bf16_sum(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_SUM); }
+static void bf16_max(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_MAX); }
+static void bf16_min(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_MIN); }
+static void f16_sum(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_SUM); }
+static void f16_max(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_MAX); }
+static void f16_min(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_MIN); }
+
+static int half_types_create(const loom_host *host)
+{
+    MPI_User_function *fns[2][3] = {{bf16_sum, bf16_max, bf16_min}, {f16_sum, f16_max, f16_min}};
+    int rc = MPI_Type_contiguous(2, MPI_BYTE, &proc.half);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Type_commit(&proc.half);
+    proc.half_type_ok = rc == MPI_SUCCESS;
+    for (int i = 0; i < 6 && rc == MPI_SUCCESS; i++) {
+        rc = MPI_Op_create(fns[i / 3][i % 3], 1, &proc.half_ops[i / 3][i % 3]);
+        proc.nhalf_ops += rc == MPI_SUCCESS;
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(host, rc, "creating the bf16/f16 datatype and reductions");
+    return LOOM_OK;
+}
+
+static void half_types_free(void)
+{
+    for (int i = 0; i < proc.nhalf_ops; i++)
+        MPI_Op_free(&proc.half_ops[i / 3][i % 3]);
+    proc.nhalf_ops = 0;
+    if (proc.half_type_ok)
+        MPI_Type_free(&proc.half);
+    proc.half_type_ok = 0;
+}
+
+static MPI_Datatype mpi_dtype(loom_dtype t)
+{
+    switch (t) {
+    case LOOM_F32: return MPI_FLOAT;
+    case LOOM_F64: return MPI_DOUBLE;
+    case LOOM_I32: return MPI_INT32_T;
+    case LOOM_I64: return MPI_INT64_T;
+    case LOOM_U8: return MPI_UINT8_T;
+    case LOOM_BF16:
+    case LOOM_F16: return proc.half;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+/* AVG is a SUM here; the division happens when the request completes. */
+static MPI_Op mpi_op(loom_dtype t, loom_redop op)
+{
+    int o = op == LOOM_MAX ? 1 : op == LOOM_MIN ? 2 : 0;
+    if (t == LOOM_BF16 || t == LOOM_F16)
+        return proc.half_ops[t == LOOM_F16][o];
+    return o == 1 ? MPI_MAX : o == 2 ? MPI_MIN : MPI_SUM;
+}
+
+/* Integer averages truncate toward zero, as C division does. */
+static void divide_by(void *buf, size_t n, loom_dtype t, int by)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (t) {
+        case LOOM_F32: ((float *)buf)[i] /= (float)by; break;
+        case LOOM_F64: ((double *)buf)[i] /= (double)by; break;
+        case LOOM_I32: ((int32_t *)buf)[i] /= by; break;
+        case LOOM_I64: ((int64_t *)buf)[i] /= by; break;
+        case LOOM_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / by); break;
+        case LOOM_BF16: {
+            uint16_t *h = buf;
+            h[i] = loom_f32_to_bf16(loom_bf16_to_f32(h[i]) / (float)by);
+            break;
+        }
+        case LOOM_F16: {
+            uint16_t *h = buf;
+            h[i] = loom_f32_to_f16(loom_f16_to_f32(h[i]) / (float)by);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* ----------------------------------------------------------- ompi-server */
+
+static int find_program(const char *prog, char *out, size_t cap)
+{
+    if (strchr(prog, '/')) {
+        snprintf(out, cap, "%s", prog);
+        return access(out, X_OK) == 0;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        snprintf(out, cap, "%.*s/%s", (int)n, path, prog);
+        if (n > 0 && access(out, X_OK) == 0)
+            return 1;
+        path += n;
+        if (*path == ':')
+            path++;
+    }
+    return 0;
+}
+
+static void read_first_line(const char *file, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return;
+    while (fgets(buf, (int)cap, f)) {
+        buf[strcspn(buf, "\n")] = '\0';
+        if (buf[0] && strspn(buf, "-") != strlen(buf))
+            break; /* skip Open MPI's dashed separator lines */
+        buf[0] = '\0';
+    }
+    fclose(f);
+}
+
+static void server_stop(void)
+{
+    if (proc.server > 0) {
+        pid_t pid = proc.server;
+        int reaped = 0;
+        kill(-pid, SIGTERM);
+        kill(pid, SIGTERM);
+        for (int i = 0; i < 200 && !reaped; i++) {
+            pid_t r = waitpid(pid, NULL, WNOHANG);
+            reaped = r == pid || (r < 0 && errno == ECHILD);
+            if (!reaped)
+                sleep_s(0.01);
+        }
+        if (!reaped) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        proc.server = 0;
+    }
+    if (proc.server_dir[0]) {
+        char f[128];
+        snprintf(f, sizeof f, "%s/uri", proc.server_dir);
+        unlink(f);
+        snprintf(f, sizeof f, "%s/log", proc.server_dir);
+        unlink(f);
+        rmdir(proc.server_dir);
+        proc.server_dir[0] = '\0';
+    }
+}
+
+/* Start ompi-server as a child in its own process group, which dies with
+ * us (PR_SET_PDEATHSIG; note it follows the creating thread, so create the
+ * world from a thread that lives as long as the job). Returns its URI. */
+static int server_start(const loom_host *host, const mpi_settings_t *s, char *uri, size_t cap)
+{
+    char path[PATH_MAX], urifile[128], logfile[128];
+    if (!find_program(s->ompi_server, path, sizeof path))
+        return host->error(host, LOOM_ERR_NOT_FOUND,
+                           "comm-mpi: ranks started without mpirun are joined through ompi-server, "
+                           "but '%s' was not found on PATH (Debian: apt-get install openmpi-bin; or "
+                           "set comm.mpi.ompi_server, or run the job under mpirun)",
+                           s->ompi_server);
+    snprintf(proc.server_dir, sizeof proc.server_dir, "/tmp/loom-mpi-XXXXXX");
+    if (!mkdtemp(proc.server_dir)) {
+        int e = errno;
+        proc.server_dir[0] = '\0';
+        return host->error(host, LOOM_ERR_INTERNAL,
+                           "comm-mpi: cannot create a directory for ompi-server in /tmp: %s",
+                           strerror(e));
+    }
+    snprintf(urifile, sizeof urifile, "%s/uri", proc.server_dir);
+    snprintf(logfile, sizeof logfile, "%s/log", proc.server_dir);
+    char iface[64];
+    snprintf(iface, sizeof iface, "%s", s->tcp_interface);
+    char *argv[] = {path, "--no-daemonize", "-r", urifile, "--mca", "oob_tcp_if_include", iface, NULL};
+
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-mpi: fork for ompi-server failed: %s",
+                           strerror(errno));
+    if (pid == 0) { /* only async-signal-safe calls until exec */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
+        int fd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0)
+            dup2(nul, 0);
+        execv(path, argv);
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also from here, so a kill(-pid) right away finds the group */
+    proc.server = pid;
+
+    double deadline = now_s() + s->connect_timeout_s;
+    for (;;) {
+        FILE *f = fopen(urifile, "r");
+        if (f) { /* complete once the line has its newline */
+            size_t n = fread(uri, 1, cap - 1, f);
+            fclose(f);
+            uri[n] = '\0';
+            char *nl = strchr(uri, '\n');
+            if (nl && strstr(uri, "tcp")) {
+                *nl = '\0';
+                return LOOM_OK;
+            }
+        }
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            char line[256];
+            read_first_line(logfile, line, sizeof line);
+            proc.server = 0;
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            int st = host->error(host, LOOM_ERR_INTERNAL,
+                                 "comm-mpi: %s exited with status %d before reporting its address%s%s",
+                                 path, code, line[0] ? ": " : "", line);
+            server_stop();
+            return st;
+        }
+        if (now_s() > deadline) {
+            server_stop();
+            return host->error(host, LOOM_ERR_TIMEOUT,
+                               "comm-mpi: %s did not report its address within %.1f s "
+                               "(raise comm.mpi.connect_timeout_s, or run the job under mpirun)",
+                               path, s->connect_timeout_s);
+        }
+        sleep_s(0.01);
+    }
+}
+
+/* Whether the first tcp address in an ompi-server URI ("123.0;tcp://127.0.0.1:4711")
+ * accepts connections. MPI_Init aborts the whole process when it cannot reach
+ * the server, so we check first. Unparseable URIs are let through. */
+static int uri_reachable(const char *uri, double timeout_s)
+{
+    const char *p = strstr(uri, "tcp://");
+    if (!p)
+        return 1;
+    p += 6;
+    char addr[64];
+    size_t n = strcspn(p, ":,;");
+    if (n == 0 || n >= sizeof addr || p[n] != ':')
+        return 1;
+    memcpy(addr, p, n);
+    addr[n] = '\0';
+    int port = atoi(p + n + 1);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (port <= 0 || inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+        return 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 1;
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (!ok && errno == EINPROGRESS) {
+        struct pollfd pfd = {fd, POLLOUT, 0};
+        if (poll(&pfd, 1, (int)(timeout_s * 1000)) == 1) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            ok = err == 0;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+/* ------------------------------------------------------- starting MPI */
+
+/* Join singletons into one world: the group of ranks 0..r-1 accepts rank r
+ * on rank 0's port and merges it in as the highest rank. Every step is gated
+ * on a store key the newcomer puts once MPI is up, so a rank that never
+ * comes is named after connect_timeout_s instead of the others blocking in
+ * MPI_Comm_accept. (A rank that dies between putting its key and connecting
+ * still leaves the others in accept; loom launch stops them then.) */
+static int join_world(const loom_host *host, const mpi_settings_t *s, MPI_Comm *out)
+{
+    int me = host->rank, n = host->world_size, rc, st;
+    double tmo = s->connect_timeout_s;
+    char port[MPI_MAX_PORT_NAME + 1] = "", key[64];
+    MPI_Comm merged = MPI_COMM_SELF, inter, next;
+
+    if (me == 0) {
+        rc = MPI_Open_port(MPI_INFO_NULL, port);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(host, rc, "MPI_Open_port for joining the ranks");
+        if ((st = kv_put_str(host, "join/port", port)) != LOOM_OK)
+            return st;
+    } else {
+        snprintf(key, sizeof key, "join/ready/%d", me);
+        if ((st = kv_put_str(host, key, "1")) != LOOM_OK)
+            return st;
+        if (me > 1) { /* our turn comes after rank me-1 is in */
+            snprintf(key, sizeof key, "join/merged/%d", me - 1);
+            if ((st = kv_get_str(host, key, port, sizeof port, tmo)) != LOOM_OK)
+                return host->error(host, st,
+                                   "comm-mpi: joining the world: rank %d did not join within %.1f s "
+                                   "(it or an earlier rank did not start MPI; see its log)",
+                                   me - 1, tmo);
+        }
+        if ((st = kv_get_str(host, "join/port", port, sizeof port, tmo)) != LOOM_OK)
+            return host->error(host, st,
+                               "comm-mpi: joining the world: rank 0 did not publish its MPI port "
+                               "within %.1f s", tmo);
+        rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(host, rc, "MPI_Comm_connect to rank 0 for joining the world");
+        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        rc = MPI_Intercomm_merge(inter, 1, &merged);
+        MPI_Comm_free(&inter);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(host, rc, "MPI_Intercomm_merge for joining the world");
+        MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+    }
+
+    for (int r = me + 1; r < n; r++) {
+        snprintf(key, sizeof key, "join/ready/%d", r);
+        char v[8];
+        if ((st = kv_get_str(host, key, v, sizeof v, tmo)) != LOOM_OK)
+            return host->error(host, st,
+                               "comm-mpi: joining the world: rank %d did not start MPI within %.1f s "
+                               "(see its log; raise comm.mpi.connect_timeout_s if it is just slow)",
+                               r, tmo);
+        rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, merged, &inter);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(host, rc, "MPI_Comm_accept of rank %d for joining the world", r);
+        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        rc = MPI_Intercomm_merge(inter, 0, &next);
+        MPI_Comm_free(&inter);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(host, rc, "MPI_Intercomm_merge of rank %d for joining the world", r);
+        MPI_Comm_set_errhandler(next, MPI_ERRORS_RETURN);
+        if (merged != MPI_COMM_SELF)
+            MPI_Comm_free(&merged);
+        merged = next;
+        if (me == 0) {
+            snprintf(key, sizeof key, "join/merged/%d", r);
+            if ((st = kv_put_str(host, key, "1")) != LOOM_OK)
+                return st;
+        }
+    }
+    if (me == 0)
+        MPI_Close_port(port);
+
+    /* Joining in rank order already gives rank == loom rank; the split makes
+     * it so whatever order the joins took. */
+    rc = MPI_Comm_split(merged, 0, me, out);
+    if (merged != MPI_COMM_SELF)
+        MPI_Comm_free(&merged);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(host, rc, "MPI_Comm_split of the joined world");
+    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return LOOM_OK;
+}
+
+static int init_mpi(const loom_host *host)
+{
+    int provided = MPI_THREAD_SINGLE;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-mpi: MPI_Init_thread failed (error %d)", rc);
+    proc.init_here = 1;
+    proc.thread_level = provided;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    if (provided < MPI_THREAD_SERIALIZED)
+        host->log(host, LOOM_LOG_WARN,
+                  "comm-mpi: MPI provides only thread level %d: call communicators from the "
+                  "thread that created them", provided);
+    return LOOM_OK;
+}
+
+/* Bring MPI up once per process and make proc.base. Called with proc.lock. */
+static int process_start(const loom_host *host, const mpi_settings_t *s)
+{
+    int flag = 0, st, rc;
+    if (proc.started)
+        return LOOM_OK;
+    MPI_Finalized(&flag);
+    if (flag)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "comm-mpi: MPI was already finalized in this process (every comm-mpi "
+                           "communicator was destroyed) and MPI cannot start twice; keep one "
+                           "communicator alive for the life of the process");
+    if (proc.init_here || proc.failed)
+        return host->error(host, LOOM_ERR_INTERNAL,
+                           "comm-mpi: an earlier attempt to start MPI in this process failed; see "
+                           "its error");
+
+    const char *ompi_size = getenv("OMPI_COMM_WORLD_SIZE");
+    MPI_Initialized(&flag);
+    if (s->yield)
+        setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+
+    if (flag) { /* the application started MPI itself: use its world */
+        proc.thread_level = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&proc.thread_level);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        proc.base = MPI_COMM_WORLD;
+    } else if (!ompi_size && host->world_size > 1) {
+        /* Started by loom launch: independent singletons to be joined. */
+        char uri[1024];
+        if (host->rank == 0) {
+            if ((st = server_start(host, s, uri, sizeof uri)) != LOOM_OK)
+                return st;
+            if ((st = kv_put_str(host, "join/uri", uri)) != LOOM_OK)
+                return st;
+        } else if ((st = kv_get_str(host, "join/uri", uri, sizeof uri, s->connect_timeout_s)) !=
+                   LOOM_OK) {
+            return host->error(host, st,
+                               "comm-mpi: rank 0 did not publish its ompi-server address within "
+                               "%.1f s (see rank 0's log)", s->connect_timeout_s);
+        }
+        if (!uri_reachable(uri, s->connect_timeout_s))
+            return host->error(host, LOOM_ERR_REMOTE,
+                               "comm-mpi: rank 0's ompi-server at '%s' does not accept "
+                               "connections (is rank 0 alive? is interface '%s' up?)",
+                               uri, s->tcp_interface);
+        setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+        setenv("OMPI_MCA_oob_tcp_if_include", s->tcp_interface, 1);
+        setenv("OMPI_MCA_btl_tcp_if_include", s->tcp_interface, 1);
+        if ((st = init_mpi(host)) != LOOM_OK)
+            return st;
+        proc.joined = 1;
+        double t0 = now_s();
+        if ((st = join_world(host, s, &proc.base)) != LOOM_OK)
+            return st;
+        host->log(host, LOOM_LOG_DEBUG, "comm-mpi: %d singletons joined through ompi-server in %.2f s",
+                  host->world_size, now_s() - t0);
+    } else {
+        if ((st = init_mpi(host)) != LOOM_OK)
+            return st;
+        proc.base = MPI_COMM_WORLD;
+    }
+
+    int mrank = -1, msize = -1;
+    MPI_Comm_rank(proc.base, &mrank);
+    MPI_Comm_size(proc.base, &msize);
+    if (mrank != host->rank || msize != host->world_size)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "comm-mpi: MPI sees this process as rank %d of %d but loom as rank %d of "
+                           "%d; start the job with one launcher only (mpirun -np N loom ..., or "
+                           "loom launch -n N -- loom ...)",
+                           mrank, msize, host->rank, host->world_size);
+    if ((rc = half_types_create(host)) != LOOM_OK)
+        return rc;
+    host->log(host, LOOM_LOG_DEBUG, "comm-mpi: MPI up (%s, thread level %d)",
+              proc.joined ? "joined under loom launch" : ompi_size ? "mpirun" : "singleton",
+              proc.thread_level);
+    proc.started = 1;
+    return LOOM_OK;
+}
+
+/* The last communicator of the process is gone. Called with proc.lock. */
+static void process_stop(const loom_host *host, double timeout_s)
+{
+    if (!proc.started && !proc.init_here) {
+        server_stop();
+        return;
+    }
+    if (proc.failed) {
+        /* MPI_Finalize waits for operations that will never complete once a
+         * peer is gone; the process is about to fail anyway. */
+        host->log(host, LOOM_LOG_WARN, "comm-mpi: skipping MPI_Finalize after a failure");
+        server_stop();
+        return;
+    }
+    half_types_free();
+    if (proc.joined && proc.base != MPI_COMM_NULL)
+        MPI_Comm_free(&proc.base);
+    proc.base = MPI_COMM_NULL;
+    proc.started = 0;
+    if (!proc.init_here)
+        return; /* the application's MPI: it finalizes */
+    MPI_Finalize();
+    if (proc.joined) {
+        /* ompi-server must outlive every rank's MPI_Finalize. */
+        int st = host->kv_barrier ? host->kv_barrier(host, "finalized", timeout_s) : LOOM_OK;
+        if (st != LOOM_OK)
+            host->log(host, LOOM_LOG_WARN,
+                      "comm-mpi: not every rank finished MPI_Finalize within %.1f s", timeout_s);
+        server_stop();
+    }
+}
+
+/* ------------------------------------------------------- communicators */
+
+typedef struct loom_comm_request loom_comm_request;
+
+struct loom_comm {
+    const loom_host *host;
+    MPI_Comm mpi;
+    int rank, size;
+    int *world_ranks;  /* world rank of each rank of this group, for messages */
+    char id[96];       /* the same on every member and unique in the job: names store keys */
+    char desc[256];    /* "group of 4 (world ranks 0,1,2,3)" */
+    uint64_t seq;      /* collectives posted here; the next one is seq + 1 */
+    uint64_t p2p_seq;  /* sends and recvs posted here */
+    int nsub;          /* subgroups made from this one: part of their ids */
+    int tag_ub;
+    int is_world;      /* rank r is world rank r: messages need not say so */
+    mpi_settings_t set;
+    pthread_mutex_t lock; /* the fields below */
+    int failed;           /* after a timeout, an MPI error or abort: no more MPI calls on it */
+    int fail_status;
+    char failure[512];
+    loom_comm_request *inflight;
+};
+
+struct loom_comm_request {
+    MPI_Request mpi;
+    loom_comm *comm; /* NULL once the group was destroyed under it */
+    const loom_host *host;
+    const char *name; /* the op, for messages */
+    int collective;
+    uint64_t seq;
+    int peer, tag;        /* send / recv */
+    size_t expect;        /* recv: elements expected */
+    loom_dtype dtype;
+    void *avg_buf;        /* AVG: divide these avg_count elements at completion */
+    size_t avg_count;
+    void *stage;          /* a copy of a send buffer that overlaps recv */
+    loom_comm_request *prev, *next;
+};
+
+static void comm_describe(loom_comm *c)
+{
+    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
+    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
+        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world_ranks[i]);
+    if (n >= (int)sizeof c->desc - 16)
+        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
+    else
+        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
+}
+
+static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const mpi_settings_t *s)
+{
+    loom_comm *c = calloc(1, sizeof *c);
+    int *wr = calloc((size_t)size, sizeof *wr);
+    if (!c || !wr) {
+        free(c);
+        free(wr);
+        return NULL;
+    }
+    c->host = host;
+    c->mpi = MPI_COMM_NULL;
+    c->rank = rank;
+    c->size = size;
+    c->world_ranks = wr;
+    c->tag_ub = 32767; /* MPI's guaranteed minimum */
+    c->set = *s;
+    pthread_mutex_init(&c->lock, NULL);
+    return c;
+}
+
+static void comm_free(loom_comm *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_destroy(&c->lock);
+    free(c->world_ranks);
+    free(c);
+}
+
+/* Record that the group is unusable; later calls fail at once with this. */
+static void comm_mark_failed(loom_comm *c, int status, const char *why)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) {
+        c->failed = 1;
+        c->fail_status = status;
+        copy_str(c->failure, sizeof c->failure, why);
+    }
+    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_lock(&proc.lock);
+    proc.failed = 1;
+    pthread_mutex_unlock(&proc.lock);
+}
+
+static void comm_set_mpi(loom_comm *c, MPI_Comm mc)
+{
+    c->mpi = mc;
+    MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+    int *ub = NULL, flag = 0;
+    if (MPI_Comm_get_attr(mc, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub)
+        c->tag_ub = *ub;
+}
+
+/* --------------------------------------------------------- requests */
+
+static loom_comm_request *req_new(loom_comm *c, const char *name, int collective, uint64_t seq)
+{
+    loom_comm_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->mpi = MPI_REQUEST_NULL;
+    r->comm = c;
+    r->host = c->host;
+    r->name = name;
+    r->collective = collective;
+    r->seq = seq;
+    r->peer = -1;
+    return r;
+}
+
+/* Unlink from the group's in-flight list and free. A request whose MPI
+ * operation did not complete is dropped without MPI_Request_free (erroneous
+ * for non-blocking collectives); its group is failed by then. */
+static void req_release(loom_comm_request *r)
+{
+    loom_comm *c = r->comm;
+    if (c) {
+        pthread_mutex_lock(&c->lock);
+        if (r->prev)
+            r->prev->next = r->next;
+        else if (c->inflight == r)
+            c->inflight = r->next;
+        if (r->next)
+            r->next->prev = r->prev;
+        pthread_mutex_unlock(&c->lock);
+    }
+    free(r->stage);
+    free(r);
+}
+
+/* "allreduce #17 on group of 4 (world ranks 0,1,2,3)" or
+ * "send #3 to rank 2 (tag 7) on group of ..." */
+static void req_describe(const loom_comm_request *r, char *buf, size_t cap)
+{
+    const loom_comm *c = r->comm;
+    if (r->collective)
+        snprintf(buf, cap, "%s #%llu on %s", r->name, (unsigned long long)r->seq, c->desc);
+    else
+        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d) on %s", r->name,
+                 (unsigned long long)r->seq, strcmp(r->name, "send") ? "from" : "to", r->peer,
+                 r->tag, c->desc);
+}
+
+/* Begin an op: number it and refuse it on a failed group. */
+static int op_begin(loom_comm *c, const char *name, int collective, uint64_t *seq,
+                    loom_comm_request **req)
+{
+    if (req)
+        *req = NULL;
+    if (!c)
+        return LOOM_ERR_INVALID;
+    *seq = collective ? ++c->seq : ++c->p2p_seq;
+    pthread_mutex_lock(&c->lock);
+    int failed = c->failed, status = c->fail_status;
+    char why[512];
+    snprintf(why, sizeof why, "%s", c->failure);
+    pthread_mutex_unlock(&c->lock);
+    if (failed)
+        return c->host->error(c->host, status, "comm-mpi: %s #%llu on %s: the group failed earlier: %s",
+                              name, (unsigned long long)*seq, c->desc, why);
+    return LOOM_OK;
+}
+
+static int check_args(loom_comm *c, const char *name, uint64_t seq, size_t count, size_t blocks,
+                      loom_dtype dtype, int check_op, loom_redop op)
+{
+    const loom_host *h = c->host;
+    if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
+        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: %s #%llu: unknown dtype %d", name,
+                        (unsigned long long)seq, (int)dtype);
+    if (check_op && (unsigned)op >= LOOM_REDOP_COUNT)
+        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: %s #%llu: unknown reduction %d", name,
+                        (unsigned long long)seq, (int)op);
+    /* MPI counts are ints, and some of Open MPI's algorithms compute the
+     * whole buffer's element count (blocks * count) in an int too. */
+    if (count > (size_t)INT_MAX || blocks * count > (size_t)INT_MAX)
+        return h->error(h, LOOM_ERR_NOT_SUPPORTED,
+                        "comm-mpi: %s #%llu: %zu elements of %s is more than MPI's int counts "
+                        "allow; split the operation",
+                        name, (unsigned long long)seq, count, loom_dtype_name(dtype));
+    return LOOM_OK;
+}
+
+static int check_rank(loom_comm *c, const char *name, uint64_t seq, const char *what, int r)
+{
+    if (r < 0 || r >= c->size)
+        return c->host->error(c->host, LOOM_ERR_INVALID,
+                              "comm-mpi: %s #%llu on %s: %s %d is not a rank of the group (0..%d)",
+                              name, (unsigned long long)seq, c->desc, what, r, c->size - 1);
+    return LOOM_OK;
+}
+
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+/* A private copy of a send buffer that overlaps the receive buffer in a way
+ * MPI_IN_PLACE does not express (MPI forbids aliased arguments). */
+static const void *stage_send(loom_comm_request *r, const void *send, size_t bytes)
+{
+    r->stage = malloc(bytes);
+    if (r->stage)
+        memcpy(r->stage, send, bytes);
+    return r->stage;
+}
+
+/* After the MPI_I* call: track the request, or turn the MPI error into ours. */
+static int op_posted(loom_comm *c, loom_comm_request *r, int rc, const char *fn,
+                     loom_comm_request **out)
+{
+    if (rc != MPI_SUCCESS) {
+        char what[400];
+        req_describe(r, what, sizeof what);
+        int st = mpi_fail(c->host, rc, "%s: %s failed", what, fn);
+        comm_mark_failed(c, st, "an earlier MPI call failed");
+        r->comm = NULL; /* never linked */
+        req_release(r);
+        return st;
+    }
+    pthread_mutex_lock(&c->lock);
+    r->next = c->inflight;
+    if (c->inflight)
+        c->inflight->prev = r;
+    c->inflight = r;
+    pthread_mutex_unlock(&c->lock);
+    *out = r;
+    return LOOM_OK;
+}
+
+static int no_memory(loom_comm *c, const char *name, uint64_t seq, loom_comm_request *r)
+{
+    if (r) {
+        free(r->stage);
+        free(r);
+    }
+    return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-mpi: %s #%llu: out of memory", name,
+                          (unsigned long long)seq);
+}
+
+/* --------------------------------------------------------- collectives */
+
+static int mpi_allreduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                         loom_redop op, loom_comm_request **req)
+{
+    const char *name = "allreduce";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, 1, dtype, 1, op);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    const void *sb = send;
+    if (send == recv)
+        sb = MPI_IN_PLACE;
+    else if (overlap(send, bytes, recv, bytes) && !(sb = stage_send(r, send, bytes)))
+        return no_memory(c, name, seq, r);
+    if (op == LOOM_AVG) {
+        r->avg_buf = recv;
+        r->avg_count = count;
+        r->dtype = dtype;
+    }
+    int rc = MPI_Iallreduce(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op), c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Iallreduce", req);
+}
+
+static int mpi_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
+                         loom_comm_request **req)
+{
+    const char *name = "broadcast";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, 1, dtype, 0, LOOM_SUM);
+    if (st == LOOM_OK)
+        st = check_rank(c, name, seq, "root", root);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    int rc = MPI_Ibcast(buf, (int)count, mpi_dtype(dtype), root, c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Ibcast", req);
+}
+
+static int mpi_reduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                      loom_redop op, int root, loom_comm_request **req)
+{
+    const char *name = "reduce";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, 1, dtype, 1, op);
+    if (st == LOOM_OK)
+        st = check_rank(c, name, seq, "root", root);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    const void *sb = send;
+    if (c->rank == root) {
+        if (send == recv)
+            sb = MPI_IN_PLACE;
+        else if (overlap(send, bytes, recv, bytes) && !(sb = stage_send(r, send, bytes)))
+            return no_memory(c, name, seq, r);
+        if (op == LOOM_AVG) {
+            r->avg_buf = recv;
+            r->avg_count = count;
+            r->dtype = dtype;
+        }
+    } else {
+        recv = NULL; /* significant at the root only */
+    }
+    int rc = MPI_Ireduce(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op), root, c->mpi,
+                         &r->mpi);
+    return op_posted(c, r, rc, "MPI_Ireduce", req);
+}
+
+static int mpi_allgather(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                         loom_comm_request **req)
+{
+    const char *name = "allgather";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 0, LOOM_SUM);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    const void *sb = send;
+    if ((const char *)send == (const char *)recv + (size_t)c->rank * bytes)
+        sb = MPI_IN_PLACE;
+    else if (overlap(send, bytes, recv, bytes * (size_t)c->size) && !(sb = stage_send(r, send, bytes)))
+        return no_memory(c, name, seq, r);
+    MPI_Datatype t = mpi_dtype(dtype);
+    int rc = MPI_Iallgather(sb, (int)count, t, recv, (int)count, t, c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Iallgather", req);
+}
+
+static int mpi_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
+                             loom_dtype dtype, loom_redop op, loom_comm_request **req)
+{
+    const char *name = "reducescatter";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 1, op);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    const void *sb = send;
+    /* send == recv is MPI's in-place form: the whole input in recv, this
+     * rank's result left in its first block. */
+    if (send == recv)
+        sb = MPI_IN_PLACE;
+    else if (overlap(send, bytes * (size_t)c->size, recv, bytes) &&
+             !(sb = stage_send(r, send, bytes * (size_t)c->size)))
+        return no_memory(c, name, seq, r);
+    if (op == LOOM_AVG) {
+        r->avg_buf = recv;
+        r->avg_count = count;
+        r->dtype = dtype;
+    }
+    int rc = MPI_Ireduce_scatter_block(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op),
+                                       c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Ireduce_scatter_block", req);
+}
+
+static int mpi_alltoall(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                        loom_comm_request **req)
+{
+    const char *name = "alltoall";
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 0, LOOM_SUM);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    const void *sb = send;
+    if (overlap(send, total, recv, total) && !(sb = stage_send(r, send, total)))
+        return no_memory(c, name, seq, r);
+    MPI_Datatype t = mpi_dtype(dtype);
+    int rc = MPI_Ialltoall(sb, (int)count, t, recv, (int)count, t, c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Ialltoall", req);
+}
+
+static int p2p_post(loom_comm *c, int is_send, void *buf, size_t count, loom_dtype dtype, int peer,
+                    int tag, loom_comm_request **req)
+{
+    const char *name = is_send ? "send" : "recv";
+    uint64_t seq;
+    int st = op_begin(c, name, 0, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, name, seq, count, 1, dtype, 0, LOOM_SUM);
+    if (st == LOOM_OK)
+        st = check_rank(c, name, seq, "peer", peer);
+    if (st == LOOM_OK && (tag < 0 || tag > c->tag_ub))
+        st = c->host->error(c->host, LOOM_ERR_INVALID,
+                            "comm-mpi: %s #%llu on %s: tag %d is outside 0..%d", name,
+                            (unsigned long long)seq, c->desc, tag, c->tag_ub);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    loom_comm_request *r = req_new(c, name, 0, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    r->peer = peer;
+    r->tag = tag;
+    r->expect = count;
+    r->dtype = dtype;
+    int rc = is_send ? MPI_Isend(buf, (int)count, mpi_dtype(dtype), peer, tag, c->mpi, &r->mpi)
+                     : MPI_Irecv(buf, (int)count, mpi_dtype(dtype), peer, tag, c->mpi, &r->mpi);
+    return op_posted(c, r, rc, is_send ? "MPI_Isend" : "MPI_Irecv", req);
+}
+
+static int mpi_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                    loom_comm_request **req)
+{
+    return p2p_post(c, 1, (void *)buf, count, dtype, peer, tag, req);
+}
+
+static int mpi_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                    loom_comm_request **req)
+{
+    return p2p_post(c, 0, buf, count, dtype, peer, tag, req);
+}
+
+static int post_barrier(loom_comm *c, const char *name, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, name, 1, &seq, req);
+    if (st != LOOM_OK)
+        return st;
+    loom_comm_request *r = req_new(c, name, 1, seq);
+    if (!r)
+        return no_memory(c, name, seq, NULL);
+    int rc = MPI_Ibarrier(c->mpi, &r->mpi);
+    return op_posted(c, r, rc, "MPI_Ibarrier", req);
+}
+
+static int mpi_barrier(loom_comm *c, loom_comm_request **req)
+{
+    return post_barrier(c, "barrier", req);
+}
+
+/* ------------------------------------------------------ completion */
+
+/* One MPI_Test. Returns LOOM_OK with *done, or an error (request released). */
+static int req_poll(loom_comm_request *r, int *done)
+{
+    loom_comm *c = r->comm;
+    const loom_host *h = r->host;
+    *done = 0;
+    if (!c) {
+        int st = h->error(h, LOOM_ERR_INVALID,
+                          "comm-mpi: %s #%llu: its group was destroyed while it was in flight",
+                          r->name, (unsigned long long)r->seq);
+        req_release(r);
+        return st;
+    }
+    pthread_mutex_lock(&c->lock);
+    int failed = c->failed, status = c->fail_status;
+    char why[512];
+    snprintf(why, sizeof why, "%s", c->failure);
+    pthread_mutex_unlock(&c->lock);
+    if (failed) {
+        char what[400];
+        req_describe(r, what, sizeof what);
+        int st = h->error(h, status, "comm-mpi: %s abandoned: the group failed: %s", what, why);
+        req_release(r);
+        return st;
+    }
+
+    MPI_Status mst;
+    int flag = 0;
+    int rc = MPI_Test(&r->mpi, &flag, &mst);
+    if (rc != MPI_SUCCESS) {
+        char what[400];
+        req_describe(r, what, sizeof what);
+        int st = mpi_fail(h, rc, "%s failed", what);
+        comm_mark_failed(c, st, "an earlier operation failed in MPI");
+        req_release(r);
+        return st;
+    }
+    if (!flag)
+        return LOOM_OK;
+    *done = 1;
+    if (r->avg_buf)
+        divide_by(r->avg_buf, r->avg_count, r->dtype, c->size);
+    if (!r->collective && strcmp(r->name, "recv") == 0) {
+        /* MPI accepts a shorter message silently; a pipeline stage would
+         * then read stale data. */
+        int got = -1;
+        MPI_Get_count(&mst, mpi_dtype(r->dtype), &got);
+        if (got != (int)r->expect) {
+            char what[400];
+            req_describe(r, what, sizeof what);
+            int st = h->error(h, LOOM_ERR_INVALID,
+                              "comm-mpi: %s: expected %zu elements of %s, rank %d sent %d", what,
+                              r->expect, loom_dtype_name(r->dtype), r->peer, got);
+            req_release(r);
+            return st;
+        }
+    }
+    req_release(r);
+    return LOOM_OK;
+}
+
+static int mpi_test(loom_comm_request *r)
+{
+    if (!r)
+        return LOOM_OK;
+    int done, st = req_poll(r, &done);
+    if (st != LOOM_OK)
+        return st;
+    return done ? LOOM_OK : LOOM_IN_PROGRESS;
+}
+
+static void late_key(const loom_comm *c, int world_rank, char *key, size_t cap)
+{
+    snprintf(key, cap, "late/%s/%d", c->id, world_rank);
+}
+
+/* "rank 2" in the world, "rank 1 (world rank 5)" in a subgroup. */
+static int name_rank(const loom_comm *c, int r, char *buf, size_t cap)
+{
+    if (c->is_world)
+        return snprintf(buf, cap, "%d", r);
+    return snprintf(buf, cap, "%d (world rank %d)", r, c->world_ranks[r]);
+}
+
+/* Who did not arrive at collective #seq? MPI cannot tell, so every rank
+ * that times out on this group says how far it got in the bootstrap store:
+ * key late/<group id>/<world rank> holds the number of collectives it posted
+ * here, counting the group's creation (so 0 means "never reported"). A rank
+ * counts as arrived once its number covers seq. We wait late_grace_s for
+ * the others to time out too — ranks that posted the op but started waiting
+ * on it more than the grace later are named although they arrived. */
+static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t cap)
+{
+    const loom_host *h = c->host;
+    char key[160];
+    int64_t cur = 0;
+    if (!h->kv_add) {
+        snprintf(why, cap, "no bootstrap store to ask which ranks arrived");
+        return;
+    }
+    late_key(c, c->world_ranks[c->rank], key, sizeof key);
+    int64_t mine = (int64_t)c->seq + 1;
+    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
+        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
+                           "arrive are unknown");
+        return;
+    }
+
+    int n = c->size;
+    int64_t *got = calloc((size_t)n, sizeof *got);
+    if (!got) {
+        snprintf(why, cap, "out of memory while asking which ranks arrived");
+        return;
+    }
+    double deadline = now_s() + c->set.grace_s;
+    int missing, unreachable = 0;
+    for (;;) {
+        missing = 0;
+        for (int m = 0; m < n && !unreachable; m++) {
+            if (m == c->rank || got[m] >= (int64_t)seq + 1)
+                continue;
+            late_key(c, c->world_ranks[m], key, sizeof key);
+            if (h->kv_add(h, key, 0, &got[m]) != LOOM_OK)
+                unreachable = 1;
+            else if (got[m] < (int64_t)seq + 1)
+                missing++;
+        }
+        if (unreachable || missing == 0 || now_s() >= deadline)
+            break;
+        sleep_s(0.05);
+    }
+
+    if (unreachable) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+    } else if (missing == 0) {
+        snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
+                           "operations, counts, dtypes or roots at this point");
+    } else {
+        size_t len = (size_t)snprintf(why, cap, "rank%s ", missing > 1 ? "s" : "");
+        int k = 0;
+        for (int m = 0; m < n && len < cap; m++) {
+            if (m == c->rank || got[m] >= (int64_t)seq + 1)
+                continue;
+            char nm[64];
+            name_rank(c, m, nm, sizeof nm);
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
+            if (got[m] > 0 && len < cap) /* it timed out too, at an earlier op */
+                len += (size_t)snprintf(why + len, cap - len, " (stopped at #%lld)",
+                                        (long long)got[m] - 1);
+        }
+        if (len < cap)
+            snprintf(why + len, cap - len, " did not arrive");
+    }
+    free(got);
+}
+
+/* A send or recv: the peer is the only one that matters. We still report
+ * how far we got, so a peer stuck in a collective of this group can tell. */
+static void diagnose_p2p(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
+{
+    const loom_host *h = c->host;
+    char key[160], nm[64];
+    int64_t cur = 0, peer = 0;
+    int is_send = strcmp(r->name, "send") == 0;
+    name_rank(c, r->peer, nm, sizeof nm);
+    int64_t mine = (int64_t)c->seq + 1;
+    late_key(c, c->world_ranks[c->rank], key, sizeof key);
+    int ok = h->kv_add && h->kv_add(h, key, 0, &cur) == LOOM_OK &&
+             (cur >= mine || h->kv_add(h, key, mine - cur, &cur) == LOOM_OK);
+    late_key(c, c->world_ranks[r->peer], key, sizeof key);
+    ok = ok && h->kv_add(h, key, 0, &peer) == LOOM_OK;
+    if (h->kv_add && !ok) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+        return;
+    }
+    snprintf(why, cap, "rank %s %s%s", nm,
+             is_send ? "did not post the matching recv" : "did not send the matching message",
+             peer > 0 ? " (it timed out on this group too: mismatched sends and recvs?)" : "");
+}
+
+/* Poll until done or timeout_s. Waits yield the CPU: sched_yield while the
+ * op is young (MPI's non-blocking collectives progress only inside MPI
+ * calls, so polling must stay frequent), then short sleeps. */
+static int mpi_wait(loom_comm_request *r)
+{
+    if (!r)
+        return LOOM_OK;
+    double t0 = now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0;
+    int yield = r->comm ? r->comm->set.yield : 1;
+    for (;;) {
+        int done, st = req_poll(r, &done);
+        if (st != LOOM_OK)
+            return st;
+        if (done)
+            return LOOM_OK;
+        double waited = now_s() - t0;
+        if (waited > timeout)
+            break;
+        if (!yield || waited < 0.002)
+            sched_yield();
+        else
+            sleep_s(waited < 1.0 ? 20e-6 : 1e-3);
+    }
+
+    loom_comm *c = r->comm;
+    const loom_host *h = c->host;
+    char what[400], why[1024], detail[1536];
+    req_describe(r, what, sizeof what);
+    if (r->collective)
+        diagnose_collective(c, r->seq, why, sizeof why);
+    else
+        diagnose_p2p(c, r, why, sizeof why);
+    snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
+    /* The MPI operation stays posted and may still touch its buffers; the
+     * group cannot be used again and MPI_Finalize is skipped. */
+    comm_mark_failed(c, LOOM_ERR_TIMEOUT, detail);
+    req_release(r);
+    return h->error(h, LOOM_ERR_TIMEOUT, "comm-mpi: %s", detail);
+}
+
+/* ------------------------------------------------- lifetime operations */
+
+static int mpi_create_world(const loom_host *host, loom_comm **out)
+{
+    if (!out)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
+        return host ? host->error(host, LOOM_ERR_INVALID, "comm-mpi: bad rank %d of %d", host->rank,
+                                  host->world_size)
+                    : LOOM_ERR_INVALID;
+    mpi_settings_t s;
+    read_settings(host, &s);
+
+    pthread_mutex_lock(&proc.lock);
+    int st = process_start(host, &s);
+    if (st != LOOM_OK) {
+        proc.failed = 1;
+        if (proc.refs == 0)
+            server_stop();
+        pthread_mutex_unlock(&proc.lock);
+        return st;
+    }
+    loom_comm *c = comm_alloc(host, host->rank, host->world_size, &s);
+    if (!c) {
+        pthread_mutex_unlock(&proc.lock);
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    }
+    snprintf(c->id, sizeof c->id, "w%d", proc.nworlds++);
+    c->is_world = 1;
+    for (int i = 0; i < c->size; i++)
+        c->world_ranks[i] = i;
+    comm_describe(c);
+    proc.refs++;
+    MPI_Comm base = proc.base;
+    pthread_mutex_unlock(&proc.lock);
+
+    /* Each world communicator is a duplicate of the base, so two of them
+     * never match each other's messages. MPI_Comm_idup lets the wait name a
+     * rank that never comes. */
+    MPI_Comm mc = MPI_COMM_NULL;
+    loom_comm_request *r = req_new(c, "create_world", 1, 0);
+    if (!r) {
+        st = host->error(host, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    } else {
+        int rc = MPI_Comm_idup(base, &mc, &r->mpi);
+        st = op_posted(c, r, rc, "MPI_Comm_idup", &r);
+        if (st == LOOM_OK)
+            st = mpi_wait(r);
+    }
+    if (st != LOOM_OK) {
+        /* keep the count: destroy of a failed comm is not possible for the
+         * caller, so drop our reference here without finalizing */
+        pthread_mutex_lock(&proc.lock);
+        proc.refs--;
+        proc.failed = 1;
+        if (proc.refs == 0)
+            process_stop(host, s.timeout_s);
+        pthread_mutex_unlock(&proc.lock);
+        comm_free(c);
+        return st;
+    }
+    comm_set_mpi(c, mc);
+    *out = c;
+    return LOOM_OK;
+}
+
+static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
+{
+    if (!out || !parent)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    const loom_host *h = parent->host;
+    char bad[256] = "";
+    int me = -1, color = INT_MAX;
+    if (!ranks || nranks < 1 || nranks > parent->size)
+        snprintf(bad, sizeof bad, "%d ranks listed for a parent of %d", nranks, parent->size);
+    for (int i = 0; !bad[0] && i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size) {
+            snprintf(bad, sizeof bad, "rank %d is not a rank of the parent (0..%d)", ranks[i],
+                     parent->size - 1);
+            break;
+        }
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                snprintf(bad, sizeof bad, "rank %d is listed twice", ranks[i]);
+        if (ranks[i] == parent->rank)
+            me = i;
+        if (ranks[i] < color)
+            color = ranks[i];
+    }
+    if (!bad[0] && me < 0)
+        snprintf(bad, sizeof bad, "the list does not contain this rank (%d)", parent->rank);
+
+    /* MPI_Comm_split blocks with no timeout; a barrier first, waited with
+     * ours, names any parent rank that never comes. */
+    loom_comm_request *r = NULL;
+    int st = post_barrier(parent, "create_subgroup", &r);
+    if (st == LOOM_OK)
+        st = mpi_wait(r);
+    if (st != LOOM_OK)
+        return st;
+
+    /* A bad list still takes part in the split (as MPI_UNDEFINED) so the
+     * other ranks do not hang in it. */
+    MPI_Comm mc = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(parent->mpi, bad[0] ? MPI_UNDEFINED : color, me, &mc);
+    if (bad[0]) {
+        if (mc != MPI_COMM_NULL)
+            MPI_Comm_free(&mc);
+        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: create_subgroup on %s: %s", parent->desc, bad);
+    }
+    if (rc != MPI_SUCCESS) {
+        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_split failed", parent->desc);
+        comm_mark_failed(parent, st, "an earlier MPI_Comm_split failed");
+        return st;
+    }
+
+    int size = 0, rank = -1;
+    MPI_Comm_size(mc, &size);
+    MPI_Comm_rank(mc, &rank);
+    loom_comm *c = comm_alloc(h, rank, size, &parent->set);
+    if (!c) {
+        MPI_Comm_free(&mc);
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    }
+    comm_set_mpi(c, mc);
+    /* World ranks from MPI itself, checked against our list: every member
+     * must have passed the same list. */
+    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+    int *idx = malloc((size_t)size * sizeof *idx);
+    rc = idx ? MPI_Comm_group(mc, &g) : MPI_ERR_NO_MEM;
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_group(proc.base, &wg);
+    for (int i = 0; idx && i < size; i++)
+        idx[i] = i;
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Group_translate_ranks(g, size, idx, wg, c->world_ranks);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (wg != MPI_GROUP_NULL)
+        MPI_Group_free(&wg);
+    free(idx);
+    if (rc == MPI_SUCCESS && (size != nranks || rank != me))
+        snprintf(bad, sizeof bad, "the ranks of the group passed different lists (this rank's "
+                                  "list has %d ranks, MPI made a group of %d)", nranks, size);
+    for (int i = 0; rc == MPI_SUCCESS && !bad[0] && i < size; i++)
+        if (c->world_ranks[i] != parent->world_ranks[ranks[i]])
+            snprintf(bad, sizeof bad, "the ranks of the group passed different lists (position "
+                                      "%d: world rank %d here, %d elsewhere)",
+                     i, parent->world_ranks[ranks[i]], c->world_ranks[i]);
+    if (rc != MPI_SUCCESS || bad[0]) {
+        st = rc != MPI_SUCCESS ? mpi_fail(h, rc, "create_subgroup: translating ranks")
+                               : h->error(h, LOOM_ERR_INVALID, "comm-mpi: create_subgroup on %s: %s",
+                                          parent->desc, bad);
+        MPI_Comm_free(&c->mpi);
+        comm_free(c);
+        return st;
+    }
+    char id[160];
+    snprintf(id, sizeof id, "%s.%d.%d", parent->id, parent->nsub++, color);
+    copy_str(c->id, sizeof c->id, id);
+    comm_describe(c);
+    pthread_mutex_lock(&proc.lock);
+    proc.refs++;
+    pthread_mutex_unlock(&proc.lock);
+    *out = c;
+    return LOOM_OK;
+}
+
+static int mpi_destroy(loom_comm *c)
+{
+    if (!c)
+        return LOOM_OK;
+    const loom_host *h = c->host;
+    int st = LOOM_OK;
+
+    /* Requests never completed: detach them (test/wait on them then fail
+     * cleanly) and treat MPI as unclean, since their operations still run. */
+    pthread_mutex_lock(&c->lock);
+    int orphans = 0;
+    for (loom_comm_request *r = c->inflight; r; r = r->next) {
+        r->comm = NULL;
+        r->prev = NULL;
+        orphans++;
+    }
+    c->inflight = NULL;
+    int failed = c->failed;
+    pthread_mutex_unlock(&c->lock);
+    if (orphans) {
+        h->log(h, LOOM_LOG_WARN, "comm-mpi: %s destroyed with %d operation(s) still in flight",
+               c->desc, orphans);
+        pthread_mutex_lock(&proc.lock);
+        proc.failed = 1;
+        pthread_mutex_unlock(&proc.lock);
+        failed = 1;
+    }
+    if (!failed && c->mpi != MPI_COMM_NULL) {
+        int rc = MPI_Comm_free(&c->mpi);
+        if (rc != MPI_SUCCESS)
+            st = mpi_fail(h, rc, "destroying %s", c->desc);
+    }
+
+    pthread_mutex_lock(&proc.lock);
+    if (--proc.refs == 0)
+        process_stop(h, c->set.timeout_s);
+    pthread_mutex_unlock(&proc.lock);
+    comm_free(c);
+    return st;
+}
+
+static int mpi_rank(const loom_comm *c) { return c->rank; }
+static int mpi_size(const loom_comm *c) { return c->size; }
+
+/* MPI_Abort would take the whole job down; instead the group is marked
+ * failed, so in-flight waits return and destroy skips MPI_Finalize. */
+static int mpi_abort(loom_comm *c)
+{
+    if (c)
+        comm_mark_failed(c, LOOM_ERR_REMOTE, "aborted after a failure");
+    return LOOM_OK;
+}
+
+LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMM, loom_comm_plugin_v1_t, "mpi",
+                                 "MPI (Open MPI) non-blocking collectives, under mpirun or loom launch",
+                                 mpi_settings),
+    .mem_kinds = LOOM_MEM_BIT(LOOM_MEM_HOST),
+    .create_world = mpi_create_world,
+    .create_subgroup = mpi_create_subgroup,
+    .destroy = mpi_destroy,
+    .rank = mpi_rank,
+    .size = mpi_size,
+    .allreduce = mpi_allreduce,
+    .broadcast = mpi_broadcast,
+    .reduce = mpi_reduce,
+    .allgather = mpi_allgather,
+    .reducescatter = mpi_reducescatter,
+    .alltoall = mpi_alltoall,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .barrier = mpi_barrier,
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .abort = mpi_abort,
+};

@@ -1,0 +1,215 @@
+/* Pins the frozen v1 plugin ABI. Every plugin built against loom 1.x depends
+ * on these sizes and offsets (x86_64, LP64), so a change here is an ABI
+ * break: it needs a new major (new struct type and symbol), not an edit.
+ * Growing a struct at its end is a minor change: add a PIN for the new
+ * member and update PIN_SIZE, never move an existing offset. */
+#include <stdio.h>
+
+#include "loom/comm.h"
+#include "loom/memtier.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+
+#if defined(__x86_64__) && defined(__LP64__)
+
+#define PIN_SIZE(type, size) _Static_assert(sizeof(type) == (size), "ABI: sizeof " #type " changed")
+#define PIN(type, member, off) \
+    _Static_assert(offsetof(type, member) == (off), "ABI: offsetof " #type "." #member " changed")
+#define PIN_VALUE(name, value) _Static_assert((name) == (value), "ABI: value of " #name " changed")
+
+PIN_VALUE(LOOM_ABI_MAJOR, 1);
+PIN_VALUE(LOOM_ABI_VERSION(1, 0), 0x10000u);
+PIN_VALUE(LOOM_PLUGIN_COMM, 1);
+PIN_VALUE(LOOM_PLUGIN_STRATEGY, 2);
+PIN_VALUE(LOOM_PLUGIN_MEMTIER, 3);
+PIN_VALUE(LOOM_SETTING_INT, 1);
+PIN_VALUE(LOOM_SETTING_FLOAT, 2);
+PIN_VALUE(LOOM_SETTING_BOOL, 3);
+PIN_VALUE(LOOM_SETTING_STRING, 4);
+PIN_VALUE(LOOM_HOST_VERSION, 1);
+PIN_VALUE(LOOM_OK, 0);
+PIN_VALUE(LOOM_IN_PROGRESS, 1);
+PIN_VALUE(LOOM_ERR_NOT_SUPPORTED, -1);
+PIN_VALUE(LOOM_ERR_INVALID, -2);
+PIN_VALUE(LOOM_ERR_NO_MEMORY, -3);
+PIN_VALUE(LOOM_ERR_NOT_FOUND, -4);
+PIN_VALUE(LOOM_ERR_TIMEOUT, -5);
+PIN_VALUE(LOOM_ERR_REMOTE, -6);
+PIN_VALUE(LOOM_ERR_INTERNAL, -7);
+PIN_VALUE(LOOM_F32, 0);
+PIN_VALUE(LOOM_BF16, 1);
+PIN_VALUE(LOOM_F16, 2);
+PIN_VALUE(LOOM_F64, 3);
+PIN_VALUE(LOOM_I32, 4);
+PIN_VALUE(LOOM_I64, 5);
+PIN_VALUE(LOOM_U8, 6);
+PIN_VALUE(LOOM_SUM, 0);
+PIN_VALUE(LOOM_MAX, 1);
+PIN_VALUE(LOOM_MIN, 2);
+PIN_VALUE(LOOM_AVG, 3);
+PIN_VALUE(LOOM_MEM_HOST, 0);
+PIN_VALUE(LOOM_MEM_DEVICE, 1);
+PIN_VALUE(LOOM_AXIS_TP, 0);
+PIN_VALUE(LOOM_AXIS_SP, 1);
+PIN_VALUE(LOOM_AXIS_PP, 2);
+PIN_VALUE(LOOM_AXIS_DP, 3);
+PIN_VALUE(LOOM_TIER_DEVICE, 0);
+PIN_VALUE(LOOM_TIER_HOST, 1);
+PIN_VALUE(LOOM_TIER_PINNED, 2);
+PIN_VALUE(LOOM_TIER_NVME, 3);
+PIN_VALUE(LOOM_PURPOSE_PARAMS, 0);
+PIN_VALUE(LOOM_PURPOSE_OTHER, 5);
+PIN_VALUE(LOOM_OP_ALLREDUCE, 0);
+PIN_VALUE(LOOM_OP_BARRIER, 8);
+
+PIN_SIZE(loom_plugin_header, 40);
+PIN(loom_plugin_header, abi_version, 0);
+PIN(loom_plugin_header, struct_size, 4);
+PIN(loom_plugin_header, kind, 8);
+PIN(loom_plugin_header, reserved, 12);
+PIN(loom_plugin_header, name, 16);
+PIN(loom_plugin_header, description, 24);
+PIN(loom_plugin_header, settings, 32);
+
+PIN_SIZE(loom_setting_spec, 32);
+PIN(loom_setting_spec, name, 0);
+PIN(loom_setting_spec, type, 8);
+PIN(loom_setting_spec, default_value, 16);
+PIN(loom_setting_spec, help, 24);
+
+PIN_SIZE(loom_comm_plugin_v1_t, 216);
+PIN(loom_comm_plugin_v1_t, header, 0);
+PIN(loom_comm_plugin_v1_t, mem_kinds, 40);
+PIN(loom_comm_plugin_v1_t, reserved, 44);
+PIN(loom_comm_plugin_v1_t, create_world, 48);
+PIN(loom_comm_plugin_v1_t, create_subgroup, 56);
+PIN(loom_comm_plugin_v1_t, destroy, 64);
+PIN(loom_comm_plugin_v1_t, rank, 72);
+PIN(loom_comm_plugin_v1_t, size, 80);
+PIN(loom_comm_plugin_v1_t, allreduce, 88);
+PIN(loom_comm_plugin_v1_t, broadcast, 96);
+PIN(loom_comm_plugin_v1_t, reduce, 104);
+PIN(loom_comm_plugin_v1_t, allgather, 112);
+PIN(loom_comm_plugin_v1_t, reducescatter, 120);
+PIN(loom_comm_plugin_v1_t, alltoall, 128);
+PIN(loom_comm_plugin_v1_t, send, 136);
+PIN(loom_comm_plugin_v1_t, recv, 144);
+PIN(loom_comm_plugin_v1_t, barrier, 152);
+PIN(loom_comm_plugin_v1_t, test, 160);
+PIN(loom_comm_plugin_v1_t, wait, 168);
+PIN(loom_comm_plugin_v1_t, group_start, 176);
+PIN(loom_comm_plugin_v1_t, group_end, 184);
+PIN(loom_comm_plugin_v1_t, mem_register, 192);
+PIN(loom_comm_plugin_v1_t, mem_deregister, 200);
+PIN(loom_comm_plugin_v1_t, abort, 208);
+
+PIN_SIZE(loom_memtier_plugin_v1_t, 136);
+PIN(loom_memtier_plugin_v1_t, header, 0);
+PIN(loom_memtier_plugin_v1_t, tier, 40);
+PIN(loom_memtier_plugin_v1_t, flags, 44);
+PIN(loom_memtier_plugin_v1_t, create, 48);
+PIN(loom_memtier_plugin_v1_t, destroy, 56);
+PIN(loom_memtier_plugin_v1_t, capacity, 64);
+PIN(loom_memtier_plugin_v1_t, alloc, 72);
+PIN(loom_memtier_plugin_v1_t, free, 80);
+PIN(loom_memtier_plugin_v1_t, write, 88);
+PIN(loom_memtier_plugin_v1_t, read, 96);
+PIN(loom_memtier_plugin_v1_t, test, 104);
+PIN(loom_memtier_plugin_v1_t, wait, 112);
+PIN(loom_memtier_plugin_v1_t, address, 120);
+PIN(loom_memtier_plugin_v1_t, prefetch, 128);
+
+PIN_SIZE(loom_strategy_plugin_v1_t, 216);
+PIN(loom_strategy_plugin_v1_t, header, 0);
+PIN(loom_strategy_plugin_v1_t, axis, 40);
+PIN(loom_strategy_plugin_v1_t, reserved, 44);
+PIN(loom_strategy_plugin_v1_t, create, 48);
+PIN(loom_strategy_plugin_v1_t, destroy, 56);
+PIN(loom_strategy_plugin_v1_t, describe, 64);
+PIN(loom_strategy_plugin_v1_t, data_setup, 72);
+PIN(loom_strategy_plugin_v1_t, data_before_forward, 80);
+PIN(loom_strategy_plugin_v1_t, data_after_forward, 88);
+PIN(loom_strategy_plugin_v1_t, data_before_backward, 96);
+PIN(loom_strategy_plugin_v1_t, data_grads_ready, 104);
+PIN(loom_strategy_plugin_v1_t, data_finish_backward, 112);
+PIN(loom_strategy_plugin_v1_t, data_grad_norm_sq, 120);
+PIN(loom_strategy_plugin_v1_t, data_optimizer_step, 128);
+PIN(loom_strategy_plugin_v1_t, data_gather_params, 136);
+PIN(loom_strategy_plugin_v1_t, tensor_shard, 144);
+PIN(loom_strategy_plugin_v1_t, tensor_enter, 152);
+PIN(loom_strategy_plugin_v1_t, tensor_exit, 160);
+PIN(loom_strategy_plugin_v1_t, tensor_exit_backward, 168);
+PIN(loom_strategy_plugin_v1_t, tensor_enter_backward, 176);
+PIN(loom_strategy_plugin_v1_t, sequence_positions, 184);
+PIN(loom_strategy_plugin_v1_t, attention_forward, 192);
+PIN(loom_strategy_plugin_v1_t, attention_backward, 200);
+PIN(loom_strategy_plugin_v1_t, pipeline_schedule, 208);
+
+PIN_SIZE(loom_host, 152);
+PIN(loom_host, struct_size, 0);
+PIN(loom_host, version, 4);
+PIN(loom_host, rank, 8);
+PIN(loom_host, world_size, 12);
+PIN(loom_host, local_rank, 16);
+PIN(loom_host, local_size, 20);
+PIN(loom_host, timeout_s, 24);
+PIN(loom_host, log, 32);
+PIN(loom_host, error, 40);
+PIN(loom_host, config_int, 48);
+PIN(loom_host, config_float, 56);
+PIN(loom_host, config_bool, 64);
+PIN(loom_host, config_string, 72);
+PIN(loom_host, kv_put, 80);
+PIN(loom_host, kv_get, 88);
+PIN(loom_host, kv_add, 96);
+PIN(loom_host, kv_barrier, 104);
+PIN(loom_host, mem_alloc, 112);
+PIN(loom_host, mem_free, 120);
+PIN(loom_host, now_ns, 128);
+PIN(loom_host, trace, 136);
+PIN(loom_host, comm, 144);
+
+PIN_SIZE(loom_comm_api, 136);
+PIN(loom_comm_api, struct_size, 0);
+PIN(loom_comm_api, rank, 8);
+PIN(loom_comm_api, size, 16);
+PIN(loom_comm_api, backend, 24);
+PIN(loom_comm_api, allreduce, 32);
+PIN(loom_comm_api, broadcast, 40);
+PIN(loom_comm_api, reduce, 48);
+PIN(loom_comm_api, allgather, 56);
+PIN(loom_comm_api, reducescatter, 64);
+PIN(loom_comm_api, alltoall, 72);
+PIN(loom_comm_api, send, 80);
+PIN(loom_comm_api, recv, 88);
+PIN(loom_comm_api, barrier, 96);
+PIN(loom_comm_api, group_start, 104);
+PIN(loom_comm_api, group_end, 112);
+PIN(loom_comm_api, test, 120);
+PIN(loom_comm_api, wait, 128);
+
+/* The types strategy hooks receive: their sizes are ABI too. */
+PIN_SIZE(loom_tensor, 88);
+PIN_SIZE(loom_param_desc, 104);
+PIN_SIZE(loom_unit, 72);
+PIN_SIZE(loom_optimizer_step, 40);
+PIN_SIZE(loom_param_shard, 16);
+PIN_SIZE(loom_attention_kernels, 24);
+PIN_SIZE(loom_attention, 112);
+PIN_SIZE(loom_action, 8);
+PIN_SIZE(loom_pipeline_shape, 32);
+PIN_SIZE(loom_strategy_setup, 112);
+
+#endif
+
+int main(void)
+{
+#if defined(__x86_64__) && defined(__LP64__)
+    printf("abi: v1 structs match their pinned sizes and offsets\n");
+#else
+    printf("abi: pins are for x86_64 only; nothing checked on this target\n");
+#endif
+    return 0;
+}

@@ -1,0 +1,362 @@
+/* The loader against deliberately broken plugins: every refusal is one
+ * line naming the file and the cause, the refused file is unloaded again,
+ * and the plugins that fit (including an older and a newer minor) load.
+ *
+ * usage: test_loader CASE PLUGIN_DIR   (CASE "all" runs every case) */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom_internal.h"
+
+#ifndef BUILD_PLUGIN_DIR
+#error "BUILD_PLUGIN_DIR: the build tree's lib/loom"
+#endif
+#ifndef LOOM_PLUGIN_INSTALL_DIR
+#error "LOOM_PLUGIN_INSTALL_DIR: the install dir libloom was built with"
+#endif
+
+#define SKIP 77
+
+static const char *plugin_dir;
+static int failures;
+
+#define EXPECT(cond, ...)                                                    \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+            failures++;                                                      \
+        }                                                                    \
+    } while (0)
+
+/* A search path of the test plugin folder only (plus what loom always adds). */
+static void search_test_plugins(loom_search_path *sp)
+{
+    setenv("LOOM_PLUGIN_PATH", plugin_dir, 1);
+    int rc = loom_search_path_init(sp, NULL);
+    EXPECT(rc == LOOM_OK, "search path: %s", loom_last_error());
+}
+
+static void plugin_path(char *buf, size_t cap, loom_plugin_kind kind, const char *name)
+{
+    snprintf(buf, cap, "%s/libloom-%s-%s.so", plugin_dir, loom_plugin_kind_name(kind), name);
+}
+
+/* ---- refusals ---- */
+
+typedef struct refusal {
+    const char *name; /* the case, and the plugin's file name */
+    loom_plugin_kind kind;
+    int status;
+    const char *expect[3]; /* substrings of the one-line message */
+} refusal;
+
+static const refusal refusals[] = {
+    {"nosym", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"not a loom plugin: it exports no loom_comm_plugin_v1 symbol", "LOOM_PLUGIN_EXPORT"}},
+    {"wrongkind", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"wrong kind: it is a strategy plugin (exports loom_strategy_plugin_v1), not a comm plugin"}},
+    {"kindfield", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"wrong kind: header.kind says strategy (2) but the symbol is loom_comm_plugin_v1"}},
+    {"abi2", LOOM_PLUGIN_COMM, LOOM_ERR_NOT_SUPPORTED,
+     {"built for loom plugin ABI 2.0 (exports loom_comm_plugin_v2, not loom_comm_plugin_v1)",
+      "this loom speaks 1.x; rebuild the plugin against this loom's headers"}},
+    {"abi2hdr", LOOM_PLUGIN_COMM, LOOM_ERR_NOT_SUPPORTED,
+     {"built for loom plugin ABI 2.0 (header.abi_version of loom_comm_plugin_v1)",
+      "this loom speaks 1.x; rebuild the plugin against this loom's headers"}},
+    {"misnamed", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"name mismatch: header.name is 'ucx' but the file is named for 'misnamed'",
+      "rename the file to libloom-comm-ucx.so"}},
+    {"nullop", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"REQUIRED op allreduce is NULL; a comm plugin must implement it"}},
+    {"undefined", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"dlopen failed: ", "undefined symbol: loom_test_symbol_nobody_defines"}},
+    {"short", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"header.struct_size is 168 bytes, smaller than the 176 bytes of a v1 comm plugin's "
+      "header and REQUIRED ops"}},
+    {"settings-dup", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[1] 'eager_limit' repeats settings[0]"}},
+    {"settings-default", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[1] 'factor': default \"fast\" is not a valid float"}},
+    {"settings-type", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[0] 'eager_limit' has unknown type 9"}},
+    {"settings-empty", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[0] has an empty name"}},
+    {"noread", LOOM_PLUGIN_MEMTIER, LOOM_ERR_INVALID,
+     {"REQUIRED op read is NULL; a memtier plugin must implement it"}},
+    {"badaxis", LOOM_PLUGIN_STRATEGY, LOOM_ERR_INVALID,
+     {"axis 7 is not one of LOOM_AXIS_TP, _SP, _PP, _DP"}},
+    {"tpmissing", LOOM_PLUGIN_STRATEGY, LOOM_ERR_INVALID,
+     {"REQUIRED op tensor_exit is NULL for axis tp"}},
+};
+
+static void check_refusal(const refusal *r)
+{
+    loom_search_path sp;
+    search_test_plugins(&sp);
+    char path[PATH_MAX];
+    plugin_path(path, sizeof path, r->kind, r->name);
+    loom_plugin *p = (loom_plugin *)(uintptr_t)1;
+    loom_clear_error();
+    int rc = loom_plugin_load(&sp, r->kind, r->name, &p);
+    const char *msg = loom_last_error();
+    printf("%s: %s\n", r->name, msg);
+    EXPECT(rc == r->status, "%s: status %d, want %d", r->name, rc, r->status);
+    EXPECT(p == NULL, "%s: *out must be NULL after a refusal", r->name);
+    EXPECT(!strchr(msg, '\n'), "%s: the message must be one line", r->name);
+    char head[PATH_MAX + 128];
+    snprintf(head, sizeof head, "plugin %s '%s' refused: %s: ", loom_plugin_kind_name(r->kind),
+             r->name, path);
+    EXPECT(!strncmp(msg, head, strlen(head)), "%s: message must start '%s'", r->name, head);
+    for (int i = 0; i < 3 && r->expect[i]; i++)
+        EXPECT(strstr(msg, r->expect[i]), "%s: message lacks '%s'", r->name, r->expect[i]);
+    /* Refused means unloaded: the file is no longer mapped. */
+    void *still = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+    EXPECT(still == NULL, "%s: refused plugin is still loaded", r->name);
+    if (still)
+        dlclose(still);
+    loom_search_path_free(&sp);
+}
+
+/* ---- loads ---- */
+
+static loom_plugin *load_ok(loom_plugin_kind kind, const char *name)
+{
+    loom_search_path sp;
+    search_test_plugins(&sp);
+    loom_plugin *p = NULL;
+    int rc = loom_plugin_load(&sp, kind, name, &p);
+    EXPECT(rc == LOOM_OK && p, "%s %s: %s", loom_plugin_kind_name(kind), name, loom_last_error());
+    loom_search_path_free(&sp);
+    if (p) {
+        EXPECT(p->kind == kind, "kind %d", p->kind);
+        EXPECT(!strcmp(p->header->name, name), "name %s", p->header->name);
+        char path[PATH_MAX];
+        plugin_path(path, sizeof path, kind, name);
+        EXPECT(!strcmp(p->path, path), "path %s, want %s", p->path, path);
+    }
+    return p;
+}
+
+static void case_good(void)
+{
+    loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "good");
+    if (!p)
+        return;
+    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, allreduce), "allreduce present");
+    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start present");
+    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort is NULL");
+    EXPECT(!loom_plugin_has_op(p, sizeof(loom_comm_plugin_v1_t)), "nothing past the struct");
+    loom_plugin_unload(p);
+}
+
+static void case_oldminor(void)
+{
+    loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "oldminor");
+    if (!p)
+        return;
+    EXPECT(p->header->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
+           "struct_size %u", p->header->struct_size);
+    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, wait), "wait present");
+    /* Past its struct_size lies whatever the linker put there: never an op. */
+    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start beyond the struct");
+    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort beyond the struct");
+    loom_plugin_unload(p);
+}
+
+static void case_newminor(void)
+{
+    loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "newminor");
+    if (!p)
+        return;
+    EXPECT(p->header->abi_version == LOOM_ABI_VERSION(1, 5), "abi %x", p->header->abi_version);
+    EXPECT(p->header->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
+           "struct_size %u", p->header->struct_size);
+    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start present");
+    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort is NULL");
+    loom_plugin_unload(p);
+}
+
+static void case_kinds(void)
+{
+    loom_plugin *p = load_ok(LOOM_PLUGIN_MEMTIER, "good");
+    loom_plugin_unload(p);
+    p = load_ok(LOOM_PLUGIN_STRATEGY, "good");
+    loom_plugin_unload(p);
+}
+
+/* A name with a '/' is a file, used as it is; its file name still carries
+ * the name the header must have. */
+static void case_by_path(void)
+{
+    char path[PATH_MAX];
+    plugin_path(path, sizeof path, LOOM_PLUGIN_COMM, "good");
+    loom_search_path empty = {0, NULL};
+    loom_plugin *p = NULL;
+    int rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
+    EXPECT(rc == LOOM_OK && p, "by path: %s", loom_last_error());
+    loom_plugin_unload(p);
+
+    plugin_path(path, sizeof path, LOOM_PLUGIN_COMM, "misnamed");
+    rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
+    EXPECT(rc == LOOM_ERR_INVALID, "misnamed by path: %d", rc);
+    EXPECT(strstr(loom_last_error(), "name mismatch"), "%s", loom_last_error());
+
+    snprintf(path, sizeof path, "%s/libloom-comm-absent.so", plugin_dir);
+    rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
+    EXPECT(rc == LOOM_ERR_NOT_FOUND, "absent file: %d", rc);
+    EXPECT(strstr(loom_last_error(), "cannot open: No such file"), "%s", loom_last_error());
+}
+
+/* ---- the search path ---- */
+
+static void canonical(const char *dir, char *out, size_t cap)
+{
+    char *r = realpath(dir, NULL);
+    snprintf(out, cap, "%s", r ? r : dir);
+    free(r);
+}
+
+/* LOOM_PLUGIN_PATH in order, duplicates and empty entries dropped, then the
+ * folder next to libloom, then the install dir. */
+static void case_search_order(void)
+{
+    char a[PATH_MAX], b[64], env[3 * PATH_MAX + 256];
+    snprintf(a, sizeof a, "%s", plugin_dir);
+    snprintf(b, sizeof b, "/nonexistent-b");
+    snprintf(env, sizeof env, "%s:%s::%s/:%s", a, b, a, b);
+    setenv("LOOM_PLUGIN_PATH", env, 1);
+    loom_search_path sp;
+    int rc = loom_search_path_init(&sp, NULL);
+    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    char build[PATH_MAX];
+    canonical(BUILD_PLUGIN_DIR, build, sizeof build);
+    const char *want[] = {a, b, build, LOOM_PLUGIN_INSTALL_DIR};
+    EXPECT(sp.count == 4, "count %d, want 4", sp.count);
+    for (int i = 0; i < sp.count && i < 4; i++) {
+        char got[PATH_MAX];
+        canonical(sp.dirs[i], got, sizeof got);
+        char w[PATH_MAX];
+        canonical(want[i], w, sizeof w);
+        EXPECT(!strcmp(got, w), "dirs[%d] = %s, want %s", i, sp.dirs[i], want[i]);
+    }
+    loom_search_path_free(&sp);
+}
+
+/* Not found: every directory searched, in order, and what to set. */
+static void case_notfound(void)
+{
+    setenv("LOOM_PLUGIN_PATH", "/nonexistent-a:/nonexistent-b", 1);
+    loom_search_path sp;
+    int rc = loom_search_path_init(&sp, NULL);
+    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    loom_plugin *p = NULL;
+    rc = loom_plugin_load(&sp, LOOM_PLUGIN_COMM, "ucz", &p);
+    const char *msg = loom_last_error();
+    printf("notfound: %s\n", msg);
+    EXPECT(rc == LOOM_ERR_NOT_FOUND, "status %d", rc);
+    char want[4 * PATH_MAX];
+    snprintf(want, sizeof want,
+             "plugin comm 'ucz' not found: no libloom-comm-ucz.so in /nonexistent-a, "
+             "/nonexistent-b, %s, %s (set plugins.path or LOOM_PLUGIN_PATH)",
+             sp.count > 2 ? sp.dirs[2] : "?", LOOM_PLUGIN_INSTALL_DIR);
+    EXPECT(!strcmp(msg, want), "\n  got  %s\n  want %s", msg, want);
+    char build[PATH_MAX], third[PATH_MAX];
+    canonical(BUILD_PLUGIN_DIR, build, sizeof build);
+    canonical(sp.count > 2 ? sp.dirs[2] : "?", third, sizeof third);
+    EXPECT(!strcmp(build, third), "third dir %s is not the build's lib/loom %s", third, build);
+    loom_search_path_free(&sp);
+
+    /* A relative entry is taken from the current directory: say which. */
+    setenv("LOOM_PLUGIN_PATH", "relative/plugins", 1);
+    rc = loom_search_path_init(&sp, NULL);
+    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    rc = loom_plugin_load(&sp, LOOM_PLUGIN_COMM, "ucz", &p);
+    msg = loom_last_error();
+    printf("notfound (relative): %s\n", msg);
+    char cwd[PATH_MAX], note[PATH_MAX + 64];
+    EXPECT(getcwd(cwd, sizeof cwd) != NULL, "getcwd");
+    snprintf(note, sizeof note, "relative directories are taken from %s)", cwd);
+    EXPECT(rc == LOOM_ERR_NOT_FOUND && strstr(msg, "no libloom-comm-ucz.so in relative/plugins, "),
+           "%s", msg);
+    EXPECT(strstr(msg, note), "lacks '%s': %s", note, msg);
+    loom_search_path_free(&sp);
+}
+
+/* plugins.path comes first, before LOOM_PLUGIN_PATH. */
+static int case_config_path(void)
+{
+    loom_config *cfg = NULL;
+    const char *text = "plugins = { path = [ \"/from-config-a\", \"/from-config-b\" ]; };\n";
+    int rc = loom_config_parse(text, "test.cfg", NULL, 0, &cfg);
+    if (rc == LOOM_ERR_NOT_SUPPORTED) {
+        printf("config module not built yet: skipped\n");
+        return SKIP;
+    }
+    EXPECT(rc == LOOM_OK, "config: %s", loom_last_error());
+    if (rc != LOOM_OK)
+        return 1;
+    setenv("LOOM_PLUGIN_PATH", "/from-env", 1);
+    loom_search_path sp;
+    rc = loom_search_path_init(&sp, cfg);
+    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    EXPECT(sp.count >= 3, "count %d", sp.count);
+    if (sp.count >= 3) {
+        EXPECT(!strcmp(sp.dirs[0], "/from-config-a"), "dirs[0] %s", sp.dirs[0]);
+        EXPECT(!strcmp(sp.dirs[1], "/from-config-b"), "dirs[1] %s", sp.dirs[1]);
+        EXPECT(!strcmp(sp.dirs[2], "/from-env"), "dirs[2] %s", sp.dirs[2]);
+    }
+    loom_search_path_free(&sp);
+    loom_config_free(cfg);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: test_loader CASE PLUGIN_DIR\n");
+        return 2;
+    }
+    const char *which = argv[1];
+    plugin_dir = argv[2];
+    int all = !strcmp(which, "all"), ran = 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(refusals); i++) {
+        if (all || !strcmp(which, refusals[i].name)) {
+            check_refusal(&refusals[i]);
+            ran++;
+        }
+    }
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } cases[] = {
+        {"good", case_good},       {"oldminor", case_oldminor},
+        {"newminor", case_newminor}, {"kinds", case_kinds},
+        {"by-path", case_by_path}, {"search-order", case_search_order},
+        {"notfound", case_notfound},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
+        if (all || !strcmp(which, cases[i].name)) {
+            cases[i].fn();
+            ran++;
+        }
+    }
+    if (all || !strcmp(which, "config-path")) {
+        int rc = case_config_path();
+        if (rc == SKIP && !all)
+            return SKIP;
+        ran++;
+    }
+    if (!ran) {
+        fprintf(stderr, "test_loader: no case '%s'\n", which);
+        return 2;
+    }
+    if (failures)
+        fprintf(stderr, "%d expectation%s failed\n", failures, failures > 1 ? "s" : "");
+    return failures ? 1 : 0;
+}
