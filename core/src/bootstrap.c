@@ -138,21 +138,18 @@ static int detect_from(const launcher_vars *lv, loom_launch_env *out)
     }
     /* Without local information, assume one machine: that is what every
      * launcher that leaves it out (a hand-set RANK/WORLD_SIZE) means. */
+    if (have_size && (local_size < 1 || local_size > size))
+        return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s=%d is not between 1 and %s=%d",
+                         local_size_name, local_size, lv->size, size);
     if (!have_size)
         local_size = size;
     if (!have_rank)
         local_rank = have_size ? rank % local_size : rank;
-    if (have_size && (local_size < 1 || local_size > size))
-        return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s=%d is not between 1 and %s=%d",
-                         local_size_name, local_size, lv->size, size);
-    if (local_rank >= local_size) {
-        if (!have_size)
-            local_size = local_rank + 1;
-        else
-            return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s=%d is not below %s=%d",
-                             have_rank ? local_rank_name : lv->rank, local_rank, local_size_name,
-                             local_size);
-    }
+    /* A derived local rank is always below the local size: only a set one
+     * can fail here. */
+    if (local_rank >= local_size)
+        return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s=%d is not below %s=%d", local_rank_name,
+                         local_rank, have_size ? local_size_name : lv->size, local_size);
     out->rank = rank;
     out->world_size = size;
     out->local_rank = local_rank;

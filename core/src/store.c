@@ -488,6 +488,22 @@ static int barrier_answer(store_server *sv, server_conn *c, const char *name, in
     return answered;
 }
 
+/* A get's slice ended without its key. The ranks that left are a likely
+ * reason the key never comes, so the reply names them. */
+static void get_timed_out(store_server *sv, server_conn *c)
+{
+    int *left = malloc(sizeof(int) * (size_t)sv->world_size);
+    int nleft = 0;
+    for (int r = 0; left && r < sv->world_size; r++)
+        if (sv->rank_state[r] == RANK_LEFT)
+            left[nleft++] = r;
+    char text[512] = "";
+    if (nleft)
+        loom_format_ranks(text, sizeof text, left, nleft);
+    free(left);
+    server_reply(sv, c, LOOM_ERR_TIMEOUT, text, strlen(text), NULL, 0);
+}
+
 static void waiter_remove(store_server *sv, int i) { sv->waiters[i] = sv->waiters[--sv->nwaiters]; }
 
 static int waiter_add(store_server *sv, server_conn *c, int op, const char *key, int64_t generation,
@@ -600,7 +616,7 @@ static void handle_request(store_server *sv, server_conn *c, int op, const char 
         if (e)
             server_reply(sv, c, LOOM_OK, e->value, e->len, NULL, 0);
         else if (wait_ms == 0 || waiter_add(sv, c, OP_GET, key, 0, wait_ms))
-            server_reply(sv, c, LOOM_ERR_TIMEOUT, NULL, 0, NULL, 0);
+            get_timed_out(sv, c);
     } else if (op == OP_ADD) {
         int64_t old, sum;
         if (len != 8) {
@@ -778,7 +794,7 @@ static void server_expire(store_server *sv)
             continue;
         }
         if (w->op == OP_GET)
-            server_reply(sv, w->conn, LOOM_ERR_TIMEOUT, NULL, 0, NULL, 0);
+            get_timed_out(sv, w->conn);
         else
             barrier_answer(sv, w->conn, w->key, w->generation, 1);
         waiter_remove(sv, i);
@@ -1307,14 +1323,20 @@ int loom_store_get(loom_store *s, const char *key, void *buf, size_t cap, size_t
             free(reply.value);
             return LOOM_OK;
         }
-        free(reply.value);
-        if (reply.status != LOOM_ERR_TIMEOUT)
+        if (reply.status != LOOM_ERR_TIMEOUT) {
+            free(reply.value);
             return loom_fail(reply.status, "bootstrap: %s failed in rank 0's store: %s", what,
                              loom_status_string(reply.status));
-        if (loom_now_ns() >= deadline)
-            return loom_fail(LOOM_ERR_TIMEOUT,
-                             "bootstrap: key '%s' did not appear in the store within %g s", key,
-                             timeout_s);
+        }
+        if (loom_now_ns() >= deadline) {
+            const char *left = (const char *)reply.value;
+            rc = loom_fail(LOOM_ERR_TIMEOUT,
+                           "bootstrap: key '%s' did not appear in the store within %g s%s%s%s", key,
+                           timeout_s, *left ? " (" : "", left, *left ? " left the store)" : "");
+            free(reply.value);
+            return rc;
+        }
+        free(reply.value);
     }
 }
 

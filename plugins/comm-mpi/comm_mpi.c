@@ -438,6 +438,12 @@ static int server_start(const loom_host *host, const mpi_settings_t *s, char *ur
             char *nl = strchr(uri, '\n');
             if (nl && strstr(uri, "tcp")) {
                 *nl = '\0';
+                /* Nothing is left in /tmp even if we are killed: the
+                 * server keeps writing to its (now unlinked) log. */
+                unlink(urifile);
+                unlink(logfile);
+                rmdir(proc.server_dir);
+                proc.server_dir[0] = '\0';
                 return LOOM_OK;
             }
         }
@@ -621,8 +627,8 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
                            "communicator alive for the life of the process");
     if (proc.init_here || proc.failed)
         return host->error(host, LOOM_ERR_INTERNAL,
-                           "comm-mpi: an earlier attempt to start MPI in this process failed; see "
-                           "its error");
+                           "comm-mpi: MPI in this process is unusable after an earlier failure "
+                           "(see the first error)");
 
     const char *ompi_size = getenv("OMPI_COMM_WORLD_SIZE");
     MPI_Initialized(&flag);
@@ -653,6 +659,14 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
                                "comm-mpi: rank 0's ompi-server at '%s' does not accept "
                                "connections (is rank 0 alive? is interface '%s' up?)",
                                uri, s->tcp_interface);
+        /* Once ompi-server is gone (rank 0 exited or failed), MPI's
+         * connections to it break and the next write would kill this
+         * process with SIGPIPE, before it could report anything. */
+        struct sigaction sa;
+        if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+            signal(SIGPIPE, SIG_IGN);
+            host->log(host, LOOM_LOG_DEBUG, "comm-mpi: ignoring SIGPIPE (MPI joined through ompi-server)");
+        }
         setenv("OMPI_MCA_pmix_server_uri", uri, 1);
         setenv("OMPI_MCA_oob_tcp_if_include", s->tcp_interface, 1);
         setenv("OMPI_MCA_btl_tcp_if_include", s->tcp_interface, 1);
@@ -691,33 +705,39 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
 /* The last communicator of the process is gone. Called with proc.lock. */
 static void process_stop(const loom_host *host, double timeout_s)
 {
-    if (!proc.started && !proc.init_here) {
-        server_stop();
-        return;
-    }
-    if (proc.failed) {
+    if (proc.failed && (proc.started || proc.init_here))
         /* MPI_Finalize waits for operations that will never complete once a
          * peer is gone; the process is about to fail anyway. */
         host->log(host, LOOM_LOG_WARN, "comm-mpi: skipping MPI_Finalize after a failure");
-        server_stop();
-        return;
+    else if (proc.started) {
+        half_types_free();
+        if (proc.joined && proc.base != MPI_COMM_NULL)
+            MPI_Comm_free(&proc.base);
+        if (proc.init_here) /* else it is the application's MPI: it finalizes */
+            MPI_Finalize();
     }
-    half_types_free();
-    if (proc.joined && proc.base != MPI_COMM_NULL)
-        MPI_Comm_free(&proc.base);
-    proc.base = MPI_COMM_NULL;
     proc.started = 0;
-    if (!proc.init_here)
-        return; /* the application's MPI: it finalizes */
-    MPI_Finalize();
-    if (proc.joined) {
-        /* ompi-server must outlive every rank's MPI_Finalize. */
-        int st = host->kv_barrier ? host->kv_barrier(host, "finalized", timeout_s) : LOOM_OK;
-        if (st != LOOM_OK)
+    proc.base = MPI_COMM_NULL;
+
+    if (proc.joined && host->kv_add) {
+        /* ompi-server should outlive every rank's MPI_Finalize, so rank 0
+         * waits (bounded) for the others to report. After a failure it does
+         * not: the job is going down, and with SIGPIPE ignored a vanished
+         * server harms no one. */
+        int64_t done = 0;
+        int st = host->kv_add(host, "finalized", 1, &done);
+        double deadline = now_s() + (timeout_s < 10 ? timeout_s : 10);
+        while (st == LOOM_OK && proc.server > 0 && !proc.failed && done < host->world_size &&
+               now_s() < deadline) {
+            sleep_s(0.005);
+            st = host->kv_add(host, "finalized", 0, &done);
+        }
+        if (proc.server > 0 && !proc.failed && done < host->world_size)
             host->log(host, LOOM_LOG_WARN,
-                      "comm-mpi: not every rank finished MPI_Finalize within %.1f s", timeout_s);
-        server_stop();
+                      "comm-mpi: %lld of %d ranks finished MPI_Finalize; stopping ompi-server anyway",
+                      (long long)done, host->world_size);
     }
+    server_stop();
 }
 
 /* ------------------------------------------------------- communicators */

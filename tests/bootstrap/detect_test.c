@@ -151,6 +151,9 @@ static void detect(void)
     expect_error("OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=2 "
                  "OMPI_COMM_WORLD_LOCAL_SIZE=2",
                  "OMPI_COMM_WORLD_LOCAL_RANK=2");
+    expect_error("LOOM_RANK=1 LOOM_WORLD_SIZE=4 LOOM_LOCAL_SIZE=0", "LOOM_LOCAL_SIZE=0");
+    expect_error("LOOM_RANK=1 LOOM_WORLD_SIZE=4 LOOM_LOCAL_RANK=4",
+                 "LOOM_LOCAL_RANK=4 is not below LOOM_WORLD_SIZE=4");
     expect_error("SLURM_PROCID=x SLURM_NTASKS=2", "SLURM_PROCID");
     expect_error("RANK=1", "WORLD_SIZE");
     expect_error("RANK=2 WORLD_SIZE=2", "RANK=2 is not below WORLD_SIZE=2");

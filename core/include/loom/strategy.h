@@ -200,7 +200,9 @@ typedef struct loom_strategy_plugin_v1_t {
     /* Allocate (through host->mem_alloc) and place parameters, gradients,
      * master weights and optimizer state for every unit; initial fp32
      * parameters are in init[i] (full, this tp rank's), to be copied or
-     * sharded. */
+     * sharded. Purposes: params and grads in compute_dtype (PARAMS, GRADS);
+     * fp32 master weights when compute_dtype is not f32, and Adam's m and v
+     * (OPTIMIZER). Gradients start at zero. */
     int (*data_setup)(loom_strategy *s, loom_unit *units, int nunits, float *const *init);
     /* Before a unit's forward: its params must be materialised on return
      * (ZeRO-3 all-gathers, and may start prefetching the next unit). */
@@ -211,16 +213,22 @@ typedef struct loom_strategy_plugin_v1_t {
     int (*data_before_backward)(loom_strategy *s, loom_unit *unit);
     /* A unit's gradients for this micro-batch are complete (DDP buckets and
      * all-reduces here; ZeRO-2/3 reduce-scatter). last_micro: the last
-     * micro-batch of the step. */
+     * micro-batch of the step. Each rank's gradients are those of its own
+     * mean loss (accumulated over micro-batches); the strategy averages
+     * them over the dp group. */
     int (*data_grads_ready)(loom_strategy *s, loom_unit *unit, int last_micro);
     /* After the whole backward: complete every outstanding reduction. */
     int (*data_finish_backward)(loom_strategy *s);
     /* Sum of squared gradients over the whole model (all shards, all data
      * ranks), for clipping by the global norm. */
     int (*data_grad_norm_sq)(loom_strategy *s, double *out);
-    /* Step the owned master weights and re-materialise parameters as the
-     * strategy keeps them (ZeRO-1/2 all-gather). */
+    /* Step the owned master weights, re-materialise parameters as the
+     * strategy keeps them (ZeRO-1/2 all-gather), and zero the gradients for
+     * the next step. A step the core skips (fp16 overflow) is not called;
+     * the core then calls data_zero_grads instead. */
     int (*data_optimizer_step)(loom_strategy *s, const loom_optimizer_step *step);
+    /* Drop this step's gradients without stepping (a skipped step). */
+    int (*data_zero_grads)(loom_strategy *s);
     /* Write the unit's full fp32 parameters into out (checkpointing). */
     int (*data_gather_params)(loom_strategy *s, loom_unit *unit, float *out);
 
