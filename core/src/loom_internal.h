@@ -240,5 +240,6 @@ int loom_trace_write(const char *path);
 int loom_cmd_plugins(int argc, char **argv);
 int loom_cmd_launch(int argc, char **argv);
 int loom_cmd_bench(int argc, char **argv);
+int loom_cmd_train(int argc, char **argv);
 
 #endif

@@ -10,6 +10,9 @@ static void usage(FILE *f)
             "usage: loom <command> [args]\n"
             "\n"
             "commands:\n"
+            "  train CONFIG [--set path=value ...] [--metrics FILE] [--trace FILE]\n"
+            "               [--save FILE] [--resume FILE]\n"
+            "                         train the model the config describes\n"
             "  bench CONFIG [--json FILE] [--set path=value ...]\n"
             "                         time every collective of every backend in bench.comms\n"
             "  launch -n N [--] CMD...  start N local ranks of CMD\n"
@@ -33,6 +36,8 @@ int main(int argc, char **argv)
         return loom_cmd_plugins(argc - 1, argv + 1);
     if (!strcmp(cmd, "launch"))
         return loom_cmd_launch(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train"))
+        return loom_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return loom_cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);

@@ -205,7 +205,10 @@ typedef struct loom_strategy_plugin_v1_t {
      * (OPTIMIZER). Gradients start at zero. */
     int (*data_setup)(loom_strategy *s, loom_unit *units, int nunits, float *const *init);
     /* Before a unit's forward: its params must be materialised on return
-     * (ZeRO-3 all-gathers, and may start prefetching the next unit). */
+     * (ZeRO-3 all-gathers, and may start prefetching the next unit). The
+     * LM head is tied to the embedding's wte, so the embedding unit's
+     * forward and backward hooks also bracket the head's: hooks must
+     * tolerate a unit being materialised when it already is. */
     int (*data_before_forward)(loom_strategy *s, loom_unit *unit);
     int (*data_after_forward)(loom_strategy *s, loom_unit *unit);
     /* Before a unit's backward: params and a zeroed-or-accumulating grads
@@ -229,8 +232,13 @@ typedef struct loom_strategy_plugin_v1_t {
     int (*data_optimizer_step)(loom_strategy *s, const loom_optimizer_step *step);
     /* Drop this step's gradients without stepping (a skipped step). */
     int (*data_zero_grads)(loom_strategy *s);
-    /* Write the unit's full fp32 parameters into out (checkpointing). */
-    int (*data_gather_params)(loom_strategy *s, loom_unit *unit, float *out);
+    /* Checkpointing, collective over the dp group: the unit's full fp32
+     * master parameters and Adam m and v (each numel; m and v may be NULL)
+     * written on every dp rank, and read back from full arrays (each rank
+     * keeping what it owns; params re-materialised in compute dtype). */
+    int (*data_get_state)(loom_strategy *s, loom_unit *unit, float *params, float *m, float *v);
+    int (*data_set_state)(loom_strategy *s, loom_unit *unit, const float *params,
+                          const float *m, const float *v);
 
     /* ---- tensor axis (all four REQUIRED there) ---- */
 

@@ -1,0 +1,740 @@
+/* loom train CONFIG: the training loop of DESIGN §7. The model is a list of
+ * units; the data-axis strategy owns where their parameters, gradients and
+ * optimizer state live and hooks every unit's forward and backward. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cblas.h>
+
+#include "formats.h"
+#include "kernels.h"
+#include "loom_internal.h"
+#include "model.h"
+#include "optimizer.h"
+
+typedef struct train_options {
+    const char *config, *metrics, *trace, *save, *resume;
+    const char *overrides[64];
+    int noverrides;
+} train_options;
+
+typedef struct trainer {
+    loom_runtime *rt;
+    loom_config *cfg;
+    loom_mesh *mesh;
+    const loom_plugin *dp_plugin;
+    const loom_strategy_plugin_v1_t *dp;
+    loom_strategy *strategy;
+    loom_model *model;
+    loom_unit *units;
+    int nunits;
+    loom_gpt2_shape shape;
+    loom_token_shard shard;
+    loom_dataloader loader;
+    int batch, seq, grad_accum, micro_batch, rank, world;
+    int64_t steps, step; /* step: the next step to run, 0-based */
+    loom_dtype dtype;
+    loom_lr_schedule schedule;
+    float beta1, beta2, eps, weight_decay, clip;
+    float loss_scale;    /* fp16 only; 1 otherwise */
+    int64_t good_steps, scale_window;
+    double peak_flops;   /* per rank */
+    int *inputs, *targets;
+} trainer;
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: loom train CONFIG [--set path=value ...] [--metrics FILE] "
+                    "[--trace FILE] [--save FILE] [--resume FILE]\n");
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, train_options *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = !strcmp(a, "--metrics") ? &o->metrics
+                            : !strcmp(a, "--trace") ? &o->trace
+                            : !strcmp(a, "--save")  ? &o->save
+                            : !strcmp(a, "--resume") ? &o->resume
+                                                     : NULL;
+        if (slot || !strcmp(a, "--set")) {
+            if (i + 1 >= argc)
+                return usage();
+            if (slot) {
+                *slot = argv[++i];
+            } else {
+                if (o->noverrides == (int)LOOM_ARRAY_LEN(o->overrides))
+                    return usage();
+                o->overrides[o->noverrides++] = argv[++i];
+            }
+        } else if (a[0] == '-' || o->config) {
+            return usage();
+        } else {
+            o->config = a;
+        }
+    }
+    return o->config ? 0 : usage();
+}
+
+/* ---- strategy hooks: a NULL optional hook is the core's default (nothing) ---- */
+
+#define HAS(t, op) loom_plugin_has_op((t)->dp_plugin, offsetof(loom_strategy_plugin_v1_t, op))
+
+static int hook_unit(trainer *t, size_t offset, loom_unit *u)
+{
+    if (!loom_plugin_has_op(t->dp_plugin, offset))
+        return LOOM_OK;
+    int (*fn)(loom_strategy *, loom_unit *);
+    memcpy(&fn, (const char *)t->dp + offset, sizeof fn);
+    return fn(t->strategy, u);
+}
+#define HOOK(t, op, u) hook_unit((t), offsetof(loom_strategy_plugin_v1_t, op), (u))
+
+/* ---- set-up ---- */
+
+static int read_int(const loom_config *cfg, const char *path, int *out)
+{
+    int64_t v = 0;
+    int rc = loom_config_int(cfg, path, &v);
+    *out = (int)v;
+    return rc;
+}
+
+static float read_float(const loom_config *cfg, const char *path)
+{
+    double v = 0;
+    loom_config_float(cfg, path, &v);
+    return (float)v;
+}
+
+/* sgemm on this rank, for MFU when the config states no peak. */
+static double measure_peak_flops(void)
+{
+    enum { M = 384, K = 768, N = 768, REPS = 4 };
+    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
+    double best = 0;
+    if (a && b && c) {
+        for (int r = 0; r < REPS; r++) {
+            uint64_t t0 = loom_now_ns();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f,
+                        c, N);
+            double s = (double)(loom_now_ns() - t0) / 1e9;
+            double flops = 2.0 * M * N * K / s;
+            if (flops > best)
+                best = flops;
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+static int check_mesh(const trainer *t)
+{
+    static const char *what[] = {"tensor parallelism (parallel.tp)",
+                                 "sequence parallelism (parallel.sp)",
+                                 "pipeline parallelism (parallel.pp)"};
+    for (int a = 0; a < LOOM_AXIS_DP; a++)
+        if (t->mesh->sizes[a] != 1)
+            return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                             "%s: %s is not in this loom yet; set parallel.%s.size = 1",
+                             loom_config_where(t->cfg, a == LOOM_AXIS_TP   ? "parallel.tp.size"
+                                                       : a == LOOM_AXIS_SP ? "parallel.sp.size"
+                                                                           : "parallel.pp.size"),
+                             what[a], loom_axis_name((loom_axis)a));
+    return LOOM_OK;
+}
+
+static int load_shape(trainer *t)
+{
+    const loom_config *cfg = t->cfg;
+    read_int(cfg, "model.layers", &t->shape.layers);
+    read_int(cfg, "model.heads", &t->shape.heads);
+    read_int(cfg, "model.channels", &t->shape.channels);
+    read_int(cfg, "model.vocab", &t->shape.vocab);
+    read_int(cfg, "model.padded_vocab", &t->shape.padded_vocab);
+    read_int(cfg, "model.max_seq", &t->shape.max_seq);
+    return LOOM_OK;
+}
+
+/* Initial parameters in llm.c's order: the checkpoint, or seeded random. */
+static int initial_params(trainer *t, float **out)
+{
+    const char *init = "random", *path = "";
+    loom_config_string(t->cfg, "model.init", &init);
+    loom_config_string(t->cfg, "model.checkpoint", &path);
+    if (!strcmp(init, "checkpoint")) {
+        loom_gpt2_shape got;
+        return loom_checkpoint_read(path, &t->shape, &got, out);
+    }
+    int64_t seed = 1337;
+    loom_config_int(t->cfg, "model.seed", &seed);
+    float *p = malloc(loom_gpt2_param_count(&t->shape) * sizeof(float));
+    if (!p)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: cannot allocate the initial parameters");
+    loom_gpt2_init_random(&t->shape, (uint64_t)seed, p);
+    *out = p;
+    return LOOM_OK;
+}
+
+static int create_strategy(trainer *t)
+{
+    const char *name = "ddp";
+    loom_config_string(t->cfg, "parallel.dp.strategy", &name);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->dp_plugin);
+    if (rc != LOOM_OK)
+        return rc;
+    t->dp = (const loom_strategy_plugin_v1_t *)t->dp_plugin->header;
+    if (t->dp->axis != LOOM_AXIS_DP)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
+                         loom_config_where(t->cfg, "parallel.dp.strategy"), name,
+                         loom_axis_name((loom_axis)t->dp->axis));
+    const loom_host *host;
+    if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
+        return rc;
+    loom_strategy_setup setup;
+    memset(&setup, 0, sizeof setup);
+    setup.struct_size = sizeof setup;
+    setup.axis = LOOM_AXIS_DP;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        setup.sizes[a] = t->mesh->sizes[a];
+        setup.coords[a] = t->mesh->coords[a];
+        setup.groups[a] = t->mesh->groups[a];
+    }
+    setup.layers = t->shape.layers;
+    setup.heads = t->shape.heads;
+    setup.channels = t->shape.channels;
+    setup.vocab = t->shape.vocab;
+    setup.padded_vocab = t->shape.padded_vocab;
+    setup.max_seq = t->shape.max_seq;
+    setup.micro_batch = t->micro_batch;
+    setup.seq = t->seq;
+    setup.grad_accum = t->grad_accum;
+    setup.compute_dtype = t->dtype;
+    return t->dp->create(host, &setup, &t->strategy);
+}
+
+static int setup_trainer(trainer *t, const train_options *o)
+{
+    int rc = loom_config_load(o->config, o->overrides, o->noverrides, &t->cfg);
+    if (rc != LOOM_OK)
+        return rc;
+    if ((rc = loom_runtime_create(t->cfg, &t->rt)) != LOOM_OK)
+        return rc;
+    t->rank = loom_runtime_env(t->rt)->rank;
+    t->world = loom_runtime_env(t->rt)->world_size;
+    if ((rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK || (rc = check_mesh(t)) != LOOM_OK)
+        return rc;
+    load_shape(t);
+    read_int(t->cfg, "train.batch", &t->batch);
+    read_int(t->cfg, "train.seq", &t->seq);
+    read_int(t->cfg, "train.grad_accum", &t->grad_accum);
+    loom_config_int(t->cfg, "train.steps", &t->steps);
+    const char *precision = "fp32", *recompute = "none", *schedule = "constant";
+    loom_config_string(t->cfg, "train.precision", &precision);
+    loom_config_string(t->cfg, "train.recompute", &recompute);
+    loom_config_string(t->cfg, "train.schedule", &schedule);
+    t->dtype = !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+    t->schedule.lr = read_float(t->cfg, "train.lr");
+    loom_config_int(t->cfg, "train.warmup", &t->schedule.warmup);
+    t->schedule.steps = t->steps;
+    t->schedule.cosine = !strcmp(schedule, "cosine");
+    t->schedule.final_frac = read_float(t->cfg, "train.lr_final_frac");
+    t->beta1 = read_float(t->cfg, "train.beta1");
+    t->beta2 = read_float(t->cfg, "train.beta2");
+    t->eps = read_float(t->cfg, "train.eps");
+    t->weight_decay = read_float(t->cfg, "train.weight_decay");
+    t->clip = read_float(t->cfg, "train.clip");
+    t->loss_scale = t->dtype == LOOM_F16 ? read_float(t->cfg, "train.loss_scale") : 1.0f;
+    loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
+    int threads = 1;
+    read_int(t->cfg, "train.threads", &threads);
+    loom_kernels_set_threads(threads);
+    double peak_gflops = read_float(t->cfg, "train.peak_gflops");
+    t->peak_flops = peak_gflops > 0 ? peak_gflops * 1e9 : measure_peak_flops();
+
+    /* The data decides whether the batch splits evenly; check it first. */
+    const char *train_path = "";
+    loom_config_string(t->cfg, "data.train", &train_path);
+    if (!train_path[0])
+        return loom_fail(LOOM_ERR_INVALID,
+                         "data.train: no token shard given; set data.train = "
+                         "\"examples/data/corpus.bin\" (an llm.c token shard)");
+    if ((rc = loom_shard_open(train_path, t->shape.vocab, &t->shard)) != LOOM_OK)
+        return rc;
+    int dp = t->mesh->sizes[LOOM_AXIS_DP];
+    if ((rc = loom_dataloader_init(&t->loader, &t->shard, t->batch, t->seq,
+                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->grad_accum)) != LOOM_OK)
+        return rc;
+    t->micro_batch = t->batch / (dp * t->grad_accum);
+
+    loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, !strcmp(recompute, "block")};
+    if ((rc = loom_model_create(&ms, &t->model)) != LOOM_OK)
+        return rc;
+    t->units = loom_model_units(t->model, &t->nunits);
+    size_t N = (size_t)t->micro_batch * t->seq;
+    t->inputs = malloc(N * sizeof(int));
+    t->targets = malloc(N * sizeof(int));
+    if (!t->inputs || !t->targets)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+
+    if ((rc = create_strategy(t)) != LOOM_OK)
+        return rc;
+    float *llmc = NULL;
+    if ((rc = initial_params(t, &llmc)) != LOOM_OK)
+        return rc;
+    float **init = calloc((size_t)t->nunits, sizeof *init);
+    rc = init ? LOOM_OK : LOOM_ERR_NO_MEMORY;
+    for (int i = 0; i < t->nunits && rc == LOOM_OK; i++)
+        if (!(init[i] = malloc(t->units[i].numel * sizeof(float))))
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (rc == LOOM_OK) {
+        loom_model_split_params(t->model, llmc, init);
+        rc = t->dp->data_setup(t->strategy, t->units, t->nunits, init);
+    }
+    for (int i = 0; init && i < t->nunits; i++)
+        free(init[i]);
+    free(init);
+    free(llmc);
+    return rc;
+}
+
+static void teardown(trainer *t)
+{
+    if (t->strategy)
+        t->dp->destroy(t->strategy);
+    loom_model_destroy(t->model);
+    loom_shard_close(&t->shard);
+    loom_mesh_destroy(t->mesh);
+    loom_runtime_destroy(t->rt);
+    loom_config_free(t->cfg);
+    free(t->inputs);
+    free(t->targets);
+}
+
+/* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
+
+#define STATE_MAGIC "LOOMSTAT"
+#define STATE_VERSION 1
+
+typedef struct state_header {
+    char magic[8];
+    uint32_t version, dtype;
+    int32_t shape[6];
+    int64_t step, good_steps;
+    uint64_t position;
+    float loss_scale;
+    uint32_t nunits;
+} state_header;
+
+static void shape_array(const loom_gpt2_shape *s, int32_t out[6])
+{
+    out[0] = s->max_seq;
+    out[1] = s->vocab;
+    out[2] = s->layers;
+    out[3] = s->heads;
+    out[4] = s->channels;
+    out[5] = s->padded_vocab;
+}
+
+/* Full fp32 params (and m, v when asked) of every unit, on every dp rank. */
+static int gather_state(trainer *t, float **params, float **m, float **v)
+{
+    if (!HAS(t, data_get_state))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_get_state",
+                         t->dp_plugin->header->name);
+    for (int i = 0; i < t->nunits; i++) {
+        int rc = t->dp->data_get_state(t->strategy, &t->units[i], params[i], m ? m[i] : NULL,
+                                       v ? v[i] : NULL);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
+static float **alloc_per_unit(const trainer *t)
+{
+    float **a = calloc((size_t)t->nunits, sizeof *a);
+    for (int i = 0; a && i < t->nunits; i++)
+        if (!(a[i] = malloc(t->units[i].numel * sizeof(float)))) {
+            for (int j = 0; j < i; j++)
+                free(a[j]);
+            free(a);
+            return NULL;
+        }
+    return a;
+}
+
+static void free_per_unit(const trainer *t, float **a)
+{
+    for (int i = 0; a && i < t->nunits; i++)
+        free(a[i]);
+    free(a);
+}
+
+static int write_all(FILE *f, const void *p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes; }
+
+static int save_state(trainer *t, const char *path)
+{
+    float **p = alloc_per_unit(t), **m = alloc_per_unit(t), **v = alloc_per_unit(t);
+    int rc = p && m && v ? gather_state(t, p, m, v)
+                         : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+    if (rc == LOOM_OK && t->rank == 0) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "wb");
+        state_header h;
+        memset(&h, 0, sizeof h);
+        memcpy(h.magic, STATE_MAGIC, 8);
+        h.version = STATE_VERSION;
+        h.dtype = (uint32_t)t->dtype;
+        shape_array(&t->shape, h.shape);
+        h.step = t->step;
+        h.good_steps = t->good_steps;
+        h.position = t->loader.position;
+        h.loss_scale = t->loss_scale;
+        h.nunits = (uint32_t)t->nunits;
+        int ok = f && write_all(f, &h, sizeof h);
+        for (int i = 0; ok && i < t->nunits; i++) {
+            size_t bytes = t->units[i].numel * sizeof(float);
+            ok = write_all(f, p[i], bytes) && write_all(f, m[i], bytes) && write_all(f, v[i], bytes);
+        }
+        if (f && fclose(f) != 0)
+            ok = 0;
+        if (!ok || rename(tmp, path) != 0)
+            rc = loom_fail(LOOM_ERR_INVALID, "train: cannot write checkpoint '%s': %s", path,
+                           strerror(errno));
+    }
+    free_per_unit(t, p);
+    free_per_unit(t, m);
+    free_per_unit(t, v);
+    return rc;
+}
+
+static int load_state(trainer *t, const char *path)
+{
+    if (!HAS(t, data_set_state))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_set_state",
+                         t->dp_plugin->header->name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_fail(LOOM_ERR_NOT_FOUND, "--resume %s: %s", path, strerror(errno));
+    state_header h;
+    int32_t want[6];
+    shape_array(&t->shape, want);
+    int rc = LOOM_OK;
+    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, STATE_MAGIC, 8) != 0 ||
+        h.version != STATE_VERSION)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: not a loom checkpoint (train.checkpoint_every writes them)", path);
+    else if (memcmp(h.shape, want, sizeof want) != 0 || h.nunits != (uint32_t)t->nunits)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: the checkpoint's model shape differs from the config's model.*", path);
+    else if (h.dtype != (uint32_t)t->dtype)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says %s", path,
+                       loom_dtype_name((loom_dtype)h.dtype), loom_dtype_name(t->dtype));
+    float **p = NULL, **m = NULL, **v = NULL;
+    if (rc == LOOM_OK) {
+        p = alloc_per_unit(t);
+        m = alloc_per_unit(t);
+        v = alloc_per_unit(t);
+        if (!p || !m || !v)
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+    }
+    for (int i = 0; rc == LOOM_OK && i < t->nunits; i++) {
+        size_t n = t->units[i].numel;
+        if (fread(p[i], 4, n, f) != n || fread(m[i], 4, n, f) != n || fread(v[i], 4, n, f) != n)
+            rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: truncated", path);
+    }
+    fclose(f);
+    for (int i = 0; rc == LOOM_OK && i < t->nunits; i++)
+        rc = t->dp->data_set_state(t->strategy, &t->units[i], p[i], m[i], v[i]);
+    if (rc == LOOM_OK) {
+        t->step = h.step;
+        t->good_steps = h.good_steps;
+        t->loader.position = (size_t)h.position;
+        t->loader.micro = 0;
+        t->loss_scale = h.loss_scale;
+    }
+    free_per_unit(t, p);
+    free_per_unit(t, m);
+    free_per_unit(t, v);
+    return rc;
+}
+
+static int save_weights(trainer *t, const char *path)
+{
+    float **p = alloc_per_unit(t);
+    float *llmc = malloc(loom_gpt2_param_count(&t->shape) * sizeof(float));
+    int rc = p && llmc ? gather_state(t, p, NULL, NULL)
+                       : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for --save");
+    if (rc == LOOM_OK && t->rank == 0) {
+        loom_model_join_params(t->model, p, llmc);
+        rc = loom_checkpoint_write(path, &t->shape, llmc);
+    }
+    free(llmc);
+    free_per_unit(t, p);
+    return rc;
+}
+
+/* ---- one step ---- */
+
+static int run_micro_batch(trainer *t, int last_micro, float *loss)
+{
+    int rc, head = t->nunits - 1;
+    loom_unit *embedding = &t->units[0];
+    loom_dataloader_next(&t->loader, t->inputs, t->targets);
+    for (int u = 0; u < t->nunits; u++) {
+        uint64_t t0 = loom_now_ns();
+        loom_unit *unit = &t->units[u];
+        if ((rc = HOOK(t, data_before_forward, unit)) != LOOM_OK)
+            return rc;
+        /* The LM head is tied to wte: the embedding is needed again. */
+        if (u == head && (rc = HOOK(t, data_before_forward, embedding)) != LOOM_OK)
+            return rc;
+        if ((rc = loom_model_forward(t->model, u, t->inputs, t->targets, loss)) != LOOM_OK)
+            return rc;
+        if ((rc = HOOK(t, data_after_forward, u == head ? embedding : unit)) != LOOM_OK)
+            return rc;
+        loom_trace_span(LOOM_LANE_COMPUTE, "forward", t0, loom_now_ns(), 0);
+    }
+    /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
+     * the rank's gradient is that of its mean loss over the step. */
+    float dloss = t->loss_scale / ((float)t->micro_batch * (float)t->seq * (float)t->grad_accum);
+    for (int u = head; u >= 0; u--) {
+        uint64_t t0 = loom_now_ns();
+        loom_unit *unit = &t->units[u];
+        if ((rc = HOOK(t, data_before_backward, unit)) != LOOM_OK)
+            return rc;
+        if (u == head && (rc = HOOK(t, data_before_backward, embedding)) != LOOM_OK)
+            return rc; /* the head adds into wte's gradient */
+        if ((rc = loom_model_backward(t->model, u, dloss)) != LOOM_OK)
+            return rc;
+        loom_trace_span(LOOM_LANE_COMPUTE, "backward", t0, loom_now_ns(), 0);
+        if (HAS(t, data_grads_ready) &&
+            (rc = t->dp->data_grads_ready(t->strategy, unit, last_micro)) != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
+typedef struct step_result {
+    float loss, lr, grad_norm;
+    int skipped;
+    double seconds;
+} step_result;
+
+static int run_step(trainer *t, step_result *r)
+{
+    uint64_t t0 = loom_now_ns();
+    double loss_sum = 0;
+    int rc;
+    for (int k = 0; k < t->grad_accum; k++) {
+        float loss = 0;
+        if ((rc = run_micro_batch(t, k == t->grad_accum - 1, &loss)) != LOOM_OK)
+            return rc;
+        loss_sum += loss;
+    }
+    if (HAS(t, data_finish_backward) && (rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
+        return rc;
+    /* The step's loss: the mean over micro-batches and dp ranks. */
+    const loom_comm_api *C = &loom_core_comm_api;
+    float local = (float)(loss_sum / t->grad_accum), global = local;
+    loom_request *req;
+    if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, &global, 1, LOOM_F32, LOOM_AVG,
+                           &req)) != LOOM_OK ||
+        (rc = C->wait(req)) != LOOM_OK)
+        return rc;
+    double norm_sq = 0;
+    if (HAS(t, data_grad_norm_sq) && (rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
+        return rc;
+    float norm = (float)(sqrt(norm_sq) / t->loss_scale);
+    r->loss = global;
+    r->grad_norm = norm;
+    r->lr = loom_lr_at(&t->schedule, t->step);
+    r->skipped = !isfinite(norm);
+    if (r->skipped) {
+        /* fp16 overflow: drop the step and halve the scale */
+        if (t->dtype == LOOM_F16 && t->rank == 0)
+            loom_log(LOOM_LOG_INFO, "fp16: gradients overflowed at step %lld; loss scale %g -> %g",
+                     (long long)t->step + 1, t->loss_scale, t->loss_scale / 2);
+        if (t->dtype == LOOM_F16)
+            t->loss_scale /= 2;
+        t->good_steps = 0;
+        if (HAS(t, data_zero_grads) && (rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
+            return rc;
+    } else {
+        loom_optimizer_step s = {t->step + 1, r->lr, t->beta1, t->beta2, t->eps, t->weight_decay,
+                                 1.0f / t->loss_scale, loom_adamw_update};
+        if (t->clip > 0 && norm > t->clip)
+            s.grad_scale *= t->clip / norm;
+        if ((rc = t->dp->data_optimizer_step(t->strategy, &s)) != LOOM_OK)
+            return rc;
+        if (t->dtype == LOOM_F16 && ++t->good_steps >= t->scale_window) {
+            if (t->rank == 0)
+                loom_log(LOOM_LOG_INFO, "fp16: %lld good steps; loss scale %g -> %g",
+                         (long long)t->good_steps, t->loss_scale, t->loss_scale * 2);
+            t->loss_scale *= 2;
+            t->good_steps = 0;
+        }
+    }
+    r->seconds = (double)(loom_now_ns() - t0) / 1e9;
+    return LOOM_OK;
+}
+
+/* ---- reporting ---- */
+
+static void human_bytes(uint64_t b, char *buf, size_t cap)
+{
+    if (b >= (1ull << 30))
+        snprintf(buf, cap, "%.2f GiB", (double)b / (1ull << 30));
+    else if (b >= (1ull << 20))
+        snprintf(buf, cap, "%.1f MiB", (double)b / (1ull << 20));
+    else
+        snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+}
+
+static void print_progress(const trainer *t, const step_result *r)
+{
+    double tokens = (double)t->batch * t->seq;
+    double tps = tokens / r->seconds;
+    double mfu = loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world);
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    char mem[256] = "";
+    size_t n = 0;
+    for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+        uint64_t b = u.peak[LOOM_TIER_HOST][p];
+        if (!b)
+            continue;
+        char hb[32];
+        human_bytes(b, hb, sizeof hb);
+        n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%s %s", n ? ", " : "",
+                              loom_purpose_name((loom_purpose)p), hb);
+    }
+    printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
+           "MFU %5.1f%% | peak host: %s%s\n",
+           (long long)t->step + 1, (long long)t->steps, r->loss, r->lr, r->grad_norm,
+           r->seconds * 1e3, tps, 100 * mfu, mem, r->skipped ? " | skipped" : "");
+    fflush(stdout);
+}
+
+static void write_metrics(FILE *f, const trainer *t, const step_result *r)
+{
+    double tps = (double)t->batch * t->seq / r->seconds;
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    fprintf(f,
+            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens_per_s\": %.3f, \"step_ms\": %.3f, \"mfu\": %.6f, \"skipped\": %s, "
+            "\"loss_scale\": %g, \"peak_bytes\": {",
+            (long long)t->step + 1, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3,
+            loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world),
+            r->skipped ? "true" : "false", t->loss_scale);
+    int first_tier = 1;
+    for (int tier = 0; tier < LOOM_TIER_COUNT; tier++) {
+        if (!u.peak_total[tier])
+            continue;
+        fprintf(f, "%s\"%s\": {", first_tier ? "" : ", ", loom_tier_name((loom_tier)tier));
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
+            fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
+                    (unsigned long long)u.peak[tier][p]);
+        fprintf(f, ", \"total\": %llu}", (unsigned long long)u.peak_total[tier]);
+        first_tier = 0;
+    }
+    fprintf(f, "}}\n");
+    fflush(f);
+}
+
+static void print_header(const trainer *t)
+{
+    size_t params = 0;
+    for (int i = 0; i < t->nunits; i++)
+        params += t->units[i].numel;
+    char desc[256] = "";
+    if (t->dp->describe)
+        t->dp->describe(t->strategy, desc, sizeof desc);
+    printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
+           "(micro-batch %d x %d accumulation); %s; %s; %d rank%s, dp over %s\n",
+           t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
+           t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
+           t->grad_accum, loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
+           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]));
+    fflush(stdout);
+}
+
+static int train(trainer *t, const train_options *o)
+{
+    int rc = LOOM_OK;
+    if (o->resume && (rc = load_state(t, o->resume)) != LOOM_OK)
+        return rc;
+    FILE *metrics = NULL;
+    if (o->metrics && t->rank == 0 && !(metrics = fopen(o->metrics, "w")))
+        return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", o->metrics, strerror(errno));
+    if (o->trace)
+        loom_trace_enable(t->rank);
+    int64_t every = 0;
+    loom_config_int(t->cfg, "train.checkpoint_every", &every);
+    const char *dir = "checkpoints";
+    loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
+    if (t->rank == 0)
+        print_header(t);
+    loom_mem_usage_reset_peak();
+    while (t->step < t->steps) {
+        step_result r;
+        if ((rc = run_step(t, &r)) != LOOM_OK)
+            break;
+        if (t->rank == 0) {
+            print_progress(t, &r);
+            if (metrics)
+                write_metrics(metrics, t, &r);
+        }
+        t->step++;
+        if (every > 0 && t->step % every == 0 && t->step < t->steps) {
+            char path[4096];
+            if (t->rank == 0)
+                mkdir(dir, 0777);
+            snprintf(path, sizeof path, "%s/step-%lld.loom", dir, (long long)t->step);
+            if ((rc = save_state(t, path)) != LOOM_OK)
+                break;
+            if (t->rank == 0)
+                printf("saved %s\n", path);
+        }
+    }
+    if (metrics)
+        fclose(metrics);
+    if (rc == LOOM_OK && o->save && (rc = save_weights(t, o->save)) == LOOM_OK && t->rank == 0)
+        printf("saved %s\n", o->save);
+    if (rc == LOOM_OK && o->trace) {
+        char path[4096];
+        if (t->world > 1)
+            snprintf(path, sizeof path, "%s.rank%d.json", o->trace, t->rank);
+        else
+            snprintf(path, sizeof path, "%s", o->trace);
+        rc = loom_trace_write(path);
+    }
+    return rc;
+}
+
+int loom_cmd_train(int argc, char **argv)
+{
+    train_options o;
+    int bad = parse_args(argc, argv, &o);
+    if (bad)
+        return bad;
+    trainer t;
+    memset(&t, 0, sizeof t);
+    int rc = setup_trainer(&t, &o);
+    if (rc == LOOM_OK)
+        rc = train(&t, &o);
+    if (rc != LOOM_OK)
+        fprintf(stderr, "loom train: %s\n", loom_last_error());
+    teardown(&t);
+    return rc == LOOM_OK ? 0 : 1;
+}
