@@ -42,8 +42,10 @@ void loom_gpt2_init_random(const loom_gpt2_shape *s, uint64_t seed, float *param
 typedef struct loom_token_shard {
     uint16_t *tokens;
     size_t count;
+    char *path; /* for messages; set by loom_shard_open, NULL for a shard built in memory */
 } loom_token_shard;
-/* Validates magic, version, length (truncation) and every token < vocab. */
+/* Validates magic, version, length (truncation) and every token < vocab
+ * (vocab <= 0: no token check, for tools that do not know the model). */
 int loom_shard_open(const char *path, int vocab, loom_token_shard *out);
 void loom_shard_close(loom_token_shard *shard);
 int loom_shard_write(const char *path, const uint16_t *tokens, size_t count);

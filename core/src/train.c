@@ -388,8 +388,8 @@ static int save_state(trainer *t, const char *path)
     int rc = p && m && v ? gather_state(t, p, m, v)
                          : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
     if (rc == LOOM_OK && t->rank == 0) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%.4000s.tmp", path);
         FILE *f = fopen(tmp, "wb");
         state_header h;
         memset(&h, 0, sizeof h);

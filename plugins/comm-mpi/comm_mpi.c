@@ -15,10 +15,19 @@
  * and reductions, and the ompi-server child.
  *
  * No call waits forever: waits poll with MPI_Test under the host's timeout,
- * and creation steps that MPI can only do blocking (split, accept) are
- * preceded by a non-blocking barrier waited the same way, so a missing rank
- * is named instead of hanging everyone. Errors come back as loom statuses
- * (MPI_ERRORS_RETURN on every communicator); MPI_Abort is never called. */
+ * and the steps MPI can only do blocking are gated by something bounded
+ * first (a world is an MPI_Comm_idup; a subgroup's members meet with
+ * non-blocking sends before MPI_Comm_create_group; each joining rank puts a
+ * store key before the others accept it), so a missing rank is named
+ * instead of hanging everyone. On a timeout the ranks that did not arrive
+ * are found through the bootstrap store (diagnose_collective). Errors come
+ * back as loom statuses (MPI_ERRORS_RETURN on every communicator);
+ * MPI_Abort is never called.
+ *
+ * Under loom launch the joined processes belong to different MPI jobs, so
+ * Open MPI's shared-memory transport cannot connect them and their traffic
+ * goes over TCP on tcp_interface (loopback): correct, but slower than under
+ * mpirun. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -404,6 +413,9 @@ static int server_start(const loom_host *host, const mpi_settings_t *s, char *ur
     snprintf(iface, sizeof iface, "%s", s->tcp_interface);
     char *argv[] = {path, "--no-daemonize", "-r", urifile, "--mca", "oob_tcp_if_include", iface, NULL};
 
+    long maxfd = sysconf(_SC_OPEN_MAX);
+    if (maxfd < 0 || maxfd > 65536)
+        maxfd = 65536;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
@@ -422,6 +434,10 @@ static int server_start(const loom_host *host, const mpi_settings_t *s, char *ur
         int nul = open("/dev/null", O_RDONLY);
         if (nul >= 0)
             dup2(nul, 0);
+        /* not our sockets and pipes (the store's, the launcher's) */
+        if (close_range(3, ~0u, 0) != 0)
+            for (long other = 3; other < maxfd; other++)
+                close((int)other);
         execv(path, argv);
         _exit(127);
     }
@@ -630,7 +646,10 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
                            "comm-mpi: MPI in this process is unusable after an earlier failure "
                            "(see the first error)");
 
-    const char *ompi_size = getenv("OMPI_COMM_WORLD_SIZE");
+    /* mpirun sets OMPI_COMM_WORLD_*; a PMIx/PMI direct launch (srun
+     * --mpi=pmix) sets PMIX_RANK or PMI_SIZE. Either way MPI_Init makes the
+     * world itself. */
+    int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
     MPI_Initialized(&flag);
     if (s->yield)
         setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
@@ -640,7 +659,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
         MPI_Query_thread(&proc.thread_level);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         proc.base = MPI_COMM_WORLD;
-    } else if (!ompi_size && host->world_size > 1) {
+    } else if (!mpi_launched && host->world_size > 1) {
         /* Started by loom launch: independent singletons to be joined. */
         char uri[1024];
         if (host->rank == 0) {
@@ -696,7 +715,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
     if ((rc = half_types_create(host)) != LOOM_OK)
         return rc;
     host->log(host, LOOM_LOG_DEBUG, "comm-mpi: MPI up (%s, thread level %d)",
-              proc.joined ? "joined under loom launch" : ompi_size ? "mpirun" : "singleton",
+              proc.joined ? "joined under loom launch" : mpi_launched ? "mpirun" : "singleton",
               proc.thread_level);
     proc.started = 1;
     return LOOM_OK;
@@ -744,6 +763,15 @@ static void process_stop(const loom_host *host, double timeout_s)
 
 typedef struct loom_comm_request loom_comm_request;
 
+/* How often this rank made a subgroup with a given rank list from one
+ * parent. The members of a subgroup all made it equally often, so the count
+ * tells repeated subgroups of the same ranks apart in their ids. */
+struct sub_count {
+    uint64_t hash;
+    int count;
+    struct sub_count *next;
+};
+
 struct loom_comm {
     const loom_host *host;
     MPI_Comm mpi;
@@ -753,7 +781,8 @@ struct loom_comm {
     char desc[256];    /* "group of 4 (world ranks 0,1,2,3)" */
     uint64_t seq;      /* collectives posted here; the next one is seq + 1 */
     uint64_t p2p_seq;  /* sends and recvs posted here */
-    int nsub;          /* subgroups made from this one: part of their ids */
+    MPI_Comm ctl;      /* a twin of mpi for our own handshakes, never seen by user messages */
+    struct sub_count *subs; /* subgroups made from this one, per rank list: part of their ids */
     int tag_ub;
     int is_world;      /* rank r is world rank r: messages need not say so */
     mpi_settings_t set;
@@ -802,6 +831,7 @@ static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const mp
     }
     c->host = host;
     c->mpi = MPI_COMM_NULL;
+    c->ctl = MPI_COMM_NULL;
     c->rank = rank;
     c->size = size;
     c->world_ranks = wr;
@@ -816,6 +846,10 @@ static void comm_free(loom_comm *c)
     if (!c)
         return;
     pthread_mutex_destroy(&c->lock);
+    for (struct sub_count *sc = c->subs, *next; sc; sc = next) {
+        next = sc->next;
+        free(sc);
+    }
     free(c->world_ranks);
     free(c);
 }
@@ -835,13 +869,20 @@ static void comm_mark_failed(loom_comm *c, int status, const char *why)
     pthread_mutex_unlock(&proc.lock);
 }
 
-static void comm_set_mpi(loom_comm *c, MPI_Comm mc)
+/* Adopt mc and make its twin for handshakes. Collective over mc; every
+ * member is known to be present when this is called. */
+static int comm_set_mpi(loom_comm *c, MPI_Comm mc)
 {
     c->mpi = mc;
     MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+    int rc = MPI_Comm_dup(mc, &c->ctl);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(c->host, rc, "MPI_Comm_dup for %s", c->desc);
+    MPI_Comm_set_errhandler(c->ctl, MPI_ERRORS_RETURN);
     int *ub = NULL, flag = 0;
     if (MPI_Comm_get_attr(mc, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub)
         c->tag_ub = *ub;
+    return LOOM_OK;
 }
 
 /* --------------------------------------------------------- requests */
@@ -1194,8 +1235,9 @@ static int mpi_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int
     return p2p_post(c, 0, buf, count, dtype, peer, tag, req);
 }
 
-static int post_barrier(loom_comm *c, const char *name, loom_comm_request **req)
+static int mpi_barrier(loom_comm *c, loom_comm_request **req)
 {
+    const char *name = "barrier";
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st != LOOM_OK)
@@ -1205,11 +1247,6 @@ static int post_barrier(loom_comm *c, const char *name, loom_comm_request **req)
         return no_memory(c, name, seq, NULL);
     int rc = MPI_Ibarrier(c->mpi, &r->mpi);
     return op_posted(c, r, rc, "MPI_Ibarrier", req);
-}
-
-static int mpi_barrier(loom_comm *c, loom_comm_request **req)
-{
-    return post_barrier(c, "barrier", req);
 }
 
 /* ------------------------------------------------------ completion */
@@ -1330,24 +1367,29 @@ static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t ca
         return;
     }
     double deadline = now_s() + c->set.grace_s;
-    int missing, unreachable = 0;
+    int missing = 0, rounds = 0, lost = 0;
     for (;;) {
-        missing = 0;
-        for (int m = 0; m < n && !unreachable; m++) {
+        int now_missing = 0;
+        for (int m = 0; m < n && !lost; m++) {
             if (m == c->rank || got[m] >= (int64_t)seq + 1)
                 continue;
             late_key(c, c->world_ranks[m], key, sizeof key);
-            if (h->kv_add(h, key, 0, &got[m]) != LOOM_OK)
-                unreachable = 1;
-            else if (got[m] < (int64_t)seq + 1)
-                missing++;
+            int64_t v = 0;
+            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
+                lost = 1;
+            else if ((got[m] = v) < (int64_t)seq + 1)
+                now_missing++;
         }
-        if (unreachable || missing == 0 || now_s() >= deadline)
+        if (lost) /* keep what the earlier rounds found */
+            break;
+        missing = now_missing;
+        rounds++;
+        if (missing == 0 || now_s() >= deadline)
             break;
         sleep_s(0.05);
     }
 
-    if (unreachable) {
+    if (lost && rounds == 0) {
         snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
     } else if (missing == 0) {
         snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
@@ -1366,7 +1408,8 @@ static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t ca
                                         (long long)got[m] - 1);
         }
         if (len < cap)
-            snprintf(why + len, cap - len, " did not arrive");
+            snprintf(why + len, cap - len, " did not arrive%s",
+                     lost ? " (rank 0, the bootstrap store, went away while the ranks reported)" : "");
     }
     free(got);
 }
@@ -1497,107 +1540,254 @@ static int mpi_create_world(const loom_host *host, loom_comm **out)
         comm_free(c);
         return st;
     }
-    comm_set_mpi(c, mc);
+    if ((st = comm_set_mpi(c, mc)) != LOOM_OK) {
+        MPI_Comm_free(&c->mpi);
+        pthread_mutex_lock(&proc.lock);
+        proc.refs--;
+        proc.failed = 1;
+        pthread_mutex_unlock(&proc.lock);
+        comm_free(c);
+        return st;
+    }
     *out = c;
     return LOOM_OK;
 }
 
+static uint64_t list_hash(const int *ranks, int n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ranks[i];
+        for (int k = 0; k < 4; k++) {
+            h ^= (v >> (8 * k)) & 0xffu;
+            h *= 1099511628211ull;
+        }
+    }
+    return h ^ (uint64_t)n;
+}
+
+/* "0,2" for messages */
+static void list_text(const int *ranks, int n, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len + 16 < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", ranks[i]);
+    if (n > 0 && len + 16 >= cap)
+        snprintf(buf + len, cap - len, ",...");
+}
+
+#define TAG_SUBGROUP 1 /* on ctl */
+
+/* Before MPI_Comm_create_group, which blocks with no timeout, the members
+ * meet on the parent's ctl: each sends every other member the hash of its
+ * rank list and receives theirs, polled under the timeout. A member that
+ * never comes is named; one with a different list is caught. */
+static int subgroup_handshake(loom_comm *parent, const int *ranks, int n, int me, uint64_t hash)
+{
+    const loom_host *h = parent->host;
+    int nreq = 2 * (n - 1), st = LOOM_OK;
+    MPI_Request *reqs = malloc((size_t)(nreq > 0 ? nreq : 1) * sizeof *reqs);
+    uint64_t *got = calloc((size_t)n, sizeof *got);
+    int *done = calloc((size_t)(nreq > 0 ? nreq : 1), sizeof *done);
+    if (!reqs || !got || !done) {
+        free(reqs);
+        free(got);
+        free(done);
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    }
+    char list[128];
+    list_text(ranks, n, list, sizeof list);
+    int k = 0, rc = MPI_SUCCESS;
+    for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
+        if (i != me)
+            rc = MPI_Irecv(&got[i], 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &reqs[k++]);
+    for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
+        if (i != me)
+            rc = MPI_Isend(&hash, 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &reqs[k++]);
+    if (rc != MPI_SUCCESS) {
+        st = mpi_fail(h, rc, "create_subgroup of ranks %s on %s: handshake", list, parent->desc);
+        comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
+        free(reqs);
+        free(got);
+        free(done);
+        return st; /* posted requests are dropped with the failed group */
+    }
+
+    double t0 = now_s();
+    int left = nreq;
+    while (left > 0) {
+        for (int j = 0; j < nreq && rc == MPI_SUCCESS; j++) {
+            int flag = 0;
+            if (!done[j] && (rc = MPI_Test(&reqs[j], &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && flag) {
+                done[j] = 1;
+                left--;
+            }
+        }
+        if (rc != MPI_SUCCESS || left == 0)
+            break;
+        double waited = now_s() - t0;
+        if (waited > parent->set.timeout_s)
+            break;
+        if (!parent->set.yield || waited < 0.002)
+            sched_yield();
+        else
+            sleep_s(waited < 1.0 ? 20e-6 : 1e-3);
+    }
+
+    if (rc != MPI_SUCCESS) {
+        st = mpi_fail(h, rc, "create_subgroup of ranks %s on %s: handshake", list, parent->desc);
+        comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
+    } else if (left > 0) {
+        /* the receives not done name the members that did not come */
+        char why[512], nm[64];
+        size_t len = 0;
+        int missing = 0;
+        for (int i = 0, j = 0; i < n; i++) {
+            if (i == me)
+                continue;
+            if (!done[j] && len < sizeof why) {
+                name_rank(parent, ranks[i], nm, sizeof nm);
+                len += (size_t)snprintf(why + len, sizeof why - len, "%s%s", missing++ ? ", " : "", nm);
+            }
+            j++;
+        }
+        for (int j = 0; j < nreq; j++) /* drop ours, so the parent stays usable */
+            if (!done[j]) {
+                MPI_Cancel(&reqs[j]);
+                MPI_Request_free(&reqs[j]);
+            }
+        char detail[1024];
+        if (missing > 0)
+            snprintf(detail, sizeof detail,
+                     "create_subgroup of ranks %s on %s timed out after %.1f s: rank%s %s did not arrive",
+                     list, parent->desc, parent->set.timeout_s, missing > 1 ? "s" : "", why);
+        else /* only our sends were stuck: should not happen */
+            snprintf(detail, sizeof detail, "create_subgroup of ranks %s on %s timed out after %.1f s",
+                     list, parent->desc, parent->set.timeout_s);
+        /* Like any timeout, this leaves the group broken (our cancelled
+         * messages may still land at a late member). */
+        comm_mark_failed(parent, LOOM_ERR_TIMEOUT, detail);
+        st = h->error(h, LOOM_ERR_TIMEOUT, "comm-mpi: %s", detail);
+    } else {
+        for (int i = 0; i < n; i++)
+            if (i != me && got[i] != hash) {
+                char nm[64];
+                name_rank(parent, ranks[i], nm, sizeof nm);
+                st = h->error(h, LOOM_ERR_INVALID,
+                              "comm-mpi: create_subgroup on %s: rank %s passed a different rank "
+                              "list than this rank's [%s]; every member must pass the same list",
+                              parent->desc, nm, list);
+                break;
+            }
+    }
+    free(reqs);
+    free(got);
+    free(done);
+    return st;
+}
+
+/* Collective over the ranks of the list only (MPI_Comm_create_group), so a
+ * parent rank in no subgroup, or in one of its own that the core serves
+ * without us, need not call. Subgroup rank i is parent rank ranks[i]. */
 static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
 {
     if (!out || !parent)
         return LOOM_ERR_INVALID;
     *out = NULL;
     const loom_host *h = parent->host;
-    char bad[256] = "";
-    int me = -1, color = INT_MAX;
     if (!ranks || nranks < 1 || nranks > parent->size)
-        snprintf(bad, sizeof bad, "%d ranks listed for a parent of %d", nranks, parent->size);
-    for (int i = 0; !bad[0] && i < nranks; i++) {
-        if (ranks[i] < 0 || ranks[i] >= parent->size) {
-            snprintf(bad, sizeof bad, "rank %d is not a rank of the parent (0..%d)", ranks[i],
-                     parent->size - 1);
-            break;
-        }
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-mpi: create_subgroup on %s: %d ranks listed for a group of %d",
+                        parent->desc, nranks, parent->size);
+    int me = -1;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size)
+            return h->error(h, LOOM_ERR_INVALID,
+                            "comm-mpi: create_subgroup on %s: rank %d is not a rank of the group "
+                            "(0..%d)", parent->desc, ranks[i], parent->size - 1);
         for (int j = 0; j < i; j++)
             if (ranks[j] == ranks[i])
-                snprintf(bad, sizeof bad, "rank %d is listed twice", ranks[i]);
+                return h->error(h, LOOM_ERR_INVALID,
+                                "comm-mpi: create_subgroup on %s: rank %d is listed twice",
+                                parent->desc, ranks[i]);
         if (ranks[i] == parent->rank)
             me = i;
-        if (ranks[i] < color)
-            color = ranks[i];
     }
-    if (!bad[0] && me < 0)
-        snprintf(bad, sizeof bad, "the list does not contain this rank (%d)", parent->rank);
+    if (me < 0)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-mpi: create_subgroup on %s: the list does not contain this rank (%d)",
+                        parent->desc, parent->rank);
+    pthread_mutex_lock(&parent->lock);
+    int failed = parent->failed;
+    char why[512];
+    copy_str(why, sizeof why, parent->failure);
+    pthread_mutex_unlock(&parent->lock);
+    if (failed)
+        return h->error(h, LOOM_ERR_REMOTE, "comm-mpi: create_subgroup on %s: the group failed earlier: %s",
+                        parent->desc, why);
 
-    /* MPI_Comm_split blocks with no timeout; a barrier first, waited with
-     * ours, names any parent rank that never comes. */
-    loom_comm_request *r = NULL;
-    int st = post_barrier(parent, "create_subgroup", &r);
-    if (st == LOOM_OK)
-        st = mpi_wait(r);
+    uint64_t hash = list_hash(ranks, nranks);
+    int st = subgroup_handshake(parent, ranks, nranks, me, hash);
     if (st != LOOM_OK)
         return st;
 
-    /* A bad list still takes part in the split (as MPI_UNDEFINED) so the
-     * other ranks do not hang in it. */
+    MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
     MPI_Comm mc = MPI_COMM_NULL;
-    int rc = MPI_Comm_split(parent->mpi, bad[0] ? MPI_UNDEFINED : color, me, &mc);
-    if (bad[0]) {
-        if (mc != MPI_COMM_NULL)
-            MPI_Comm_free(&mc);
-        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: create_subgroup on %s: %s", parent->desc, bad);
-    }
+    int rc = MPI_Comm_group(parent->mpi, &pg);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Group_incl(pg, nranks, ranks, &g);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_create_group(parent->mpi, g, (int)(hash % 32768u), &mc);
     if (rc != MPI_SUCCESS) {
-        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_split failed", parent->desc);
-        comm_mark_failed(parent, st, "an earlier MPI_Comm_split failed");
-        return st;
+        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_create_group failed", parent->desc);
+        comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
     }
 
-    int size = 0, rank = -1;
-    MPI_Comm_size(mc, &size);
-    MPI_Comm_rank(mc, &rank);
-    loom_comm *c = comm_alloc(h, rank, size, &parent->set);
-    if (!c) {
-        MPI_Comm_free(&mc);
-        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    loom_comm *c = NULL;
+    if (st == LOOM_OK && !(c = comm_alloc(h, me, nranks, &parent->set)))
+        st = h->error(h, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
+    if (st == LOOM_OK) {
+        /* world ranks for messages, from MPI itself */
+        int *idx = malloc((size_t)nranks * sizeof *idx);
+        rc = idx ? MPI_Comm_group(proc.base, &wg) : MPI_ERR_NO_MEM;
+        for (int i = 0; idx && i < nranks; i++)
+            idx[i] = i;
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Group_translate_ranks(g, nranks, idx, wg, c->world_ranks);
+        free(idx);
+        if (rc != MPI_SUCCESS)
+            st = mpi_fail(h, rc, "create_subgroup on %s: translating ranks", parent->desc);
     }
-    comm_set_mpi(c, mc);
-    /* World ranks from MPI itself, checked against our list: every member
-     * must have passed the same list. */
-    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
-    int *idx = malloc((size_t)size * sizeof *idx);
-    rc = idx ? MPI_Comm_group(mc, &g) : MPI_ERR_NO_MEM;
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_group(proc.base, &wg);
-    for (int i = 0; idx && i < size; i++)
-        idx[i] = i;
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Group_translate_ranks(g, size, idx, wg, c->world_ranks);
+    if (st == LOOM_OK) {
+        comm_describe(c);
+        st = comm_set_mpi(c, mc);
+    }
+    if (pg != MPI_GROUP_NULL)
+        MPI_Group_free(&pg);
     if (g != MPI_GROUP_NULL)
         MPI_Group_free(&g);
     if (wg != MPI_GROUP_NULL)
         MPI_Group_free(&wg);
-    free(idx);
-    if (rc == MPI_SUCCESS && (size != nranks || rank != me))
-        snprintf(bad, sizeof bad, "the ranks of the group passed different lists (this rank's "
-                                  "list has %d ranks, MPI made a group of %d)", nranks, size);
-    for (int i = 0; rc == MPI_SUCCESS && !bad[0] && i < size; i++)
-        if (c->world_ranks[i] != parent->world_ranks[ranks[i]])
-            snprintf(bad, sizeof bad, "the ranks of the group passed different lists (position "
-                                      "%d: world rank %d here, %d elsewhere)",
-                     i, parent->world_ranks[ranks[i]], c->world_ranks[i]);
-    if (rc != MPI_SUCCESS || bad[0]) {
-        st = rc != MPI_SUCCESS ? mpi_fail(h, rc, "create_subgroup: translating ranks")
-                               : h->error(h, LOOM_ERR_INVALID, "comm-mpi: create_subgroup on %s: %s",
-                                          parent->desc, bad);
-        MPI_Comm_free(&c->mpi);
+    if (st != LOOM_OK) {
+        if (mc != MPI_COMM_NULL)
+            MPI_Comm_free(&mc);
         comm_free(c);
         return st;
     }
+
+    struct sub_count *sc = parent->subs;
+    while (sc && sc->hash != hash)
+        sc = sc->next;
+    if (!sc && (sc = calloc(1, sizeof *sc))) {
+        sc->hash = hash;
+        sc->next = parent->subs;
+        parent->subs = sc;
+    }
     char id[160];
-    snprintf(id, sizeof id, "%s.%d.%d", parent->id, parent->nsub++, color);
+    snprintf(id, sizeof id, "%s.%llx.%d", parent->id, (unsigned long long)(hash & 0xffffffffu),
+             sc ? sc->count++ : 0);
     copy_str(c->id, sizeof c->id, id);
-    comm_describe(c);
     pthread_mutex_lock(&proc.lock);
     proc.refs++;
     pthread_mutex_unlock(&proc.lock);
@@ -1632,6 +1822,8 @@ static int mpi_destroy(loom_comm *c)
         pthread_mutex_unlock(&proc.lock);
         failed = 1;
     }
+    if (!failed && c->ctl != MPI_COMM_NULL)
+        MPI_Comm_free(&c->ctl);
     if (!failed && c->mpi != MPI_COMM_NULL) {
         int rc = MPI_Comm_free(&c->mpi);
         if (rc != MPI_SUCCESS)

@@ -1,0 +1,590 @@
+/* ddp — the data-parallel strategy of PyTorch's DistributedDataParallel.
+ *
+ * Every dp rank keeps the whole model: parameters, gradients, Adam state and
+ * (for 16-bit runs) fp32 master weights. Gradients live in one flat buffer
+ * laid out in backward order (the last unit first), cut into buckets of
+ * consecutive units; on the last micro-batch of a step each bucket is
+ * averaged over the dp group with a non-blocking all-reduce as soon as all of
+ * its units have reported, so communication overlaps the rest of the
+ * backward. After the average every rank holds the same gradient and steps
+ * the same way, so parameters stay replicated without further traffic. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/strategy.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static const loom_setting_spec ddp_settings[] = {
+    {"bucket_mb", LOOM_SETTING_FLOAT, "25",
+     "gradient bytes per all-reduce bucket, in MiB (a bucket closes once it reaches this)"},
+    {"overlap", LOOM_SETTING_BOOL, "true",
+     "all-reduce each bucket as soon as it is complete during backward (false: all at the end)"},
+    {NULL, 0, NULL, NULL},
+};
+
+/* A run of consecutive units in backward order, reduced by one all-reduce. */
+typedef struct ddp_bucket {
+    size_t offset;      /* elements into the flat buffers */
+    size_t count;       /* elements */
+    int nunits;
+    int ready;          /* units reported on the last micro-batch of this step */
+    int posted;
+    int done;
+    loom_request *req;  /* while posted and not done; NULL once complete */
+    uint64_t start_ns;
+} ddp_bucket;
+
+/* Where one unit sits. */
+typedef struct ddp_slot {
+    size_t offset; /* elements into the flat buffers */
+    int bucket;
+    int ready;     /* reported on the last micro-batch of this step */
+} ddp_slot;
+
+struct loom_strategy {
+    const loom_host *host;
+    loom_strategy_setup setup;
+    loom_group *dp;
+    int dp_size;
+    double bucket_mb;
+    int overlap;
+
+    loom_unit *units;
+    int nunits;
+    ddp_slot *slots;
+    ddp_bucket *buckets;
+    int nbuckets;
+    int next_post; /* buckets are posted in order, so every rank issues the same sequence */
+
+    loom_dtype dtype;
+    size_t esize;
+    size_t numel; /* Ψ: elements over all units */
+    void *params; /* compute dtype */
+    void *grads;  /* compute dtype */
+    float *master; /* == params for f32 runs */
+    float *m, *v;
+
+    /* What this step's backward has reported so far. */
+    int saw_micro;
+    int saw_last_micro;
+    int failed; /* a reduction failed: in-flight requests are no longer waited for */
+};
+
+static int find_slot(const loom_strategy *s, const loom_unit *unit)
+{
+    for (int i = 0; i < s->nunits; i++)
+        if (&s->units[i] == unit)
+            return i;
+    /* A copy of the unit struct: match by index. */
+    for (int i = 0; i < s->nunits; i++)
+        if (s->units[i].index == unit->index)
+            return i;
+    return -1;
+}
+
+static float load_f(const void *buf, loom_dtype t, size_t i)
+{
+    switch (t) {
+    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
+    default: return ((const float *)buf)[i];
+    }
+}
+
+/* master (fp32) -> the compute-dtype copy the model reads, round to nearest even. */
+static void store_params(void *dst, loom_dtype t, const float *src, size_t n)
+{
+    uint16_t *h = dst;
+    if (t == LOOM_BF16) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = loom_f32_to_bf16(src[i]);
+    } else if (t == LOOM_F16) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = loom_f32_to_f16(src[i]);
+    } else if (dst != src) {
+        memcpy(dst, src, n * sizeof(float));
+    }
+}
+
+/* ---------------------------------------------------------- reductions */
+
+static void bucket_completed(loom_strategy *s, int b)
+{
+    ddp_bucket *bk = &s->buckets[b];
+    bk->done = 1;
+    bk->req = NULL;
+    char name[48];
+    snprintf(name, sizeof name, "ddp bucket %d", b);
+    s->host->trace(s->host, LOOM_LANE_COMM, name, bk->start_ns, s->host->now_ns(),
+                   (uint64_t)(bk->count * s->esize));
+}
+
+static int post_bucket(loom_strategy *s, int b)
+{
+    ddp_bucket *bk = &s->buckets[b];
+    void *range = (char *)s->grads + bk->offset * s->esize;
+    bk->start_ns = s->host->now_ns();
+    bk->posted = 1;
+    int rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, LOOM_AVG, &bk->req);
+    if (rc != LOOM_OK) { /* the comm layer's detail names the op and the group */
+        bk->req = NULL;
+        bk->done = 1;
+        s->failed = 1;
+        return rc;
+    }
+    if (!bk->req)
+        bucket_completed(s, b);
+    return LOOM_OK;
+}
+
+/* Post, in bucket order, every bucket whose units have all reported. */
+static int post_ready(loom_strategy *s)
+{
+    while (s->next_post < s->nbuckets) {
+        ddp_bucket *bk = &s->buckets[s->next_post];
+        if (bk->ready < bk->nunits)
+            break;
+        int rc = post_bucket(s, s->next_post++);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
+/* MPI moves data only inside its calls: test what is in flight. */
+static int progress(loom_strategy *s)
+{
+    for (int b = 0; b < s->next_post; b++) {
+        ddp_bucket *bk = &s->buckets[b];
+        if (!bk->posted || bk->done)
+            continue;
+        int rc = s->host->comm->test(bk->req);
+        if (rc == LOOM_IN_PROGRESS)
+            continue;
+        bucket_completed(s, b); /* test released the request either way */
+        if (rc != LOOM_OK) {
+            s->failed = 1;
+            return rc; /* the comm layer's detail names the op and the missing ranks */
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Wait for everything posted; the comm layer's detail of the first failure
+ * (op, sequence number, missing ranks) is what the caller sees. After a
+ * failure the rest is only tested, not waited for: each wait could take the
+ * whole timeout again. */
+static int wait_posted(loom_strategy *s)
+{
+    int first = LOOM_OK;
+    for (int b = 0; b < s->next_post; b++) {
+        ddp_bucket *bk = &s->buckets[b];
+        if (!bk->posted || bk->done)
+            continue;
+        int rc = s->failed ? s->host->comm->test(bk->req) : s->host->comm->wait(bk->req);
+        if (rc == LOOM_IN_PROGRESS)
+            continue;
+        bucket_completed(s, b); /* released either way */
+        if (rc != LOOM_OK) {
+            s->failed = 1;
+            if (first == LOOM_OK)
+                first = rc;
+        }
+    }
+    return first;
+}
+
+static int in_flight(const loom_strategy *s)
+{
+    int n = 0;
+    for (int b = 0; b < s->next_post; b++)
+        n += s->buckets[b].posted && !s->buckets[b].done;
+    return n;
+}
+
+static void reset_step(loom_strategy *s)
+{
+    for (int b = 0; b < s->nbuckets; b++) {
+        s->buckets[b].ready = 0;
+        s->buckets[b].posted = 0;
+        s->buckets[b].done = 0;
+        s->buckets[b].req = NULL;
+    }
+    for (int i = 0; i < s->nunits; i++)
+        s->slots[i].ready = 0;
+    s->next_post = 0;
+    s->saw_micro = 0;
+    s->saw_last_micro = 0;
+}
+
+/* ------------------------------------------------------------- common */
+
+static int ddp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
+{
+    if (!setup || setup->axis != LOOM_AXIS_DP)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "ddp: serves the dp axis, but was created for axis %s "
+                           "(set parallel.<axis>.strategy to a strategy of that axis)",
+                           setup ? loom_axis_name(setup->axis) : "?");
+    loom_group *dp = setup->groups[LOOM_AXIS_DP];
+    if (!dp)
+        return host->error(host, LOOM_ERR_INVALID, "ddp: the setup has no dp group (a core bug)");
+    double bucket_mb = 25.0;
+    int overlap = 1;
+    int rc = host->config_float(host, "bucket_mb", &bucket_mb);
+    if (rc == LOOM_OK)
+        rc = host->config_bool(host, "overlap", &overlap);
+    if (rc != LOOM_OK)
+        return rc;
+    if (!(bucket_mb >= 0.0) || !isfinite(bucket_mb))
+        return host->error(host, LOOM_ERR_INVALID,
+                           "ddp: parallel.dp.bucket_mb = %g must be a size in MiB >= 0 "
+                           "(0 puts every unit in its own bucket)",
+                           bucket_mb);
+    loom_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return host->error(host, LOOM_ERR_NO_MEMORY, "ddp: out of memory");
+    s->host = host;
+    s->setup = *setup;
+    s->dp = dp;
+    s->dp_size = host->comm->size(dp);
+    s->bucket_mb = bucket_mb;
+    s->overlap = overlap;
+    *out = s;
+    return LOOM_OK;
+}
+
+static void free_buffers(loom_strategy *s)
+{
+    const loom_host *h = s->host;
+    if (s->master && s->master != (float *)s->params)
+        h->mem_free(h, s->master);
+    if (s->params)
+        h->mem_free(h, s->params);
+    if (s->grads)
+        h->mem_free(h, s->grads);
+    if (s->m)
+        h->mem_free(h, s->m);
+    if (s->v)
+        h->mem_free(h, s->v);
+    s->master = s->m = s->v = NULL;
+    s->params = s->grads = NULL;
+    free(s->slots);
+    free(s->buckets);
+    s->slots = NULL;
+    s->buckets = NULL;
+}
+
+static int ddp_destroy(loom_strategy *s)
+{
+    if (!s)
+        return LOOM_OK;
+    /* The backend may still write into the gradient buffer. */
+    int rc = s->buckets ? wait_posted(s) : LOOM_OK;
+    if (s->buckets && in_flight(s)) {
+        /* Only after a failure: better to leak the buffer than to free memory
+         * a collective may still write. */
+        s->host->log(s->host, LOOM_LOG_WARN,
+                     "ddp: %d all-reduces still in flight after a failure; "
+                     "keeping their gradient buffer",
+                     in_flight(s));
+        s->grads = NULL;
+    }
+    free_buffers(s);
+    free(s);
+    return rc;
+}
+
+static int ddp_describe(const loom_strategy *s, char *buf, size_t cap)
+{
+    const char *overlap = s->overlap ? "on" : "off";
+    if (!s->buckets) {
+        snprintf(buf, cap, "ddp over %d ranks, buckets of %g MiB, overlap %s", s->dp_size,
+                 s->bucket_mb, overlap);
+        return LOOM_OK;
+    }
+    size_t largest = 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        if (s->buckets[b].count > largest)
+            largest = s->buckets[b].count;
+    snprintf(buf, cap, "ddp over %d ranks, %d bucket%s of \u2264 %.3g MiB, overlap %s", s->dp_size,
+             s->nbuckets, s->nbuckets == 1 ? "" : "s", (double)(largest * s->esize) / MIB, overlap);
+    return LOOM_OK;
+}
+
+/* ----------------------------------------------------------- data axis */
+
+static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
+{
+    const loom_host *h = s->host;
+    if (s->buckets)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_setup called twice");
+    if (nunits <= 0 || !units || !init)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_setup needs at least one unit");
+    loom_dtype dtype = units[0].compute_dtype;
+    if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "ddp: unit '%s' computes in %s; ddp supports f32, bf16 and f16",
+                        units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
+    for (int i = 1; i < nunits; i++)
+        if (units[i].compute_dtype != dtype)
+            return h->error(h, LOOM_ERR_INVALID,
+                            "ddp: unit '%s' computes in %s but unit '%s' in %s; "
+                            "one flat gradient buffer needs a single dtype",
+                            units[i].name ? units[i].name : "?", loom_dtype_name(units[i].compute_dtype),
+                            units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
+    s->dtype = dtype;
+    s->esize = loom_dtype_size(dtype);
+    s->units = units;
+    s->nunits = nunits;
+
+    s->slots = calloc((size_t)nunits, sizeof *s->slots);
+    s->buckets = calloc((size_t)nunits, sizeof *s->buckets); /* at most one per unit */
+    if (!s->slots || !s->buckets) {
+        free_buffers(s);
+        return h->error(h, LOOM_ERR_NO_MEMORY, "ddp: out of memory");
+    }
+
+    /* Backward order: the last unit first, so a bucket is a contiguous range. */
+    double limit = s->bucket_mb * MIB;
+    size_t offset = 0;
+    int nb = 0;
+    for (int i = nunits - 1; i >= 0; i--) {
+        ddp_bucket *bk = &s->buckets[nb];
+        if (bk->nunits == 0)
+            bk->offset = offset;
+        s->slots[i].offset = offset;
+        s->slots[i].bucket = nb;
+        offset += units[i].numel;
+        bk->count += units[i].numel;
+        bk->nunits++;
+        if ((double)(bk->count * s->esize) >= limit || i == 0)
+            nb++;
+    }
+    s->nbuckets = nb;
+    s->numel = offset;
+    if (s->numel == 0) {
+        free_buffers(s);
+        return h->error(h, LOOM_ERR_INVALID, "ddp: the model has no parameters");
+    }
+
+    size_t n = s->numel;
+    void *params = NULL, *grads = NULL, *master = NULL, *m = NULL, *v = NULL;
+    int rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params);
+    s->params = params;
+    if (rc == LOOM_OK)
+        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, n * s->esize, &grads);
+    s->grads = grads;
+    if (rc == LOOM_OK && dtype != LOOM_F32)
+        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &master);
+    s->master = dtype == LOOM_F32 ? params : master;
+    if (rc == LOOM_OK)
+        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &m);
+    s->m = m;
+    if (rc == LOOM_OK)
+        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &v);
+    s->v = v;
+    if (rc != LOOM_OK) {
+        free_buffers(s);
+        return rc; /* mem_alloc said what it could not get */
+    }
+    memset(s->grads, 0, n * s->esize);
+    memset(s->m, 0, n * sizeof(float));
+    memset(s->v, 0, n * sizeof(float));
+
+    for (int i = 0; i < nunits; i++) {
+        size_t off = s->slots[i].offset, cnt = units[i].numel;
+        if (cnt && !init[i]) {
+            free_buffers(s);
+            return h->error(h, LOOM_ERR_INVALID, "ddp: no initial parameters for unit '%s'",
+                            units[i].name ? units[i].name : "?");
+        }
+        if (cnt)
+            memcpy(s->master + off, init[i], cnt * sizeof(float));
+        if (dtype != LOOM_F32)
+            store_params((char *)s->params + off * s->esize, dtype, s->master + off, cnt);
+        units[i].params = (char *)s->params + off * s->esize;
+        units[i].grads = (char *)s->grads + off * s->esize;
+        units[i].strategy_data = &s->slots[i];
+    }
+    reset_step(s);
+    return LOOM_OK;
+}
+
+static int ddp_data_before_backward(loom_strategy *s, loom_unit *unit)
+{
+    (void)unit;
+    return progress(s);
+}
+
+static int ddp_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micro)
+{
+    const loom_host *h = s->host;
+    if (!s->buckets)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_grads_ready before data_setup");
+    int i = find_slot(s, unit);
+    if (i < 0)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_grads_ready for unit %d ('%s'), "
+                        "which data_setup was not given", unit->index,
+                        unit->name ? unit->name : "?");
+    s->saw_micro = 1;
+    /* Accumulating micro-batches stay local, like PyTorch's no_sync. */
+    if (!last_micro)
+        return progress(s);
+    s->saw_last_micro = 1;
+    ddp_slot *slot = &s->slots[i];
+    if (slot->ready)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "ddp: unit '%s' reported its gradients twice on the last micro-batch",
+                        unit->name ? unit->name : "?");
+    slot->ready = 1;
+    s->buckets[slot->bucket].ready++;
+    int rc = progress(s);
+    if (rc == LOOM_OK && s->overlap)
+        rc = post_ready(s);
+    return rc;
+}
+
+static int ddp_data_finish_backward(loom_strategy *s)
+{
+    if (!s->buckets)
+        return s->host->error(s->host, LOOM_ERR_INVALID, "ddp: data_finish_backward before data_setup");
+    /* Called after a micro-batch that was not the last: the accumulation
+     * continues, nothing to reduce yet. */
+    if (s->saw_micro && !s->saw_last_micro)
+        return progress(s);
+    int rc = LOOM_OK;
+    while (rc == LOOM_OK && s->next_post < s->nbuckets)
+        rc = post_bucket(s, s->next_post++);
+    int wrc = wait_posted(s);
+    if (rc != LOOM_OK || wrc != LOOM_OK)
+        return rc != LOOM_OK ? rc : wrc; /* in-flight requests stay known to destroy */
+    reset_step(s);
+    return LOOM_OK;
+}
+
+static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
+{
+    /* Gradients are replicated after the average: the local sum is the global one. */
+    double sum = 0.0;
+    if (s->dtype == LOOM_F32) {
+        const float *g = s->grads;
+        for (size_t i = 0; i < s->numel; i++)
+            sum += (double)g[i] * (double)g[i];
+    } else {
+        for (size_t i = 0; i < s->numel; i++) {
+            double x = load_f(s->grads, s->dtype, i);
+            sum += x * x;
+        }
+    }
+    *out = sum;
+    return LOOM_OK;
+}
+
+static int ddp_data_zero_grads(loom_strategy *s)
+{
+    if (!s->buckets)
+        return LOOM_OK;
+    /* Never clear memory the backend may still be writing. */
+    int rc = wait_posted(s);
+    if (rc != LOOM_OK || in_flight(s))
+        return rc != LOOM_OK ? rc : s->host->error(s->host, LOOM_ERR_INVALID,
+                                                   "ddp: gradients still being reduced after a failure");
+    reset_step(s);
+    memset(s->grads, 0, s->numel * s->esize);
+    return LOOM_OK;
+}
+
+static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step)
+{
+    const loom_host *h = s->host;
+    if (!s->buckets)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_optimizer_step before data_setup");
+    if (!step || !step->update)
+        return h->error(h, LOOM_ERR_INVALID, "ddp: data_optimizer_step without an update function");
+    int rc = wait_posted(s);
+    if (rc != LOOM_OK)
+        return rc;
+    if (in_flight(s) || s->failed)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "ddp: no optimizer step after a failed gradient reduction");
+    for (int i = 0; i < s->nunits; i++) {
+        size_t off = s->slots[i].offset, n = s->units[i].numel;
+        if (!n)
+            continue;
+        step->update(step, s->master + off, (const char *)s->grads + off * s->esize, s->dtype,
+                     s->m + off, s->v + off, n);
+    }
+    if (s->dtype != LOOM_F32)
+        store_params(s->params, s->dtype, s->master, s->numel);
+    memset(s->grads, 0, s->numel * s->esize);
+    return LOOM_OK;
+}
+
+/* Replicated state: every dp rank already holds all of it, so checkpointing
+ * needs no communication. */
+static int state_slot(loom_strategy *s, const loom_unit *unit, const char *hook)
+{
+    int i = s->buckets ? find_slot(s, unit) : -1;
+    if (i < 0)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              "ddp: %s for unit %d ('%s'), which data_setup was not given", hook,
+                              unit->index, unit->name ? unit->name : "?");
+    return i;
+}
+
+static int ddp_data_get_state(loom_strategy *s, loom_unit *unit, float *params, float *m, float *v)
+{
+    int i = state_slot(s, unit, "data_get_state");
+    if (i < 0)
+        return i;
+    size_t off = s->slots[i].offset, bytes = s->units[i].numel * sizeof(float);
+    if (params)
+        memcpy(params, s->master + off, bytes);
+    if (m)
+        memcpy(m, s->m + off, bytes);
+    if (v)
+        memcpy(v, s->v + off, bytes);
+    return LOOM_OK;
+}
+
+static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *params,
+                              const float *m, const float *v)
+{
+    int i = state_slot(s, unit, "data_set_state");
+    if (i < 0)
+        return i;
+    size_t off = s->slots[i].offset, n = s->units[i].numel, bytes = n * sizeof(float);
+    if (params) {
+        memcpy(s->master + off, params, bytes);
+        store_params((char *)s->params + off * s->esize, s->dtype, s->master + off, n);
+    }
+    if (m)
+        memcpy(s->m + off, m, bytes);
+    if (v)
+        memcpy(s->v + off, v, bytes);
+    return LOOM_OK;
+}
+
+LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, "ddp",
+                                 "data parallel: replicated model, bucketed gradient all-reduce "
+                                 "overlapping backward",
+                                 ddp_settings),
+    .axis = LOOM_AXIS_DP,
+    .create = ddp_create,
+    .destroy = ddp_destroy,
+    .describe = ddp_describe,
+    .data_setup = ddp_data_setup,
+    .data_before_backward = ddp_data_before_backward,
+    .data_grads_ready = ddp_data_grads_ready,
+    .data_finish_backward = ddp_data_finish_backward,
+    .data_grad_norm_sq = ddp_data_grad_norm_sq,
+    .data_optimizer_step = ddp_data_optimizer_step,
+    .data_zero_grads = ddp_data_zero_grads,
+    .data_get_state = ddp_data_get_state,
+    .data_set_state = ddp_data_set_state,
+};

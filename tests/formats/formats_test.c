@@ -1,0 +1,670 @@
+/* llm.c's formats, the random init and the data loader: round trips
+ * bit-exact, every bad file with its exact one-line message (the bad files
+ * are written here), the init's determinism and statistics, and the data
+ * loader's global batch for every dp x grad_accum layout.
+ *
+ *   formats_test CASE [EXAMPLES_DATA_DIR]    one case ("all" runs every case) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats.h"
+#include "loom_internal.h"
+
+static int failures;
+static char tmpdir[64];
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STR(got, want)                                                                       \
+    do {                                                                                           \
+        const char *g_ = (got), *w_ = (want);                                                      \
+        if (!g_ || strcmp(g_, w_)) {                                                               \
+            fprintf(stderr, "%s:%d: got  \"%s\"\n%*s  want \"%s\"\n", __FILE__, __LINE__,          \
+                    g_ ? g_ : "(null)", (int)strlen(__FILE__) + 6, "", w_);                        \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static const char *tmp_path(const char *name)
+{
+    static char paths[8][128];
+    static int next;
+    char *path = paths[next++ % 8];
+    snprintf(path, 128, "%s/%s", tmpdir, name);
+    return path;
+}
+
+/* A file of a 256-int header (first ints given, rest 0) and extra bytes. */
+static const char *write_file(const char *name, const int32_t *head, int nhead, const void *body,
+                              size_t body_bytes)
+{
+    const char *path = tmp_path(name);
+    int32_t header[256] = {0};
+    memcpy(header, head, (size_t)nhead * sizeof(int32_t));
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(header, sizeof header, 1, f) != 1 ||
+        (body_bytes && fwrite(body, 1, body_bytes, f) != body_bytes) || fclose(f) != 0) {
+        perror(path);
+        exit(2);
+    }
+    return path;
+}
+
+static const char *write_raw(const char *name, const void *bytes, size_t n)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(bytes, 1, n, f) != n) || fclose(f) != 0) {
+        perror(path);
+        exit(2);
+    }
+    return path;
+}
+
+static const loom_gpt2_shape tiny = {
+    .max_seq = 16, .vocab = 250, .layers = 2, .heads = 4, .channels = 32, .padded_vocab = 256};
+
+/* ------------------------------------------------------- checkpoint */
+
+static void case_checkpoint_roundtrip(void)
+{
+    size_t n = loom_gpt2_param_count(&tiny);
+    size_t sizes[LOOM_GPT2_TENSORS], sum = 0;
+    loom_gpt2_tensor_sizes(&tiny, sizes);
+    for (int i = 0; i < LOOM_GPT2_TENSORS; i++)
+        sum += sizes[i];
+    CHECK(sum == n);
+    /* llm.c's count for this shape, by its own formula. */
+    size_t C = 32, L = 2;
+    CHECK(n == 256 * C + 16 * C + L * (12 * C * C + 13 * C) + 2 * C);
+    CHECK_STR(loom_gpt2_tensor_names[0], "wte");
+    CHECK_STR(loom_gpt2_tensor_names[6], "attprojw");
+    CHECK_STR(loom_gpt2_tensor_names[12], "fcprojw");
+    CHECK_STR(loom_gpt2_tensor_names[15], "lnfb");
+
+    float *params = malloc(n * sizeof(float));
+    loom_gpt2_init_random(&tiny, 42, params);
+    params[7] = -0.0f; /* bit-exact means the sign of zero too */
+    params[8] = 1e-42f; /* and denormals */
+    const char *path = tmp_path("rt.bin");
+    CHECK(loom_checkpoint_write(path, &tiny, params) == LOOM_OK);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && (size_t)st.st_size == 1024 + n * 4);
+
+    loom_gpt2_shape got;
+    float *back = NULL;
+    CHECK(loom_checkpoint_read(path, &tiny, &got, &back) == LOOM_OK);
+    CHECK(!memcmp(&got, &tiny, sizeof got));
+    CHECK(back && !memcmp(back, params, n * sizeof(float)));
+    free(back);
+
+    /* The header is llm.c's, int by int. */
+    int32_t header[256];
+    FILE *f = fopen(path, "rb");
+    CHECK(f && fread(header, sizeof header, 1, f) == 1);
+    if (f)
+        fclose(f);
+    int32_t want[8] = {20240326, 3, 16, 250, 2, 4, 32, 256};
+    CHECK(!memcmp(header, want, sizeof want));
+    for (int i = 8; i < 256; i++)
+        CHECK(header[i] == 0);
+
+    /* Without an expected shape, and overwriting an existing file: the
+     * rename replaces it and no temp file stays behind. */
+    params[0] = 123.0f;
+    CHECK(loom_checkpoint_write(path, &tiny, params) == LOOM_OK);
+    CHECK(loom_checkpoint_read(path, NULL, &got, &back) == LOOM_OK);
+    CHECK(back && back[0] == 123.0f && !memcmp(back, params, n * sizeof(float)));
+    free(back);
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(access(tmp, F_OK) != 0);
+
+    /* A write that cannot happen says so and leaves nothing behind. */
+    const char *bad = tmp_path("no-such-dir/x.bin");
+    CHECK(loom_checkpoint_write(bad, &tiny, params) == LOOM_ERR_INVALID);
+    char want_msg[512];
+    snprintf(want_msg, sizeof want_msg,
+             "%s: cannot create %s.tmp.%ld: No such file or directory", bad, bad, (long)getpid());
+    CHECK_STR(loom_last_error(), want_msg);
+    loom_gpt2_shape nonsense = tiny;
+    nonsense.heads = 5;
+    CHECK(loom_checkpoint_write(path, &nonsense, params) == LOOM_ERR_INVALID);
+    free(params);
+}
+
+/* Read path expecting failure with exactly "<path>: <rest>". */
+static void expect_ckpt_error(const char *path, const loom_gpt2_shape *expect, int status,
+                              const char *rest)
+{
+    loom_clear_error();
+    loom_gpt2_shape shape;
+    float *params = (float *)0x1;
+    int rc = loom_checkpoint_read(path, expect, &shape, &params);
+    CHECK(rc == status);
+    CHECK(params == NULL);
+    char want[1024];
+    snprintf(want, sizeof want, "%s: %s", path, rest);
+    CHECK_STR(loom_last_error(), want);
+}
+
+static void case_checkpoint_errors(void)
+{
+    size_t n = loom_gpt2_param_count(&tiny);
+    size_t bytes = n * 4;
+    char *body = calloc(1, bytes + 64);
+    int32_t good[8] = {20240326, 3, 16, 250, 2, 4, 32, 256};
+    const char *shape = "L=2 C=32 NH=4 V=250 Vp=256 maxT=16";
+    char rest[512];
+
+    expect_ckpt_error(tmp_path("missing.bin"), NULL, LOOM_ERR_NOT_FOUND,
+                      "cannot open: No such file or directory");
+    expect_ckpt_error(tmpdir, NULL, LOOM_ERR_INVALID, "not a regular file");
+
+    int32_t magic[8] = {1234, 3, 16, 250, 2, 4, 32, 256};
+    expect_ckpt_error(write_file("magic.bin", magic, 8, body, bytes), NULL, LOOM_ERR_INVALID,
+                      "not an llm.c GPT-2 checkpoint (magic 1234, want 20240326)");
+    int32_t shard[3] = {20240520, 1, 10};
+    expect_ckpt_error(write_file("shard.bin", shard, 3, body, 20), NULL, LOOM_ERR_INVALID,
+                      "not an llm.c GPT-2 checkpoint (magic 20240520, want 20240326; it is a "
+                      "token shard)");
+    expect_ckpt_error(write_raw("text.bin", "hello world\n", 12), NULL, LOOM_ERR_INVALID,
+                      "not an llm.c GPT-2 checkpoint (magic 1819043176, want 20240326)");
+    expect_ckpt_error(write_raw("empty.bin", "", 0), NULL, LOOM_ERR_INVALID,
+                      "truncated: 0 bytes, shorter than the 1024-byte header of an llm.c GPT-2 "
+                      "checkpoint");
+    expect_ckpt_error(write_raw("short.bin", good, sizeof good), NULL, LOOM_ERR_INVALID,
+                      "truncated: 32 bytes, shorter than the 1024-byte header of an llm.c GPT-2 "
+                      "checkpoint");
+
+    int32_t bf16[8] = {20240326, 5, 16, 250, 2, 4, 32, 256};
+    expect_ckpt_error(write_file("bf16.bin", bf16, 8, body, n * 2), NULL, LOOM_ERR_NOT_SUPPORTED,
+                      "checkpoint version 5 holds bf16 parameters; loom reads only llm.c's fp32 "
+                      "version 3 (use the fp32 file, e.g. gpt2_124M.bin rather than "
+                      "gpt2_124M_bf16.bin)");
+    int32_t v2[8] = {20240326, 2, 16, 250, 2, 4, 32, 256};
+    expect_ckpt_error(write_file("v2.bin", v2, 8, body, bytes), NULL, LOOM_ERR_NOT_SUPPORTED,
+                      "checkpoint version 2; loom reads only llm.c's fp32 version 3");
+
+    snprintf(rest, sizeof rest, "truncated: 1000 bytes of parameters, want %zu for %s", bytes,
+             shape);
+    expect_ckpt_error(write_file("trunc.bin", good, 8, body, 1000), &tiny, LOOM_ERR_INVALID, rest);
+    snprintf(rest, sizeof rest, "truncated: %zu bytes of parameters, want %zu for %s", bytes - 1,
+             bytes, shape);
+    expect_ckpt_error(write_file("trunc1.bin", good, 8, body, bytes - 1), NULL, LOOM_ERR_INVALID,
+                      rest);
+    snprintf(rest, sizeof rest,
+             "12 bytes of trailing garbage after the %zu bytes of parameters for %s", bytes, shape);
+    expect_ckpt_error(write_file("trailing.bin", good, 8, body, bytes + 12), NULL, LOOM_ERR_INVALID,
+                      rest);
+
+    /* The shape against the config: each field by its setting's name. */
+    const char *path = write_file("good.bin", good, 8, body, bytes);
+    struct {
+        int field;
+        int value;
+        const char *rest;
+    } mismatches[] = {
+        {2, 32, "max_seq 16 in the file, 32 in the config (model.max_seq)"},
+        {3, 256, "vocab 250 in the file, 256 in the config (model.vocab)"},
+        {4, 4, "layers 2 in the file, 4 in the config (model.layers)"},
+        {5, 8, "heads 4 in the file, 8 in the config (model.heads)"},
+        {6, 64, "channels 32 in the file, 64 in the config (model.channels)"},
+        {7, 512, "padded_vocab 256 in the file, 512 in the config (model.padded_vocab)"},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(mismatches); i++) {
+        loom_gpt2_shape want = tiny;
+        int *fields[] = {NULL, NULL, &want.max_seq, &want.vocab, &want.layers,
+                         &want.heads, &want.channels, &want.padded_vocab};
+        *fields[mismatches[i].field] = mismatches[i].value;
+        expect_ckpt_error(path, &want, LOOM_ERR_INVALID, mismatches[i].rest);
+    }
+
+    /* Headers no llm.c ever wrote. */
+    struct {
+        int32_t header[8];
+        const char *rest;
+    } nonsense[] = {
+        {{20240326, 3, 0, 250, 2, 4, 32, 256}, "bad header: maxT=0, must be positive"},
+        {{20240326, 3, 16, -1, 2, 4, 32, 256}, "bad header: V=-1, must be positive"},
+        {{20240326, 3, 16, 250, 0, 4, 32, 256}, "bad header: L=0, must be positive"},
+        {{20240326, 3, 16, 250, 2, 0, 32, 256}, "bad header: NH=0, must be positive"},
+        {{20240326, 3, 16, 250, 2, 4, 0, 256}, "bad header: C=0, must be positive"},
+        {{20240326, 3, 16, 250, 2, 4, 32, 0}, "bad header: Vp=0, must be positive"},
+        {{20240326, 3, 16, 250, 2, 5, 32, 256}, "bad header: C=32 does not divide by NH=5"},
+        {{20240326, 3, 16, 250, 2, 4, 32, 200}, "bad header: Vp=200 is smaller than V=250"},
+        {{20240326, 3, 2000000000, 250, 2000000000, 1, 2000000000, 256},
+         "bad header: the shape holds more than 2^63 bytes of parameters"},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(nonsense); i++)
+        expect_ckpt_error(write_file("nonsense.bin", nonsense[i].header, 8, body, bytes), NULL,
+                          LOOM_ERR_INVALID, nonsense[i].rest);
+    /* A big but representable shape is a truncation, not an overflow. */
+    int32_t big[8] = {20240326, 3, 1024, 50257, 48, 25, 1600, 50304};
+    snprintf(rest, sizeof rest,
+             "truncated: %zu bytes of parameters, want 6230745600 for L=48 C=1600 NH=25 "
+             "V=50257 Vp=50304 maxT=1024",
+             bytes);
+    expect_ckpt_error(write_file("big.bin", big, 8, body, bytes), NULL, LOOM_ERR_INVALID, rest);
+    free(body);
+}
+
+/* ----------------------------------------------------------- init */
+
+static double tensor_mean(const float *p, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += p[i];
+    return s / (double)n;
+}
+
+static double tensor_std(const float *p, size_t n)
+{
+    double m = tensor_mean(p, n), s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (p[i] - m) * (p[i] - m);
+    return sqrt(s / (double)n);
+}
+
+/* FNV-1a over the bytes: pins the init to the same bits on every machine. */
+static uint64_t fnv1a(const void *data, size_t n)
+{
+    const unsigned char *b = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void case_init(void)
+{
+    const loom_gpt2_shape s = {
+        .max_seq = 64, .vocab = 250, .layers = 4, .heads = 4, .channels = 64, .padded_vocab = 256};
+    size_t n = loom_gpt2_param_count(&s), sizes[LOOM_GPT2_TENSORS];
+    loom_gpt2_tensor_sizes(&s, sizes);
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    memset(a, 0x7f, n * sizeof(float)); /* garbage: every element must be written */
+    loom_gpt2_init_random(&s, 1337, a);
+    loom_gpt2_init_random(&s, 1337, b);
+    CHECK(!memcmp(a, b, n * sizeof(float)));
+    uint64_t hash = fnv1a(a, n * sizeof(float));
+    const uint64_t want_hash = 0xd93de6c06d93c232ull; /* gcc and clang, -O0 to -O3 -march=native */
+    if (hash != want_hash) {
+        fprintf(stderr, "init hash 0x%016llxull, want 0x%016llxull\n", (unsigned long long)hash,
+                (unsigned long long)want_hash);
+        failures++;
+    }
+    loom_gpt2_init_random(&s, 1338, b);
+    CHECK(memcmp(a, b, n * sizeof(float)) != 0);
+
+    const double residual = 0.02 / sqrt(2.0 * s.layers);
+    size_t base = 0;
+    for (int t = 0; t < LOOM_GPT2_TENSORS; t++) {
+        const char *name = loom_gpt2_tensor_names[t];
+        const float *p = a + base;
+        size_t count = sizes[t];
+        if (t == 0) {
+            for (size_t i = (size_t)s.vocab * s.channels; i < count; i++)
+                CHECK(p[i] == 0.0f);
+            count = (size_t)s.vocab * s.channels;
+        }
+        double want_std = 0;
+        if (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw"))
+            want_std = residual;
+        else if (!strcmp(name, "wte") || !strcmp(name, "wpe") || !strcmp(name, "qkvw") ||
+                 !strcmp(name, "fcw"))
+            want_std = 0.02;
+        if (want_std > 0) {
+            double sd = tensor_std(p, count), m = tensor_mean(p, count);
+            if (fabs(sd / want_std - 1) > 0.03 || fabs(m) > 4 * want_std / sqrt((double)count)) {
+                fprintf(stderr, "%s: std %.5f (want %.5f), mean %.6f over %zu\n", name, sd,
+                        want_std, m, count);
+                failures++;
+            }
+            /* Normal, not uniform: about 4.55% of samples beyond 2 sigma. */
+            size_t tail = 0;
+            for (size_t i = 0; i < count; i++)
+                tail += fabs(p[i]) > 2 * want_std;
+            double share = (double)tail / (double)count;
+            if (fabs(share - 0.0455) > 0.01) {
+                fprintf(stderr, "%s: %.4f beyond 2 sigma, want 0.0455\n", name, share);
+                failures++;
+            }
+        } else {
+            float want = (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw"))
+                             ? 1.0f : 0.0f;
+            for (size_t i = 0; i < count; i++)
+                if (p[i] != want) {
+                    fprintf(stderr, "%s[%zu] = %g, want %g\n", name, i, p[i], want);
+                    failures++;
+                    break;
+                }
+        }
+        base += sizes[t];
+    }
+    free(a);
+    free(b);
+}
+
+/* ----------------------------------------------------------- shards */
+
+static void expect_shard_error(const char *path, int vocab, int status, const char *rest)
+{
+    loom_clear_error();
+    loom_token_shard shard;
+    CHECK(loom_shard_open(path, vocab, &shard) == status);
+    CHECK(shard.tokens == NULL && shard.count == 0);
+    char want[1024];
+    snprintf(want, sizeof want, "%s: %s", path, rest);
+    CHECK_STR(loom_last_error(), want);
+}
+
+static void case_shard(void)
+{
+    enum { N = 5000 };
+    uint16_t *tokens = malloc(N * sizeof(uint16_t));
+    for (int i = 0; i < N; i++)
+        tokens[i] = (uint16_t)((i * 7919) % 50257);
+    tokens[10] = 65535;
+    const char *path = tmp_path("shard.bin");
+    CHECK(loom_shard_write(path, tokens, N) == LOOM_OK);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && st.st_size == 1024 + 2 * N);
+    loom_token_shard shard;
+    CHECK(loom_shard_open(path, 0, &shard) == LOOM_OK);
+    CHECK(shard.count == N && !memcmp(shard.tokens, tokens, N * sizeof(uint16_t)));
+    CHECK_STR(shard.path, path);
+    loom_shard_close(&shard);
+    CHECK(shard.tokens == NULL && shard.path == NULL);
+    CHECK(loom_shard_open(path, 65536, &shard) == LOOM_OK);
+    loom_shard_close(&shard);
+
+    /* The header, int by int. */
+    int32_t header[256];
+    FILE *f = fopen(path, "rb");
+    CHECK(f && fread(header, sizeof header, 1, f) == 1);
+    if (f)
+        fclose(f);
+    CHECK(header[0] == 20240520 && header[1] == 1 && header[2] == N);
+
+    /* An empty shard is a valid file. */
+    const char *empty = tmp_path("empty-shard.bin");
+    CHECK(loom_shard_write(empty, tokens, 0) == LOOM_OK);
+    CHECK(loom_shard_open(empty, 256, &shard) == LOOM_OK && shard.count == 0);
+    loom_shard_close(&shard);
+    free(tokens);
+}
+
+static void case_shard_errors(void)
+{
+    uint16_t body[2000];
+    for (int i = 0; i < 2000; i++)
+        body[i] = (uint16_t)(i % 256);
+    body[1234] = 300;
+    int32_t good[3] = {20240520, 1, 2000};
+
+    expect_shard_error(tmp_path("missing.bin"), 256, LOOM_ERR_NOT_FOUND,
+                       "cannot open: No such file or directory");
+    expect_shard_error(write_file("s-vocab.bin", good, 3, body, sizeof body), 256,
+                       LOOM_ERR_INVALID,
+                       "token 300 at position 1234 is >= the vocabulary size 256 (model.vocab)");
+    int32_t magic[3] = {1234, 1, 2000};
+    expect_shard_error(write_file("s-magic.bin", magic, 3, body, sizeof body), 256,
+                       LOOM_ERR_INVALID, "not an llm.c token shard (magic 1234, want 20240520)");
+    int32_t ckpt[8] = {20240326, 3, 16, 250, 2, 4, 32, 256};
+    expect_shard_error(write_file("s-ckpt.bin", ckpt, 8, body, sizeof body), 256,
+                       LOOM_ERR_INVALID,
+                       "not an llm.c token shard (magic 20240326, want 20240520; it is a GPT-2 "
+                       "checkpoint)");
+    int32_t v2[3] = {20240520, 2, 2000};
+    expect_shard_error(write_file("s-v2.bin", v2, 3, body, sizeof body), 256,
+                       LOOM_ERR_NOT_SUPPORTED,
+                       "token shard version 2; loom reads only llm.c's version 1 (uint16 tokens)");
+    int32_t negative[3] = {20240520, 1, -5};
+    expect_shard_error(write_file("s-neg.bin", negative, 3, body, 0), 256, LOOM_ERR_INVALID,
+                       "bad header: token count -5");
+    expect_shard_error(write_file("s-trunc.bin", good, 3, body, 3000), 256, LOOM_ERR_INVALID,
+                       "truncated: 3000 bytes of tokens, want 4000 for the 2000 tokens of the "
+                       "header");
+    expect_shard_error(write_file("s-odd.bin", good, 3, body, 3999), 256, LOOM_ERR_INVALID,
+                       "truncated: 3999 bytes of tokens, want 4000 for the 2000 tokens of the "
+                       "header");
+    expect_shard_error(write_file("s-short2.bin", good, 3, body, sizeof body - 2), 0,
+                       LOOM_ERR_INVALID,
+                       "truncated: 3998 bytes of tokens, want 4000 for the 2000 tokens of the "
+                       "header");
+    int32_t fewer[3] = {20240520, 1, 1990};
+    expect_shard_error(write_file("s-trail.bin", fewer, 3, body, sizeof body), 0,
+                       LOOM_ERR_INVALID,
+                       "20 bytes of trailing garbage after the 1990 tokens of the header");
+    expect_shard_error(write_raw("s-short.bin", good, 12), 256, LOOM_ERR_INVALID,
+                       "truncated: 12 bytes, shorter than the 1024-byte header of an llm.c token "
+                       "shard");
+    /* The first token past the vocabulary is already too big. */
+    uint16_t edge[16] = {0};
+    edge[7] = 256;
+    int32_t sixteen[3] = {20240520, 1, 16};
+    expect_shard_error(write_file("s-edge.bin", sixteen, 3, edge, sizeof edge), 256,
+                       LOOM_ERR_INVALID,
+                       "token 256 at position 7 is >= the vocabulary size 256 (model.vocab)");
+    /* The same body with vocab 0 (no check) or a big vocabulary is fine. */
+    loom_token_shard shard;
+    CHECK(loom_shard_open(tmp_path("s-vocab.bin"), 301, &shard) == LOOM_OK);
+    loom_shard_close(&shard);
+}
+
+/* ------------------------------------------------------ data loader */
+
+/* Tokens equal to their positions, so every token says where it came from. */
+static loom_token_shard position_shard(size_t n)
+{
+    loom_token_shard s = {.tokens = malloc(n * sizeof(uint16_t)), .count = n, .path = NULL};
+    for (size_t i = 0; i < n; i++)
+        s.tokens[i] = (uint16_t)i;
+    return s;
+}
+
+static void case_dataloader(void)
+{
+    enum { B = 8, T = 5, STEPS = 7 };
+    /* Room for 3 windows of B*T+1 and 7 tokens more, too few for a 4th:
+     * llm.c's windows start at 0, 40, 80, then wrap to 0. */
+    loom_token_shard shard = position_shard(3 * B * T + 8);
+    const size_t want_pos[STEPS] = {0, 40, 80, 0, 40, 80, 0};
+    const int dps[] = {1, 2, 4}, ks[] = {1, 2};
+    for (int di = 0; di < 3; di++) {
+        for (int ki = 0; ki < 2; ki++) {
+            int dp = dps[di], K = ks[ki], per = B / (dp * K);
+            loom_dataloader dls[4];
+            for (int r = 0; r < dp; r++)
+                CHECK(loom_dataloader_init(&dls[r], &shard, B, T, r, dp, K) == LOOM_OK);
+            int in[B * T], tg[B * T], batch_in[B * T], batch_tg[B * T];
+            for (int step = 0; step < STEPS; step++) {
+                memset(batch_in, 0xff, sizeof batch_in);
+                memset(batch_tg, 0xff, sizeof batch_tg);
+                for (int k = 0; k < K; k++) {
+                    for (int r = 0; r < dp; r++) {
+                        CHECK(dls[r].position == want_pos[step] && dls[r].micro == k);
+                        loom_dataloader_next(&dls[r], in, tg);
+                        int first = k * (B / K) + r * per; /* formats.h's slice */
+                        memcpy(batch_in + first * T, in, (size_t)per * T * sizeof(int));
+                        memcpy(batch_tg + first * T, tg, (size_t)per * T * sizeof(int));
+                    }
+                }
+                /* The union over ranks and micro-batches is the single-rank
+                 * batch: the window at the step's position, targets one on. */
+                int bad = 0;
+                for (int i = 0; i < B * T; i++)
+                    bad += batch_in[i] != (int)(want_pos[step] + (size_t)i) ||
+                           batch_tg[i] != (int)(want_pos[step] + (size_t)i + 1);
+                if (bad) {
+                    fprintf(stderr, "dp %d K %d step %d: %d tokens of the global batch wrong\n",
+                            dp, K, step, bad);
+                    failures++;
+                }
+            }
+        }
+    }
+    free(shard.tokens);
+
+    /* The wrap is exact: a window needs B*T+1 tokens. With 2*B*T tokens
+     * only the window at 0 fits; with one more, the one at B*T too. */
+    const size_t sizes[2] = {2 * B * T, 2 * B * T + 1};
+    const size_t second[2] = {0, B * T};
+    for (int si = 0; si < 2; si++) {
+        loom_token_shard edge = position_shard(sizes[si]);
+        loom_dataloader e;
+        int ein[B * T], etg[B * T];
+        CHECK(loom_dataloader_init(&e, &edge, B, T, 0, 1, 1) == LOOM_OK);
+        for (int step = 0; step < 4; step++) {
+            size_t want = step % 2 ? second[si] : 0;
+            CHECK(e.position == want);
+            loom_dataloader_next(&e, ein, etg);
+            CHECK(ein[0] == (int)want && etg[B * T - 1] == (int)(want + B * T));
+        }
+        free(edge.tokens);
+    }
+
+    /* Exactly one window: every step reads it. */
+    shard = position_shard(B * T + 1);
+    loom_dataloader dl;
+    CHECK(loom_dataloader_init(&dl, &shard, B, T, 0, 1, 1) == LOOM_OK);
+    int in[B * T], tg[B * T];
+    for (int step = 0; step < 3; step++) {
+        loom_dataloader_next(&dl, in, tg);
+        CHECK(in[0] == 0 && tg[B * T - 1] == B * T && dl.position == 0);
+    }
+    free(shard.tokens);
+}
+
+static void case_dataloader_errors(void)
+{
+    loom_token_shard shard = position_shard(500);
+    loom_dataloader dl;
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 0, 3, 1) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(), "train.batch 8 does not divide by parallel.dp.size 3 × "
+                                 "train.grad_accum 1; make it a multiple of 3");
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 0, 2, 8) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(), "train.batch 8 does not divide by parallel.dp.size 2 × "
+                                 "train.grad_accum 8; make it a multiple of 16");
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 0, 1, 1) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(), "data.train (in memory) holds 500 tokens, fewer than one batch "
+                                 "window of 513 (train.batch 8 × train.seq 64 + 1)");
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 2, 2, 1) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(), "data loader: dp rank 2 is outside 0..1");
+    free(shard.tokens);
+
+    uint16_t tokens[100] = {0};
+    const char *path = tmp_path("small.bin");
+    CHECK(loom_shard_write(path, tokens, 100) == LOOM_OK);
+    CHECK(loom_shard_open(path, 256, &shard) == LOOM_OK);
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 0, 1, 1) == LOOM_ERR_INVALID);
+    char want[512];
+    snprintf(want, sizeof want,
+             "data.train %s holds 100 tokens, fewer than one batch window of 513 (train.batch 8 "
+             "× train.seq 64 + 1)",
+             path);
+    CHECK_STR(loom_last_error(), want);
+    loom_shard_close(&shard);
+}
+
+/* ---------------------------------------------------- shipped corpus */
+
+static void case_corpus(const char *dir)
+{
+    if (!dir) {
+        fprintf(stderr, "corpus: give the examples/data directory\n");
+        failures++;
+        return;
+    }
+    char txt[1024], bin[1024];
+    snprintf(txt, sizeof txt, "%s/corpus.txt", dir);
+    snprintf(bin, sizeof bin, "%s/corpus.bin", dir);
+    FILE *f = fopen(txt, "rb");
+    if (!f) {
+        perror(txt);
+        failures++;
+        return;
+    }
+    static unsigned char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    CHECK(n >= 60 * 1024 && n < sizeof text);
+    CHECK(!memcmp(text, "# ", 2) && strstr((char *)text, "public domain") != NULL);
+    for (size_t i = 0; i < n; i++)
+        if (text[i] != '\n' && (text[i] < 0x20 || text[i] > 0x7e)) {
+            fprintf(stderr, "%s: byte 0x%02x at %zu is not printable ASCII\n", txt, text[i], i);
+            failures++;
+            break;
+        }
+    loom_token_shard shard;
+    int rc = loom_shard_open(bin, 256, &shard);
+    if (rc != LOOM_OK) {
+        fprintf(stderr, "%s\n", loom_last_error());
+        failures++;
+        return;
+    }
+    CHECK(shard.count == n);
+    size_t diff = 0;
+    for (size_t i = 0; i < n && i < shard.count; i++)
+        diff += shard.tokens[i] != text[i];
+    if (diff) {
+        fprintf(stderr, "%s: %zu tokens differ from the bytes of %s; regenerate it with "
+                        "loom-text2shard\n", bin, diff, txt);
+        failures++;
+    }
+    /* The demo's shape (train.batch 8 x train.seq 64) gets many windows. */
+    loom_dataloader dl;
+    CHECK(loom_dataloader_init(&dl, &shard, 8, 64, 0, 4, 1) == LOOM_OK);
+    loom_shard_close(&shard);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: formats_test CASE [EXAMPLES_DATA_DIR]\n");
+        return 2;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom-formats-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    const char *c = argv[1];
+    int all = !strcmp(c, "all"), known = 0;
+#define RUN(name, call)                                                                            \
+    if (all || !strcmp(c, name)) {                                                                 \
+        known = 1;                                                                                 \
+        call;                                                                                      \
+    }
+    RUN("checkpoint_roundtrip", case_checkpoint_roundtrip());
+    RUN("checkpoint_errors", case_checkpoint_errors());
+    RUN("init", case_init());
+    RUN("shard", case_shard());
+    RUN("shard_errors", case_shard_errors());
+    RUN("dataloader", case_dataloader());
+    RUN("dataloader_errors", case_dataloader_errors());
+    RUN("corpus", case_corpus(argc > 2 ? argv[2] : NULL));
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", tmpdir);
+    if (!known) {
+        fprintf(stderr, "formats_test: unknown case %s\n", c);
+        return 2;
+    }
+    if (failures)
+        fprintf(stderr, "%d check(s) failed\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,916 @@
+/* The GPT-2 kernels against independent double-precision references.
+ *
+ * Every op: the f32 forward against a double forward written here from the
+ * formula, and every input's gradient from the f32 backward against central
+ * finite differences of that double forward, for the loss L = Σ w_i·out_i
+ * with fixed random w. Gradient buffers start from random values, so the
+ * kernels' accumulate (+=) contract is checked too.
+ *
+ * usage: test_kernels <case>; exit 0 when every check of the case passes. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define FD_EPS 1e-6
+#define TOL_FWD 1e-5  /* f32 forward vs double reference (relative, normwise) */
+#define TOL_GRAD 1e-4 /* f32 backward vs double finite differences */
+
+static int failures;
+
+/* ------------------------------------------------------------ utilities */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(double lo, double hi) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * ((double)(z >> 11) / 9007199254740992.0);
+}
+
+static float *randf(size_t n, double lo, double hi)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)uniform(lo, hi);
+    return x;
+}
+
+static float *copyf(const float *x, size_t n)
+{
+    float *y = malloc(n * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *y = malloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i];
+    return y;
+}
+
+static double *zerod(size_t n) { return calloc(n, sizeof(double)); }
+
+/* max |got - base - want| / max |want|; base (the gradient buffer's value
+ * before the backward) may be NULL. */
+static double rel_err(const float *got, const float *base, const double *want, size_t n)
+{
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)got[i] - (base ? (double)base[i] : 0.0);
+        double e = fabs(g - want[i]);
+        if (!(e <= err)) /* NaN counts as infinitely wrong */
+            err = isnan(e) ? INFINITY : e;
+        if (fabs(want[i]) > scale)
+            scale = fabs(want[i]);
+    }
+    return err / (scale > 1e-30 ? scale : 1e-30);
+}
+
+static void check(const char *what, double err, double tol)
+{
+    int ok = err <= tol;
+    printf("%s %-44s rel err %.3g (tol %.0e)\n", ok ? "ok  " : "FAIL", what, err, tol);
+    if (!ok)
+        failures++;
+}
+
+static void check_true(const char *what, int ok)
+{
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    if (!ok)
+        failures++;
+}
+
+/* Central finite differences of f over every element of x (in place,
+ * restored), in double. */
+typedef double (*loss_fn)(void *ctx);
+
+static void fd_grad(loss_fn f, void *ctx, double *x, size_t n, double *grad)
+{
+    for (size_t i = 0; i < n; i++) {
+        double keep = x[i];
+        x[i] = keep + FD_EPS;
+        double up = f(ctx);
+        x[i] = keep - FD_EPS;
+        double down = f(ctx);
+        x[i] = keep;
+        grad[i] = (up - down) / (2.0 * FD_EPS);
+    }
+}
+
+static double weighted_sum(const double *w, const double *out, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += w[i] * out[i];
+    return s;
+}
+
+/* ------------------------------------------------------------ encoder */
+
+typedef struct encoder_ctx {
+    int B, T, C;
+    const int *inp, *pos;
+    double *wte, *wpe, *w, *out;
+} encoder_ctx;
+
+static void encoder_ref(encoder_ctx *c)
+{
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++)
+            for (int i = 0; i < c->C; i++) {
+                int p = c->pos ? c->pos[t] : t;
+                c->out[((size_t)b * c->T + t) * c->C + i] =
+                    c->wte[(size_t)c->inp[b * c->T + t] * c->C + i] + c->wpe[(size_t)p * c->C + i];
+            }
+}
+
+static double encoder_loss(void *ctx)
+{
+    encoder_ctx *c = ctx;
+    encoder_ref(c);
+    return weighted_sum(c->w, c->out, (size_t)c->B * c->T * c->C);
+}
+
+static void encoder_case(const int *pos, const char *label)
+{
+    enum { B = 2, T = 4, C = 11, V = 6, MAXT = 7 };
+    /* token 3 appears three times so its gradient rows must add up */
+    const int inp[B * T] = {3, 1, 3, 5, 0, 3, 2, 5};
+    const size_t n = (size_t)B * T * C;
+    float *wte = randf((size_t)V * C, -1, 1), *wpe = randf((size_t)MAXT * C, -1, 1);
+    float *w = randf(n, -1, 1), *out = malloc(n * sizeof(float));
+    encoder_ctx c = {B, T, C, inp, pos, to_double(wte, (size_t)V * C),
+                     to_double(wpe, (size_t)MAXT * C), to_double(w, n), zerod(n)};
+    char what[96];
+
+    loom_encoder_forward(out, inp, pos, wte, wpe, B, T, C);
+    encoder_ref(&c);
+    snprintf(what, sizeof what, "encoder forward (%s)", label);
+    check(what, rel_err(out, NULL, c.out, n), TOL_FWD);
+
+    float *dwte0 = randf((size_t)V * C, -1, 1), *dwpe0 = randf((size_t)MAXT * C, -1, 1);
+    float *dwte = copyf(dwte0, (size_t)V * C), *dwpe = copyf(dwpe0, (size_t)MAXT * C);
+    loom_encoder_backward(dwte, dwpe, w, inp, pos, B, T, C);
+    double *g = zerod((size_t)MAXT * C);
+    fd_grad(encoder_loss, &c, c.wte, (size_t)V * C, g);
+    snprintf(what, sizeof what, "encoder dwte (%s)", label);
+    check(what, rel_err(dwte, dwte0, g, (size_t)V * C), TOL_GRAD);
+    fd_grad(encoder_loss, &c, c.wpe, (size_t)MAXT * C, g);
+    snprintf(what, sizeof what, "encoder dwpe (%s)", label);
+    check(what, rel_err(dwpe, dwpe0, g, (size_t)MAXT * C), TOL_GRAD);
+}
+
+static void test_encoder(void)
+{
+    const int pos[4] = {6, 0, 2, 3}; /* explicit, out of order, as a sequence rank's slice */
+    encoder_case(NULL, "positions 0..T-1");
+    encoder_case(pos, "explicit positions");
+}
+
+/* ------------------------------------------------------------ layernorm */
+
+typedef struct layernorm_ctx {
+    int N, C;
+    double *inp, *weight, *bias, *w, *out, *mean, *rstd;
+} layernorm_ctx;
+
+static void layernorm_ref(layernorm_ctx *c)
+{
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->inp + (size_t)n * c->C;
+        double m = 0.0, v = 0.0;
+        for (int i = 0; i < c->C; i++)
+            m += x[i];
+        m /= c->C;
+        for (int i = 0; i < c->C; i++)
+            v += (x[i] - m) * (x[i] - m);
+        v /= c->C;
+        double s = 1.0 / sqrt(v + 1e-5);
+        for (int i = 0; i < c->C; i++)
+            c->out[(size_t)n * c->C + i] = (x[i] - m) * s * c->weight[i] + c->bias[i];
+        c->mean[n] = m;
+        c->rstd[n] = s;
+    }
+}
+
+static double layernorm_loss(void *ctx)
+{
+    layernorm_ctx *c = ctx;
+    layernorm_ref(c);
+    return weighted_sum(c->w, c->out, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void)
+{
+    enum { N = 6, C = 37 }; /* C: four 8-lane steps and a tail */
+    const size_t n = (size_t)N * C;
+    float *inp = randf(n, -2, 3), *weight = randf(C, 0.5, 1.5), *bias = randf(C, -0.5, 0.5);
+    float *w = randf(n, -1, 1);
+    float *out = malloc(n * sizeof(float)), *mean = malloc(N * sizeof(float)),
+          *rstd = malloc(N * sizeof(float));
+    layernorm_ctx c = {N, C, to_double(inp, n), to_double(weight, C), to_double(bias, C),
+                       to_double(w, n), zerod(n), zerod(N), zerod(N)};
+
+    loom_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_ref(&c);
+    check("layernorm forward out", rel_err(out, NULL, c.out, n), TOL_FWD);
+    check("layernorm forward mean", rel_err(mean, NULL, c.mean, N), TOL_FWD);
+    check("layernorm forward rstd", rel_err(rstd, NULL, c.rstd, N), TOL_FWD);
+
+    float *dinp0 = randf(n, -1, 1), *dw0 = randf(C, -1, 1), *db0 = randf(C, -1, 1);
+    float *dinp = copyf(dinp0, n), *dw = copyf(dw0, C), *db = copyf(db0, C);
+    loom_layernorm_backward(dinp, dw, db, w, inp, weight, mean, rstd, N, C);
+    double *g = zerod(n);
+    fd_grad(layernorm_loss, &c, c.inp, n, g);
+    check("layernorm dinp", rel_err(dinp, dinp0, g, n), TOL_GRAD);
+    fd_grad(layernorm_loss, &c, c.weight, C, g);
+    check("layernorm dweight", rel_err(dw, dw0, g, C), TOL_GRAD);
+    fd_grad(layernorm_loss, &c, c.bias, C, g);
+    check("layernorm dbias", rel_err(db, db0, g, C), TOL_GRAD);
+}
+
+/* ------------------------------------------------------------ matmul */
+
+typedef struct matmul_ctx {
+    int N, C, OC;
+    double *inp, *weight, *bias, *w, *out;
+} matmul_ctx;
+
+static void matmul_ref(matmul_ctx *c) /* the naive triple loop */
+{
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < c->OC; o++) {
+            double s = c->bias ? c->bias[o] : 0.0;
+            for (int i = 0; i < c->C; i++)
+                s += c->inp[(size_t)n * c->C + i] * c->weight[(size_t)o * c->C + i];
+            c->out[(size_t)n * c->OC + o] = s;
+        }
+}
+
+static double matmul_loss(void *ctx)
+{
+    matmul_ctx *c = ctx;
+    matmul_ref(c);
+    return weighted_sum(c->w, c->out, (size_t)c->N * c->OC);
+}
+
+static void matmul_forward_case(int N, int C, int OC, int threads)
+{
+    float *inp = randf((size_t)N * C, -1, 1), *weight = randf((size_t)OC * C, -1, 1);
+    float *bias = randf(OC, -1, 1), *out = malloc((size_t)N * OC * sizeof(float));
+    matmul_ctx c = {N, C, OC, to_double(inp, (size_t)N * C), to_double(weight, (size_t)OC * C),
+                    to_double(bias, OC), NULL, zerod((size_t)N * OC)};
+    char what[96];
+    loom_kernels_set_threads(threads);
+    loom_matmul_forward(out, inp, weight, bias, N, C, OC);
+    matmul_ref(&c);
+    snprintf(what, sizeof what, "matmul forward %dx%dx%d, %d thread(s)", N, C, OC, threads);
+    check(what, rel_err(out, NULL, c.out, (size_t)N * OC), TOL_FWD);
+    c.bias = NULL;
+    loom_matmul_forward(out, inp, weight, NULL, N, C, OC);
+    matmul_ref(&c);
+    snprintf(what, sizeof what, "matmul forward %dx%dx%d no bias", N, C, OC);
+    check(what, rel_err(out, NULL, c.out, (size_t)N * OC), TOL_FWD);
+    loom_kernels_set_threads(1);
+}
+
+static void test_matmul(void)
+{
+    matmul_forward_case(7, 13, 11, 1);
+    matmul_forward_case(96, 200, 130, 2);
+
+    enum { N = 7, C = 13, OC = 11 };
+    float *inp = randf((size_t)N * C, -1, 1), *weight = randf((size_t)OC * C, -1, 1);
+    float *bias = randf(OC, -1, 1), *w = randf((size_t)N * OC, -1, 1);
+    matmul_ctx c = {N, C, OC, to_double(inp, (size_t)N * C), to_double(weight, (size_t)OC * C),
+                    to_double(bias, OC), to_double(w, (size_t)N * OC), zerod((size_t)N * OC)};
+    float *dinp0 = randf((size_t)N * C, -1, 1), *dw0 = randf((size_t)OC * C, -1, 1);
+    float *db0 = randf(OC, -1, 1);
+    float *dinp = copyf(dinp0, (size_t)N * C), *dw = copyf(dw0, (size_t)OC * C),
+          *db = copyf(db0, OC);
+    loom_matmul_backward(dinp, dw, db, w, inp, weight, N, C, OC);
+    double *g = zerod((size_t)OC * C);
+    fd_grad(matmul_loss, &c, c.inp, (size_t)N * C, g);
+    check("matmul dinp", rel_err(dinp, dinp0, g, (size_t)N * C), TOL_GRAD);
+    fd_grad(matmul_loss, &c, c.weight, (size_t)OC * C, g);
+    check("matmul dweight", rel_err(dw, dw0, g, (size_t)OC * C), TOL_GRAD);
+    fd_grad(matmul_loss, &c, c.bias, OC, g);
+    check("matmul dbias", rel_err(db, db0, g, OC), TOL_GRAD);
+
+    /* dinp and dbias are optional: dweight alone must be the same */
+    float *dw_only = copyf(dw0, (size_t)OC * C);
+    loom_matmul_backward(NULL, dw_only, NULL, w, inp, weight, N, C, OC);
+    fd_grad(matmul_loss, &c, c.weight, (size_t)OC * C, g);
+    check("matmul dweight (dinp, dbias NULL)", rel_err(dw_only, dw0, g, (size_t)OC * C), TOL_GRAD);
+}
+
+/* ------------------------------------------------------------ gelu */
+
+typedef struct gelu_ctx {
+    int N;
+    double *inp, *w, *out;
+} gelu_ctx;
+
+static void gelu_ref(gelu_ctx *c)
+{
+    const double k = sqrt(2.0 / M_PI);
+    for (int i = 0; i < c->N; i++) {
+        double x = c->inp[i];
+        c->out[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    }
+}
+
+static double gelu_loss(void *ctx)
+{
+    gelu_ctx *c = ctx;
+    gelu_ref(c);
+    return weighted_sum(c->w, c->out, (size_t)c->N);
+}
+
+static void test_gelu(void)
+{
+    enum { N = 203 };
+    float *inp = randf(N, -4, 4), *w = randf(N, -1, 1), *out = malloc(N * sizeof(float));
+    gelu_ctx c = {N, to_double(inp, N), to_double(w, N), zerod(N)};
+    loom_gelu_forward(out, inp, N);
+    gelu_ref(&c);
+    check("gelu forward", rel_err(out, NULL, c.out, N), TOL_FWD);
+    float *dinp0 = randf(N, -1, 1), *dinp = copyf(dinp0, N);
+    loom_gelu_backward(dinp, inp, w, N);
+    double *g = zerod(N);
+    fd_grad(gelu_loss, &c, c.inp, N, g);
+    check("gelu dinp", rel_err(dinp, dinp0, g, N), TOL_GRAD);
+}
+
+/* ------------------------------------------------------------ residual */
+
+typedef struct residual_ctx {
+    int N;
+    double *a, *b, *w, *out;
+} residual_ctx;
+
+static double residual_loss(void *ctx)
+{
+    residual_ctx *c = ctx;
+    for (int i = 0; i < c->N; i++)
+        c->out[i] = c->a[i] + c->b[i];
+    return weighted_sum(c->w, c->out, (size_t)c->N);
+}
+
+static void test_residual(void)
+{
+    enum { N = 45 };
+    float *a = randf(N, -1, 1), *b = randf(N, -1, 1), *w = randf(N, -1, 1);
+    float *out = malloc(N * sizeof(float));
+    residual_ctx c = {N, to_double(a, N), to_double(b, N), to_double(w, N), zerod(N)};
+    loom_residual_forward(out, a, b, N);
+    residual_loss(&c);
+    check("residual forward", rel_err(out, NULL, c.out, N), TOL_FWD);
+    float *da0 = randf(N, -1, 1), *db0 = randf(N, -1, 1);
+    float *da = copyf(da0, N), *db = copyf(db0, N);
+    loom_residual_backward(da, db, w, N);
+    double *g = zerod(N);
+    fd_grad(residual_loss, &c, c.a, N, g);
+    check("residual da", rel_err(da, da0, g, N), TOL_GRAD);
+    fd_grad(residual_loss, &c, c.b, N, g);
+    check("residual db", rel_err(db, db0, g, N), TOL_GRAD);
+}
+
+/* ------------------------------------------------ softmax + crossentropy */
+
+typedef struct softmax_ctx {
+    int N, V, Vp;
+    const int *targets;
+    double *logits, *dlosses, *probs, *losses;
+} softmax_ctx;
+
+static void softmax_ref(softmax_ctx *c)
+{
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->logits + (size_t)n * c->Vp;
+        double *p = c->probs + (size_t)n * c->Vp;
+        double m = -INFINITY, s = 0.0;
+        for (int i = 0; i < c->V; i++)
+            m = x[i] > m ? x[i] : m;
+        for (int i = 0; i < c->V; i++)
+            s += exp(x[i] - m);
+        for (int i = 0; i < c->Vp; i++)
+            p[i] = i < c->V ? exp(x[i] - m) / s : 0.0;
+        c->losses[n] = -(x[c->targets[n]] - m - log(s));
+    }
+}
+
+/* L = Σ_n dlosses[n] * loss[n]: its gradient is what the fused backward gives */
+static double softmax_loss(void *ctx)
+{
+    softmax_ctx *c = ctx;
+    softmax_ref(c);
+    return weighted_sum(c->dlosses, c->losses, (size_t)c->N);
+}
+
+static void test_softmax_crossentropy(void)
+{
+    enum { N = 5, V = 21, Vp = 24 };
+    const int targets[N] = {0, 20, 7, 7, 13};
+    const size_t n = (size_t)N * Vp;
+    float *logits = randf(n, -4, 4);
+    for (int r = 0; r < N; r++) /* padding logits must be ignored, however large */
+        for (int i = V; i < Vp; i++)
+            logits[(size_t)r * Vp + i] = 1e4f;
+    float *dlosses = randf(N, 0.1, 1.0);
+    float *probs = malloc(n * sizeof(float)), *losses = malloc(N * sizeof(float));
+    softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), to_double(dlosses, N), zerod(n),
+                     zerod(N)};
+
+    loom_softmax_forward(probs, logits, N, V, Vp);
+    loom_crossentropy_forward(losses, probs, targets, N, Vp);
+    softmax_ref(&c);
+    check("softmax forward probs", rel_err(probs, NULL, c.probs, n), TOL_FWD);
+    check("crossentropy forward losses", rel_err(losses, NULL, c.losses, N), TOL_FWD);
+    int pad_zero = 1;
+    for (int r = 0; r < N; r++)
+        for (int i = V; i < Vp; i++)
+            pad_zero &= probs[(size_t)r * Vp + i] == 0.0f;
+    check_true("softmax padding probs are 0", pad_zero);
+
+    float *dl0 = randf(n, -1, 1);
+    for (int r = 0; r < N; r++)
+        for (int i = V; i < Vp; i++)
+            dl0[(size_t)r * Vp + i] = 42.0f;
+    float *dl = copyf(dl0, n);
+    loom_crossentropy_softmax_backward(dl, dlosses, probs, targets, N, V, Vp);
+    double *g = zerod(n);
+    fd_grad(softmax_loss, &c, c.logits, n, g);
+    for (size_t i = 0; i < n; i++) /* the padding's FD is 0 already; its buffer must stay */
+        if ((int)(i % Vp) >= V)
+            g[i] = 0.0;
+    check("crossentropy-softmax dlogits", rel_err(dl, dl0, g, n), TOL_GRAD);
+    int pad_kept = 1;
+    for (int r = 0; r < N; r++)
+        for (int i = V; i < Vp; i++)
+            pad_kept &= dl[(size_t)r * Vp + i] == 42.0f;
+    check_true("crossentropy-softmax leaves the padding's gradient alone", pad_kept);
+}
+
+/* ------------------------------------------------------------ attention */
+
+/* q (B, tq, NH, HS), k/v (B, tk, NH, HS); positions NULL = 0.. */
+typedef struct attention_ctx {
+    int B, NH, HS, tq, tk;
+    const int *q_pos, *k_pos;
+    double *q, *k, *v, *w, *out, *lse;
+} attention_ctx;
+
+static void attention_ref(attention_ctx *c)
+{
+    const int C = c->NH * c->HS;
+    const double scale = 1.0 / sqrt((double)c->HS);
+    double *s = malloc((size_t)c->tk * sizeof *s);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->NH; h++)
+            for (int i = 0; i < c->tq; i++) {
+                const double *qi = c->q + ((size_t)b * c->tq + i) * C + (size_t)h * c->HS;
+                double *oi = c->out + ((size_t)b * c->tq + i) * C + (size_t)h * c->HS;
+                int qp = c->q_pos ? c->q_pos[i] : i;
+                double m = -INFINITY;
+                for (int j = 0; j < c->tk; j++) {
+                    int kp = c->k_pos ? c->k_pos[j] : j;
+                    s[j] = -INFINITY;
+                    if (kp > qp)
+                        continue;
+                    const double *kj = c->k + ((size_t)b * c->tk + j) * C + (size_t)h * c->HS;
+                    double d = 0.0;
+                    for (int e = 0; e < c->HS; e++)
+                        d += qi[e] * kj[e];
+                    s[j] = d * scale;
+                    m = s[j] > m ? s[j] : m;
+                }
+                for (int e = 0; e < c->HS; e++)
+                    oi[e] = 0.0;
+                double *lse = c->lse + ((size_t)b * c->NH + h) * c->tq + i;
+                if (m == -INFINITY) {
+                    *lse = -INFINITY;
+                    continue;
+                }
+                double sum = 0.0;
+                for (int j = 0; j < c->tk; j++)
+                    sum += exp(s[j] - m);
+                for (int j = 0; j < c->tk; j++) {
+                    double p = exp(s[j] - m) / sum;
+                    const double *vj = c->v + ((size_t)b * c->tk + j) * C + (size_t)h * c->HS;
+                    for (int e = 0; e < c->HS; e++)
+                        oi[e] += p * vj[e];
+                }
+                *lse = m + log(sum);
+            }
+    free(s);
+}
+
+static double attention_loss(void *ctx)
+{
+    attention_ctx *c = ctx;
+    attention_ref(c);
+    return weighted_sum(c->w, c->out, (size_t)c->B * c->tq * c->NH * c->HS);
+}
+
+/* lse with -inf entries: equal where infinite, relative elsewhere */
+static double lse_err(const float *got, const double *want, size_t n)
+{
+    double scale = 0.0, err = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(want[i])) {
+            if (!(isinf(got[i]) && got[i] < 0))
+                return INFINITY;
+            continue;
+        }
+        double e = fabs(got[i] - want[i]);
+        if (!(e <= err))
+            err = isnan(e) ? INFINITY : e;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    return err / (scale > 1.0 ? scale : 1.0);
+}
+
+/* Forward and every gradient of one attention call against the double
+ * reference: whole-sequence (positions NULL) or one block with positions. */
+static void attention_fd_case(const char *label, int B, int NH, int HS, int tq, int tk,
+                              const int *q_pos, const int *k_pos)
+{
+    const int C = NH * HS;
+    const size_t nq = (size_t)B * tq * C, nk = (size_t)B * tk * C, nl = (size_t)B * NH * tq;
+    float *q = randf(nq, -1.5, 1.5), *k = randf(nk, -1.5, 1.5), *v = randf(nk, -1, 1);
+    float *w = randf(nq, -1, 1);
+    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    attention_ctx c = {B, NH, HS, tq, tk, q_pos, k_pos, to_double(q, nq), to_double(k, nk),
+                       to_double(v, nk), to_double(w, nq), zerod(nq), zerod(nl)};
+    char what[128];
+
+    int whole = !q_pos && !k_pos && tq == tk;
+    if (whole)
+        loom_attention_forward(out, lse, q, k, v, B, tq, NH, HS);
+    else
+        loom_attention_kernels_cpu.block_forward(q, q_pos, tq, k, v, k_pos, tk, B, NH, HS,
+                                                 LOOM_F32, out, lse, 1);
+    attention_ref(&c);
+    snprintf(what, sizeof what, "attention forward out (%s)", label);
+    check(what, rel_err(out, NULL, c.out, nq), TOL_FWD);
+    snprintf(what, sizeof what, "attention forward lse (%s)", label);
+    check(what, lse_err(lse, c.lse, nl), TOL_FWD);
+
+    float *dq0 = randf(nq, -1, 1), *dk0 = randf(nk, -1, 1), *dv0 = randf(nk, -1, 1);
+    float *dq = copyf(dq0, nq), *dk = copyf(dk0, nk), *dv = copyf(dv0, nk);
+    if (whole)
+        loom_attention_backward(dq, dk, dv, q, k, v, out, w, lse, B, tq, NH, HS);
+    else
+        loom_attention_kernels_cpu.block_backward(q, q_pos, tq, k, v, k_pos, tk, B, NH, HS,
+                                                  LOOM_F32, out, w, lse, dq, dk, dv);
+    double *g = zerod(nq > nk ? nq : nk);
+    fd_grad(attention_loss, &c, c.q, nq, g);
+    snprintf(what, sizeof what, "attention dq (%s)", label);
+    check(what, rel_err(dq, dq0, g, nq), TOL_GRAD);
+    fd_grad(attention_loss, &c, c.k, nk, g);
+    snprintf(what, sizeof what, "attention dk (%s)", label);
+    check(what, rel_err(dk, dk0, g, nk), TOL_GRAD);
+    fd_grad(attention_loss, &c, c.v, nk, g);
+    snprintf(what, sizeof what, "attention dv (%s)", label);
+    check(what, rel_err(dv, dv0, g, nk), TOL_GRAD);
+}
+
+static void test_attention(void)
+{
+    /* HS 12: one 8-lane step and a tail */
+    attention_fd_case("causal, B2 T7 NH3 HS12", 2, 3, 12, 7, 7, NULL, NULL);
+    attention_fd_case("causal, B1 T5 NH2 HS16", 1, 2, 16, 5, 5, NULL, NULL);
+    /* A zigzag slice of T=12 on 2 ranks (chunks 0 and 3) against all keys in
+     * ring order; and queries of which the first sees no key at all. */
+    const int zq[6] = {0, 1, 2, 9, 10, 11};
+    const int zk[12] = {0, 1, 2, 9, 10, 11, 3, 4, 5, 6, 7, 8};
+    attention_fd_case("zigzag positions", 2, 2, 12, 6, 12, zq, zk);
+    const int eq[3] = {1, 5, 8};
+    const int ek[4] = {3, 4, 9, 2};
+    attention_fd_case("a query that sees no key", 1, 2, 8, 3, 4, eq, ek);
+}
+
+/* ------------------------------------------------- attention in blocks */
+
+/* Keys [j0, j1) of every batch row of a (B, tk, C) buffer, as (B, j1-j0, C). */
+static void *key_slice(const void *src, size_t es, int B, int tk, int C, int j0, int j1)
+{
+    char *dst = malloc((size_t)B * (j1 - j0) * C * es);
+    for (int b = 0; b < B; b++)
+        memcpy(dst + (size_t)b * (j1 - j0) * C * es,
+               (const char *)src + ((size_t)b * tk + j0) * C * es, (size_t)(j1 - j0) * C * es);
+    return dst;
+}
+
+static void key_unslice(void *dst, const void *src, size_t es, int B, int tk, int C, int j0,
+                        int j1)
+{
+    for (int b = 0; b < B; b++)
+        memcpy((char *)dst + ((size_t)b * tk + j0) * C * es,
+               (const char *)src + (size_t)b * (j1 - j0) * C * es, (size_t)(j1 - j0) * C * es);
+}
+
+typedef struct attn_problem {
+    int B, NH, HS, tq, tk;
+    const int *q_pos, *k_pos;
+    loom_dtype dtype;
+    const void *q, *k, *v, *dout;
+} attn_problem;
+
+typedef struct attn_result {
+    void *out, *dq, *dk, *dv; /* of the problem's dtype */
+    float *lse;
+} attn_result;
+
+/* Forward over the key blocks cut at bounds[0..nb] (merging), then the
+ * backward block by block given the final out and lse. */
+static attn_result run_blocks(const attn_problem *p, const int *bounds, int nb)
+{
+    const int C = p->NH * p->HS;
+    const size_t es = loom_dtype_size(p->dtype);
+    const size_t nq = (size_t)p->B * p->tq * C, nk = (size_t)p->B * p->tk * C;
+    attn_result r = {malloc(nq * es), calloc(nq, es), calloc(nk, es), calloc(nk, es),
+                     malloc((size_t)p->B * p->NH * p->tq * sizeof(float))};
+    /* a first block must overwrite whatever is there, NaN included */
+    memset(r.out, 0xff, nq * es);
+    memset(r.lse, 0xff, (size_t)p->B * p->NH * p->tq * sizeof(float));
+    for (int blk = 0; blk < nb; blk++) {
+        int j0 = bounds[blk], j1 = bounds[blk + 1];
+        void *kb = key_slice(p->k, es, p->B, p->tk, C, j0, j1);
+        void *vb = key_slice(p->v, es, p->B, p->tk, C, j0, j1);
+        loom_attention_kernels_cpu.block_forward(p->q, p->q_pos, p->tq, kb, vb, p->k_pos + j0,
+                                                 j1 - j0, p->B, p->NH, p->HS, p->dtype, r.out,
+                                                 r.lse, blk == 0);
+        free(kb);
+        free(vb);
+    }
+    for (int blk = 0; blk < nb; blk++) {
+        int j0 = bounds[blk], j1 = bounds[blk + 1];
+        void *kb = key_slice(p->k, es, p->B, p->tk, C, j0, j1);
+        void *vb = key_slice(p->v, es, p->B, p->tk, C, j0, j1);
+        void *dkb = key_slice(r.dk, es, p->B, p->tk, C, j0, j1);
+        void *dvb = key_slice(r.dv, es, p->B, p->tk, C, j0, j1);
+        loom_attention_kernels_cpu.block_backward(p->q, p->q_pos, p->tq, kb, vb, p->k_pos + j0,
+                                                  j1 - j0, p->B, p->NH, p->HS, p->dtype, r.out,
+                                                  p->dout, r.lse, r.dq, dkb, dvb);
+        key_unslice(r.dk, dkb, es, p->B, p->tk, C, j0, j1);
+        key_unslice(r.dv, dvb, es, p->B, p->tk, C, j0, j1);
+        free(kb);
+        free(vb);
+        free(dkb);
+        free(dvb);
+    }
+    return r;
+}
+
+static float *as_f32(const void *x, loom_dtype dt, size_t n)
+{
+    float *y = malloc(n * sizeof *y);
+    loom_convert(y, LOOM_F32, x, dt, n);
+    return y;
+}
+
+static double rel_err_f(const float *got, const float *want, size_t n)
+{
+    double *w = to_double(want, n);
+    double e = rel_err(got, NULL, w, n);
+    free(w);
+    return e;
+}
+
+static double lse_err_f(const float *got, const float *want, size_t n)
+{
+    double *w = to_double(want, n);
+    double e = lse_err(got, w, n);
+    free(w);
+    return e;
+}
+
+static int all_finite_or_neg_inf(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (isnan(x[i]) || x[i] == INFINITY)
+            return 0;
+    return 1;
+}
+
+static void compare_results(const char *label, const attn_problem *p, attn_result got,
+                            attn_result want, double tol)
+{
+    const int C = p->NH * p->HS;
+    const size_t nq = (size_t)p->B * p->tq * C, nk = (size_t)p->B * p->tk * C;
+    const size_t nl = (size_t)p->B * p->NH * p->tq;
+    float *o = as_f32(got.out, p->dtype, nq), *dq = as_f32(got.dq, p->dtype, nq);
+    float *dk = as_f32(got.dk, p->dtype, nk), *dv = as_f32(got.dv, p->dtype, nk);
+    float *wo = as_f32(want.out, LOOM_F32, nq);
+    char what[128];
+    snprintf(what, sizeof what, "%s: out", label);
+    check(what, rel_err_f(o, wo, nq), tol);
+    snprintf(what, sizeof what, "%s: lse", label);
+    check(what, lse_err_f(got.lse, want.lse, nl), tol);
+    snprintf(what, sizeof what, "%s: dq", label);
+    check(what, rel_err_f(dq, want.dq, nq), tol);
+    snprintf(what, sizeof what, "%s: dk", label);
+    check(what, rel_err_f(dk, want.dk, nk), tol);
+    snprintf(what, sizeof what, "%s: dv", label);
+    check(what, rel_err_f(dv, want.dv, nk), tol);
+    snprintf(what, sizeof what, "%s: no NaN", label);
+    check_true(what, all_finite_or_neg_inf(o, nq) && all_finite_or_neg_inf(got.lse, nl) &&
+                         all_finite_or_neg_inf(dq, nq) && all_finite_or_neg_inf(dk, nk) &&
+                         all_finite_or_neg_inf(dv, nk));
+    free(o);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(wo);
+}
+
+static void test_attention_blocks(void)
+{
+    enum { B = 2, NH = 3, HS = 12, TQ = 7, TK = 12 };
+    const int C = NH * HS;
+    /* zigzag-like query positions (chunks 0 and 3 of 4, plus one early query
+     * that no key is visible to) and keys in ring order: own chunk first */
+    const int q_pos[TQ] = {0, 1, 2, 9, 10, 11, 1};
+    const int k_pos[TK] = {3, 4, 5, 0, 1, 2, 9, 10, 11, 6, 7, 8};
+    int q_pos_blind[TQ];
+    memcpy(q_pos_blind, q_pos, sizeof q_pos);
+    q_pos_blind[6] = -1; /* before every key: out 0, lse -inf */
+    const size_t nq = (size_t)B * TQ * C, nk = (size_t)B * TK * C;
+    float *q = randf(nq, -2, 2), *k = randf(nk, -2, 2), *v = randf(nk, -1, 1);
+    float *dout = randf(nq, -1, 1);
+
+    for (int blind = 0; blind < 2; blind++) {
+        attn_problem p = {B, NH, HS, TQ, TK, blind ? q_pos_blind : q_pos, k_pos, LOOM_F32,
+                          q, k, v, dout};
+        const int one[2] = {0, TK}, two[3] = {0, 5, TK}, three[4] = {0, 3, 7, TK};
+        /* first block invisible to everyone: rows start at -inf then merge */
+        const int late_first[3] = {0, 3, TK};
+        const int *k_late = NULL;
+        attn_result ref = run_blocks(&p, one, 1);
+        const char *sfx = blind ? " (one query sees no key)" : "";
+        char label[96];
+        snprintf(label, sizeof label, "2 key blocks = 1%s", sfx);
+        compare_results(label, &p, run_blocks(&p, two, 2), ref, 1e-5);
+        snprintf(label, sizeof label, "3 key blocks = 1%s", sfx);
+        compare_results(label, &p, run_blocks(&p, three, 3), ref, 1e-5);
+        if (blind) {
+            /* keys reordered so the first block is 9, 10, 11 (invisible to
+             * queries 0..2 and the blind one) */
+            static const int k_pos_late[TK] = {9, 10, 11, 3, 4, 5, 0, 1, 2, 6, 7, 8};
+            float *k2 = malloc(nk * sizeof(float)), *v2 = malloc(nk * sizeof(float));
+            for (int b = 0; b < B; b++) /* same keys, permuted rows: 6..8 then 0..5 then 9..11 */
+                for (int j = 0; j < TK; j++) {
+                    static const int from[TK] = {6, 7, 8, 0, 1, 2, 3, 4, 5, 9, 10, 11};
+                    memcpy(k2 + ((size_t)b * TK + j) * C, k + ((size_t)b * TK + from[j]) * C,
+                           (size_t)C * sizeof(float));
+                    memcpy(v2 + ((size_t)b * TK + j) * C, v + ((size_t)b * TK + from[j]) * C,
+                           (size_t)C * sizeof(float));
+                }
+            k_late = k_pos_late;
+            attn_problem p2 = p;
+            p2.k = k2;
+            p2.v = v2;
+            p2.k_pos = k_late;
+            attn_result r2 = run_blocks(&p2, late_first, 2);
+            /* compare forward only (dk/dv rows are permuted) */
+            float *o2 = as_f32(r2.out, LOOM_F32, nq);
+            check("first block unseen by some rows: out", rel_err_f(o2, ref.out, nq), 1e-5);
+            check("first block unseen by some rows: lse",
+                  lse_err_f(r2.lse, ref.lse, (size_t)B * NH * TQ), 1e-5);
+            int zero = 1;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < NH; h++) {
+                    zero &= r2.lse[((size_t)b * NH + h) * TQ + 6] == -INFINITY;
+                    for (int e = 0; e < HS; e++)
+                        zero &= o2[((size_t)b * TQ + 6) * C + (size_t)h * HS + e] == 0.0f;
+                }
+            check_true("a query that never sees a key: out 0, lse -inf", zero);
+        }
+    }
+}
+
+static void test_attention_lowp(loom_dtype dt)
+{
+    enum { B = 2, NH = 2, HS = 16, T = 12 };
+    const int C = NH * HS;
+    const size_t n = (size_t)B * T * C;
+    int pos[T];
+    for (int i = 0; i < T; i++)
+        pos[i] = i;
+    float *q = randf(n, -2, 2), *k = randf(n, -2, 2), *v = randf(n, -1, 1);
+    float *dout = randf(n, -1, 1);
+    attn_problem p32 = {B, NH, HS, T, T, pos, pos, LOOM_F32, q, k, v, dout};
+    const int one[2] = {0, T}, two[3] = {0, 5, T};
+    attn_result ref = run_blocks(&p32, one, 1);
+
+    const size_t es = loom_dtype_size(dt);
+    void *q16 = malloc(n * es), *k16 = malloc(n * es), *v16 = malloc(n * es),
+         *d16 = malloc(n * es);
+    loom_convert(q16, dt, q, LOOM_F32, n);
+    loom_convert(k16, dt, k, LOOM_F32, n);
+    loom_convert(v16, dt, v, LOOM_F32, n);
+    loom_convert(d16, dt, dout, LOOM_F32, n);
+    attn_problem p16 = {B, NH, HS, T, T, pos, pos, dt, q16, k16, v16, d16};
+    char label[64];
+    snprintf(label, sizeof label, "%s in 2 key blocks vs f32", loom_dtype_name(dt));
+    compare_results(label, &p16, run_blocks(&p16, two, 2), ref, 1e-2);
+}
+
+static void test_attention_bf16(void) { test_attention_lowp(LOOM_BF16); }
+static void test_attention_f16(void) { test_attention_lowp(LOOM_F16); }
+
+/* ------------------------------------------------------------ convert */
+
+static void test_convert(void)
+{
+    enum { N = 1000 };
+    float *x = randf(N, -70000, 70000);
+    x[0] = 1.0f;
+    x[1] = 1.0f + 1.0f / 256.0f; /* a bf16 tie: rounds to even, 1.0 */
+    x[2] = 65504.0f;              /* largest half */
+    x[3] = 1e-7f;                 /* a half subnormal */
+    x[4] = -0.0f;
+    x[5] = 3e38f;                 /* beyond half: inf */
+    uint16_t *b = malloc(N * 2), *h = malloc(N * 2), *bh = malloc(N * 2), *hb = malloc(N * 2);
+    float *back = malloc(N * sizeof(float));
+    int ok_b = 1, ok_h = 1, ok_bh = 1, ok_hb = 1, ok_back = 1;
+    loom_convert(b, LOOM_BF16, x, LOOM_F32, N);
+    loom_convert(h, LOOM_F16, x, LOOM_F32, N);
+    loom_convert(bh, LOOM_F16, b, LOOM_BF16, N);
+    loom_convert(hb, LOOM_BF16, h, LOOM_F16, N);
+    for (int i = 0; i < N; i++) {
+        ok_b &= b[i] == loom_f32_to_bf16(x[i]);
+        ok_h &= h[i] == loom_f32_to_f16(x[i]);
+        ok_bh &= bh[i] == loom_f32_to_f16(loom_bf16_to_f32(b[i]));
+        ok_hb &= hb[i] == loom_f32_to_bf16(loom_f16_to_f32(h[i]));
+    }
+    check_true("convert f32 -> bf16", ok_b);
+    check_true("convert f32 -> f16", ok_h);
+    check_true("convert bf16 -> f16", ok_bh);
+    check_true("convert f16 -> bf16", ok_hb);
+    check_true("convert known values",
+               b[0] == 0x3f80 && b[1] == 0x3f80 && h[0] == 0x3c00 && h[2] == 0x7bff &&
+                   h[3] != 0 && h[3] < 0x0400 && h[4] == 0x8000 && h[5] == 0x7c00);
+    loom_convert(back, LOOM_F32, b, LOOM_BF16, N);
+    for (int i = 0; i < N; i++)
+        ok_back &= back[i] == loom_bf16_to_f32(b[i]) &&
+                   (i == 5 || fabsf(back[i] - x[i]) <= fabsf(x[i]) / 256.0f);
+    loom_convert(back, LOOM_F32, h, LOOM_F16, N);
+    for (int i = 0; i < N; i++)
+        ok_back &= back[i] == loom_f16_to_f32(h[i]);
+    check_true("convert bf16/f16 -> f32", ok_back);
+    float *same = malloc(N * sizeof(float));
+    loom_convert(same, LOOM_F32, x, LOOM_F32, N);
+    check_true("convert f32 -> f32 copies", memcmp(same, x, N * sizeof(float)) == 0);
+}
+
+/* ------------------------------------------------------------ main */
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} cases[] = {
+    {"encoder", test_encoder},
+    {"layernorm", test_layernorm},
+    {"matmul", test_matmul},
+    {"gelu", test_gelu},
+    {"residual", test_residual},
+    {"softmax_crossentropy", test_softmax_crossentropy},
+    {"attention", test_attention},
+    {"attention_blocks", test_attention_blocks},
+    {"attention_bf16", test_attention_bf16},
+    {"attention_f16", test_attention_f16},
+    {"convert", test_convert},
+};
+
+int main(int argc, char **argv)
+{
+    int ran = 0;
+    loom_kernels_set_threads(1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)
+            continue;
+        printf("== %s\n", cases[i].name);
+        cases[i].run();
+        ran++;
+    }
+    if (!ran) {
+        fprintf(stderr, "test_kernels: no case named '%s'\n", argv[1]);
+        return 2;
+    }
+    if (failures)
+        printf("%d check(s) failed\n", failures);
+    return failures ? 1 : 0;
+}
