@@ -466,8 +466,24 @@ static int ddp_data_finish_backward(loom_strategy *s)
     return LOOM_OK;
 }
 
+/* The hooks that read gradients need this step's average. */
+static int need_finished(loom_strategy *s, const char *hook)
+{
+    if (!s->buckets)
+        return s->host->error(s->host, LOOM_ERR_INVALID, "ddp: %s before data_setup", hook);
+    if (s->saw_last_micro)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              "ddp: %s before data_finish_backward: the gradients of the last "
+                              "micro-batch are not averaged yet",
+                              hook);
+    return LOOM_OK;
+}
+
 static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
 {
+    int rc = need_finished(s, "data_grad_norm_sq");
+    if (rc != LOOM_OK)
+        return rc;
     /* Gradients are replicated after the average: the local sum is the global one. */
     double sum = 0.0;
     if (s->dtype == LOOM_F32) {
@@ -501,11 +517,12 @@ static int ddp_data_zero_grads(loom_strategy *s)
 static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step)
 {
     const loom_host *h = s->host;
-    if (!s->buckets)
-        return h->error(h, LOOM_ERR_INVALID, "ddp: data_optimizer_step before data_setup");
+    int rc = need_finished(s, "data_optimizer_step");
+    if (rc != LOOM_OK)
+        return rc;
     if (!step || !step->update)
         return h->error(h, LOOM_ERR_INVALID, "ddp: data_optimizer_step without an update function");
-    int rc = wait_posted(s);
+    rc = wait_posted(s);
     if (rc != LOOM_OK)
         return rc;
     if (in_flight(s) || s->failed)

@@ -279,7 +279,9 @@ static void case_unknown_group(void)
                  "batch: unknown setting; did you mean 'train.batch'?");
     expect_error("group5.cfg", "train = { foo = 1; };\n", NULL, 0, 1,
                  "train.foo: unknown setting (valid here: batch, seq, steps, lr, weight_decay, "
-                 "beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, recompute)");
+                 "beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, recompute, "
+                 "lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
+                 "checkpoint_every, checkpoint_dir)");
     expect_error("group6.cfg", "parallel = { xx = { size = 2; }; };\n", NULL, 0, 1,
                  "parallel.xx: unknown group (valid here: dp, tp, sp, pp)");
     expect_error("group7.cfg", "comm = { zzz = 3; };\n", NULL, 0, 1,
@@ -693,18 +695,19 @@ static void case_examples(const char *dir)
         }
         if (!strcmp(ent->d_name, "train.cfg")) {
             saw_train = 1;
-            CHECK(get_int(cfg, "parallel.dp.size") == 2);
-            CHECK_STR(get_str(cfg, "parallel.dp.strategy"), "zero3");
+            CHECK(get_int(cfg, "parallel.dp.size") == 4);
+            CHECK_STR(get_str(cfg, "parallel.dp.strategy"), "ddp");
             /* Its plugin groups pass their plugins' checks too. */
             static const loom_setting_spec ucx[] = {
                 {"progress_thread", LOOM_SETTING_BOOL, "false", ""}, {NULL, 0, NULL, NULL}};
-            static const loom_setting_spec zero[] = {{"prefetch", LOOM_SETTING_INT, "1", ""},
-                                                     {NULL, 0, NULL, NULL}};
+            static const loom_setting_spec ddp[] = {{"bucket_mb", LOOM_SETTING_FLOAT, "25", ""},
+                                                    {"overlap", LOOM_SETTING_BOOL, "true", ""},
+                                                    {NULL, 0, NULL, NULL}};
             static const loom_setting_spec tp[] = {
                 {"sequence_parallel", LOOM_SETTING_BOOL, "false", ""}, {NULL, 0, NULL, NULL}};
             static const char *const skip[] = {"size", "strategy", NULL};
             CHECK(loom_config_check_group(cfg, "comm.ucx", ucx, NULL) == LOOM_OK);
-            CHECK(loom_config_check_group(cfg, "parallel.dp", zero, skip) == LOOM_OK);
+            CHECK(loom_config_check_group(cfg, "parallel.dp", ddp, skip) == LOOM_OK);
             CHECK(loom_config_check_group(cfg, "parallel.tp", tp, skip) == LOOM_OK);
         }
         loom_config_free(cfg);

@@ -1,11 +1,13 @@
 /* The ddp strategy plugin, driven through its hooks the way the trainer
  * drives them, on fake units, against a serial reference:
  *
- *   ddp_test [path=value ...] [--expect-error TEXT]
+ *   ddp_test [path=value ...] [--expect-error TEXT] [--straggler R]
  *
  * The arguments are config overrides (parallel.dp.size=3, comm.default=mpi,
  * parallel.dp.bucket_mb=0.001, ...). With --expect-error, creating the
- * strategy must fail with a message containing TEXT.
+ * strategy must fail with a message containing TEXT. With --straggler R,
+ * rank R never reaches the backward: the others' data_finish_backward must
+ * time out naming it, and destroy must still return promptly.
  *
  * Fake gradients are small multiples of 1/64, so every sum over ranks and
  * micro-batches is exact in f32, bf16 and f16 and the average is one
@@ -299,6 +301,13 @@ static void run(fixture *fx, const scenario *sc)
             if (!last) /* a trainer may tell the strategy after every micro-batch */
                 OK(P->data_finish_backward(s));
         }
+        /* Gradients are not the average until the reductions complete. */
+        double early;
+        CHECK(P->data_grad_norm_sq(s, &early) == LOOM_ERR_INVALID &&
+                  strstr(loom_last_error(), "data_finish_backward"),
+              "%s: data_grad_norm_sq before data_finish_backward must fail (got \"%s\")", dname,
+              loom_last_error());
+        loom_clear_error();
         OK(P->data_finish_backward(s));
         uint64_t calls = allreduces(fx->dp) - calls0;
         CHECK(calls == (uint64_t)nbuckets, "%s step %d: %llu all-reduces, want one per bucket (%d)",
@@ -406,6 +415,55 @@ static void run(fixture *fx, const scenario *sc)
     }
 }
 
+/* Rank `straggler` never reports its gradients. */
+static int straggle(fixture *fx, int straggler)
+{
+    const loom_strategy_plugin_v1_t *P = fx->P;
+    if (my_rank == straggler) {
+        sleep((unsigned)(fx->host->timeout_s * 2 + 1)); /* past the others' timeout */
+        _exit(0);
+    }
+    loom_strategy_setup setup = {.struct_size = sizeof setup, .axis = LOOM_AXIS_DP,
+                                 .compute_dtype = LOOM_F32, .grad_accum = 1};
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        setup.groups[a] = fx->mesh->groups[a];
+    loom_strategy *s;
+    OK(P->create(fx->host, &setup, &s));
+    loom_unit units[NUNITS];
+    float *init[NUNITS];
+    memset(units, 0, sizeof units);
+    for (int u = 0; u < NUNITS; u++) {
+        units[u].index = u;
+        units[u].name = "unit";
+        units[u].numel = NUMEL[u];
+        units[u].compute_dtype = LOOM_F32;
+        init[u] = calloc(NUMEL[u], sizeof(float));
+    }
+    OK(P->data_setup(s, units, NUNITS, init));
+    for (int u = NUNITS - 1; u >= 0; u--)
+        OK(P->data_grads_ready(s, &units[u], 1));
+    uint64_t t0 = loom_now_ns();
+    int rc = P->data_finish_backward(s);
+    double waited = (double)(loom_now_ns() - t0) / 1e9;
+    char msg[1024], want[32];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    snprintf(want, sizeof want, "rank %d", straggler);
+    printf("[rank %d] data_finish_backward after %.1f s: %s: %s\n", my_rank, waited,
+           loom_status_string(rc), msg);
+    CHECK(rc == LOOM_ERR_TIMEOUT && strstr(msg, "allreduce") && strstr(msg, want),
+          "finish_backward returned %s (%s), want a timeout naming %s", loom_status_string(rc),
+          msg, want);
+    CHECK(waited < fx->host->timeout_s * 1.5 + 1, "finish_backward took %.1f s for a %.1f s timeout",
+          waited, fx->host->timeout_s);
+    t0 = loom_now_ns();
+    P->destroy(s);
+    waited = (double)(loom_now_ns() - t0) / 1e9;
+    CHECK(waited < 1.0, "destroy after the failure took %.1f s", waited);
+    for (int u = 0; u < NUNITS; u++)
+        free(init[u]);
+    _exit(failures ? 1 : 0); /* the communicator is broken: no orderly shutdown */
+}
+
 static int count_occurrences(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
@@ -425,9 +483,12 @@ int main(int argc, char **argv)
     const char *overrides[32];
     int n = 0;
     const char *expect_error = NULL;
+    int straggler = -1;
     for (int i = 1; i < argc && n < 32; i++) {
         if (!strcmp(argv[i], "--expect-error") && i + 1 < argc)
             expect_error = argv[++i];
+        else if (!strcmp(argv[i], "--straggler") && i + 1 < argc)
+            straggler = atoi(argv[++i]);
         else
             overrides[n++] = argv[i];
     }
@@ -473,6 +534,8 @@ int main(int argc, char **argv)
     fx.dp = fx.mesh->groups[LOOM_AXIS_DP];
     fx.dp_rank = fx.mesh->coords[LOOM_AXIS_DP];
     fx.dp_size = fx.mesh->sizes[LOOM_AXIS_DP];
+    if (straggler >= 0)
+        return straggle(&fx, straggler);
 
     loom_trace_enable(my_rank);
     static const scenario scenarios[] = {
