@@ -1395,21 +1395,38 @@ static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t ca
         snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
                            "operations, counts, dtypes or roots at this point");
     } else {
-        size_t len = (size_t)snprintf(why, cap, "rank%s ", missing > 1 ? "s" : "");
-        int k = 0;
-        for (int m = 0; m < n && len < cap; m++) {
-            if (m == c->rank || got[m] >= (int64_t)seq + 1)
+        /* Silent ranks are the suspects; ranks that reported an earlier op
+         * are alive but stuck behind (often waiting on the silent ones). */
+        size_t len = 0;
+        int silent = 0, behind = 0;
+        for (int m = 0; m < n; m++)
+            if (m != c->rank && got[m] < (int64_t)seq + 1)
+                got[m] > 0 ? behind++ : silent++;
+        for (int pass = 0; pass < 2 && len < cap; pass++) {
+            int count = pass == 0 ? silent : behind, k = 0;
+            if (count == 0)
                 continue;
-            char nm[64];
-            name_rank(c, m, nm, sizeof nm);
-            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
-            if (got[m] > 0 && len < cap) /* it timed out too, at an earlier op */
-                len += (size_t)snprintf(why + len, cap - len, " (stopped at #%lld)",
-                                        (long long)got[m] - 1);
+            if (len > 0 && len < cap)
+                len += (size_t)snprintf(why + len, cap - len, "; ");
+            if (len < cap)
+                len += (size_t)snprintf(why + len, cap - len, "rank%s ", count > 1 ? "s" : "");
+            for (int m = 0; m < n && len < cap; m++) {
+                if (m == c->rank || got[m] >= (int64_t)seq + 1 || (got[m] > 0) != pass)
+                    continue;
+                char nm[64];
+                name_rank(c, m, nm, sizeof nm);
+                len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
+                if (pass == 1 && len < cap)
+                    len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m] - 1);
+            }
+            if (len < cap)
+                len += (size_t)snprintf(why + len, cap - len, "%s",
+                                        pass == 0 ? " did not arrive"
+                                                  : count > 1 ? " are still in earlier operations of this group"
+                                                              : " is still in an earlier operation of this group");
         }
-        if (len < cap)
-            snprintf(why + len, cap - len, " did not arrive%s",
-                     lost ? " (rank 0, the bootstrap store, went away while the ranks reported)" : "");
+        if (lost && len < cap)
+            snprintf(why + len, cap - len, " (rank 0, the bootstrap store, went away while the ranks reported)");
     }
     free(got);
 }

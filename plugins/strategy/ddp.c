@@ -173,28 +173,24 @@ static int progress(loom_strategy *s)
     return LOOM_OK;
 }
 
-/* Wait for everything posted; the comm layer's detail of the first failure
- * (op, sequence number, missing ranks) is what the caller sees. After a
- * failure the rest is only tested, not waited for: each wait could take the
- * whole timeout again. */
+/* Wait for everything posted. After a failure the rest is left alone: each
+ * wait could take the whole timeout again, and a test on the failed group
+ * would replace the comm layer's detail of the first failure (op, sequence
+ * number, the ranks that did not arrive) with a vaguer one. */
 static int wait_posted(loom_strategy *s)
 {
-    int first = LOOM_OK;
-    for (int b = 0; b < s->next_post; b++) {
+    for (int b = 0; b < s->next_post && !s->failed; b++) {
         ddp_bucket *bk = &s->buckets[b];
         if (!bk->posted || bk->done)
             continue;
-        int rc = s->failed ? s->host->comm->test(bk->req) : s->host->comm->wait(bk->req);
-        if (rc == LOOM_IN_PROGRESS)
-            continue;
+        int rc = s->host->comm->wait(bk->req);
         bucket_completed(s, b); /* released either way */
         if (rc != LOOM_OK) {
             s->failed = 1;
-            if (first == LOOM_OK)
-                first = rc;
+            return rc;
         }
     }
-    return first;
+    return s->failed ? LOOM_ERR_REMOTE : LOOM_OK;
 }
 
 static int in_flight(const loom_strategy *s)
@@ -284,13 +280,13 @@ static int ddp_destroy(loom_strategy *s)
         return LOOM_OK;
     /* The backend may still write into the gradient buffer. */
     int rc = s->buckets ? wait_posted(s) : LOOM_OK;
-    if (s->buckets && in_flight(s)) {
-        /* Only after a failure: better to leak the buffer than to free memory
-         * a collective may still write. */
+    if (s->failed) {
+        /* A timed-out collective stays posted inside the backend: better to
+         * leak the buffer than to free memory it may still write. */
         s->host->log(s->host, LOOM_LOG_WARN,
-                     "ddp: %d all-reduces still in flight after a failure; "
-                     "keeping their gradient buffer",
-                     in_flight(s));
+                     "ddp: keeping the gradient buffer (%zu bytes): a reduction failed and "
+                     "%d may still be in flight",
+                     s->numel * s->esize, in_flight(s));
         s->grads = NULL;
     }
     free_buffers(s);
@@ -506,9 +502,8 @@ static int ddp_data_zero_grads(loom_strategy *s)
         return LOOM_OK;
     /* Never clear memory the backend may still be writing. */
     int rc = wait_posted(s);
-    if (rc != LOOM_OK || in_flight(s))
-        return rc != LOOM_OK ? rc : s->host->error(s->host, LOOM_ERR_INVALID,
-                                                   "ddp: gradients still being reduced after a failure");
+    if (rc != LOOM_OK)
+        return rc;
     reset_step(s);
     memset(s->grads, 0, s->numel * s->esize);
     return LOOM_OK;
@@ -525,9 +520,6 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
     rc = wait_posted(s);
     if (rc != LOOM_OK)
         return rc;
-    if (in_flight(s) || s->failed)
-        return h->error(h, LOOM_ERR_INVALID,
-                        "ddp: no optimizer step after a failed gradient reduction");
     for (int i = 0; i < s->nunits; i++) {
         size_t off = s->slots[i].offset, n = s->units[i].numel;
         if (!n)

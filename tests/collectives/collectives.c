@@ -1,7 +1,9 @@
 /* Every collective of one backend against a serial reference, for every
  * dtype and reduction, at whatever rank count it is launched with:
  *
- *   collectives BACKEND                  the whole suite; exit 0 when right
+ *   collectives BACKEND [--set path=value ...]
+ *                                        the whole suite; exit 0 when right
+ *                                        (--set forces e.g. an algorithm)
  *   collectives BACKEND --straggler R    rank R never joins an allreduce; the
  *                                        others must time out naming it
  *
@@ -265,11 +267,23 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *backend = argv[1];
-    int straggler = argc >= 4 && !strcmp(argv[2], "--straggler") ? atoi(argv[3]) : -1;
-    const char *overrides[] = {straggler >= 0 ? "comm.timeout_s=3" : "comm.timeout_s=60"};
+    int straggler = -1;
+    const char *overrides[32] = {"comm.timeout_s=60"};
+    int noverrides = 1;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--straggler")) {
+            straggler = atoi(argv[i + 1]);
+            overrides[0] = "comm.timeout_s=3";
+        } else if (!strcmp(argv[i], "--set") && noverrides < 32) {
+            overrides[noverrides++] = argv[i + 1];
+        } else {
+            fprintf(stderr, "collectives: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
     loom_config *cfg;
     loom_runtime *rt;
-    OK(loom_config_load(NULL, overrides, 1, &cfg));
+    OK(loom_config_load(NULL, overrides, noverrides, &cfg));
     OK(loom_runtime_create(cfg, &rt));
     loom_group *world;
     OK(loom_group_world(rt, backend, &world));
