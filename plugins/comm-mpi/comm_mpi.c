@@ -1400,8 +1400,12 @@ static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t ca
         size_t len = 0;
         int silent = 0, behind = 0;
         for (int m = 0; m < n; m++)
-            if (m != c->rank && got[m] < (int64_t)seq + 1)
-                got[m] > 0 ? behind++ : silent++;
+            if (m != c->rank && got[m] < (int64_t)seq + 1) {
+                if (got[m] > 0)
+                    behind++;
+                else
+                    silent++;
+            }
         for (int pass = 0; pass < 2 && len < cap; pass++) {
             int count = pass == 0 ? silent : behind, k = 0;
             if (count == 0)

@@ -154,9 +154,20 @@ static int post_ready(loom_strategy *s)
     return LOOM_OK;
 }
 
+/* After a failed reduction the dp group is broken and the gradients are
+ * not the average: no hook that needs them may go on. */
+static int broken(loom_strategy *s)
+{
+    return s->host->error(s->host, LOOM_ERR_REMOTE,
+                          "ddp: an earlier gradient all-reduce on the dp group failed; "
+                          "the run cannot continue");
+}
+
 /* MPI moves data only inside its calls: test what is in flight. */
 static int progress(loom_strategy *s)
 {
+    if (s->failed)
+        return broken(s);
     for (int b = 0; b < s->next_post; b++) {
         ddp_bucket *bk = &s->buckets[b];
         if (!bk->posted || bk->done)
@@ -179,7 +190,9 @@ static int progress(loom_strategy *s)
  * number, the ranks that did not arrive) with a vaguer one. */
 static int wait_posted(loom_strategy *s)
 {
-    for (int b = 0; b < s->next_post && !s->failed; b++) {
+    if (s->failed)
+        return broken(s);
+    for (int b = 0; b < s->next_post; b++) {
         ddp_bucket *bk = &s->buckets[b];
         if (!bk->posted || bk->done)
             continue;
@@ -190,7 +203,7 @@ static int wait_posted(loom_strategy *s)
             return rc;
         }
     }
-    return s->failed ? LOOM_ERR_REMOTE : LOOM_OK;
+    return LOOM_OK;
 }
 
 static int in_flight(const loom_strategy *s)
@@ -279,13 +292,13 @@ static int ddp_destroy(loom_strategy *s)
     if (!s)
         return LOOM_OK;
     /* The backend may still write into the gradient buffer. */
-    int rc = s->buckets ? wait_posted(s) : LOOM_OK;
+    int rc = s->buckets && !s->failed ? wait_posted(s) : LOOM_OK;
     if (s->failed) {
         /* A timed-out collective stays posted inside the backend: better to
          * leak the buffer than to free memory it may still write. */
         s->host->log(s->host, LOOM_LOG_WARN,
-                     "ddp: keeping the gradient buffer (%zu bytes): a reduction failed and "
-                     "%d may still be in flight",
+                     "keeping the gradient buffer (%zu bytes): a reduction failed and "
+                     "%d all-reduces may still be in flight",
                      s->numel * s->esize, in_flight(s));
         s->grads = NULL;
     }
@@ -452,6 +465,8 @@ static int ddp_data_finish_backward(loom_strategy *s)
      * continues, nothing to reduce yet. */
     if (s->saw_micro && !s->saw_last_micro)
         return progress(s);
+    if (s->failed)
+        return broken(s);
     int rc = LOOM_OK;
     while (rc == LOOM_OK && s->next_post < s->nbuckets)
         rc = post_bucket(s, s->next_post++);

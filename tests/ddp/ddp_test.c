@@ -453,7 +453,8 @@ static int straggle(fixture *fx, int straggler)
     CHECK(rc == LOOM_ERR_TIMEOUT && strstr(msg, "allreduce") && strstr(msg, want),
           "finish_backward returned %s (%s), want a timeout naming %s", loom_status_string(rc),
           msg, want);
-    CHECK(waited < fx->host->timeout_s * 1.5 + 1, "finish_backward took %.1f s for a %.1f s timeout",
+    /* the timeout, then comm-mpi's late_grace_s to name who is missing */
+    CHECK(waited < fx->host->timeout_s + 3.5, "finish_backward took %.1f s for a %.1f s timeout",
           waited, fx->host->timeout_s);
     t0 = loom_now_ns();
     P->destroy(s);

@@ -516,6 +516,48 @@ static void attention_ref(attention_ctx *c)
     free(s);
 }
 
+/* The analytic backward in double, with the whole probability row: for the
+ * large cases, where finite differences would take too long. Checked
+ * against finite differences itself on the small ones. */
+static void attention_ref_backward(attention_ctx *c, const double *dout, double *dq, double *dk,
+                                   double *dv)
+{
+    const int C = c->NH * c->HS, HS = c->HS;
+    const double scale = 1.0 / sqrt((double)HS);
+    attention_ref(c);
+    memset(dq, 0, (size_t)c->B * c->tq * C * sizeof(double));
+    memset(dk, 0, (size_t)c->B * c->tk * C * sizeof(double));
+    memset(dv, 0, (size_t)c->B * c->tk * C * sizeof(double));
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->NH; h++)
+            for (int i = 0; i < c->tq; i++) {
+                const size_t qi = ((size_t)b * c->tq + i) * C + (size_t)h * HS;
+                const double L = c->lse[((size_t)b * c->NH + h) * c->tq + i];
+                if (isinf(L))
+                    continue;
+                const int qp = c->q_pos ? c->q_pos[i] : i;
+                double D = 0.0;
+                for (int e = 0; e < HS; e++)
+                    D += dout[qi + e] * c->out[qi + e];
+                for (int j = 0; j < c->tk; j++) {
+                    if ((c->k_pos ? c->k_pos[j] : j) > qp)
+                        continue;
+                    const size_t kj = ((size_t)b * c->tk + j) * C + (size_t)h * HS;
+                    double s = 0.0, dp = 0.0;
+                    for (int e = 0; e < HS; e++) {
+                        s += c->q[qi + e] * c->k[kj + e];
+                        dp += dout[qi + e] * c->v[kj + e];
+                    }
+                    const double p = exp(s * scale - L), ds = p * (dp - D);
+                    for (int e = 0; e < HS; e++) {
+                        dv[kj + e] += p * dout[qi + e];
+                        dq[qi + e] += scale * ds * c->k[kj + e];
+                        dk[kj + e] += scale * ds * c->q[qi + e];
+                    }
+                }
+            }
+}
+
 static double attention_loss(void *ctx)
 {
     attention_ctx *c = ctx;
@@ -575,15 +617,70 @@ static void attention_fd_case(const char *label, int B, int NH, int HS, int tq, 
         loom_attention_kernels_cpu.block_backward(q, q_pos, tq, k, v, k_pos, tk, B, NH, HS,
                                                   LOOM_F32, out, w, lse, dq, dk, dv);
     double *g = zerod(nq > nk ? nq : nk);
+    double *rq = zerod(nq), *rk = zerod(nk), *rv = zerod(nk);
+    attention_ref_backward(&c, c.w, rq, rk, rv);
+    float *zq = calloc(nq, sizeof(float)), *zk = calloc(nk, sizeof(float));
+    for (size_t i = 0; i < nq; i++)
+        zq[i] = (float)rq[i];
     fd_grad(attention_loss, &c, c.q, nq, g);
     snprintf(what, sizeof what, "attention dq (%s)", label);
     check(what, rel_err(dq, dq0, g, nq), TOL_GRAD);
+    snprintf(what, sizeof what, "  double reference dq vs FD (%s)", label);
+    check(what, rel_err(zq, NULL, g, nq), TOL_GRAD);
+    for (size_t i = 0; i < nk; i++)
+        zk[i] = (float)rk[i];
     fd_grad(attention_loss, &c, c.k, nk, g);
     snprintf(what, sizeof what, "attention dk (%s)", label);
     check(what, rel_err(dk, dk0, g, nk), TOL_GRAD);
+    snprintf(what, sizeof what, "  double reference dk vs FD (%s)", label);
+    check(what, rel_err(zk, NULL, g, nk), TOL_GRAD);
+    for (size_t i = 0; i < nk; i++)
+        zk[i] = (float)rv[i];
     fd_grad(attention_loss, &c, c.v, nk, g);
     snprintf(what, sizeof what, "attention dv (%s)", label);
     check(what, rel_err(dv, dv0, g, nk), TOL_GRAD);
+    snprintf(what, sizeof what, "  double reference dv vs FD (%s)", label);
+    check(what, rel_err(zk, NULL, g, nk), TOL_GRAD);
+}
+
+/* Sizes that cross the kernel's query tiles and key chunks, against the
+ * double reference forward and analytic backward. */
+static void attention_large_case(const char *label, int B, int NH, int HS, int tq, int tk,
+                                 const int *q_pos, const int *k_pos)
+{
+    const int C = NH * HS;
+    const size_t nq = (size_t)B * tq * C, nk = (size_t)B * tk * C, nl = (size_t)B * NH * tq;
+    float *q = randf(nq, -1.5, 1.5), *k = randf(nk, -1.5, 1.5), *v = randf(nk, -1, 1);
+    float *w = randf(nq, -1, 1);
+    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    attention_ctx c = {B, NH, HS, tq, tk, q_pos, k_pos, to_double(q, nq), to_double(k, nk),
+                       to_double(v, nk), to_double(w, nq), zerod(nq), zerod(nl)};
+    char what[128];
+    int whole = !q_pos && !k_pos && tq == tk;
+    if (whole)
+        loom_attention_forward(out, lse, q, k, v, B, tq, NH, HS);
+    else
+        loom_attention_kernels_cpu.block_forward(q, q_pos, tq, k, v, k_pos, tk, B, NH, HS,
+                                                 LOOM_F32, out, lse, 1);
+    double *rq = zerod(nq), *rk = zerod(nk), *rv = zerod(nk);
+    attention_ref_backward(&c, c.w, rq, rk, rv); /* runs the forward too */
+    snprintf(what, sizeof what, "attention forward out (%s)", label);
+    check(what, rel_err(out, NULL, c.out, nq), TOL_FWD);
+    snprintf(what, sizeof what, "attention forward lse (%s)", label);
+    check(what, lse_err(lse, c.lse, nl), TOL_FWD);
+    float *dq0 = randf(nq, -1, 1), *dk0 = randf(nk, -1, 1), *dv0 = randf(nk, -1, 1);
+    float *dq = copyf(dq0, nq), *dk = copyf(dk0, nk), *dv = copyf(dv0, nk);
+    if (whole)
+        loom_attention_backward(dq, dk, dv, q, k, v, out, w, lse, B, tq, NH, HS);
+    else
+        loom_attention_kernels_cpu.block_backward(q, q_pos, tq, k, v, k_pos, tk, B, NH, HS,
+                                                  LOOM_F32, out, w, lse, dq, dk, dv);
+    snprintf(what, sizeof what, "attention dq (%s)", label);
+    check(what, rel_err(dq, dq0, rq, nq), TOL_GRAD);
+    snprintf(what, sizeof what, "attention dk (%s)", label);
+    check(what, rel_err(dk, dk0, rk, nk), TOL_GRAD);
+    snprintf(what, sizeof what, "attention dv (%s)", label);
+    check(what, rel_err(dv, dv0, rv, nk), TOL_GRAD);
 }
 
 static void test_attention(void)
@@ -599,6 +696,18 @@ static void test_attention(void)
     const int eq[3] = {1, 5, 8};
     const int ek[4] = {3, 4, 9, 2};
     attention_fd_case("a query that sees no key", 1, 2, 8, 3, 4, eq, ek);
+
+    /* Past the kernel's tiles (64 queries) and key chunks (256 keys). */
+    attention_large_case("causal, B2 T300 NH2 HS20", 2, 2, 20, 300, 300, NULL, NULL);
+    /* rank 0 of 2 in zigzag over T=600 (chunks 0 and 3 of 4 of 150, so one
+     * query tile holds both), all keys in an order that wraps around */
+    enum { ZT = 600, ZQ = 300 };
+    int *zzq = malloc(ZQ * sizeof(int)), *zzk = malloc(ZT * sizeof(int));
+    for (int i = 0; i < ZQ; i++)
+        zzq[i] = i < 150 ? i : 300 + i;
+    for (int j = 0; j < ZT; j++)
+        zzk[j] = (j + 150) % ZT;
+    attention_large_case("zigzag, tq 300 of T 600", 1, 2, 16, ZQ, ZT, zzq, zzk);
 }
 
 /* ------------------------------------------------- attention in blocks */

@@ -1,0 +1,63 @@
+#!/bin/sh
+# loom bench end to end.
+#   usage: bench_test.sh LOOM SOURCE_DIR CASE
+set -eu
+LOOM=$1
+SRC=$2
+CASE=$3
+CFG=$SRC/examples/bench.cfg
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cd "$SRC"
+
+case "$CASE" in
+table)
+    # every op, every size up to 64 KiB, 3 ranks, checked; JSON rows agree
+    "$LOOM" launch -n 3 -- "$LOOM" bench "$CFG" --set bench.max_bytes=65536 \
+        --set bench.iters=3 --set bench.warmup=1 --json "$TMP/rows.json" > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; exit 1; }
+    grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: no ok line"; exit 1; }
+    for op in allreduce broadcast reduce allgather reducescatter alltoall sendrecv; do
+        grep -q "^\[0\]   $op " "$TMP/out" || { echo "bench_test: no $op rows"; exit 1; }
+        grep -q "\"op\": \"$op\"" "$TMP/rows.json" || { echo "bench_test: no $op in --json"; exit 1; }
+    done
+    rows=$(grep -c '"backend"' "$TMP/rows.json")
+    table=$(grep -c '^\[0\]   [a-z]' "$TMP/out")
+    [ "$rows" = "$table" ] || { echo "bench_test: $rows JSON rows, $table table rows"; exit 1; }
+    echo "bench_test: $rows rows, 0 wrong" ;;
+unavailable)
+    # a backend that cannot start is reported, and the others still run
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["nosuch","mpi"]' \
+        --set bench.max_bytes=64 --set bench.iters=2 > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
+    grep -q "backend nosuch unavailable: plugin comm 'nosuch' not found" "$TMP/out" &&
+        grep -q "backend mpi, 2 ranks" "$TMP/out" || { cat "$TMP/out"; exit 1; }
+    echo "bench_test: nosuch reported, mpi benched" ;;
+stopped_rank)
+    # a rank that stops answering mid-bench: the others fail within the
+    # timeout, naming it, and the launcher exits non-zero
+    "$LOOM" launch -n 3 -- "$LOOM" bench "$CFG" --set comm.timeout_s=3 --set bench.iters=100000 \
+        --set bench.ops=allreduce > "$TMP/out" 2>&1 &
+    launcher=$!
+    i=0
+    until grep -q "allreduce" "$TMP/out" 2>/dev/null; do
+        sleep 0.2; i=$((i + 1)); [ $i -lt 100 ] || { echo "bench_test: bench never started"; exit 1; }
+    done
+    victim=""
+    for p in $(pgrep -f "bench $CFG"); do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=2 && victim=$p
+    done
+    [ -n "$victim" ] || { echo "bench_test: rank 2 not found"; exit 1; }
+    kill -STOP "$victim"
+    start=$(date +%s)
+    rc=0
+    wait $launcher || rc=$?
+    took=$(( $(date +%s) - start ))
+    cat "$TMP/out" | grep -v "^\[0\]   allreduce" || true
+    [ $rc -ne 0 ] || { echo "bench_test: the launcher exited 0"; exit 1; }
+    grep -q "timed out after 3.0 s: rank 2 did not arrive" "$TMP/out" ||
+        { echo "bench_test: no rank named the stopped rank 2"; exit 1; }
+    [ $took -le 20 ] || { echo "bench_test: took $took s"; exit 1; }
+    echo "bench_test: stopped rank named, exit $rc after $took s" ;;
+*)
+    echo "bench_test: unknown case $CASE"; exit 2 ;;
+esac
