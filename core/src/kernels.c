@@ -18,6 +18,18 @@
 
 #include "loom_internal.h"
 
+/* The build targets baseline x86-64 (SSE2, 4 floats wide). The loops that
+ * spend their time in exp_fast are also compiled for AVX2 and picked when
+ * the library loads. Neither version uses FMA, so both round alike. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define WIDE_LOOP __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef WIDE_LOOP
+#define WIDE_LOOP
+#endif
+
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
@@ -31,7 +43,8 @@ void loom_kernels_set_threads(int threads)
 
 static inline float lanes_total(const float *lane)
 {
-    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+           ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
 /* The elementwise loops are blocked by 8 with a fixed inner loop: -O2's
@@ -328,7 +341,7 @@ static inline float gelu_gate(float a, float *slope)
     return as_float((as_bits(inv) & ~neg) | (as_bits(e * inv) & neg));
 }
 
-static void gelu_forward_span(float *restrict o, const float *restrict x, int n)
+WIDE_LOOP static void gelu_forward_span(float *restrict o, const float *restrict x, int n)
 {
     float slope;
     int i = 0;
@@ -348,8 +361,8 @@ static inline float gelu_local_grad(float x)
     return gate + 2.0f * x * slope * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
 }
 
-static void gelu_backward_span(float *restrict dx, const float *restrict x,
-                               const float *restrict d, int n)
+WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restrict x,
+                                         const float *restrict d, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -384,7 +397,7 @@ void loom_residual_backward(float *da, float *db, const float *dout, int N)
 
 /* ---------------------------------------------------- softmax and the loss */
 
-static void softmax_row(float *restrict p, const float *restrict x, int V, int Vp)
+WIDE_LOOP static void softmax_row(float *restrict p, const float *restrict x, int V, int Vp)
 {
     float lane[8];
     for (int l = 0; l < 8; l++)
@@ -443,6 +456,32 @@ void loom_crossentropy_softmax_backward(float *dlogits, const float *dlosses, co
 
 /* ------------------------------------------------------------- conversion */
 
+/* loom_f32_to_bf16 without its branch, so the loop vectorises: round to
+ * nearest even, NaN stays a (quiet) NaN. */
+static void f32_to_bf16_span(uint16_t *restrict d, const float *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const uint32_t u = as_bits(s[i + l]);
+            const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+            const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            d[i + l] = (uint16_t)((rounded & ~nan) | (((u >> 16) | 0x40u) & nan));
+        }
+    for (; i < n; i++)
+        d[i] = loom_f32_to_bf16(s[i]);
+}
+
+static void bf16_to_f32_span(float *restrict d, const uint16_t *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            d[i + l] = as_float((uint32_t)s[i + l] << 16);
+    for (; i < n; i++)
+        d[i] = loom_bf16_to_f32(s[i]);
+}
+
 void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n)
 {
     if (dst_type == src_type) {
@@ -450,20 +489,14 @@ void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype sr
         return;
     }
     if (src_type == LOOM_F32 && dst_type == LOOM_BF16) {
-        const float *restrict s = src;
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_bf16(s[i]);
+        f32_to_bf16_span(dst, src, n);
     } else if (src_type == LOOM_F32 && dst_type == LOOM_F16) {
         const float *restrict s = src;
         uint16_t *restrict d = dst;
         for (size_t i = 0; i < n; i++)
             d[i] = loom_f32_to_f16(s[i]);
     } else if (src_type == LOOM_BF16 && dst_type == LOOM_F32) {
-        const uint16_t *restrict s = src;
-        float *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_bf16_to_f32(s[i]);
+        bf16_to_f32_span(dst, src, n);
     } else if (src_type == LOOM_F16 && dst_type == LOOM_F32) {
         const uint16_t *restrict s = src;
         float *restrict d = dst;
@@ -579,7 +612,8 @@ static int positions_init(attn_positions *p, const int *q_pos, int tq, const int
     p->owned = NULL;
     if (q_pos && k_pos)
         return 0;
-    p->owned = malloc(((size_t)(q_pos ? 0 : tq) + (size_t)(k_pos ? 0 : tk)) * sizeof(int) + 1);
+    const size_t n = (size_t)(q_pos ? 0 : tq) + (size_t)(k_pos ? 0 : tk);
+    p->owned = malloc((n + 1) * sizeof(int)); /* + 1: never malloc(0) */
     if (!p->owned)
         return -1;
     int *next = p->owned;
@@ -642,7 +676,8 @@ static float masked_max(const float *restrict s, const int *restrict kp, int qp,
 }
 
 /* s = exp(s - shift) for keys at positions <= qp, 0 for the others */
-static void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift, int n)
+WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
+                                 int n)
 {
     int j = 0;
     for (; j + 8 <= n; j += 8)

@@ -305,6 +305,7 @@ int main(int argc, char **argv)
         snprintf(want, sizeof want, "rank %d", straggler);
         printf("[rank %d] wait: %s: %s\n", my_rank, loom_status_string(rc), msg);
         int right = rc == LOOM_ERR_TIMEOUT && strstr(msg, "allreduce") && strstr(msg, want);
+        fflush(stdout);
         _exit(right ? 0 : 1); /* the communicator is broken: no orderly shutdown */
     }
 

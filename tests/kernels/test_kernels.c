@@ -952,6 +952,10 @@ static void test_convert(void)
     x[3] = 1e-7f;                 /* a half subnormal */
     x[4] = -0.0f;
     x[5] = 3e38f;                 /* beyond half: inf */
+    x[6] = NAN;
+    x[7] = -INFINITY;
+    x[8] = -NAN;
+    x[9] = 3.3895314e38f;         /* rounds up to inf in bf16 */
     uint16_t *b = malloc(N * 2), *h = malloc(N * 2), *bh = malloc(N * 2), *hb = malloc(N * 2);
     float *back = malloc(N * sizeof(float));
     int ok_b = 1, ok_h = 1, ok_bh = 1, ok_hb = 1, ok_back = 1;
@@ -971,11 +975,13 @@ static void test_convert(void)
     check_true("convert f16 -> bf16", ok_hb);
     check_true("convert known values",
                b[0] == 0x3f80 && b[1] == 0x3f80 && h[0] == 0x3c00 && h[2] == 0x7bff &&
-                   h[3] != 0 && h[3] < 0x0400 && h[4] == 0x8000 && h[5] == 0x7c00);
+                   h[3] != 0 && h[3] < 0x0400 && h[4] == 0x8000 && h[5] == 0x7c00 &&
+                   (b[6] & 0x7fff) > 0x7f80 && b[7] == 0xff80 && (b[8] & 0x7fff) > 0x7f80 &&
+                   b[9] == 0x7f80 && (h[6] & 0x7fff) > 0x7c00);
     loom_convert(back, LOOM_F32, b, LOOM_BF16, N);
     for (int i = 0; i < N; i++)
         ok_back &= back[i] == loom_bf16_to_f32(b[i]) &&
-                   (i == 5 || fabsf(back[i] - x[i]) <= fabsf(x[i]) / 256.0f);
+                   (i == 5 || (i >= 6 && i <= 9) || fabsf(back[i] - x[i]) <= fabsf(x[i]) / 256.0f);
     loom_convert(back, LOOM_F32, h, LOOM_F16, N);
     for (int i = 0; i < N; i++)
         ok_back &= back[i] == loom_f16_to_f32(h[i]);

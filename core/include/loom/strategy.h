@@ -202,7 +202,8 @@ typedef struct loom_strategy_plugin_v1_t {
      * parameters are in init[i] (full, this tp rank's), to be copied or
      * sharded. Purposes: params and grads in compute_dtype (PARAMS, GRADS);
      * fp32 master weights when compute_dtype is not f32, and Adam's m and v
-     * (OPTIMIZER). Gradients start at zero. */
+     * (OPTIMIZER). Gradients start at zero. Every unit has the same
+     * compute_dtype. */
     int (*data_setup)(loom_strategy *s, loom_unit *units, int nunits, float *const *init);
     /* Before a unit's forward: its params must be materialised on return
      * (ZeRO-3 all-gathers, and may start prefetching the next unit). The
@@ -216,14 +217,18 @@ typedef struct loom_strategy_plugin_v1_t {
     int (*data_before_backward)(loom_strategy *s, loom_unit *unit);
     /* A unit's gradients for this micro-batch are complete (DDP buckets and
      * all-reduces here; ZeRO-2/3 reduce-scatter). last_micro: the last
-     * micro-batch of the step. Each rank's gradients are those of its own
+     * micro-batch of the step. Units come in reverse order, except the
+     * embedding (unit 0), which is always reported last because the tied
+     * LM head adds into its gradient first. Each rank's gradients are those of its own
      * mean loss (accumulated over micro-batches); the strategy averages
      * them over the dp group. */
     int (*data_grads_ready)(loom_strategy *s, loom_unit *unit, int last_micro);
-    /* After the whole backward: complete every outstanding reduction. */
+    /* After the whole backward of a step (once per step, after the last
+     * micro-batch): complete every outstanding reduction. */
     int (*data_finish_backward)(loom_strategy *s);
-    /* Sum of squared gradients over the whole model (all shards, all data
-     * ranks), for clipping by the global norm. */
+    /* Sum of squared gradients over the units this rank was given, across
+     * the dp group (all data shards), for clipping by the global norm. The
+     * core adds the other axes' shares (tensor shards, pipeline stages). */
     int (*data_grad_norm_sq)(loom_strategy *s, double *out);
     /* Step the owned master weights, re-materialise parameters as the
      * strategy keeps them (ZeRO-1/2 all-gather), and zero the gradients for
