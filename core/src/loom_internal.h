@@ -228,12 +228,15 @@ void loom_mem_usage_reset_peak(void);
 
 /* -------------------------------------------------------------- trace.c */
 
-/* Spans on the Chrome/Perfetto timeline; recorded only after
- * loom_trace_enable(), written as JSON by loom_trace_write(). */
+/* Spans on the Chrome/Perfetto timeline (one process per rank, one thread
+ * per lane), recorded only after loom_trace_enable(). */
 void loom_trace_enable(int rank);
 void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
                      uint64_t end_ns, uint64_t bytes);
-int loom_trace_write(const char *path);
+/* Each rank writes its part (one event per line); rank 0 merges the parts
+ * into one Chrome/Perfetto JSON file and removes them. */
+int loom_trace_write_part(const char *path);
+int loom_trace_merge(const char *path, const char *const *parts, int nparts);
 
 /* ----------------------------------------------------------- commands */
 

@@ -52,32 +52,73 @@ void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
     pthread_mutex_unlock(&trace_lock);
 }
 
-int loom_trace_write(const char *path)
+/* One JSON object per line, no separators: a rank's part of the timeline. */
+static void write_events(FILE *f)
 {
     static const char *lanes[] = {"compute", "comm", "memory"};
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
-    pthread_mutex_lock(&trace_lock);
-    fprintf(f, "{\"traceEvents\":[\n");
     for (int l = 0; l < 3; l++)
         fprintf(f,
                 "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                "\"args\":{\"name\":\"%s\"}},\n",
+                "\"args\":{\"name\":\"%s\"}}\n",
                 trace_rank, l, lanes[l]);
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}\n",
             trace_rank, trace_rank);
     for (size_t i = 0; i < nspans; i++) {
         const span *s = &spans[i];
         fprintf(f,
-                ",\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-                "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
+                "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}\n",
                 s->name, trace_rank, s->lane, (double)s->start_ns / 1e3,
                 (double)(s->end_ns - s->start_ns) / 1e3, (unsigned long long)s->bytes);
     }
-    fprintf(f, "\n]}\n");
+}
+
+int loom_trace_write_part(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    pthread_mutex_lock(&trace_lock);
+    write_events(f);
     pthread_mutex_unlock(&trace_lock);
     if (fclose(f) != 0)
         return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
     return LOOM_OK;
+}
+
+int loom_trace_merge(const char *path, const char *const *parts, int nparts)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%.4000s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out)
+        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    fprintf(out, "{\"traceEvents\":[\n");
+    int first = 1, rc = LOOM_OK;
+    char line[1024];
+    for (int i = 0; i < nparts && rc == LOOM_OK; i++) {
+        FILE *in = fopen(parts[i], "r");
+        if (!in) {
+            rc = loom_fail(LOOM_ERR_NOT_FOUND,
+                           "trace: rank %d's part '%s' is missing (%s); on several machines, "
+                           "collect the parts by hand",
+                           i, parts[i], strerror(errno));
+            break;
+        }
+        while (fgets(line, sizeof line, in)) {
+            line[strcspn(line, "\n")] = '\0';
+            fprintf(out, "%s%s", first ? "" : ",\n", line);
+            first = 0;
+        }
+        fclose(in);
+        remove(parts[i]);
+    }
+    fprintf(out, "\n]}\n");
+    if (fclose(out) != 0 && rc == LOOM_OK)
+        rc = loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    if (rc == LOOM_OK && rename(tmp, path) != 0)
+        rc = loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    if (rc != LOOM_OK)
+        remove(tmp);
+    return rc;
 }

@@ -485,6 +485,16 @@ static int save_weights(trainer *t, const char *path)
 
 /* ---- one step ---- */
 
+static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
+{
+    char name[48];
+    if (t->units[u].kind == LOOM_UNIT_BLOCK)
+        snprintf(name, sizeof name, "%s block %d", what, u - 1);
+    else
+        snprintf(name, sizeof name, "%s %s", what, t->units[u].name);
+    loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
+}
+
 static int run_micro_batch(trainer *t, int last_micro, float *loss)
 {
     int rc, head = t->nunits - 1;
@@ -502,7 +512,7 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc;
         if ((rc = HOOK(t, data_after_forward, u == head ? embedding : unit)) != LOOM_OK)
             return rc;
-        loom_trace_span(LOOM_LANE_COMPUTE, "forward", t0, loom_now_ns(), 0);
+        trace_unit(t, "forward", u, t0);
     }
     /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
      * the rank's gradient is that of its mean loss over the step. */
@@ -516,7 +526,7 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc; /* the head adds into wte's gradient */
         if ((rc = loom_model_backward(t->model, u, dloss)) != LOOM_OK)
             return rc;
-        loom_trace_span(LOOM_LANE_COMPUTE, "backward", t0, loom_now_ns(), 0);
+        trace_unit(t, "backward", u, t0);
         if (HAS(t, data_grads_ready) &&
             (rc = t->dp->data_grads_ready(t->strategy, unit, last_micro)) != LOOM_OK)
             return rc;
@@ -669,6 +679,34 @@ static void print_header(const trainer *t)
     fflush(stdout);
 }
 
+/* Every rank writes its part; rank 0 merges them once all have. */
+static int write_trace(trainer *t, const char *path)
+{
+    char **parts = calloc((size_t)t->world, sizeof *parts);
+    int rc = parts ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
+    for (int r = 0; r < t->world && rc == LOOM_OK; r++) {
+        size_t len = strlen(path) + 32;
+        if (!(parts[r] = malloc(len)))
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
+        else
+            snprintf(parts[r], len, "%s.rank%d", path, r);
+    }
+    if (rc == LOOM_OK)
+        rc = loom_trace_write_part(parts[t->rank]);
+    loom_store *store = loom_runtime_store(t->rt);
+    if (rc == LOOM_OK && store)
+        rc = loom_store_barrier(store, "train/trace", loom_runtime_timeout(t->rt));
+    if (rc == LOOM_OK && t->rank == 0) {
+        rc = loom_trace_merge(path, (const char *const *)parts, t->world);
+        if (rc == LOOM_OK)
+            printf("wrote trace %s\n", path);
+    }
+    for (int r = 0; parts && r < t->world; r++)
+        free(parts[r]);
+    free(parts);
+    return rc;
+}
+
 static int train(trainer *t, const train_options *o)
 {
     int rc = LOOM_OK;
@@ -711,14 +749,8 @@ static int train(trainer *t, const train_options *o)
         fclose(metrics);
     if (rc == LOOM_OK && o->save && (rc = save_weights(t, o->save)) == LOOM_OK && t->rank == 0)
         printf("saved %s\n", o->save);
-    if (rc == LOOM_OK && o->trace) {
-        char path[4096];
-        if (t->world > 1)
-            snprintf(path, sizeof path, "%s.rank%d.json", o->trace, t->rank);
-        else
-            snprintf(path, sizeof path, "%s", o->trace);
-        rc = loom_trace_write(path);
-    }
+    if (rc == LOOM_OK && o->trace)
+        rc = write_trace(t, o->trace);
     return rc;
 }
 
