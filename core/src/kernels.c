@@ -682,7 +682,7 @@ WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int 
     int j = 0;
     for (; j + 8 <= n; j += 8)
         for (int l = 0; l < 8; l++) {
-            const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
+            const uint32_t seen = 0u - (uint32_t)(kp[j + l] < qp);
             s[j + l] = as_float(as_bits(exp_fast(s[j + l] - shift)) & seen);
         }
     for (; j < n; j++)

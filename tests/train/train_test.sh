@@ -82,6 +82,15 @@ save)
     run loaded 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/model.bin"
     a=$(losses saved | head -1); b=$(losses loaded | head -1)
     awk -v a="$a" -v b="$b" 'BEGIN { if (!(b < a)) { print "loaded " b " not below fresh " a; exit 1 } print "checkpoint loads: " a " -> " b }' ;;
+trace)
+    run traced 2 --set train.steps=2 --set parallel.dp.bucket_mb=0.05 --trace "$TMP/trace.json"
+    for want in '"pid":0,"tid":0' '"pid":1,"tid":0' '"name":"forward block 1"' \
+                '"name":"backward embedding"' '"name":"ddp bucket 0"' '"name":"allreduce"' \
+                '"traceEvents"'; do
+        grep -q "$want" "$TMP/trace.json" || { echo "train_test: trace lacks $want"; exit 1; }
+    done
+    ls "$TMP"/trace.json.rank* 2>/dev/null && { echo "train_test: parts left behind"; exit 1; }
+    echo "trace: both ranks, compute and comm lanes" ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
