@@ -310,9 +310,11 @@ void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float
     if (dinp) /* (N, C) += (N, OC) · (OC, C) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight,
                     C, 1.0f, dinp, C);
-    /* (OC, C) += (OC, N) · (N, C) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    /* (OC, C) += (OC, N) · (N, C); NULL too is accepted, for a backward that
+     * splits input and weight gradients (zero-bubble pipelines) */
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                    1.0f, dweight, C);
     if (dbias) {
         for (int n = 0; n < N; n++)
             vec_acc(dbias, dout + (size_t)n * OC, OC);
@@ -682,7 +684,7 @@ WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int 
     int j = 0;
     for (; j + 8 <= n; j += 8)
         for (int l = 0; l < 8; l++) {
-            const uint32_t seen = 0u - (uint32_t)(kp[j + l] < qp);
+            const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
             s[j + l] = as_float(as_bits(exp_fast(s[j + l] - shift)) & seen);
         }
     for (; j < n; j++)

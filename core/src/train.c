@@ -670,12 +670,15 @@ static void print_header(const trainer *t)
     char desc[256] = "";
     if (t->dp->describe)
         t->dp->describe(t->strategy, desc, sizeof desc);
+    double stated = read_float(t->cfg, "train.peak_gflops");
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
-           "(micro-batch %d x %d accumulation); %s; %s; %d rank%s, dp over %s\n",
+           "(micro-batch %d x %d accumulation); %s; %s; %d rank%s, dp over %s; MFU against "
+           "%.1f GFLOP/s per rank (%s)\n",
            t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
            t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
            t->grad_accum, loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
-           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]));
+           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
+           stated > 0 ? "train.peak_gflops" : "sgemm measured at start");
     fflush(stdout);
 }
 

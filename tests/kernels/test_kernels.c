@@ -312,6 +312,12 @@ static void test_matmul(void)
     loom_matmul_backward(NULL, dw_only, NULL, w, inp, weight, N, C, OC);
     fd_grad(matmul_loss, &c, c.weight, (size_t)OC * C, g);
     check("matmul dweight (dinp, dbias NULL)", rel_err(dw_only, dw0, g, (size_t)OC * C), TOL_GRAD);
+    /* and the input gradient alone */
+    float *dinp_only = copyf(dinp0, (size_t)N * C);
+    loom_matmul_backward(dinp_only, NULL, NULL, w, inp, weight, N, C, OC);
+    fd_grad(matmul_loss, &c, c.inp, (size_t)N * C, g);
+    check("matmul dinp (dweight, dbias NULL)", rel_err(dinp_only, dinp0, g, (size_t)N * C),
+          TOL_GRAD);
 }
 
 /* ------------------------------------------------------------ gelu */
@@ -457,7 +463,8 @@ static void softmax_wide_case(void)
     loom_softmax_forward(probs, logits, N, V, Vp);
     loom_crossentropy_forward(losses, probs, targets, N, Vp);
     softmax_ref(&c);
-    check("softmax forward probs, logits in [-120, 120]", rel_err(probs, NULL, c.probs, n), TOL_FWD);
+    check("softmax forward probs, logits in [-120, 120]", rel_err(probs, NULL, c.probs, n),
+          TOL_FWD);
     double worst = 0.0; /* losses that stay finite in f32 */
     for (int r = 0; r < N; r++)
         if (c.losses[r] < 80.0) {
