@@ -53,9 +53,25 @@ accum)
     compare k1 k2 1e-5
     compare k1 k3dp2 1e-5 ;;
 recompute)
-    run plain 1
-    run recompute 1 --set train.recompute=block
-    compare plain recompute 0 ;;
+    run plain 1 --set model.layers=4
+    run recompute 1 --set model.layers=4 --set train.recompute=block
+    compare plain recompute 0
+    # the activations kept drop: only each block's input survives to backward
+    a=$(sed -n '1s/.*"activations": \([0-9]*\).*/\1/p' plain.jsonl)
+    b=$(sed -n '1s/.*"activations": \([0-9]*\).*/\1/p' recompute.jsonl)
+    awk -v a="$a" -v b="$b" 'BEGIN { if (!(b < 0.6 * a)) { print "activations " a " -> " b ": no drop"; exit 1 }
+                                     printf "recompute: activations %d -> %d bytes\n", a, b }' ;;
+fp16_overflow)
+    # a loss scale far too large: the first steps overflow and are skipped,
+    # the scale halves each time (logged), then training proceeds
+    run scaled 1 --set train.steps=30 --set train.precision=fp16 --set train.loss_scale=1e12
+    grep -q "fp16: gradients overflowed at step 1; loss scale 1e+12 -> 5e+11" scaled.log ||
+        { cat scaled.log; echo "train_test: no overflow logged"; exit 1; }
+    skipped=$(grep -c '"skipped": true' scaled.jsonl)
+    [ "$skipped" -ge 10 ] || { echo "train_test: only $skipped skipped steps"; exit 1; }
+    tail -n 1 scaled.jsonl | grep -q '"skipped": false' || { echo "train_test: still skipping"; exit 1; }
+    losses scaled | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.2)) { print "loss did not fall: " first " -> " last; exit 1 } }'
+    echo "fp16: $skipped steps skipped while the scale came down, then trained" ;;
 resume)
     run whole 2
     run first 2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"

@@ -1,0 +1,302 @@
+/* comm-ucx — shared types of the plugin's files (not installed).
+ *
+ * The plugin is loom's own collective engine over UCX's UCP tag matching:
+ *  - ucx_wireup.c   one UCP context and worker per process, endpoints to every
+ *                   rank of the world, communicators, the progress thread;
+ *  - ucx_sched.c    a collective is a schedule: sends, receives and local
+ *                   reductions with dependencies between them, advanced by
+ *                   test/wait (and the progress thread) until all are done;
+ *  - ucx_plugin.c   the vtable: argument checks, algorithm choice, test/wait,
+ *                   timeouts and the messages that name the missing rank;
+ *  - ucx_coll_*.c   one schedule builder per algorithm;
+ *  - ucx_reduce.c   the reductions of every dtype and op.
+ *
+ * Locking: one process-wide mutex (ucx_proc.lock) guards the worker, every
+ * schedule and the lists below. UCX itself runs in serialized mode under it
+ * (multi-threaded when the progress thread is on, as an extra guard). */
+#ifndef LOOM_UCX_INTERNAL_H
+#define LOOM_UCX_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "loom/comm.h"
+
+/* ------------------------------------------------------------- settings */
+
+/* Algorithms, per op. 0 is "auto" for every op. */
+enum {
+    ALG_AUTO = 0,
+    /* allreduce */
+    AR_RECURSIVE_DOUBLING = 1,
+    AR_RING,
+    AR_RABENSEIFNER,
+    /* allgather */
+    AG_RING = 1,
+    AG_RECURSIVE_DOUBLING,
+    AG_BRUCK,
+    /* reducescatter */
+    RS_RING = 1,
+    RS_RECURSIVE_HALVING,
+    /* broadcast */
+    BC_BINOMIAL = 1,
+    BC_CHAIN,
+    BC_SCATTER_ALLGATHER,
+    /* reduce */
+    RD_BINOMIAL = 1,
+    RD_CHAIN,
+    /* alltoall */
+    A2A_PAIRWISE = 1,
+    A2A_BRUCK,
+    A2A_POSTED,
+    /* barrier */
+    BAR_DISSEMINATION = 1,
+};
+
+/* Ops with a choice of algorithm, in the order of the settings. */
+enum {
+    UOP_ALLREDUCE,
+    UOP_ALLGATHER,
+    UOP_REDUCESCATTER,
+    UOP_BROADCAST,
+    UOP_REDUCE,
+    UOP_ALLTOALL,
+    UOP_BARRIER,
+    UOP_COUNT
+};
+
+typedef struct ucx_settings {
+    double timeout_s;
+    int progress_thread;
+    int peer_errors;
+    const char *tls;
+    int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
+    size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
+    size_t allreduce_ring_bytes;   /* at or above: ring rather than Rabenseifner */
+    size_t chunk_bytes;
+    int pipeline_depth;      /* receive buffers in flight per transfer stream */
+    double late_grace_s;
+} ucx_settings;
+
+/* The algorithm names of op `uop`, index = its ALG_ value; NULL-terminated. */
+extern const char *const *const ucx_algo_names[UOP_COUNT];
+extern const loom_setting_spec ucx_settings_spec[];
+int ucx_settings_read(const loom_host *host, ucx_settings *s);
+
+/* -------------------------------------------------------------- process */
+
+typedef struct ucx_peer {
+    ucp_ep_h ep;
+    int failed;            /* the endpoint reported an error */
+    ucs_status_t status;
+    int local;             /* same host and pid namespace: pid is meaningful */
+    int pid;
+    int gone;              /* the local process was seen to exit */
+} ucx_peer;
+
+typedef struct ucx_proc {
+    pthread_mutex_t lock;
+    pthread_cond_t work;   /* the progress thread sleeps on it when idle */
+    int refs;              /* live communicators */
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int world_size, world_rank;
+    ucx_peer *peers;       /* by world rank */
+    int generation;        /* contexts made so far in this process: part of store keys */
+    int nworlds;           /* world communicators made so far */
+    int failed;            /* something timed out or died: tear down without flushing */
+    double timeout_s;
+    /* requests with ops still to do, oldest first */
+    struct loom_comm_request *active_head, *active_tail;
+    int nactive;
+    /* progress thread */
+    int thread_on, thread_stop;
+    pthread_t thread;
+    /* scratch buffers kept for reuse */
+    struct scratch_buf *scratch_free;
+    size_t scratch_cached;
+} ucx_proc;
+
+extern ucx_proc ucx;
+
+/* --------------------------------------------------------- communicator */
+
+struct loom_comm {
+    const loom_host *host;
+    ucx_settings set;
+    int rank, size;
+    int *world;            /* world rank of each rank of the group */
+    int is_world;
+    int64_t uid;           /* unique in the job (the store's counter) */
+    uint64_t tag_id;       /* uid in the tag's communicator field */
+    uint64_t seq;          /* collectives posted; the next is seq + 1 */
+    uint64_t p2p_seq;
+    char desc[192];        /* "group of 4" or "group of 2 (world ranks 1,3)" */
+    struct sub_count *subs;
+    int failed, fail_status;
+    char failure[512];
+    struct loom_comm_request *reqs; /* every request not yet released */
+};
+
+/* ------------------------------------------------------------- schedule */
+
+typedef enum sop_kind {
+    SOP_SEND,
+    SOP_RECV,
+    SOP_REDUCE, /* dst = a op b, n elements */
+    SOP_COPY,   /* dst = a, n bytes */
+    SOP_DIVIDE, /* dst /= group size, n elements (avg) */
+    SOP_JOIN,   /* nothing: a point later ops depend on */
+} sop_kind;
+
+enum { SOP_WAITING, SOP_POSTED, SOP_DONE };
+
+typedef struct sop {
+    uint8_t kind, state;
+    uint16_t step;       /* algorithm step, for the tag and for messages */
+    uint32_t chunk;
+    int peer;            /* group rank of a send or receive */
+    int dep_head;        /* first not-yet-done dependency in deps, -1: none */
+    void *dst;
+    const void *a, *b;
+    size_t n;            /* bytes (send, recv, copy) or elements (reduce, divide) */
+    void *ucx;           /* the UCX request while posted */
+} sop;
+
+struct loom_comm_request {
+    loom_comm *comm;     /* NULL once the group was destroyed under it */
+    const loom_host *host;
+    loom_comm_op op;
+    const char *algo;    /* "ring", ... for messages; NULL for send/recv */
+    int nsteps;          /* of the algorithm, for messages */
+    uint64_t seq;
+    int collective;
+    int peer, tag;       /* send / recv */
+    loom_dtype dtype;
+    loom_redop redop;
+    sop *ops;
+    int nops, cap_ops, low;
+    struct sdep {
+        int op, next;
+    } *deps;
+    int ndeps, cap_deps;
+    int build_failed;
+#define REQ_SCRATCH_MAX 4
+    struct scratch_buf *scratch[REQ_SCRATCH_MAX];
+    int nscratch;
+    int status;          /* LOOM_IN_PROGRESS, LOOM_OK or an error */
+    char error[640];     /* the detail of a failure found while advancing */
+    int active;          /* on ucx.active_* */
+    struct loom_comm_request *anext, *aprev; /* ucx.active_* */
+    struct loom_comm_request *cnext, *cprev; /* comm->reqs */
+};
+
+/* ucx_sched.c: building (no lock needed: the request is not active yet) */
+int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step,
+               int chunk);
+int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk);
+int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count);
+int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes);
+int sched_divide(loom_comm_request *r, void *buf, size_t count);
+int sched_join(loom_comm_request *r);
+/* Op `op` waits for op `dep`; either < 0 is ignored (a skipped op). */
+void sched_after(loom_comm_request *r, int op, int dep);
+/* A scratch buffer for the request, kept until it is released. */
+void *sched_scratch(loom_comm_request *r, size_t bytes);
+
+/* Receive buffers used in turn: a receive into a slot waits until the op
+ * that consumed the slot's previous contents is done. */
+#define SLOTS_MAX 16
+typedef struct slot_ring {
+    char *base;
+    size_t slot_bytes;
+    int count, next;
+    int last_use[SLOTS_MAX];
+    int taken;           /* index of the slot handed out last */
+} slot_ring;
+int slots_init(loom_comm_request *r, slot_ring *s, size_t slot_bytes, int count);
+/* The next slot; *dep is the op to wait for before writing it. */
+char *slots_take(slot_ring *s, int *dep);
+/* The op that consumes the slot handed out last. */
+void slots_used(slot_ring *s, int op);
+
+/* ucx_sched.c: running (with ucx.lock held) */
+void sched_activate(loom_comm_request *r);
+int sched_progress_all(void);   /* worker progress + advance every active request */
+void sched_cancel(loom_comm_request *r); /* drop UCX requests still posted */
+void sched_free(loom_comm_request *r);   /* ops, deps, scratch (with ucx.lock held) */
+void scratch_release_all(void);
+/* "allreduce #12 on group of 4" or "recv #3 from rank 2 (tag 7) on group of 4" */
+void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap);
+/* Fail the request with a detail (kept in r->error for the thread that waits). */
+void sched_fail(loom_comm_request *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Fail the request if a peer it waits for is known to be dead. */
+void sched_check_peers(loom_comm_request *r);
+
+/* ucx_wireup.c */
+int ucx_create_world(const loom_host *host, loom_comm **out);
+int ucx_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out);
+int ucx_destroy(loom_comm *c);
+int ucx_abort(loom_comm *c);
+void ucx_comm_fail(loom_comm *c, int status, const char *why);
+void ucx_wake_progress(void);
+/* Whether world rank w looks dead; fills why. Called with ucx.lock held. */
+int ucx_peer_dead(int w, char *why, size_t cap);
+
+/* ucx_plugin.c */
+void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap);
+
+/* ucx_reduce.c */
+void ucx_reduce(void *dst, const void *a, const void *b, size_t n, loom_dtype t, loom_redop op);
+void ucx_divide(void *buf, size_t n, loom_dtype t, int by);
+
+/* ----------------------------------------------------------- algorithms */
+
+/* Balanced split of count elements into n blocks: the first count % n get
+ * one more. */
+static inline size_t blk_off(size_t count, int n, int i)
+{
+    size_t q = count / (size_t)n, rem = count % (size_t)n;
+    return (size_t)i * q + ((size_t)i < rem ? (size_t)i : rem);
+}
+static inline size_t blk_len(size_t count, int n, int i)
+{
+    return blk_off(count, n, i + 1) - blk_off(count, n, i);
+}
+static inline int pow2_floor(int n)
+{
+    int p = 1;
+    while (p * 2 <= n)
+        p *= 2;
+    return p;
+}
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+/* Elements per pipeline chunk. */
+size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t);
+
+void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *recv,
+                                  size_t count);
+void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_allgather_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_allgather_bruck(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_reducescatter_rh(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root);
+void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root);
+void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t count, int root);
+void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, size_t count,
+                           int root);
+void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size_t count,
+                        int root);
+void build_alltoall_pairwise(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_alltoall_posted(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_barrier_dissemination(loom_comm_request *r);
+
+#endif

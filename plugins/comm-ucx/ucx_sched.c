@@ -1,0 +1,552 @@
+/* comm-ucx — schedules: how every operation runs.
+ *
+ * An operation (a collective, or one send or receive) is a list of ops —
+ * send, receive, reduce, copy, divide — each waiting for the ops it depends
+ * on. Builders (ucx_coll_*.c) lay the list out at issue time; advancing a
+ * request posts every op whose dependencies are done and checks the posted
+ * ones, so a collective is a state machine that moves whenever anybody
+ * advances it: test, wait, or the progress thread. Every wait advances every
+ * active request of the process, so operations on different groups, or
+ * several outstanding on one group, complete in any order.
+ *
+ * Tags. UCX matches a receive by tag alone, so the 64-bit tag carries all
+ * that must not collide:
+ *   63..50  communicator (its job-unique id, 14 bits)
+ *   49..34  sender's rank in the group (16 bits)
+ *   33      1 = collective, 0 = send/recv
+ *   collective: 32..21 sequence number (12 bits), 20..12 step (9 bits),
+ *               11..0 chunk (12 bits)
+ *   send/recv:  32..0 the user's tag
+ * Fields wrap: two messages share a tag only when one group has 4096
+ * collectives outstanding, or a ring has more than 512 steps, or a block
+ * more than 4096 chunks — and then UCX's in-order matching between two
+ * workers still pairs them right, because both sides post in the same
+ * order. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ucx_internal.h"
+
+#define TAG_COMM_SHIFT 50
+#define TAG_SRC_SHIFT 34
+#define TAG_COLL_BIT (1ull << 33)
+#define TAG_SEQ_SHIFT 21
+#define TAG_STEP_SHIFT 12
+
+static uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
+{
+    const loom_comm *c = r->comm;
+    uint64_t t = (c->tag_id & 0x3fffull) << TAG_COMM_SHIFT;
+    t |= ((uint64_t)src & 0xffffull) << TAG_SRC_SHIFT;
+    if (!r->collective)
+        return t | ((uint64_t)r->tag & 0x1ffffffffull);
+    return t | TAG_COLL_BIT | ((r->seq & 0xfffull) << TAG_SEQ_SHIFT) |
+           (((uint64_t)o->step & 0x1ffull) << TAG_STEP_SHIFT) | ((uint64_t)o->chunk & 0xfffull);
+}
+
+/* -------------------------------------------------------------- scratch */
+
+/* Buffers for intermediate data, kept by the process after use: a fresh
+ * 64 MiB allocation per collective would cost more in page faults than the
+ * transfer itself. */
+struct scratch_buf {
+    struct scratch_buf *next;
+    size_t size;
+    char pad[48];
+    char data[]; /* 64-byte aligned */
+};
+
+#define SCRATCH_CACHE_MAX ((size_t)1 << 30)
+
+static struct scratch_buf *scratch_get(size_t bytes)
+{
+    struct scratch_buf **best = NULL;
+    for (struct scratch_buf **p = &ucx.scratch_free; *p; p = &(*p)->next)
+        if ((*p)->size >= bytes && (!best || (*p)->size < (*best)->size))
+            best = p;
+    if (best && (*best)->size <= 4 * bytes + 65536) {
+        struct scratch_buf *b = *best;
+        *best = b->next;
+        ucx.scratch_cached -= b->size;
+        return b;
+    }
+    void *mem = NULL;
+    if (posix_memalign(&mem, 64, sizeof(struct scratch_buf) + bytes) != 0)
+        return NULL;
+    struct scratch_buf *b = mem;
+    b->next = NULL;
+    b->size = bytes;
+    return b;
+}
+
+static void scratch_put(struct scratch_buf *b)
+{
+    if (ucx.scratch_cached + b->size > SCRATCH_CACHE_MAX) {
+        free(b);
+        return;
+    }
+    b->next = ucx.scratch_free;
+    ucx.scratch_free = b;
+    ucx.scratch_cached += b->size;
+}
+
+void scratch_release_all(void)
+{
+    for (struct scratch_buf *b = ucx.scratch_free, *next; b; b = next) {
+        next = b->next;
+        free(b);
+    }
+    ucx.scratch_free = NULL;
+    ucx.scratch_cached = 0;
+}
+
+void *sched_scratch(loom_comm_request *r, size_t bytes)
+{
+    if (r->build_failed)
+        return NULL;
+    if (r->nscratch == REQ_SCRATCH_MAX) {
+        r->build_failed = 1;
+        return NULL;
+    }
+    pthread_mutex_lock(&ucx.lock);
+    struct scratch_buf *b = scratch_get(bytes ? bytes : 1);
+    pthread_mutex_unlock(&ucx.lock);
+    if (!b) {
+        r->build_failed = 1;
+        return NULL;
+    }
+    r->scratch[r->nscratch++] = b;
+    return b->data;
+}
+
+/* ------------------------------------------------------------- building */
+
+static int op_new(loom_comm_request *r, sop_kind kind)
+{
+    if (r->build_failed)
+        return -1;
+    if (r->nops == r->cap_ops) {
+        int cap = r->cap_ops ? 2 * r->cap_ops : 16;
+        sop *ops = realloc(r->ops, (size_t)cap * sizeof *ops);
+        if (!ops) {
+            r->build_failed = 1;
+            return -1;
+        }
+        r->ops = ops;
+        r->cap_ops = cap;
+    }
+    sop *o = &r->ops[r->nops];
+    memset(o, 0, sizeof *o);
+    o->kind = (uint8_t)kind;
+    o->state = SOP_WAITING;
+    o->dep_head = -1;
+    o->peer = -1;
+    return r->nops++;
+}
+
+void sched_after(loom_comm_request *r, int op, int dep)
+{
+    if (op < 0 || dep < 0 || r->build_failed)
+        return;
+    if (r->ndeps == r->cap_deps) {
+        int cap = r->cap_deps ? 2 * r->cap_deps : 32;
+        struct sdep *d = realloc(r->deps, (size_t)cap * sizeof *d);
+        if (!d) {
+            r->build_failed = 1;
+            return;
+        }
+        r->deps = d;
+        r->cap_deps = cap;
+    }
+    r->deps[r->ndeps].op = dep;
+    r->deps[r->ndeps].next = r->ops[op].dep_head;
+    r->ops[op].dep_head = r->ndeps++;
+}
+
+int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step, int chunk)
+{
+    int i = op_new(r, SOP_SEND);
+    if (i >= 0) {
+        r->ops[i].peer = peer;
+        r->ops[i].a = buf;
+        r->ops[i].n = bytes;
+        r->ops[i].step = (uint16_t)step;
+        r->ops[i].chunk = (uint32_t)chunk;
+    }
+    return i;
+}
+
+int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk)
+{
+    int i = op_new(r, SOP_RECV);
+    if (i >= 0) {
+        r->ops[i].peer = peer;
+        r->ops[i].dst = buf;
+        r->ops[i].n = bytes;
+        r->ops[i].step = (uint16_t)step;
+        r->ops[i].chunk = (uint32_t)chunk;
+    }
+    return i;
+}
+
+int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count)
+{
+    int i = op_new(r, SOP_REDUCE);
+    if (i >= 0) {
+        r->ops[i].dst = dst;
+        r->ops[i].a = a;
+        r->ops[i].b = b;
+        r->ops[i].n = count;
+    }
+    return i;
+}
+
+int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
+{
+    int i = op_new(r, SOP_COPY);
+    if (i >= 0) {
+        r->ops[i].dst = dst;
+        r->ops[i].a = src;
+        r->ops[i].n = bytes;
+    }
+    return i;
+}
+
+int sched_divide(loom_comm_request *r, void *buf, size_t count)
+{
+    int i = op_new(r, SOP_DIVIDE);
+    if (i >= 0) {
+        r->ops[i].dst = buf;
+        r->ops[i].n = count;
+    }
+    return i;
+}
+
+int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
+
+int slots_init(loom_comm_request *r, slot_ring *s, size_t slot_bytes, int count)
+{
+    if (count < 1)
+        count = 1;
+    if (count > SLOTS_MAX)
+        count = SLOTS_MAX;
+    s->slot_bytes = slot_bytes;
+    s->count = count;
+    s->next = 0;
+    s->taken = 0;
+    for (int i = 0; i < SLOTS_MAX; i++)
+        s->last_use[i] = -1;
+    s->base = sched_scratch(r, slot_bytes * (size_t)count);
+    return s->base ? LOOM_OK : LOOM_ERR_NO_MEMORY;
+}
+
+char *slots_take(slot_ring *s, int *dep)
+{
+    s->taken = s->next++ % s->count;
+    *dep = s->last_use[s->taken];
+    return s->base ? s->base + (size_t)s->taken * s->slot_bytes : NULL;
+}
+
+void slots_used(slot_ring *s, int op)
+{
+    if (op >= 0)
+        s->last_use[s->taken] = op;
+}
+
+/* ------------------------------------------------------------- messages */
+
+void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap)
+{
+    const loom_comm *c = r->comm;
+    const char *desc = c ? c->desc : "a destroyed group";
+    if (r->collective) {
+        snprintf(buf, cap, "%s #%llu on %s", loom_comm_op_name(r->op),
+                 (unsigned long long)r->seq, desc);
+    } else {
+        char nm[64] = "?";
+        if (c)
+            ucx_name_rank(c, r->peer, nm, sizeof nm);
+        snprintf(buf, cap, "%s #%llu %s rank %s (tag %d) on %s", loom_comm_op_name(r->op),
+                 (unsigned long long)r->seq, r->op == LOOM_OP_SEND ? "to" : "from", nm, r->tag,
+                 desc);
+    }
+}
+
+static void active_unlink(loom_comm_request *r)
+{
+    if (!r->active)
+        return;
+    if (r->aprev)
+        r->aprev->anext = r->anext;
+    else
+        ucx.active_head = r->anext;
+    if (r->anext)
+        r->anext->aprev = r->aprev;
+    else
+        ucx.active_tail = r->aprev;
+    r->anext = r->aprev = NULL;
+    r->active = 0;
+    ucx.nactive--;
+}
+
+void sched_cancel(loom_comm_request *r)
+{
+    for (int i = r->low; i < r->nops; i++) {
+        sop *o = &r->ops[i];
+        if (o->state != SOP_POSTED || !o->ucx)
+            continue;
+        /* A receive can be taken back; a send cannot, and UCX finishes or
+         * drops it on its own (its group is failed by then). */
+        if (o->kind == SOP_RECV && ucx.worker)
+            ucp_request_cancel(ucx.worker, o->ucx);
+        ucp_request_free(o->ucx);
+        o->ucx = NULL;
+        o->state = SOP_DONE;
+    }
+}
+
+void sched_fail(loom_comm_request *r, int status, const char *fmt, ...)
+{
+    if (r->status != LOOM_IN_PROGRESS)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->error, sizeof r->error, fmt, ap);
+    va_end(ap);
+    r->status = status;
+    sched_cancel(r);
+    active_unlink(r);
+}
+
+/* "step 1 of ring" or "" for a send or receive. */
+static void step_text(const loom_comm_request *r, const sop *o, char *buf, size_t cap)
+{
+    if (r->collective && r->algo)
+        snprintf(buf, cap, " (step %d of %s)", o->step, r->algo);
+    else
+        buf[0] = '\0';
+}
+
+static int ucx_to_loom(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_ERR_MESSAGE_TRUNCATED: return LOOM_ERR_INVALID;
+    case UCS_ERR_NO_MEMORY: return LOOM_ERR_NO_MEMORY;
+    default: return LOOM_ERR_REMOTE;
+    }
+}
+
+static void op_failed(loom_comm_request *r, const sop *o, ucs_status_t s, size_t got)
+{
+    char what[400], nm[64], step[96];
+    ucx_req_describe(r, what, sizeof what);
+    ucx_name_rank(r->comm, o->peer, nm, sizeof nm);
+    step_text(r, o, step, sizeof step);
+    int is_send = o->kind == SOP_SEND;
+    if (s == UCS_ERR_MESSAGE_TRUNCATED || (s == UCS_OK && got != o->n)) {
+        if (r->collective)
+            sched_fail(r, LOOM_ERR_INVALID,
+                       "comm-ucx: %s: rank %s sent %s bytes where %zu were expected%s: the ranks "
+                       "called this collective with different counts, dtypes or roots",
+                       what, nm, s == UCS_OK ? "fewer" : "more", o->n, step);
+        else
+            sched_fail(r, LOOM_ERR_INVALID,
+                       "comm-ucx: %s: expected %zu bytes, rank %s sent %s", what, o->n, nm,
+                       s == UCS_OK ? "fewer" : "more");
+    } else {
+        sched_fail(r, ucx_to_loom(s), "comm-ucx: %s: %s rank %s failed%s: %s", what,
+                   is_send ? "sending to" : "receiving from", nm, step, ucs_status_string(s));
+    }
+    /* A collective that broke half way leaves the group out of step. */
+    if (r->collective && r->comm)
+        ucx_comm_fail(r->comm, r->status, r->error);
+}
+
+/* ------------------------------------------------------------- running */
+
+static int deps_done(loom_comm_request *r, sop *o)
+{
+    while (o->dep_head >= 0) {
+        if (r->ops[r->deps[o->dep_head].op].state != SOP_DONE)
+            return 0;
+        o->dep_head = r->deps[o->dep_head].next;
+    }
+    return 1;
+}
+
+static void op_start(loom_comm_request *r, sop *o)
+{
+    loom_comm *c = r->comm;
+    switch (o->kind) {
+    case SOP_SEND: {
+        ucx_peer *p = &ucx.peers[c->world[o->peer]];
+        ucp_request_param_t prm = {0};
+        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->rank, o), &prm);
+        if (st == NULL) {
+            o->state = SOP_DONE;
+        } else if (UCS_PTR_IS_ERR(st)) {
+            op_failed(r, o, UCS_PTR_STATUS(st), 0);
+        } else {
+            o->ucx = st;
+            o->state = SOP_POSTED;
+        }
+        break;
+    }
+    case SOP_RECV: {
+        ucp_tag_recv_info_t info = {0};
+        ucp_request_param_t prm = {0};
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+        prm.recv_info.tag_info = &info;
+        ucs_status_ptr_t st =
+            ucp_tag_recv_nbx(ucx.worker, o->dst, o->n, tag_of(r, o->peer, o), ~0ull, &prm);
+        if (st == NULL) {
+            if (info.length != o->n)
+                op_failed(r, o, UCS_OK, info.length);
+            else
+                o->state = SOP_DONE;
+        } else if (UCS_PTR_IS_ERR(st)) {
+            op_failed(r, o, UCS_PTR_STATUS(st), 0);
+        } else {
+            o->ucx = st;
+            o->state = SOP_POSTED;
+        }
+        break;
+    }
+    case SOP_REDUCE:
+        ucx_reduce(o->dst, o->a, o->b, o->n, r->dtype, r->redop);
+        o->state = SOP_DONE;
+        break;
+    case SOP_COPY:
+        if (o->dst != o->a && o->n)
+            memmove(o->dst, o->a, o->n);
+        o->state = SOP_DONE;
+        break;
+    case SOP_DIVIDE:
+        ucx_divide(o->dst, o->n, r->dtype, c->size);
+        o->state = SOP_DONE;
+        break;
+    default:
+        o->state = SOP_DONE;
+        break;
+    }
+}
+
+static void op_check(loom_comm_request *r, sop *o)
+{
+    ucs_status_t s;
+    size_t got = o->n;
+    if (o->kind == SOP_RECV) {
+        ucp_tag_recv_info_t info = {0};
+        s = ucp_tag_recv_request_test(o->ucx, &info);
+        got = info.length;
+    } else {
+        s = ucp_request_check_status(o->ucx);
+    }
+    if (s == UCS_INPROGRESS)
+        return;
+    ucp_request_free(o->ucx);
+    o->ucx = NULL;
+    if (s == UCS_OK && got == o->n)
+        o->state = SOP_DONE;
+    else
+        op_failed(r, o, s, got);
+}
+
+/* One pass over the request's ops; returns how many finished. */
+static int advance(loom_comm_request *r)
+{
+    int finished = 0;
+    for (int i = r->low; i < r->nops && r->status == LOOM_IN_PROGRESS; i++) {
+        sop *o = &r->ops[i];
+        if (o->state == SOP_POSTED)
+            op_check(r, o);
+        else if (o->state == SOP_WAITING && deps_done(r, o))
+            op_start(r, o);
+        if (o->state == SOP_DONE) {
+            finished++;
+            if (i == r->low)
+                r->low++;
+        }
+    }
+    /* ops past low may be done while low waits: catch up */
+    while (r->low < r->nops && r->ops[r->low].state == SOP_DONE)
+        r->low++;
+    if (r->status == LOOM_IN_PROGRESS && r->low == r->nops) {
+        r->status = LOOM_OK;
+        active_unlink(r);
+    }
+    return finished;
+}
+
+void sched_activate(loom_comm_request *r)
+{
+    r->status = LOOM_IN_PROGRESS;
+    r->active = 1;
+    r->anext = NULL;
+    r->aprev = ucx.active_tail;
+    if (ucx.active_tail)
+        ucx.active_tail->anext = r;
+    else
+        ucx.active_head = r;
+    ucx.active_tail = r;
+    ucx.nactive++;
+    /* Post the first receives and sends now, so peers find them matched. */
+    advance(r);
+    if (r->active)
+        ucx_wake_progress();
+}
+
+int sched_progress_all(void)
+{
+    int events = 0;
+    for (int k = 0; k < 16; k++) {
+        unsigned n = ucp_worker_progress(ucx.worker);
+        if (n == 0)
+            break;
+        events += (int)n;
+    }
+    for (loom_comm_request *r = ucx.active_head, *next; r; r = next) {
+        next = r->anext;
+        events += advance(r);
+    }
+    return events;
+}
+
+void sched_check_peers(loom_comm_request *r)
+{
+    if (r->status != LOOM_IN_PROGRESS || !r->comm)
+        return;
+    for (int i = r->low; i < r->nops; i++) {
+        sop *o = &r->ops[i];
+        if ((o->kind != SOP_RECV && o->kind != SOP_SEND) || o->state != SOP_POSTED)
+            continue;
+        char why[160];
+        if (!ucx_peer_dead(r->comm->world[o->peer], why, sizeof why))
+            continue;
+        char what[400], nm[64], step[96];
+        ucx_req_describe(r, what, sizeof what);
+        ucx_name_rank(r->comm, o->peer, nm, sizeof nm);
+        step_text(r, o, step, sizeof step);
+        sched_fail(r, LOOM_ERR_REMOTE, "comm-ucx: %s: rank %s failed while this rank was %s it%s: %s",
+                   what, nm, o->kind == SOP_RECV ? "waiting for a message from" : "sending to",
+                   step, why);
+        ucx_comm_fail(r->comm, r->status, r->error);
+        return;
+    }
+}
+
+void sched_free(loom_comm_request *r)
+{
+    sched_cancel(r);
+    active_unlink(r);
+    for (int i = 0; i < r->nscratch; i++)
+        scratch_put(r->scratch[i]);
+    r->nscratch = 0;
+    free(r->ops);
+    free(r->deps);
+    r->ops = NULL;
+    r->deps = NULL;
+    r->nops = r->cap_ops = r->ndeps = r->cap_deps = 0;
+}

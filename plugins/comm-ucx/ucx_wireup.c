@@ -1,0 +1,661 @@
+/* comm-ucx — the process's UCX state and the communicators on it.
+ *
+ * One UCP context and one worker per process, whatever the number of
+ * communicators: the first create_world makes them, the last destroy tears
+ * them down. Each rank publishes its worker address in the bootstrap store
+ * (with its pid and host, so a local peer that dies is noticed without UCX's
+ * help) and makes an endpoint to every rank of the world, itself included
+ * (send/recv to oneself goes through UCX's self transport). A subgroup
+ * reuses those endpoints and needs only a fresh id from the store.
+ *
+ * Communicator ids: the store's counter "uid" hands out one number per
+ * communicator; it separates their tags (ucx_sched.c) and names their keys.
+ *
+ * Failed peers. UCX's own peer-failure reporting (UCP_ERR_HANDLING_MODE_PEER)
+ * is available as comm.ucx.peer_errors, off by default: in UCX 1.13 it
+ * excludes the shared-memory and cma transports, so ranks on one host fall
+ * back to TCP at a tenth of the bandwidth. Without it, a wait that is not
+ * done after a while checks whether the peers it waits for still exist
+ * (local peers by pid; remote ones are caught by the timeout). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ucx_internal.h"
+
+ucx_proc ucx = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .work = PTHREAD_COND_INITIALIZER,
+};
+
+/* How often this rank made a subgroup with a given rank list from one
+ * parent: part of the subgroup's store key, the same on every member. */
+struct sub_count {
+    uint64_t hash;
+    int count;
+    struct sub_count *next;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------- peer liveness */
+
+/* What makes a pid meaningful to another process: same host, same pid
+ * namespace. */
+static void locality_key(char *buf, size_t cap)
+{
+    char host[128] = "?", ns[64] = "";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = '\0';
+    snprintf(buf, cap, "%s|%s", host, ns);
+}
+
+int ucx_peer_dead(int w, char *why, size_t cap)
+{
+    if (w < 0 || w >= ucx.world_size || !ucx.peers)
+        return 0;
+    ucx_peer *p = &ucx.peers[w];
+    if (p->failed) {
+        snprintf(why, cap, "its UCX endpoint failed: %s", ucs_status_string(p->status));
+        return 1;
+    }
+    if (!p->local || p->pid <= 0 || w == ucx.world_rank)
+        return 0;
+    if (!p->gone) {
+        if (kill(p->pid, 0) != 0 && errno == ESRCH) {
+            p->gone = 1;
+        } else {
+            /* an exited child its launcher has not reaped yet */
+            char path[64], stat[256];
+            snprintf(path, sizeof path, "/proc/%d/stat", p->pid);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                size_t len = fread(stat, 1, sizeof stat - 1, f);
+                fclose(f);
+                stat[len] = '\0';
+                const char *close = strrchr(stat, ')');
+                if (close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))
+                    p->gone = 1;
+            }
+        }
+    }
+    if (p->gone)
+        snprintf(why, cap, "its process (pid %d on this host) has exited", p->pid);
+    return p->gone;
+}
+
+static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    int w = (int)(intptr_t)arg;
+    /* Called from inside ucp_worker_progress, so with ucx.lock held. */
+    if (w >= 0 && w < ucx.world_size && ucx.peers && !ucx.peers[w].failed) {
+        ucx.peers[w].failed = 1;
+        ucx.peers[w].status = status;
+    }
+}
+
+/* ---------------------------------------------------------- the process */
+
+typedef struct addr_blob {
+    uint32_t magic;
+    int32_t pid;
+    char locality[192];
+    uint32_t len;
+    /* the worker address follows */
+} addr_blob;
+
+#define ADDR_MAGIC 0x6c75637831ull /* "lucx1" */
+
+static void progress_stop(void);
+
+static void *progress_main(void *arg);
+
+static void process_teardown(const loom_host *host)
+{
+    progress_stop();
+    double limit = ucx.timeout_s < 5 ? ucx.timeout_s : 5;
+    if (ucx.worker && !ucx.failed) {
+        /* Deliver what we sent before the endpoints go: a peer may still be
+         * waiting for our last eager message or rendezvous reply. */
+        ucp_request_param_t prm = {0};
+        ucs_status_ptr_t fr = ucp_worker_flush_nbx(ucx.worker, &prm);
+        double t0 = now_s();
+        if (UCS_PTR_IS_PTR(fr)) {
+            while (ucp_request_check_status(fr) == UCS_INPROGRESS && now_s() - t0 < limit) {
+                if (!ucp_worker_progress(ucx.worker))
+                    sched_yield();
+            }
+            if (ucp_request_check_status(fr) == UCS_INPROGRESS)
+                host->log(host, LOOM_LOG_WARN, "comm-ucx: flushing UCX did not finish in %.1f s",
+                          limit);
+            ucp_request_free(fr);
+        }
+    }
+    if (ucx.peers) {
+        void **closing = calloc((size_t)ucx.world_size, sizeof *closing);
+        for (int w = 0; w < ucx.world_size; w++) {
+            if (!ucx.peers[w].ep)
+                continue;
+            ucp_request_param_t prm = {0};
+            prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            prm.flags = ucx.failed || ucx.peers[w].failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+            ucs_status_ptr_t cr = ucp_ep_close_nbx(ucx.peers[w].ep, &prm);
+            if (UCS_PTR_IS_PTR(cr)) {
+                if (closing)
+                    closing[w] = cr;
+                else
+                    ucp_request_free(cr);
+            }
+            ucx.peers[w].ep = NULL;
+        }
+        double t0 = now_s();
+        for (int w = 0; closing && w < ucx.world_size; w++) {
+            while (closing[w] && ucp_request_check_status(closing[w]) == UCS_INPROGRESS &&
+                   now_s() - t0 < limit) {
+                if (!ucp_worker_progress(ucx.worker))
+                    sched_yield();
+            }
+            if (closing[w])
+                ucp_request_free(closing[w]);
+        }
+        free(closing);
+        free(ucx.peers);
+        ucx.peers = NULL;
+    }
+    if (ucx.worker)
+        ucp_worker_destroy(ucx.worker);
+    if (ucx.ctx)
+        ucp_cleanup(ucx.ctx);
+    ucx.worker = NULL;
+    ucx.ctx = NULL;
+    scratch_release_all();
+    ucx.failed = 0;
+}
+
+static int kv_get_all(const loom_host *host, const char *key, void *buf, size_t cap,
+                      size_t *len, double timeout_s)
+{
+    return host->kv_get(host, key, buf, cap, len, timeout_s);
+}
+
+/* Make the context, the worker and an endpoint to every world rank.
+ * Called with ucx.lock held, on every rank at its first create_world. */
+static int process_start(const loom_host *host, const ucx_settings *s)
+{
+    int n = host->world_size, me = host->rank, gen = ucx.generation++;
+    ucp_config_t *cfg = NULL;
+    ucs_status_t us = ucp_config_read(NULL, NULL, &cfg);
+    if (us != UCS_OK)
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-ucx: reading UCX's configuration: %s",
+                           ucs_status_string(us));
+    if (s->tls && *s->tls && (us = ucp_config_modify(cfg, "TLS", s->tls)) != UCS_OK) {
+        ucp_config_release(cfg);
+        return host->error(host, LOOM_ERR_INVALID, "comm-ucx: comm.ucx.tls = \"%s\": UCX refuses it: %s",
+                           s->tls, ucs_status_string(us));
+    }
+    ucp_params_t prm = {0};
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
+                     UCP_PARAM_FIELD_ESTIMATED_NUM_PPN;
+    prm.features = UCP_FEATURE_TAG;
+    prm.estimated_num_eps = (size_t)n;
+    prm.estimated_num_ppn = (size_t)(host->local_size > 0 ? host->local_size : 1);
+    us = ucp_init(&prm, cfg, &ucx.ctx);
+    ucp_config_release(cfg);
+    if (us != UCS_OK) {
+        ucx.ctx = NULL;
+        return host->error(host, LOOM_ERR_INTERNAL,
+                           "comm-ucx: ucp_init failed: %s%s%s", ucs_status_string(us),
+                           s->tls && *s->tls ? " (with UCX_TLS=" : "",
+                           s->tls && *s->tls ? s->tls : "");
+    }
+    ucp_worker_params_t wp = {0};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = s->progress_thread ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SERIALIZED;
+    if ((us = ucp_worker_create(ucx.ctx, &wp, &ucx.worker)) != UCS_OK) {
+        ucx.worker = NULL;
+        process_teardown(host);
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-ucx: ucp_worker_create failed: %s",
+                           ucs_status_string(us));
+    }
+    ucx.world_size = n;
+    ucx.world_rank = me;
+    ucx.timeout_s = s->timeout_s;
+    ucx.peers = calloc((size_t)n, sizeof *ucx.peers);
+    if (!ucx.peers) {
+        process_teardown(host);
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    }
+
+    /* publish our address */
+    ucp_address_t *addr = NULL;
+    size_t alen = 0;
+    if ((us = ucp_worker_get_address(ucx.worker, &addr, &alen)) != UCS_OK) {
+        process_teardown(host);
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-ucx: ucp_worker_get_address failed: %s",
+                           ucs_status_string(us));
+    }
+    size_t cap = sizeof(addr_blob) + alen;
+    addr_blob *mine = calloc(1, cap);
+    if (!mine) {
+        ucp_worker_release_address(ucx.worker, addr);
+        process_teardown(host);
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    }
+    mine->magic = (uint32_t)ADDR_MAGIC;
+    mine->pid = (int32_t)getpid();
+    locality_key(mine->locality, sizeof mine->locality);
+    mine->len = (uint32_t)alen;
+    memcpy(mine + 1, addr, alen);
+    ucp_worker_release_address(ucx.worker, addr);
+    char key[96];
+    snprintf(key, sizeof key, "addr/%d/%d", gen, me);
+    int st = host->kv_put(host, key, mine, cap);
+    if (st != LOOM_OK) {
+        free(mine);
+        process_teardown(host);
+        return st;
+    }
+
+    /* fetch every address (ours too: the self endpoint) and connect */
+    size_t bcap = 65536;
+    addr_blob *theirs = malloc(bcap);
+    if (!theirs) {
+        free(mine);
+        process_teardown(host);
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    }
+    for (int w = 0; w < n && st == LOOM_OK; w++) {
+        size_t len = 0;
+        snprintf(key, sizeof key, "addr/%d/%d", gen, w);
+        st = kv_get_all(host, key, theirs, bcap, &len, s->timeout_s);
+        if (st != LOOM_OK) {
+            st = host->error(host, st,
+                             "comm-ucx: rank %d did not publish its UCX address within %.1f s "
+                             "(is it running, with the same comm backend \"ucx\"?)",
+                             w, s->timeout_s);
+            break;
+        }
+        if (len < sizeof(addr_blob) || len > bcap || theirs->magic != (uint32_t)ADDR_MAGIC ||
+            sizeof(addr_blob) + theirs->len != len) {
+            st = host->error(host, LOOM_ERR_INVALID,
+                             "comm-ucx: rank %d published a malformed UCX address (%zu bytes); "
+                             "do all ranks run the same loom?", w, len);
+            break;
+        }
+        ucp_ep_params_t ep = {0};
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = (const ucp_address_t *)(theirs + 1);
+        ep.err_mode = s->peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+        ep.err_handler.cb = ep_error;
+        ep.err_handler.arg = (void *)(intptr_t)w;
+        if ((us = ucp_ep_create(ucx.worker, &ep, &ucx.peers[w].ep)) != UCS_OK) {
+            ucx.peers[w].ep = NULL;
+            st = host->error(host, LOOM_ERR_REMOTE,
+                             "comm-ucx: cannot reach rank %d over UCX: %s (check comm.ucx.tls "
+                             "and UCX_TLS / UCX_NET_DEVICES)",
+                             w, ucs_status_string(us));
+            break;
+        }
+        ucx.peers[w].pid = theirs->pid;
+        ucx.peers[w].local = strcmp(theirs->locality, mine->locality) == 0;
+    }
+    free(theirs);
+    free(mine);
+    if (st != LOOM_OK) {
+        ucx.failed = 1;
+        process_teardown(host);
+        return st;
+    }
+    if (s->progress_thread) {
+        ucx.thread_stop = 0;
+        if (pthread_create(&ucx.thread, NULL, progress_main, NULL) != 0) {
+            process_teardown(host);
+            return host->error(host, LOOM_ERR_INTERNAL, "comm-ucx: cannot start the progress thread");
+        }
+        ucx.thread_on = 1;
+    }
+    host->log(host, LOOM_LOG_DEBUG, "comm-ucx: UCX %s up, %d endpoints%s", ucp_get_version_string(),
+              n, s->progress_thread ? ", progress thread" : "");
+    return LOOM_OK;
+}
+
+/* --------------------------------------------------------- progress thread */
+
+void ucx_wake_progress(void)
+{
+    if (ucx.thread_on)
+        pthread_cond_signal(&ucx.work);
+}
+
+/* Drives the worker while requests are active, so a collective completes
+ * while the caller computes; sleeps on a condition variable otherwise. */
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    ucx_idle_state idle = {0};
+    pthread_mutex_lock(&ucx.lock);
+    while (!ucx.thread_stop) {
+        if (ucx.nactive == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&ucx.work, &ucx.lock, &ts);
+            idle.since_ns = 0;
+            continue;
+        }
+        int events = sched_progress_all();
+        pthread_mutex_unlock(&ucx.lock);
+        ucx_idle(&idle, events);
+        pthread_mutex_lock(&ucx.lock);
+    }
+    pthread_mutex_unlock(&ucx.lock);
+    return NULL;
+}
+
+/* Called with ucx.lock held; returns with it held. */
+static void progress_stop(void)
+{
+    if (!ucx.thread_on)
+        return;
+    ucx.thread_stop = 1;
+    pthread_cond_signal(&ucx.work);
+    pthread_mutex_unlock(&ucx.lock);
+    pthread_join(ucx.thread, NULL);
+    pthread_mutex_lock(&ucx.lock);
+    ucx.thread_on = 0;
+}
+
+/* ------------------------------------------------------- communicators */
+
+static void comm_describe(loom_comm *c)
+{
+    if (c->is_world) {
+        snprintf(c->desc, sizeof c->desc, "group of %d", c->size);
+        return;
+    }
+    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
+    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
+        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world[i]);
+    if (n >= (int)sizeof c->desc - 16)
+        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
+    else
+        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
+}
+
+static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const ucx_settings *s)
+{
+    loom_comm *c = calloc(1, sizeof *c);
+    int *w = calloc((size_t)size, sizeof *w);
+    if (!c || !w) {
+        free(c);
+        free(w);
+        return NULL;
+    }
+    c->host = host;
+    c->set = *s;
+    c->rank = rank;
+    c->size = size;
+    c->world = w;
+    return c;
+}
+
+static void comm_free(loom_comm *c)
+{
+    if (!c)
+        return;
+    for (struct sub_count *sc = c->subs, *next; sc; sc = next) {
+        next = sc->next;
+        free(sc);
+    }
+    free(c->world);
+    free(c);
+}
+
+/* Called with ucx.lock held. */
+void ucx_comm_fail(loom_comm *c, int status, const char *why)
+{
+    if (!c->failed) {
+        c->failed = 1;
+        c->fail_status = status;
+        snprintf(c->failure, sizeof c->failure, "%s", why);
+    }
+    ucx.failed = 1;
+}
+
+int ucx_create_world(const loom_host *host, loom_comm **out)
+{
+    if (!out)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
+        return host ? host->error(host, LOOM_ERR_INVALID, "comm-ucx: bad rank %d of %d", host->rank,
+                                  host->world_size)
+                    : LOOM_ERR_INVALID;
+    if (host->world_size > 65536)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "comm-ucx: %d ranks is more than the 65536 its tags can address",
+                           host->world_size);
+    ucx_settings s;
+    int st = ucx_settings_read(host, &s);
+    if (st != LOOM_OK)
+        return st;
+
+    pthread_mutex_lock(&ucx.lock);
+    if (ucx.refs == 0) {
+        st = process_start(host, &s);
+    } else if (ucx.world_size != host->world_size || ucx.world_rank != host->rank) {
+        st = host->error(host, LOOM_ERR_INVALID,
+                         "comm-ucx: a second world of %d ranks (this rank %d) while one of %d "
+                         "(rank %d) is alive in this process",
+                         host->world_size, host->rank, ucx.world_size, ucx.world_rank);
+    }
+    int k = ucx.nworlds++;
+    if (st == LOOM_OK)
+        ucx.refs++;
+    pthread_mutex_unlock(&ucx.lock);
+    if (st != LOOM_OK)
+        return st;
+
+    loom_comm *c = comm_alloc(host, host->rank, host->world_size, &s);
+    if (!c) {
+        st = host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    } else {
+        c->is_world = 1;
+        for (int i = 0; i < c->size; i++)
+            c->world[i] = i;
+        comm_describe(c);
+        char key[64];
+        snprintf(key, sizeof key, "world/%d", k);
+        if (host->rank == 0) {
+            st = host->kv_add(host, "uid", 1, &c->uid);
+            if (st == LOOM_OK)
+                st = host->kv_put(host, key, &c->uid, sizeof c->uid);
+        } else {
+            size_t len = 0;
+            st = host->kv_get(host, key, &c->uid, sizeof c->uid, &len, s.timeout_s);
+            if (st != LOOM_OK)
+                st = host->error(host, st,
+                                 "comm-ucx: rank 0 did not publish the id of world communicator "
+                                 "#%d within %.1f s",
+                                 k, s.timeout_s);
+        }
+        c->tag_id = (uint64_t)c->uid;
+    }
+    if (st != LOOM_OK) {
+        comm_free(c);
+        pthread_mutex_lock(&ucx.lock);
+        if (--ucx.refs == 0) {
+            ucx.failed = 1;
+            process_teardown(host);
+        }
+        pthread_mutex_unlock(&ucx.lock);
+        return st;
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+static uint64_t list_hash(const int *ranks, int n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ranks[i];
+        for (int k = 0; k < 4; k++) {
+            h ^= (v >> (8 * k)) & 0xffu;
+            h *= 1099511628211ull;
+        }
+    }
+    return h ^ (uint64_t)n;
+}
+
+/* Collective over the listed ranks only: subgroup rank 0 takes an id from
+ * the store and the others read it, so disjoint subgroups form at once. */
+int ucx_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
+{
+    if (!out || !parent)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    const loom_host *h = parent->host;
+    if (!ranks || nranks < 1 || nranks > parent->size)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: create_subgroup on %s: %d ranks listed for a group of %d",
+                        parent->desc, nranks, parent->size);
+    int me = -1;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size)
+            return h->error(h, LOOM_ERR_INVALID,
+                            "comm-ucx: create_subgroup on %s: rank %d is not a rank of the group "
+                            "(0..%d)", parent->desc, ranks[i], parent->size - 1);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return h->error(h, LOOM_ERR_INVALID,
+                                "comm-ucx: create_subgroup on %s: rank %d is listed twice",
+                                parent->desc, ranks[i]);
+        if (ranks[i] == parent->rank)
+            me = i;
+    }
+    if (me < 0)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: create_subgroup on %s: the list does not contain this rank (%d)",
+                        parent->desc, parent->rank);
+    pthread_mutex_lock(&ucx.lock);
+    int failed = parent->failed;
+    char why[512];
+    snprintf(why, sizeof why, "%s", parent->failure);
+    pthread_mutex_unlock(&ucx.lock);
+    if (failed)
+        return h->error(h, LOOM_ERR_REMOTE, "comm-ucx: create_subgroup on %s: the group failed earlier: %s",
+                        parent->desc, why);
+
+    uint64_t hash = list_hash(ranks, nranks);
+    struct sub_count *sc = parent->subs;
+    while (sc && sc->hash != hash)
+        sc = sc->next;
+    if (!sc) {
+        if (!(sc = calloc(1, sizeof *sc)))
+            return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+        sc->hash = hash;
+        sc->next = parent->subs;
+        parent->subs = sc;
+    }
+    char key[128];
+    snprintf(key, sizeof key, "sub/%lld/%016llx/%d", (long long)parent->uid,
+             (unsigned long long)hash, sc->count++);
+
+    loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
+    if (!c)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    for (int i = 0; i < nranks; i++)
+        c->world[i] = parent->world[ranks[i]];
+    comm_describe(c);
+    int st;
+    if (me == 0) {
+        st = h->kv_add(h, "uid", 1, &c->uid);
+        if (st == LOOM_OK)
+            st = h->kv_put(h, key, &c->uid, sizeof c->uid);
+    } else {
+        size_t len = 0;
+        st = h->kv_get(h, key, &c->uid, sizeof c->uid, &len, parent->set.timeout_s);
+        if (st != LOOM_OK) {
+            char nm[64];
+            ucx_name_rank(parent, ranks[0], nm, sizeof nm);
+            st = h->error(h, st,
+                          "comm-ucx: create_subgroup of %s on %s: rank %s (the subgroup's rank 0) "
+                          "did not create it within %.1f s (did it pass the same rank list?)",
+                          c->desc, parent->desc, nm, parent->set.timeout_s);
+        }
+    }
+    if (st != LOOM_OK) {
+        comm_free(c);
+        return st;
+    }
+    c->tag_id = (uint64_t)c->uid;
+    pthread_mutex_lock(&ucx.lock);
+    ucx.refs++;
+    pthread_mutex_unlock(&ucx.lock);
+    *out = c;
+    return LOOM_OK;
+}
+
+int ucx_destroy(loom_comm *c)
+{
+    if (!c)
+        return LOOM_OK;
+    const loom_host *h = c->host;
+    pthread_mutex_lock(&ucx.lock);
+    /* Requests not released: unhook them (test/wait on them then fail
+     * cleanly); ones still running leave UCX unclean. */
+    int orphans = 0;
+    for (loom_comm_request *r = c->reqs, *next; r; r = next) {
+        next = r->cnext;
+        if (r->status == LOOM_IN_PROGRESS) {
+            orphans++;
+            sched_fail(r, LOOM_ERR_INVALID, "comm-ucx: %s #%llu: its group was destroyed while it was in flight",
+                       loom_comm_op_name(r->op), (unsigned long long)r->seq);
+        }
+        r->comm = NULL;
+        r->cnext = r->cprev = NULL;
+    }
+    c->reqs = NULL;
+    if (orphans) {
+        h->log(h, LOOM_LOG_WARN, "comm-ucx: %s destroyed with %d operation(s) still in flight",
+               c->desc, orphans);
+        ucx.failed = 1;
+    }
+    if (--ucx.refs == 0)
+        process_teardown(h);
+    pthread_mutex_unlock(&ucx.lock);
+    comm_free(c);
+    return LOOM_OK;
+}
+
+/* Everything in flight on the group fails now, so destroy cannot hang. */
+int ucx_abort(loom_comm *c)
+{
+    if (!c)
+        return LOOM_OK;
+    pthread_mutex_lock(&ucx.lock);
+    ucx_comm_fail(c, LOOM_ERR_REMOTE, "aborted after a failure");
+    for (loom_comm_request *r = c->reqs; r; r = r->cnext)
+        sched_fail(r, LOOM_ERR_REMOTE, "comm-ucx: %s #%llu on %s: aborted after a failure",
+                   loom_comm_op_name(r->op), (unsigned long long)r->seq, c->desc);
+    pthread_mutex_unlock(&ucx.lock);
+    return LOOM_OK;
+}

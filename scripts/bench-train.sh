@@ -1,0 +1,99 @@
+#!/bin/sh
+# Training throughput, printed as a markdown section: loom vs PyTorch
+# (Debian's python3-torch) on the same GPT-2 shapes and thread counts, MFU
+# against the sgemm peak loom measures, and DDP with and without overlap.
+#   usage: bash scripts/bench-train.sh > fragment.md   (scripts/bench.sh calls it)
+# Installs python3-torch with apt-get if it is missing (a few hundred MB).
+set -eu
+cd "$(dirname "$0")/.."
+LOOM=build/bin/loom
+PY=/usr/bin/python3
+if ! $PY -c "import torch" 2>/dev/null; then
+    echo "bench-train: installing python3-torch" >&2
+    apt-get install -y -q --no-install-recommends python3-torch >&2
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+
+median_ms() { # metrics file -> median step_ms after the first step
+    $PY -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print('%.1f' % statistics.median(x['step_ms'] for x in r))" "$1"
+}
+median_mfu() {
+    $PY -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print('%.1f' % (100*statistics.median(x['mfu'] for x in r)))" "$1"
+}
+
+# shape name, loom --set args, torch args, steps
+run_shape() {
+    name=$1; sets=$2; targs=$3
+    for threads in 1 2; do
+        # shellcheck disable=SC2086
+        "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.threads=$threads \
+            --metrics "$TMP/m.jsonl" > "$TMP/log" 2>&1 || { cat "$TMP/log" >&2; exit 1; }
+        peak=$(sed -n 's/.*MFU against \([0-9.]*\) GFLOP.*/\1/p' "$TMP/log")
+        lms=$(median_ms "$TMP/m.jsonl"); lmfu=$(median_mfu "$TMP/m.jsonl")
+        # shellcheck disable=SC2086
+        tms=$($PY scripts/bench/torch_gpt2.py $targs --threads $threads | sed 's/.*step \([0-9.]*\) ms.*/\1/')
+        tver=$($PY -c "import torch; print(torch.__version__)")
+        $PY -c "
+l, t, mfu, peak = float('$lms'), float('$tms'), float('$lmfu'), float('$peak')
+print('| %s | %d | %.1f | %.1f | %.2f | %.1f%% | %.1f%% | %.0f |' % ('$name', $threads, l, t, t / l, mfu, mfu * l / t, peak))"
+    done
+}
+
+echo "## Training throughput: loom vs PyTorch"
+echo
+echo "One rank, fp32, AdamW, the same model (llm.c's GPT-2) in both; median step"
+echo "time over the steps after the first. MFU counts 6 FLOPs per parameter per"
+echo "token plus causal attention, against the sgemm rate loom measures at start"
+echo "(the peak column, per thread count). PyTorch $($PY -c 'import torch; print(torch.__version__)') from Debian's python3-torch."
+echo
+echo "| model | threads | loom ms/step | PyTorch ms/step | PyTorch / loom | loom MFU | PyTorch MFU | sgemm peak GFLOP/s |"
+echo "|---|---|---|---|---|---|---|---|"
+run_shape "GPT-2 small (L12 C768, V 50257), B4 T256" \
+    "--set train.batch=4 --set train.steps=4" \
+    "--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256 --steps 4"
+run_shape "demo (L4 C128, V 256), B8 T64" \
+    "--set model.layers=4 --set model.channels=128 --set model.heads=4 --set model.vocab=256 --set model.padded_vocab=256 --set model.max_seq=256 --set train.batch=8 --set train.seq=64 --set train.steps=30" \
+    "--layers 4 --channels 128 --heads 4 --vocab 256 --padded-vocab 256 --batch 8 --seq 64 --steps 30"
+
+echo
+echo "## DDP: overlap of the gradient all-reduce with backward"
+echo
+echo "2 ranks (\`loom launch\`, comm-mpi), GPT-2 L6 C384 V256, batch 8 × seq 128,"
+echo "\`bucket_mb = 1\`; median step time over 10 steps. The exposed communication"
+echo "is the time of the bucket all-reduces when they all run after backward"
+echo "(overlap off, from the trace); the hidden share is how much of it overlap"
+echo "removes from the step."
+echo
+DDP="--set model.layers=6 --set model.channels=384 --set model.heads=6 --set model.vocab=256 --set model.padded_vocab=256 --set model.max_seq=256 --set train.batch=8 --set train.seq=128 --set train.steps=11 --set parallel.dp.size=2 --set parallel.dp.bucket_mb=1"
+for overlap in true false; do
+    # shellcheck disable=SC2086
+    "$LOOM" launch -n 2 -- "$LOOM" train scripts/bench/gpt2-small.cfg $DDP \
+        --set parallel.dp.overlap=$overlap --metrics "$TMP/ddp-$overlap.jsonl" \
+        --trace "$TMP/ddp-$overlap.json" > "$TMP/log" 2>&1 || { cat "$TMP/log" >&2; exit 1; }
+done
+$PY - "$TMP" <<'PY'
+import json, statistics, sys
+tmp = sys.argv[1]
+def step_ms(o):
+    return statistics.median(json.loads(l)["step_ms"] for l in list(open(f"{tmp}/ddp-{o}.jsonl"))[1:])
+on, off = step_ms("true"), step_ms("false")
+ev = json.load(open(f"{tmp}/ddp-false.json"))["traceEvents"]
+# rank 0's bucket spans, per step: the union of their intervals
+spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev
+               if e.get("ph") == "X" and e["pid"] == 0 and e["name"].startswith("ddp bucket"))
+total, end = 0.0, -1.0
+for s, e in spans:
+    if e > end:
+        total += e - max(s, end)
+        end = e
+comm = total / 1e3 / 11
+print("| overlap | ms/step |")
+print("|---|---|")
+print(f"| on | {on:.1f} |")
+print(f"| off | {off:.1f} |")
+print()
+print(f"Exposed all-reduce time with overlap off: {comm:.1f} ms/step; overlap saves "
+      f"{off - on:.1f} ms/step, hiding {100 * max(0.0, off - on) / comm:.0f}% of it.")
+PY
