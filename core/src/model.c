@@ -60,6 +60,9 @@ struct loom_model {
 
     /* fp32 copies of 16-bit parameters/gradients while a unit computes */
     float *param32, *grad32, *emb_param32, *emb_grad32;
+    loom_model_ops ops;
+    int *positions;               /* the global position of each of the seq rows */
+    int status;                   /* the first failure of a parallel op this pass */
     void **allocations;
     int nallocations, capallocations;
 };
@@ -275,7 +278,10 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     if (ok) {
         m->tokens = calloc(N, sizeof *m->tokens);
         m->targets = calloc(N, sizeof *m->targets);
-        ok = m->tokens && m->targets;
+        m->positions = calloc((size_t)setup->seq, sizeof *m->positions);
+        ok = m->tokens && m->targets && m->positions;
+        for (int t = 0; ok && t < setup->seq; t++)
+            m->positions[t] = t;
     }
     if (ok && setup->dtype != LOOM_F32) {
         size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
@@ -309,6 +315,7 @@ void loom_model_destroy(loom_model *m)
     free(m->saved);
     free(m->tokens);
     free(m->targets);
+    free(m->positions);
     free(m);
 }
 
@@ -420,6 +427,52 @@ static float *gtensor(const loom_model *m, int unit, float *base, int t)
     return base + m->units[unit].tensors[t].offset;
 }
 
+void loom_model_set_ops(loom_model *m, const loom_model_ops *ops) { m->ops = *ops; }
+
+static void record(loom_model *m, int rc)
+{
+    if (rc != LOOM_OK && m->status == LOOM_OK)
+        m->status = rc;
+}
+
+/* The attention op: the sequence strategy's if installed, else the CPU
+ * kernels over the whole sequence. Forward when dout is NULL. */
+static void attention(loom_model *m, block_acts *a, const float *dout, float *dq, float *dk,
+                      float *dv, int B, int T, int NH, int HS)
+{
+    loom_attention at = {B, T, NH, HS, LOOM_F32, m->positions, a->q, a->k, a->v, a->atty,
+                         a->lse, dout, dq, dk, dv, &loom_attention_kernels_cpu};
+    if (!dout && m->ops.attention_forward)
+        record(m, m->ops.attention_forward(m->ops.ctx, &at));
+    else if (dout && m->ops.attention_backward)
+        record(m, m->ops.attention_backward(m->ops.ctx, &at));
+    else if (!dout)
+        loom_attention_kernels_cpu.block_forward(a->q, m->positions, T, a->k, a->v, m->positions,
+                                                 T, B, NH, HS, LOOM_F32, a->atty, a->lse, 1);
+    else
+        loom_attention_kernels_cpu.block_backward(a->q, m->positions, T, a->k, a->v,
+                                                  m->positions, T, B, NH, HS, LOOM_F32, a->atty,
+                                                  dout, a->lse, dq, dk, dv);
+}
+
+/* A (rows, cols) fp32 view for the border hooks. */
+static loom_tensor view(float *data, int rows, int cols)
+{
+    loom_tensor t = {data, LOOM_F32, LOOM_MEM_HOST, 2, {rows, cols}, {cols, 1}};
+    return t;
+}
+
+/* Megatron's f and g and their conjugates, in place on the fp32 buffer. The
+ * default is the identity, which a single tensor rank needs. */
+typedef int (*border_fn)(void *, loom_region, const loom_tensor *, loom_tensor *);
+static void border(loom_model *m, border_fn fn, loom_region region, float *data, int cols)
+{
+    if (!fn)
+        return;
+    loom_tensor t = view(data, m->N, cols), out = t;
+    record(m, fn(m->ops.ctx, region, &t, &out));
+}
+
 /* a->x holds the input; fills every activation and a->out. */
 static void block_forward(loom_model *m, int unit, const float *p, block_acts *a)
 {
@@ -428,22 +481,26 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     const float *qkvw = tensor(m, unit, p, QKVW), *qkvb = tensor(m, unit, p, QKVB);
     loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x, tensor(m, unit, p, LN1W),
                            tensor(m, unit, p, LN1B), N, C);
+    border(m, m->ops.region_enter, LOOM_REGION_ATTENTION, a->ln1, C);
     /* QKV as three products so q, k and v land contiguous, heads side by side */
     loom_matmul_forward(a->q, a->ln1, qkvw, qkvb, N, C, C);
     loom_matmul_forward(a->k, a->ln1, qkvw + CC, qkvb + C, N, C, C);
     loom_matmul_forward(a->v, a->ln1, qkvw + 2 * CC, qkvb + 2 * C, N, C, C);
-    loom_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, NH, C / NH);
+    attention(m, a, NULL, NULL, NULL, NULL, B, T, NH, C / NH);
     float *proj = m->dtmp_a; /* free during forward */
     loom_matmul_forward(proj, a->atty, tensor(m, unit, p, ATTPROJW), tensor(m, unit, p, ATTPROJB),
                         N, C, C);
+    border(m, m->ops.region_exit, LOOM_REGION_ATTENTION, proj, C);
     loom_residual_forward(a->res2, a->x, proj, N * C);
     loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2, tensor(m, unit, p, LN2W),
                            tensor(m, unit, p, LN2B), N, C);
+    border(m, m->ops.region_enter, LOOM_REGION_MLP, a->ln2, C);
     loom_matmul_forward(a->fch, a->ln2, tensor(m, unit, p, FCW), tensor(m, unit, p, FCB), N, C,
                         4 * C);
     loom_gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
     loom_matmul_forward(proj, a->fch_gelu, tensor(m, unit, p, FCPROJW),
                         tensor(m, unit, p, FCPROJB), N, 4 * C, C);
+    border(m, m->ops.region_exit, LOOM_REGION_MLP, proj, C);
     loom_residual_forward(a->out, a->res2, proj, N * C);
 }
 
@@ -456,6 +513,7 @@ static void block_backward(loom_model *m, int unit, const float *p, float *g, bl
     float *dfch_gelu = m->dwide_a, *dfch = m->dwide_b;
     /* out = res2 + fcproj(...): both get dresid */
     memcpy(dres2, m->dresid, NC * sizeof(float));
+    border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, C);
     memset(dfch_gelu, 0, NC * 4 * sizeof(float));
     loom_matmul_backward(dfch_gelu, gtensor(m, unit, g, FCPROJW), gtensor(m, unit, g, FCPROJB),
                          m->dresid, a->fch_gelu, tensor(m, unit, p, FCPROJW), N, 4 * C, C);
@@ -464,18 +522,19 @@ static void block_backward(loom_model *m, int unit, const float *p, float *g, bl
     memset(dtmp, 0, NC * sizeof(float));
     loom_matmul_backward(dtmp, gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, a->ln2,
                          tensor(m, unit, p, FCW), N, C, 4 * C);
+    border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, C);
     loom_layernorm_backward(dres2, gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dtmp,
                             a->res2, tensor(m, unit, p, LN2W), a->mean2, a->rstd2, N, C);
     /* res2 = x + attproj(atty): x gets dres2, attention the rest */
     memcpy(m->dresid, dres2, NC * sizeof(float));
+    border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, C);
     float *datty = dtmp;
     memset(datty, 0, NC * sizeof(float));
     loom_matmul_backward(datty, gtensor(m, unit, g, ATTPROJW), gtensor(m, unit, g, ATTPROJB),
                          dres2, a->atty, tensor(m, unit, p, ATTPROJW), N, C, C);
     float *dq = m->dwide_a, *dk = m->dwide_a + NC, *dv = m->dwide_a + 2 * NC;
     memset(m->dwide_a, 0, 3 * NC * sizeof(float));
-    loom_attention_backward(dq, dk, dv, a->q, a->k, a->v, a->atty, datty, a->lse, B, T, NH,
-                            C / NH);
+    attention(m, a, datty, dq, dk, dv, B, T, NH, C / NH);
     float *dln1 = dres2;
     memset(dln1, 0, NC * sizeof(float));
     float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
@@ -483,6 +542,7 @@ static void block_backward(loom_model *m, int unit, const float *p, float *g, bl
     loom_matmul_backward(dln1, dqkvw, dqkvb, dq, a->ln1, qkvw, N, C, C);
     loom_matmul_backward(dln1, dqkvw + CC, dqkvb + C, dk, a->ln1, qkvw + CC, N, C, C);
     loom_matmul_backward(dln1, dqkvw + 2 * CC, dqkvb + 2 * C, dv, a->ln1, qkvw + 2 * CC, N, C, C);
+    border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dln1, C);
     loom_layernorm_backward(m->dresid, gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
                             a->x, tensor(m, unit, p, LN1W), a->mean1, a->rstd1, N, C);
 }
@@ -539,8 +599,19 @@ static void block_input32(loom_model *m, int l, float *dst)
 
 /* ---- units ---- */
 
+static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
+                         float *loss);
+static int model_backward(loom_model *m, int unit, float dloss);
+
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss)
+{
+    int rc = model_forward(m, unit, inputs, targets, loss);
+    return rc != LOOM_OK ? rc : m->status;
+}
+
+static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
+                         float *loss)
 {
     int N = m->N, C = m->C, L = m->L;
     size_t NC = (size_t)N * C;
@@ -594,6 +665,12 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
 }
 
 int loom_model_backward(loom_model *m, int unit, float dloss)
+{
+    int rc = model_backward(m, unit, dloss);
+    return rc != LOOM_OK ? rc : m->status;
+}
+
+static int model_backward(loom_model *m, int unit, float dloss)
 {
     int N = m->N, C = m->C, L = m->L;
     size_t NC = (size_t)N * C;

@@ -46,6 +46,25 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
  * wte gradient of unit 0). */
 int loom_model_backward(loom_model *m, int unit, float dloss);
 
+/* The parallel ops the model is written against (DESIGN §5.1). The trainer
+ * installs a strategy's hooks here; a NULL member is the local default:
+ * whole-sequence attention with the CPU kernels, identity borders. The
+ * border hooks see each tensor-parallel region's input and output in
+ * forward and the gradients in backward (Megatron's f and g). */
+typedef struct loom_model_ops {
+    void *ctx;
+    int (*attention_forward)(void *ctx, const loom_attention *a);
+    int (*attention_backward)(void *ctx, const loom_attention *a);
+    int (*region_enter)(void *ctx, loom_region region, const loom_tensor *x, loom_tensor *out);
+    int (*region_exit)(void *ctx, loom_region region, const loom_tensor *partial,
+                       loom_tensor *out);
+    int (*region_exit_backward)(void *ctx, loom_region region, const loom_tensor *dout,
+                                loom_tensor *dpartial);
+    int (*region_enter_backward)(void *ctx, loom_region region, const loom_tensor *dregion_in,
+                                 loom_tensor *dx);
+} loom_model_ops;
+void loom_model_set_ops(loom_model *m, const loom_model_ops *ops);
+
 /* FLOPs of one forward+backward per token (6N plus attention), for MFU. */
 double loom_model_flops_per_token(const loom_model *m);
 

@@ -188,6 +188,7 @@ struct loom_comm_request {
     struct scratch_buf *scratch[REQ_SCRATCH_MAX];
     int nscratch;
     int status;          /* LOOM_IN_PROGRESS, LOOM_OK or an error */
+    double next_check;   /* when a wait next checks that its peers live */
     char error[640];     /* the detail of a failure found while advancing */
     int active;          /* on ucx.active_* */
     struct loom_comm_request *anext, *aprev; /* ucx.active_* */
@@ -249,6 +250,12 @@ int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
 void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap);
+/* Waiting without hogging a core: yield while the wait is young, then
+ * short sleeps (4 ranks share 2 cores in the tests). */
+typedef struct ucx_idle_state {
+    uint64_t since_ns; /* 0: not idle */
+} ucx_idle_state;
+void ucx_idle(ucx_idle_state *s, int events);
 
 /* ucx_reduce.c */
 void ucx_reduce(void *dst, const void *a, const void *b, size_t n, loom_dtype t, loom_redop op);

@@ -184,12 +184,6 @@ static void process_teardown(const loom_host *host)
     ucx.failed = 0;
 }
 
-static int kv_get_all(const loom_host *host, const char *key, void *buf, size_t cap,
-                      size_t *len, double timeout_s)
-{
-    return host->kv_get(host, key, buf, cap, len, timeout_s);
-}
-
 /* Make the context, the worker and an endpoint to every world rank.
  * Called with ucx.lock held, on every rank at its first create_world. */
 static int process_start(const loom_host *host, const ucx_settings *s)
@@ -279,7 +273,7 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     for (int w = 0; w < n && st == LOOM_OK; w++) {
         size_t len = 0;
         snprintf(key, sizeof key, "addr/%d/%d", gen, w);
-        st = kv_get_all(host, key, theirs, bcap, &len, s->timeout_s);
+        st = host->kv_get(host, key, theirs, bcap, &len, s->timeout_s);
         if (st != LOOM_OK) {
             st = host->error(host, st,
                              "comm-ucx: rank %d did not publish its UCX address within %.1f s "
