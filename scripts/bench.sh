@@ -1,7 +1,8 @@
 #!/bin/sh
-# Regenerate docs/benchmarks.md: `loom bench` at 2 and 4 local ranks, with
-# the machine it ran on. Figures on a shared machine are noisy; compare rows
-# of one run side by side rather than across runs.
+# Regenerate docs/benchmarks.md: `loom bench` at 2 and 4 local ranks, then
+# training throughput against PyTorch and DDP overlap (scripts/bench-train.sh),
+# with the machine it ran on. Figures on a shared machine are noisy; compare
+# rows of one run side by side rather than across runs.
 #   usage: bash scripts/bench.sh [CONFIG]     (default examples/bench.cfg)
 set -eu
 cd "$(dirname "$0")/.."
@@ -26,14 +27,19 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
     echo "time is the slowest rank's mean over the timed iterations; busbw uses"
     echo "nccl-tests' factors (allreduce 2(n-1)/n; allgather, reducescatter and"
     echo "alltoall (n-1)/n; the rest 1). Every row's result was checked (#wrong)."
+    echo
+    echo "Collective backends side by side (comm-ucx against Open MPI):"
+    echo "[benchmarks-ucx.md](benchmarks-ucx.md), from \`scripts/bench-ucx.sh\`."
     for n in 2 4; do
         echo
-        echo "## $n ranks"
+        echo "## loom bench, $n ranks"
         echo
         echo '```'
         "$LOOM" launch -n "$n" -- "$LOOM" bench "$CONFIG" 2>&1 | sed -n 's/^\[0\] //p'
         echo '```'
     done
+    echo
+    bash scripts/bench-train.sh
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "bench.sh: wrote $OUT"

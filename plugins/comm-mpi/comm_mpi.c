@@ -624,7 +624,7 @@ static int init_mpi(const loom_host *host)
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     if (provided < MPI_THREAD_SERIALIZED)
         host->log(host, LOOM_LOG_WARN,
-                  "comm-mpi: MPI provides only thread level %d: call communicators from the "
+                  "MPI provides only thread level %d: call communicators from the "
                   "thread that created them", provided);
     return LOOM_OK;
 }
@@ -684,7 +684,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
         struct sigaction sa;
         if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
             signal(SIGPIPE, SIG_IGN);
-            host->log(host, LOOM_LOG_DEBUG, "comm-mpi: ignoring SIGPIPE (MPI joined through ompi-server)");
+            host->log(host, LOOM_LOG_DEBUG, "ignoring SIGPIPE (MPI joined through ompi-server)");
         }
         setenv("OMPI_MCA_pmix_server_uri", uri, 1);
         setenv("OMPI_MCA_oob_tcp_if_include", s->tcp_interface, 1);
@@ -695,7 +695,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
         double t0 = now_s();
         if ((st = join_world(host, s, &proc.base)) != LOOM_OK)
             return st;
-        host->log(host, LOOM_LOG_DEBUG, "comm-mpi: %d singletons joined through ompi-server in %.2f s",
+        host->log(host, LOOM_LOG_DEBUG, "%d singletons joined through ompi-server in %.2f s",
                   host->world_size, now_s() - t0);
     } else {
         if ((st = init_mpi(host)) != LOOM_OK)
@@ -714,7 +714,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
                            mrank, msize, host->rank, host->world_size);
     if ((rc = half_types_create(host)) != LOOM_OK)
         return rc;
-    host->log(host, LOOM_LOG_DEBUG, "comm-mpi: MPI up (%s, thread level %d)",
+    host->log(host, LOOM_LOG_DEBUG, "MPI up (%s, thread level %d)",
               proc.joined ? "joined under loom launch" : mpi_launched ? "mpirun" : "singleton",
               proc.thread_level);
     proc.started = 1;
@@ -727,7 +727,7 @@ static void process_stop(const loom_host *host, double timeout_s)
     if (proc.failed && (proc.started || proc.init_here))
         /* MPI_Finalize waits for operations that will never complete once a
          * peer is gone; the process is about to fail anyway. */
-        host->log(host, LOOM_LOG_WARN, "comm-mpi: skipping MPI_Finalize after a failure");
+        host->log(host, LOOM_LOG_WARN, "skipping MPI_Finalize after a failure");
     else if (proc.started) {
         half_types_free();
         if (proc.joined && proc.base != MPI_COMM_NULL)
@@ -753,7 +753,7 @@ static void process_stop(const loom_host *host, double timeout_s)
         }
         if (proc.server > 0 && !proc.failed && done < host->world_size)
             host->log(host, LOOM_LOG_WARN,
-                      "comm-mpi: %lld of %d ranks finished MPI_Finalize; stopping ompi-server anyway",
+                      "%lld of %d ranks finished MPI_Finalize; stopping ompi-server anyway",
                       (long long)done, host->world_size);
     }
     server_stop();
