@@ -45,6 +45,21 @@ int loom_dataloader_init(loom_dataloader *dl, const loom_token_shard *shard, int
     return LOOM_OK;
 }
 
+int loom_dataloader_set_positions(loom_dataloader *dl, const int *positions, int count)
+{
+    if (count <= 0 || count > dl->seq)
+        return loom_fail(LOOM_ERR_INVALID, "data loader: %d positions of a sequence of %d", count,
+                         dl->seq);
+    for (int i = 0; positions && i < count; i++)
+        if (positions[i] < 0 || positions[i] >= dl->seq)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "data loader: position %d is outside the sequence of %d",
+                             positions[i], dl->seq);
+    dl->positions = positions;
+    dl->npositions = positions ? count : 0;
+    return LOOM_OK;
+}
+
 void loom_dataloader_next(loom_dataloader *dl, int *inputs, int *targets)
 {
     const size_t T = (size_t)dl->seq, B = (size_t)dl->batch;
@@ -55,9 +70,19 @@ void loom_dataloader_next(loom_dataloader *dl, int *inputs, int *targets)
     /* Sequence j of the window starts at j*T; its targets are the same
      * tokens one further on, which is why a window holds B*T+1 tokens. */
     const uint16_t *src = window + first * T;
-    for (size_t i = 0; i < per_rank * T; i++) {
-        inputs[i] = src[i];
-        targets[i] = src[i + 1];
+    if (dl->positions) {
+        const size_t P = (size_t)dl->npositions;
+        for (size_t b = 0; b < per_rank; b++)
+            for (size_t i = 0; i < P; i++) {
+                const uint16_t *tok = src + b * T + (size_t)dl->positions[i];
+                inputs[b * P + i] = tok[0];
+                targets[b * P + i] = tok[1];
+            }
+    } else {
+        for (size_t i = 0; i < per_rank * T; i++) {
+            inputs[i] = src[i];
+            targets[i] = src[i + 1];
+        }
     }
     if (++dl->micro == dl->grad_accum) {
         dl->micro = 0;

@@ -62,13 +62,20 @@ typedef struct loom_dataloader {
     int batch, seq, dp_rank, dp_size, grad_accum;
     size_t position; /* start of the current step's window */
     int micro;       /* next micro-batch within the step */
+    const int *positions; /* a sequence rank's positions of each sequence; NULL: all */
+    int npositions;
 } loom_dataloader;
 /* Checks that batch divides by dp_size * grad_accum and the shard holds at
  * least one window, with a message naming the settings. */
 int loom_dataloader_init(loom_dataloader *dl, const loom_token_shard *shard, int batch, int seq,
                          int dp_rank, int dp_size, int grad_accum);
-/* Fill this rank's next micro-batch: (batch/(dp*K)) * seq inputs and targets.
- * After the step's last micro-batch the position advances. */
+/* A sequence-parallel rank keeps only these positions (count of them, each
+ * < seq; borrowed, not copied) of every sequence, in this order, inputs
+ * and targets alike. */
+int loom_dataloader_set_positions(loom_dataloader *dl, const int *positions, int count);
+/* Fill this rank's next micro-batch: (batch/(dp*K)) * seq inputs and targets
+ * (* npositions with positions set). After the step's last micro-batch the
+ * position advances. */
 void loom_dataloader_next(loom_dataloader *dl, int *inputs, int *targets);
 
 #endif

@@ -34,17 +34,30 @@ typedef struct block_saved {
 } block_saved;
 
 typedef struct head_acts {
-    float *lnf, *meanf, *rstdf; /* (N, C), (N), (N) */
-    float *probs;               /* (N, Vp), kept fp32 for the loss */
+    float *lnf, *meanf, *rstdf; /* (R, C), (R), (R) */
+    float *probs;               /* (N, Vl), kept fp32 for the loss */
     float *losses;              /* (N) */
-    float *dlogits;             /* (N, Vp) backward scratch */
+    float *dlogits;             /* (N, Vl) backward scratch */
+    float *rowstat;             /* (3N) the parallel loss's max, sum and target logit */
 } head_acts;
 
 struct loom_model {
     loom_model_setup s;
+    loom_model_layout lay;
     int N, C, L, NH, V, Vp, maxT;
+    /* The parallel layout. T: positions held per sequence; R: rows of the
+     * residual regions (N, or N/tp with sequence parallelism), the first
+     * being row0 of the N; local widths: NHl heads of HS (Cq = NHl·HS of
+     * q, k and v), F of the MLP; wte rows [v0, v0+Vl), of which Vreal are
+     * real tokens (the rest padding). */
+    int tp, tp_rank, seqpar, T, R, row0;
+    int NHl, HS, Cq, F, Vl, v0, Vreal;
+    int scratch_grads;            /* gradients pass through fp32 scratch (16-bit or parallel) */
     loom_unit *units;
     loom_param_desc *descs;       /* all units' tensor views */
+    loom_param_shard *shards;     /* this rank's slice of each, parallel to descs */
+    size_t *full_offsets;         /* each tensor's place in the whole unit, parallel to descs */
+    size_t *full_numel;           /* per unit */
     int inplace;                  /* fp32 without recomputation */
 
     block_saved *saved;           /* L (not inplace) */
@@ -55,13 +68,15 @@ struct loom_model {
     head_acts head;
 
     float *dresid, *dtmp_a, *dtmp_b, *dwide_a, *dwide_b; /* backward scratch */
+    float *gathered, *dfull, *dsmall; /* sequence parallelism's row-gathered and -scattered */
     float *dlosses;
     int *tokens, *targets;        /* the current micro-batch */
 
     /* fp32 copies of 16-bit parameters/gradients while a unit computes */
     float *param32, *grad32, *emb_param32, *emb_grad32;
     loom_model_ops ops;
-    int *positions;               /* the global position of each of the seq rows */
+    int *positions;               /* the global position of each of the T rows of a sequence */
+    float *scratch_lse;           /* the scratch set's own lse (recomputation) */
     int status;                   /* the first failure of a parallel op this pass */
     void **allocations;
     int nallocations, capallocations;
@@ -98,23 +113,24 @@ static void *stored(loom_model *m, size_t n)
 
 static int alloc_block_f32(loom_model *m, block_acts *a, int with_x)
 {
-    size_t N = (size_t)m->N, C = (size_t)m->C;
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
     if (with_x)
-        a->x = f32(m, N * C);
-    a->ln1 = f32(m, N * C);
-    a->mean1 = f32(m, N);
-    a->rstd1 = f32(m, N);
-    a->q = f32(m, N * C);
-    a->k = f32(m, N * C);
-    a->v = f32(m, N * C);
-    a->atty = f32(m, N * C);
-    a->lse = f32(m, (size_t)m->s.batch * m->NH * m->s.seq);
-    a->res2 = f32(m, N * C);
-    a->ln2 = f32(m, N * C);
-    a->mean2 = f32(m, N);
-    a->rstd2 = f32(m, N);
-    a->fch = f32(m, N * 4 * C);
-    a->fch_gelu = f32(m, N * 4 * C);
+        a->x = f32(m, R * C);
+    a->ln1 = f32(m, R * C);
+    a->mean1 = f32(m, R);
+    a->rstd1 = f32(m, R);
+    a->q = f32(m, N * Cq);
+    a->k = f32(m, N * Cq);
+    a->v = f32(m, N * Cq);
+    a->atty = f32(m, N * Cq);
+    a->lse = f32(m, (size_t)m->s.batch * m->NHl * m->T);
+    a->res2 = f32(m, R * C);
+    a->ln2 = f32(m, R * C);
+    a->mean2 = f32(m, R);
+    a->rstd2 = f32(m, R);
+    a->fch = f32(m, N * F);
+    a->fch_gelu = f32(m, N * F);
     return a->ln1 && a->mean1 && a->rstd1 && a->q && a->k && a->v && a->atty && a->lse &&
            a->res2 && a->ln2 && a->mean2 && a->rstd2 && a->fch && a->fch_gelu &&
            (!with_x || a->x);
@@ -140,13 +156,102 @@ static const char *const block_names[BLOCK_TENSORS] = {
     "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
 
+/* The length of a tensor's split dim, per part. */
+static int64_t split_length(const loom_param_desc *d)
+{
+    if (d->split == LOOM_SPLIT_COLUMNS)
+        return d->shape[d->ndim - 1];
+    return d->shape[0] / (d->split_parts > 1 ? d->split_parts : 1);
+}
+
+/* This rank's slice of one tensor: the tensor strategy's, else even. */
+static int shard_tensor(loom_model *m, const loom_param_desc *d, loom_param_shard *sh)
+{
+    int64_t len = split_length(d);
+    sh->begin = 0;
+    sh->count = len;
+    if (m->tp == 1 || d->split == LOOM_SPLIT_REPLICATED)
+        return LOOM_OK;
+    if (m->lay.tensor_shard) {
+        int rc = m->lay.tensor_shard(m->lay.shard_ctx, d, sh);
+        if (rc != LOOM_OK)
+            return rc;
+    } else {
+        if (len % m->tp != 0)
+            return loom_fail(LOOM_ERR_INVALID, "model: %s's split dim of %lld does not divide by "
+                             "%d tensor ranks", d->name, (long long)len, m->tp);
+        sh->count = len / m->tp;
+        sh->begin = sh->count * m->tp_rank;
+    }
+    if (sh->begin < 0 || sh->count <= 0 || sh->begin + sh->count > len)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy gave %s the slice %lld+%lld of %lld; "
+                         "a slice must be non-empty and inside the split dim",
+                         d->name, (long long)sh->begin, (long long)sh->count, (long long)len);
+    return LOOM_OK;
+}
+
+/* Local shapes and offsets from the shards; the whole unit's offsets kept. */
+static int localise_unit(loom_model *m, loom_unit *u, loom_param_shard *shards,
+                         size_t *full_offsets, size_t *full_numel)
+{
+    loom_param_desc *d = (loom_param_desc *)(uintptr_t)u->tensors;
+    size_t off = 0;
+    for (int i = 0; i < u->ntensors; i++) {
+        full_offsets[i] = d[i].offset;
+        int rc = shard_tensor(m, &d[i], &shards[i]);
+        if (rc != LOOM_OK)
+            return rc;
+        int parts = d[i].split_parts > 1 ? d[i].split_parts : 1;
+        if (d[i].split == LOOM_SPLIT_ROWS)
+            d[i].local_shape[0] = shards[i].count * parts;
+        else if (d[i].split == LOOM_SPLIT_COLUMNS)
+            d[i].local_shape[d[i].ndim - 1] = shards[i].count;
+        d[i].count = (size_t)d[i].local_shape[0] * (size_t)(d[i].ndim > 1 ? d[i].local_shape[1] : 1);
+        d[i].offset = off;
+        off += d[i].count;
+    }
+    *full_numel = u->numel;
+    u->numel = off;
+    return LOOM_OK;
+}
+
+static int same_shard(const loom_param_shard *a, const loom_param_shard *b)
+{
+    return a->begin == b->begin && a->count == b->count;
+}
+
+/* The model computes with the slices, so they must fit together: q, k and
+ * v whole heads, the row-parallel inputs the column-parallel outputs. */
+static int check_block_shards(const loom_model *m, const loom_param_shard *sh)
+{
+    const char *bad = NULL;
+    if (!same_shard(&sh[QKVW], &sh[QKVB]) || !same_shard(&sh[QKVW], &sh[ATTPROJW]))
+        bad = "qkvw, qkvb and attprojw's columns";
+    else if (!same_shard(&sh[FCW], &sh[FCB]) || !same_shard(&sh[FCW], &sh[FCPROJW]))
+        bad = "fcw, fcb and fcprojw's columns";
+    if (bad)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy split %s differently; they must match", bad);
+    int HS = m->C / m->NH;
+    if (sh[QKVW].begin % HS || sh[QKVW].count % HS)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy split qkvw at %lld+%lld, not on whole heads "
+                         "of %d channels", (long long)sh[QKVW].begin, (long long)sh[QKVW].count, HS);
+    return LOOM_OK;
+}
+
 static int build_units(loom_model *m)
 {
     int L = m->L, C = m->C;
     int nunits = L + 2;
+    int ndescs = 2 + L * BLOCK_TENSORS + 2;
     m->units = calloc((size_t)nunits, sizeof *m->units);
-    m->descs = calloc((size_t)(2 + L * BLOCK_TENSORS + 2), sizeof *m->descs);
-    if (!m->units || !m->descs)
+    m->descs = calloc((size_t)ndescs, sizeof *m->descs);
+    m->shards = calloc((size_t)ndescs, sizeof *m->shards);
+    m->full_offsets = calloc((size_t)ndescs, sizeof *m->full_offsets);
+    m->full_numel = calloc((size_t)nunits, sizeof *m->full_numel);
+    if (!m->units || !m->descs || !m->shards || !m->full_offsets || !m->full_numel)
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     loom_param_desc *d = m->descs;
 
@@ -193,14 +298,49 @@ static int build_units(loom_model *m)
     set_desc(d++, "lnfb", &off, 1, C, 0, LOOM_SPLIT_REPLICATED, 1);
     u->ntensors = 2;
     u->numel = off;
-    for (int i = 0; i < nunits; i++)
+
+    size_t first = 0;
+    for (int i = 0; i < nunits; i++) {
         m->units[i].compute_dtype = m->s.dtype;
+        int rc = localise_unit(m, &m->units[i], m->shards + first, m->full_offsets + first,
+                               &m->full_numel[i]);
+        if (rc == LOOM_OK && m->units[i].kind == LOOM_UNIT_BLOCK)
+            rc = check_block_shards(m, m->shards + first);
+        if (rc != LOOM_OK)
+            return rc;
+        first += (size_t)m->units[i].ntensors;
+    }
+    /* the widths this rank computes with */
+    const loom_param_shard *wte = &m->shards[0];
+    m->v0 = (int)wte->begin;
+    m->Vl = (int)wte->count;
+    m->Vreal = m->V - m->v0 < 0 ? 0 : m->V - m->v0 > m->Vl ? m->Vl : m->V - m->v0;
+    m->HS = C / m->NH;
+    m->Cq = L > 0 ? (int)m->shards[2 + QKVW].count : C;
+    m->F = L > 0 ? (int)m->shards[2 + FCW].count : 4 * C;
+    m->NHl = m->Cq / m->HS;
+    for (int l = 1; l < L; l++) {
+        const loom_param_shard *sh = m->shards + 2 + (size_t)l * BLOCK_TENSORS;
+        if (!same_shard(&sh[QKVW], &m->shards[2 + QKVW]) || !same_shard(&sh[FCW], &m->shards[2 + FCW]))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "model: the tensor strategy split block %d unlike block 0; every "
+                             "block must be split the same way", l);
+    }
     return LOOM_OK;
 }
 
 int loom_model_create(const loom_model_setup *setup, loom_model **out)
 {
+    return loom_model_create_parallel(setup, NULL, out);
+}
+
+int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
+                               loom_model **out)
+{
     const loom_gpt2_shape *sh = &setup->shape;
+    loom_model_layout single;
+    memset(&single, 0, sizeof single);
+    const loom_model_layout *lay = layout ? layout : &single;
     if (setup->dtype != LOOM_F32 && setup->dtype != LOOM_BF16 && setup->dtype != LOOM_F16)
         return loom_fail(LOOM_ERR_INVALID, "model: compute dtype must be f32, bf16 or f16");
     if (sh->channels % sh->heads != 0)
@@ -209,11 +349,35 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     if (setup->seq > sh->max_seq)
         return loom_fail(LOOM_ERR_INVALID, "model: train.seq %d exceeds model.max_seq %d",
                          setup->seq, sh->max_seq);
+    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
+    int T = lay->positions ? lay->npositions : setup->seq;
+    if (lay->tp_rank < 0 || lay->tp_rank >= tp)
+        return loom_fail(LOOM_ERR_INVALID, "model: tp rank %d outside 0..%d", lay->tp_rank,
+                         tp - 1);
+    if (T <= 0 || T > setup->seq)
+        return loom_fail(LOOM_ERR_INVALID, "model: %d positions per sequence of %d", T,
+                         setup->seq);
+    for (int i = 0; lay->positions && i < T; i++)
+        if (lay->positions[i] < 0 || lay->positions[i] >= setup->seq)
+            return loom_fail(LOOM_ERR_INVALID, "model: position %d outside the sequence of %d",
+                             lay->positions[i], setup->seq);
+    if (tp > 1 && lay->sequence_parallel && (setup->batch * T) % tp != 0)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: sequence parallelism splits the %d token rows of a micro-batch "
+                         "(%d sequences x %d positions) %d ways, which does not divide",
+                         setup->batch * T, setup->batch, T, tp);
     loom_model *m = calloc(1, sizeof *m);
     if (!m)
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     m->s = *setup;
-    m->N = setup->batch * setup->seq;
+    m->lay = *lay;
+    m->tp = tp;
+    m->tp_rank = lay->tp_rank;
+    m->seqpar = tp > 1 && lay->sequence_parallel;
+    m->T = T;
+    m->N = setup->batch * T;
+    m->R = m->seqpar ? m->N / tp : m->N;
+    m->row0 = m->seqpar ? m->tp_rank * m->R : 0;
     m->C = sh->channels;
     m->L = sh->layers;
     m->NH = sh->heads;
@@ -221,20 +385,23 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     m->Vp = sh->padded_vocab;
     m->maxT = sh->max_seq;
     m->inplace = setup->dtype == LOOM_F32 && !setup->recompute;
+    m->scratch_grads = setup->dtype != LOOM_F32 || tp > 1 || lay->sp_size > 1;
     int rc = build_units(m);
     if (rc != LOOM_OK) {
         loom_model_destroy(m);
         return rc;
     }
 
-    size_t N = (size_t)m->N, C = (size_t)m->C, L = (size_t)m->L;
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, L = (size_t)m->L;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
+    size_t lse = (size_t)setup->batch * m->NHl * m->T;
     int ok = 1;
     if (m->inplace) {
         m->resid = calloc(L + 1, sizeof *m->resid);
         m->acts = calloc(L, sizeof *m->acts);
         ok = m->resid && m->acts;
         for (size_t l = 0; ok && l <= L; l++)
-            ok = (m->resid[l] = f32(m, N * C)) != NULL;
+            ok = (m->resid[l] = f32(m, R * C)) != NULL;
         for (size_t l = 0; ok && l < L; l++) {
             ok = alloc_block_f32(m, &m->acts[l], 0);
             m->acts[l].x = m->resid[l];
@@ -243,54 +410,63 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     } else {
         m->saved = calloc(L, sizeof *m->saved);
         ok = m->saved && alloc_block_f32(m, &m->scratch, 1) &&
-             (m->scratch.out = f32(m, N * C)) != NULL && (m->head_input = stored(m, N * C));
+             (m->scratch.out = f32(m, R * C)) != NULL && (m->head_input = stored(m, R * C));
+        m->scratch_lse = m->scratch.lse;
         for (size_t l = 0; ok && l < L; l++) {
             block_saved *sv = &m->saved[l];
-            ok = (sv->x = stored(m, N * C)) != NULL;
+            ok = (sv->x = stored(m, R * C)) != NULL;
             if (!ok || setup->recompute)
                 continue;
-            sv->ln1 = stored(m, N * C);
-            sv->q = stored(m, N * C);
-            sv->k = stored(m, N * C);
-            sv->v = stored(m, N * C);
-            sv->atty = stored(m, N * C);
-            sv->res2 = stored(m, N * C);
-            sv->ln2 = stored(m, N * C);
-            sv->fch = stored(m, N * 4 * C);
-            sv->fch_gelu = stored(m, N * 4 * C);
-            sv->mean1 = f32(m, N);
-            sv->rstd1 = f32(m, N);
-            sv->mean2 = f32(m, N);
-            sv->rstd2 = f32(m, N);
-            sv->lse = f32(m, (size_t)setup->batch * m->NH * setup->seq);
+            sv->ln1 = stored(m, R * C);
+            sv->q = stored(m, N * Cq);
+            sv->k = stored(m, N * Cq);
+            sv->v = stored(m, N * Cq);
+            sv->atty = stored(m, N * Cq);
+            sv->res2 = stored(m, R * C);
+            sv->ln2 = stored(m, R * C);
+            sv->fch = stored(m, N * F);
+            sv->fch_gelu = stored(m, N * F);
+            sv->mean1 = f32(m, R);
+            sv->rstd1 = f32(m, R);
+            sv->mean2 = f32(m, R);
+            sv->rstd2 = f32(m, R);
+            sv->lse = f32(m, lse);
             ok = sv->ln1 && sv->q && sv->k && sv->v && sv->atty && sv->res2 && sv->ln2 &&
                  sv->fch && sv->fch_gelu && sv->mean1 && sv->rstd1 && sv->mean2 && sv->rstd2 &&
                  sv->lse;
         }
     }
+    size_t wide = 3 * Cq > F ? 3 * Cq : F;
     head_acts *h = &m->head;
-    ok = ok && (h->lnf = f32(m, N * C)) && (h->meanf = f32(m, N)) && (h->rstdf = f32(m, N)) &&
-         (h->probs = f32(m, N * (size_t)m->Vp)) && (h->losses = f32(m, N)) &&
-         (h->dlogits = f32(m, N * (size_t)m->Vp)) && (m->dresid = f32(m, N * C)) &&
+    ok = ok && (h->lnf = f32(m, R * C)) && (h->meanf = f32(m, R)) && (h->rstdf = f32(m, R)) &&
+         (h->probs = f32(m, N * (size_t)m->Vl)) && (h->losses = f32(m, N)) &&
+         (h->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dresid = f32(m, R * C)) &&
          (m->dtmp_a = f32(m, N * C)) && (m->dtmp_b = f32(m, N * C)) &&
-         (m->dwide_a = f32(m, N * 4 * C)) && (m->dwide_b = f32(m, N * 4 * C)) &&
-         (m->dlosses = f32(m, N));
+         (m->dwide_a = f32(m, N * wide)) && (m->dwide_b = f32(m, N * F)) && (m->dlosses = f32(m, N));
+    if (ok && tp > 1)
+        ok = (h->rowstat = f32(m, 3 * N)) != NULL;
+    if (ok && m->seqpar)
+        ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
+             (m->dsmall = f32(m, R * C));
     if (ok) {
         m->tokens = calloc(N, sizeof *m->tokens);
         m->targets = calloc(N, sizeof *m->targets);
-        m->positions = calloc((size_t)setup->seq, sizeof *m->positions);
+        m->positions = calloc((size_t)T, sizeof *m->positions);
         ok = m->tokens && m->targets && m->positions;
-        for (int t = 0; ok && t < setup->seq; t++)
-            m->positions[t] = t;
+        for (int t = 0; ok && t < T; t++)
+            m->positions[t] = lay->positions ? lay->positions[t] : t;
     }
-    if (ok && setup->dtype != LOOM_F32) {
+    if (ok && m->scratch_grads) {
         size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
                                                                    : m->units[L + 1].numel;
-        m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4);
+        if (setup->dtype != LOOM_F32) {
+            m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4);
+            m->emb_param32 = model_alloc(m, LOOM_PURPOSE_OTHER, m->units[0].numel * 4);
+            ok = m->param32 && m->emb_param32;
+        }
         m->grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4);
-        m->emb_param32 = model_alloc(m, LOOM_PURPOSE_OTHER, m->units[0].numel * 4);
         m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, m->units[0].numel * 4);
-        ok = m->param32 && m->grad32 && m->emb_param32 && m->emb_grad32;
+        ok = ok && m->grad32 && m->emb_grad32;
     }
     if (!ok) {
         loom_model_destroy(m);
@@ -310,6 +486,9 @@ void loom_model_destroy(loom_model *m)
     free(m->allocations);
     free(m->units);
     free(m->descs);
+    free(m->shards);
+    free(m->full_offsets);
+    free(m->full_numel);
     free(m->resid);
     free(m->acts);
     free(m->saved);
@@ -327,7 +506,68 @@ loom_unit *loom_model_units(loom_model *m, int *count)
 
 /* ---- llm.c's order <-> units ---- */
 
-/* Walk every tensor of llm.c's order with its place in the units. */
+/* The first desc of a unit, for the per-desc arrays. */
+static size_t first_desc(const loom_model *m, int unit)
+{
+    return (size_t)(m->units[unit].tensors - m->descs);
+}
+
+size_t loom_model_full_numel(const loom_model *m, int unit) { return m->full_numel[unit]; }
+
+const loom_param_shard *loom_model_shards(const loom_model *m, int unit)
+{
+    return m->shards + first_desc(m, unit);
+}
+
+/* One tensor between its whole layout and a slice (to_local: whole ->
+ * slice). Rows of a part are contiguous; columns are strided. */
+static void copy_slice(const loom_param_desc *d, const loom_param_shard *sh, float *whole,
+                       float *local, int to_local)
+{
+    int64_t d0 = d->shape[0], d1 = d->ndim > 1 ? d->shape[1] : 1;
+    if (d->split == LOOM_SPLIT_ROWS) {
+        int parts = d->split_parts > 1 ? d->split_parts : 1;
+        int64_t per = d0 / parts;
+        for (int p = 0; p < parts; p++) {
+            float *w = whole + (size_t)(p * per + sh->begin) * (size_t)d1;
+            float *l = local + (size_t)(p * sh->count) * (size_t)d1;
+            size_t bytes = (size_t)(sh->count * d1) * sizeof(float);
+            memcpy(to_local ? l : w, to_local ? w : l, bytes);
+        }
+    } else if (d->split == LOOM_SPLIT_COLUMNS) {
+        for (int64_t r = 0; r < d0; r++) {
+            float *w = whole + (size_t)(r * d1 + sh->begin);
+            float *l = local + (size_t)(r * sh->count);
+            size_t bytes = (size_t)sh->count * sizeof(float);
+            memcpy(to_local ? l : w, to_local ? w : l, bytes);
+        }
+    } else {
+        size_t bytes = (size_t)(d0 * d1) * sizeof(float);
+        memcpy(to_local ? local : whole, to_local ? whole : local, bytes);
+    }
+}
+
+void loom_model_slice(const loom_model *m, int unit, const float *full, float *local)
+{
+    const loom_unit *u = &m->units[unit];
+    size_t first = first_desc(m, unit);
+    for (int i = 0; i < u->ntensors; i++)
+        copy_slice(&u->tensors[i], &m->shards[first + i],
+                   (float *)(uintptr_t)full + m->full_offsets[first + i],
+                   local + u->tensors[i].offset, 1);
+}
+
+void loom_model_unslice(const loom_model *m, int unit, const loom_param_shard *shards,
+                        const float *local, float *full)
+{
+    const loom_unit *u = &m->units[unit];
+    size_t first = first_desc(m, unit);
+    for (int i = 0; i < u->ntensors; i++)
+        copy_slice(&u->tensors[i], &shards[i], full + m->full_offsets[first + i],
+                   (float *)(uintptr_t)local + u->tensors[i].offset, 0);
+}
+
+/* Walk every tensor of llm.c's order with its place in the whole units. */
 static void map_params(const loom_model *m, float *const *unit_params, float *llmc, int to_units)
 {
     loom_gpt2_shape sh = m->s.shape;
@@ -342,7 +582,7 @@ static void map_params(const loom_model *m, float *const *unit_params, float *ll
         for (int l = 0; l < layers; l++) {
             int unit = t < 2 ? 0 : per_layer ? 1 + l : m->L + 1;
             int local = t < 2 ? t : per_layer ? t - 2 : t - 14;
-            float *dst = unit_params[unit] + m->units[unit].tensors[local].offset;
+            float *dst = unit_params[unit] + m->full_offsets[first_desc(m, unit) + (size_t)local];
             if (to_units)
                 memcpy(dst, llmc + pos, n * sizeof(float));
             else
@@ -375,25 +615,38 @@ static const float *unit_params32(loom_model *m, int unit)
 }
 
 /* Where a unit's backward accumulates fp32 gradients: straight into its
- * buffer in fp32 runs, else a zeroed scratch added into the 16-bit buffer by
- * commit_grads. The embedding's scratch stays open from the head's backward
- * (tied wte) until its own. */
+ * buffer in single-rank fp32 runs, else a zeroed scratch that commit_grads
+ * reduces over the parallel groups and adds into the unit's buffer. The
+ * embedding's scratch stays open from the head's backward (tied wte)
+ * until its own. */
 static float *unit_grads32(loom_model *m, int unit)
 {
     loom_unit *u = &m->units[unit];
-    if (m->s.dtype == LOOM_F32)
+    if (!m->scratch_grads)
         return u->grads;
     return unit == 0 ? m->emb_grad32 : m->grad32;
+}
+
+static void record(loom_model *m, int rc)
+{
+    if (rc != LOOM_OK && m->status == LOOM_OK)
+        m->status = rc;
 }
 
 static void commit_grads(loom_model *m, int unit)
 {
     loom_unit *u = &m->units[unit];
-    if (m->s.dtype == LOOM_F32)
+    if (!m->scratch_grads)
         return;
     float *g32 = unit == 0 ? m->emb_grad32 : m->grad32;
     size_t n = u->numel;
-    if (m->s.dtype == LOOM_BF16) {
+    if (m->ops.reduce_grads)
+        record(m, m->ops.reduce_grads(m->ops.ctx, u, g32));
+    if (m->s.dtype == LOOM_F32) {
+        float *g = u->grads;
+        for (size_t i = 0; i < n; i++)
+            g[i] += g32[i];
+    } else if (m->s.dtype == LOOM_BF16) {
         uint16_t *g = u->grads;
         for (size_t i = 0; i < n; i++)
             g[i] = loom_f32_to_bf16(loom_bf16_to_f32(g[i]) + g32[i]);
@@ -429,17 +682,12 @@ static float *gtensor(const loom_model *m, int unit, float *base, int t)
 
 void loom_model_set_ops(loom_model *m, const loom_model_ops *ops) { m->ops = *ops; }
 
-static void record(loom_model *m, int rc)
-{
-    if (rc != LOOM_OK && m->status == LOOM_OK)
-        m->status = rc;
-}
-
 /* The attention op: the sequence strategy's if installed, else the CPU
- * kernels over the whole sequence. Forward when dout is NULL. */
+ * kernels over this rank's positions. Forward when dout is NULL. */
 static void attention(loom_model *m, block_acts *a, const float *dout, float *dq, float *dk,
-                      float *dv, int B, int T, int NH, int HS)
+                      float *dv)
 {
+    int B = m->s.batch, T = m->T, NH = m->NHl, HS = m->HS;
     loom_attention at = {B, T, NH, HS, LOOM_F32, m->positions, a->q, a->k, a->v, a->atty,
                          a->lse, dout, dq, dk, dv, &loom_attention_kernels_cpu};
     if (!dout && m->ops.attention_forward)
@@ -462,139 +710,200 @@ static loom_tensor view(float *data, int rows, int cols)
     return t;
 }
 
-/* Megatron's f and g and their conjugates, in place on the fp32 buffer. The
- * default is the identity, which a single tensor rank needs. */
+/* Megatron's f and g and their conjugates. Without sequence parallelism
+ * both sides hold the same N rows and the hook works in place (the
+ * default is the identity, which a single tensor rank needs); with it, one
+ * side holds this rank's R rows and the other all N, in separate buffers.
+ * Returns where the result is. */
 typedef int (*border_fn)(void *, loom_region, const loom_tensor *, loom_tensor *);
-static void border(loom_model *m, border_fn fn, loom_region region, float *data, int cols)
+static float *border(loom_model *m, border_fn fn, loom_region region, float *in, int in_rows,
+                     float *out, int out_rows, int cols)
 {
-    if (!fn)
-        return;
-    loom_tensor t = view(data, m->N, cols), out = t;
-    record(m, fn(m->ops.ctx, region, &t, &out));
+    if (!m->seqpar)
+        out = in;
+    if (!fn) {
+        if (out != in) /* no tensor strategy: this rank's rows are all there are */
+            memcpy(out, in, (size_t)(in_rows < out_rows ? in_rows : out_rows) * cols * sizeof(float));
+        return out;
+    }
+    loom_tensor x = view(in, in_rows, cols), y = view(out, m->seqpar ? out_rows : in_rows, cols);
+    record(m, fn(m->ops.ctx, region, &x, &y));
+    return out;
+}
+
+/* f in forward (and again in backward, for the weight gradients, where
+ * sequence parallelism keeps only this rank's rows): a region's input. */
+static float *region_in(loom_model *m, loom_region region, float *x)
+{
+    return border(m, m->ops.region_enter, region, x, m->R, m->gathered, m->N, m->C);
+}
+
+/* g in forward: the partial sums (N, C) -> this rank's rows of the result. */
+static float *region_out(loom_model *m, loom_region region, float *partial, float *out)
+{
+    return border(m, m->ops.region_exit, region, partial, m->N, out, m->R, m->C);
+}
+
+/* Row-parallel biases are added once, after g. */
+static void add_bias(float *x, const float *bias, int rows, int C)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+            x[(size_t)r * C + c] += bias[c];
+}
+
+static void bias_grad(float *dbias, const float *dout, int rows, int C)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+            dbias[c] += dout[(size_t)r * C + c];
 }
 
 /* a->x holds the input; fills every activation and a->out. */
 static void block_forward(loom_model *m, int unit, const float *p, block_acts *a)
 {
-    int N = m->N, C = m->C, B = m->s.batch, T = m->s.seq, NH = m->NH;
-    size_t CC = (size_t)C * C;
+    int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
+    size_t CqC = (size_t)Cq * C;
+    int split = m->tp > 1; /* row-parallel biases go after the border */
     const float *qkvw = tensor(m, unit, p, QKVW), *qkvb = tensor(m, unit, p, QKVB);
+    const float *attprojb = tensor(m, unit, p, ATTPROJB), *fcprojb = tensor(m, unit, p, FCPROJB);
     loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x, tensor(m, unit, p, LN1W),
-                           tensor(m, unit, p, LN1B), N, C);
-    border(m, m->ops.region_enter, LOOM_REGION_ATTENTION, a->ln1, C);
+                           tensor(m, unit, p, LN1B), R, C);
+    const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     /* QKV as three products so q, k and v land contiguous, heads side by side */
-    loom_matmul_forward(a->q, a->ln1, qkvw, qkvb, N, C, C);
-    loom_matmul_forward(a->k, a->ln1, qkvw + CC, qkvb + C, N, C, C);
-    loom_matmul_forward(a->v, a->ln1, qkvw + 2 * CC, qkvb + 2 * C, N, C, C);
-    attention(m, a, NULL, NULL, NULL, NULL, B, T, NH, C / NH);
-    float *proj = m->dtmp_a; /* free during forward */
-    loom_matmul_forward(proj, a->atty, tensor(m, unit, p, ATTPROJW), tensor(m, unit, p, ATTPROJB),
-                        N, C, C);
-    border(m, m->ops.region_exit, LOOM_REGION_ATTENTION, proj, C);
-    loom_residual_forward(a->res2, a->x, proj, N * C);
+    loom_matmul_forward(a->q, in, qkvw, qkvb, N, C, Cq);
+    loom_matmul_forward(a->k, in, qkvw + CqC, qkvb + Cq, N, C, Cq);
+    loom_matmul_forward(a->v, in, qkvw + 2 * CqC, qkvb + 2 * Cq, N, C, Cq);
+    attention(m, a, NULL, NULL, NULL, NULL);
+    float *proj = m->dtmp_a; /* free during forward, as is dtmp_b */
+    loom_matmul_forward(proj, a->atty, tensor(m, unit, p, ATTPROJW), split ? NULL : attprojb, N,
+                        Cq, C);
+    float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
+    if (split)
+        add_bias(y, attprojb, R, C);
+    loom_residual_forward(a->res2, a->x, y, R * C);
     loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2, tensor(m, unit, p, LN2W),
-                           tensor(m, unit, p, LN2B), N, C);
-    border(m, m->ops.region_enter, LOOM_REGION_MLP, a->ln2, C);
-    loom_matmul_forward(a->fch, a->ln2, tensor(m, unit, p, FCW), tensor(m, unit, p, FCB), N, C,
-                        4 * C);
-    loom_gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
-    loom_matmul_forward(proj, a->fch_gelu, tensor(m, unit, p, FCPROJW),
-                        tensor(m, unit, p, FCPROJB), N, 4 * C, C);
-    border(m, m->ops.region_exit, LOOM_REGION_MLP, proj, C);
-    loom_residual_forward(a->out, a->res2, proj, N * C);
+                           tensor(m, unit, p, LN2B), R, C);
+    in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    loom_matmul_forward(a->fch, in, tensor(m, unit, p, FCW), tensor(m, unit, p, FCB), N, C, F);
+    loom_gelu_forward(a->fch_gelu, a->fch, N * F);
+    loom_matmul_forward(proj, a->fch_gelu, tensor(m, unit, p, FCPROJW), split ? NULL : fcprojb,
+                        N, F, C);
+    y = region_out(m, LOOM_REGION_MLP, proj, m->dtmp_b);
+    if (split)
+        add_bias(y, fcprojb, R, C);
+    loom_residual_forward(a->out, a->res2, y, R * C);
 }
 
 /* dresid: gradient of the block's output in, of its input out. */
 static void block_backward(loom_model *m, int unit, const float *p, float *g, block_acts *a)
 {
-    int N = m->N, C = m->C, B = m->s.batch, T = m->s.seq, NH = m->NH;
-    size_t NC = (size_t)N * C, CC = (size_t)C * C;
+    int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
+    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C;
+    int split = m->tp > 1;
     float *dres2 = m->dtmp_a, *dtmp = m->dtmp_b;
     float *dfch_gelu = m->dwide_a, *dfch = m->dwide_b;
+    float *dattprojb = gtensor(m, unit, g, ATTPROJB), *dfcprojb = gtensor(m, unit, g, FCPROJB);
     /* out = res2 + fcproj(...): both get dresid */
-    memcpy(dres2, m->dresid, NC * sizeof(float));
-    border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, C);
-    memset(dfch_gelu, 0, NC * 4 * sizeof(float));
-    loom_matmul_backward(dfch_gelu, gtensor(m, unit, g, FCPROJW), gtensor(m, unit, g, FCPROJB),
-                         m->dresid, a->fch_gelu, tensor(m, unit, p, FCPROJW), N, 4 * C, C);
-    memset(dfch, 0, NC * 4 * sizeof(float));
-    loom_gelu_backward(dfch, a->fch, dfch_gelu, N * 4 * C);
-    memset(dtmp, 0, NC * sizeof(float));
-    loom_matmul_backward(dtmp, gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, a->ln2,
-                         tensor(m, unit, p, FCW), N, C, 4 * C);
-    border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, C);
-    loom_layernorm_backward(dres2, gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dtmp,
-                            a->res2, tensor(m, unit, p, LN2W), a->mean2, a->rstd2, N, C);
+    memcpy(dres2, m->dresid, (size_t)R * C * sizeof(float));
+    if (split)
+        bias_grad(dfcprojb, m->dresid, R, C);
+    float *dy = border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, R, m->dfull,
+                       N, C);
+    memset(dfch_gelu, 0, (size_t)N * F * sizeof(float));
+    loom_matmul_backward(dfch_gelu, gtensor(m, unit, g, FCPROJW), split ? NULL : dfcprojb, dy,
+                         a->fch_gelu, tensor(m, unit, p, FCPROJW), N, F, C);
+    memset(dfch, 0, (size_t)N * F * sizeof(float));
+    loom_gelu_backward(dfch, a->fch, dfch_gelu, N * F);
+    const float *in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    memset(dtmp, 0, (size_t)N * C * sizeof(float));
+    loom_matmul_backward(dtmp, gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, in,
+                         tensor(m, unit, p, FCW), N, C, F);
+    float *dln2 = border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, N, m->dsmall,
+                         R, C);
+    loom_layernorm_backward(dres2, gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dln2,
+                            a->res2, tensor(m, unit, p, LN2W), a->mean2, a->rstd2, R, C);
     /* res2 = x + attproj(atty): x gets dres2, attention the rest */
-    memcpy(m->dresid, dres2, NC * sizeof(float));
-    border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, C);
+    memcpy(m->dresid, dres2, (size_t)R * C * sizeof(float));
+    if (split)
+        bias_grad(dattprojb, dres2, R, C);
+    dy = border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, R, m->dfull, N, C);
     float *datty = dtmp;
-    memset(datty, 0, NC * sizeof(float));
-    loom_matmul_backward(datty, gtensor(m, unit, g, ATTPROJW), gtensor(m, unit, g, ATTPROJB),
-                         dres2, a->atty, tensor(m, unit, p, ATTPROJW), N, C, C);
-    float *dq = m->dwide_a, *dk = m->dwide_a + NC, *dv = m->dwide_a + 2 * NC;
-    memset(m->dwide_a, 0, 3 * NC * sizeof(float));
-    attention(m, a, datty, dq, dk, dv, B, T, NH, C / NH);
-    float *dln1 = dres2;
-    memset(dln1, 0, NC * sizeof(float));
+    memset(datty, 0, NCq * sizeof(float));
+    loom_matmul_backward(datty, gtensor(m, unit, g, ATTPROJW), split ? NULL : dattprojb, dy,
+                         a->atty, tensor(m, unit, p, ATTPROJW), N, Cq, C);
+    float *dq = m->dwide_a, *dk = m->dwide_a + NCq, *dv = m->dwide_a + 2 * NCq;
+    memset(m->dwide_a, 0, 3 * NCq * sizeof(float));
+    attention(m, a, datty, dq, dk, dv);
+    in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
+    float *dln1 = dres2; /* free: copied into dresid, and dy is consumed */
+    memset(dln1, 0, (size_t)N * C * sizeof(float));
     float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
     const float *qkvw = tensor(m, unit, p, QKVW);
-    loom_matmul_backward(dln1, dqkvw, dqkvb, dq, a->ln1, qkvw, N, C, C);
-    loom_matmul_backward(dln1, dqkvw + CC, dqkvb + C, dk, a->ln1, qkvw + CC, N, C, C);
-    loom_matmul_backward(dln1, dqkvw + 2 * CC, dqkvb + 2 * C, dv, a->ln1, qkvw + 2 * CC, N, C, C);
-    border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dln1, C);
+    loom_matmul_backward(dln1, dqkvw, dqkvb, dq, in, qkvw, N, C, Cq);
+    loom_matmul_backward(dln1, dqkvw + CqC, dqkvb + Cq, dk, in, qkvw + CqC, N, C, Cq);
+    loom_matmul_backward(dln1, dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, qkvw + 2 * CqC, N, C, Cq);
+    dln1 = border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dln1, N, m->dsmall, R,
+                  C);
     loom_layernorm_backward(m->dresid, gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
-                            a->x, tensor(m, unit, p, LN1W), a->mean1, a->rstd1, N, C);
+                            a->x, tensor(m, unit, p, LN1W), a->mean1, a->rstd1, R, C);
 }
 
-/* Saved 16-bit tensors of layer l <-> the fp32 scratch set. */
+/* Saved 16-bit tensors of layer l <-> the fp32 scratch set. lse is not
+ * copied: the layer's own buffer is lent to the scratch set (attention
+ * keys what it keeps on it). */
 static void save_block(loom_model *m, int l)
 {
     block_saved *sv = &m->saved[l];
     block_acts *a = &m->scratch;
-    size_t NC = (size_t)m->N * m->C;
-    to_stored(m, sv->ln1, a->ln1, NC);
-    to_stored(m, sv->q, a->q, NC);
-    to_stored(m, sv->k, a->k, NC);
-    to_stored(m, sv->v, a->v, NC);
-    to_stored(m, sv->atty, a->atty, NC);
-    to_stored(m, sv->res2, a->res2, NC);
-    to_stored(m, sv->ln2, a->ln2, NC);
-    to_stored(m, sv->fch, a->fch, 4 * NC);
-    to_stored(m, sv->fch_gelu, a->fch_gelu, 4 * NC);
-    memcpy(sv->mean1, a->mean1, (size_t)m->N * 4);
-    memcpy(sv->rstd1, a->rstd1, (size_t)m->N * 4);
-    memcpy(sv->mean2, a->mean2, (size_t)m->N * 4);
-    memcpy(sv->rstd2, a->rstd2, (size_t)m->N * 4);
-    memcpy(sv->lse, a->lse, (size_t)m->s.batch * m->NH * m->s.seq * 4);
+    size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
+    to_stored(m, sv->ln1, a->ln1, RC);
+    to_stored(m, sv->q, a->q, NCq);
+    to_stored(m, sv->k, a->k, NCq);
+    to_stored(m, sv->v, a->v, NCq);
+    to_stored(m, sv->atty, a->atty, NCq);
+    to_stored(m, sv->res2, a->res2, RC);
+    to_stored(m, sv->ln2, a->ln2, RC);
+    to_stored(m, sv->fch, a->fch, NF);
+    to_stored(m, sv->fch_gelu, a->fch_gelu, NF);
+    memcpy(sv->mean1, a->mean1, (size_t)m->R * 4);
+    memcpy(sv->rstd1, a->rstd1, (size_t)m->R * 4);
+    memcpy(sv->mean2, a->mean2, (size_t)m->R * 4);
+    memcpy(sv->rstd2, a->rstd2, (size_t)m->R * 4);
 }
 
 static void restore_block(loom_model *m, int l)
 {
     block_saved *sv = &m->saved[l];
     block_acts *a = &m->scratch;
-    size_t NC = (size_t)m->N * m->C;
-    from_stored(m, a->ln1, sv->ln1, NC);
-    from_stored(m, a->q, sv->q, NC);
-    from_stored(m, a->k, sv->k, NC);
-    from_stored(m, a->v, sv->v, NC);
-    from_stored(m, a->atty, sv->atty, NC);
-    from_stored(m, a->res2, sv->res2, NC);
-    from_stored(m, a->ln2, sv->ln2, NC);
-    from_stored(m, a->fch, sv->fch, 4 * NC);
-    from_stored(m, a->fch_gelu, sv->fch_gelu, 4 * NC);
-    memcpy(a->mean1, sv->mean1, (size_t)m->N * 4);
-    memcpy(a->rstd1, sv->rstd1, (size_t)m->N * 4);
-    memcpy(a->mean2, sv->mean2, (size_t)m->N * 4);
-    memcpy(a->rstd2, sv->rstd2, (size_t)m->N * 4);
-    memcpy(a->lse, sv->lse, (size_t)m->s.batch * m->NH * m->s.seq * 4);
+    size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
+    from_stored(m, a->ln1, sv->ln1, RC);
+    from_stored(m, a->q, sv->q, NCq);
+    from_stored(m, a->k, sv->k, NCq);
+    from_stored(m, a->v, sv->v, NCq);
+    from_stored(m, a->atty, sv->atty, NCq);
+    from_stored(m, a->res2, sv->res2, RC);
+    from_stored(m, a->ln2, sv->ln2, RC);
+    from_stored(m, a->fch, sv->fch, NF);
+    from_stored(m, a->fch_gelu, sv->fch_gelu, NF);
+    memcpy(a->mean1, sv->mean1, (size_t)m->R * 4);
+    memcpy(a->rstd1, sv->rstd1, (size_t)m->R * 4);
+    memcpy(a->mean2, sv->mean2, (size_t)m->R * 4);
+    memcpy(a->rstd2, sv->rstd2, (size_t)m->R * 4);
+}
+
+/* The scratch set computes layer l with that layer's lse buffer, or the
+ * scratch's own when recomputing. */
+static void lend_lse(loom_model *m, int l)
+{
+    m->scratch.lse = m->s.recompute ? m->scratch_lse : m->saved[l].lse;
 }
 
 /* The input of block l (l == L: the head's input), in fp32. */
 static void block_input32(loom_model *m, int l, float *dst)
 {
-    size_t NC = (size_t)m->N * m->C;
-    from_stored(m, dst, l == m->L ? m->head_input : m->saved[l].x, NC);
+    size_t RC = (size_t)m->R * m->C;
+    from_stored(m, dst, l == m->L ? m->head_input : m->saved[l].x, RC);
 }
 
 /* ---- units ---- */
@@ -610,19 +919,133 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
     return rc != LOOM_OK ? rc : m->status;
 }
 
+/* The position of residual row r of this rank (rows are (B, T) flattened;
+ * sequence parallelism keeps rows row0 .. row0+R-1 of them). */
+static int row_position(const loom_model *m, int r) { return m->positions[(m->row0 + r) % m->T]; }
+
+/* Vocabulary-parallel embedding: this rank's rows of wte for the tokens in
+ * its range (zero for the rest), summed over the tensor group by g, then
+ * the position embeddings added once. */
+static void embed_parallel(loom_model *m, const float *wte, const float *wpe, float *enc)
+{
+    int N = m->N, C = m->C;
+    float *part = m->seqpar ? m->dtmp_a : enc;
+    for (int n = 0; n < N; n++) {
+        float *row = part + (size_t)n * C;
+        int tok = m->tokens[n] - m->v0;
+        if (tok >= 0 && tok < m->Vl)
+            memcpy(row, wte + (size_t)tok * C, (size_t)C * sizeof(float));
+        else
+            memset(row, 0, (size_t)C * sizeof(float));
+    }
+    float *x = border(m, m->ops.region_exit, LOOM_REGION_VOCAB, part, N, enc, m->R, C);
+    for (int r = 0; r < m->R; r++) {
+        const float *pe = wpe + (size_t)row_position(m, r) * C;
+        for (int c = 0; c < C; c++)
+            x[(size_t)r * C + c] += pe[c];
+    }
+}
+
+static void embed_parallel_backward(loom_model *m, float *dwte, float *dwpe, float *dresid)
+{
+    int N = m->N, C = m->C;
+    for (int r = 0; r < m->R; r++) {
+        float *pe = dwpe + (size_t)row_position(m, r) * C;
+        for (int c = 0; c < C; c++)
+            pe[c] += dresid[(size_t)r * C + c];
+    }
+    const float *d = border(m, m->ops.region_exit_backward, LOOM_REGION_VOCAB, dresid, m->R,
+                            m->dfull, N, C);
+    for (int n = 0; n < N; n++) {
+        int tok = m->tokens[n] - m->v0;
+        if (tok < 0 || tok >= m->Vl)
+            continue;
+        float *row = dwte + (size_t)tok * C;
+        for (int c = 0; c < C; c++)
+            row[c] += d[(size_t)n * C + c];
+    }
+}
+
+static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op)
+{
+    if (m->ops.vocab_reduce)
+        record(m, m->ops.vocab_reduce(m->ops.ctx, data, count, op));
+}
+
+/* The vocabulary-parallel cross-entropy: each rank has the logits of its
+ * Vl rows of the vocabulary for every token. The softmax's row max and
+ * sum of exponentials, and the target's logit, are reduced over the
+ * tensor group (3 floats per token), never the logits. probs keeps this
+ * rank's columns of the softmax for backward. */
+static void parallel_loss(loom_model *m, const float *logits)
+{
+    head_acts *h = &m->head;
+    int N = m->N, Vl = m->Vl, Vr = m->Vreal;
+    float *mx = h->rowstat, *sum = mx + N, *tgt = sum + N;
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float best = -INFINITY;
+        for (int i = 0; i < Vr; i++)
+            best = x[i] > best ? x[i] : best;
+        mx[n] = best;
+    }
+    vocab_reduce(m, mx, (size_t)N, LOOM_MAX);
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float *p = h->probs + (size_t)n * Vl;
+        double s = 0;
+        for (int i = 0; i < Vr; i++) {
+            p[i] = expf(x[i] - mx[n]);
+            s += p[i];
+        }
+        for (int i = Vr; i < Vl; i++)
+            p[i] = 0.0f;
+        sum[n] = (float)s;
+        int t = m->targets[n] - m->v0;
+        tgt[n] = t >= 0 && t < Vr ? x[t] : 0.0f;
+    }
+    vocab_reduce(m, sum, 2 * (size_t)N, LOOM_SUM);
+    for (int n = 0; n < N; n++) {
+        float *p = h->probs + (size_t)n * Vl;
+        float inv = 1.0f / sum[n];
+        for (int i = 0; i < Vr; i++)
+            p[i] *= inv;
+        h->losses[n] = logf(sum[n]) + mx[n] - tgt[n];
+    }
+}
+
+static void parallel_loss_backward(loom_model *m)
+{
+    head_acts *h = &m->head;
+    int N = m->N, Vl = m->Vl, Vr = m->Vreal;
+    for (int n = 0; n < N; n++) {
+        float *dl = h->dlogits + (size_t)n * Vl;
+        const float *p = h->probs + (size_t)n * Vl;
+        const float d = m->dlosses[n];
+        for (int i = 0; i < Vr; i++)
+            dl[i] += p[i] * d;
+        int t = m->targets[n] - m->v0;
+        if (t >= 0 && t < Vr)
+            dl[t] -= d;
+    }
+}
+
 static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                          float *loss)
 {
-    int N = m->N, C = m->C, L = m->L;
-    size_t NC = (size_t)N * C;
+    int N = m->N, R = m->R, C = m->C, L = m->L;
+    size_t RC = (size_t)R * C;
     const float *p = unit_params32(m, unit);
     if (unit == 0) {
         memcpy(m->tokens, inputs, (size_t)N * sizeof(int));
         float *enc = m->inplace ? m->resid[0] : m->scratch.out;
-        loom_encoder_forward(enc, m->tokens, NULL, tensor(m, 0, p, 0), tensor(m, 0, p, 1),
-                             m->s.batch, m->s.seq, C);
+        if (m->tp > 1)
+            embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc);
+        else
+            loom_encoder_forward(enc, m->tokens, m->lay.positions ? m->positions : NULL,
+                                 tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch, m->T, C);
         if (!m->inplace)
-            to_stored(m, L > 0 ? m->saved[0].x : m->head_input, enc, NC);
+            to_stored(m, L > 0 ? m->saved[0].x : m->head_input, enc, RC);
         return LOOM_OK;
     }
     if (unit <= L) {
@@ -633,8 +1056,9 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
         }
         block_acts *a = &m->scratch;
         block_input32(m, l, a->x);
+        lend_lse(m, l);
         block_forward(m, unit, p, a);
-        to_stored(m, l + 1 < L ? m->saved[l + 1].x : m->head_input, a->out, NC);
+        to_stored(m, l + 1 < L ? m->saved[l + 1].x : m->head_input, a->out, RC);
         if (!m->s.recompute)
             save_block(m, l);
         return LOOM_OK;
@@ -650,12 +1074,17 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
         x = m->dtmp_b;
     }
     loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
-                           tensor(m, unit, p, 1), N, C);
+                           tensor(m, unit, p, 1), R, C);
+    const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
     const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
     float *logits = h->dlogits; /* free until backward */
-    loom_matmul_forward(logits, h->lnf, wte, NULL, N, C, m->Vp);
-    loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
-    loom_crossentropy_forward(h->losses, h->probs, m->targets, N, m->Vp);
+    loom_matmul_forward(logits, in, wte, NULL, N, C, m->Vl);
+    if (m->tp > 1) {
+        parallel_loss(m, logits);
+    } else {
+        loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
+        loom_crossentropy_forward(h->losses, h->probs, m->targets, N, m->Vp);
+    }
     double sum = 0;
     for (int i = 0; i < N; i++)
         sum += h->losses[i];
@@ -672,22 +1101,28 @@ int loom_model_backward(loom_model *m, int unit, float dloss)
 
 static int model_backward(loom_model *m, int unit, float dloss)
 {
-    int N = m->N, C = m->C, L = m->L;
-    size_t NC = (size_t)N * C;
+    int N = m->N, R = m->R, C = m->C, L = m->L;
+    size_t RC = (size_t)R * C;
     if (unit == L + 1) {
         head_acts *h = &m->head;
         for (int i = 0; i < N; i++)
             m->dlosses[i] = dloss;
-        memset(h->dlogits, 0, (size_t)N * m->Vp * sizeof(float));
-        loom_crossentropy_softmax_backward(h->dlogits, m->dlosses, h->probs, m->targets, N, m->V,
-                                           m->Vp);
+        memset(h->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
+        if (m->tp > 1)
+            parallel_loss_backward(m);
+        else
+            loom_crossentropy_softmax_backward(h->dlogits, m->dlosses, h->probs, m->targets, N,
+                                               m->V, m->Vp);
         const float *p = unit_params32(m, unit);
         const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
         float *g = unit_grads32(m, unit);
         float *dwte = gtensor(m, 0, unit_grads32(m, 0), 0);
+        const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
         float *dlnf = m->dtmp_a;
-        memset(dlnf, 0, NC * sizeof(float));
-        loom_matmul_backward(dlnf, dwte, NULL, h->dlogits, h->lnf, wte, N, C, m->Vp);
+        memset(dlnf, 0, (size_t)N * C * sizeof(float));
+        loom_matmul_backward(dlnf, dwte, NULL, h->dlogits, in, wte, N, C, m->Vl);
+        dlnf = border(m, m->ops.region_enter_backward, LOOM_REGION_VOCAB, dlnf, N, m->dsmall, R,
+                      C);
         const float *x;
         if (m->inplace) {
             x = m->resid[L];
@@ -695,9 +1130,9 @@ static int model_backward(loom_model *m, int unit, float dloss)
             block_input32(m, L, m->dtmp_b);
             x = m->dtmp_b;
         }
-        memset(m->dresid, 0, NC * sizeof(float));
+        memset(m->dresid, 0, RC * sizeof(float));
         loom_layernorm_backward(m->dresid, gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), dlnf, x,
-                                tensor(m, unit, p, 0), h->meanf, h->rstdf, N, C);
+                                tensor(m, unit, p, 0), h->meanf, h->rstdf, R, C);
         commit_grads(m, unit);
         return LOOM_OK;
     }
@@ -711,6 +1146,7 @@ static int model_backward(loom_model *m, int unit, float dloss)
         } else {
             a = &m->scratch;
             block_input32(m, l, a->x);
+            lend_lse(m, l);
             if (m->s.recompute)
                 block_forward(m, unit, p, a);
             else
@@ -721,8 +1157,11 @@ static int model_backward(loom_model *m, int unit, float dloss)
         return LOOM_OK;
     }
     float *g = unit_grads32(m, 0);
-    loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), m->dresid, m->tokens, NULL,
-                          m->s.batch, m->s.seq, C);
+    if (m->tp > 1)
+        embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), m->dresid);
+    else
+        loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), m->dresid, m->tokens,
+                              m->lay.positions ? m->positions : NULL, m->s.batch, m->T, C);
     commit_grads(m, 0);
     return LOOM_OK;
 }
@@ -731,7 +1170,7 @@ double loom_model_flops_per_token(const loom_model *m)
 {
     double params = 0;
     for (int i = 0; i <= m->L + 1; i++)
-        params += (double)m->units[i].numel;
+        params += (double)m->full_numel[i];
     params -= (double)m->maxT * m->C; /* position embeddings do no multiply-adds */
     /* 6 per parameter (forward 2, backward 4) plus attention's QK^T and AV:
      * 6 * 2 * L * T * C per token, halved for the causal mask. */

@@ -22,6 +22,13 @@ typedef struct train_options {
     int noverrides;
 } train_options;
 
+/* A strategy of the tensor or sequence axis. */
+typedef struct axis_strategy {
+    const loom_plugin *plugin;
+    const loom_strategy_plugin_v1_t *ops;
+    loom_strategy *s;
+} axis_strategy;
+
 typedef struct trainer {
     loom_runtime *rt;
     loom_config *cfg;
@@ -44,6 +51,16 @@ typedef struct trainer {
     int64_t good_steps, scale_window;
     double peak_flops;   /* per rank */
     int *inputs, *targets;
+    /* The tensor and sequence axes (loaded when their size is > 1). */
+    axis_strategy tp, sp;
+    int seqpar;            /* the tp strategy splits the residual regions' rows */
+    int *positions;        /* the positions of each sequence this rank holds */
+    int npositions;
+    loom_param_shard **tp_shards; /* per unit: every tp rank's slices, rank-major */
+    float *repl_grads;     /* the step's gradients of tp-replicated tensors, for the norm */
+    size_t *repl_offset;   /* per unit, into repl_grads */
+    size_t repl_count;
+    loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
 } trainer;
 
 static int usage(void)
@@ -140,19 +157,34 @@ static double measure_peak_flops(void)
     return best;
 }
 
-static int check_mesh(const trainer *t)
+/* The mesh's shape against the job, before any group is made, so the
+ * message can name the settings; pipelines are not in this loom yet. */
+static int check_mesh_shape(const trainer *t)
 {
-    static const char *what[] = {"tensor parallelism (parallel.tp)",
-                                 "sequence parallelism (parallel.sp)",
-                                 "pipeline parallelism (parallel.pp)"};
-    for (int a = 0; a < LOOM_AXIS_DP; a++)
-        if (t->mesh->sizes[a] != 1)
-            return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                             "%s: %s is not in this loom yet; set parallel.%s.size = 1",
-                             loom_config_where(t->cfg, a == LOOM_AXIS_TP   ? "parallel.tp.size"
-                                                       : a == LOOM_AXIS_SP ? "parallel.sp.size"
-                                                                           : "parallel.pp.size"),
-                             what[a], loom_axis_name((loom_axis)a));
+    static const char *const paths[LOOM_AXIS_COUNT] = {"parallel.tp.size", "parallel.sp.size",
+                                                       "parallel.pp.size", "parallel.dp.size"};
+    int sizes[LOOM_AXIS_COUNT], product = 1;
+    const char *where = NULL;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        read_int(t->cfg, paths[a], &sizes[a]);
+        product *= sizes[a];
+        if (!where && loom_config_is_set(t->cfg, paths[a]))
+            where = loom_config_where(t->cfg, paths[a]);
+    }
+    if (product != t->world) {
+        char at[512];
+        snprintf(at, sizeof at, "%s", where ? where : "parallel");
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: mesh tp × sp × pp × dp = %d × %d × %d × %d = %d, but the job has %d "
+                         "ranks; set parallel.<axis>.size so the product is %d",
+                         at, sizes[LOOM_AXIS_TP], sizes[LOOM_AXIS_SP], sizes[LOOM_AXIS_PP],
+                         sizes[LOOM_AXIS_DP], product, t->world, t->world);
+    }
+    if (sizes[LOOM_AXIS_PP] != 1)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: pipeline parallelism (parallel.pp) is not in this loom yet; set "
+                         "parallel.pp.size = 1",
+                         loom_config_where(t->cfg, "parallel.pp.size"));
     return LOOM_OK;
 }
 
@@ -188,6 +220,28 @@ static int initial_params(trainer *t, float **out)
     return LOOM_OK;
 }
 
+static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *setup)
+{
+    memset(setup, 0, sizeof *setup);
+    setup->struct_size = sizeof *setup;
+    setup->axis = axis;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        setup->sizes[a] = t->mesh->sizes[a];
+        setup->coords[a] = t->mesh->coords[a];
+        setup->groups[a] = t->mesh->groups[a];
+    }
+    setup->layers = t->shape.layers;
+    setup->heads = t->shape.heads;
+    setup->channels = t->shape.channels;
+    setup->vocab = t->shape.vocab;
+    setup->padded_vocab = t->shape.padded_vocab;
+    setup->max_seq = t->shape.max_seq;
+    setup->micro_batch = t->micro_batch;
+    setup->seq = t->seq;
+    setup->grad_accum = t->grad_accum;
+    setup->compute_dtype = t->dtype;
+}
+
 static int create_strategy(trainer *t)
 {
     const char *name = "ddp";
@@ -205,25 +259,334 @@ static int create_strategy(trainer *t)
     if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;
     loom_strategy_setup setup;
-    memset(&setup, 0, sizeof setup);
-    setup.struct_size = sizeof setup;
-    setup.axis = LOOM_AXIS_DP;
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
-        setup.sizes[a] = t->mesh->sizes[a];
-        setup.coords[a] = t->mesh->coords[a];
-        setup.groups[a] = t->mesh->groups[a];
-    }
-    setup.layers = t->shape.layers;
-    setup.heads = t->shape.heads;
-    setup.channels = t->shape.channels;
-    setup.vocab = t->shape.vocab;
-    setup.padded_vocab = t->shape.padded_vocab;
-    setup.max_seq = t->shape.max_seq;
-    setup.micro_batch = t->micro_batch;
-    setup.seq = t->seq;
-    setup.grad_accum = t->grad_accum;
-    setup.compute_dtype = t->dtype;
+    fill_setup(t, LOOM_AXIS_DP, &setup);
     return t->dp->create(host, &setup, &t->strategy);
+}
+
+/* ---- the tensor and sequence axes (DESIGN §5.1) ---- */
+
+/* A strategy's own error, prefixed with the config line it is about. */
+static int fail_at(const trainer *t, int rc, const char *path)
+{
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", loom_last_error());
+    return loom_fail(rc, "%s: %s", loom_config_where(t->cfg, path), detail);
+}
+
+#define AXIS_HAS(a, op) loom_plugin_has_op((a)->plugin, offsetof(loom_strategy_plugin_v1_t, op))
+
+static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
+{
+    int tp = axis == LOOM_AXIS_TP;
+    const char *strategy_path = tp ? "parallel.tp.strategy" : "parallel.sp.strategy";
+    const char *name = tp ? "tp" : "ulysses";
+    loom_config_string(t->cfg, strategy_path, &name);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
+    if (rc != LOOM_OK)
+        return rc;
+    a->ops = (const loom_strategy_plugin_v1_t *)a->plugin->header;
+    if (a->ops->axis != (uint32_t)axis)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: %s = \"%s\" is a strategy for the %s axis, not %s",
+                         loom_config_where(t->cfg, strategy_path), strategy_path, name,
+                         loom_axis_name((loom_axis)a->ops->axis), loom_axis_name(axis));
+    /* what the axis needs, checked before the job starts */
+    static const struct {
+        size_t offset;
+        const char *name;
+        int tp;
+    } required[] = {
+        {offsetof(loom_strategy_plugin_v1_t, tensor_shard), "tensor_shard", 1},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_enter), "tensor_enter", 1},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_exit), "tensor_exit", 1},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_exit_backward), "tensor_exit_backward", 1},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_enter_backward), "tensor_enter_backward", 1},
+        {offsetof(loom_strategy_plugin_v1_t, attention_forward), "attention_forward", 0},
+        {offsetof(loom_strategy_plugin_v1_t, attention_backward), "attention_backward", 0},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(required); i++)
+        if (required[i].tp == tp && !loom_plugin_has_op(a->plugin, required[i].offset))
+            return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement %s",
+                             loom_config_where(t->cfg, strategy_path), name, required[i].name);
+    const loom_host *host;
+    if ((rc = loom_runtime_host(t->rt, a->plugin, tp ? "parallel.tp" : "parallel.sp", &host)) !=
+        LOOM_OK)
+        return rc;
+    loom_strategy_setup setup;
+    fill_setup(t, axis, &setup);
+    if ((rc = a->ops->create(host, &setup, &a->s)) != LOOM_OK) {
+        a->s = NULL;
+        return fail_at(t, rc, tp ? "parallel.tp.size" : "parallel.sp.size");
+    }
+    return LOOM_OK;
+}
+
+/* This rank's positions of each sequence: the sequence strategy's (a
+ * contiguous block by default). Every sp rank must hold the same number
+ * and together they must cover the sequence once: the loss averages over
+ * them with equal weights. */
+static int sequence_positions(trainer *t)
+{
+    int s = t->mesh->sizes[LOOM_AXIS_SP], r = t->mesh->coords[LOOM_AXIS_SP];
+    t->positions = malloc((size_t)t->seq * sizeof(int));
+    int *all = malloc((size_t)t->seq * (size_t)s * sizeof(int));
+    int *counts = malloc((size_t)s * sizeof(int));
+    char *seen = calloc((size_t)t->seq, 1);
+    int rc = t->positions && all && counts && seen
+                 ? LOOM_OK
+                 : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    int count = 0;
+    if (rc == LOOM_OK && AXIS_HAS(&t->sp, sequence_positions)) {
+        if ((rc = t->sp.ops->sequence_positions(t->sp.s, t->seq, t->positions, &count)) != LOOM_OK)
+            rc = fail_at(t, rc, "train.seq");
+    } else if (rc == LOOM_OK) {
+        if (t->seq % s != 0)
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "%s: train.seq = %d does not divide by parallel.sp.size = %d",
+                           loom_config_where(t->cfg, "train.seq"), t->seq, s);
+        count = t->seq / s;
+        for (int i = 0; rc == LOOM_OK && i < count; i++)
+            t->positions[i] = r * count + i;
+    }
+    const loom_comm_api *C = &loom_core_comm_api;
+    loom_group *g = t->mesh->groups[LOOM_AXIS_SP];
+    loom_request *req = NULL;
+    if (rc == LOOM_OK && (rc = C->allgather(g, &count, counts, 1, LOOM_I32, &req)) == LOOM_OK)
+        rc = C->wait(req);
+    for (int i = 0; rc == LOOM_OK && i < s; i++)
+        if (counts[i] != t->seq / s || t->seq % s != 0)
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "%s: sp rank %d holds %d of the %d positions; every rank of "
+                           "parallel.sp.size = %d must hold seq/size of them",
+                           loom_config_where(t->cfg, "parallel.sp.strategy"), i, counts[i], t->seq, s);
+    if (rc == LOOM_OK &&
+        (rc = C->allgather(g, t->positions, all, (size_t)count, LOOM_I32, &req)) == LOOM_OK)
+        rc = C->wait(req);
+    for (int i = 0; rc == LOOM_OK && i < count * s; i++) {
+        if (all[i] < 0 || all[i] >= t->seq || seen[all[i]]++)
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "%s: the sequence strategy gave position %d %s; the sp ranks must "
+                           "hold each position of the sequence once",
+                           loom_config_where(t->cfg, "parallel.sp.strategy"), all[i],
+                           all[i] < 0 || all[i] >= t->seq ? "outside the sequence" : "twice");
+    }
+    t->npositions = count;
+    free(all);
+    free(counts);
+    free(seen);
+    return rc;
+}
+
+/* The model's parallel ops: the strategies' hooks behind the model's
+ * signatures. */
+static int op_attention_forward(void *ctx, const loom_attention *a)
+{
+    trainer *t = ctx;
+    return t->sp.ops->attention_forward(t->sp.s, a);
+}
+
+static int op_attention_backward(void *ctx, const loom_attention *a)
+{
+    trainer *t = ctx;
+    return t->sp.ops->attention_backward(t->sp.s, a);
+}
+
+static int op_enter(void *ctx, loom_region r, const loom_tensor *x, loom_tensor *out)
+{
+    trainer *t = ctx;
+    return t->tp.ops->tensor_enter(t->tp.s, r, x, out);
+}
+
+static int op_exit(void *ctx, loom_region r, const loom_tensor *partial, loom_tensor *out)
+{
+    trainer *t = ctx;
+    return t->tp.ops->tensor_exit(t->tp.s, r, partial, out);
+}
+
+static int op_exit_backward(void *ctx, loom_region r, const loom_tensor *dout, loom_tensor *dpartial)
+{
+    trainer *t = ctx;
+    return t->tp.ops->tensor_exit_backward(t->tp.s, r, dout, dpartial);
+}
+
+static int op_enter_backward(void *ctx, loom_region r, const loom_tensor *din, loom_tensor *dx)
+{
+    trainer *t = ctx;
+    return t->tp.ops->tensor_enter_backward(t->tp.s, r, din, dx);
+}
+
+static int op_shard(void *ctx, const loom_param_desc *param, loom_param_shard *out)
+{
+    trainer *t = ctx;
+    return t->tp.ops->tensor_shard(t->tp.s, param, out);
+}
+
+static int group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op)
+{
+    const loom_comm_api *C = &loom_core_comm_api;
+    loom_request *req = NULL;
+    int rc = C->allreduce(g, data, data, count, dtype, op, &req);
+    return rc == LOOM_OK ? C->wait(req) : rc;
+}
+
+static int op_vocab_reduce(void *ctx, float *data, size_t count, loom_redop op)
+{
+    trainer *t = ctx;
+    return group_allreduce(t->mesh->groups[LOOM_AXIS_TP], data, count, LOOM_F32, op);
+}
+
+/* A unit's gradients of one micro-batch, before the data strategy sees
+ * them: every sp rank saw other tokens, so all of them sum over the sp
+ * group; under sequence parallelism each tp rank saw only its rows in the
+ * replicated tensors (LayerNorms, row-parallel biases, wpe), which sum
+ * over the tp group. The tp-replicated part is also kept for the norm. */
+static int op_reduce_grads(void *ctx, const loom_unit *unit, float *grads)
+{
+    trainer *t = ctx;
+    int rc = LOOM_OK;
+    if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
+        (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_SP], grads, unit->numel, LOOM_F32,
+                              LOOM_SUM)) != LOOM_OK)
+        return rc;
+    if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
+        return LOOM_OK;
+    float *keep = t->repl_grads + t->repl_offset[unit->index];
+    for (int i = 0; i < unit->ntensors;) {
+        if (unit->tensors[i].split != LOOM_SPLIT_REPLICATED) {
+            i++;
+            continue;
+        }
+        /* a run of consecutive replicated tensors: one reduction */
+        size_t off = unit->tensors[i].offset, n = 0;
+        while (i < unit->ntensors && unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
+            n += unit->tensors[i++].count;
+        if (t->seqpar && (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_TP], grads + off, n,
+                                               LOOM_F32, LOOM_SUM)) != LOOM_OK)
+            return rc;
+        for (size_t j = 0; j < n; j++)
+            keep[j] += grads[off + j];
+        keep += n;
+    }
+    return LOOM_OK;
+}
+
+/* Every tp rank's slices of every unit, for checkpoints; and the room for
+ * the replicated gradients. */
+static int setup_tp_state(trainer *t)
+{
+    int tp = t->mesh->sizes[LOOM_AXIS_TP];
+    t->tp_shards = calloc((size_t)t->nunits, sizeof *t->tp_shards);
+    t->repl_offset = calloc((size_t)t->nunits, sizeof *t->repl_offset);
+    if (!t->tp_shards || !t->repl_offset)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    const loom_comm_api *C = &loom_core_comm_api;
+    for (int u = 0; u < t->nunits; u++) {
+        const loom_unit *unit = &t->units[u];
+        size_t n = (size_t)unit->ntensors;
+        const loom_param_shard *mine = loom_model_shards(t->model, u);
+        if (!(t->tp_shards[u] = malloc((size_t)tp * n * sizeof(loom_param_shard))))
+            return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+        loom_request *req = NULL;
+        int rc = C->allgather(t->mesh->groups[LOOM_AXIS_TP], mine, t->tp_shards[u],
+                              n * sizeof(loom_param_shard) / sizeof(int64_t), LOOM_I64, &req);
+        if (rc == LOOM_OK)
+            rc = C->wait(req);
+        if (rc != LOOM_OK)
+            return rc;
+        for (int r = 0; r < tp; r++)
+            for (size_t i = 0; i < n; i++)
+                if (t->tp_shards[u][(size_t)r * n + i].count != mine[i].count)
+                    return loom_fail(LOOM_ERR_INVALID,
+                                     "%s: the tp strategy gives %s %lld rows/columns on tp rank "
+                                     "%d but %lld on this one; checkpoints need equal slices",
+                                     loom_config_where(t->cfg, "parallel.tp.strategy"),
+                                     unit->tensors[i].name,
+                                     (long long)t->tp_shards[u][(size_t)r * n + i].count, r,
+                                     (long long)mine[i].count);
+        t->repl_offset[u] = t->repl_count;
+        for (size_t i = 0; i < n; i++)
+            if (unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
+                t->repl_count += unit->tensors[i].count;
+    }
+    t->repl_grads = calloc(t->repl_count ? t->repl_count : 1, sizeof(float));
+    return t->repl_grads ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+}
+
+/* Load the tp and sp strategies the mesh needs, find this rank's
+ * positions, and create the model with its local shapes and hooks. */
+static int setup_parallel_model(trainer *t, int recompute)
+{
+    int tp = t->mesh->sizes[LOOM_AXIS_TP], sp = t->mesh->sizes[LOOM_AXIS_SP], rc;
+    if (tp > 1) {
+        if ((rc = create_axis(t, LOOM_AXIS_TP, &t->tp)) != LOOM_OK)
+            return rc;
+        loom_config_bool(t->cfg, "parallel.tp.sequence_parallel", &t->seqpar);
+    }
+    if (sp > 1 && (rc = create_axis(t, LOOM_AXIS_SP, &t->sp)) != LOOM_OK)
+        return rc;
+    if (sp > 1) {
+        if ((rc = sequence_positions(t)) != LOOM_OK)
+            return rc;
+        if ((rc = loom_dataloader_set_positions(&t->loader, t->positions, t->npositions)) !=
+            LOOM_OK)
+            return rc;
+    }
+    loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, recompute};
+    loom_model_layout lay;
+    memset(&lay, 0, sizeof lay);
+    lay.tp_size = tp;
+    lay.tp_rank = t->mesh->coords[LOOM_AXIS_TP];
+    lay.sequence_parallel = t->seqpar;
+    lay.tensor_shard = tp > 1 ? op_shard : NULL;
+    lay.shard_ctx = t;
+    lay.sp_size = sp;
+    lay.positions = sp > 1 ? t->positions : NULL;
+    lay.npositions = sp > 1 ? t->npositions : t->seq;
+    if ((rc = loom_model_create_parallel(&ms, &lay, &t->model)) != LOOM_OK)
+        return t->seqpar ? fail_at(t, rc, "parallel.tp.sequence_parallel") : rc;
+    t->units = loom_model_units(t->model, &t->nunits);
+    if (tp == 1 && sp == 1)
+        return LOOM_OK;
+    loom_model_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.ctx = t;
+    if (sp > 1) {
+        ops.attention_forward = op_attention_forward;
+        ops.attention_backward = op_attention_backward;
+    }
+    if (tp > 1) {
+        ops.region_enter = op_enter;
+        ops.region_exit = op_exit;
+        ops.region_exit_backward = op_exit_backward;
+        ops.region_enter_backward = op_enter_backward;
+        ops.vocab_reduce = op_vocab_reduce;
+    }
+    ops.reduce_grads = op_reduce_grads;
+    loom_model_set_ops(t->model, &ops);
+    return tp > 1 ? setup_tp_state(t) : LOOM_OK;
+}
+
+/* The global gradient norm's square: the data strategy's sum covers this
+ * tp rank's slices (once over the dp group) and the replicated tensors,
+ * which every tp rank holds alike; sum over tp and count those once. */
+static int tp_norm_sq(trainer *t, double *norm_sq)
+{
+    int tp = t->mesh->sizes[LOOM_AXIS_TP], rc;
+    if ((rc = group_allreduce(t->mesh->groups[LOOM_AXIS_TP], norm_sq, 1, LOOM_F64, LOOM_SUM)) !=
+        LOOM_OK)
+        return rc;
+    /* the replicated gradients as the data strategy holds them: averaged over dp */
+    if (t->mesh->sizes[LOOM_AXIS_DP] > 1 &&
+        (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_DP], t->repl_grads, t->repl_count,
+                              LOOM_F32, LOOM_AVG)) != LOOM_OK)
+        return rc;
+    double repl = 0;
+    for (size_t i = 0; i < t->repl_count; i++)
+        repl += (double)t->repl_grads[i] * t->repl_grads[i];
+    *norm_sq -= (double)(tp - 1) * repl;
+    if (*norm_sq < 0 && isfinite(*norm_sq))
+        *norm_sq = 0; /* rounding, when the slices carry no gradient */
+    return LOOM_OK;
 }
 
 static int setup_trainer(trainer *t, const train_options *o)
@@ -235,7 +598,7 @@ static int setup_trainer(trainer *t, const train_options *o)
         return rc;
     t->rank = loom_runtime_env(t->rt)->rank;
     t->world = loom_runtime_env(t->rt)->world_size;
-    if ((rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK || (rc = check_mesh(t)) != LOOM_OK)
+    if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
         return rc;
     load_shape(t);
     read_int(t->cfg, "train.batch", &t->batch);
@@ -280,10 +643,8 @@ static int setup_trainer(trainer *t, const train_options *o)
         return rc;
     t->micro_batch = t->batch / (dp * t->grad_accum);
 
-    loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, !strcmp(recompute, "block")};
-    if ((rc = loom_model_create(&ms, &t->model)) != LOOM_OK)
+    if ((rc = setup_parallel_model(t, !strcmp(recompute, "block"))) != LOOM_OK)
         return rc;
-    t->units = loom_model_units(t->model, &t->nunits);
     size_t N = (size_t)t->micro_batch * t->seq;
     t->inputs = malloc(N * sizeof(int));
     t->targets = malloc(N * sizeof(int));
@@ -295,15 +656,23 @@ static int setup_trainer(trainer *t, const train_options *o)
     float *llmc = NULL;
     if ((rc = initial_params(t, &llmc)) != LOOM_OK)
         return rc;
+    /* whole units from llm.c's order, then this tp rank's slices of them */
     float **init = calloc((size_t)t->nunits, sizeof *init);
-    rc = init ? LOOM_OK : LOOM_ERR_NO_MEMORY;
+    float **whole = calloc((size_t)t->nunits, sizeof *whole);
+    rc = init && whole ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     for (int i = 0; i < t->nunits && rc == LOOM_OK; i++)
-        if (!(init[i] = malloc(t->units[i].numel * sizeof(float))))
+        if (!(init[i] = malloc(t->units[i].numel * sizeof(float))) ||
+            !(whole[i] = malloc(loom_model_full_numel(t->model, i) * sizeof(float))))
             rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     if (rc == LOOM_OK) {
-        loom_model_split_params(t->model, llmc, init);
+        loom_model_split_params(t->model, llmc, whole);
+        for (int i = 0; i < t->nunits; i++)
+            loom_model_slice(t->model, i, whole[i], init[i]);
         rc = t->dp->data_setup(t->strategy, t->units, t->nunits, init);
     }
+    for (int i = 0; whole && i < t->nunits; i++)
+        free(whole[i]);
+    free(whole);
     for (int i = 0; init && i < t->nunits; i++)
         free(init[i]);
     free(init);
@@ -315,6 +684,11 @@ static void teardown(trainer *t)
 {
     if (t->strategy)
         t->dp->destroy(t->strategy);
+    if (t->tp.s)
+        t->tp.ops->destroy(t->tp.s);
+    if (t->sp.s)
+        t->sp.ops->destroy(t->sp.s);
+    t->tp.s = t->sp.s = NULL;
     loom_model_destroy(t->model);
     loom_shard_close(&t->shard);
     loom_mesh_destroy(t->mesh);
@@ -322,6 +696,16 @@ static void teardown(trainer *t)
     loom_config_free(t->cfg);
     free(t->inputs);
     free(t->targets);
+    if (t->tp.s)
+        t->tp.ops->destroy(t->tp.s);
+    if (t->sp.s)
+        t->sp.ops->destroy(t->sp.s);
+    for (int i = 0; t->tp_shards && i < t->nunits; i++)
+        free(t->tp_shards[i]);
+    free(t->tp_shards);
+    free(t->repl_grads);
+    free(t->repl_offset);
+    free(t->positions);
 }
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
@@ -350,25 +734,60 @@ static void shape_array(const loom_gpt2_shape *s, int32_t out[6])
 }
 
 /* Full fp32 params (and m, v when asked) of every unit, on every dp rank. */
+/* Whole fp32 params (and m, v when asked) of every unit, on every rank:
+ * the data strategy gives this tp rank's slices, gathered over the tp
+ * group into their places ("the checkpoint writer gathers them into
+ * llm.c's layout"). */
 static int gather_state(trainer *t, float **params, float **m, float **v)
 {
     if (!HAS(t, data_get_state))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_get_state",
                          t->dp_plugin->header->name);
-    for (int i = 0; i < t->nunits; i++) {
-        int rc = t->dp->data_get_state(t->strategy, &t->units[i], params[i], m ? m[i] : NULL,
-                                       v ? v[i] : NULL);
-        if (rc != LOOM_OK)
+    int tp = t->mesh->sizes[LOOM_AXIS_TP], rc = LOOM_OK;
+    for (int i = 0; i < t->nunits && tp == 1; i++)
+        if ((rc = t->dp->data_get_state(t->strategy, &t->units[i], params[i], m ? m[i] : NULL,
+                                        v ? v[i] : NULL)) != LOOM_OK)
             return rc;
+    if (tp == 1)
+        return LOOM_OK;
+    size_t biggest = 0;
+    for (int i = 0; i < t->nunits; i++)
+        biggest = t->units[i].numel > biggest ? t->units[i].numel : biggest;
+    float *local = malloc(3 * biggest * sizeof(float));
+    float *all = malloc((size_t)tp * biggest * sizeof(float));
+    if (!local || !all)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+    const loom_comm_api *C = &loom_core_comm_api;
+    for (int i = 0; i < t->nunits && rc == LOOM_OK; i++) {
+        size_t n = t->units[i].numel;
+        float *lp = local, *lm = local + n, *lv = local + 2 * n;
+        float *whole[3] = {params[i], m ? m[i] : NULL, v ? v[i] : NULL};
+        float *part[3] = {lp, lm, lv};
+        rc = t->dp->data_get_state(t->strategy, &t->units[i], lp, m ? lm : NULL, v ? lv : NULL);
+        for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
+            if (!whole[k])
+                continue;
+            loom_request *req = NULL;
+            if ((rc = C->allgather(t->mesh->groups[LOOM_AXIS_TP], part[k], all, n, LOOM_F32,
+                                   &req)) == LOOM_OK)
+                rc = C->wait(req);
+            size_t nt = (size_t)t->units[i].ntensors;
+            for (int r = 0; r < tp && rc == LOOM_OK; r++)
+                loom_model_unslice(t->model, i, t->tp_shards[i] + (size_t)r * nt,
+                                   all + (size_t)r * n, whole[k]);
+        }
     }
-    return LOOM_OK;
+    free(local);
+    free(all);
+    return rc;
 }
 
+/* Per unit, room for the whole unit (every tp rank's slices). */
 static float **alloc_per_unit(const trainer *t)
 {
     float **a = calloc((size_t)t->nunits, sizeof *a);
     for (int i = 0; a && i < t->nunits; i++)
-        if (!(a[i] = malloc(t->units[i].numel * sizeof(float)))) {
+        if (!(a[i] = malloc(loom_model_full_numel(t->model, i) * sizeof(float)))) {
             for (int j = 0; j < i; j++)
                 free(a[j]);
             free(a);
@@ -408,7 +827,7 @@ static int save_state(trainer *t, const char *path)
         h.nunits = (uint32_t)t->nunits;
         int ok = f && write_all(f, &h, sizeof h);
         for (int i = 0; ok && i < t->nunits; i++) {
-            size_t bytes = t->units[i].numel * sizeof(float);
+            size_t bytes = loom_model_full_numel(t->model, i) * sizeof(float);
             ok = write_all(f, p[i], bytes) && write_all(f, m[i], bytes) && write_all(f, v[i], bytes);
         }
         if (f && fclose(f) != 0)
@@ -420,6 +839,23 @@ static int save_state(trainer *t, const char *path)
     free_per_unit(t, p);
     free_per_unit(t, m);
     free_per_unit(t, v);
+    return rc;
+}
+
+/* Whole arrays -> this tp rank's slices -> the data strategy. */
+static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
+{
+    if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
+        return t->dp->data_set_state(t->strategy, &t->units[i], p, m, v);
+    size_t n = t->units[i].numel;
+    float *local = malloc(3 * n * sizeof(float) + 1);
+    if (!local)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+    loom_model_slice(t->model, i, p, local);
+    loom_model_slice(t->model, i, m, local + n);
+    loom_model_slice(t->model, i, v, local + 2 * n);
+    int rc = t->dp->data_set_state(t->strategy, &t->units[i], local, local + n, local + 2 * n);
+    free(local);
     return rc;
 }
 
@@ -452,13 +888,13 @@ static int load_state(trainer *t, const char *path)
             rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
     }
     for (int i = 0; rc == LOOM_OK && i < t->nunits; i++) {
-        size_t n = t->units[i].numel;
+        size_t n = loom_model_full_numel(t->model, i);
         if (fread(p[i], 4, n, f) != n || fread(m[i], 4, n, f) != n || fread(v[i], 4, n, f) != n)
             rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: truncated", path);
     }
     fclose(f);
     for (int i = 0; rc == LOOM_OK && i < t->nunits; i++)
-        rc = t->dp->data_set_state(t->strategy, &t->units[i], p[i], m[i], v[i]);
+        rc = set_unit_state(t, i, p[i], m[i], v[i]);
     if (rc == LOOM_OK) {
         t->step = h.step;
         t->good_steps = h.good_steps;
@@ -514,7 +950,9 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc;
         if ((rc = loom_model_forward(t->model, u, t->inputs, t->targets, loss)) != LOOM_OK)
             return rc;
-        if ((rc = HOOK(t, data_after_forward, u == head ? embedding : unit)) != LOOM_OK)
+        if ((rc = HOOK(t, data_after_forward, unit)) != LOOM_OK)
+            return rc;
+        if (u == head && (rc = HOOK(t, data_after_forward, embedding)) != LOOM_OK)
             return rc;
         trace_unit(t, "forward", u, t0);
     }
@@ -544,10 +982,27 @@ typedef struct step_result {
     double seconds;
 } step_result;
 
+static void count_comm(trainer *t, int end)
+{
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        loom_comm_counters now;
+        loom_group_counters(t->mesh->groups[a], &now);
+        if (!end) {
+            t->comm_start[a] = now;
+            continue;
+        }
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            t->comm_step[a].calls[op] = now.calls[op] - t->comm_start[a].calls[op];
+            t->comm_step[a].bytes[op] = now.bytes[op] - t->comm_start[a].bytes[op];
+        }
+    }
+}
+
 static int run_step(trainer *t, step_result *r)
 {
     uint64_t t0 = loom_now_ns();
     double loss_sum = 0;
+    count_comm(t, 0);
     int rc;
     for (int k = 0; k < t->grad_accum; k++) {
         float loss = 0;
@@ -561,6 +1016,11 @@ static int run_step(trainer *t, step_result *r)
     const loom_comm_api *C = &loom_core_comm_api;
     float local = (float)(loss_sum / t->grad_accum), global = local;
     loom_request *req;
+    /* sp ranks hold equal shares of each sequence's tokens */
+    if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
+        (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32, LOOM_AVG)) !=
+            LOOM_OK)
+        return rc;
     if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, &global, 1, LOOM_F32, LOOM_AVG,
                            &req)) != LOOM_OK ||
         (rc = C->wait(req)) != LOOM_OK)
@@ -568,6 +1028,12 @@ static int run_step(trainer *t, step_result *r)
     double norm_sq = 0;
     if (HAS(t, data_grad_norm_sq) && (rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
         return rc;
+    if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
+        rc = tp_norm_sq(t, &norm_sq);
+        memset(t->repl_grads, 0, t->repl_count * sizeof(float)); /* the next step's */
+        if (rc != LOOM_OK)
+            return rc;
+    }
     float norm = (float)(sqrt(norm_sq) / t->loss_scale);
     r->loss = global;
     r->grad_norm = norm;
@@ -599,6 +1065,7 @@ static int run_step(trainer *t, step_result *r)
         }
     }
     r->seconds = (double)(loom_now_ns() - t0) / 1e9;
+    count_comm(t, 1);
     return LOOM_OK;
 }
 
@@ -662,7 +1129,24 @@ static void write_metrics(FILE *f, const trainer *t, const step_result *r)
         fprintf(f, ", \"total\": %llu}", (unsigned long long)u.peak_total[tier]);
         first_tier = 0;
     }
-    fprintf(f, "}}\n");
+    fprintf(f, "}");
+    /* this step's traffic per axis and op, from the groups' counters:
+     * "comm_bytes": {"tp.allreduce": 4096, ...}, the same keys for calls */
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ", \"comm_%s\": {", k ? "calls" : "bytes");
+        int first = 1;
+        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+            for (int op = 0; op < LOOM_OP_COUNT; op++) {
+                uint64_t n = k ? t->comm_step[a].calls[op] : t->comm_step[a].bytes[op];
+                if (!t->comm_step[a].calls[op])
+                    continue;
+                fprintf(f, "%s\"%s.%s\": %llu", first ? "" : ", ", loom_axis_name((loom_axis)a),
+                        loom_comm_op_name((loom_comm_op)op), (unsigned long long)n);
+                first = 0;
+            }
+        fprintf(f, "}");
+    }
+    fprintf(f, "}\n");
     fflush(f);
 }
 
@@ -670,10 +1154,18 @@ static void print_header(const trainer *t)
 {
     size_t params = 0;
     for (int i = 0; i < t->nunits; i++)
-        params += t->units[i].numel;
-    char desc[256] = "";
+        params += loom_model_full_numel(t->model, i);
+    char desc[768] = "";
     if (t->dp->describe)
-        t->dp->describe(t->strategy, desc, sizeof desc);
+        t->dp->describe(t->strategy, desc, 256);
+    const axis_strategy *axes[2] = {&t->tp, &t->sp};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(desc);
+        if (axes[i]->s && n + 3 < sizeof desc) {
+            snprintf(desc + n, sizeof desc - n, "; ");
+            axes[i]->ops->describe(axes[i]->s, desc + n + 2, sizeof desc - n - 2);
+        }
+    }
     double stated = read_float(t->cfg, "train.peak_gflops");
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
            "(micro-batch %d x %d accumulation); %s; %s; %d rank%s, dp over %s; MFU against "

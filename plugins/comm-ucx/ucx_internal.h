@@ -219,10 +219,12 @@ typedef struct slot_ring {
     int taken;           /* index of the slot handed out last */
 } slot_ring;
 int slots_init(loom_comm_request *r, slot_ring *s, size_t slot_bytes, int count);
-/* The next slot; *dep is the op to wait for before writing it. */
+/* The next slot; *dep is the op to wait for before writing it. Its index
+ * is s->taken until the next take. */
 char *slots_take(slot_ring *s, int *dep);
-/* The op that consumes the slot handed out last. */
+/* The op that consumes the slot handed out last (or slot idx). */
 void slots_used(slot_ring *s, int op);
+void slots_used_idx(slot_ring *s, int idx, int op);
 
 /* ucx_sched.c: running (with ucx.lock held) */
 void sched_activate(loom_comm_request *r);
@@ -282,8 +284,24 @@ static inline int pow2_floor(int n)
     return p;
 }
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
-/* Elements per pipeline chunk. */
-size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t);
+/* Elements per pipeline chunk for an op over `count` elements: chunk_bytes,
+ * grown so that no range has more chunks than the tag's chunk field holds. */
+size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count);
+static inline int nchunks(size_t len, size_t ce) { return (int)((len + ce - 1) / ce); }
+
+/* Chunked transfers of elements [off, off + len) of buf (element size es,
+ * chunk ce elements), chunk k tagged (step, k); each op waits for dep. */
+void send_chunks(loom_comm_request *r, int peer, const void *buf, size_t es, size_t off,
+                 size_t len, size_t ce, int step, int dep);
+void recv_chunks(loom_comm_request *r, int peer, void *buf, size_t es, size_t off, size_t len,
+                 size_t ce, int step, int dep);
+/* Receive chunks into slots and reduce each: dst[i] = received op src[i]
+ * (dst and src indexed like the range); the reduces also wait for dep. */
+void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst,
+                        const void *src, size_t es, size_t off, size_t len, size_t ce, int step,
+                        int dep);
+/* A join op that waits for every op created from index `first` on. */
+int join_since(loom_comm_request *r, int first);
 
 void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, size_t count);

@@ -1,0 +1,125 @@
+/* comm-ucx — alltoall and barrier schedules.
+ *
+ *  alltoall pairwise   n-1 steps; at step s rank r sends to r+s and
+ *                      receives from r-s, straight between the user's
+ *                      buffers, with two steps in flight at a time.
+ *  alltoall posted     every send and receive posted at once: the fewest
+ *                      round trips for small blocks.
+ *  alltoall bruck      ceil(log2 n) steps of packed blocks (Bruck et al.):
+ *                      fewer messages than there are ranks, for many small
+ *                      blocks; extra local copies.
+ *  barrier             dissemination: ceil(log2 n) rounds of empty
+ *                      messages to r + 2^k. */
+#include <string.h>
+
+#include "ucx_internal.h"
+
+#define PAIRWISE_WINDOW 2
+
+void build_alltoall_pairwise(loom_comm_request *r, const void *send, void *recv, size_t count)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, me = c->rank;
+    size_t bytes = count * loom_dtype_size(r->dtype);
+    const char *sb = send;
+    char *rb = recv;
+    r->algo = "pairwise exchange";
+    r->nsteps = n;
+    sched_copy(r, rb + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
+    int joins[PAIRWISE_WINDOW];
+    for (int i = 0; i < PAIRWISE_WINDOW; i++)
+        joins[i] = -1;
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n), from = mod(me - s, n), first = r->nops;
+        int dep = joins[s % PAIRWISE_WINDOW];
+        int rv = sched_recv(r, from, rb + (size_t)from * bytes, bytes, s, 0);
+        sched_after(r, rv, dep);
+        int so = sched_send(r, to, sb + (size_t)to * bytes, bytes, s, 0);
+        sched_after(r, so, dep);
+        joins[s % PAIRWISE_WINDOW] = join_since(r, first);
+    }
+}
+
+void build_alltoall_posted(loom_comm_request *r, const void *send, void *recv, size_t count)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, me = c->rank;
+    size_t bytes = count * loom_dtype_size(r->dtype);
+    const char *sb = send;
+    char *rb = recv;
+    r->algo = "posted";
+    r->nsteps = 1;
+    for (int s = 1; s < n; s++) {
+        int from = mod(me - s, n);
+        sched_recv(r, from, rb + (size_t)from * bytes, bytes, 0, 0);
+    }
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n);
+        sched_send(r, to, sb + (size_t)to * bytes, bytes, 0, 0);
+    }
+    sched_copy(r, rb + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
+}
+
+void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, size_t count)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, me = c->rank;
+    size_t bytes = count * loom_dtype_size(r->dtype);
+    const char *sb = send;
+    char *rb = recv;
+    r->algo = "bruck";
+    int half = (n + 1) / 2;
+    /* tmp[i]: first the block for rank me+i; after the steps, the block
+     * from rank me-i. pack/unpack: the blocks of one step. */
+    char *tmp = sched_scratch(r, (size_t)n * bytes);
+    char *pack = sched_scratch(r, (size_t)half * bytes);
+    char *unpack = sched_scratch(r, (size_t)half * bytes);
+    if (!tmp || !pack || !unpack)
+        return;
+    int first = r->nops;
+    sched_copy(r, tmp, sb + (size_t)me * bytes, (size_t)(n - me) * bytes);
+    if (me > 0)
+        sched_copy(r, tmp + (size_t)(n - me) * bytes, sb, (size_t)me * bytes);
+    int join = join_since(r, first), step = 0;
+    for (int d = 1; d < n; d <<= 1, step++) {
+        first = r->nops;
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (i & d) {
+                int cp = sched_copy(r, pack + (size_t)m++ * bytes, tmp + (size_t)i * bytes, bytes);
+                sched_after(r, cp, join);
+            }
+        int packed = join_since(r, first);
+        int rv = sched_recv(r, mod(me - d, n), unpack, (size_t)m * bytes, step, 0);
+        sched_after(r, rv, join);
+        int so = sched_send(r, mod(me + d, n), pack, (size_t)m * bytes, step, 0);
+        sched_after(r, so, packed);
+        m = 0;
+        for (int i = 0; i < n; i++)
+            if (i & d) {
+                int cp = sched_copy(r, tmp + (size_t)i * bytes, unpack + (size_t)m++ * bytes, bytes);
+                sched_after(r, cp, rv);
+                sched_after(r, cp, packed);
+            }
+        join = join_since(r, first);
+    }
+    r->nsteps = step;
+    for (int j = 0; j < n; j++) {
+        int cp = sched_copy(r, rb + (size_t)j * bytes, tmp + (size_t)mod(me - j, n) * bytes, bytes);
+        sched_after(r, cp, join);
+    }
+}
+
+void build_barrier_dissemination(loom_comm_request *r)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, me = c->rank, last = -1, step = 0;
+    r->algo = "dissemination";
+    for (int d = 1; d < n; d <<= 1, step++) {
+        int rv = sched_recv(r, mod(me - d, n), NULL, 0, step, 0);
+        int so = sched_send(r, mod(me + d, n), NULL, 0, step, 0);
+        sched_after(r, so, last);
+        last = rv;
+    }
+    r->nsteps = step;
+}

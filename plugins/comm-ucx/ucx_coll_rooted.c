@@ -1,0 +1,221 @@
+/* comm-ucx — broadcast and reduce schedules, on ranks renumbered so the
+ * root is virtual rank 0 (v = (rank - root) mod n).
+ *
+ *  broadcast binomial          ceil(log2 n) steps; each rank forwards every
+ *                              chunk to its children as soon as it is in.
+ *  broadcast chain             root -> 1 -> 2 -> ... in chunks: a pipeline
+ *                              whose time tends to one transfer of the
+ *                              message for many chunks.
+ *  broadcast scatter_allgather the root sends block v to rank v, then a ring
+ *                              allgather: every link carries ~2/n of the
+ *                              message instead of the root's carrying all.
+ *  reduce binomial             the mirror of the broadcast tree; interior
+ *                              ranks reduce their children's chunks into a
+ *                              scratch buffer and pass the sum up.
+ *  reduce chain                n-1 -> ... -> 1 -> root in chunks, each rank
+ *                              adding its own contribution on the way. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ucx_internal.h"
+
+static int log2_floor(int m)
+{
+    int k = 0;
+    while ((1 << (k + 1)) <= m)
+        k++;
+    return k;
+}
+
+void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, v = mod(c->rank - root, n);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    char *b = buf;
+    r->algo = "binomial tree";
+    int mask = 1;
+    while (mask < n && !(v & mask))
+        mask <<= 1;
+    r->nsteps = log2_floor(n) + 1;
+    int parent = mask < n ? mod(v - mask + root, n) : -1;
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+        int rv = -1;
+        if (parent >= 0)
+            rv = sched_recv(r, parent, b + o * es, l * es, log2_floor(mask), k);
+        /* bigger subtrees first */
+        for (int m = mask >> 1; m > 0; m >>= 1)
+            if (v + m < n) {
+                int s = sched_send(r, mod(v + m + root, n), b + o * es, l * es, log2_floor(m), k);
+                sched_after(r, s, rv);
+            }
+    }
+}
+
+void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, v = mod(c->rank - root, n);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    char *b = buf;
+    r->algo = "chain";
+    r->nsteps = n - 1;
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+        int rv = -1;
+        if (v > 0)
+            rv = sched_recv(r, mod(v - 1 + root, n), b + o * es, l * es, v - 1, k);
+        if (v < n - 1) {
+            int s = sched_send(r, mod(v + 1 + root, n), b + o * es, l * es, v, k);
+            sched_after(r, s, rv);
+        }
+    }
+}
+
+void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t count, int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, v = mod(c->rank - root, n);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    char *b = buf;
+    r->algo = "scatter-allgather";
+    r->nsteps = n;
+    size_t maxch = (size_t)nchunks(blk_len(count, n, 0), ce);
+    int *prod = malloc(sizeof(int) * 2 * (maxch ? maxch : 1));
+    if (!prod) {
+        r->build_failed = 1;
+        return;
+    }
+    int *next_prod = prod + maxch;
+    for (size_t k = 0; k < maxch; k++)
+        prod[k] = -1;
+    /* scatter (step 0): block j goes to virtual rank j */
+    if (v == 0) {
+        for (int j = 1; j < n; j++)
+            send_chunks(r, mod(j + root, n), b, es, blk_off(count, n, j), blk_len(count, n, j),
+                        ce, 0, -1);
+    } else {
+        size_t off = blk_off(count, n, v), len = blk_len(count, n, v);
+        for (int k = 0; k < nchunks(len, ce); k++) {
+            size_t o = off + (size_t)k * ce, l = len - (size_t)k * ce < ce ? len - (size_t)k * ce : ce;
+            prod[k] = sched_recv(r, root, b + o * es, l * es, 0, k);
+        }
+    }
+    /* ring allgather (steps 1..n-1): at step s rank v forwards block v-s+1
+     * to v+1; the root needs nothing and the rank before it sends it
+     * nothing. */
+    int next = mod(v + 1 + root, n), prev = mod(v - 1 + root, n);
+    for (int s = 0; s < n - 1; s++) {
+        int sblk = mod(v - s, n), rblk = mod(v - s - 1, n);
+        size_t soff = blk_off(count, n, sblk), slen = blk_len(count, n, sblk);
+        size_t roff = blk_off(count, n, rblk), rlen = blk_len(count, n, rblk);
+        for (size_t k = 0; k < maxch; k++)
+            next_prod[k] = -1;
+        for (int k = 0; k < nchunks(rlen, ce) && v != 0; k++) {
+            size_t o = roff + (size_t)k * ce, l = rlen - (size_t)k * ce < ce ? rlen - (size_t)k * ce : ce;
+            next_prod[k] = sched_recv(r, prev, b + o * es, l * es, s + 1, k);
+        }
+        for (int k = 0; k < nchunks(slen, ce) && v != n - 1; k++) {
+            size_t o = soff + (size_t)k * ce, l = slen - (size_t)k * ce < ce ? slen - (size_t)k * ce : ce;
+            int so = sched_send(r, next, b + o * es, l * es, s + 1, k);
+            sched_after(r, so, v == 0 ? -1 : prod[k]);
+        }
+        int *swap = prod;
+        prod = next_prod;
+        next_prod = swap;
+    }
+    free(prod < next_prod ? prod : next_prod);
+}
+
+void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, size_t count,
+                           int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, v = mod(c->rank - root, n);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    r->algo = "binomial tree";
+    r->nsteps = log2_floor(n) + 1;
+    /* children v + m for m = 1, 2, 4, ... below the lowest set bit of v */
+    int top = 1;
+    while (top < n && !(v & top))
+        top <<= 1;
+    int children = 0;
+    for (int m = 1; m < top; m <<= 1)
+        children += v + m < n;
+    char *acc = recv; /* the root's */
+    if (v != 0 && children > 0 && !(acc = sched_scratch(r, count * es)))
+        return;
+    slot_ring sl;
+    if (children > 0 &&
+        slots_init(r, &sl, (count < ce ? count : ce) * es, c->set.pipeline_depth) != LOOM_OK)
+        return;
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+        const char *cur = (const char *)send + o * es;
+        int last = -1;
+        for (int m = 1; m < top; m <<= 1) {
+            if (v + m >= n)
+                continue;
+            int free_dep;
+            char *t = slots_take(&sl, &free_dep);
+            int rv = sched_recv(r, mod(v + m + root, n), t, l * es, log2_floor(m), k);
+            sched_after(r, rv, free_dep);
+            int rd = sched_reduce(r, acc + o * es, t, cur, l);
+            sched_after(r, rd, rv);
+            sched_after(r, rd, last);
+            slots_used(&sl, rd);
+            cur = acc + o * es;
+            last = rd;
+        }
+        if (v != 0) {
+            int s = sched_send(r, mod(v - top + root, n), cur, l * es, log2_floor(top), k);
+            sched_after(r, s, last);
+        } else if (r->redop == LOOM_AVG) {
+            int d = sched_divide(r, acc + o * es, l);
+            sched_after(r, d, last);
+        }
+    }
+}
+
+void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size_t count,
+                        int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, v = mod(c->rank - root, n);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    r->algo = "chain";
+    r->nsteps = n - 1;
+    size_t slot = (count < ce ? count : ce) * es;
+    slot_ring tmp, acc;
+    if (v < n - 1 && slots_init(r, &tmp, slot, c->set.pipeline_depth) != LOOM_OK)
+        return;
+    if (v > 0 && v < n - 1 && slots_init(r, &acc, slot, c->set.pipeline_depth) != LOOM_OK)
+        return;
+    int up = mod(v - 1 + root, n), down = mod(v + 1 + root, n);
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+        const char *mine = (const char *)send + o * es;
+        if (v == n - 1) { /* the far end only sends */
+            sched_send(r, up, mine, l * es, v - 1, k);
+            continue;
+        }
+        int free_dep, acc_dep = -1;
+        char *t = slots_take(&tmp, &free_dep);
+        int rv = sched_recv(r, down, t, l * es, v, k);
+        sched_after(r, rv, free_dep);
+        char *dst = v == 0 ? (char *)recv + o * es : slots_take(&acc, &acc_dep);
+        int rd = sched_reduce(r, dst, t, mine, l);
+        sched_after(r, rd, rv);
+        sched_after(r, rd, acc_dep);
+        slots_used(&tmp, rd);
+        if (v > 0) {
+            int s = sched_send(r, up, dst, l * es, v - 1, k);
+            sched_after(r, s, rd);
+            slots_used(&acc, s);
+        } else if (r->redop == LOOM_AVG) {
+            int d = sched_divide(r, dst, l);
+            sched_after(r, d, rd);
+        }
+    }
+}

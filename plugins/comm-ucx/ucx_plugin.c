@@ -1,0 +1,845 @@
+/* comm-ucx — loom's own collective engine over UCX's UCP layer (DESIGN §3).
+ *
+ * This file is the vtable: settings, argument checks, the choice of
+ * algorithm per call, and test/wait with their timeouts. The work itself is
+ * a schedule (ucx_sched.c) laid out by one builder per algorithm
+ * (ucx_coll_*.c) over endpoints and a worker shared by every communicator of
+ * the process (ucx_wireup.c).
+ *
+ * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
+ *   allreduce      recursive_doubling (small), rabenseifner, ring (large)
+ *   allgather      recursive_doubling / bruck (small), ring (large)
+ *   reducescatter  recursive_halving (small), ring (large)
+ *   broadcast      binomial (small), scatter_allgather, chain (large)
+ *   reduce         binomial (small), chain (large)
+ *   alltoall       posted, bruck (small), pairwise (large)
+ *   barrier        dissemination
+ * Every one works at any rank count; the power-of-two ones fold the extra
+ * ranks in first. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ucx_internal.h"
+
+/* ------------------------------------------------------------- settings */
+
+static const char *const ar_names[] = {"auto", "recursive_doubling", "ring", "rabenseifner", NULL};
+static const char *const ag_names[] = {"auto", "ring", "recursive_doubling", "bruck", NULL};
+static const char *const rs_names[] = {"auto", "ring", "recursive_halving", NULL};
+static const char *const bc_names[] = {"auto", "binomial", "chain", "scatter_allgather", NULL};
+static const char *const rd_names[] = {"auto", "binomial", "chain", NULL};
+static const char *const a2a_names[] = {"auto", "pairwise", "bruck", "posted", NULL};
+static const char *const bar_names[] = {"auto", "dissemination", NULL};
+
+const char *const *const ucx_algo_names[UOP_COUNT] = {ar_names, ag_names, rs_names, bc_names,
+                                                       rd_names, a2a_names, bar_names};
+static const char *const uop_setting[UOP_COUNT] = {"allreduce", "allgather", "reducescatter",
+                                                   "broadcast", "reduce",    "alltoall",
+                                                   "barrier"};
+static const char *const small_setting[UOP_COUNT] = {
+    "allreduce_small_bytes", "allgather_small_bytes", "reducescatter_small_bytes",
+    "broadcast_small_bytes", "reduce_small_bytes",    "alltoall_small_bytes",
+    NULL};
+
+/* The size thresholds were measured with loom bench at 2 and 4 ranks on a
+ * 2-core machine (docs/benchmarks-ucx.md); "bytes" is the size loom bench
+ * reports for the op (allgather: the gathered buffer, reducescatter and
+ * alltoall: the whole send buffer). */
+const loom_setting_spec ucx_settings_spec[] = {
+    {"tls", LOOM_SETTING_STRING, "\"\"",
+     "UCX_TLS for the process's UCX context, e.g. \"shm,self\" or \"tcp\"; \"\" lets UCX choose "
+     "(shared memory on one host, TCP or verbs across hosts)"},
+    {"progress_thread", LOOM_SETTING_BOOL, "false",
+     "a thread drives UCX while collectives are in flight, so they complete while the caller "
+     "computes"},
+    {"peer_errors", LOOM_SETTING_BOOL, "false",
+     "UCX reports failed peers itself (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 then cannot use "
+     "shared memory or cma, so this is much slower on one host"},
+    {"allreduce", LOOM_SETTING_STRING, "\"auto\"",
+     "auto, recursive_doubling, ring or rabenseifner"},
+    {"allgather", LOOM_SETTING_STRING, "\"auto\"", "auto, ring, recursive_doubling or bruck"},
+    {"reducescatter", LOOM_SETTING_STRING, "\"auto\"", "auto, ring or recursive_halving"},
+    {"broadcast", LOOM_SETTING_STRING, "\"auto\"", "auto, binomial, chain or scatter_allgather"},
+    {"reduce", LOOM_SETTING_STRING, "\"auto\"", "auto, binomial or chain"},
+    {"alltoall", LOOM_SETTING_STRING, "\"auto\"", "auto, pairwise, bruck or posted"},
+    {"barrier", LOOM_SETTING_STRING, "\"dissemination\"", "dissemination (the only one)"},
+    {"allreduce_small_bytes", LOOM_SETTING_INT, "16384",
+     "auto allreduce below this: recursive doubling"},
+    {"allreduce_ring_bytes", LOOM_SETTING_INT, "262144",
+     "auto allreduce from this on: ring; between the two: Rabenseifner"},
+    {"allgather_small_bytes", LOOM_SETTING_INT, "16384",
+     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else ring"},
+    {"reducescatter_small_bytes", LOOM_SETTING_INT, "16384",
+     "auto reducescatter below this: recursive halving; else ring"},
+    {"broadcast_small_bytes", LOOM_SETTING_INT, "32768",
+     "auto broadcast below this: binomial tree; else scatter+allgather"},
+    {"reduce_small_bytes", LOOM_SETTING_INT, "32768",
+     "auto reduce below this: binomial tree; else pipelined chain"},
+    {"alltoall_small_bytes", LOOM_SETTING_INT, "8192",
+     "auto alltoall below this: all sends and receives posted at once; else pairwise"},
+    {"chunk_bytes", LOOM_SETTING_INT, "262144",
+     "large messages move in chunks of this size, so reductions overlap transfers"},
+    {"pipeline_depth", LOOM_SETTING_INT, "4",
+     "receive buffers per pipelined transfer (1-16)"},
+    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+     "after a timeout, how long to collect the other ranks' reports before naming the ranks that "
+     "did not arrive (at most a quarter of comm.timeout_s)"},
+    {NULL, 0, NULL, NULL},
+};
+
+static int read_int(const loom_host *h, const char *name, int64_t dflt, int64_t *out)
+{
+    *out = dflt;
+    if (h->config_int && h->config_int(h, name, out) == LOOM_OK)
+        return LOOM_OK;
+    *out = dflt;
+    return LOOM_OK;
+}
+
+int ucx_settings_read(const loom_host *h, ucx_settings *s)
+{
+    memset(s, 0, sizeof *s);
+    s->timeout_s = h->timeout_s > 0 ? h->timeout_s : 60.0;
+    s->tls = "";
+    const char *str;
+    int b;
+    double d;
+    int64_t v;
+    /* The core validated the group and filled in defaults; the fallbacks
+     * matter only for a host without config (a bare test harness). */
+    if (h->config_string && h->config_string(h, "tls", &str) == LOOM_OK && str)
+        s->tls = str;
+    if (h->config_bool && h->config_bool(h, "progress_thread", &b) == LOOM_OK)
+        s->progress_thread = b;
+    if (h->config_bool && h->config_bool(h, "peer_errors", &b) == LOOM_OK)
+        s->peer_errors = b;
+    for (int u = 0; u < UOP_COUNT; u++) {
+        s->algo[u] = ALG_AUTO;
+        if (!h->config_string || h->config_string(h, uop_setting[u], &str) != LOOM_OK || !str)
+            continue;
+        const char *const *names = ucx_algo_names[u];
+        int found = -1;
+        for (int a = 0; names[a]; a++)
+            if (!strcmp(names[a], str))
+                found = a;
+        if (found < 0) {
+            char list[256];
+            size_t len = 0;
+            list[0] = '\0';
+            for (int a = 0; names[a] && len < sizeof list; a++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", a ? ", " : "",
+                                        names[a]);
+            return h->error(h, LOOM_ERR_INVALID,
+                            "comm-ucx: comm.ucx.%s = \"%s\": unknown algorithm (one of %s)",
+                            uop_setting[u], str, list);
+        }
+        s->algo[u] = found;
+    }
+    static const int64_t small_default[UOP_COUNT] = {16384, 16384, 16384, 32768, 32768, 8192, 0};
+    for (int u = 0; u < UOP_COUNT; u++) {
+        if (!small_setting[u])
+            continue;
+        read_int(h, small_setting[u], small_default[u], &v);
+        s->small_bytes[u] = v > 0 ? (size_t)v : 0;
+    }
+    read_int(h, "allreduce_ring_bytes", 262144, &v);
+    s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "chunk_bytes", 262144, &v);
+    if (v < 64)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: comm.ucx.chunk_bytes = %lld: expected at least 64",
+                        (long long)v);
+    s->chunk_bytes = (size_t)v;
+    read_int(h, "pipeline_depth", 4, &v);
+    if (v < 1 || v > SLOTS_MAX)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: comm.ucx.pipeline_depth = %lld: expected 1 to %d",
+                        (long long)v, SLOTS_MAX);
+    s->pipeline_depth = (int)v;
+    s->late_grace_s = 2.0;
+    if (h->config_float && h->config_float(h, "late_grace_s", &d) == LOOM_OK && d >= 0)
+        s->late_grace_s = d;
+    return LOOM_OK;
+}
+
+size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count)
+{
+    size_t ce = c->set.chunk_bytes / loom_dtype_size(t), most = (count + 4095) / 4096;
+    if (ce < most)
+        ce = most;
+    return ce ? ce : 1;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void ucx_idle(ucx_idle_state *s, int events)
+{
+    if (events) {
+        s->since_ns = 0;
+        return;
+    }
+    uint64_t now = now_ns();
+    if (!s->since_ns)
+        s->since_ns = now;
+    uint64_t idle = now - s->since_ns;
+    static int mode = -1;
+    if (mode < 0) { const char *e = getenv("LOOM_UCX_IDLE"); mode = e ? atoi(e) : 0; }
+    if (mode == 1) return; /* spin */
+    if (mode == 2) { struct timespec t0 = {0, 1000}; nanosleep(&t0, NULL); return; }
+    if (idle < 2000000ull) {
+        sched_yield();
+    } else {
+        struct timespec t = {0, idle < 1000000000ull ? 20000 : 1000000};
+        nanosleep(&t, NULL);
+    }
+}
+
+/* "2" in the world, "1 (world rank 3)" in a subgroup. */
+void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap)
+{
+    if (!c || r < 0 || r >= c->size)
+        snprintf(buf, cap, "%d", r);
+    else if (c->is_world)
+        snprintf(buf, cap, "%d", r);
+    else
+        snprintf(buf, cap, "%d (world rank %d)", r, c->world[r]);
+}
+
+static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Number the op and refuse it on a failed group. */
+static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq,
+                    loom_comm_request **req)
+{
+    if (req)
+        *req = NULL;
+    if (!c || !req)
+        return LOOM_ERR_INVALID;
+    pthread_mutex_lock(&ucx.lock);
+    *seq = collective ? ++c->seq : ++c->p2p_seq;
+    int failed = c->failed, status = c->fail_status;
+    char why[512];
+    snprintf(why, sizeof why, "%s", c->failure);
+    pthread_mutex_unlock(&ucx.lock);
+    if (failed)
+        return c->host->error(c->host, status ? status : LOOM_ERR_REMOTE,
+                              "comm-ucx: %s #%llu on %s: the group failed earlier: %s",
+                              loom_comm_op_name(op), (unsigned long long)*seq, c->desc, why);
+    return LOOM_OK;
+}
+
+static int check_args(loom_comm *c, loom_comm_op op, uint64_t seq, loom_dtype dtype,
+                      int check_redop, loom_redop redop, int root)
+{
+    const loom_host *h = c->host;
+    if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
+        return h->error(h, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: unknown dtype %d",
+                        loom_comm_op_name(op), (unsigned long long)seq, c->desc, (int)dtype);
+    if (check_redop && (unsigned)redop >= LOOM_REDOP_COUNT)
+        return h->error(h, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: unknown reduction %d",
+                        loom_comm_op_name(op), (unsigned long long)seq, c->desc, (int)redop);
+    if (root < 0 || root >= c->size)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: %s #%llu on %s: %s %d is not a rank of the group (0..%d)",
+                        loom_comm_op_name(op), (unsigned long long)seq, c->desc,
+                        op == LOOM_OP_SEND || op == LOOM_OP_RECV ? "peer" : "root", root,
+                        c->size - 1);
+    return LOOM_OK;
+}
+
+static loom_comm_request *req_new(loom_comm *c, loom_comm_op op, int collective, uint64_t seq,
+                                  loom_dtype dtype, loom_redop redop)
+{
+    loom_comm_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->comm = c;
+    r->host = c->host;
+    r->op = op;
+    r->collective = collective;
+    r->seq = seq;
+    r->dtype = dtype;
+    r->redop = redop;
+    r->peer = -1;
+    r->status = LOOM_IN_PROGRESS;
+    return r;
+}
+
+/* With ucx.lock held. */
+static void req_release(loom_comm_request *r)
+{
+    sched_free(r);
+    loom_comm *c = r->comm;
+    if (c) {
+        if (r->cprev)
+            r->cprev->cnext = r->cnext;
+        else if (c->reqs == r)
+            c->reqs = r->cnext;
+        if (r->cnext)
+            r->cnext->cprev = r->cprev;
+    }
+    free(r);
+}
+
+/* Start a built request. Returns LOOM_OK with *out (NULL when it completed
+ * at once) or an error (the request released). */
+static int req_start(loom_comm_request *r, loom_comm_request **out)
+{
+    loom_comm *c = r->comm;
+    const loom_host *h = c->host;
+    if (r->build_failed) {
+        pthread_mutex_lock(&ucx.lock);
+        req_release(r);
+        pthread_mutex_unlock(&ucx.lock);
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: %s #%llu on %s: out of memory",
+                        loom_comm_op_name(r->op), (unsigned long long)r->seq, c->desc);
+    }
+    pthread_mutex_lock(&ucx.lock);
+    r->cnext = c->reqs;
+    if (c->reqs)
+        c->reqs->cprev = r;
+    c->reqs = r;
+    sched_activate(r);
+    int st = r->status;
+    if (st == LOOM_IN_PROGRESS) {
+        pthread_mutex_unlock(&ucx.lock);
+        *out = r;
+        return LOOM_OK;
+    }
+    char err[sizeof r->error];
+    memcpy(err, r->error, sizeof err);
+    req_release(r);
+    pthread_mutex_unlock(&ucx.lock);
+    *out = NULL;
+    return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
+}
+
+/* ---------------------------------------------------------- collectives */
+
+static int ucx_allreduce(loom_comm *c, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_redop op, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_ALLREDUCE, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_ALLREDUCE, seq, dtype, 1, op, 0);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    if (send != recv && overlap(send, bytes, recv, bytes))
+        return c->host->error(c->host, LOOM_ERR_INVALID,
+                              "comm-ucx: allreduce #%llu on %s: send and recv overlap without "
+                              "being the same buffer", (unsigned long long)seq, c->desc);
+    if (c->size == 1) {
+        if (send != recv)
+            memcpy(recv, send, bytes);
+        return LOOM_OK;
+    }
+    loom_comm_request *r = req_new(c, LOOM_OP_ALLREDUCE, 1, seq, dtype, op);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    int algo = c->set.algo[UOP_ALLREDUCE];
+    if (algo == ALG_AUTO)
+        algo = bytes < c->set.small_bytes[UOP_ALLREDUCE] ? AR_RECURSIVE_DOUBLING
+               : bytes < c->set.allreduce_ring_bytes     ? AR_RABENSEIFNER
+                                                         : AR_RING;
+    if (algo == AR_RING)
+        build_allreduce_ring(r, send, recv, count);
+    else if (algo == AR_RABENSEIFNER)
+        build_allreduce_rabenseifner(r, send, recv, count);
+    else
+        build_allreduce_rd(r, send, recv, count);
+    return req_start(r, req);
+}
+
+static int ucx_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
+                         loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_BROADCAST, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_BROADCAST, seq, dtype, 0, LOOM_SUM, root);
+    if (st != LOOM_OK || count == 0 || c->size == 1)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    loom_comm_request *r = req_new(c, LOOM_OP_BROADCAST, 1, seq, dtype, LOOM_SUM);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    int algo = c->set.algo[UOP_BROADCAST];
+    if (algo == ALG_AUTO)
+        algo = bytes < c->set.small_bytes[UOP_BROADCAST] || c->size == 2 ? BC_BINOMIAL
+                                                                         : BC_SCATTER_ALLGATHER;
+    if (algo == BC_CHAIN)
+        build_broadcast_chain(r, buf, count, root);
+    else if (algo == BC_SCATTER_ALLGATHER)
+        build_broadcast_scatter_allgather(r, buf, count, root);
+    else
+        build_broadcast_binomial(r, buf, count, root);
+    return req_start(r, req);
+}
+
+static int ucx_reduce_op(loom_comm *c, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_redop op, int root, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_REDUCE, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_REDUCE, seq, dtype, 1, op, root);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes))
+        return c->host->error(c->host, LOOM_ERR_INVALID,
+                              "comm-ucx: reduce #%llu on %s: send and recv overlap without being "
+                              "the same buffer", (unsigned long long)seq, c->desc);
+    if (c->size == 1) {
+        if (send != recv)
+            memcpy(recv, send, bytes);
+        return LOOM_OK;
+    }
+    loom_comm_request *r = req_new(c, LOOM_OP_REDUCE, 1, seq, dtype, op);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    int algo = c->set.algo[UOP_REDUCE];
+    if (algo == ALG_AUTO)
+        algo = bytes < c->set.small_bytes[UOP_REDUCE] ? RD_BINOMIAL : RD_CHAIN;
+    if (algo == RD_CHAIN)
+        build_reduce_chain(r, send, c->rank == root ? recv : NULL, count, root);
+    else
+        build_reduce_binomial(r, send, c->rank == root ? recv : NULL, count, root);
+    return req_start(r, req);
+}
+
+static int ucx_allgather(loom_comm *c, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_ALLGATHER, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_ALLGATHER, seq, dtype, 0, LOOM_SUM, 0);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
+    const char *mine = (const char *)recv + (size_t)c->rank * bytes;
+    if ((const char *)send != mine && overlap(send, bytes, recv, total))
+        return c->host->error(c->host, LOOM_ERR_INVALID,
+                              "comm-ucx: allgather #%llu on %s: send overlaps recv without being "
+                              "this rank's block of it", (unsigned long long)seq, c->desc);
+    if (c->size == 1) {
+        if (send != recv)
+            memcpy(recv, send, bytes);
+        return LOOM_OK;
+    }
+    loom_comm_request *r = req_new(c, LOOM_OP_ALLGATHER, 1, seq, dtype, LOOM_SUM);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    int algo = c->set.algo[UOP_ALLGATHER];
+    if (algo == ALG_AUTO)
+        algo = total >= c->set.small_bytes[UOP_ALLGATHER] ? AG_RING
+               : is_pow2(c->size)                          ? AG_RECURSIVE_DOUBLING
+                                                           : AG_BRUCK;
+    if (algo == AG_RING)
+        build_allgather_ring(r, send, recv, count);
+    else if (algo == AG_BRUCK)
+        build_allgather_bruck(r, send, recv, count);
+    else
+        build_allgather_rd(r, send, recv, count);
+    return req_start(r, req);
+}
+
+static int ucx_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
+                             loom_dtype dtype, loom_redop op, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_REDUCESCATTER, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_REDUCESCATTER, seq, dtype, 1, op, 0);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
+    if (c->size == 1) {
+        if (send != recv)
+            memmove(recv, send, bytes);
+        return LOOM_OK;
+    }
+    loom_comm_request *r = req_new(c, LOOM_OP_REDUCESCATTER, 1, seq, dtype, op);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    /* send == recv (or any overlap): the input is copied aside first, and
+     * the result lands at the start of recv, as MPI_IN_PLACE does. */
+    if (overlap(send, total, recv, bytes)) {
+        void *copy = sched_scratch(r, total);
+        if (copy)
+            memcpy(copy, send, total);
+        send = copy;
+    }
+    int algo = c->set.algo[UOP_REDUCESCATTER];
+    if (algo == ALG_AUTO)
+        algo = total < c->set.small_bytes[UOP_REDUCESCATTER] ? RS_RECURSIVE_HALVING : RS_RING;
+    if (algo == RS_RECURSIVE_HALVING)
+        build_reducescatter_rh(r, send, recv, count);
+    else
+        build_reducescatter_ring(r, send, recv, count);
+    return req_start(r, req);
+}
+
+static int ucx_alltoall(loom_comm *c, const void *send, void *recv, size_t count,
+                        loom_dtype dtype, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_ALLTOALL, 1, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, LOOM_OP_ALLTOALL, seq, dtype, 0, LOOM_SUM, 0);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
+    if (c->size == 1) {
+        if (send != recv)
+            memmove(recv, send, total);
+        return LOOM_OK;
+    }
+    loom_comm_request *r = req_new(c, LOOM_OP_ALLTOALL, 1, seq, dtype, LOOM_SUM);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    if (overlap(send, total, recv, total)) {
+        void *copy = sched_scratch(r, total);
+        if (copy)
+            memcpy(copy, send, total);
+        send = copy;
+    }
+    int algo = c->set.algo[UOP_ALLTOALL];
+    if (algo == ALG_AUTO)
+        algo = total < c->set.small_bytes[UOP_ALLTOALL] ? A2A_POSTED : A2A_PAIRWISE;
+    if (algo == A2A_BRUCK)
+        build_alltoall_bruck(r, send, recv, count);
+    else if (algo == A2A_POSTED)
+        build_alltoall_posted(r, send, recv, count);
+    else
+        build_alltoall_pairwise(r, send, recv, count);
+    return req_start(r, req);
+}
+
+static int ucx_barrier(loom_comm *c, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, LOOM_OP_BARRIER, 1, &seq, req);
+    if (st != LOOM_OK || c->size == 1)
+        return st;
+    loom_comm_request *r = req_new(c, LOOM_OP_BARRIER, 1, seq, LOOM_U8, LOOM_SUM);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    build_barrier_dissemination(r);
+    return req_start(r, req);
+}
+
+/* ------------------------------------------------------ point-to-point */
+
+static int p2p_post(loom_comm *c, loom_comm_op op, void *buf, size_t count, loom_dtype dtype,
+                    int peer, int tag, loom_comm_request **req)
+{
+    uint64_t seq;
+    int st = op_begin(c, op, 0, &seq, req);
+    if (st == LOOM_OK)
+        st = check_args(c, op, seq, dtype, 0, LOOM_SUM, peer);
+    if (st == LOOM_OK && tag < 0)
+        st = c->host->error(c->host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: tag %d is negative",
+                            loom_comm_op_name(op), (unsigned long long)seq, c->desc, tag);
+    if (st != LOOM_OK || count == 0)
+        return st;
+    loom_comm_request *r = req_new(c, op, 0, seq, dtype, LOOM_SUM);
+    if (!r)
+        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    r->peer = peer;
+    r->tag = tag;
+    size_t bytes = count * loom_dtype_size(dtype);
+    if (op == LOOM_OP_SEND)
+        sched_send(r, peer, buf, bytes, 0, 0);
+    else
+        sched_recv(r, peer, buf, bytes, 0, 0);
+    return req_start(r, req);
+}
+
+static int ucx_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer,
+                    int tag, loom_comm_request **req)
+{
+    return p2p_post(c, LOOM_OP_SEND, (void *)buf, count, dtype, peer, tag, req);
+}
+
+static int ucx_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                    loom_comm_request **req)
+{
+    return p2p_post(c, LOOM_OP_RECV, buf, count, dtype, peer, tag, req);
+}
+
+/* ------------------------------------------------------------ completion */
+
+/* Advance everything once; LOOM_OK with *done, or the request's error (the
+ * request released). With ucx.lock held. */
+static int poll_once(loom_comm_request *r, int *done, int *events, int check_peers)
+{
+    *done = 0;
+    if (r->status == LOOM_IN_PROGRESS && !r->comm)
+        sched_fail(r, LOOM_ERR_INVALID, "comm-ucx: %s #%llu: its group was destroyed while it was "
+                                        "in flight", loom_comm_op_name(r->op), (unsigned long long)r->seq);
+    if (r->status == LOOM_IN_PROGRESS) {
+        *events = sched_progress_all();
+        if (check_peers)
+            sched_check_peers(r);
+    }
+    int st = r->status;
+    if (st == LOOM_IN_PROGRESS)
+        return LOOM_OK;
+    *done = 1;
+    if (st == LOOM_OK) {
+        req_release(r);
+        return LOOM_OK;
+    }
+    const loom_host *h = r->host;
+    char err[sizeof r->error];
+    memcpy(err, r->error, sizeof err);
+    req_release(r);
+    return h->error(h, st, "%s", err);
+}
+
+static int ucx_test(loom_comm_request *r)
+{
+    if (!r)
+        return LOOM_OK;
+    int done, events = 0;
+    pthread_mutex_lock(&ucx.lock);
+    double t = now_s();
+    int check = t >= r->next_check;
+    if (check)
+        r->next_check = t + 0.1;
+    int st = poll_once(r, &done, &events, check);
+    pthread_mutex_unlock(&ucx.lock);
+    if (st != LOOM_OK)
+        return st;
+    return done ? LOOM_OK : LOOM_IN_PROGRESS;
+}
+
+/* The ranks of c that did not reach collective #seq. Every rank that times
+ * out on the group says in the store how many collectives it posted there
+ * (key late/<group id>/<world rank>); we give the others late_grace_s to
+ * time out too and report. Ranks that never report are the suspects. */
+static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why, size_t cap)
+{
+    const loom_host *h = c->host;
+    char key[96];
+    why[0] = '\0';
+    if (!h->kv_add)
+        return;
+    snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[c->rank]);
+    int64_t cur = 0, mine = (int64_t)posted;
+    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
+        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
+        snprintf(why, cap, "; rank 0 (the bootstrap store) is unreachable");
+        return;
+    }
+    int n = c->size;
+    int64_t *got = calloc((size_t)n, sizeof *got);
+    if (!got)
+        return;
+    double grace = c->set.late_grace_s, quarter = c->set.timeout_s / 4;
+    double deadline = now_s() + (grace < quarter ? grace : quarter);
+    int missing = 0, lost = 0;
+    for (;;) {
+        missing = 0;
+        for (int m = 0; m < n && !lost; m++) {
+            if (m == c->rank || got[m] >= (int64_t)seq)
+                continue;
+            snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[m]);
+            if (h->kv_add(h, key, 0, &got[m]) != LOOM_OK)
+                lost = 1;
+            else if (got[m] < (int64_t)seq)
+                missing++;
+        }
+        if (lost || missing == 0 || now_s() >= deadline)
+            break;
+        struct timespec t = {0, 50 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+    if (missing == 0 || lost) {
+        if (lost)
+            snprintf(why, cap, "; rank 0 (the bootstrap store) went away");
+        free(got);
+        return;
+    }
+    size_t len = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int k = 0, count = 0;
+        for (int m = 0; m < n; m++)
+            count += m != c->rank && got[m] < (int64_t)seq && (got[m] > 0) == pass;
+        if (count == 0)
+            continue;
+        len += (size_t)snprintf(why + len, len < cap ? cap - len : 0, "; rank%s ", count > 1 ? "s" : "");
+        for (int m = 0; m < n && len < cap; m++) {
+            if (m == c->rank || got[m] >= (int64_t)seq || (got[m] > 0) != pass)
+                continue;
+            char nm[64];
+            ucx_name_rank(c, m, nm, sizeof nm);
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
+            if (pass == 1 && len < cap)
+                len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m]);
+        }
+        if (len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s",
+                                    pass == 0 ? " did not arrive"
+                                    : count > 1 ? " are still in earlier operations of the group"
+                                                : " is still in an earlier operation of the group");
+    }
+    free(got);
+}
+
+/* "waiting for rank 2 (step 1 of ring)": the peers whose messages (or, for
+ * a rendezvous send, whose receives) this rank still needs. */
+static void pending_peers(const loom_comm_request *r, char *buf, size_t cap)
+{
+    const loom_comm *c = r->comm;
+    int kind = SOP_RECV, first = -1, count = 0;
+    size_t len = 0;
+    char list[256] = "";
+    for (int pass = 0; pass < 2 && count == 0; pass++, kind = SOP_SEND) {
+        for (int i = r->low; i < r->nops; i++) {
+            const sop *o = &r->ops[i];
+            if (o->kind != kind || o->state != SOP_POSTED)
+                continue;
+            int dup = 0;
+            for (int j = r->low; j < i && !dup; j++)
+                dup = r->ops[j].kind == kind && r->ops[j].state == SOP_POSTED &&
+                      r->ops[j].peer == o->peer;
+            if (dup)
+                continue;
+            if (first < 0)
+                first = i;
+            char nm[64];
+            ucx_name_rank(c, o->peer, nm, sizeof nm);
+            if (len < sizeof list)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", count ? ", " : "", nm);
+            count++;
+        }
+    }
+    if (count == 0) {
+        snprintf(buf, cap, " with nothing posted (an internal error)");
+        return;
+    }
+    const sop *o = &r->ops[first];
+    char step[96] = "";
+    if (r->collective && r->algo)
+        snprintf(step, sizeof step, " (step %d of %s)", o->step, r->algo);
+    if (o->kind == SOP_RECV)
+        snprintf(buf, cap, " waiting for rank%s %s%s", count > 1 ? "s" : "", list, step);
+    else
+        snprintf(buf, cap, " waiting for rank%s %s to receive%s", count > 1 ? "s" : "", list, step);
+}
+
+static int ucx_wait(loom_comm_request *r)
+{
+    if (!r)
+        return LOOM_OK;
+    ucx_idle_state idle = {0};
+    double t0 = now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
+    for (;;) {
+        int done, events = 0;
+        double t = now_s();
+        int check = t >= next_check;
+        if (check)
+            next_check = t + 0.1;
+        pthread_mutex_lock(&ucx.lock);
+        int st = poll_once(r, &done, &events, check);
+        pthread_mutex_unlock(&ucx.lock);
+        if (st != LOOM_OK || done)
+            return st;
+        if (t - t0 > timeout)
+            break;
+        ucx_idle(&idle, events);
+    }
+
+    /* Timed out: say what we wait for, then who did not come. */
+    pthread_mutex_lock(&ucx.lock);
+    loom_comm *c = r->comm;
+    char what[400], peers[400], late[512] = "";
+    ucx_req_describe(r, what, sizeof what);
+    pending_peers(r, peers, sizeof peers);
+    uint64_t posted = c->seq;
+    pthread_mutex_unlock(&ucx.lock);
+    if (r->collective)
+        diagnose_late(c, r->seq, posted, late, sizeof late);
+    else
+        snprintf(late, sizeof late, "; rank %d %s", c->world[r->peer],
+                 r->op == LOOM_OP_SEND ? "did not post the matching recv"
+                                       : "did not send the matching message");
+    pthread_mutex_lock(&ucx.lock);
+    int done, events;
+    int st = poll_once(r, &done, &events, 1); /* it may have finished meanwhile */
+    if (st != LOOM_OK || done) {
+        pthread_mutex_unlock(&ucx.lock);
+        return st;
+    }
+    const loom_host *h = r->host;
+    sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s%s", what, timeout,
+               peers, late);
+    /* Its messages may still arrive later, so the group cannot be trusted. */
+    if (r->collective && r->comm)
+        ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);
+    char err[sizeof r->error];
+    memcpy(err, r->error, sizeof err);
+    req_release(r);
+    pthread_mutex_unlock(&ucx.lock);
+    return h->error(h, LOOM_ERR_TIMEOUT, "%s", err);
+}
+
+/* -------------------------------------------------------------- export */
+
+static int ucx_rank(const loom_comm *c) { return c->rank; }
+static int ucx_size(const loom_comm *c) { return c->size; }
+
+LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMM, loom_comm_plugin_v1_t, "ucx",
+                                 "loom's own collectives over UCX (UCP tag matching): shared "
+                                 "memory, TCP or verbs, no MPI needed",
+                                 ucx_settings_spec),
+    .mem_kinds = LOOM_MEM_BIT(LOOM_MEM_HOST),
+    .create_world = ucx_create_world,
+    .create_subgroup = ucx_create_subgroup,
+    .destroy = ucx_destroy,
+    .rank = ucx_rank,
+    .size = ucx_size,
+    .allreduce = ucx_allreduce,
+    .broadcast = ucx_broadcast,
+    .reduce = ucx_reduce_op,
+    .allgather = ucx_allgather,
+    .reducescatter = ucx_reducescatter,
+    .alltoall = ucx_alltoall,
+    .send = ucx_send,
+    .recv = ucx_recv,
+    .barrier = ucx_barrier,
+    .test = ucx_test,
+    .wait = ucx_wait,
+    .abort = ucx_abort,
+};

@@ -1,0 +1,1128 @@
+/* zero1, zero2, zero3 — the ZeRO stages of Rajbhandari et al. ("ZeRO: Memory
+ * Optimizations Toward Training Trillion Parameter Models", SC 2020) as
+ * DeepSpeed and PyTorch FSDP run them. One source built three times, with
+ * ZERO_STAGE = 1, 2 or 3.
+ *
+ * Flat shards. A unit's parameters are one flat buffer, padded with zeros to
+ * a multiple of ALIGN x dp_size elements so it splits evenly: dp rank r owns
+ * shard r, elements [r * shard, (r + 1) * shard). fp32 master weights (for
+ * 16-bit runs) and Adam's m and v exist only for the owned shard; fp32
+ * parameters are their own master weights.
+ *
+ *  zero1  every rank keeps the full parameters and gradients. On the last
+ *         micro-batch each unit's gradients are reduce-scattered (averaged)
+ *         as soon as backward reports them; the owned shard is stepped and
+ *         the parameters all-gathered in place.
+ *  zero2  full parameters. A unit's full gradient buffer exists from its
+ *         before_backward until its reduce-scatter completes, on every
+ *         micro-batch; the owned gradient shard accumulates the results.
+ *         One reduce-scatter is in flight at a time, overlapping the next
+ *         unit's backward.
+ *  zero3  only the owned parameter shard persists. A unit is all-gathered
+ *         before its forward and freed after it, all-gathered again before
+ *         its backward and freed when its gradients are handed on, which go
+ *         as in zero2. The all-gathers of the next `prefetch` units are
+ *         posted ahead, in forward order and in backward order. The
+ *         embedding is tied to the LM head: once gathered for the head's
+ *         forward it stays until its own gradients are reduce-scattered,
+ *         since the head's backward needs it and its gradient stays open
+ *         until the embedding's own backward anyway. So each unit is
+ *         gathered exactly twice per micro-batch.
+ *
+ * Model-state bytes per rank (accounted PARAMS + GRADS + OPTIMIZER), Ψ the
+ * padded parameter count, N the dp size, e the compute dtype's size, w = 4
+ * for 16-bit runs (fp32 master weights) and 0 for fp32 (none):
+ *   zero1   2eΨ + (w + 8)Ψ/N          bf16 4Ψ + 12Ψ/N   fp32 8Ψ + 8Ψ/N
+ *   zero2    eΨ + (e + w + 8)Ψ/N      bf16 2Ψ + 14Ψ/N   fp32 4Ψ + 12Ψ/N
+ *   zero3   (2e + w + 8)Ψ/N           bf16 16Ψ/N        fp32 16Ψ/N
+ * plus, while in flight, zero2's and zero3's full gradients (the unit in
+ * backward, the one being reduce-scattered and the open embedding) and
+ * zero3's gathered units. Each rank's reduce-scatter result lands in a COMM
+ * buffer: zero1's reduced shard (eΨ/N), zero2's and zero3's one unit shard.
+ *
+ * Communication per step (one micro-batch) per rank, in elements of the
+ * compute dtype as the ring algorithms move them: reduce-scatter and
+ * all-gather each (N-1)/N Ψ, so 2Ψ(N-1)/N for zero1 and zero2 and
+ * 3Ψ(N-1)/N for zero3. With k micro-batches zero2 reduce-scatters k times
+ * and zero3 gathers 2k times. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/strategy.h"
+
+#ifndef ZERO_STAGE
+#error "build with -DZERO_STAGE=1, 2 or 3"
+#endif
+#if ZERO_STAGE < 1 || ZERO_STAGE > 3
+#error "ZERO_STAGE must be 1, 2 or 3"
+#endif
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define NAME "zero" STR(ZERO_STAGE)
+#define MIB (1024.0 * 1024.0)
+
+/* Shard boundaries fall on multiples of this many elements, so every shard
+ * starts 64-byte aligned in 16-bit runs (128 in fp32). */
+#define ALIGN 32
+
+#if ZERO_STAGE == 3
+static const loom_setting_spec zero_settings[] = {
+    {"prefetch", LOOM_SETTING_INT, "1",
+     "units whose all-gather is posted ahead of use, in forward and in backward order "
+     "(0: gather each unit when it is needed)"},
+    {NULL, 0, NULL, NULL},
+};
+#define SETTINGS zero_settings
+#define DESCRIPTION                                                                            \
+    "ZeRO-3 / FSDP: parameters, gradients and optimizer state sharded; units all-gathered "   \
+    "around forward and backward with prefetch"
+#elif ZERO_STAGE == 2
+#define SETTINGS NULL
+#define DESCRIPTION                                                                            \
+    "ZeRO-2: gradients and optimizer state sharded; gradients reduce-scattered unit by unit " \
+    "during backward"
+#else
+#define SETTINGS NULL
+#define DESCRIPTION                                                                            \
+    "ZeRO-1: optimizer state sharded; gradients reduce-scattered, parameters all-gathered "   \
+    "after the step"
+#endif
+
+/* One collective in flight. */
+typedef struct zero_op {
+    loom_request *req; /* while active */
+    int active;        /* posted and not yet seen complete */
+    uint64_t start_ns;
+} zero_op;
+
+/* A unit as this strategy keeps it. */
+typedef struct zero_unit {
+    loom_unit *unit;
+    size_t numel;     /* the model's elements */
+    size_t padded;    /* numel rounded up to ALIGN x dp_size */
+    size_t shard;     /* padded / dp_size */
+    size_t own_begin; /* dp_rank * shard */
+    size_t own_count; /* elements of the owned shard that are not padding */
+    size_t shard_off; /* into the per-rank shard buffers */
+    size_t flat_off;  /* zero1/2: into the full parameter (and zero1 gradient) buffers */
+
+    void *params;     /* full, compute dtype: zero1/2 always; zero3 while gathered */
+    void *grads;      /* full, compute dtype: zero1 always; zero2/3 open or being reduced */
+    int reduced;      /* zero1: reduce-scatter posted this step */
+    int reducing;     /* zero2/3: reduce-scatter posted, result not yet accumulated */
+    zero_op gather;   /* zero3 gather, zero1/2 post-step all-gather */
+    zero_op reduce;   /* reduce-scatter of grads */
+
+    /* zero3 lifetime of the gathered parameters */
+    int fwd_refs;    /* before_forward calls not yet closed by after_forward */
+    int fwd_entries; /* before_forward calls this micro-batch (a second one: tied reuse) */
+    int bwd_entries; /* before_backward calls this micro-batch */
+    int bwd_open;    /* from before_backward until grads_ready */
+    int held;        /* tied reuse: kept until grads_ready */
+} zero_unit;
+
+/* zero3 prefetch: the trainer's hook steps, each a unit and maybe the tied
+ * embedding the head brings along. */
+typedef struct zero_step {
+    int unit, tied; /* tied: -1 or a second unit */
+} zero_step;
+
+struct loom_strategy {
+    const loom_host *host;
+    loom_strategy_setup setup;
+    loom_group *dp;
+    int dp_size, dp_rank;
+    int prefetch;
+
+    loom_unit *units;
+    int nunits;
+    zero_unit *zu;
+    zero_step *fsteps, *bsteps; /* nunits each */
+
+    loom_dtype dtype;
+    size_t esize;
+    size_t numel;       /* Ψ the model's */
+    size_t padded;      /* Ψ padded */
+    size_t shard_total; /* padded / dp_size */
+    size_t max_shard;
+
+    void *params_all;  /* zero1/2: every unit's full parameters (PARAMS) */
+    void *grads_all;   /* zero1: every unit's full gradients (GRADS) */
+    void *param_shard; /* zero3: the owned parameter shards (PARAMS; fp32: the master) */
+    void *grad_shard;  /* zero2/3: accumulated gradient shards (GRADS);
+                          zero1: the reduced shards (COMM) */
+    float *master;     /* 16-bit runs: fp32 master shards (OPTIMIZER); else NULL */
+    float *m, *v;      /* Adam's moments of the owned shards (OPTIMIZER) */
+    void *recv;        /* zero2/3: the in-flight reduce-scatter's result (COMM) */
+    int reducing_unit; /* zero2/3: the unit whose reduce-scatter owns recv, or -1 */
+
+    int saw_micro, saw_last_micro;
+    int failed; /* a collective failed: in-flight requests are no longer waited for */
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+static int find_unit(const loom_strategy *s, const loom_unit *unit)
+{
+    for (int i = 0; i < s->nunits; i++)
+        if (&s->units[i] == unit)
+            return i;
+    /* A copy of the unit struct: match by index. */
+    for (int i = 0; i < s->nunits; i++)
+        if (s->units[i].index == unit->index)
+            return i;
+    return -1;
+}
+
+static const char *unit_label(const loom_unit *u, char *buf, size_t cap)
+{
+    if (u->kind == LOOM_UNIT_BLOCK)
+        snprintf(buf, cap, "block %d", u->index - 1);
+    else
+        snprintf(buf, cap, "%s", u->name ? u->name : "unit");
+    return buf;
+}
+
+static float load_f(const void *buf, loom_dtype t, size_t i)
+{
+    switch (t) {
+    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
+    default: return ((const float *)buf)[i];
+    }
+}
+
+/* fp32 -> the compute dtype, round to nearest even. */
+static void store_params(void *dst, loom_dtype t, const float *src, size_t n)
+{
+    uint16_t *h = dst;
+    if (t == LOOM_BF16) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = loom_f32_to_bf16(src[i]);
+    } else if (t == LOOM_F16) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = loom_f32_to_f16(src[i]);
+    } else if (dst != src) {
+        memcpy(dst, src, n * sizeof(float));
+    }
+}
+
+#if ZERO_STAGE >= 2
+/* acc += x, elementwise in the compute dtype (one rounding per element). */
+static void accumulate(void *acc, const void *x, loom_dtype t, size_t n)
+{
+    if (t == LOOM_F32) {
+        float *a = acc;
+        const float *b = x;
+        for (size_t i = 0; i < n; i++)
+            a[i] += b[i];
+        return;
+    }
+    uint16_t *a = acc;
+    for (size_t i = 0; i < n; i++) {
+        float sum = load_f(acc, t, i) + load_f(x, t, i);
+        a[i] = t == LOOM_BF16 ? loom_f32_to_bf16(sum) : loom_f32_to_f16(sum);
+    }
+}
+#endif
+
+static char *at(void *base, size_t elems, size_t esize) { return (char *)base + elems * esize; }
+
+/* The owned shard's fp32 master weights. */
+static float *master_of(loom_strategy *s, zero_unit *z)
+{
+    if (s->master)
+        return s->master + z->shard_off;
+#if ZERO_STAGE == 3
+    return (float *)s->param_shard + z->shard_off;
+#else
+    return (float *)at(s->params_all, z->flat_off + z->own_begin, s->esize);
+#endif
+}
+
+/* The owned shard's averaged gradient. */
+static void *grad_shard_of(loom_strategy *s, zero_unit *z)
+{
+    return at(s->grad_shard, z->shard_off, s->esize);
+}
+
+/* ------------------------------------------------------ collectives */
+
+static void op_done(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, uint64_t bytes)
+{
+    op->active = 0;
+    op->req = NULL;
+    char label[48], name[80];
+    snprintf(name, sizeof name, NAME " %s %s", what, unit_label(z->unit, label, sizeof label));
+    s->host->trace(s->host, LOOM_LANE_COMM, name, op->start_ns, s->host->now_ns(), bytes);
+}
+
+static uint64_t unit_bytes(const loom_strategy *s, const zero_unit *z)
+{
+    return (uint64_t)(z->padded * s->esize);
+}
+
+/* After a failed collective the dp group is broken and the shards are not
+ * what the step needs: no hook may go on. */
+static int broken(loom_strategy *s)
+{
+    return s->host->error(s->host, LOOM_ERR_REMOTE,
+                          NAME ": an earlier collective on the dp group failed; "
+                               "the run cannot continue");
+}
+
+static int op_failed(loom_strategy *s, int rc)
+{
+    s->failed = 1;
+    return rc; /* the comm layer's detail names the op, its sequence number and who is missing */
+}
+
+/* MPI moves data only inside its calls: test what is in flight. Completion
+ * is noted (and traced) here, but buffers change hands only at the fixed
+ * points below, so memory use is the same on every run. */
+static int progress(loom_strategy *s)
+{
+    if (s->failed)
+        return broken(s);
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        zero_op *ops[2] = {&z->gather, &z->reduce};
+        for (int k = 0; k < 2; k++) {
+            if (!ops[k]->active)
+                continue;
+            int rc = s->host->comm->test(ops[k]->req);
+            if (rc == LOOM_IN_PROGRESS)
+                continue;
+            op_done(s, z, ops[k], k ? "reducescatter" : "allgather", unit_bytes(s, z));
+            if (rc != LOOM_OK)
+                return op_failed(s, rc);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Wait for one op. After a failure the rest is left alone: each wait could
+ * take the whole timeout again, and would replace the first failure's
+ * detail with a vaguer one. */
+static int wait_op(loom_strategy *s, zero_unit *z, zero_op *op, const char *what)
+{
+    if (s->failed)
+        return broken(s);
+    if (!op->active)
+        return LOOM_OK;
+    int rc = s->host->comm->wait(op->req);
+    op_done(s, z, op, what, unit_bytes(s, z)); /* released either way */
+    return rc == LOOM_OK ? LOOM_OK : op_failed(s, rc);
+}
+
+static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
+{
+    z->reduce.start_ns = s->host->now_ns();
+    loom_request *req = NULL;
+    int rc = s->host->comm->reducescatter(s->dp, z->grads, recv, z->shard, s->dtype, LOOM_AVG, &req);
+    if (rc != LOOM_OK)
+        return op_failed(s, rc);
+    z->reduce.req = req;
+    z->reduce.active = 1;
+    if (!req)
+        op_done(s, z, &z->reduce, "reducescatter", unit_bytes(s, z));
+    return LOOM_OK;
+}
+
+/* send: the owned shard (zero1/2: in place inside recv). */
+static int post_gather(loom_strategy *s, zero_unit *z, const void *send, void *recv)
+{
+    z->gather.start_ns = s->host->now_ns();
+    loom_request *req = NULL;
+    int rc = s->host->comm->allgather(s->dp, send, recv, z->shard, s->dtype, &req);
+    if (rc != LOOM_OK)
+        return op_failed(s, rc);
+    z->gather.req = req;
+    z->gather.active = 1;
+    if (!req)
+        op_done(s, z, &z->gather, "allgather", unit_bytes(s, z));
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------- zero2/3 gradient shards */
+
+#if ZERO_STAGE >= 2
+/* The one reduce-scatter in flight completes: its result joins the owned
+ * shard and the unit's full gradients are freed. */
+static int finish_reduce(loom_strategy *s)
+{
+    if (s->reducing_unit < 0)
+        return LOOM_OK;
+    zero_unit *z = &s->zu[s->reducing_unit];
+    int rc = wait_op(s, z, &z->reduce, "reducescatter");
+    if (rc != LOOM_OK)
+        return rc;
+    accumulate(grad_shard_of(s, z), s->recv, s->dtype, z->shard);
+    s->host->mem_free(s->host, z->grads);
+    z->grads = NULL;
+    z->reducing = 0;
+    s->reducing_unit = -1;
+    return LOOM_OK;
+}
+
+/* A zeroed full gradient buffer for this micro-batch's backward. */
+static int open_grads(loom_strategy *s, zero_unit *z)
+{
+    if (z->grads && !z->reducing)
+        return LOOM_OK; /* already open: the tied embedding */
+    int rc;
+    if (z->reducing && (rc = finish_reduce(s)) != LOOM_OK)
+        return rc;
+    void *g = NULL;
+    if ((rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS,
+                                 z->padded * s->esize, &g)) != LOOM_OK)
+        return rc;
+    memset(g, 0, z->padded * s->esize);
+    z->grads = g;
+    z->unit->grads = g;
+    return LOOM_OK;
+}
+#endif
+
+/* ------------------------------------------------ zero3 parameter life */
+
+#if ZERO_STAGE == 3
+static int start_gather(loom_strategy *s, zero_unit *z)
+{
+    if (z->params)
+        return LOOM_OK; /* gathered or on its way */
+    void *full = NULL;
+    int rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS,
+                                z->padded * s->esize, &full);
+    if (rc != LOOM_OK)
+        return rc;
+    z->params = full;
+    rc = post_gather(s, z, at(s->param_shard, z->shard_off, s->esize), full);
+    if (rc != LOOM_OK) {
+        s->host->mem_free(s->host, full); /* never posted */
+        z->params = NULL;
+    }
+    return rc;
+}
+
+static int ensure_params(loom_strategy *s, zero_unit *z)
+{
+    int rc = start_gather(s, z);
+    if (rc == LOOM_OK)
+        rc = wait_op(s, z, &z->gather, "allgather");
+    if (rc == LOOM_OK)
+        z->unit->params = z->params;
+    return rc;
+}
+
+static int drop_params(loom_strategy *s, zero_unit *z)
+{
+    if (!z->params)
+        return LOOM_OK;
+    int rc = wait_op(s, z, &z->gather, "allgather"); /* never free under the backend */
+    if (rc != LOOM_OK)
+        return rc;
+    s->host->mem_free(s->host, z->params);
+    z->params = NULL;
+    z->unit->params = NULL;
+    return LOOM_OK;
+}
+
+static int maybe_drop(loom_strategy *s, zero_unit *z)
+{
+    if (z->fwd_refs > 0 || z->bwd_open || z->held)
+        return LOOM_OK;
+    return drop_params(s, z);
+}
+
+/* The k-th (0-based) step of the list that holds unit u, or -1. */
+static int find_step(const zero_step *steps, int n, int u, int k)
+{
+    for (int i = 0; i < n; i++)
+        if ((steps[i].unit == u || steps[i].tied == u) && k-- == 0)
+            return i;
+    return -1;
+}
+
+/* Post the all-gathers of the `prefetch` steps after step i. */
+static int prefetch_after(loom_strategy *s, const zero_step *steps, int i)
+{
+    if (i < 0)
+        return LOOM_OK;
+    for (int j = i + 1; j <= i + s->prefetch && j < s->nunits; j++) {
+        int us[2] = {steps[j].unit, steps[j].tied};
+        for (int k = 0; k < 2; k++) {
+            int rc = us[k] >= 0 ? start_gather(s, &s->zu[us[k]]) : LOOM_OK;
+            if (rc != LOOM_OK)
+                return rc;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Between steps every gathered copy is stale (or a prefetch nobody used). */
+static int drop_all_params(loom_strategy *s)
+{
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        z->fwd_refs = z->fwd_entries = z->bwd_entries = z->bwd_open = z->held = 0;
+        int rc = drop_params(s, z);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+#endif
+
+/* ------------------------------------------------------------- common */
+
+static int zero_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
+{
+    if (!setup || setup->axis != LOOM_AXIS_DP)
+        return host->error(host, LOOM_ERR_INVALID,
+                           NAME ": serves the dp axis, but was created for axis %s "
+                                "(set parallel.<axis>.strategy to a strategy of that axis)",
+                           setup ? loom_axis_name(setup->axis) : "?");
+    loom_group *dp = setup->groups[LOOM_AXIS_DP];
+    if (!dp)
+        return host->error(host, LOOM_ERR_INVALID, NAME ": the setup has no dp group (a core bug)");
+    int64_t prefetch = 0;
+#if ZERO_STAGE == 3
+    int rc = host->config_int(host, "prefetch", &prefetch);
+    if (rc != LOOM_OK)
+        return rc;
+    if (prefetch < 0 || prefetch > 64)
+        return host->error(host, LOOM_ERR_INVALID,
+                           NAME ": parallel.dp.prefetch = %lld must be between 0 (no prefetch) "
+                                "and 64 units",
+                           (long long)prefetch);
+#endif
+    loom_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return host->error(host, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
+    s->host = host;
+    s->setup = *setup;
+    s->dp = dp;
+    s->dp_size = host->comm->size(dp);
+    s->dp_rank = host->comm->rank(dp);
+    s->prefetch = (int)prefetch;
+    s->reducing_unit = -1;
+    *out = s;
+    return LOOM_OK;
+}
+
+static void free_if(const loom_host *h, void *p)
+{
+    if (p)
+        h->mem_free(h, p);
+}
+
+static void free_buffers(loom_strategy *s)
+{
+    const loom_host *h = s->host;
+    for (int i = 0; s->zu && i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+#if ZERO_STAGE >= 2
+        free_if(h, z->grads);
+#endif
+#if ZERO_STAGE == 3
+        free_if(h, z->params);
+#endif
+        z->params = z->grads = NULL;
+    }
+    free_if(h, s->params_all);
+    free_if(h, s->grads_all);
+    free_if(h, s->param_shard);
+    free_if(h, s->grad_shard);
+    free_if(h, s->master);
+    free_if(h, s->m);
+    free_if(h, s->v);
+    free_if(h, s->recv);
+    s->params_all = s->grads_all = s->param_shard = s->grad_shard = s->recv = NULL;
+    s->master = s->m = s->v = NULL;
+    free(s->zu);
+    free(s->fsteps);
+    free(s->bsteps);
+    s->zu = NULL;
+    s->fsteps = s->bsteps = NULL;
+}
+
+static int in_flight(const loom_strategy *s)
+{
+    int n = 0;
+    for (int i = 0; s->zu && i < s->nunits; i++)
+        n += s->zu[i].gather.active + s->zu[i].reduce.active;
+    return n;
+}
+
+/* Wait for everything posted. */
+static int quiesce(loom_strategy *s)
+{
+    if (s->failed)
+        return broken(s);
+    int rc = LOOM_OK;
+#if ZERO_STAGE >= 2
+    rc = finish_reduce(s);
+#endif
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        rc = wait_op(s, z, &z->reduce, "reducescatter");
+        if (rc == LOOM_OK)
+            rc = wait_op(s, z, &z->gather, "allgather");
+    }
+    return rc;
+}
+
+static int zero_destroy(loom_strategy *s)
+{
+    if (!s)
+        return LOOM_OK;
+    int rc = s->zu && !s->failed ? quiesce(s) : LOOM_OK;
+    if (s->failed) {
+        /* A timed-out collective stays posted inside the backend: better to
+         * leak the buffers it may still write than to free them. */
+        int n = in_flight(s);
+        s->host->log(s->host, LOOM_LOG_WARN,
+                     "keeping the buffers of %d collective%s still in flight after a failure", n,
+                     n == 1 ? "" : "s");
+        for (int i = 0; s->zu && i < s->nunits; i++) {
+            zero_unit *z = &s->zu[i];
+            if (z->gather.active) {
+                if (ZERO_STAGE == 3)
+                    z->params = NULL;
+                else
+                    s->params_all = NULL;
+            }
+            if (z->reduce.active) {
+                if (ZERO_STAGE == 1) {
+                    s->grads_all = NULL;
+                    s->grad_shard = NULL;
+                } else {
+                    z->grads = NULL;
+                    s->recv = NULL;
+                }
+            }
+        }
+    }
+    free_buffers(s);
+    free(s);
+    return rc;
+}
+
+static int zero_describe(const loom_strategy *s, char *buf, size_t cap)
+{
+    char extra[160] = "";
+    if (s->zu)
+        snprintf(extra, sizeof extra, ", %zu parameters padded to %zu, %zu owned per rank",
+                 s->numel, s->padded, s->shard_total);
+#if ZERO_STAGE == 3
+    snprintf(buf, cap, NAME " over %d rank%s, prefetch %d%s", s->dp_size,
+             s->dp_size == 1 ? "" : "s", s->prefetch, extra);
+#else
+    snprintf(buf, cap, NAME " over %d rank%s%s", s->dp_size, s->dp_size == 1 ? "" : "s", extra);
+#endif
+    return LOOM_OK;
+}
+
+/* ----------------------------------------------------------- data axis */
+
+static int alloc(loom_strategy *s, loom_purpose purpose, size_t bytes, void **out)
+{
+    int rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, purpose, bytes ? bytes : 1, out);
+    if (rc == LOOM_OK)
+        memset(*out, 0, bytes);
+    return rc;
+}
+
+static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
+{
+    const loom_host *h = s->host;
+    if (s->zu)
+        return h->error(h, LOOM_ERR_INVALID, NAME ": data_setup called twice");
+    if (nunits <= 0 || !units || !init)
+        return h->error(h, LOOM_ERR_INVALID, NAME ": data_setup needs at least one unit");
+    loom_dtype dtype = units[0].compute_dtype;
+    if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
+        return h->error(h, LOOM_ERR_INVALID,
+                        NAME ": unit '%s' computes in %s; " NAME " supports f32, bf16 and f16",
+                        units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
+    for (int i = 1; i < nunits; i++)
+        if (units[i].compute_dtype != dtype)
+            return h->error(h, LOOM_ERR_INVALID,
+                            NAME ": unit '%s' computes in %s but unit '%s' in %s; "
+                                 "the shards need a single dtype",
+                            units[i].name ? units[i].name : "?",
+                            loom_dtype_name(units[i].compute_dtype),
+                            units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
+    for (int i = 0; i < nunits; i++)
+        if (units[i].numel && !init[i])
+            return h->error(h, LOOM_ERR_INVALID, NAME ": no initial parameters for unit '%s'",
+                            units[i].name ? units[i].name : "?");
+    s->dtype = dtype;
+    s->esize = loom_dtype_size(dtype);
+    s->units = units;
+    s->nunits = nunits;
+    s->zu = calloc((size_t)nunits, sizeof *s->zu);
+    s->fsteps = calloc((size_t)nunits, sizeof *s->fsteps);
+    s->bsteps = calloc((size_t)nunits, sizeof *s->bsteps);
+    if (!s->zu || !s->fsteps || !s->bsteps) {
+        free_buffers(s);
+        return h->error(h, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
+    }
+
+    size_t N = (size_t)s->dp_size, flat = 0, shards = 0;
+    for (int i = 0; i < nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        z->unit = &units[i];
+        z->numel = units[i].numel;
+        z->padded = round_up(z->numel ? z->numel : 1, ALIGN * N);
+        z->shard = z->padded / N;
+        z->own_begin = (size_t)s->dp_rank * z->shard;
+        z->own_count = z->numel > z->own_begin ? z->numel - z->own_begin : 0;
+        if (z->own_count > z->shard)
+            z->own_count = z->shard;
+        z->flat_off = flat;
+        z->shard_off = shards;
+        flat += z->padded;
+        shards += z->shard;
+        s->numel += z->numel;
+        if (z->shard > s->max_shard)
+            s->max_shard = z->shard;
+    }
+    s->padded = flat;
+    s->shard_total = shards;
+    if (s->numel == 0) {
+        free_buffers(s);
+        return h->error(h, LOOM_ERR_INVALID, NAME ": the model has no parameters");
+    }
+
+    /* The tied embedding rides along with the head's hooks. */
+    int tied = nunits >= 2 && units[0].kind == LOOM_UNIT_EMBEDDING &&
+               units[nunits - 1].kind == LOOM_UNIT_HEAD;
+    for (int i = 0; i < nunits; i++) {
+        s->fsteps[i] = (zero_step){i, tied && i == nunits - 1 ? 0 : -1};
+        s->bsteps[i] = (zero_step){nunits - 1 - i, tied && i == 0 ? 0 : -1};
+    }
+
+    size_t e = s->esize, S = s->shard_total;
+    int rc = LOOM_OK;
+    void *p;
+#define ALLOC(purpose, bytes, dst)                                                          \
+    do {                                                                                    \
+        if (rc == LOOM_OK && (rc = alloc(s, (purpose), (bytes), &p)) == LOOM_OK)             \
+            (dst) = p;                                                                      \
+    } while (0)
+#if ZERO_STAGE == 3
+    ALLOC(LOOM_PURPOSE_PARAMS, S * e, s->param_shard);
+#else
+    ALLOC(LOOM_PURPOSE_PARAMS, s->padded * e, s->params_all);
+#endif
+#if ZERO_STAGE == 1
+    ALLOC(LOOM_PURPOSE_GRADS, s->padded * e, s->grads_all);
+    ALLOC(LOOM_PURPOSE_COMM, S * e, s->grad_shard);
+#else
+    ALLOC(LOOM_PURPOSE_GRADS, S * e, s->grad_shard);
+    ALLOC(LOOM_PURPOSE_COMM, s->max_shard * e, s->recv);
+#endif
+    if (dtype != LOOM_F32)
+        ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->master);
+    ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->m);
+    ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->v);
+#undef ALLOC
+    if (rc != LOOM_OK) {
+        free_buffers(s);
+        return rc; /* mem_alloc said what it could not get */
+    }
+
+    for (int i = 0; i < nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        float *master = master_of(s, z);
+        if (z->own_count)
+            memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
+#if ZERO_STAGE == 3
+        store_params(at(s->param_shard, z->shard_off, e), dtype, master, z->own_count);
+        units[i].params = NULL;
+        units[i].grads = NULL;
+#else
+        /* Every rank has the full initial parameters: no gather needed. */
+        z->params = at(s->params_all, z->flat_off, e);
+        store_params(z->params, dtype, init[i], z->numel);
+        units[i].params = z->params;
+#if ZERO_STAGE == 1
+        z->grads = at(s->grads_all, z->flat_off, e);
+        units[i].grads = z->grads;
+#else
+        units[i].grads = NULL;
+#endif
+#endif
+        units[i].strategy_data = z;
+    }
+    return LOOM_OK;
+}
+
+static zero_unit *hook_unit(loom_strategy *s, loom_unit *unit, const char *hook)
+{
+    if (!s->zu) {
+        s->host->error(s->host, LOOM_ERR_INVALID, NAME ": %s before data_setup", hook);
+        return NULL;
+    }
+    int i = unit ? find_unit(s, unit) : -1;
+    if (i < 0) {
+        s->host->error(s->host, LOOM_ERR_INVALID,
+                       NAME ": %s for unit %d ('%s'), which data_setup was not given", hook,
+                       unit ? unit->index : -1, unit && unit->name ? unit->name : "?");
+        return NULL;
+    }
+    return &s->zu[i];
+}
+
+#if ZERO_STAGE == 3
+static int zero_data_before_forward(loom_strategy *s, loom_unit *unit)
+{
+    zero_unit *z = hook_unit(s, unit, "data_before_forward");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    int rc = progress(s);
+    if (rc != LOOM_OK)
+        return rc;
+    int i = (int)(z - s->zu);
+    int occurrence = z->fwd_entries++;
+    if (occurrence > 0)
+        z->held = 1; /* the tied reuse: needed again by the head's backward */
+    /* Post this unit's gather (if no prefetch did), then the next ones, then wait. */
+    if ((rc = start_gather(s, z)) != LOOM_OK ||
+        (rc = prefetch_after(s, s->fsteps, find_step(s->fsteps, s->nunits, i, occurrence))) != LOOM_OK ||
+        (rc = ensure_params(s, z)) != LOOM_OK)
+        return rc;
+    z->fwd_refs++;
+    return LOOM_OK;
+}
+
+static int zero_data_after_forward(loom_strategy *s, loom_unit *unit)
+{
+    zero_unit *z = hook_unit(s, unit, "data_after_forward");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    if (z->fwd_refs > 0)
+        z->fwd_refs--;
+    int rc = maybe_drop(s, z);
+    return rc == LOOM_OK ? progress(s) : rc;
+}
+#endif
+
+static int zero_data_before_backward(loom_strategy *s, loom_unit *unit)
+{
+    zero_unit *z = hook_unit(s, unit, "data_before_backward");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    int rc = progress(s);
+#if ZERO_STAGE >= 2
+    if (rc != LOOM_OK)
+        return rc;
+    int occurrence = z->bwd_entries++;
+    if (!z->bwd_open) {
+        z->bwd_open = 1;
+#if ZERO_STAGE == 3
+        if ((rc = start_gather(s, z)) != LOOM_OK)
+            return rc;
+#endif
+        if ((rc = open_grads(s, z)) != LOOM_OK)
+            return rc;
+    }
+#if ZERO_STAGE == 3
+    int i = (int)(z - s->zu);
+    if ((rc = prefetch_after(s, s->bsteps, find_step(s->bsteps, s->nunits, i, occurrence))) != LOOM_OK ||
+        (rc = ensure_params(s, z)) != LOOM_OK)
+        return rc;
+#else
+    (void)occurrence;
+#endif
+#endif
+    return rc;
+}
+
+static int zero_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micro)
+{
+    const loom_host *h = s->host;
+    zero_unit *z = hook_unit(s, unit, "data_grads_ready");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    s->saw_micro = 1;
+    int rc = progress(s);
+    if (rc != LOOM_OK)
+        return rc;
+#if ZERO_STAGE == 1
+    /* Accumulating micro-batches stay local, like PyTorch's no_sync. */
+    if (!last_micro)
+        return LOOM_OK;
+    s->saw_last_micro = 1;
+    if (z->reduced)
+        return h->error(h, LOOM_ERR_INVALID,
+                        NAME ": unit '%s' reported its gradients twice on the last micro-batch",
+                        unit->name ? unit->name : "?");
+    z->reduced = 1;
+    return post_reduce(s, z, grad_shard_of(s, z));
+#else
+    if (last_micro)
+        s->saw_last_micro = 1;
+    if (!z->bwd_open || !z->grads || z->reducing)
+        return h->error(h, LOOM_ERR_INVALID,
+                        NAME ": data_grads_ready for unit '%s' without data_before_backward "
+                             "(no gradient buffer is open)",
+                        unit->name ? unit->name : "?");
+    /* One reduce-scatter at a time: the previous one has overlapped this
+     * unit's backward; now its result is due. */
+    if ((rc = finish_reduce(s)) != LOOM_OK)
+        return rc;
+    if ((rc = post_reduce(s, z, s->recv)) != LOOM_OK)
+        return rc;
+    z->reducing = 1;
+    s->reducing_unit = (int)(z - s->zu);
+    unit->grads = NULL; /* the model must not write it any more */
+    z->bwd_open = 0;
+    z->held = 0;
+    z->fwd_entries = 0;
+    z->bwd_entries = 0;
+#if ZERO_STAGE == 3
+    return maybe_drop(s, z);
+#else
+    return LOOM_OK;
+#endif
+#endif
+}
+
+static void reset_step(loom_strategy *s)
+{
+    for (int i = 0; i < s->nunits; i++)
+        s->zu[i].reduced = 0;
+    s->saw_micro = 0;
+    s->saw_last_micro = 0;
+}
+
+static int zero_data_finish_backward(loom_strategy *s)
+{
+    if (!s->zu)
+        return s->host->error(s->host, LOOM_ERR_INVALID, NAME ": data_finish_backward before data_setup");
+    /* Called after a micro-batch that was not the last: the accumulation
+     * continues. */
+    if (s->saw_micro && !s->saw_last_micro)
+        return progress(s);
+    if (s->failed)
+        return broken(s);
+    int rc = LOOM_OK;
+#if ZERO_STAGE == 1
+    /* Units that never reported still get reduced, in the same order on
+     * every rank. */
+    for (int i = s->nunits - 1; rc == LOOM_OK && i >= 0; i--)
+        if (!s->zu[i].reduced) {
+            s->zu[i].reduced = 1;
+            rc = post_reduce(s, &s->zu[i], grad_shard_of(s, &s->zu[i]));
+        }
+#endif
+    if (rc == LOOM_OK)
+        rc = quiesce(s);
+    if (rc != LOOM_OK)
+        return rc;
+    reset_step(s);
+    return LOOM_OK;
+}
+
+/* The hooks that read gradients need this step's average. */
+static int need_finished(loom_strategy *s, const char *hook)
+{
+    if (!s->zu)
+        return s->host->error(s->host, LOOM_ERR_INVALID, NAME ": %s before data_setup", hook);
+    if (s->failed)
+        return broken(s);
+    if (s->saw_last_micro)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              NAME ": %s before data_finish_backward: the gradients of the last "
+                                   "micro-batch are not reduced yet",
+                              hook);
+    return LOOM_OK;
+}
+
+static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
+{
+    int rc = need_finished(s, "data_grad_norm_sq");
+    if (rc != LOOM_OK)
+        return rc;
+    /* Each rank sums its owned shard; the shards partition the model. */
+    double local = 0.0;
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        const void *g = grad_shard_of(s, z);
+        if (s->dtype == LOOM_F32) {
+            const float *f = g;
+            for (size_t j = 0; j < z->own_count; j++)
+                local += (double)f[j] * (double)f[j];
+        } else {
+            for (size_t j = 0; j < z->own_count; j++) {
+                double x = load_f(g, s->dtype, j);
+                local += x * x;
+            }
+        }
+    }
+    double global = local;
+    loom_request *req = NULL;
+    rc = s->host->comm->allreduce(s->dp, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
+    if (rc == LOOM_OK && req)
+        rc = s->host->comm->wait(req);
+    if (rc != LOOM_OK)
+        return op_failed(s, rc);
+    *out = global;
+    return LOOM_OK;
+}
+
+static void clear_grads(loom_strategy *s)
+{
+#if ZERO_STAGE == 1
+    memset(s->grads_all, 0, s->padded * s->esize);
+#endif
+    memset(s->grad_shard, 0, s->shard_total * s->esize);
+}
+
+static int zero_data_zero_grads(loom_strategy *s)
+{
+    if (!s->zu)
+        return LOOM_OK;
+    /* Never clear memory the backend may still be writing. */
+    int rc = quiesce(s);
+#if ZERO_STAGE == 3
+    if (rc == LOOM_OK)
+        rc = drop_all_params(s);
+#endif
+    if (rc != LOOM_OK)
+        return rc;
+    reset_step(s);
+    clear_grads(s);
+    return LOOM_OK;
+}
+
+static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step)
+{
+    const loom_host *h = s->host;
+    int rc = need_finished(s, "data_optimizer_step");
+    if (rc != LOOM_OK)
+        return rc;
+    if (!step || !step->update)
+        return h->error(h, LOOM_ERR_INVALID, NAME ": data_optimizer_step without an update function");
+    if ((rc = quiesce(s)) != LOOM_OK)
+        return rc;
+    size_t e = s->esize;
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        float *master = master_of(s, z);
+        if (z->own_count)
+            step->update(step, master, grad_shard_of(s, z), s->dtype, s->m + z->shard_off,
+                         s->v + z->shard_off, z->own_count);
+#if ZERO_STAGE == 3
+        store_params(at(s->param_shard, z->shard_off, e), s->dtype, master, z->own_count);
+#else
+        store_params(at(z->params, z->own_begin, e), s->dtype, master, z->own_count);
+#endif
+    }
+#if ZERO_STAGE == 3
+    rc = drop_all_params(s); /* gathered copies are stale now */
+#else
+    /* Every rank's new shard to every rank, in place, all units at once. */
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        rc = post_gather(s, z, at(z->params, z->own_begin, e), z->params);
+    }
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
+        rc = wait_op(s, &s->zu[i], &s->zu[i].gather, "allgather");
+#endif
+    if (rc != LOOM_OK)
+        return rc;
+    clear_grads(s);
+    return LOOM_OK;
+}
+
+/* Checkpointing: full fp32 arrays from the owned shards of every rank. */
+static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params, float *m, float *v)
+{
+    zero_unit *z = hook_unit(s, unit, "data_get_state");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    int rc = quiesce(s);
+    if (rc != LOOM_OK)
+        return rc;
+    float *full = NULL;
+    if ((rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_COMM,
+                                 z->padded * sizeof(float), (void **)&full)) != LOOM_OK)
+        return rc;
+    const float *shard[3] = {master_of(s, z), s->m + z->shard_off, s->v + z->shard_off};
+    float *dst[3] = {params, m, v};
+    for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
+        if (!dst[k])
+            continue;
+        loom_request *req = NULL;
+        rc = s->host->comm->allgather(s->dp, shard[k], full, z->shard, LOOM_F32, &req);
+        if (rc == LOOM_OK && req)
+            rc = s->host->comm->wait(req);
+        if (rc != LOOM_OK) {
+            op_failed(s, rc);
+            if (req) /* the backend may still write it */
+                full = NULL;
+            break;
+        }
+        memcpy(dst[k], full, z->numel * sizeof(float));
+    }
+    free_if(s->host, full);
+    return rc;
+}
+
+static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *params,
+                               const float *m, const float *v)
+{
+    zero_unit *z = hook_unit(s, unit, "data_set_state");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    int rc = quiesce(s);
+    if (rc != LOOM_OK)
+        return rc;
+    /* Every rank holds the full arrays: keep the owned part, no communication. */
+    float *dst[3] = {master_of(s, z), s->m + z->shard_off, s->v + z->shard_off};
+    const float *src[3] = {params, m, v};
+    for (int k = 0; k < 3; k++)
+        if (src[k] && z->own_count)
+            memcpy(dst[k], src[k] + z->own_begin, z->own_count * sizeof(float));
+    if (!params)
+        return LOOM_OK;
+#if ZERO_STAGE == 3
+    store_params(at(s->param_shard, z->shard_off, s->esize), s->dtype, dst[0], z->own_count);
+    if (z->params) /* gathered right now: keep it current */
+        store_params(z->params, s->dtype, params, z->numel);
+#else
+    store_params(z->params, s->dtype, params, z->numel);
+#endif
+    return LOOM_OK;
+}
+
+LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, NAME,
+                                 DESCRIPTION, SETTINGS),
+    .axis = LOOM_AXIS_DP,
+    .create = zero_create,
+    .destroy = zero_destroy,
+    .describe = zero_describe,
+    .data_setup = zero_data_setup,
+#if ZERO_STAGE == 3
+    .data_before_forward = zero_data_before_forward,
+    .data_after_forward = zero_data_after_forward,
+#endif
+    .data_before_backward = zero_data_before_backward,
+    .data_grads_ready = zero_data_grads_ready,
+    .data_finish_backward = zero_data_finish_backward,
+    .data_grad_norm_sq = zero_data_grad_norm_sq,
+    .data_optimizer_step = zero_data_optimizer_step,
+    .data_zero_grads = zero_data_zero_grads,
+    .data_get_state = zero_data_get_state,
+    .data_set_state = zero_data_set_state,
+};

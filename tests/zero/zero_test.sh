@@ -1,0 +1,185 @@
+#!/bin/sh
+# ZeRO end to end: `loom train` with --metrics under zero1/zero2/zero3
+# against the single-rank run (DESIGN §7's numerics contract), accumulation,
+# recomputation, bf16, the model-state bytes per rank, checkpoints across
+# strategies and rank counts, and the trace.
+#   usage: zero_test.sh LOOM SOURCE_DIR CASE [ARGS...]
+#     contract STRATEGY RANKS BACKEND | accum S | recompute S | bf16 S |
+#     prefetch P | memory S PRECISION | checkpoint | trace
+set -eu
+LOOM=$1
+SRC=$2
+CASE=$3
+shift 3
+CFG=$SRC/tests/zero/tiny.cfg
+DATA=$SRC/examples/data/corpus.bin
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+
+# run NAME RANKS [--set ...]: metrics in NAME.jsonl, output in NAME.log
+run() {
+    # POSIX sh has no locals: names of their own, so callers' variables survive
+    run_name=$1; run_ranks=$2; shift 2
+    if [ "$run_ranks" = 1 ]; then
+        "$LOOM" train "$CFG" --set data.train="$DATA" --metrics "$run_name.jsonl" "$@" > "$run_name.log" 2>&1 ||
+            { cat "$run_name.log"; echo "zero_test: run $run_name failed"; exit 1; }
+    else
+        "$LOOM" launch -n "$run_ranks" -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+            --set parallel.dp.size="$run_ranks" --metrics "$run_name.jsonl" "$@" > "$run_name.log" 2>&1 ||
+            { cat "$run_name.log"; echo "zero_test: run $run_name failed"; exit 1; }
+    fi
+}
+
+# losses NAME: one loss per line
+losses() { sed 's/.*"loss": \([^,]*\),.*/\1/' "$1.jsonl"; }
+
+# compare A B TOL [FIRST]: per-step relative difference <= TOL from step FIRST on
+compare() {
+    losses "$1" > a.txt
+    losses "$2" > b.txt
+    [ "$(wc -l < a.txt)" -gt 0 ] || { echo "zero_test: $1 has no steps"; exit 1; }
+    [ "$(wc -l < a.txt)" = "$(wc -l < b.txt)" ] || { echo "zero_test: $1 and $2 ran different step counts"; exit 1; }
+    paste a.txt b.txt | awk -v tol="$3" -v first="${4:-1}" -v a="$1" -v b="$2" '
+        NR >= first { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
+                      if (r > worst) worst = r;
+                      if (r > tol) { printf "step %d: %s %s, %s %s (relative %.3g > %g)\n", NR, a, $1, b, $2, r, tol; bad = 1 } }
+        END { printf "%s vs %s: worst relative difference %.3g over %d steps\n", a, b, worst, NR; exit bad }'
+}
+
+# the last `n` losses of A equal all of B's, byte for byte
+same_tail() {
+    tail -n "$3" "$1.jsonl" | sed 's/.*"loss": \([^,]*\),.*/\1/' > w.txt
+    losses "$2" > r.txt
+    [ "$(wc -l < r.txt)" = "$3" ] || { echo "zero_test: $2 ran $(wc -l < r.txt) steps, want $3"; exit 1; }
+    cmp -s w.txt r.txt || { paste w.txt r.txt; echo "zero_test: $2 differs from the end of $1"; exit 1; }
+    echo "$2: steps identical to the last $3 of $1"
+}
+
+falls() {
+    losses "$1" | awk -v n="$1" 'NR == 1 { first = $1 } { last = $1 }
+        END { if (!(last < first - 0.3)) { print n ": loss did not fall: " first " -> " last; exit 1 } print n ": loss falls " first " -> " last }'
+}
+
+# peak NAME PURPOSE: the host tier's peak bytes of PURPOSE on the last step
+peak() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"host\": {[^}]*\"$2\": \([0-9]*\).*/\1/p"; }
+
+case "$CASE" in
+contract)
+    strategy=$1; ranks=$2; backend=$3
+    run single 1
+    run "$strategy" "$ranks" --set parallel.dp.strategy="$strategy" --set comm.default="$backend"
+    grep -q "$strategy over $ranks ranks" "$strategy.log" || { cat "$strategy.log"; echo "zero_test: header does not name $strategy"; exit 1; }
+    grep -q "dp over $backend" "$strategy.log" || { cat "$strategy.log"; echo "zero_test: not over $backend"; exit 1; }
+    compare single "$strategy" 1e-5 ;;
+accum)
+    strategy=$1
+    run k1 1
+    run k3 2 --set parallel.dp.strategy="$strategy" --set train.grad_accum=3
+    run k2 3 --set parallel.dp.strategy="$strategy" --set train.grad_accum=2 --set train.batch=12
+    compare k1 k3 1e-5
+    compare k1 k2 1e-5 ;;
+recompute)
+    strategy=$1
+    run plain 1 --set model.layers=3
+    run recompute 2 --set model.layers=3 --set parallel.dp.strategy="$strategy" --set train.recompute=block
+    compare plain recompute 1e-5 ;;
+bf16)
+    # the tolerance the model issue set for 16-bit runs against fp32: 2%
+    strategy=$1
+    run fp32 1 --set train.steps=20
+    run bf16 1 --set train.steps=20 --set train.precision=bf16
+    run "$strategy" 2 --set train.steps=20 --set train.precision=bf16 --set parallel.dp.strategy="$strategy"
+    compare fp32 "$strategy" 0.02
+    compare bf16 "$strategy" 0.02
+    falls "$strategy" ;;
+prefetch)
+    # zero3 with no prefetch and with two units ahead, three ranks
+    run single 1
+    run "prefetch$1" 3 --set parallel.dp.strategy=zero3 --set parallel.dp.prefetch="$1"
+    grep -q "prefetch $1" "prefetch$1.log" || { cat "prefetch$1.log"; exit 1; }
+    compare single "prefetch$1" 1e-5 ;;
+memory)
+    # Model-state bytes per rank (host tier, peak over the step) against
+    # the ZeRO formulas, at 1, 2 and 4 ranks, with ddp as the baseline.
+    strategy=$1; precision=$2
+    e=4; [ "$precision" = fp32 ] || e=2
+    for n in 1 2 4; do
+        run "m$n" "$n" --set train.steps=2 --set parallel.dp.strategy="$strategy" --set train.precision="$precision"
+        p=$(peak "m$n" params); g=$(peak "m$n" grads); o=$(peak "m$n" optimizer)
+        # The tiny model's units: the embedding (Vp*C + maxT*C), two blocks
+        # (12C^2 + 13C), the head (2C); each padded to a multiple of 32 x N.
+        awk -v s="$strategy" -v e="$e" -v N="$n" -v p="$p" -v g="$g" -v o="$o" -v prefetch=1 '
+        function pad(x) { q = 32 * N; return int((x + q - 1) / q) * q }
+        function max(a, b) { return a > b ? a : b }
+        BEGIN {
+            n = split("20480 49984 49984 128", numel, " ")
+            P = 0; raw = 0
+            for (i = 1; i <= n; i++) { u[i] = pad(numel[i]); P += u[i]; raw += numel[i] }
+            S = P / N; w = (e == 4) ? 0 : 4
+            # full gradients in flight (zero2/3): the embedding stays open from
+            # the head on; beside it the unit in backward and the one being
+            # reduce-scattered (backward order: head, blocks, embedding)
+            inflight = u[n] + u[1]
+            for (i = n; i > 2; i--) inflight = max(inflight, u[1] + u[i] + u[i - 1])
+            # gathered parameters (zero3, prefetch 1): in forward a unit and
+            # the next (the head brings the tied embedding), in backward the
+            # held embedding, the unit and the next
+            gathered = 0
+            for (i = 1; i < n - 1; i++) gathered = max(gathered, u[i] + u[i + 1])
+            gathered = max(gathered, u[n - 1] + u[n] + u[1])   # last block, prefetching head + embedding
+            gathered = max(gathered, u[n] + u[1] + u[n - 1])   # head (+ embedding) in backward, next block
+            for (i = n - 1; i > 2; i--) gathered = max(gathered, u[1] + u[i] + u[i - 1])
+            # at rest: the formula; in flight: what a step adds on top
+            rest_p = e * (s == "zero3" ? S : P); rest_g = e * (s == "zero1" ? P : S); fly_p = 0; fly_g = 0
+            if (s == "ddp")   { rest_p = e * raw; rest_g = e * raw; wo = (w + 8) * raw; f = "16Ψ" }
+            if (s == "zero1") { wo = (w + 8) * S; f = (e == 4 ? "8Ψ + 8Ψ/N" : "4Ψ + 12Ψ/N") }
+            if (s == "zero2") { wo = (w + 8) * S; fly_g = e * inflight; f = (e == 4 ? "4Ψ + 12Ψ/N" : "2Ψ + 14Ψ/N") }
+            if (s == "zero3") { wo = (w + 8) * S; fly_p = e * gathered; fly_g = e * inflight; f = "16Ψ/N" }
+            rest = rest_p + rest_g + wo
+            printf "%s %s N=%d, Ψ %d padded to %d: params %d grads %d optimizer %d bytes = %s = %d at rest + %d params and %d grads in flight\n",
+                   s, (e == 4 ? "fp32" : "bf16"), N, raw, P, p, g, o, f, rest, fly_p, fly_g
+            if (p != rest_p + fly_p || g != rest_g + fly_g || o != wo) {
+                printf "zero_test: want params %d grads %d optimizer %d\n", rest_p + fly_p, rest_g + fly_g, wo; exit 1 }
+        }' || exit 1
+    done ;;
+checkpoint)
+    # zero3 on 4 ranks saves a resumable checkpoint after step 5 and the
+    # consolidated llm.c weights after step 10; both load elsewhere.
+    z3="--set parallel.dp.strategy=zero3"
+    run single 1 --save "$TMP/single.bin"
+    run whole 4 $z3 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt" --save "$TMP/zero3.bin"
+    [ -f "$TMP/ckpt/step-5.loom" ] || { echo "zero_test: no checkpoint written"; exit 1; }
+    compare single whole 1e-5
+    run same 4 $z3 --resume "$TMP/ckpt/step-5.loom"
+    same_tail whole same 5
+    run one 1 --resume "$TMP/ckpt/step-5.loom"
+    run two 2 --set parallel.dp.strategy=zero2 --resume "$TMP/ckpt/step-5.loom"
+    tail -n 5 whole.jsonl > tail.jsonl
+    compare tail one 1e-5
+    compare tail two 1e-5
+    # the consolidated weights: a single-rank run from them starts where
+    # the single-rank run's own saved weights start
+    run from_zero3 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/zero3.bin"
+    run from_single 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/single.bin"
+    compare from_single from_zero3 1e-5
+    awk -v a="$(losses single | head -1)" -v b="$(losses from_zero3)" 'BEGIN { if (!(b < a - 0.3)) { print "loaded loss " b " not below the fresh " a; exit 1 } }' ;;
+trace)
+    run traced 2 --set train.steps=2 --set parallel.dp.strategy=zero3 --trace "$TMP/trace.json"
+    for want in '"pid":0,"tid":0' '"pid":1,"tid":1' '"name":"forward block 1"' \
+                '"name":"zero3 allgather block 0"' '"name":"zero3 allgather embedding"' \
+                '"name":"zero3 reducescatter head"' '"name":"zero3 reducescatter block 1"' \
+                '"name":"allgather"' '"name":"reducescatter"'; do
+        grep -q "$want" "$TMP/trace.json" || { echo "zero_test: trace lacks $want"; exit 1; }
+    done
+    # The prefetched gather of block 1 is in flight while block 0 computes.
+    awk -F'[:,]' '
+        /"pid":0,"tid":0/ && /"name":"forward block 0"/ && !cseen { cseen = 1; for (i = 1; i < NF; i++) { if ($i == "\"ts\"") cs = $(i + 1); if ($i == "\"dur\"") ce = cs + $(i + 1) } }
+        /"pid":0,"tid":1/ && /"name":"zero3 allgather block 1"/ && !gseen { gseen = 1; for (i = 1; i < NF; i++) { if ($i == "\"ts\"") gs = $(i + 1); if ($i == "\"dur\"") ge = gs + $(i + 1) } }
+        END { if (!(gs < ce && ge > cs)) { printf "allgather block 1 [%.1f, %.1f] does not overlap forward block 0 [%.1f, %.1f] (us)\n", gs, ge, cs, ce; exit 1 }
+              printf "allgather block 1 [%.1f, %.1f] overlaps forward block 0 [%.1f, %.1f] (us)\n", gs, ge, cs, ce }' "$TMP/trace.json"
+    grep -q "params" traced.log && grep -q "optimizer" traced.log || { echo "zero_test: the progress line lacks model-state bytes"; exit 1; }
+    echo "trace: zero3 gathers and reduce-scatters on the comm lane" ;;
+*)
+    echo "zero_test: unknown case $CASE"; exit 2 ;;
+esac
