@@ -79,6 +79,7 @@ typedef struct ucx_settings {
     size_t chunk_bytes;
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
     double late_grace_s;
+    double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
 } ucx_settings;
 
 /* The algorithm names of op `uop`, index = its ALG_ value; NULL-terminated. */
@@ -103,6 +104,8 @@ typedef struct ucx_proc {
     int refs;              /* live communicators */
     ucp_context_h ctx;
     ucp_worker_h worker;
+    int efd;               /* the worker's event fd, -1 when UCX has none */
+    double spin_us;        /* the progress thread's, from the first world */
     int world_size, world_rank;
     ucx_peer *peers;       /* by world rank */
     int generation;        /* contexts made so far in this process: part of store keys */
@@ -257,7 +260,7 @@ void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap);
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
 } ucx_idle_state;
-void ucx_idle(ucx_idle_state *s, int events);
+void ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ucx_reduce.c */
 void ucx_reduce(void *dst, const void *a, const void *b, size_t n, loom_dtype t, loom_redop op);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <time.h>
 
 #include "ucx_internal.h"
@@ -84,6 +85,9 @@ const loom_setting_spec ucx_settings_spec[] = {
      "large messages move in chunks of this size, so reductions overlap transfers"},
     {"pipeline_depth", LOOM_SETTING_INT, "4",
      "receive buffers per pipelined transfer (1-16)"},
+    {"spin_us", LOOM_SETTING_FLOAT, "50",
+     "a wait polls (yielding the core) this many microseconds before sleeping until UCX has an "
+     "event: lower frees the cores sooner for other ranks, higher answers small messages faster"},
     {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
      "after a timeout, how long to collect the other ranks' reports before naming the ranks that "
      "did not arrive (at most a quarter of comm.timeout_s)"},
@@ -159,6 +163,9 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
                         "comm-ucx: comm.ucx.pipeline_depth = %lld: expected 1 to %d",
                         (long long)v, SLOTS_MAX);
     s->pipeline_depth = (int)v;
+    s->spin_us = 50;
+    if (h->config_float && h->config_float(h, "spin_us", &d) == LOOM_OK && d >= 0)
+        s->spin_us = d;
     s->late_grace_s = 2.0;
     if (h->config_float && h->config_float(h, "late_grace_s", &d) == LOOM_OK && d >= 0)
         s->late_grace_s = d;
@@ -189,7 +196,7 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-void ucx_idle(ucx_idle_state *s, int events)
+void ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
         s->since_ns = 0;
@@ -198,15 +205,21 @@ void ucx_idle(ucx_idle_state *s, int events)
     uint64_t now = now_ns();
     if (!s->since_ns)
         s->since_ns = now;
-    uint64_t idle = now - s->since_ns;
-    static int mode = -1;
-    if (mode < 0) { const char *e = getenv("LOOM_UCX_IDLE"); mode = e ? atoi(e) : 0; }
-    if (mode == 1) return; /* spin */
-    if (mode == 2) { struct timespec t0 = {0, 1000}; nanosleep(&t0, NULL); return; }
-    if (idle < 2000000ull) {
+    if ((double)(now - s->since_ns) < spin_us * 1e3) {
         sched_yield();
-    } else {
-        struct timespec t = {0, idle < 1000000000ull ? 20000 : 1000000};
+        return;
+    }
+    /* Sleep in the kernel until UCX has something for us (a message, a
+     * rendezvous reply), for at most a few ms so the caller still checks
+     * its timeout and its peers. */
+    pthread_mutex_lock(&ucx.lock);
+    ucs_status_t st = ucx.worker && ucx.efd >= 0 ? ucp_worker_arm(ucx.worker) : UCS_ERR_UNSUPPORTED;
+    pthread_mutex_unlock(&ucx.lock);
+    if (st == UCS_OK) {
+        struct pollfd p = {ucx.efd, POLLIN, 0};
+        poll(&p, 1, 5);
+    } else if (st != UCS_ERR_BUSY) {
+        struct timespec t = {0, 20000};
         nanosleep(&t, NULL);
     }
 }
@@ -232,6 +245,29 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
 
 /* ------------------------------------------------------------ requests */
 
+/* TUNE-HACK (temporary, for measuring): LOOM_UCX_TUNE="op=algo,chunk=N,spin=N,depth=N" */
+static void tune_apply(loom_comm *c)
+{
+    const char *e = getenv("LOOM_UCX_TUNE");
+    static char last[256];
+    static ucx_settings base;
+    static loom_comm *based;
+    if (based != c) { base = c->set; based = c; last[0] = 0; }
+    if (!e) e = "";
+    if (!strcmp(e, last)) return;
+    snprintf(last, sizeof last, "%s", e);
+    c->set = base;
+    char buf[256]; snprintf(buf, sizeof buf, "%s", e);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        char *eq = strchr(tok, '='); if (!eq) continue; *eq = 0; const char *v = eq + 1;
+        if (!strcmp(tok, "chunk")) c->set.chunk_bytes = strtoull(v, 0, 0);
+        else if (!strcmp(tok, "spin")) c->set.spin_us = atof(v);
+        else if (!strcmp(tok, "depth")) c->set.pipeline_depth = atoi(v);
+        else for (int u = 0; u < UOP_COUNT; u++) if (!strcmp(tok, uop_setting[u]))
+            for (int a = 0; ucx_algo_names[u][a]; a++) if (!strcmp(ucx_algo_names[u][a], v)) c->set.algo[u] = a;
+    }
+}
+
 /* Number the op and refuse it on a failed group. */
 static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq,
                     loom_comm_request **req)
@@ -240,6 +276,7 @@ static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq
         *req = NULL;
     if (!c || !req)
         return LOOM_ERR_INVALID;
+    tune_apply(c);
     pthread_mutex_lock(&ucx.lock);
     *seq = collective ? ++c->seq : ++c->p2p_seq;
     int failed = c->failed, status = c->fail_status;
@@ -777,7 +814,7 @@ static int ucx_wait(loom_comm_request *r)
             return st;
         if (t - t0 > timeout)
             break;
-        ucx_idle(&idle, events);
+        ucx_idle(&idle, events, r->comm ? r->comm->set.spin_us : 50);
     }
 
     /* Timed out: say what we wait for, then who did not come. */

@@ -30,6 +30,7 @@
 ucx_proc ucx = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .work = PTHREAD_COND_INITIALIZER,
+    .efd = -1,
 };
 
 /* How often this rank made a subgroup with a given rank list from one
@@ -176,6 +177,7 @@ static void process_teardown(const loom_host *host)
     }
     if (ucx.worker)
         ucp_worker_destroy(ucx.worker);
+    ucx.efd = -1;
     if (ucx.ctx)
         ucp_cleanup(ucx.ctx);
     ucx.worker = NULL;
@@ -202,7 +204,9 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     ucp_params_t prm = {0};
     prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
                      UCP_PARAM_FIELD_ESTIMATED_NUM_PPN;
-    prm.features = UCP_FEATURE_TAG;
+    /* WAKEUP: idle waits sleep on the worker's event fd (it keeps the
+     * shared-memory and cma transports, unlike peer error handling). */
+    prm.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
     prm.estimated_num_eps = (size_t)n;
     prm.estimated_num_ppn = (size_t)(host->local_size > 0 ? host->local_size : 1);
     us = ucp_init(&prm, cfg, &ucx.ctx);
@@ -226,6 +230,9 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     ucx.world_size = n;
     ucx.world_rank = me;
     ucx.timeout_s = s->timeout_s;
+    ucx.spin_us = s->spin_us;
+    if (ucp_worker_get_efd(ucx.worker, &ucx.efd) != UCS_OK)
+        ucx.efd = -1;
     ucx.peers = calloc((size_t)n, sizeof *ucx.peers);
     if (!ucx.peers) {
         process_teardown(host);
@@ -356,7 +363,7 @@ static void *progress_main(void *arg)
         }
         int events = sched_progress_all();
         pthread_mutex_unlock(&ucx.lock);
-        ucx_idle(&idle, events);
+        ucx_idle(&idle, events, ucx.spin_us);
         pthread_mutex_lock(&ucx.lock);
     }
     pthread_mutex_unlock(&ucx.lock);

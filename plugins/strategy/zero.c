@@ -40,6 +40,12 @@
  * zero3's gathered units. Each rank's reduce-scatter result lands in a COMM
  * buffer: zero1's reduced shard (eΨ/N), zero2's and zero3's one unit shard.
  *
+ * Trace: every collective is a span on the comm lane from its post to its
+ * completion ("zero3 allgather block 3"); the time a hook sits waiting for
+ * one is a span on the compute lane ("zero3 wait allgather block 3"),
+ * nested in the unit's own: the communication that prefetch and overlap did
+ * not hide.
+ *
  * Communication per step (one micro-batch) per rank, in elements of the
  * compute dtype as the ring algorithms move them: reduce-scatter and
  * all-gather each (N-1)/N Ψ, so 2Ψ(N-1)/N for zero1 and zero2 and
@@ -315,7 +321,16 @@ static int wait_op(loom_strategy *s, zero_unit *z, zero_op *op, const char *what
         return broken(s);
     if (!op->active)
         return LOOM_OK;
-    int rc = s->host->comm->wait(op->req);
+    int rc = s->host->comm->test(op->req);
+    if (rc == LOOM_IN_PROGRESS) {
+        /* Exposed communication: the compute lane shows how long this rank
+         * sat waiting, inside the unit's span. */
+        uint64_t t0 = s->host->now_ns();
+        rc = s->host->comm->wait(op->req);
+        char label[48], name[80];
+        snprintf(name, sizeof name, NAME " wait %s %s", what, unit_label(z->unit, label, sizeof label));
+        s->host->trace(s->host, LOOM_LANE_COMPUTE, name, t0, s->host->now_ns(), 0);
+    }
     op_done(s, z, op, what, unit_bytes(s, z)); /* released either way */
     return rc == LOOM_OK ? LOOM_OK : op_failed(s, rc);
 }

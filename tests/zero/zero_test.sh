@@ -4,8 +4,8 @@
 # recomputation, bf16, the model-state bytes per rank, checkpoints across
 # strategies and rank counts, and the trace.
 #   usage: zero_test.sh LOOM SOURCE_DIR CASE [ARGS...]
-#     contract STRATEGY RANKS BACKEND | accum S | recompute S | bf16 S |
-#     prefetch P | memory S PRECISION | checkpoint | trace
+#     contract STRATEGY RANKS BACKEND | accum S | recompute S | bf16 S | clip S |
+#     prefetch P | formulas S PRECISION | checkpoint | trace
 set -eu
 LOOM=$1
 SRC=$2
@@ -63,6 +63,8 @@ falls() {
 
 # peak NAME PURPOSE: the host tier's peak bytes of PURPOSE on the last step
 peak() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"host\": {[^}]*\"$2\": \([0-9]*\).*/\1/p"; }
+# comm NAME OP: the dp group's payload bytes of OP in the last step
+comm() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"comm_bytes\": {[^}]*\"dp.$2\": \([0-9]*\).*/\1/p"; }
 
 case "$CASE" in
 contract)
@@ -93,27 +95,42 @@ bf16)
     compare fp32 "$strategy" 0.02
     compare bf16 "$strategy" 0.02
     falls "$strategy" ;;
+clip)
+    # clipping by the global norm: the shards' sums add up over the dp group
+    strategy=$1
+    run single 1 --set train.clip=0.5
+    run "$strategy" 3 --set parallel.dp.strategy="$strategy" --set train.clip=0.5
+    compare single "$strategy" 1e-5
+    sed 's/.*"grad_norm": \([^,]*\),.*/\1/' single.jsonl > n1.txt
+    sed 's/.*"grad_norm": \([^,]*\),.*/\1/' "$strategy.jsonl" > n2.txt
+    paste n1.txt n2.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": norm " $1 " vs " $2; bad = 1 } }
+        END { if (!bad) print "global norms agree over " NR " steps (all above the clip of 0.5)"; exit bad }'
+    awk '{ if ($1 <= 0.5) { print "norm " $1 " at step " NR " is not clipped"; exit 1 } }' n1.txt ;;
 prefetch)
     # zero3 with no prefetch and with two units ahead, three ranks
     run single 1
     run "prefetch$1" 3 --set parallel.dp.strategy=zero3 --set parallel.dp.prefetch="$1"
     grep -q "prefetch $1" "prefetch$1.log" || { cat "prefetch$1.log"; exit 1; }
     compare single "prefetch$1" 1e-5 ;;
-memory)
-    # Model-state bytes per rank (host tier, peak over the step) against
-    # the ZeRO formulas, at 1, 2 and 4 ranks, with ddp as the baseline.
+formulas)
+    # Model-state bytes per rank (host tier, peaks over the step) and bytes
+    # on the dp group per step (the comm layer's counters) against the ZeRO
+    # formulas, at 1, 2 and 4 ranks, ddp as the baseline; 4 blocks.
     strategy=$1; precision=$2
     e=4; [ "$precision" = fp32 ] || e=2
     for n in 1 2 4; do
-        run "m$n" "$n" --set train.steps=2 --set parallel.dp.strategy="$strategy" --set train.precision="$precision"
+        run "m$n" "$n" --set train.steps=2 --set model.layers=4 --set parallel.dp.strategy="$strategy" \
+            --set train.precision="$precision"
         p=$(peak "m$n" params); g=$(peak "m$n" grads); o=$(peak "m$n" optimizer)
-        # The tiny model's units: the embedding (Vp*C + maxT*C), two blocks
-        # (12C^2 + 13C), the head (2C); each padded to a multiple of 32 x N.
-        awk -v s="$strategy" -v e="$e" -v N="$n" -v p="$p" -v g="$g" -v o="$o" -v prefetch=1 '
+        ar=$(comm "m$n" allreduce); ag=$(comm "m$n" allgather); rs=$(comm "m$n" reducescatter)
+        # The model's units: the embedding (Vp*C + maxT*C), 4 blocks
+        # (12C^2 + 13C), the head (2C); zero pads each to a multiple of 32 x N.
+        awk -v s="$strategy" -v e="$e" -v N="$n" -v p="$p" -v g="$g" -v o="$o" \
+            -v ar="${ar:-0}" -v ag="${ag:-0}" -v rs="${rs:-0}" '
         function pad(x) { q = 32 * N; return int((x + q - 1) / q) * q }
         function max(a, b) { return a > b ? a : b }
         BEGIN {
-            n = split("20480 49984 49984 128", numel, " ")
+            n = split("20480 49984 49984 49984 49984 128", numel, " ")
             P = 0; raw = 0
             for (i = 1; i <= n; i++) { u[i] = pad(numel[i]); P += u[i]; raw += numel[i] }
             S = P / N; w = (e == 4) ? 0 : 4
@@ -141,6 +158,19 @@ memory)
                    s, (e == 4 ? "fp32" : "bf16"), N, raw, P, p, g, o, f, rest, fly_p, fly_g
             if (p != rest_p + fly_p || g != rest_g + fly_g || o != wo) {
                 printf "zero_test: want params %d grads %d optimizer %d\n", rest_p + fly_p, rest_g + fly_g, wo; exit 1 }
+            # Communication: payload bytes per op as counted (the loss is one
+            # f32 all-reduce; zero adds the norm, one f64), then as a ring moves
+            # them: all-reduce 2(N-1)/N, all-gather and reduce-scatter (N-1)/N.
+            if (N == 1) exit 0   # a group of one moves nothing
+            if (s == "ddp")   { w_ar = e * raw + 4; w_ag = 0; w_rs = 0; k = 2; psi = raw }
+            if (s == "zero1" || s == "zero2") { w_ar = 12; w_ag = e * P; w_rs = e * P; k = 2; psi = P }
+            if (s == "zero3") { w_ar = 12; w_ag = 2 * e * P; w_rs = e * P; k = 3; psi = P }
+            moved = (2 * (ar - (s == "ddp" ? 4 : 12)) + ag + rs) * (N - 1) / N
+            want = k * psi * e * (N - 1) / N
+            printf "  dp traffic: allreduce %d allgather %d reducescatter %d payload bytes; moved %d = %dΨ(N-1)/N x %d bytes\n",
+                   ar, ag, rs, moved, k, e
+            if (ar != w_ar || ag != w_ag || rs != w_rs || moved != want) {
+                printf "zero_test: want allreduce %d allgather %d reducescatter %d, moved %d\n", w_ar, w_ag, w_rs, want; exit 1 }
         }' || exit 1
     done ;;
 checkpoint)

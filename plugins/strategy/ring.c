@@ -1,0 +1,357 @@
+/* ring — ring attention (Liu et al., 2023) on the sequence axis.
+ *
+ * Each of the s sequence ranks keeps its block of T/s positions of Q, K
+ * and V. Forward: the K/V blocks travel around the ring (rank r sends to
+ * r+1, receives from r-1) while each rank attends its queries to the block
+ * it holds, merging the blocks through their log-sum-exp (the block
+ * kernels' online softmax); the transfer of the next block is posted
+ * before the current one computes, so the two overlap. s-1 transfers per
+ * layer. Causal masking is by position, per block pair; a pair with no
+ * visible key is skipped.
+ *
+ * Backward: the K/V blocks go around again, and with each the gradient of
+ * that block accumulated so far: a rank adds its queries' share of dK, dV
+ * and passes the sum on; after s steps every block's gradient has met
+ * every rank's queries and one last hop brings it home. s-1 K/V transfers
+ * and s dK/dV transfers per layer.
+ *
+ * balance = "zigzag" cuts the sequence into 2s chunks and gives rank r
+ * chunks r and 2s-1-r: with a causal mask every rank then has the same
+ * work (a contiguous split leaves rank 0 one block pair, rank s-1 all s). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/strategy.h"
+
+static const loom_setting_spec ring_settings[] = {
+    {"balance", LOOM_SETTING_STRING, "\"contiguous\"",
+     "how the sequence is cut: \"contiguous\" (rank r holds block r) or \"zigzag\" (chunks r "
+     "and 2s-1-r of 2s, even causal work)"},
+    {NULL, 0, NULL, NULL},
+};
+
+enum { TAG_KV = 1, TAG_KV_BACK = 2, TAG_DKV = 3 };
+
+struct loom_strategy {
+    const loom_host *host;
+    loom_group *sp;
+    int size, rank, zigzag;
+
+    /* shapes of the first call; every later call must match */
+    int B, T, NH, HS;
+    loom_dtype dtype;
+    int *positions;   /* s*T: every rank's positions, rank-major */
+    int *first_pos;   /* s: the smallest position of each rank's block */
+    void *kv[2];      /* K then V of the block held, and the next */
+    void *dkv[2];     /* this rank's share plus what came before, being sent */
+    void *dkv_in;     /* the block's gradient from the previous ranks */
+    int failed;
+};
+
+static int ring_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
+{
+    if (!setup || setup->axis != LOOM_AXIS_SP)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "ring: serves the sp axis, but was created for axis %s "
+                           "(set parallel.<axis>.strategy to a strategy of that axis)",
+                           setup ? loom_axis_name(setup->axis) : "?");
+    loom_group *g = setup->groups[LOOM_AXIS_SP];
+    if (!g)
+        return host->error(host, LOOM_ERR_INVALID, "ring: the setup has no sp group (a core bug)");
+    const char *balance = "contiguous";
+    int rc = host->config_string(host, "balance", &balance);
+    if (rc != LOOM_OK)
+        return rc;
+    if (strcmp(balance, "contiguous") && strcmp(balance, "zigzag"))
+        return host->error(host, LOOM_ERR_INVALID,
+                           "ring: parallel.sp.balance = \"%s\"; use \"contiguous\" or \"zigzag\"",
+                           balance);
+    int s = host->comm->size(g);
+    int zigzag = !strcmp(balance, "zigzag");
+    int parts = zigzag ? 2 * s : s;
+    if (setup->seq % parts != 0)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "ring: train.seq = %d does not divide into %d %s (parallel.sp.size = "
+                           "%d%s); make it a multiple of %d",
+                           setup->seq, parts, zigzag ? "zigzag chunks" : "blocks", s,
+                           zigzag ? ", balance = \"zigzag\"" : "", parts);
+    loom_strategy *r = calloc(1, sizeof *r);
+    if (!r)
+        return host->error(host, LOOM_ERR_NO_MEMORY, "ring: out of memory");
+    r->host = host;
+    r->sp = g;
+    r->size = s;
+    r->rank = host->comm->rank(g);
+    r->zigzag = zigzag;
+    *out = r;
+    return LOOM_OK;
+}
+
+static void release(loom_strategy *r, void **p)
+{
+    if (*p)
+        r->host->mem_free(r->host, *p);
+    *p = NULL;
+}
+
+static int ring_destroy(loom_strategy *r)
+{
+    if (!r)
+        return LOOM_OK;
+    if (!r->failed) { /* after a failure a transfer may still write: keep the buffers */
+        release(r, &r->kv[0]);
+        release(r, &r->kv[1]);
+        release(r, &r->dkv[0]);
+        release(r, &r->dkv[1]);
+        release(r, &r->dkv_in);
+    }
+    free(r->positions);
+    free(r->first_pos);
+    free(r);
+    return LOOM_OK;
+}
+
+static int ring_describe(const loom_strategy *r, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "ring attention over %d ranks (%s), %s", r->size,
+             r->host->comm->backend(r->sp), r->zigzag ? "zigzag" : "contiguous blocks");
+    return LOOM_OK;
+}
+
+static int ring_positions(loom_strategy *r, int seq, int *positions, int *count)
+{
+    int s = r->size, parts = r->zigzag ? 2 * s : s;
+    if (seq % parts != 0)
+        return r->host->error(r->host, LOOM_ERR_INVALID,
+                              "ring: train.seq = %d does not divide into %d %s", seq, parts,
+                              r->zigzag ? "zigzag chunks" : "blocks");
+    int c = seq / parts, n = 0;
+    for (int i = 0; i < c; i++)
+        positions[n++] = r->rank * c + i;
+    for (int i = 0; r->zigzag && i < c; i++)
+        positions[n++] = (2 * s - 1 - r->rank) * c + i;
+    *count = n;
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ buffers */
+
+static size_t block_elems(const loom_strategy *r) { return (size_t)r->B * r->T * r->NH * r->HS; }
+
+static int prepare(loom_strategy *r, const loom_attention *a)
+{
+    const loom_host *h = r->host;
+    if (r->positions) {
+        if (a->B != r->B || a->T != r->T || a->NH != r->NH || a->HS != r->HS ||
+            a->dtype != r->dtype)
+            return h->error(h, LOOM_ERR_INVALID,
+                            "ring: attention of (B %d, T %d, heads %d, size %d) after "
+                            "(B %d, T %d, heads %d, size %d); the shapes must not change",
+                            a->B, a->T, a->NH, a->HS, r->B, r->T, r->NH, r->HS);
+        return LOOM_OK;
+    }
+    if (!a->kernels || !a->kernels->block_forward || !a->kernels->block_backward)
+        return h->error(h, LOOM_ERR_INVALID, "ring: the attention op came without kernels");
+    r->B = a->B;
+    r->T = a->T;
+    r->NH = a->NH;
+    r->HS = a->HS;
+    r->dtype = a->dtype;
+    r->positions = malloc((size_t)r->size * r->T * sizeof(int));
+    r->first_pos = malloc((size_t)r->size * sizeof(int));
+    if (!r->positions || !r->first_pos)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "ring: out of memory");
+    loom_request *req = NULL;
+    int rc = h->comm->allgather(r->sp, a->positions, r->positions, (size_t)r->T, LOOM_I32, &req);
+    if (rc == LOOM_OK && req)
+        rc = h->comm->wait(req);
+    if (rc != LOOM_OK) {
+        r->failed = 1;
+        return rc;
+    }
+    for (int i = 0; i < r->size; i++) {
+        int lo = r->positions[(size_t)i * r->T];
+        for (int j = 1; j < r->T; j++)
+            lo = r->positions[(size_t)i * r->T + j] < lo ? r->positions[(size_t)i * r->T + j] : lo;
+        r->first_pos[i] = lo;
+    }
+    size_t bytes = 2 * block_elems(r) * loom_dtype_size(r->dtype);
+    void **bufs[5] = {&r->kv[0], &r->kv[1], &r->dkv[0], &r->dkv[1], &r->dkv_in};
+    for (int i = 0; i < 5 && rc == LOOM_OK; i++)
+        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_COMM, bytes, bufs[i]);
+    if (rc != LOOM_OK) {
+        for (int i = 0; i < 5; i++)
+            release(r, bufs[i]);
+        free(r->positions);
+        r->positions = NULL;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------- transfers */
+
+static int broken(loom_strategy *r)
+{
+    return r->host->error(r->host, LOOM_ERR_REMOTE,
+                          "ring: an earlier transfer on the sp group failed; the run cannot "
+                          "continue");
+}
+
+static int finish(loom_strategy *r, loom_request **req)
+{
+    int rc = LOOM_OK;
+    if (*req)
+        rc = r->host->comm->wait(*req);
+    *req = NULL;
+    if (rc != LOOM_OK)
+        r->failed = 1; /* the comm layer's detail names the op and the peer */
+    return rc;
+}
+
+/* Post: send buf to the next rank, receive into into from the previous. */
+static int pass_on(loom_strategy *r, const void *buf, void *into, size_t count, int tag,
+                   loom_request **send, loom_request **recv)
+{
+    const loom_comm_api *C = r->host->comm;
+    int next = (r->rank + 1) % r->size, prev = (r->rank + r->size - 1) % r->size;
+    C->group_start(r->sp);
+    int rc = into ? C->recv(r->sp, into, count, r->dtype, prev, tag, recv) : LOOM_OK;
+    if (rc == LOOM_OK && buf)
+        rc = C->send(r->sp, buf, count, r->dtype, next, tag, send);
+    int grc = C->group_end(r->sp);
+    if (rc == LOOM_OK)
+        rc = grc;
+    if (rc != LOOM_OK)
+        r->failed = 1;
+    return rc;
+}
+
+/* Can any query of this rank see a key of rank src's block? */
+static int visible(const loom_strategy *r, const int *q_pos, int src)
+{
+    int top = q_pos[0];
+    for (int i = 1; i < r->T; i++)
+        top = q_pos[i] > top ? q_pos[i] : top;
+    return r->first_pos[src] <= top;
+}
+
+static void add_into(void *dst, const void *src, size_t n, loom_dtype t)
+{
+    if (t == LOOM_F32) {
+        float *d = dst;
+        const float *s = src;
+        for (size_t i = 0; i < n; i++)
+            d[i] += s[i];
+        return;
+    }
+    uint16_t *d = dst;
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++)
+        d[i] = t == LOOM_BF16 ? loom_f32_to_bf16(loom_bf16_to_f32(d[i]) + loom_bf16_to_f32(s[i]))
+                              : loom_f32_to_f16(loom_f16_to_f32(d[i]) + loom_f16_to_f32(s[i]));
+}
+
+/* ------------------------------------------------------------ attention */
+
+static int ring_forward(loom_strategy *r, const loom_attention *a)
+{
+    if (r->failed)
+        return broken(r);
+    int rc = prepare(r, a);
+    if (rc != LOOM_OK)
+        return rc;
+    const size_t E = block_elems(r), es = loom_dtype_size(r->dtype);
+    memcpy(r->kv[0], a->k, E * es);
+    memcpy((char *)r->kv[0] + E * es, a->v, E * es);
+    int cur = 0, first = 1;
+    for (int i = 0; i < r->size; i++) {
+        int src = (r->rank - i + r->size) % r->size;
+        loom_request *send = NULL, *recv = NULL;
+        if (i < r->size - 1 &&
+            (rc = pass_on(r, r->kv[cur], r->kv[1 - cur], 2 * E, TAG_KV, &send, &recv)) != LOOM_OK)
+            return rc;
+        if (visible(r, a->positions, src)) {
+            const char *k = r->kv[cur];
+            a->kernels->block_forward(a->q, a->positions, r->T, k, k + E * es,
+                                      r->positions + (size_t)src * r->T, r->T, r->B, r->NH, r->HS,
+                                      r->dtype, a->out, a->lse, first);
+            first = 0;
+        }
+        if ((rc = finish(r, &send)) != LOOM_OK || (rc = finish(r, &recv)) != LOOM_OK)
+            return rc;
+        cur = 1 - cur;
+    }
+    return LOOM_OK;
+}
+
+static int ring_backward(loom_strategy *r, const loom_attention *a)
+{
+    if (r->failed)
+        return broken(r);
+    if (!r->positions)
+        return r->host->error(r->host, LOOM_ERR_INVALID,
+                              "ring: attention backward before any forward");
+    int rc = prepare(r, a);
+    if (rc != LOOM_OK)
+        return rc;
+    const size_t E = block_elems(r), es = loom_dtype_size(r->dtype);
+    memcpy(r->kv[0], a->k, E * es);
+    memcpy((char *)r->kv[0] + E * es, a->v, E * es);
+    int cur = 0;
+    loom_request *dsend = NULL;
+    for (int i = 0; i < r->size; i++) {
+        int src = (r->rank - i + r->size) % r->size;
+        loom_request *send = NULL, *recv = NULL, *drecv = NULL;
+        if (i < r->size - 1 &&
+            (rc = pass_on(r, r->kv[cur], r->kv[1 - cur], 2 * E, TAG_KV_BACK, &send, &recv)) !=
+                LOOM_OK)
+            return rc;
+        /* the gradient of this block so far, from the ranks it visited before */
+        if (i > 0 && (rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK)
+            return rc;
+        char *mine = r->dkv[i % 2];
+        memset(mine, 0, 2 * E * es);
+        if (visible(r, a->positions, src)) {
+            const char *k = r->kv[cur];
+            a->kernels->block_backward(a->q, a->positions, r->T, k, k + E * es,
+                                       r->positions + (size_t)src * r->T, r->T, r->B, r->NH, r->HS,
+                                       r->dtype, a->out, a->dout, a->lse, a->dq, mine,
+                                       mine + E * es);
+        }
+        if (i > 0) {
+            if ((rc = finish(r, &drecv)) != LOOM_OK)
+                return rc;
+            add_into(mine, r->dkv_in, 2 * E, r->dtype);
+        }
+        if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
+            return rc;
+        if ((rc = pass_on(r, mine, NULL, 2 * E, TAG_DKV, &dsend, NULL)) != LOOM_OK)
+            return rc;
+        if ((rc = finish(r, &send)) != LOOM_OK || (rc = finish(r, &recv)) != LOOM_OK)
+            return rc;
+        cur = 1 - cur;
+    }
+    /* the last hop: this rank's own block, with every rank's share */
+    loom_request *drecv = NULL;
+    if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
+        (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
+        return rc;
+    add_into(a->dk, r->dkv_in, E, r->dtype);
+    add_into(a->dv, (char *)r->dkv_in + E * es, E, r->dtype);
+    return LOOM_OK;
+}
+
+LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, "ring",
+                                 "ring attention: K/V blocks passed around the sequence ranks, "
+                                 "online softmax, optional zigzag balance",
+                                 ring_settings),
+    .axis = LOOM_AXIS_SP,
+    .create = ring_create,
+    .destroy = ring_destroy,
+    .describe = ring_describe,
+    .sequence_positions = ring_positions,
+    .attention_forward = ring_forward,
+    .attention_backward = ring_backward,
+};
