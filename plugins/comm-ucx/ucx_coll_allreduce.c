@@ -4,48 +4,35 @@
  *                      steps, for small messages.
  *  rabenseifner        reduce-scatter by recursive halving, then allgather
  *                      by recursive doubling: log steps, each rank moving
- *                      2(p-1)/p of the vector; for medium sizes.
+ *                      2(p-1)/p of the vector, chunked within each step.
  *  ring                reduce-scatter then allgather around the ring: 2(n-1)
- *                      steps of 1/n of the vector each, chunked so that the
- *                      reduction of one chunk overlaps the transfer of the
- *                      next and each step starts as soon as its first chunk
- *                      is in; for large messages.
+ *                      steps of 1/n of the vector each, chunked so that each
+ *                      step starts as soon as its first chunk is in and the
+ *                      reduction of a chunk reads it from cache, just
+ *                      received, rather than from memory.
  *
- * Rank counts that are not a power of two (recursive doubling and
- * Rabenseifner): of the first 2*extra ranks (extra = n - p, p the largest
- * power of two <= n) each even one hands its vector to the odd one after it
- * and sits out; the p remaining ranks run the algorithm as virtual ranks,
- * and the odd ones return the result to their partners at the end.
+ * Rank counts that are not a power of two fold the extra ranks in (see
+ * real_rank in ucx_internal.h); the ranks that sat out get the result from
+ * their partners at the end.
  *
- * The result lands in recv on every rank; each element is reduced in the
- * same order everywhere... not quite: in recursive doubling two partners
- * combine a op b and b op a, which are equal bit for bit because every
- * reduction here is commutative elementwise. An average divides the sum
- * once per element, on the rank that owns it, so all ranks agree. */
+ * Every rank must end with the same bits. In the ring and Rabenseifner
+ * each block is reduced once, by its owner, and then copied out; in
+ * recursive doubling partners compute a op b and b op a, which are equal
+ * because every reduction here is commutative elementwise. An average
+ * divides the sum once, where it is final, so all ranks agree. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ucx_internal.h"
 
-/* The real rank of virtual rank v when extra ranks sat out. */
-static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
-
-static int log2_int(int p)
-{
-    int k = 0;
-    while ((1 << k) < p)
-        k++;
-    return k;
-}
 
 void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size_t count)
 {
     loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_int(p);
+    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
     size_t es = loom_dtype_size(r->dtype), bytes = count * es;
     char *acc = recv;
     r->algo = "recursive doubling";
-    r->nsteps = lg + 2;
     /* one receive buffer per step, so every receive is posted at once */
     char *tmp = sched_scratch(r, bytes * (size_t)(lg + 1));
     if (!tmp)
@@ -99,7 +86,6 @@ void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, si
     const char *sb = send;
     char *rb = recv;
     r->algo = "ring";
-    r->nsteps = 2 * (n - 1);
     size_t maxblk = blk_len(count, n, 0);
     int maxch = nchunks(maxblk, ce);
     slot_ring sl;
@@ -185,12 +171,11 @@ void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *
                                   size_t count)
 {
     loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_int(p);
+    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     const char *src = send;
     char *rb = recv;
     r->algo = "rabenseifner";
-    r->nsteps = 2 * lg + 2;
     int final_step = 2 * lg + 1;
     slot_ring sl;
     if (slots_init(r, &sl, (count < ce ? count : ce) * es, c->set.pipeline_depth) != LOOM_OK)

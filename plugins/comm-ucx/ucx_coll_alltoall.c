@@ -24,7 +24,6 @@ void build_alltoall_pairwise(loom_comm_request *r, const void *send, void *recv,
     const char *sb = send;
     char *rb = recv;
     r->algo = "pairwise exchange";
-    r->nsteps = n;
     sched_copy(r, rb + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
     int joins[PAIRWISE_WINDOW];
     for (int i = 0; i < PAIRWISE_WINDOW; i++)
@@ -48,7 +47,6 @@ void build_alltoall_posted(loom_comm_request *r, const void *send, void *recv, s
     const char *sb = send;
     char *rb = recv;
     r->algo = "posted";
-    r->nsteps = 1;
     for (int s = 1; s < n; s++) {
         int from = mod(me - s, n);
         sched_recv(r, from, rb + (size_t)from * bytes, bytes, 0, 0);
@@ -103,7 +101,6 @@ void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, si
             }
         join = join_since(r, first);
     }
-    r->nsteps = step;
     for (int j = 0; j < n; j++) {
         int cp = sched_copy(r, rb + (size_t)j * bytes, tmp + (size_t)mod(me - j, n) * bytes, bytes);
         sched_after(r, cp, join);
@@ -121,5 +118,4 @@ void build_barrier_dissemination(loom_comm_request *r)
         sched_after(r, so, last);
         last = rv;
     }
-    r->nsteps = step;
 }

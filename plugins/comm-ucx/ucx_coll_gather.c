@@ -17,20 +17,10 @@
 
 #include "ucx_internal.h"
 
-static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
-
-/* First real block of virtual rank v: virtual ranks below extra stand for
- * two real ranks (2v, 2v+1), so every virtual range is a contiguous run of
- * real blocks. v == p gives n. */
+/* First real block of virtual rank v (see real_rank): virtual ranks below
+ * extra stand for two real ranks (2v, 2v+1), so every virtual range is a
+ * contiguous run of real blocks. v == p gives n. */
 static int first_block(int v, int extra) { return v < extra ? 2 * v : v + extra; }
-
-static int log2_int(int p)
-{
-    int k = 0;
-    while ((1 << k) < p)
-        k++;
-    return k;
-}
 
 void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, size_t count)
 {
@@ -39,7 +29,6 @@ void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, si
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     char *rb = recv;
     r->algo = "ring";
-    r->nsteps = n - 1;
     int nch = nchunks(count, ce);
     int *prod = malloc(sizeof(int) * 2 * (size_t)nch);
     if (!prod) {
@@ -70,11 +59,10 @@ void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, si
 void build_allgather_rd(loom_comm_request *r, const void *send, void *recv, size_t count)
 {
     loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_int(p);
+    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     char *rb = recv;
     r->algo = "recursive doubling";
-    r->nsteps = lg + 2;
     int final_step = lg + 1;
     int first = r->nops;
     if ((const char *)send != rb + (size_t)me * count * es)
@@ -118,7 +106,6 @@ void build_allgather_bruck(loom_comm_request *r, const void *send, void *recv, s
     size_t es = loom_dtype_size(r->dtype), bytes = count * es;
     char *rb = recv;
     r->algo = "bruck";
-    r->nsteps = log2_int(n);
     /* tmp[i] holds block (me + i) mod n */
     char *tmp = sched_scratch(r, bytes * (size_t)n);
     if (!tmp)
@@ -148,7 +135,6 @@ void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     const char *sb = send;
     r->algo = "ring";
-    r->nsteps = n - 1;
     int nch = nchunks(count, ce);
     slot_ring tmp;
     if (slots_init(r, &tmp, (count < ce ? count : ce) * es, c->set.pipeline_depth) != LOOM_OK)
@@ -201,10 +187,9 @@ void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv
 void build_reducescatter_rh(loom_comm_request *r, const void *send, void *recv, size_t count)
 {
     loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_int(p);
+    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
     size_t es = loom_dtype_size(r->dtype), total = count * (size_t)n;
     r->algo = "recursive halving";
-    r->nsteps = lg + 2;
     int final_step = lg + 1;
     if (me < 2 * extra && me % 2 == 0) {
         int s = sched_send(r, me + 1, send, total * es, 0, 0);

@@ -19,14 +19,6 @@
 
 #include "ucx_internal.h"
 
-static int log2_floor(int m)
-{
-    int k = 0;
-    while ((1 << (k + 1)) <= m)
-        k++;
-    return k;
-}
-
 void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root)
 {
     loom_comm *c = r->comm;
@@ -37,7 +29,6 @@ void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int
     int mask = 1;
     while (mask < n && !(v & mask))
         mask <<= 1;
-    r->nsteps = log2_floor(n) + 1;
     int parent = mask < n ? mod(v - mask + root, n) : -1;
     for (int k = 0; k < nchunks(count, ce); k++) {
         size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
@@ -60,7 +51,6 @@ void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int ro
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     char *b = buf;
     r->algo = "chain";
-    r->nsteps = n - 1;
     for (int k = 0; k < nchunks(count, ce); k++) {
         size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
         int rv = -1;
@@ -80,7 +70,6 @@ void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t c
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     char *b = buf;
     r->algo = "scatter-allgather";
-    r->nsteps = n;
     size_t maxch = (size_t)nchunks(blk_len(count, n, 0), ce);
     int *prod = malloc(sizeof(int) * 2 * (maxch ? maxch : 1));
     if (!prod) {
@@ -135,7 +124,6 @@ void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, s
     int n = c->size, v = mod(c->rank - root, n);
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     r->algo = "binomial tree";
-    r->nsteps = log2_floor(n) + 1;
     /* children v + m for m = 1, 2, 4, ... below the lowest set bit of v */
     int top = 1;
     while (top < n && !(v & top))
@@ -185,7 +173,6 @@ void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size
     int n = c->size, v = mod(c->rank - root, n);
     size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
     r->algo = "chain";
-    r->nsteps = n - 1;
     size_t slot = (count < ce ? count : ce) * es;
     slot_ring tmp, acc;
     if (v < n - 1 && slots_init(r, &tmp, slot, c->set.pipeline_depth) != LOOM_OK)

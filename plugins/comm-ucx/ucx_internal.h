@@ -11,9 +11,11 @@
  *  - ucx_coll_*.c   one schedule builder per algorithm;
  *  - ucx_reduce.c   the reductions of every dtype and op.
  *
- * Locking: one process-wide mutex (ucx_proc.lock) guards the worker, every
- * schedule and the lists below. UCX itself runs in serialized mode under it
- * (multi-threaded when the progress thread is on, as an extra guard). */
+ * Locking: one process-wide mutex (ucx.lock) guards the worker, every
+ * request and communicator field that changes after creation, and the
+ * lists below; every UCX call is made under it, so UCX runs in serialized
+ * mode (multi-threaded when the progress thread is on, as an extra guard).
+ * Store I/O and sleeping happen outside it. */
 #ifndef LOOM_UCX_INTERNAL_H
 #define LOOM_UCX_INTERNAL_H
 
@@ -75,7 +77,7 @@ typedef struct ucx_settings {
     const char *tls;
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
-    size_t allreduce_ring_bytes;   /* at or above: ring rather than Rabenseifner */
+    size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
     size_t chunk_bytes;
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
     double late_grace_s;
@@ -174,10 +176,10 @@ struct loom_comm_request {
     const loom_host *host;
     loom_comm_op op;
     const char *algo;    /* "ring", ... for messages; NULL for send/recv */
-    int nsteps;          /* of the algorithm, for messages */
     uint64_t seq;
     int collective;
     int peer, tag;       /* send / recv */
+    int dead_world;      /* world rank of the peer whose failure failed it, or -1 */
     loom_dtype dtype;
     loom_redop redop;
     sop *ops;
@@ -255,8 +257,8 @@ int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
 void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap);
-/* Waiting without hogging a core: yield while the wait is young, then
- * short sleeps (4 ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: yield for spin_us, then sleep on UCX's
+ * event fd until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
 } ucx_idle_state;
@@ -287,6 +289,25 @@ static inline int pow2_floor(int n)
     return p;
 }
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+static inline int log2_ceil(int n)
+{
+    int k = 0;
+    while ((1 << k) < n)
+        k++;
+    return k;
+}
+static inline int log2_floor(int n)
+{
+    int k = 0;
+    while ((2 << k) <= n)
+        k++;
+    return k;
+}
+/* Power-of-two algorithms at other rank counts: of the first 2 * extra
+ * ranks (extra = n - p, p the largest power of two <= n) each even one
+ * hands its data to the odd one after it and sits out; the p ranks left
+ * run the algorithm as virtual ranks 0..p-1. The real rank of virtual v: */
+static inline int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
 /* Elements per pipeline chunk for an op over `count` elements: chunk_bytes,
  * grown so that no range has more chunks than the tag's chunk field holds. */
 size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count);

@@ -45,10 +45,13 @@ static const char *const small_setting[UOP_COUNT] = {
     "broadcast_small_bytes", "reduce_small_bytes",    "alltoall_small_bytes",
     NULL};
 
-/* The size thresholds were measured with loom bench at 2 and 4 ranks on a
- * 2-core machine (docs/benchmarks-ucx.md); "bytes" is the size loom bench
- * reports for the op (allgather: the gathered buffer, reducescatter and
- * alltoall: the whole send buffer). */
+/* The size thresholds come from timing every algorithm of an op against
+ * the others, interleaved, at 2-5 ranks on a 2-core machine (4 KiB to 64
+ * MiB; see docs/benchmarks-ucx.md). With so few ranks the ring algorithms
+ * win early: at larger rank counts the latency algorithms pay off up to
+ * larger sizes, so raise the *_small_bytes there. "bytes" is the size loom
+ * bench reports for the op (allgather: the gathered buffer; reducescatter
+ * and alltoall: the whole send buffer). */
 const loom_setting_spec ucx_settings_spec[] = {
     {"tls", LOOM_SETTING_STRING, "\"\"",
      "UCX_TLS for the process's UCX context, e.g. \"shm,self\" or \"tcp\"; \"\" lets UCX choose "
@@ -69,17 +72,18 @@ const loom_setting_spec ucx_settings_spec[] = {
     {"barrier", LOOM_SETTING_STRING, "\"dissemination\"", "dissemination (the only one)"},
     {"allreduce_small_bytes", LOOM_SETTING_INT, "16384",
      "auto allreduce below this: recursive doubling"},
-    {"allreduce_ring_bytes", LOOM_SETTING_INT, "262144",
-     "auto allreduce from this on: ring; between the two: Rabenseifner"},
-    {"allgather_small_bytes", LOOM_SETTING_INT, "16384",
+    {"allreduce_ring_bytes", LOOM_SETTING_INT, "1048576",
+     "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
+     "Rabenseifner, whose fold-in step costs a whole-vector transfer there)"},
+    {"allgather_small_bytes", LOOM_SETTING_INT, "1024",
      "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else ring"},
-    {"reducescatter_small_bytes", LOOM_SETTING_INT, "16384",
+    {"reducescatter_small_bytes", LOOM_SETTING_INT, "1024",
      "auto reducescatter below this: recursive halving; else ring"},
-    {"broadcast_small_bytes", LOOM_SETTING_INT, "32768",
+    {"broadcast_small_bytes", LOOM_SETTING_INT, "4194304",
      "auto broadcast below this: binomial tree; else scatter+allgather"},
-    {"reduce_small_bytes", LOOM_SETTING_INT, "32768",
+    {"reduce_small_bytes", LOOM_SETTING_INT, "1048576",
      "auto reduce below this: binomial tree; else pipelined chain"},
-    {"alltoall_small_bytes", LOOM_SETTING_INT, "8192",
+    {"alltoall_small_bytes", LOOM_SETTING_INT, "262144",
      "auto alltoall below this: all sends and receives posted at once; else pairwise"},
     {"chunk_bytes", LOOM_SETTING_INT, "262144",
      "large messages move in chunks of this size, so reductions overlap transfers"},
@@ -94,13 +98,10 @@ const loom_setting_spec ucx_settings_spec[] = {
     {NULL, 0, NULL, NULL},
 };
 
-static int read_int(const loom_host *h, const char *name, int64_t dflt, int64_t *out)
+static void read_int(const loom_host *h, const char *name, int64_t dflt, int64_t *out)
 {
-    *out = dflt;
-    if (h->config_int && h->config_int(h, name, out) == LOOM_OK)
-        return LOOM_OK;
-    *out = dflt;
-    return LOOM_OK;
+    if (!h->config_int || h->config_int(h, name, out) != LOOM_OK)
+        *out = dflt;
 }
 
 int ucx_settings_read(const loom_host *h, ucx_settings *s)
@@ -142,14 +143,14 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
         }
         s->algo[u] = found;
     }
-    static const int64_t small_default[UOP_COUNT] = {16384, 16384, 16384, 32768, 32768, 8192, 0};
+    static const int64_t small_default[UOP_COUNT] = {16384, 1024, 1024, 4194304, 1048576, 262144, 0};
     for (int u = 0; u < UOP_COUNT; u++) {
         if (!small_setting[u])
             continue;
         read_int(h, small_setting[u], small_default[u], &v);
         s->small_bytes[u] = v > 0 ? (size_t)v : 0;
     }
-    read_int(h, "allreduce_ring_bytes", 262144, &v);
+    read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
     if (v < 64)
@@ -245,29 +246,6 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
 
 /* ------------------------------------------------------------ requests */
 
-/* TUNE-HACK (temporary, for measuring): LOOM_UCX_TUNE="op=algo,chunk=N,spin=N,depth=N" */
-static void tune_apply(loom_comm *c)
-{
-    const char *e = getenv("LOOM_UCX_TUNE");
-    static char last[256];
-    static ucx_settings base;
-    static loom_comm *based;
-    if (based != c) { base = c->set; based = c; last[0] = 0; }
-    if (!e) e = "";
-    if (!strcmp(e, last)) return;
-    snprintf(last, sizeof last, "%s", e);
-    c->set = base;
-    char buf[256]; snprintf(buf, sizeof buf, "%s", e);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        char *eq = strchr(tok, '='); if (!eq) continue; *eq = 0; const char *v = eq + 1;
-        if (!strcmp(tok, "chunk")) c->set.chunk_bytes = strtoull(v, 0, 0);
-        else if (!strcmp(tok, "spin")) c->set.spin_us = atof(v);
-        else if (!strcmp(tok, "depth")) c->set.pipeline_depth = atoi(v);
-        else for (int u = 0; u < UOP_COUNT; u++) if (!strcmp(tok, uop_setting[u]))
-            for (int a = 0; ucx_algo_names[u][a]; a++) if (!strcmp(ucx_algo_names[u][a], v)) c->set.algo[u] = a;
-    }
-}
-
 /* Number the op and refuse it on a failed group. */
 static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq,
                     loom_comm_request **req)
@@ -276,7 +254,6 @@ static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq
         *req = NULL;
     if (!c || !req)
         return LOOM_ERR_INVALID;
-    tune_apply(c);
     pthread_mutex_lock(&ucx.lock);
     *seq = collective ? ++c->seq : ++c->p2p_seq;
     int failed = c->failed, status = c->fail_status;
@@ -323,6 +300,7 @@ static loom_comm_request *req_new(loom_comm *c, loom_comm_op op, int collective,
     r->dtype = dtype;
     r->redop = redop;
     r->peer = -1;
+    r->dead_world = -1;
     r->status = LOOM_IN_PROGRESS;
     return r;
 }
@@ -402,9 +380,9 @@ static int ucx_allreduce(loom_comm *c, const void *send, void *recv, size_t coun
         return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     int algo = c->set.algo[UOP_ALLREDUCE];
     if (algo == ALG_AUTO)
-        algo = bytes < c->set.small_bytes[UOP_ALLREDUCE] ? AR_RECURSIVE_DOUBLING
-               : bytes < c->set.allreduce_ring_bytes     ? AR_RABENSEIFNER
-                                                         : AR_RING;
+        algo = bytes < c->set.small_bytes[UOP_ALLREDUCE]                     ? AR_RECURSIVE_DOUBLING
+               : is_pow2(c->size) || bytes < c->set.allreduce_ring_bytes ? AR_RABENSEIFNER
+                                                                             : AR_RING;
     if (algo == AR_RING)
         build_allreduce_ring(r, send, recv, count);
     else if (algo == AR_RABENSEIFNER)
@@ -635,11 +613,10 @@ static int ucx_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int
 
 /* ------------------------------------------------------------ completion */
 
-/* Advance everything once; LOOM_OK with *done, or the request's error (the
- * request released). With ucx.lock held. */
-static int poll_once(loom_comm_request *r, int *done, int *events, int check_peers)
+/* Advance everything once (with ucx.lock held); returns the request's
+ * status, the request kept. */
+static int poll_req(loom_comm_request *r, int *events, int check_peers)
 {
-    *done = 0;
     if (r->status == LOOM_IN_PROGRESS && !r->comm)
         sched_fail(r, LOOM_ERR_INVALID, "comm-ucx: %s #%llu: its group was destroyed while it was "
                                         "in flight", loom_comm_op_name(r->op), (unsigned long long)r->seq);
@@ -648,42 +625,108 @@ static int poll_once(loom_comm_request *r, int *done, int *events, int check_pee
         if (check_peers)
             sched_check_peers(r);
     }
-    int st = r->status;
-    if (st == LOOM_IN_PROGRESS)
-        return LOOM_OK;
-    *done = 1;
-    if (st == LOOM_OK) {
-        req_release(r);
-        return LOOM_OK;
-    }
+    return r->status;
+}
+
+/* A rank whose collective fails leaves its error in the store (key
+ * fail/<group id>/<world rank>) before it goes, so the ranks that were
+ * waiting for it can say why: a rank that exits after timing out looks
+ * like a dead peer to its neighbours, but the cause is whom it waited
+ * for. */
+static void last_words_put(loom_comm *c, int status, const char *err)
+{
+    const loom_host *h = c->host;
+    char key[96], text[1600];
+    snprintf(key, sizeof key, "fail/%lld/%d", (long long)c->uid, c->world[c->rank]);
+    int n = snprintf(text, sizeof text, "%d|%s", status, err);
+    if (h->kv_put && n > 0)
+        h->kv_put(h, key, text, strlen(text) + 1);
+}
+
+static int last_words_get(loom_comm *c, int world, int *status, char *buf, size_t cap)
+{
+    const loom_host *h = c->host;
+    char key[96], text[1600];
+    size_t len = 0;
+    snprintf(key, sizeof key, "fail/%lld/%d", (long long)c->uid, world);
+    /* put before the rank went, so either there now or never */
+    if (!h->kv_get || h->kv_get(h, key, text, sizeof text - 1, &len, 0.2) != LOOM_OK)
+        return LOOM_ERR_NOT_FOUND;
+    text[len < sizeof text - 1 ? len : sizeof text - 1] = '\0';
+    char *bar = strchr(text, '|');
+    if (!bar)
+        return LOOM_ERR_NOT_FOUND;
+    *status = atoi(text);
+    const char *words = bar + 1;
+    if (!strncmp(words, "comm-ucx: ", 10))
+        words += 10;
+    snprintf(buf, cap, "%s", words);
+    return LOOM_OK;
+}
+
+/* Release a finished request (without ucx.lock held) and return its
+ * status, recording its error for the calling thread. */
+static int finish(loom_comm_request *r)
+{
     const loom_host *h = r->host;
-    char err[sizeof r->error];
-    memcpy(err, r->error, sizeof err);
+    int st = r->status;
+    char err[1536];
+    memcpy(err, r->error, sizeof r->error);
+    loom_comm *c = r->comm;
+    if (st < 0 && c && r->collective) {
+        char words[sizeof r->error];
+        int ws = 0;
+        if (r->dead_world >= 0 && last_words_get(c, r->dead_world, &ws, words, sizeof words) == LOOM_OK) {
+            size_t len = strlen(err);
+            snprintf(err + len, sizeof err - len, "; before it went, rank %d reported: %s",
+                     r->dead_world, words);
+            if (ws == LOOM_ERR_TIMEOUT) /* the cause: a rank that never came */
+                st = LOOM_ERR_TIMEOUT;
+        }
+        last_words_put(c, st, err);
+    }
+    pthread_mutex_lock(&ucx.lock);
     req_release(r);
-    return h->error(h, st, "%s", err);
+    pthread_mutex_unlock(&ucx.lock);
+    return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
 }
 
 static int ucx_test(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
-    int done, events = 0;
+    int events = 0;
     pthread_mutex_lock(&ucx.lock);
     double t = now_s();
     int check = t >= r->next_check;
     if (check)
         r->next_check = t + 0.1;
-    int st = poll_once(r, &done, &events, check);
+    int st = poll_req(r, &events, check);
     pthread_mutex_unlock(&ucx.lock);
-    if (st != LOOM_OK)
-        return st;
-    return done ? LOOM_OK : LOOM_IN_PROGRESS;
+    return st == LOOM_IN_PROGRESS ? LOOM_IN_PROGRESS : finish(r);
 }
 
-/* The ranks of c that did not reach collective #seq. Every rank that times
- * out on the group says in the store how many collectives it posted there
- * (key late/<group id>/<world rank>); we give the others late_grace_s to
- * time out too and report. Ranks that never report are the suspects. */
+/* Say in the store how many collectives this rank posted on c (key
+ * late/<group id>/<world rank>), so a rank that times out can tell who
+ * never arrived. Done by every wait that is slow, well before any times
+ * out. Returns LOOM_OK or the store's error. */
+static int report_arrival(loom_comm *c, uint64_t posted)
+{
+    const loom_host *h = c->host;
+    char key[96];
+    if (!h->kv_add)
+        return LOOM_ERR_NOT_SUPPORTED;
+    snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[c->rank]);
+    int64_t cur = 0, mine = (int64_t)posted;
+    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
+        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK))
+        return LOOM_ERR_REMOTE;
+    return LOOM_OK;
+}
+
+/* The ranks of c that did not reach collective #seq: those that never
+ * reported reaching it (see report_arrival), after giving them
+ * late_grace_s to report. */
 static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why, size_t cap)
 {
     const loom_host *h = c->host;
@@ -691,10 +734,7 @@ static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why
     why[0] = '\0';
     if (!h->kv_add)
         return;
-    snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[c->rank]);
-    int64_t cur = 0, mine = (int64_t)posted;
-    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
+    if (report_arrival(c, posted) != LOOM_OK) {
         snprintf(why, cap, "; rank 0 (the bootstrap store) is unreachable");
         return;
     }
@@ -704,26 +744,36 @@ static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why
         return;
     double grace = c->set.late_grace_s, quarter = c->set.timeout_s / 4;
     double deadline = now_s() + (grace < quarter ? grace : quarter);
-    int missing = 0, lost = 0;
-    for (;;) {
-        missing = 0;
+    int missing = 0, lost = 0, rounds = 0;
+    for (;; rounds++) {
+        int now_missing = 0;
         for (int m = 0; m < n && !lost; m++) {
+            int64_t v = 0;
             if (m == c->rank || got[m] >= (int64_t)seq)
                 continue;
             snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[m]);
-            if (h->kv_add(h, key, 0, &got[m]) != LOOM_OK)
+            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
                 lost = 1;
-            else if (got[m] < (int64_t)seq)
-                missing++;
+            else if ((got[m] = v) < (int64_t)seq)
+                now_missing++;
         }
-        if (lost || missing == 0 || now_s() >= deadline)
+        if (lost) /* keep what the earlier rounds found */
+            break;
+        missing = now_missing;
+        if (missing == 0 || now_s() >= deadline)
             break;
         struct timespec t = {0, 50 * 1000 * 1000};
         nanosleep(&t, NULL);
     }
-    if (missing == 0 || lost) {
-        if (lost)
-            snprintf(why, cap, "; rank 0 (the bootstrap store) went away");
+    if (lost && rounds == 0) {
+        snprintf(why, cap, "; which ranks did not arrive is unknown: rank 0, which serves the "
+                           "bootstrap store, has gone");
+        free(got);
+        return;
+    }
+    if (missing == 0) {
+        snprintf(why, cap, "; every rank reached it, so they disagree on what it is (ops, counts, "
+                           "dtypes or roots in a different order?)");
         free(got);
         return;
     }
@@ -801,17 +851,29 @@ static int ucx_wait(loom_comm_request *r)
         return LOOM_OK;
     ucx_idle_state idle = {0};
     double t0 = now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
+    double report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
+    int reported = !r->collective;
     for (;;) {
-        int done, events = 0;
+        int events = 0;
         double t = now_s();
         int check = t >= next_check;
         if (check)
             next_check = t + 0.1;
+        if (!reported && t >= report_at && r->comm) {
+            /* slow: tell the store we got here, in case someone times out */
+            pthread_mutex_lock(&ucx.lock);
+            uint64_t posted = r->comm ? r->comm->seq : 0;
+            loom_comm *c = r->comm;
+            pthread_mutex_unlock(&ucx.lock);
+            if (c)
+                report_arrival(c, posted);
+            reported = 1;
+        }
         pthread_mutex_lock(&ucx.lock);
-        int st = poll_once(r, &done, &events, check);
+        int st = poll_req(r, &events, check);
         pthread_mutex_unlock(&ucx.lock);
-        if (st != LOOM_OK || done)
-            return st;
+        if (st != LOOM_IN_PROGRESS)
+            return finish(r);
         if (t - t0 > timeout)
             break;
         ucx_idle(&idle, events, r->comm ? r->comm->set.spin_us : 50);
@@ -832,23 +894,16 @@ static int ucx_wait(loom_comm_request *r)
                  r->op == LOOM_OP_SEND ? "did not post the matching recv"
                                        : "did not send the matching message");
     pthread_mutex_lock(&ucx.lock);
-    int done, events;
-    int st = poll_once(r, &done, &events, 1); /* it may have finished meanwhile */
-    if (st != LOOM_OK || done) {
-        pthread_mutex_unlock(&ucx.lock);
-        return st;
+    int events;
+    if (poll_req(r, &events, 1) == LOOM_IN_PROGRESS) { /* else it finished meanwhile */
+        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s%s", what, timeout,
+                   peers, late);
+        /* Its messages may still arrive later, so the group cannot be trusted. */
+        if (r->collective && r->comm)
+            ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);
     }
-    const loom_host *h = r->host;
-    sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s%s", what, timeout,
-               peers, late);
-    /* Its messages may still arrive later, so the group cannot be trusted. */
-    if (r->collective && r->comm)
-        ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);
-    char err[sizeof r->error];
-    memcpy(err, r->error, sizeof err);
-    req_release(r);
     pthread_mutex_unlock(&ucx.lock);
-    return h->error(h, LOOM_ERR_TIMEOUT, "%s", err);
+    return finish(r);
 }
 
 /* -------------------------------------------------------------- export */

@@ -23,6 +23,7 @@
  * workers still pairs them right, because both sides post in the same
  * order. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,8 @@ struct scratch_buf {
     char pad[48];
     char data[]; /* 64-byte aligned */
 };
+
+_Static_assert(offsetof(struct scratch_buf, data) % 64 == 0, "scratch data must be 64-byte aligned");
 
 #define SCRATCH_CACHE_MAX ((size_t)1 << 30)
 
@@ -407,6 +410,7 @@ static void op_failed(loom_comm_request *r, const sop *o, ucs_status_t s, size_t
                        "comm-ucx: %s: expected %zu bytes, rank %s sent %s", what, o->n, nm,
                        s == UCS_OK ? "fewer" : "more");
     } else {
+        r->dead_world = r->comm->world[o->peer];
         sched_fail(r, ucx_to_loom(s), "comm-ucx: %s: %s rank %s failed%s: %s", what,
                    is_send ? "sending to" : "receiving from", nm, step, ucs_status_string(s));
     }
@@ -576,6 +580,7 @@ void sched_check_peers(loom_comm_request *r)
         ucx_req_describe(r, what, sizeof what);
         ucx_name_rank(r->comm, o->peer, nm, sizeof nm);
         step_text(r, o, step, sizeof step);
+        r->dead_world = r->comm->world[o->peer];
         sched_fail(r, LOOM_ERR_REMOTE, "comm-ucx: %s: rank %s failed while this rank was %s it%s: %s",
                    what, nm, o->kind == SOP_RECV ? "waiting for a message from" : "sending to",
                    step, why);

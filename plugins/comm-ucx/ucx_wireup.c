@@ -213,10 +213,13 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     ucp_config_release(cfg);
     if (us != UCS_OK) {
         ucx.ctx = NULL;
-        return host->error(host, LOOM_ERR_INTERNAL,
-                           "comm-ucx: ucp_init failed: %s%s%s", ucs_status_string(us),
-                           s->tls && *s->tls ? " (with UCX_TLS=" : "",
-                           s->tls && *s->tls ? s->tls : "");
+        if (s->tls && *s->tls)
+            return host->error(host, LOOM_ERR_INVALID,
+                               "comm-ucx: ucp_init failed: %s: comm.ucx.tls = \"%s\" leaves UCX no "
+                               "usable transport (see `ucx_info -d`; \"\" lets UCX choose)",
+                               ucs_status_string(us), s->tls);
+        return host->error(host, LOOM_ERR_INTERNAL, "comm-ucx: ucp_init failed: %s (see `ucx_info -d`)",
+                           ucs_status_string(us));
     }
     ucp_worker_params_t wp = {0};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -429,15 +432,27 @@ static void comm_free(loom_comm *c)
     free(c);
 }
 
-/* Called with ucx.lock held. */
+/* The group is out of step (a collective failed half way, or timed out
+ * with messages still on their way): everything else in flight on it fails
+ * now rather than at its own timeout, and later calls fail at once. Called
+ * with ucx.lock held. */
 void ucx_comm_fail(loom_comm *c, int status, const char *why)
 {
-    if (!c->failed) {
-        c->failed = 1;
-        c->fail_status = status;
-        snprintf(c->failure, sizeof c->failure, "%s", why);
-    }
+    if (c->failed)
+        return;
+    c->failed = 1;
+    c->fail_status = status;
+    if (!strncmp(why, "comm-ucx: ", 10))
+        why += 10;
+    snprintf(c->failure, sizeof c->failure, "%s", why);
     ucx.failed = 1;
+    for (loom_comm_request *r = c->reqs; r; r = r->cnext) {
+        if (r->status != LOOM_IN_PROGRESS)
+            continue;
+        char what[400];
+        ucx_req_describe(r, what, sizeof what);
+        sched_fail(r, status, "comm-ucx: %s abandoned: the group failed: %s", what, c->failure);
+    }
 }
 
 int ucx_create_world(const loom_host *host, loom_comm **out)

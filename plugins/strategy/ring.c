@@ -227,6 +227,21 @@ static int pass_on(loom_strategy *r, const void *buf, void *into, size_t count, 
     return rc;
 }
 
+/* MPI moves a large message only inside its calls: between the sequences
+ * of a block, give the transfers in flight a chance. */
+static int poke(loom_strategy *r, loom_request **req)
+{
+    if (!*req)
+        return LOOM_OK;
+    int rc = r->host->comm->test(*req);
+    if (rc == LOOM_IN_PROGRESS)
+        return LOOM_OK;
+    *req = NULL; /* test released it */
+    if (rc != LOOM_OK)
+        r->failed = 1;
+    return rc;
+}
+
 /* Can any query of this rank see a key of rank src's block? */
 static int visible(const loom_strategy *r, const int *q_pos, int src)
 {
@@ -272,10 +287,20 @@ static int ring_forward(loom_strategy *r, const loom_attention *a)
             (rc = pass_on(r, r->kv[cur], r->kv[1 - cur], 2 * E, TAG_KV, &send, &recv)) != LOOM_OK)
             return rc;
         if (visible(r, a->positions, src)) {
+            /* one sequence at a time, the transfers poked in between */
+            const size_t seq = (size_t)r->T * r->NH * r->HS * es, lse = (size_t)r->NH * r->T;
             const char *k = r->kv[cur];
-            a->kernels->block_forward(a->q, a->positions, r->T, k, k + E * es,
-                                      r->positions + (size_t)src * r->T, r->T, r->B, r->NH, r->HS,
-                                      r->dtype, a->out, a->lse, first);
+            for (int b = 0; b < r->B && rc == LOOM_OK; b++) {
+                a->kernels->block_forward((const char *)a->q + b * seq, a->positions, r->T,
+                                          k + b * seq, k + E * es + b * seq,
+                                          r->positions + (size_t)src * r->T, r->T, 1, r->NH,
+                                          r->HS, r->dtype, (char *)a->out + b * seq,
+                                          a->lse + b * lse, first);
+                if ((rc = poke(r, &send)) == LOOM_OK)
+                    rc = poke(r, &recv);
+            }
+            if (rc != LOOM_OK)
+                return rc;
             first = 0;
         }
         if ((rc = finish(r, &send)) != LOOM_OK || (rc = finish(r, &recv)) != LOOM_OK)
@@ -313,11 +338,21 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         char *mine = r->dkv[i % 2];
         memset(mine, 0, 2 * E * es);
         if (visible(r, a->positions, src)) {
+            const size_t seq = (size_t)r->T * r->NH * r->HS * es, lse = (size_t)r->NH * r->T;
             const char *k = r->kv[cur];
-            a->kernels->block_backward(a->q, a->positions, r->T, k, k + E * es,
-                                       r->positions + (size_t)src * r->T, r->T, r->B, r->NH, r->HS,
-                                       r->dtype, a->out, a->dout, a->lse, a->dq, mine,
-                                       mine + E * es);
+            for (int b = 0; b < r->B && rc == LOOM_OK; b++) {
+                a->kernels->block_backward(
+                    (const char *)a->q + b * seq, a->positions, r->T, k + b * seq,
+                    k + E * es + b * seq, r->positions + (size_t)src * r->T, r->T, 1, r->NH, r->HS,
+                    r->dtype, (const char *)a->out + b * seq, (const char *)a->dout + b * seq,
+                    a->lse + b * lse, (char *)a->dq + b * seq, mine + b * seq,
+                    mine + E * es + b * seq);
+                if ((rc = poke(r, &send)) == LOOM_OK && (rc = poke(r, &recv)) == LOOM_OK &&
+                    (rc = poke(r, &drecv)) == LOOM_OK)
+                    rc = poke(r, &dsend);
+            }
+            if (rc != LOOM_OK)
+                return rc;
         }
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)

@@ -9,6 +9,10 @@
  *   ucx_test kill          rank 2 of 3 dies mid-collective; the others fail
  *                          fast with an error naming it (rank 0 prints
  *                          "kill test: passed" when both did)
+ *   ucx_test giveup        rank 1 of 3 never comes; rank 2 times out and
+ *                          exits while rank 0, which came late and waits
+ *                          for rank 2, still waits: rank 0 must blame rank
+ *                          1, not the rank that gave up
  *
  * Extra arguments are --set overrides. Exit 0 when right. */
 #include <signal.h>
@@ -171,6 +175,32 @@ static void test_concurrency(loom_group *world)
         free(out[k]);
     }
 
+    /* In-place reduce to a root other than 0, on the binomial tree (small)
+     * and on the chain (large), and broadcast from that root. */
+    static const size_t rcounts[2] = {1000, 300001};
+    for (int k = 0; k < 2; k++) {
+        size_t cnt = rcounts[k];
+        int root = 1 % n;
+        float *buf = floats(cnt);
+        for (size_t i = 0; i < cnt; i++)
+            buf[i] = value(me, i);
+        OK(C->reduce(world, buf, buf, cnt, LOOM_F32, LOOM_SUM, root, &req[0]));
+        OK(C->wait(req[0]));
+        OK(C->broadcast(world, buf, cnt, LOOM_F32, root, &req[0]));
+        OK(C->wait(req[0]));
+        for (size_t i = 0; i < cnt; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += value(r, i);
+            if (buf[i] != want) {
+                CHECK(0, "in-place reduce of %zu to rank %d, broadcast back, at %zu: %g, want %g",
+                      cnt, root, i, buf[i], want);
+                break;
+            }
+        }
+        free(buf);
+    }
+
     /* The same tag on both groups, between the same two processes: each
      * message must land on its own group. Receives are posted in the
      * opposite order, and two messages share (peer, tag) on the world to
@@ -291,10 +321,40 @@ static int test_kill(loom_runtime *rt, loom_group *world)
     }
 }
 
+/* ------------------------------------------------------------ giveup */
+
+static int test_giveup(loom_group *world)
+{
+    int n = C->size(world), me = C->rank(world);
+    if (n != 3) {
+        fprintf(stderr, "ucx_test giveup: run it on 3 ranks\n");
+        return 1;
+    }
+    if (me == 1) { /* never comes */
+        sleep(8);
+        _exit(0);
+    }
+    if (me == 0) /* comes late, so rank 2 gives up first */
+        usleep(1500 * 1000);
+    float x = 1, y = 0;
+    loom_request *req;
+    OK(C->allreduce(world, &x, &y, 1, LOOM_F32, LOOM_SUM, &req));
+    int rc = C->wait(req);
+    const char *msg = loom_last_error();
+    printf("[rank %d] wait: %s: %s\n", me, loom_status_string(rc), msg);
+    fflush(stdout);
+    if (me == 2)
+        _exit(0); /* gives up and goes, as a failing job's rank would */
+    int right = rc == LOOM_ERR_TIMEOUT && strstr(msg, "rank 1 did not arrive");
+    printf("giveup test: %s\n", right ? "passed" : "FAILED");
+    fflush(stdout);
+    _exit(right ? 0 : 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: ucx_test concurrency|progress|kill [--set path=value ...]\n");
+        fprintf(stderr, "usage: ucx_test concurrency|progress|kill|giveup [--set path=value ...]\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -304,6 +364,10 @@ int main(int argc, char **argv)
         overrides[noverrides++] = "comm.ucx.progress_thread=true";
     if (!strcmp(mode, "kill"))
         overrides[0] = "comm.timeout_s=30";
+    if (!strcmp(mode, "giveup")) {
+        overrides[0] = "comm.timeout_s=3";
+        overrides[noverrides++] = "comm.ucx.allreduce=ring"; /* rank 0 waits for rank 2 */
+    }
     for (int i = 2; i + 1 < argc && noverrides < 32; i += 2)
         if (!strcmp(argv[i], "--set"))
             overrides[noverrides++] = argv[i + 1];
@@ -321,6 +385,8 @@ int main(int argc, char **argv)
         test_progress(world);
     else if (!strcmp(mode, "kill"))
         return test_kill(rt, world);
+    else if (!strcmp(mode, "giveup"))
+        return test_giveup(world);
     else {
         fprintf(stderr, "ucx_test: unknown mode '%s'\n", mode);
         return 2;
