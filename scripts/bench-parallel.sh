@@ -121,6 +121,7 @@ echo "top of the sequence split; ring attention keeps nothing extra but moves"
 echo "the K/V blocks (and in backward their gradients) around the ring. The"
 echo "2-rank layouts use both cores, the single rank one; over shared memory the"
 echo "tp/sp column's bytes cost little next to the compute."
+echo
 echo "## A sequence that fits only with ring attention"
 echo
 echo "GPT-2 L4 C128 NH4, one sequence of 8192 tokens, fp32; memory budget"
@@ -143,6 +144,10 @@ for layout in "one rank:1" "sp 2 ring, zigzag:2:--set parallel.sp.size=2 --set p
     fits=$(awk -v t="$total" -v b="$BUDGET_MIB" 'BEGIN { print (t <= b * 1048576) ? "yes" : "no" }')
     echo "| $name | $ranks | $best | $(mib "$(peak activations)") | $(mib "$total") | $fits |"
 done
+echo
+echo "Load average after the run: $(cut -d' ' -f1-3 /proc/loadavg). Other work on the machine"
+echo "shows as step-time noise (the memory and byte columns are exact); compare"
+echo "rows from a run whose load stayed below 1, or re-run."
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "wrote $OUT"

@@ -87,6 +87,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 os=$(. /etc/os-release && echo "$PRETTY_NAME")
 ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "Open MPI not installed")
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
     echo "# ZeRO and DDP side by side"
@@ -168,6 +169,9 @@ PY
             --set comm.default=ucx --set comm.ucx.progress_thread=true
         row "ucx-$p" "zero3 ucx, prefetch $p"
     done
+    echo
+    echo "Load average (1, 5, 15 min) when the runs began: $load_start; when they"
+    echo "ended: $(cut -d' ' -f1-3 /proc/loadavg). Above 0 means other work shared the cores."
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "wrote $OUT"

@@ -82,7 +82,7 @@ void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, si
 {
     loom_comm *c = r->comm;
     int n = c->size, me = c->rank, next = mod(me + 1, n), prev = mod(me - 1, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
     const char *sb = send;
     char *rb = recv;
     r->algo = "ring";
@@ -172,7 +172,7 @@ void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *
 {
     loom_comm *c = r->comm;
     int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
     const char *src = send;
     char *rb = recv;
     r->algo = "rabenseifner";

@@ -6,6 +6,10 @@
  *                                (extra ranks folded in: see allreduce).
  *  allgather bruck               ceil(log2 n) steps at any n, in a scratch
  *                                buffer rotated into place at the end.
+ *  allgather direct              every rank sends its block to every other
+ *                                at once: no step waits for another, and
+ *                                with cma on one host each receiver pulls
+ *                                its blocks in parallel.
  *  reducescatter ring            n-1 steps; the partial sum of a block
  *                                travels the ring and ends on its owner.
  *  reducescatter recursive halving  log2(p) steps halving the range.
@@ -26,7 +30,7 @@ void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, si
 {
     loom_comm *c = r->comm;
     int n = c->size, me = c->rank, next = mod(me + 1, n), prev = mod(me - 1, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
     char *rb = recv;
     r->algo = "ring";
     int nch = nchunks(count, ce);
@@ -56,11 +60,28 @@ void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, si
     free(prod < next_prod ? prod : next_prod);
 }
 
+void build_allgather_direct(loom_comm_request *r, const void *send, void *recv, size_t count)
+{
+    loom_comm *c = r->comm;
+    int n = c->size, me = c->rank;
+    size_t bytes = count * loom_dtype_size(r->dtype);
+    char *rb = recv;
+    r->algo = "direct";
+    for (int s = 1; s < n; s++) {
+        int from = mod(me - s, n);
+        sched_recv(r, from, rb + (size_t)from * bytes, bytes, 0, 0);
+    }
+    for (int s = 1; s < n; s++)
+        sched_send(r, mod(me + s, n), send, bytes, 0, 0);
+    if ((const char *)send != rb + (size_t)me * bytes)
+        sched_copy(r, rb + (size_t)me * bytes, send, bytes);
+}
+
 void build_allgather_rd(loom_comm_request *r, const void *send, void *recv, size_t count)
 {
     loom_comm *c = r->comm;
     int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
     char *rb = recv;
     r->algo = "recursive doubling";
     int final_step = lg + 1;
@@ -132,7 +153,7 @@ void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv
 {
     loom_comm *c = r->comm;
     int n = c->size, me = c->rank, next = mod(me + 1, n), prev = mod(me - 1, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
     const char *sb = send;
     r->algo = "ring";
     int nch = nchunks(count, ce);

@@ -9,6 +9,9 @@
  *  broadcast scatter_allgather the root sends block v to rank v, then a ring
  *                              allgather: every link carries ~2/n of the
  *                              message instead of the root's carrying all.
+ *  broadcast direct            the root sends the whole message to every
+ *                              rank at once: on one host the receivers
+ *                              pull it with cma in parallel.
  *  reduce binomial             the mirror of the broadcast tree; interior
  *                              ranks reduce their children's chunks into a
  *                              scratch buffer and pass the sum up.
@@ -19,36 +22,72 @@
 
 #include "ucx_internal.h"
 
+/* Virtual rank c, which receives at bit m, forwards to nobody. */
+static int bcast_leaf(int c, int m, int n) { return m == 1 || c + 1 >= n; }
+
 void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root)
 {
     loom_comm *c = r->comm;
     int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
     char *b = buf;
     r->algo = "binomial tree";
     int mask = 1;
     while (mask < n && !(v & mask))
         mask <<= 1;
     int parent = mask < n ? mod(v - mask + root, n) : -1;
-    for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
-        int rv = -1;
-        if (parent >= 0)
-            rv = sched_recv(r, parent, b + o * es, l * es, log2_floor(mask), k);
-        /* bigger subtrees first */
-        for (int m = mask >> 1; m > 0; m >>= 1)
-            if (v + m < n) {
-                int s = sched_send(r, mod(v + m + root, n), b + o * es, l * es, log2_floor(m), k);
-                sched_after(r, s, rv);
-            }
+    /* Chunks only pay where a rank forwards them as they come; a leaf gets
+     * the message in one piece. */
+    int got = -1;
+    if (parent >= 0 && bcast_leaf(v, mask, n)) {
+        sched_recv(r, parent, b, count * es, log2_floor(mask), 0);
+        return;
     }
+    int first = r->nops;
+    if (parent >= 0)
+        recv_chunks(r, parent, b, es, 0, count, ce, log2_floor(mask), -1);
+    int nrecv = r->nops - first; /* chunk k's receive is op first + k */
+    for (int m = mask >> 1; m > 0; m >>= 1) { /* bigger subtrees first */
+        if (v + m >= n)
+            continue;
+        int child = mod(v + m + root, n), step = log2_floor(m);
+        if (bcast_leaf(v + m, m, n)) {
+            if (nrecv > 0 && got < 0) { /* the whole message is in */
+                got = sched_join(r);
+                for (int k = 0; k < nrecv; k++)
+                    sched_after(r, got, first + k);
+            }
+            int s = sched_send(r, child, b, count * es, step, 0);
+            sched_after(r, s, got);
+            continue;
+        }
+        for (int k = 0; k < nchunks(count, ce); k++) {
+            size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+            int s = sched_send(r, child, b + o * es, l * es, step, k);
+            sched_after(r, s, nrecv > 0 ? first + k : -1);
+        }
+    }
+}
+
+void build_broadcast_direct(loom_comm_request *r, void *buf, size_t count, int root)
+{
+    loom_comm *c = r->comm;
+    int n = c->size;
+    size_t bytes = count * loom_dtype_size(r->dtype);
+    r->algo = "direct";
+    if (c->rank != root) {
+        sched_recv(r, root, buf, bytes, 0, 0);
+        return;
+    }
+    for (int s = 1; s < n; s++)
+        sched_send(r, mod(root + s, n), buf, bytes, 0, 0);
 }
 
 void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root)
 {
     loom_comm *c = r->comm;
     int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
     char *b = buf;
     r->algo = "chain";
     for (int k = 0; k < nchunks(count, ce); k++) {
@@ -67,7 +106,7 @@ void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t c
 {
     loom_comm *c = r->comm;
     int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
     char *b = buf;
     r->algo = "scatter-allgather";
     size_t maxch = (size_t)nchunks(blk_len(count, n, 0), ce);
@@ -122,7 +161,7 @@ void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, s
 {
     loom_comm *c = r->comm;
     int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
     r->algo = "binomial tree";
     /* children v + m for m = 1, 2, 4, ... below the lowest set bit of v */
     int top = 1;
@@ -171,7 +210,7 @@ void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size
 {
     loom_comm *c = r->comm;
     int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count);
+    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
     r->algo = "chain";
     size_t slot = (count < ce ? count : ce) * es;
     slot_ring tmp, acc;

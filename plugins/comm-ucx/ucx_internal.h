@@ -40,6 +40,7 @@ enum {
     AG_RING = 1,
     AG_RECURSIVE_DOUBLING,
     AG_BRUCK,
+    AG_DIRECT,
     /* reducescatter */
     RS_RING = 1,
     RS_RECURSIVE_HALVING,
@@ -47,6 +48,7 @@ enum {
     BC_BINOMIAL = 1,
     BC_CHAIN,
     BC_SCATTER_ALLGATHER,
+    BC_DIRECT,
     /* reduce */
     RD_BINOMIAL = 1,
     RD_CHAIN,
@@ -78,7 +80,8 @@ typedef struct ucx_settings {
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
-    size_t chunk_bytes;
+    size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
+    size_t forward_chunk_bytes; /* and of those that only pass data on */
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
     double late_grace_s;
     double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
@@ -135,6 +138,7 @@ struct loom_comm {
     int rank, size;
     int *world;            /* world rank of each rank of the group */
     int is_world;
+    int local;             /* every member on this host: cma reaches all of them */
     int64_t uid;           /* unique in the job (the store's counter) */
     uint64_t tag_id;       /* uid in the tag's communicator field */
     uint64_t seq;          /* collectives posted; the next is seq + 1 */
@@ -308,9 +312,11 @@ static inline int log2_floor(int n)
  * hands its data to the odd one after it and sits out; the p ranks left
  * run the algorithm as virtual ranks 0..p-1. The real rank of virtual v: */
 static inline int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
-/* Elements per pipeline chunk for an op over `count` elements: chunk_bytes,
- * grown so that no range has more chunks than the tag's chunk field holds. */
-size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count);
+/* Elements per pipeline chunk for an op over `count` elements: chunk_bytes
+ * for ops that reduce, forward_chunk_bytes for ops that only pass data on
+ * (forward = 1), grown so that no range has more chunks than the tag's
+ * chunk field holds. */
+size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count, int forward);
 static inline int nchunks(size_t len, size_t ce) { return (int)((len + ce - 1) / ce); }
 
 /* Chunked transfers of elements [off, off + len) of buf (element size es,
@@ -333,10 +339,12 @@ void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *
                                   size_t count);
 void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_allgather_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
+void build_allgather_direct(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_allgather_bruck(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_reducescatter_rh(loom_comm_request *r, const void *send, void *recv, size_t count);
 void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root);
+void build_broadcast_direct(loom_comm_request *r, void *buf, size_t count, int root);
 void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root);
 void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t count, int root);
 void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, size_t count,

@@ -8,14 +8,17 @@
  *
  * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
  *   allreduce      recursive_doubling (small), rabenseifner, ring (large)
- *   allgather      recursive_doubling / bruck (small), ring (large)
+ *   allgather      recursive_doubling / bruck (small), ring (large), direct
+ *                  (large, every member on one host)
  *   reducescatter  recursive_halving (small), ring (large)
- *   broadcast      binomial (small), scatter_allgather, chain (large)
+ *   broadcast      binomial (small), scatter_allgather, chain, direct (large)
  *   reduce         binomial (small), chain (large)
  *   alltoall       posted, bruck (small), pairwise (large)
  *   barrier        dissemination
  * Every one works at any rank count; the power-of-two ones fold the extra
- * ranks in first. */
+ * ranks in first. "direct" sends each block straight from its owner to
+ * every rank: with cma the receivers pull in parallel, the best there is
+ * on one host, but it would choke the owner's link across hosts. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +31,9 @@
 /* ------------------------------------------------------------- settings */
 
 static const char *const ar_names[] = {"auto", "recursive_doubling", "ring", "rabenseifner", NULL};
-static const char *const ag_names[] = {"auto", "ring", "recursive_doubling", "bruck", NULL};
+static const char *const ag_names[] = {"auto", "ring", "recursive_doubling", "bruck", "direct", NULL};
 static const char *const rs_names[] = {"auto", "ring", "recursive_halving", NULL};
-static const char *const bc_names[] = {"auto", "binomial", "chain", "scatter_allgather", NULL};
+static const char *const bc_names[] = {"auto", "binomial", "chain", "scatter_allgather", "direct", NULL};
 static const char *const rd_names[] = {"auto", "binomial", "chain", NULL};
 static const char *const a2a_names[] = {"auto", "pairwise", "bruck", "posted", NULL};
 static const char *const bar_names[] = {"auto", "dissemination", NULL};
@@ -64,9 +67,10 @@ const loom_setting_spec ucx_settings_spec[] = {
      "shared memory or cma, so this is much slower on one host"},
     {"allreduce", LOOM_SETTING_STRING, "\"auto\"",
      "auto, recursive_doubling, ring or rabenseifner"},
-    {"allgather", LOOM_SETTING_STRING, "\"auto\"", "auto, ring, recursive_doubling or bruck"},
+    {"allgather", LOOM_SETTING_STRING, "\"auto\"", "auto, ring, recursive_doubling, bruck or direct"},
     {"reducescatter", LOOM_SETTING_STRING, "\"auto\"", "auto, ring or recursive_halving"},
-    {"broadcast", LOOM_SETTING_STRING, "\"auto\"", "auto, binomial, chain or scatter_allgather"},
+    {"broadcast", LOOM_SETTING_STRING, "\"auto\"",
+     "auto, binomial, chain, scatter_allgather or direct"},
     {"reduce", LOOM_SETTING_STRING, "\"auto\"", "auto, binomial or chain"},
     {"alltoall", LOOM_SETTING_STRING, "\"auto\"", "auto, pairwise, bruck or posted"},
     {"barrier", LOOM_SETTING_STRING, "\"dissemination\"", "dissemination (the only one)"},
@@ -76,7 +80,8 @@ const loom_setting_spec ucx_settings_spec[] = {
      "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
      "Rabenseifner, whose fold-in step costs a whole-vector transfer there)"},
     {"allgather_small_bytes", LOOM_SETTING_INT, "1024",
-     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else ring"},
+     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
+     "when the group is on one host, ring across hosts"},
     {"reducescatter_small_bytes", LOOM_SETTING_INT, "1024",
      "auto reducescatter below this: recursive halving; else ring"},
     {"broadcast_small_bytes", LOOM_SETTING_INT, "4194304",
@@ -86,7 +91,11 @@ const loom_setting_spec ucx_settings_spec[] = {
     {"alltoall_small_bytes", LOOM_SETTING_INT, "262144",
      "auto alltoall below this: all sends and receives posted at once; else pairwise"},
     {"chunk_bytes", LOOM_SETTING_INT, "262144",
-     "large messages move in chunks of this size, so reductions overlap transfers"},
+     "ops that reduce move large messages in chunks of this size: each is reduced from cache "
+     "as soon as it is in, while the next moves"},
+    {"forward_chunk_bytes", LOOM_SETTING_INT, "2097152",
+     "broadcast and allgather pipeline large messages through the ranks in chunks of this size "
+     "(bigger than chunk_bytes: each chunk costs a rendezvous)"},
     {"pipeline_depth", LOOM_SETTING_INT, "4",
      "receive buffers per pipelined transfer (1-16)"},
     {"spin_us", LOOM_SETTING_FLOAT, "50",
@@ -158,6 +167,12 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
                         "comm-ucx: comm.ucx.chunk_bytes = %lld: expected at least 64",
                         (long long)v);
     s->chunk_bytes = (size_t)v;
+    read_int(h, "forward_chunk_bytes", 2097152, &v);
+    if (v < 64)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-ucx: comm.ucx.forward_chunk_bytes = %lld: expected at least 64",
+                        (long long)v);
+    s->forward_chunk_bytes = (size_t)v;
     read_int(h, "pipeline_depth", 4, &v);
     if (v < 1 || v > SLOTS_MAX)
         return h->error(h, LOOM_ERR_INVALID,
@@ -173,9 +188,10 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     return LOOM_OK;
 }
 
-size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count)
+size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count, int forward)
 {
-    size_t ce = c->set.chunk_bytes / loom_dtype_size(t), most = (count + 4095) / 4096;
+    size_t bytes = forward ? c->set.forward_chunk_bytes : c->set.chunk_bytes;
+    size_t ce = bytes / loom_dtype_size(t), most = (count + 4095) / 4096;
     if (ce < most)
         ce = most;
     return ce ? ce : 1;
@@ -411,6 +427,8 @@ static int ucx_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype
                                                                          : BC_SCATTER_ALLGATHER;
     if (algo == BC_CHAIN)
         build_broadcast_chain(r, buf, count, root);
+    else if (algo == BC_DIRECT)
+        build_broadcast_direct(r, buf, count, root);
     else if (algo == BC_SCATTER_ALLGATHER)
         build_broadcast_scatter_allgather(r, buf, count, root);
     else
@@ -475,11 +493,14 @@ static int ucx_allgather(loom_comm *c, const void *send, void *recv, size_t coun
         return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     int algo = c->set.algo[UOP_ALLGATHER];
     if (algo == ALG_AUTO)
-        algo = total >= c->set.small_bytes[UOP_ALLGATHER] ? AG_RING
-               : is_pow2(c->size)                          ? AG_RECURSIVE_DOUBLING
-                                                           : AG_BRUCK;
+        algo = total < c->set.small_bytes[UOP_ALLGATHER] ? (is_pow2(c->size) ? AG_RECURSIVE_DOUBLING
+                                                                               : AG_BRUCK)
+               : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
+                          : AG_RING;
     if (algo == AG_RING)
         build_allgather_ring(r, send, recv, count);
+    else if (algo == AG_DIRECT)
+        build_allgather_direct(r, send, recv, count);
     else if (algo == AG_BRUCK)
         build_allgather_bruck(r, send, recv, count);
     else

@@ -403,6 +403,16 @@ static void comm_describe(loom_comm *c)
         snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
 }
 
+static void comm_set_local(loom_comm *c)
+{
+    c->local = 1;
+    pthread_mutex_lock(&ucx.lock);
+    for (int i = 0; i < c->size && ucx.peers; i++)
+        if (c->world[i] != ucx.world_rank && !ucx.peers[c->world[i]].local)
+            c->local = 0;
+    pthread_mutex_unlock(&ucx.lock);
+}
+
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const ucx_settings *s)
 {
     loom_comm *c = calloc(1, sizeof *c);
@@ -496,6 +506,7 @@ int ucx_create_world(const loom_host *host, loom_comm **out)
         c->is_world = 1;
         for (int i = 0; i < c->size; i++)
             c->world[i] = i;
+        comm_set_local(c);
         comm_describe(c);
         char key[64];
         snprintf(key, sizeof key, "world/%d", k);
@@ -600,6 +611,7 @@ int ucx_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_co
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     for (int i = 0; i < nranks; i++)
         c->world[i] = parent->world[ranks[i]];
+    comm_set_local(c);
     comm_describe(c);
     int st;
     if (me == 0) {
