@@ -30,6 +30,9 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
     echo
     echo "Collective backends side by side (comm-ucx against Open MPI):"
     echo "[benchmarks-ucx.md](benchmarks-ucx.md), from \`scripts/bench-ucx.sh\`."
+    echo "ZeRO stages (memory, traffic, step time): [benchmarks-zero.md](benchmarks-zero.md),"
+    echo "from \`scripts/bench-zero.sh\`. Tensor and sequence parallelism:"
+    echo "[benchmarks-parallel.md](benchmarks-parallel.md), from \`scripts/bench-parallel.sh\`."
     for n in 2 4; do
         echo
         echo "## loom bench, $n ranks"
