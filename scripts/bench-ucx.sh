@@ -152,7 +152,8 @@ w("Single-thread memcpy of 64 MiB (`scripts/memcpy_bw.c`, median of %d runs befo
   "**%.2f GB/s** (runs: %s)." % (len(memcpy), mc, ", ".join("%.2f" % x for x in memcpy)))
 w("")
 w("- **ucx**: comm-ucx, loom's own collectives over UCX tag matching (shared memory and cma on "
-  "one host), algorithms chosen by size (see `loom plugins --check ucx` for the settings).")
+  "one host), algorithms chosen by size (its settings, with the thresholds, are listed in "
+  "`plugins/comm-ucx/ucx_plugin.c`).")
 w("- **mpi**: comm-mpi, Open MPI's non-blocking collectives. Under `loom launch` its ranks "
   "are joined singletons that talk TCP over loopback; under `mpirun` it uses shared memory "
   "(vader, with cma single copy), the stronger baseline.")
@@ -227,8 +228,8 @@ w("- **One copy per byte.** On one host both backends move a message with a sing
   "broadcast, allgather, alltoall and sendrecv that copy is all the work, so under mpirun "
   "the two can at best tie, and their ratios at >= 1 MiB scatter around 1: nothing moves a "
   "byte with less than one copy. (Timing one size of one op with the two backends "
-  "interleaved, which cancels the machine's drift — `tests/ucx/ucx_ab.c` — gives 0.97-1.03 "
-  "for these.)")
+  "interleaved, which cancels the machine's drift — `tests/ucx/ucx_ab.c` — gives 0.9 to 1.1 "
+  "for these at most sizes.)")
 w("- **Reductions** (allreduce, reduce, reducescatter) are where the algorithms matter: ucx "
   "receives a chunk into a small buffer that stays in cache and reduces it from there while "
   "the next chunk moves, and reduces each block once, where it ends.")
@@ -243,6 +244,9 @@ w("- **Oversubscription.** 4 ranks share 2 cores, and with cma the receiving ran
 w("- **comm-mpi under loom launch** joins singleton MPI processes through ompi-server, so "
   "Open MPI cannot use shared memory between them and falls back to TCP on loopback: "
   "mpirun is the fair comparison, loom launch the one a loom job gets.")
+w("- **Missing rows.** Under loom launch, Open MPI 4.1's libnbc overflows its stack (endless "
+  "NBC_Progress recursion) in comm-mpi's 64 MiB MPI_Ireduce at 2 ranks; each op runs as its "
+  "own bench so only that op's later rows are lost (listed at the top).")
 w("- **Noise.** The machine is shared; memcpy itself varies by 2x between runs. Small sizes "
   "take a few microseconds, so one descheduling in 20 iterations moves a row: the max "
   "columns above are noisier than the medians.")

@@ -11,7 +11,8 @@
  *   allgather      recursive_doubling / bruck (small), ring (large), direct
  *                  (large, every member on one host)
  *   reducescatter  recursive_halving (small), ring (large)
- *   broadcast      binomial (small), scatter_allgather, chain, direct (large)
+ *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
+ *                  (large, across hosts), chain
  *   reduce         binomial (small), chain (large)
  *   alltoall       posted, bruck (small), pairwise (large)
  *   barrier        dissemination
@@ -84,8 +85,10 @@ const loom_setting_spec ucx_settings_spec[] = {
      "when the group is on one host, ring across hosts"},
     {"reducescatter_small_bytes", LOOM_SETTING_INT, "1024",
      "auto reducescatter below this: recursive halving; else ring"},
-    {"broadcast_small_bytes", LOOM_SETTING_INT, "4194304",
-     "auto broadcast below this: binomial tree; else scatter+allgather"},
+    {"broadcast_small_bytes", LOOM_SETTING_INT, "32768",
+     "auto broadcast below this: binomial tree; else direct when the group is on one host"},
+    {"broadcast_large_bytes", LOOM_SETTING_INT, "4194304",
+     "auto broadcast across hosts: binomial tree below this, scatter+allgather from it on"},
     {"reduce_small_bytes", LOOM_SETTING_INT, "1048576",
      "auto reduce below this: binomial tree; else pipelined chain"},
     {"alltoall_small_bytes", LOOM_SETTING_INT, "262144",
@@ -152,7 +155,7 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
         }
         s->algo[u] = found;
     }
-    static const int64_t small_default[UOP_COUNT] = {16384, 1024, 1024, 4194304, 1048576, 262144, 0};
+    static const int64_t small_default[UOP_COUNT] = {16384, 1024, 1024, 32768, 1048576, 262144, 0};
     for (int u = 0; u < UOP_COUNT; u++) {
         if (!small_setting[u])
             continue;
@@ -161,6 +164,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     }
     read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "broadcast_large_bytes", 4194304, &v);
+    s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
     if (v < 64)
         return h->error(h, LOOM_ERR_INVALID,
@@ -424,7 +429,9 @@ static int ucx_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype
     int algo = c->set.algo[UOP_BROADCAST];
     if (algo == ALG_AUTO)
         algo = bytes < c->set.small_bytes[UOP_BROADCAST] || c->size == 2 ? BC_BINOMIAL
-                                                                         : BC_SCATTER_ALLGATHER;
+               : c->local                                 ? BC_DIRECT
+               : bytes < c->set.broadcast_large_bytes     ? BC_BINOMIAL
+                                                          : BC_SCATTER_ALLGATHER;
     if (algo == BC_CHAIN)
         build_broadcast_chain(r, buf, count, root);
     else if (algo == BC_DIRECT)
