@@ -96,10 +96,16 @@ int loom_group_self(loom_runtime *rt, loom_group **out)
 int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_group **out)
 {
     int found = 0;
+    if (nranks < 1 || nranks > parent->size)
+        return loom_fail(LOOM_ERR_INVALID, "comm: a subgroup of %d ranks from a group of %d",
+                         nranks, parent->size);
     for (int i = 0; i < nranks; i++) {
         if (ranks[i] < 0 || ranks[i] >= parent->size)
             return loom_fail(LOOM_ERR_INVALID, "comm: subgroup rank %d outside a group of %d",
                              ranks[i], parent->size);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return loom_fail(LOOM_ERR_INVALID, "comm: subgroup lists rank %d twice", ranks[i]);
         found |= ranks[i] == parent->rank;
     }
     if (!found)
@@ -167,6 +173,24 @@ static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start
     return LOOM_OK;
 }
 
+/* The arguments every backend may rely on (comm.h), checked once here:
+ * a known dtype and reduction, a root or peer inside the group, a tag >= 0. */
+static int check_call(const loom_group *g, loom_comm_op op, loom_dtype dtype, int reduces,
+                      loom_redop redop, int rank, int tag)
+{
+    const char *name = loom_comm_op_name(op);
+    if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
+        return loom_fail(LOOM_ERR_INVALID, "comm: %s: unknown dtype %d", name, (int)dtype);
+    if (reduces && (unsigned)redop >= LOOM_REDOP_COUNT)
+        return loom_fail(LOOM_ERR_INVALID, "comm: %s: unknown reduction %d", name, (int)redop);
+    if (rank < 0 || rank >= g->size)
+        return loom_fail(LOOM_ERR_INVALID, "comm: %s %s %d outside a group of %d", name,
+                         op == LOOM_OP_SEND || op == LOOM_OP_RECV ? "peer" : "root", rank, g->size);
+    if (tag < 0)
+        return loom_fail(LOOM_ERR_INVALID, "comm: %s tag %d is negative", name, tag);
+    return LOOM_OK;
+}
+
 static void self_copy(const void *send, void *recv, size_t bytes)
 {
     if (send != recv && bytes)
@@ -177,9 +201,12 @@ static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count
                        loom_dtype dtype, loom_redop op, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
+    int rc = check_call(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
+        rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
         if (rc != LOOM_OK)
             return rc;
     } else {
@@ -192,12 +219,12 @@ static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype,
                        loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    if (root < 0 || root >= g->size)
-        return loom_fail(LOOM_ERR_INVALID, "comm: broadcast root %d outside a group of %d",
-                         root, g->size);
+    int rc = check_call(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
+        rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
         if (rc != LOOM_OK)
             return rc;
     }
@@ -208,12 +235,12 @@ static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, l
                     loom_redop op, int root, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    if (root < 0 || root >= g->size)
-        return loom_fail(LOOM_ERR_INVALID, "comm: reduce root %d outside a group of %d", root,
-                         g->size);
+    int rc = check_call(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
+        rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
         if (rc != LOOM_OK)
             return rc;
     } else {
@@ -226,9 +253,12 @@ static int g_allgather(loom_group *g, const void *send, void *recv, size_t count
                        loom_dtype dtype, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
+    int rc = check_call(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
+        rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
         if (rc != LOOM_OK)
             return rc;
     } else {
@@ -241,9 +271,12 @@ static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t c
                            loom_dtype dtype, loom_redop op, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
+    int rc = check_call(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
+        rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
         if (rc != LOOM_OK)
             return rc;
     } else {
@@ -256,25 +289,18 @@ static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
                       loom_dtype dtype, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
+    int rc = check_call(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0);
+    if (rc != LOOM_OK)
+        return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
-        int rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
+        rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
         if (rc != LOOM_OK)
             return rc;
     } else {
         self_copy(send, recv, bytes);
     }
     return issued(g, LOOM_OP_ALLTOALL, bytes * (uint64_t)g->size, t0, inner, req);
-}
-
-static int check_peer(const loom_group *g, const char *what, int peer, int tag)
-{
-    if (peer < 0 || peer >= g->size)
-        return loom_fail(LOOM_ERR_INVALID, "comm: %s peer %d outside a group of %d", what, peer,
-                         g->size);
-    if (tag < 0)
-        return loom_fail(LOOM_ERR_INVALID, "comm: %s tag %d is negative", what, tag);
-    return LOOM_OK;
 }
 
 /* Self: match a send with the first pending receive of its tag, else keep
@@ -314,7 +340,7 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
                   int tag, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_peer(g, "send", peer, tag);
+    int rc = check_call(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
@@ -331,7 +357,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
                   loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_peer(g, "recv", peer, tag);
+    int rc = check_call(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag);
     if (rc != LOOM_OK)
         return rc;
     if (g->ops) {

@@ -76,7 +76,7 @@ struct loom_model {
     float *param32, *grad32, *emb_param32, *emb_grad32;
     loom_model_ops ops;
     int *positions;               /* the global position of each of the T rows of a sequence */
-    float *scratch_lse;           /* the scratch set's own lse (recomputation) */
+    block_acts scratch_own;       /* the scratch set as allocated (recomputation) */
     int status;                   /* the first failure of a parallel op this pass */
     void **allocations;
     int nallocations, capallocations;
@@ -411,7 +411,7 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
         m->saved = calloc(L, sizeof *m->saved);
         ok = m->saved && alloc_block_f32(m, &m->scratch, 1) &&
              (m->scratch.out = f32(m, R * C)) != NULL && (m->head_input = stored(m, R * C));
-        m->scratch_lse = m->scratch.lse;
+        m->scratch_own = m->scratch;
         for (size_t l = 0; ok && l < L; l++) {
             block_saved *sv = &m->saved[l];
             ok = (sv->x = stored(m, R * C)) != NULL;
@@ -849,54 +849,44 @@ static void block_backward(loom_model *m, int unit, const float *p, float *g, bl
                             a->x, tensor(m, unit, p, LN1W), a->mean1, a->rstd1, R, C);
 }
 
-/* Saved 16-bit tensors of layer l <-> the fp32 scratch set. lse is not
- * copied: the layer's own buffer is lent to the scratch set (attention
- * keys what it keeps on it). */
-static void save_block(loom_model *m, int l)
+/* Saved 16-bit tensors of layer l <-> the fp32 scratch set (save: scratch
+ * to saved). */
+static void transfer_block(loom_model *m, int l, int save)
 {
     block_saved *sv = &m->saved[l];
     block_acts *a = &m->scratch;
     size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
-    to_stored(m, sv->ln1, a->ln1, RC);
-    to_stored(m, sv->q, a->q, NCq);
-    to_stored(m, sv->k, a->k, NCq);
-    to_stored(m, sv->v, a->v, NCq);
-    to_stored(m, sv->atty, a->atty, NCq);
-    to_stored(m, sv->res2, a->res2, RC);
-    to_stored(m, sv->ln2, a->ln2, RC);
-    to_stored(m, sv->fch, a->fch, NF);
-    to_stored(m, sv->fch_gelu, a->fch_gelu, NF);
-    memcpy(sv->mean1, a->mean1, (size_t)m->R * 4);
-    memcpy(sv->rstd1, a->rstd1, (size_t)m->R * 4);
-    memcpy(sv->mean2, a->mean2, (size_t)m->R * 4);
-    memcpy(sv->rstd2, a->rstd2, (size_t)m->R * 4);
+    struct {
+        void *stored;
+        float *f32;
+        size_t n;
+    } t[] = {{sv->ln1, a->ln1, RC},   {sv->q, a->q, NCq},        {sv->k, a->k, NCq},
+             {sv->v, a->v, NCq},      {sv->atty, a->atty, NCq},  {sv->res2, a->res2, RC},
+             {sv->ln2, a->ln2, RC},   {sv->fch, a->fch, NF},     {sv->fch_gelu, a->fch_gelu, NF}};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(t); i++) {
+        if (save)
+            to_stored(m, t[i].stored, t[i].f32, t[i].n);
+        else
+            from_stored(m, t[i].f32, t[i].stored, t[i].n);
+    }
 }
 
-static void restore_block(loom_model *m, int l)
+/* The scratch set computes layer l with that layer's own fp32 buffers for
+ * the per-row statistics and lse, so they are never copied (attention also
+ * keys what it keeps on the lse buffer); recomputation keeps none and uses
+ * the scratch set's own. */
+static void lend_saved(loom_model *m, int l)
 {
-    block_saved *sv = &m->saved[l];
     block_acts *a = &m->scratch;
-    size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
-    from_stored(m, a->ln1, sv->ln1, RC);
-    from_stored(m, a->q, sv->q, NCq);
-    from_stored(m, a->k, sv->k, NCq);
-    from_stored(m, a->v, sv->v, NCq);
-    from_stored(m, a->atty, sv->atty, NCq);
-    from_stored(m, a->res2, sv->res2, RC);
-    from_stored(m, a->ln2, sv->ln2, RC);
-    from_stored(m, a->fch, sv->fch, NF);
-    from_stored(m, a->fch_gelu, sv->fch_gelu, NF);
-    memcpy(a->mean1, sv->mean1, (size_t)m->R * 4);
-    memcpy(a->rstd1, sv->rstd1, (size_t)m->R * 4);
-    memcpy(a->mean2, sv->mean2, (size_t)m->R * 4);
-    memcpy(a->rstd2, sv->rstd2, (size_t)m->R * 4);
-}
-
-/* The scratch set computes layer l with that layer's lse buffer, or the
- * scratch's own when recomputing. */
-static void lend_lse(loom_model *m, int l)
-{
-    m->scratch.lse = m->s.recompute ? m->scratch_lse : m->saved[l].lse;
+    const block_acts *own = &m->scratch_own;
+    if (m->s.recompute) {
+        a->mean1 = own->mean1, a->rstd1 = own->rstd1, a->mean2 = own->mean2;
+        a->rstd2 = own->rstd2, a->lse = own->lse;
+    } else {
+        const block_saved *sv = &m->saved[l];
+        a->mean1 = sv->mean1, a->rstd1 = sv->rstd1, a->mean2 = sv->mean2;
+        a->rstd2 = sv->rstd2, a->lse = sv->lse;
+    }
 }
 
 /* The input of block l (l == L: the head's input), in fp32. */
@@ -1056,11 +1046,11 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
         }
         block_acts *a = &m->scratch;
         block_input32(m, l, a->x);
-        lend_lse(m, l);
+        lend_saved(m, l);
         block_forward(m, unit, p, a);
         to_stored(m, l + 1 < L ? m->saved[l + 1].x : m->head_input, a->out, RC);
         if (!m->s.recompute)
-            save_block(m, l);
+            transfer_block(m, l, 1);
         return LOOM_OK;
     }
     /* head: final LayerNorm, tied LM head (wte of unit 0), loss */
@@ -1146,11 +1136,11 @@ static int model_backward(loom_model *m, int unit, float dloss)
         } else {
             a = &m->scratch;
             block_input32(m, l, a->x);
-            lend_lse(m, l);
+            lend_saved(m, l);
             if (m->s.recompute)
                 block_forward(m, unit, p, a);
             else
-                restore_block(m, l);
+                transfer_block(m, l, 0);
         }
         block_backward(m, unit, p, g, a);
         commit_grads(m, unit);

@@ -955,16 +955,11 @@ static int op_begin(loom_comm *c, const char *name, int collective, uint64_t *se
     return LOOM_OK;
 }
 
-static int check_args(loom_comm *c, const char *name, uint64_t seq, size_t count, size_t blocks,
-                      loom_dtype dtype, int check_op, loom_redop op)
+/* The core checked the arguments (comm.h); what is left is MPI's own limit. */
+static int check_count(loom_comm *c, const char *name, uint64_t seq, size_t count, size_t blocks,
+                       loom_dtype dtype)
 {
     const loom_host *h = c->host;
-    if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
-        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: %s #%llu: unknown dtype %d", name,
-                        (unsigned long long)seq, (int)dtype);
-    if (check_op && (unsigned)op >= LOOM_REDOP_COUNT)
-        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: %s #%llu: unknown reduction %d", name,
-                        (unsigned long long)seq, (int)op);
     /* MPI counts are ints, and some of Open MPI's algorithms compute the
      * whole buffer's element count (blocks * count) in an int too. */
     if (count > (size_t)INT_MAX || blocks * count > (size_t)INT_MAX)
@@ -972,15 +967,6 @@ static int check_args(loom_comm *c, const char *name, uint64_t seq, size_t count
                         "comm-mpi: %s #%llu: %zu elements of %s is more than MPI's int counts "
                         "allow; split the operation",
                         name, (unsigned long long)seq, count, loom_dtype_name(dtype));
-    return LOOM_OK;
-}
-
-static int check_rank(loom_comm *c, const char *name, uint64_t seq, const char *what, int r)
-{
-    if (r < 0 || r >= c->size)
-        return c->host->error(c->host, LOOM_ERR_INVALID,
-                              "comm-mpi: %s #%llu on %s: %s %d is not a rank of the group (0..%d)",
-                              name, (unsigned long long)seq, c->desc, what, r, c->size - 1);
     return LOOM_OK;
 }
 
@@ -1042,7 +1028,7 @@ static int mpi_allreduce(loom_comm *c, const void *send, void *recv, size_t coun
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, 1, dtype, 1, op);
+        st = check_count(c, name, seq, count, 1, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -1070,9 +1056,7 @@ static int mpi_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, 1, dtype, 0, LOOM_SUM);
-    if (st == LOOM_OK)
-        st = check_rank(c, name, seq, "root", root);
+        st = check_count(c, name, seq, count, 1, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     loom_comm_request *r = req_new(c, name, 1, seq);
@@ -1089,9 +1073,7 @@ static int mpi_reduce(loom_comm *c, const void *send, void *recv, size_t count, 
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, 1, dtype, 1, op);
-    if (st == LOOM_OK)
-        st = check_rank(c, name, seq, "root", root);
+        st = check_count(c, name, seq, count, 1, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -1124,7 +1106,7 @@ static int mpi_allgather(loom_comm *c, const void *send, void *recv, size_t coun
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 0, LOOM_SUM);
+        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -1148,7 +1130,7 @@ static int mpi_reducescatter(loom_comm *c, const void *send, void *recv, size_t 
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 1, op);
+        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -1180,7 +1162,7 @@ static int mpi_alltoall(loom_comm *c, const void *send, void *recv, size_t count
     uint64_t seq;
     int st = op_begin(c, name, 1, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, (size_t)c->size, dtype, 0, LOOM_SUM);
+        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
@@ -1202,9 +1184,7 @@ static int p2p_post(loom_comm *c, int is_send, void *buf, size_t count, loom_dty
     uint64_t seq;
     int st = op_begin(c, name, 0, &seq, req);
     if (st == LOOM_OK)
-        st = check_args(c, name, seq, count, 1, dtype, 0, LOOM_SUM);
-    if (st == LOOM_OK)
-        st = check_rank(c, name, seq, "peer", peer);
+        st = check_count(c, name, seq, count, 1, dtype);
     if (st == LOOM_OK && (tag < 0 || tag > c->tag_ub))
         st = c->host->error(c->host, LOOM_ERR_INVALID,
                             "comm-mpi: %s #%llu on %s: tag %d is outside 0..%d", name,
@@ -1717,28 +1697,10 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
         return LOOM_ERR_INVALID;
     *out = NULL;
     const loom_host *h = parent->host;
-    if (!ranks || nranks < 1 || nranks > parent->size)
-        return h->error(h, LOOM_ERR_INVALID,
-                        "comm-mpi: create_subgroup on %s: %d ranks listed for a group of %d",
-                        parent->desc, nranks, parent->size);
-    int me = -1;
-    for (int i = 0; i < nranks; i++) {
-        if (ranks[i] < 0 || ranks[i] >= parent->size)
-            return h->error(h, LOOM_ERR_INVALID,
-                            "comm-mpi: create_subgroup on %s: rank %d is not a rank of the group "
-                            "(0..%d)", parent->desc, ranks[i], parent->size - 1);
-        for (int j = 0; j < i; j++)
-            if (ranks[j] == ranks[i])
-                return h->error(h, LOOM_ERR_INVALID,
-                                "comm-mpi: create_subgroup on %s: rank %d is listed twice",
-                                parent->desc, ranks[i]);
-        if (ranks[i] == parent->rank)
-            me = i;
-    }
-    if (me < 0)
-        return h->error(h, LOOM_ERR_INVALID,
-                        "comm-mpi: create_subgroup on %s: the list does not contain this rank (%d)",
-                        parent->desc, parent->rank);
+    /* The core checked the list (comm.h); find this rank's place in it. */
+    int me = 0;
+    while (ranks[me] != parent->rank)
+        me++;
     pthread_mutex_lock(&parent->lock);
     int failed = parent->failed;
     char why[512];

@@ -288,25 +288,6 @@ static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq
     return LOOM_OK;
 }
 
-static int check_args(loom_comm *c, loom_comm_op op, uint64_t seq, loom_dtype dtype,
-                      int check_redop, loom_redop redop, int root)
-{
-    const loom_host *h = c->host;
-    if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
-        return h->error(h, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: unknown dtype %d",
-                        loom_comm_op_name(op), (unsigned long long)seq, c->desc, (int)dtype);
-    if (check_redop && (unsigned)redop >= LOOM_REDOP_COUNT)
-        return h->error(h, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: unknown reduction %d",
-                        loom_comm_op_name(op), (unsigned long long)seq, c->desc, (int)redop);
-    if (root < 0 || root >= c->size)
-        return h->error(h, LOOM_ERR_INVALID,
-                        "comm-ucx: %s #%llu on %s: %s %d is not a rank of the group (0..%d)",
-                        loom_comm_op_name(op), (unsigned long long)seq, c->desc,
-                        op == LOOM_OP_SEND || op == LOOM_OP_RECV ? "peer" : "root", root,
-                        c->size - 1);
-    return LOOM_OK;
-}
-
 static loom_comm_request *req_new(loom_comm *c, loom_comm_op op, int collective, uint64_t seq,
                                   loom_dtype dtype, loom_redop redop)
 {
@@ -382,8 +363,6 @@ static int ucx_allreduce(loom_comm *c, const void *send, void *recv, size_t coun
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_ALLREDUCE, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_ALLREDUCE, seq, dtype, 1, op, 0);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -418,8 +397,6 @@ static int ucx_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_BROADCAST, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_BROADCAST, seq, dtype, 0, LOOM_SUM, root);
     if (st != LOOM_OK || count == 0 || c->size == 1)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -448,8 +425,6 @@ static int ucx_reduce_op(loom_comm *c, const void *send, void *recv, size_t coun
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_REDUCE, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_REDUCE, seq, dtype, 1, op, root);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -480,8 +455,6 @@ static int ucx_allgather(loom_comm *c, const void *send, void *recv, size_t coun
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_ALLGATHER, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_ALLGATHER, seq, dtype, 0, LOOM_SUM, 0);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
@@ -520,8 +493,6 @@ static int ucx_reducescatter(loom_comm *c, const void *send, void *recv, size_t 
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_REDUCESCATTER, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_REDUCESCATTER, seq, dtype, 1, op, 0);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
@@ -556,8 +527,6 @@ static int ucx_alltoall(loom_comm *c, const void *send, void *recv, size_t count
 {
     uint64_t seq;
     int st = op_begin(c, LOOM_OP_ALLTOALL, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, LOOM_OP_ALLTOALL, seq, dtype, 0, LOOM_SUM, 0);
     if (st != LOOM_OK || count == 0)
         return st;
     size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
@@ -607,11 +576,6 @@ static int p2p_post(loom_comm *c, loom_comm_op op, void *buf, size_t count, loom
 {
     uint64_t seq;
     int st = op_begin(c, op, 0, &seq, req);
-    if (st == LOOM_OK)
-        st = check_args(c, op, seq, dtype, 0, LOOM_SUM, peer);
-    if (st == LOOM_OK && tag < 0)
-        st = c->host->error(c->host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: tag %d is negative",
-                            loom_comm_op_name(op), (unsigned long long)seq, c->desc, tag);
     if (st != LOOM_OK || count == 0)
         return st;
     loom_comm_request *r = req_new(c, op, 0, seq, dtype, LOOM_SUM);

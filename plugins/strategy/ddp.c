@@ -85,29 +85,6 @@ static int find_slot(const loom_strategy *s, const loom_unit *unit)
     return -1;
 }
 
-static float load_f(const void *buf, loom_dtype t, size_t i)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
-    default: return ((const float *)buf)[i];
-    }
-}
-
-/* master (fp32) -> the compute-dtype copy the model reads, round to nearest even. */
-static void store_params(void *dst, loom_dtype t, const float *src, size_t n)
-{
-    uint16_t *h = dst;
-    if (t == LOOM_BF16) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = loom_f32_to_bf16(src[i]);
-    } else if (t == LOOM_F16) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = loom_f32_to_f16(src[i]);
-    } else if (dst != src) {
-        memcpy(dst, src, n * sizeof(float));
-    }
-}
 
 /* ---------------------------------------------------------- reductions */
 
@@ -414,7 +391,7 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
         if (cnt)
             memcpy(s->master + off, init[i], cnt * sizeof(float));
         if (dtype != LOOM_F32)
-            store_params((char *)s->params + off * s->esize, dtype, s->master + off, cnt);
+            loom_from_f32((char *)s->params + off * s->esize, dtype, s->master + off, cnt);
         units[i].params = (char *)s->params + off * s->esize;
         units[i].grads = (char *)s->grads + off * s->esize;
         units[i].strategy_data = &s->slots[i];
@@ -503,7 +480,7 @@ static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
             sum += (double)g[i] * (double)g[i];
     } else {
         for (size_t i = 0; i < s->numel; i++) {
-            double x = load_f(s->grads, s->dtype, i);
+            double x = loom_load_f32(s->grads, s->dtype, i);
             sum += x * x;
         }
     }
@@ -543,7 +520,7 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
                      s->m + off, s->v + off, n);
     }
     if (s->dtype != LOOM_F32)
-        store_params(s->params, s->dtype, s->master, s->numel);
+        loom_from_f32(s->params, s->dtype, s->master, s->numel);
     memset(s->grads, 0, s->numel * s->esize);
     return LOOM_OK;
 }
@@ -584,7 +561,7 @@ static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *pa
     size_t off = s->slots[i].offset, n = s->units[i].numel, bytes = n * sizeof(float);
     if (params) {
         memcpy(s->master + off, params, bytes);
-        store_params((char *)s->params + off * s->esize, s->dtype, s->master + off, n);
+        loom_from_f32((char *)s->params + off * s->esize, s->dtype, s->master + off, n);
     }
     if (m)
         memcpy(s->m + off, m, bytes);

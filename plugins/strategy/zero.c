@@ -194,29 +194,6 @@ static const char *unit_label(const loom_unit *u, char *buf, size_t cap)
     return buf;
 }
 
-static float load_f(const void *buf, loom_dtype t, size_t i)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
-    default: return ((const float *)buf)[i];
-    }
-}
-
-/* fp32 -> the compute dtype, round to nearest even. */
-static void store_params(void *dst, loom_dtype t, const float *src, size_t n)
-{
-    uint16_t *h = dst;
-    if (t == LOOM_BF16) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = loom_f32_to_bf16(src[i]);
-    } else if (t == LOOM_F16) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = loom_f32_to_f16(src[i]);
-    } else if (dst != src) {
-        memcpy(dst, src, n * sizeof(float));
-    }
-}
 
 #if ZERO_STAGE >= 2
 /* acc += x, elementwise in the compute dtype (one rounding per element). */
@@ -231,7 +208,7 @@ static void accumulate(void *acc, const void *x, loom_dtype t, size_t n)
     }
     uint16_t *a = acc;
     for (size_t i = 0; i < n; i++) {
-        float sum = load_f(acc, t, i) + load_f(x, t, i);
+        float sum = loom_load_f32(acc, t, i) + loom_load_f32(x, t, i);
         a[i] = t == LOOM_BF16 ? loom_f32_to_bf16(sum) : loom_f32_to_f16(sum);
     }
 }
@@ -760,13 +737,13 @@ static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float
         if (z->own_count)
             memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
 #if ZERO_STAGE == 3
-        store_params(at(s->param_shard, z->shard_off, e), dtype, master, z->own_count);
+        loom_from_f32(at(s->param_shard, z->shard_off, e), dtype, master, z->own_count);
         units[i].params = NULL;
         units[i].grads = NULL;
 #else
         /* Every rank has the full initial parameters: no gather needed. */
         z->params = at(s->params_all, z->flat_off, e);
-        store_params(z->params, dtype, init[i], z->numel);
+        loom_from_f32(z->params, dtype, init[i], z->numel);
         units[i].params = z->params;
 #if ZERO_STAGE == 1
         z->grads = at(s->grads_all, z->flat_off, e);
@@ -978,7 +955,7 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
                 local += (double)f[j] * (double)f[j];
         } else {
             for (size_t j = 0; j < z->own_count; j++) {
-                double x = load_f(g, s->dtype, j);
+                double x = loom_load_f32(g, s->dtype, j);
                 local += x * x;
             }
         }
@@ -1037,9 +1014,9 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
             step->update(step, master, grad_shard_of(s, z), s->dtype, s->m + z->shard_off,
                          s->v + z->shard_off, z->own_count);
 #if ZERO_STAGE == 3
-        store_params(at(s->param_shard, z->shard_off, e), s->dtype, master, z->own_count);
+        loom_from_f32(at(s->param_shard, z->shard_off, e), s->dtype, master, z->own_count);
 #else
-        store_params(at(z->params, z->own_begin, e), s->dtype, master, z->own_count);
+        loom_from_f32(at(z->params, z->own_begin, e), s->dtype, master, z->own_count);
 #endif
     }
 #if ZERO_STAGE == 3
@@ -1111,11 +1088,11 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
     if (!params)
         return LOOM_OK;
 #if ZERO_STAGE == 3
-    store_params(at(s->param_shard, z->shard_off, s->esize), s->dtype, dst[0], z->own_count);
+    loom_from_f32(at(s->param_shard, z->shard_off, s->esize), s->dtype, dst[0], z->own_count);
     if (z->params) /* gathered right now: keep it current */
-        store_params(z->params, s->dtype, params, z->numel);
+        loom_from_f32(z->params, s->dtype, params, z->numel);
 #else
-    store_params(z->params, s->dtype, params, z->numel);
+    loom_from_f32(z->params, s->dtype, params, z->numel);
 #endif
     return LOOM_OK;
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "loom_internal.h"
+#include "strategy_test.h"
 
 static int failures;
 static int my_rank;
@@ -67,68 +68,6 @@ typedef struct scenario {
     int skip_last;   /* the last step is skipped (fp16 overflow): data_zero_grads */
     float grad_scale;
 } scenario;
-
-/* ------------------------------------------------------------ numbers */
-
-static float load(const void *buf, loom_dtype t, size_t i)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
-    default: return ((const float *)buf)[i];
-    }
-}
-
-static void store(void *buf, loom_dtype t, size_t i, float x)
-{
-    switch (t) {
-    case LOOM_BF16: ((uint16_t *)buf)[i] = loom_f32_to_bf16(x); break;
-    case LOOM_F16: ((uint16_t *)buf)[i] = loom_f32_to_f16(x); break;
-    default: ((float *)buf)[i] = x; break;
-    }
-}
-
-static float round_to(loom_dtype t, float x)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(loom_f32_to_bf16(x));
-    case LOOM_F16: return loom_f16_to_f32(loom_f32_to_f16(x));
-    default: return x;
-    }
-}
-
-/* One unit in the last place, relative: what an average computed as a
- * multiply by 1/N instead of a division may differ by. */
-static float ulp_of(loom_dtype t) { return t == LOOM_BF16 ? 1.0f / 128 : t == LOOM_F16 ? 1.0f / 1024 : 1e-6f; }
-
-/* A gradient contribution in [-15, 15] / 64; part 0 and part 1 of the
- * embedding arrive at different times (the tied head's, then its own). */
-static int kval(int dp_rank, int step, int micro, int unit, size_t j, int part)
-{
-    return (int)((dp_rank * 7 + step * 19 + micro * 13 + unit * 3 + (int)(j % 1009) * 5 + part * 17) %
-                 31) -
-           15;
-}
-
-static float init_value(int unit, size_t j) { return (float)((int)((unit * 31 + j * 7) % 41) - 20) * 0.01f; }
-
-/* llm.c's AdamW, as the core will hand it to the strategy. */
-static int update_calls;
-static size_t update_elems;
-static void adamw(const loom_optimizer_step *s, float *master, const void *grad, loom_dtype t,
-                  float *m, float *v, size_t n)
-{
-    update_calls++;
-    update_elems += n;
-    float c1 = 1.0f - powf(s->beta1, (float)s->step), c2 = 1.0f - powf(s->beta2, (float)s->step);
-    for (size_t i = 0; i < n; i++) {
-        float g = load(grad, t, i) * s->grad_scale;
-        m[i] = s->beta1 * m[i] + (1.0f - s->beta1) * g;
-        v[i] = s->beta2 * v[i] + (1.0f - s->beta2) * g * g;
-        float mh = m[i] / c1, vh = v[i] / c2;
-        master[i] -= s->lr * (mh / (sqrtf(vh) + s->eps) + s->weight_decay * master[i]);
-    }
-}
 
 /* ----------------------------------------------------------- buckets */
 
@@ -247,10 +186,10 @@ static void run(fixture *fx, const scenario *sc)
             CHECK((char *)units[u + 1].grads + NUMEL[u + 1] * esize == (char *)units[u].grads,
                   "%s: unit %d's gradients do not follow unit %d's", dname, u, u + 1);
         for (size_t j = 0; j < NUMEL[u]; j++) {
-            CHECK(load(units[u].params, dt, j) == round_to(dt, init[u][j]),
-                  "%s: unit %d param %zu = %g, want %g", dname, u, j, load(units[u].params, dt, j),
+            CHECK(loom_load_f32(units[u].params, dt, j) == round_to(dt, init[u][j]),
+                  "%s: unit %d param %zu = %g, want %g", dname, u, j, loom_load_f32(units[u].params, dt, j),
                   round_to(dt, init[u][j]));
-            CHECK(load(units[u].grads, dt, j) == 0.0f, "%s: unit %d grad %zu not zeroed", dname, u, j);
+            CHECK(loom_load_f32(units[u].grads, dt, j) == 0.0f, "%s: unit %d grad %zu not zeroed", dname, u, j);
         }
     }
 
@@ -282,12 +221,12 @@ static void run(fixture *fx, const scenario *sc)
                 for (size_t j = 0; j < NUMEL[u]; j++) {
                     float g = (float)(kval(fx->dp_rank, step, micro, u, j, 1) +
                                       (u ? kval(fx->dp_rank, step, micro, u, j, 0) : 0)) / 64.0f;
-                    store(units[u].grads, dt, j, load(units[u].grads, dt, j) + g);
+                    loom_store_f32(units[u].grads, dt, j, loom_load_f32(units[u].grads, dt, j) + g);
                 }
                 if (u == NUNITS - 1)
                     for (size_t j = 0; j < NUMEL[0]; j++) {
                         float g = (float)kval(fx->dp_rank, step, micro, 0, j, 0) / 64.0f;
-                        store(units[0].grads, dt, j, load(units[0].grads, dt, j) + g);
+                        loom_store_f32(units[0].grads, dt, j, loom_load_f32(units[0].grads, dt, j) + g);
                     }
                 OK(P->data_grads_ready(s, &units[u], last));
                 if (last)
@@ -323,7 +262,7 @@ static void run(fixture *fx, const scenario *sc)
                     for (int micro = 0; micro < sc->grad_accum; micro++)
                         sum += kval(r, step, micro, u, j, 0) + kval(r, step, micro, u, j, 1);
                 float want = round_to(dt, ((float)sum / 64.0f) / (float)N);
-                float got = load(units[u].grads, dt, j);
+                float got = loom_load_f32(units[u].grads, dt, j);
                 ref_grad[u][j] = want;
                 norm_ref += (double)want * want;
                 if (fabsf(got - want) > ulp_of(dt) * fabsf(want) && bad++ < 5)
@@ -361,13 +300,13 @@ static void run(fixture *fx, const scenario *sc)
                 int ok = fabsf(mp[j] - ref_master[u][j]) <= tol &&
                          fabsf(mm[j] - ref_m[u][j]) <= 1e-6f * fabsf(ref_m[u][j]) + 1e-12f &&
                          fabsf(mv[j] - ref_v[u][j]) <= 1e-6f * fabsf(ref_v[u][j]) + 1e-15f &&
-                         fabsf(load(units[u].params, dt, j) - round_to(dt, mp[j])) == 0.0f &&
-                         load(units[u].grads, dt, j) == 0.0f;
+                         fabsf(loom_load_f32(units[u].params, dt, j) - round_to(dt, mp[j])) == 0.0f &&
+                         loom_load_f32(units[u].grads, dt, j) == 0.0f;
                 if (!ok && bad++ < 5)
                     CHECK(0, "%s after step %d: unit %d elem %zu master %.9g m %.6g v %.6g param %.9g grad %g; "
                           "want master %.9g m %.6g v %.6g param %.9g grad 0",
-                          dname, step, u, j, mp[j], mm[j], mv[j], load(units[u].params, dt, j),
-                          load(units[u].grads, dt, j), ref_master[u][j], ref_m[u][j], ref_v[u][j],
+                          dname, step, u, j, mp[j], mm[j], mv[j], loom_load_f32(units[u].params, dt, j),
+                          loom_load_f32(units[u].grads, dt, j), ref_master[u][j], ref_m[u][j], ref_v[u][j],
                           round_to(dt, ref_master[u][j]));
             }
             free(mp);
@@ -393,7 +332,7 @@ static void run(fixture *fx, const scenario *sc)
                   !memcmp(back + 2 * NUMEL[u], v, NUMEL[u] * 4),
               "%s: data_get_state does not give back what data_set_state put", dname);
         for (size_t j = 0; j < NUMEL[u]; j++)
-            CHECK(load(units[u].params, dt, j) == round_to(dt, p[j]),
+            CHECK(loom_load_f32(units[u].params, dt, j) == round_to(dt, p[j]),
                   "%s: data_set_state did not re-materialise param %zu", dname, j);
         free(p);
         free(m);
@@ -463,20 +402,6 @@ static int straggle(fixture *fx, int straggler)
     for (int u = 0; u < NUNITS; u++)
         free(init[u]);
     _exit(failures ? 1 : 0); /* the communicator is broken: no orderly shutdown */
-}
-
-static int count_occurrences(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        for (const char *p = line; (p = strstr(p, needle)); p += strlen(needle))
-            n++;
-    fclose(f);
-    return n;
 }
 
 int main(int argc, char **argv)

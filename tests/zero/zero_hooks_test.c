@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "loom_internal.h"
+#include "strategy_test.h"
 
 static int failures;
 static int my_rank;
@@ -84,65 +85,6 @@ typedef struct scenario {
     int skip_last;   /* the last step is skipped (fp16 overflow): data_zero_grads */
     float grad_scale;
 } scenario;
-
-/* ------------------------------------------------------------ numbers */
-
-static float load(const void *buf, loom_dtype t, size_t i)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
-    default: return ((const float *)buf)[i];
-    }
-}
-
-static void store(void *buf, loom_dtype t, size_t i, float x)
-{
-    switch (t) {
-    case LOOM_BF16: ((uint16_t *)buf)[i] = loom_f32_to_bf16(x); break;
-    case LOOM_F16: ((uint16_t *)buf)[i] = loom_f32_to_f16(x); break;
-    default: ((float *)buf)[i] = x; break;
-    }
-}
-
-static float round_to(loom_dtype t, float x)
-{
-    switch (t) {
-    case LOOM_BF16: return loom_bf16_to_f32(loom_f32_to_bf16(x));
-    case LOOM_F16: return loom_f16_to_f32(loom_f32_to_f16(x));
-    default: return x;
-    }
-}
-
-static float ulp_of(loom_dtype t) { return t == LOOM_BF16 ? 1.0f / 128 : t == LOOM_F16 ? 1.0f / 1024 : 1e-6f; }
-
-/* A gradient contribution in [-15, 15] / 64; part 0 of the embedding comes
- * from the tied head's backward, part 1 from its own. */
-static int kval(int dp_rank, int step, int micro, int unit, size_t j, int part)
-{
-    return (int)((dp_rank * 7 + step * 19 + micro * 13 + unit * 3 + (int)(j % 1009) * 5 + part * 17) %
-                 31) -
-           15;
-}
-
-static float init_value(int unit, size_t j) { return (float)((int)((unit * 31 + j * 7) % 41) - 20) * 0.01f; }
-
-static int update_calls;
-static size_t update_elems;
-static void adamw(const loom_optimizer_step *s, float *master, const void *grad, loom_dtype t,
-                  float *m, float *v, size_t n)
-{
-    update_calls++;
-    update_elems += n;
-    float c1 = 1.0f - powf(s->beta1, (float)s->step), c2 = 1.0f - powf(s->beta2, (float)s->step);
-    for (size_t i = 0; i < n; i++) {
-        float g = load(grad, t, i) * s->grad_scale;
-        m[i] = s->beta1 * m[i] + (1.0f - s->beta1) * g;
-        v[i] = s->beta2 * v[i] + (1.0f - s->beta2) * g * g;
-        float mh = m[i] / c1, vh = v[i] / c2;
-        master[i] -= s->lr * (mh / (sqrtf(vh) + s->eps) + s->weight_decay * master[i]);
-    }
-}
 
 /* ------------------------------------------------------- expectations */
 
@@ -341,8 +283,8 @@ static void run(fixture *fx, const scenario *sc)
         }
         CHECK(units[u].params, "%s: unit %d has no parameters", dname, u);
         for (size_t j = 0; units[u].params && j < NUMEL[u]; j++)
-            CHECK(load(units[u].params, dt, j) == round_to(dt, init[u][j]),
-                  "%s: unit %d param %zu = %g, want %g", dname, u, j, load(units[u].params, dt, j),
+            CHECK(loom_load_f32(units[u].params, dt, j) == round_to(dt, init[u][j]),
+                  "%s: unit %d param %zu = %g, want %g", dname, u, j, loom_load_f32(units[u].params, dt, j),
                   round_to(dt, init[u][j]));
         if (kd == ZERO2)
             CHECK(!units[u].grads, "%s: zero2 unit %d has full gradients at rest", dname, u);
@@ -372,9 +314,9 @@ static void run(fixture *fx, const scenario *sc)
                     int v = both[k], bad = 0;
                     CHECK(units[v].params, "%s step %d: unit %d has no parameters in forward", dname, step, v);
                     for (size_t j = 0; units[v].params && j < NUMEL[v]; j++)
-                        if (load(units[v].params, dt, j) != round_to(dt, ref_master[v][j]) && bad++ < 3)
+                        if (loom_load_f32(units[v].params, dt, j) != round_to(dt, ref_master[v][j]) && bad++ < 3)
                             CHECK(0, "%s step %d forward: unit %d param %zu = %.9g, want %.9g", dname,
-                                  step, v, j, load(units[v].params, dt, j), round_to(dt, ref_master[v][j]));
+                                  step, v, j, loom_load_f32(units[v].params, dt, j), round_to(dt, ref_master[v][j]));
                 }
                 for (int k = 0; k < nb; k++)
                     if (P->data_after_forward)
@@ -397,24 +339,24 @@ static void run(fixture *fx, const scenario *sc)
                     if (!units[v].params || !units[v].grads)
                         exit(1);
                     for (size_t j = 0; j < NUMEL[v]; j++) {
-                        int ok = load(units[v].params, dt, j) == round_to(dt, ref_master[v][j]);
+                        int ok = loom_load_f32(units[v].params, dt, j) == round_to(dt, ref_master[v][j]);
                         /* zero2/3 open a zeroed buffer per micro-batch */
                         if ((kd == ZERO2 || kd == ZERO3) && !(v == 0 && (u == 0 || was_open)))
-                            ok = ok && load(units[v].grads, dt, j) == 0.0f;
+                            ok = ok && loom_load_f32(units[v].grads, dt, j) == 0.0f;
                         if (!ok && bad++ < 3)
                             CHECK(0, "%s step %d backward: unit %d elem %zu param %.9g grad %g", dname,
-                                  step, v, j, load(units[v].params, dt, j), load(units[v].grads, dt, j));
+                                  step, v, j, loom_load_f32(units[v].params, dt, j), loom_load_f32(units[v].grads, dt, j));
                     }
                 }
                 for (size_t j = 0; j < NUMEL[u]; j++) {
                     float g = (float)(kval(fx->dp_rank, step, micro, u, j, 1) +
                                       (u ? kval(fx->dp_rank, step, micro, u, j, 0) : 0)) / 64.0f;
-                    store(units[u].grads, dt, j, load(units[u].grads, dt, j) + g);
+                    loom_store_f32(units[u].grads, dt, j, loom_load_f32(units[u].grads, dt, j) + g);
                 }
                 if (u == HEAD)
                     for (size_t j = 0; j < NUMEL[0]; j++) {
                         float g = (float)kval(fx->dp_rank, step, micro, 0, j, 0) / 64.0f;
-                        store(units[0].grads, dt, j, load(units[0].grads, dt, j) + g);
+                        loom_store_f32(units[0].grads, dt, j, loom_load_f32(units[0].grads, dt, j) + g);
                     }
                 OK(P->data_grads_ready(s, &units[u], last));
                 if (kd == ZERO3 && u != 0)
@@ -544,9 +486,9 @@ static void run(fixture *fx, const scenario *sc)
                          fabsf(mm[j] - ref_m[v][j]) <= 1e-6f * fabsf(ref_m[v][j]) + 1e-12f &&
                          fabsf(mv[j] - ref_v[v][j]) <= 1e-6f * fabsf(ref_v[v][j]) + 1e-15f;
                 if (kd != ZERO3)
-                    ok = ok && load(units[v].params, dt, j) == round_to(dt, mp[j]);
+                    ok = ok && loom_load_f32(units[v].params, dt, j) == round_to(dt, mp[j]);
                 if (kd == DDP || kd == ZERO1)
-                    ok = ok && load(units[v].grads, dt, j) == 0.0f;
+                    ok = ok && loom_load_f32(units[v].grads, dt, j) == 0.0f;
                 if (!ok && bad++ < 5)
                     CHECK(0, "%s %s after step %d: unit %d elem %zu master %.9g m %.6g v %.6g; want %.9g %.6g %.6g",
                           fx->name, dname, step, v, j, mp[j], mm[j], mv[j], ref_master[v][j], ref_m[v][j],
@@ -577,7 +519,7 @@ static void run(fixture *fx, const scenario *sc)
         if (P->data_before_forward)
             OK(P->data_before_forward(s, &units[v]));
         for (size_t j = 0; j < NUMEL[v]; j++)
-            CHECK(load(units[v].params, dt, j) == round_to(dt, p[j]),
+            CHECK(loom_load_f32(units[v].params, dt, j) == round_to(dt, p[j]),
                   "%s: data_set_state did not re-materialise param %zu", dname, j);
         if (P->data_after_forward)
             OK(P->data_after_forward(s, &units[v]));
@@ -662,20 +604,6 @@ static int straggle(fixture *fx, int straggler)
     for (int u = 0; u < NUNITS; u++)
         free(init[u]);
     _exit(failures ? 1 : 0); /* the communicator is broken: no orderly shutdown */
-}
-
-static int count_occurrences(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        for (const char *p = line; (p = strstr(p, needle)); p += strlen(needle))
-            n++;
-    fclose(f);
-    return n;
 }
 
 int main(int argc, char **argv)

@@ -16,6 +16,10 @@
  *    send == recv + rank * count * elemsize.
  *  - every rank of the group calls collectives in the same order; each call
  *    gets the next sequence number of that group, which error messages name.
+ *  - the core checks arguments once, before calling a backend: dtype and
+ *    reduction are known values, a root or peer is a rank of the group, a
+ *    tag is >= 0, and a subgroup list names ranks of the parent once each,
+ *    the caller among them. Backends need not check these again.
  *  - wait never blocks longer than the host's timeout_s: on expiry it fails
  *    with LOOM_ERR_TIMEOUT and a detail naming the op, its sequence number
  *    and the ranks that did not arrive. */

@@ -134,6 +134,38 @@ static inline uint16_t loom_f32_to_f16(float f)
     return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+/* Element i of a floating-point buffer of dtype t (f32, bf16 or f16) as
+ * f32, and the way back, rounding to nearest even. */
+static inline float loom_load_f32(const void *buf, loom_dtype t, size_t i)
+{
+    switch (t) {
+    case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)buf)[i]);
+    default: return ((const float *)buf)[i];
+    }
+}
+
+static inline void loom_store_f32(void *buf, loom_dtype t, size_t i, float x)
+{
+    switch (t) {
+    case LOOM_BF16: ((uint16_t *)buf)[i] = loom_f32_to_bf16(x); break;
+    case LOOM_F16: ((uint16_t *)buf)[i] = loom_f32_to_f16(x); break;
+    default: ((float *)buf)[i] = x; break;
+    }
+}
+
+/* n fp32 values into a buffer of dtype t (f32, bf16 or f16). */
+static inline void loom_from_f32(void *dst, loom_dtype t, const float *src, size_t n)
+{
+    if (t == LOOM_F32) {
+        if (dst != src)
+            memmove(dst, src, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        loom_store_f32(dst, t, i, src[i]);
+}
+
 #define LOOM_MAX_DIMS 4
 
 /* A strided view of memory owned by someone else. */
