@@ -84,9 +84,9 @@ int loom_bootstrap_detect(loom_launch_env *out);
 
 /* The TCP key-value store rank 0 serves (a thread in rank 0). The address is
  * MASTER_ADDR/MASTER_PORT, else LOOM_STORE_ADDR/LOOM_STORE_PORT, else
- * 127.0.0.1 and a port derived from the launcher's job id. Every blocking
- * call takes a timeout and, on expiry, says what it waited for and which
- * ranks did not arrive. */
+ * 127.0.0.1 and a port derived from the launcher's job id (20000-31999,
+ * below the ephemeral range). Every blocking call takes a timeout and, on
+ * expiry, says what it waited for and which ranks did not arrive. */
 typedef struct loom_store loom_store;
 int loom_store_open(const loom_launch_env *env, double timeout_s, loom_store **out);
 void loom_store_close(loom_store *store);

@@ -244,7 +244,9 @@ static int store_address_get(const loom_launch_env *env, store_address *a)
         if (rc)
             return rc;
     } else if (a->job[0]) {
-        a->port = 20000 + (int)(fnv1a(a->job, strlen(a->job)) % 20000);
+        /* 20000-31999: below Linux's ephemeral range (32768 up), where an
+         * outgoing connection of this or another job could hold the port. */
+        a->port = 20000 + (int)(fnv1a(a->job, strlen(a->job)) % 12000);
     } else {
         a->port = env->world_size == 1 ? 0 : DEFAULT_PORT;
     }

@@ -19,30 +19,7 @@
 
 #include "kernels.h"
 #include "loom_internal.h"
-
-static int failures;
-static int my_rank;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            if (failures++ < 20) {                                                        \
-                fprintf(stderr, "[rank %d] FAIL %s:%d: ", my_rank, __FILE__, __LINE__);   \
-                fprintf(stderr, __VA_ARGS__);                                             \
-                fprintf(stderr, "\n");                                                    \
-            }                                                                             \
-        }                                                                                 \
-    } while (0)
-
-#define OK(call)                                                                          \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ != LOOM_OK) {                                                             \
-            fprintf(stderr, "[rank %d] %s:%d: %s -> %s: %s\n", my_rank, __FILE__, __LINE__, \
-                    #call, loom_status_string(rc_), loom_last_error());                   \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "rank_check.h"
 
 enum { B = 2, T = 24, NH = 4, HS = 8, C = NH * HS, LAYERS = 2 };
 

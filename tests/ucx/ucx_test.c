@@ -22,28 +22,9 @@
 #include <unistd.h>
 
 #include "loom_internal.h"
+#include "rank_check.h"
 
 static const loom_comm_api *C = &loom_core_comm_api;
-static int failures, my_rank;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond) && failures++ < 20) {                                                 \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", my_rank, __FILE__, __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-        }                                                                                 \
-    } while (0)
-
-#define OK(call)                                                                          \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ != LOOM_OK) {                                                             \
-            fprintf(stderr, "[rank %d] %s:%d: %s -> %s: %s\n", my_rank, __FILE__, __LINE__, \
-                    #call, loom_status_string(rc_), loom_last_error());                   \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 static float value(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 11); }
 
