@@ -243,6 +243,7 @@ int loom_trace_merge(const char *path, const char *const *parts, int nparts);
 int loom_cmd_plugins(int argc, char **argv);
 int loom_cmd_launch(int argc, char **argv);
 int loom_cmd_bench(int argc, char **argv);
+int loom_cmd_ckpt(int argc, char **argv);
 int loom_cmd_train(int argc, char **argv);
 
 #endif

@@ -15,6 +15,9 @@ static void usage(FILE *f)
             "                         train the model the config describes\n"
             "  bench CONFIG [--json FILE] [--set path=value ...]\n"
             "                         time every collective of every backend in bench.comms\n"
+            "  ckpt info PATH         what a checkpoint (directory of shards or file) holds\n"
+            "  ckpt consolidate DIR [--state FILE] [--llmc FILE]\n"
+            "                         one resumable file, or llm.c weights, from the shards\n"
             "  launch -n N [--] CMD...  start N local ranks of CMD\n"
             "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
             "  plugins --check FILE   run the conformance checks on one plugin file\n"
@@ -40,6 +43,8 @@ int main(int argc, char **argv)
         return loom_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return loom_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ckpt"))
+        return loom_cmd_ckpt(argc - 1, argv + 1);
     fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);
     return 2;
 }

@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
+#include "ckpt.h"
 #include "formats.h"
 #include "kernels.h"
 #include "loom_internal.h"
@@ -710,30 +712,6 @@ static void teardown(trainer *t)
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
 
-#define STATE_MAGIC "LOOMSTAT"
-#define STATE_VERSION 1
-
-typedef struct state_header {
-    char magic[8];
-    uint32_t version, dtype;
-    int32_t shape[6];
-    int64_t step, good_steps;
-    uint64_t position;
-    float loss_scale;
-    uint32_t nunits;
-} state_header;
-
-static void shape_array(const loom_gpt2_shape *s, int32_t out[6])
-{
-    out[0] = s->max_seq;
-    out[1] = s->vocab;
-    out[2] = s->layers;
-    out[3] = s->heads;
-    out[4] = s->channels;
-    out[5] = s->padded_vocab;
-}
-
-/* Full fp32 params (and m, v when asked) of every unit, on every dp rank. */
 /* Whole fp32 params (and m, v when asked) of every unit, on every rank:
  * the data strategy gives this tp rank's slices, gathered over the tp
  * group into their places ("the checkpoint writer gathers them into
@@ -803,42 +781,120 @@ static void free_per_unit(const trainer *t, float **a)
     free(a);
 }
 
-static int write_all(FILE *f, const void *p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes; }
-
-static int save_state(trainer *t, const char *path)
+static void fill_header(const trainer *t, loom_ckpt_header *h)
 {
-    float **p = alloc_per_unit(t), **m = alloc_per_unit(t), **v = alloc_per_unit(t);
-    int rc = p && m && v ? gather_state(t, p, m, v)
-                         : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
-    if (rc == LOOM_OK && t->rank == 0) {
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%.4000s.tmp", path);
-        FILE *f = fopen(tmp, "wb");
-        state_header h;
-        memset(&h, 0, sizeof h);
-        memcpy(h.magic, STATE_MAGIC, 8);
-        h.version = STATE_VERSION;
-        h.dtype = (uint32_t)t->dtype;
-        shape_array(&t->shape, h.shape);
-        h.step = t->step;
-        h.good_steps = t->good_steps;
-        h.position = t->loader.position;
-        h.loss_scale = t->loss_scale;
-        h.nunits = (uint32_t)t->nunits;
-        int ok = f && write_all(f, &h, sizeof h);
-        for (int i = 0; ok && i < t->nunits; i++) {
-            size_t bytes = loom_model_full_numel(t->model, i) * sizeof(float);
-            ok = write_all(f, p[i], bytes) && write_all(f, m[i], bytes) && write_all(f, v[i], bytes);
-        }
-        if (f && fclose(f) != 0)
-            ok = 0;
-        if (!ok || rename(tmp, path) != 0)
-            rc = loom_fail(LOOM_ERR_INVALID, "train: cannot write checkpoint '%s': %s", path,
-                           strerror(errno));
+    memset(h, 0, sizeof *h);
+    h->dtype = t->dtype;
+    h->shape = t->shape;
+    h->step = t->step;
+    h->good_steps = t->good_steps;
+    h->position = t->loader.position;
+    h->loss_scale = t->loss_scale;
+    h->nunits = t->nunits;
+}
+
+/* What this rank writes of one unit: the range the data strategy owns, or,
+ * for a strategy that replicates the state, the whole unit on dp rank 0. */
+static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *buf)
+{
+    loom_unit *u = &t->units[i];
+    int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
+    size_t n = u->numel, begin = 0, count = n;
+    if (HAS(t, data_get_shard)) {
+        if ((rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL)) !=
+            LOOM_OK)
+            return rc;
+        if (begin + count > n)
+            return loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_get_shard gave %s the range "
+                             "%zu+%zu of %zu elements", t->dp_plugin->header->name, u->name,
+                             begin, count, n);
+        rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, buf, buf + count,
+                                   buf + 2 * count);
+    } else {
+        /* data_get_state is collective on the dp group: every rank calls it */
+        rc = t->dp->data_get_state(t->strategy, u, buf, buf + n, buf + 2 * n);
+        if (t->mesh->coords[LOOM_AXIS_DP] != 0)
+            return rc;
     }
-    free_per_unit(t, p);
-    free_per_unit(t, m);
-    free_per_unit(t, v);
+    if (rc != LOOM_OK)
+        return rc;
+    return loom_ckpt_shard_put(w, i, tp_rank, begin, count, buf, buf + count, buf + 2 * count);
+}
+
+static int barrier(trainer *t, const char *name)
+{
+    loom_store *store = loom_runtime_store(t->rt);
+    return store ? loom_store_barrier(store, name, loom_runtime_timeout(t->rt)) : LOOM_OK;
+}
+
+static void remove_dir(const char *dir, int files)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%.4000s/meta.loom", dir);
+    remove(path);
+    for (int r = 0; r < files; r++) {
+        snprintf(path, sizeof path, "%.4000s/shard-%d.loom", dir, r);
+        remove(path);
+    }
+    rmdir(dir);
+}
+
+/* A sharded checkpoint (ckpt.h): every rank writes its own state into
+ * DIR.tmp, then rank 0 adds meta.loom and moves it into place, so DIR is
+ * always a whole checkpoint. Ranks that repeat another's state (the
+ * sequence axis) write an empty shard file. */
+static int save_sharded(trainer *t, const char *dir)
+{
+    if (!HAS(t, data_get_shard) && !HAS(t, data_get_state))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s can save no checkpoint (it "
+                         "implements neither data_get_shard nor data_get_state)",
+                         t->dp_plugin->header->name);
+    char tmp[4200], name[4300];
+    snprintf(tmp, sizeof tmp, "%.4000s.tmp", dir);
+    if (t->rank == 0) {
+        remove_dir(tmp, t->world);
+        if (mkdir(tmp, 0777) != 0)
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", tmp,
+                             strerror(errno));
+    }
+    snprintf(name, sizeof name, "ckpt/%lld/begin", (long long)t->step);
+    int rc = barrier(t, name);
+    size_t biggest = 0;
+    for (int i = 0; i < t->nunits; i++)
+        biggest = t->units[i].numel > biggest ? t->units[i].numel : biggest;
+    float *buf = malloc(3 * biggest * sizeof(float));
+    loom_ckpt_shard_writer w;
+    memset(&w, 0, sizeof w);
+    if (rc == LOOM_OK && !buf)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    if (rc == LOOM_OK)
+        rc = loom_ckpt_shard_open(&w, tmp, t->rank);
+    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; rc == LOOM_OK && writes && i < t->nunits; i++)
+        rc = save_unit_shard(t, &w, i, buf);
+    if (w.f) {
+        int closed = loom_ckpt_shard_close(&w);
+        rc = rc == LOOM_OK ? closed : rc;
+    }
+    free(buf);
+    snprintf(name, sizeof name, "ckpt/%lld/written", (long long)t->step);
+    if (rc == LOOM_OK)
+        rc = barrier(t, name);
+    if (rc == LOOM_OK && t->rank == 0) {
+        loom_ckpt_header h;
+        fill_header(t, &h);
+        const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
+        for (int i = 0; shards && i < t->nunits; i++)
+            shards[i] = t->tp_shards ? t->tp_shards[i] : loom_model_shards(t->model, i);
+        rc = shards ? loom_ckpt_write_meta(tmp, &h, t->mesh->sizes[LOOM_AXIS_TP], t->world,
+                                           t->dp_plugin->header->name, t->units, shards)
+                    : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        free(shards);
+        remove_dir(dir, t->world);
+        if (rc == LOOM_OK && rename(tmp, dir) != 0)
+            rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot move '%s' to '%s': %s", tmp,
+                           dir, strerror(errno));
+    }
     return rc;
 }
 
@@ -859,52 +915,47 @@ static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
     return rc;
 }
 
+/* Any checkpoint, sharded or consolidated, on any mesh: unit by unit, the
+ * whole arrays are read and each rank keeps its part. */
 static int load_state(trainer *t, const char *path)
 {
     if (!HAS(t, data_set_state))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_set_state",
                          t->dp_plugin->header->name);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return loom_fail(LOOM_ERR_NOT_FOUND, "--resume %s: %s", path, strerror(errno));
-    state_header h;
-    int32_t want[6];
-    shape_array(&t->shape, want);
-    int rc = LOOM_OK;
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, STATE_MAGIC, 8) != 0 ||
-        h.version != STATE_VERSION)
-        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: not a loom checkpoint (train.checkpoint_every writes them)", path);
-    else if (memcmp(h.shape, want, sizeof want) != 0 || h.nunits != (uint32_t)t->nunits)
-        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: the checkpoint's model shape differs from the config's model.*", path);
-    else if (h.dtype != (uint32_t)t->dtype)
-        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says %s", path,
-                       loom_dtype_name((loom_dtype)h.dtype), loom_dtype_name(t->dtype));
-    float **p = NULL, **m = NULL, **v = NULL;
-    if (rc == LOOM_OK) {
-        p = alloc_per_unit(t);
-        m = alloc_per_unit(t);
-        v = alloc_per_unit(t);
-        if (!p || !m || !v)
-            rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+    loom_ckpt *ck = NULL;
+    int rc = loom_ckpt_open(path, &ck);
+    if (rc != LOOM_OK)
+        return rc;
+    const loom_ckpt_header *h = loom_ckpt_header_of(ck);
+    if (memcmp(&h->shape, &t->shape, sizeof t->shape) != 0 || h->nunits != t->nunits)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: the checkpoint's model shape differs from "
+                       "the config's model.*", path);
+    else if (h->dtype != t->dtype)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says %s",
+                       path, loom_dtype_name(h->dtype), loom_dtype_name(t->dtype));
+    size_t biggest = 0;
+    for (int i = 0; i < t->nunits; i++) {
+        size_t n = loom_model_full_numel(t->model, i);
+        biggest = n > biggest ? n : biggest;
     }
+    float *whole = rc == LOOM_OK ? malloc(3 * biggest * sizeof(float)) : NULL;
+    if (rc == LOOM_OK && !whole)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
     for (int i = 0; rc == LOOM_OK && i < t->nunits; i++) {
         size_t n = loom_model_full_numel(t->model, i);
-        if (fread(p[i], 4, n, f) != n || fread(m[i], 4, n, f) != n || fread(v[i], 4, n, f) != n)
-            rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: truncated", path);
+        rc = loom_ckpt_read_unit(ck, t->units, i, whole, whole + n, whole + 2 * n);
+        if (rc == LOOM_OK)
+            rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
-    fclose(f);
-    for (int i = 0; rc == LOOM_OK && i < t->nunits; i++)
-        rc = set_unit_state(t, i, p[i], m[i], v[i]);
     if (rc == LOOM_OK) {
-        t->step = h.step;
-        t->good_steps = h.good_steps;
-        t->loader.position = (size_t)h.position;
+        t->step = h->step;
+        t->good_steps = h->good_steps;
+        t->loader.position = (size_t)h->position;
         t->loader.micro = 0;
-        t->loss_scale = h.loss_scale;
+        t->loss_scale = h->loss_scale;
     }
-    free_per_unit(t, p);
-    free_per_unit(t, m);
-    free_per_unit(t, v);
+    free(whole);
+    loom_ckpt_close(ck);
     return rc;
 }
 
@@ -1237,8 +1288,8 @@ static int train(trainer *t, const train_options *o)
             char path[4096];
             if (t->rank == 0)
                 mkdir(dir, 0777);
-            snprintf(path, sizeof path, "%s/step-%lld.loom", dir, (long long)t->step);
-            if ((rc = save_state(t, path)) != LOOM_OK)
+            snprintf(path, sizeof path, "%s/step-%lld", dir, (long long)t->step);
+            if ((rc = save_sharded(t, path)) != LOOM_OK)
                 break;
             if (t->rank == 0)
                 printf("saved %s\n", path);

@@ -1097,6 +1097,25 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
     return LOOM_OK;
 }
 
+/* Sharded checkpoints: the owned shard as it is, no communication. */
+static int zero_data_get_shard(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
+                               float *params, float *m, float *v)
+{
+    zero_unit *z = hook_unit(s, unit, "data_get_shard");
+    if (!z)
+        return LOOM_ERR_INVALID;
+    *begin = z->own_count ? z->own_begin : 0;
+    *count = z->own_count;
+    size_t bytes = z->own_count * sizeof(float);
+    if (params)
+        memcpy(params, master_of(s, z), bytes);
+    if (m)
+        memcpy(m, s->m + z->shard_off, bytes);
+    if (v)
+        memcpy(v, s->v + z->shard_off, bytes);
+    return LOOM_OK;
+}
+
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, NAME,
                                  DESCRIPTION, SETTINGS),
@@ -1117,4 +1136,5 @@ LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .data_zero_grads = zero_data_zero_grads,
     .data_get_state = zero_data_get_state,
     .data_set_state = zero_data_set_state,
+    .data_get_shard = zero_data_get_shard,
 };

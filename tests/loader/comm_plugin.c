@@ -306,6 +306,8 @@ static const loom_setting_spec settings[] = {
 #define ABI LOOM_ABI_VERSION(2, 0)
 #elif defined(VARIANT_NEWMINOR)
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, 5)
+#elif defined(VARIANT_OLDMINOR)
+#define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, 0)
 #else
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR)
 #endif

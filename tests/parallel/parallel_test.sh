@@ -179,11 +179,11 @@ checkpoint)
     run from_single 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/single.bin"
     run from_tp 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/tp.bin"
     compare from_single from_tp 1e-5
-    # resumable state is written whole: a tp=2 run resumes on 1 and 4 ranks
+    # each tp rank saves its slices; a tp=2 run resumes on 1 and 4 ranks
     run whole 2 --set $tp=2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
-    run resumed 2 --set $tp=2 --resume "$TMP/ckpt/step-5.loom"
-    run resumed4 4 --set $tp=4 --resume "$TMP/ckpt/step-5.loom"
-    run resumed1 1 --resume "$TMP/ckpt/step-5.loom"
+    run resumed 2 --set $tp=2 --resume "$TMP/ckpt/step-5"
+    run resumed4 4 --set $tp=4 --resume "$TMP/ckpt/step-5"
+    run resumed1 1 --resume "$TMP/ckpt/step-5"
     tail -n 5 whole.jsonl > last5.jsonl
     for r in resumed resumed4 resumed1; do
         [ "$(wc -l < $r.jsonl)" = 5 ] || fail "$r did $(wc -l < $r.jsonl) steps, want 5"

@@ -75,9 +75,10 @@ fp16_overflow)
 resume)
     run whole 2
     run first 2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
-    [ -f "$TMP/ckpt/step-5.loom" ] || { echo "train_test: no checkpoint written"; exit 1; }
+    [ -f "$TMP/ckpt/step-5/meta.loom" ] || { echo "train_test: no checkpoint written"; exit 1; }
+    [ ! -e "$TMP/ckpt/step-5.tmp" ] || { echo "train_test: the checkpoint's .tmp directory was left behind"; exit 1; }
     "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
-        --resume "$TMP/ckpt/step-5.loom" --metrics resumed.jsonl > resumed.log 2>&1 ||
+        --resume "$TMP/ckpt/step-5" --metrics resumed.jsonl > resumed.log 2>&1 ||
         { cat resumed.log; exit 1; }
     # the resumed run's steps are 6..10; they must equal the whole run's exactly
     tail -n 5 whole.jsonl | sed 's/.*"loss": \([^,]*\),.*/\1/' > w.txt

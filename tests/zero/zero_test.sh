@@ -174,20 +174,44 @@ formulas)
         }' || exit 1
     done ;;
 checkpoint)
-    # zero3 on 4 ranks saves a resumable checkpoint after step 5 and the
-    # consolidated llm.c weights after step 10; both load elsewhere.
+    # zero3 on 4 ranks saves a sharded checkpoint after step 5 (each rank
+    # its own quarter, no gathering) and the consolidated llm.c weights
+    # after step 10; both load elsewhere.
     z3="--set parallel.dp.strategy=zero3"
     run single 1 --save "$TMP/single.bin"
     run whole 4 $z3 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt" --save "$TMP/zero3.bin"
-    [ -f "$TMP/ckpt/step-5.loom" ] || { echo "zero_test: no checkpoint written"; exit 1; }
-    compare single whole 1e-5
-    run same 4 $z3 --resume "$TMP/ckpt/step-5.loom"
+    ck=$TMP/ckpt/step-5
+    [ -f "$ck/meta.loom" ] || { echo "zero_test: no checkpoint written"; exit 1; }
+    "$LOOM" ckpt info "$ck" > info.txt || { cat info.txt; exit 1; }
+    cat info.txt
+    grep -q "sharded: 4 shard files, tensor-parallel over 1, saved by zero3" info.txt ||
+        { echo "zero_test: ckpt info does not describe the shards"; exit 1; }
+    # every rank wrote a quarter of the model state: the shards' element
+    # counts differ by at most the padding of the units (ALIGN x 4 each)
+    sed -n 's/.*shard-[0-9]*   [0-9]* records, \([0-9]*\) elements.*/\1/p' info.txt | awk '
+        { n[NR] = $1; sum += $1; if ($1 > hi) hi = $1; if (lo == "" || $1 < lo) lo = $1 }
+        END { if (NR != 4) { print "zero_test: " NR " shard files, want 4"; exit 1 }
+              if (hi - lo > 6 * 32 * 4) { print "zero_test: shards of " lo " to " hi " elements are not quarters"; exit 1 }
+              printf "shards: %d elements in all, %d to %d per rank\n", sum, lo, hi }' || exit 1
+    # one resumable file from the shards, and llm.c weights
+    "$LOOM" ckpt consolidate "$ck" --state "$TMP/step5.loom" --llmc "$TMP/step5.bin" > cons.log 2>&1 ||
+        { cat cons.log; exit 1; }
+    "$LOOM" ckpt info "$TMP/step5.loom" | grep -q "consolidated" || { echo "zero_test: consolidated file not recognised"; exit 1; }
+    run same 4 $z3 --resume "$ck"
     same_tail whole same 5
-    run one 1 --resume "$TMP/ckpt/step-5.loom"
-    run two 2 --set parallel.dp.strategy=zero2 --resume "$TMP/ckpt/step-5.loom"
+    run one 1 --resume "$TMP/step5.loom"
+    run two 2 --set parallel.dp.strategy=zero2 --resume "$TMP/step5.loom"
+    run two_shards 2 --set parallel.dp.strategy=zero2 --resume "$ck"
     tail -n 5 whole.jsonl > tail.jsonl
     compare tail one 1e-5
     compare tail two 1e-5
+    same_tail two two_shards 5
+    # a shard file missing: refused, naming what is missing
+    rm "$ck/shard-2.loom"
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --resume "$ck" > missing.log 2>&1; then
+        echo "zero_test: resumed from a checkpoint missing a shard"; exit 1
+    fi
+    grep -q "shard-2.loom" missing.log || { cat missing.log; echo "zero_test: the missing shard is not named"; exit 1; }
     # the consolidated weights: a single-rank run from them starts where
     # the single-rank run's own saved weights start
     run from_zero3 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/zero3.bin"

@@ -276,6 +276,18 @@ typedef struct loom_strategy_plugin_v1_t {
     /* Emit every pp rank's action list through shape->emit. The core
      * validates the lists before the first step and runs them. */
     int (*pipeline_schedule)(loom_strategy *s, const loom_pipeline_shape *shape);
+
+    /* ---- data axis, since ABI 1.1 (OPTIONAL) ---- */
+
+    /* Sharded checkpoints, each rank writing what it owns with no
+     * communication: the range of a unit's flat buffer (as stored on this
+     * tp rank, padding excluded) whose fp32 master parameters and Adam m and
+     * v this rank owns — [*begin, *begin + *count) — and, when the arrays
+     * are not NULL, those count elements of each. The dp ranks' ranges are
+     * disjoint and cover the unit. A strategy that replicates the state
+     * (ddp) leaves this NULL: the core then saves dp rank 0's full state. */
+    int (*data_get_shard)(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
+                          float *params, float *m, float *v);
 } loom_strategy_plugin_v1_t;
 
 #endif
