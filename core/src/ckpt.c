@@ -527,7 +527,7 @@ int loom_ckpt_read_unit(loom_ckpt *ck, const loom_unit *units, int unit, float *
 static int ckpt_usage(void)
 {
     fprintf(stderr, "usage: loom ckpt info PATH\n"
-                    "       loom ckpt consolidate DIR [--state FILE] [--llmc FILE]\n");
+                    "       loom ckpt consolidate PATH [--state FILE] [--llmc FILE]\n");
     return 2;
 }
 
@@ -570,56 +570,44 @@ static void print_info(const loom_ckpt *ck, const loom_unit *units)
     }
 }
 
-static int consolidate(loom_ckpt *ck, const loom_model *model, const loom_unit *units,
-                       const char *state_path, const char *llmc_path)
+int loom_ckpt_write_state(loom_ckpt *ck, const loom_unit *units, const char *path)
 {
-    const loom_ckpt_header *h = &ck->h;
-    int rc = LOOM_OK;
     loom_state_writer w;
-    memset(&w, 0, sizeof w);
-    if (state_path && (rc = loom_state_open(&w, state_path, h)) != LOOM_OK)
-        return rc;
-    float **whole = calloc((size_t)h->nunits, sizeof *whole);
-    if (!whole)
-        rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom ckpt: out of memory");
-    for (int u = 0; rc == LOOM_OK && u < h->nunits; u++) {
+    int rc = loom_state_open(&w, path, &ck->h);
+    for (int u = 0; rc == LOOM_OK && u < ck->h.nunits; u++) {
         size_t n = loom_ckpt_whole_numel(&units[u]);
-        float *m = malloc(2 * n * sizeof(float) + 1);
-        if (!m || !(whole[u] = malloc(n * sizeof(float) + 1))) {
-            free(m);
-            rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom ckpt: out of memory");
-            break;
-        }
-        rc = loom_ckpt_read_unit(ck, units, u, whole[u], m, m + n);
-        if (rc == LOOM_OK && state_path)
-            rc = loom_state_put(&w, whole[u], m, m + n, n);
-        free(m);
-        if (!llmc_path) { /* only the state file needs no whole model at once */
-            free(whole[u]);
-            whole[u] = NULL;
-        }
-    }
-    if (state_path) {
-        int closed = loom_state_close(&w, rc == LOOM_OK);
-        rc = rc == LOOM_OK ? closed : rc;
+        float *pmv = malloc(3 * n * sizeof(float) + 1);
+        rc = pmv ? loom_ckpt_read_unit(ck, units, u, pmv, pmv + n, pmv + 2 * n)
+                 : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
         if (rc == LOOM_OK)
-            printf("wrote %s (resumable at any mesh: loom train --resume %s)\n", state_path,
-                   state_path);
+            rc = loom_state_put(&w, pmv, pmv + n, pmv + 2 * n, n);
+        free(pmv);
     }
-    if (rc == LOOM_OK && llmc_path) {
-        float *llmc = malloc(loom_gpt2_param_count(&h->shape) * sizeof(float));
-        if (!llmc)
-            rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom ckpt: out of memory");
-        else
-            loom_model_join_params(model, whole, llmc);
-        if (rc == LOOM_OK && (rc = loom_checkpoint_write(llmc_path, &h->shape, llmc)) == LOOM_OK)
-            printf("wrote %s (llm.c checkpoint: model.checkpoint = \"%s\")\n", llmc_path,
-                   llmc_path);
-        free(llmc);
+    if (!w.f)
+        return rc;
+    int closed = loom_state_close(&w, rc == LOOM_OK);
+    return rc == LOOM_OK ? closed : rc;
+}
+
+int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *path)
+{
+    int nunits = 0;
+    const loom_unit *units = loom_model_units((loom_model *)(uintptr_t)model, &nunits);
+    float **whole = calloc((size_t)nunits, sizeof *whole);
+    float *llmc = malloc(loom_gpt2_param_count(&ck->h.shape) * sizeof(float));
+    int rc = whole && llmc ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    for (int u = 0; rc == LOOM_OK && u < nunits; u++)
+        rc = (whole[u] = malloc(loom_ckpt_whole_numel(&units[u]) * sizeof(float)))
+                 ? loom_ckpt_read_unit(ck, units, u, whole[u], NULL, NULL)
+                 : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    if (rc == LOOM_OK) {
+        loom_model_join_params(model, whole, llmc);
+        rc = loom_checkpoint_write(path, &ck->h.shape, llmc);
     }
-    for (int u = 0; whole && u < h->nunits; u++)
+    for (int u = 0; whole && u < nunits; u++)
         free(whole[u]);
     free(whole);
+    free(llmc);
     return rc;
 }
 
@@ -659,11 +647,14 @@ int loom_cmd_ckpt(int argc, char **argv)
         rc = bad_file(ck, "its unit count does not match its model shape");
     if (rc == LOOM_OK && info)
         print_info(ck, units);
-    else if (rc == LOOM_OK && !ck->sharded)
-        rc = loom_fail(LOOM_ERR_INVALID, "loom ckpt consolidate %s: already one consolidated "
-                       "file", path);
-    else if (rc == LOOM_OK)
-        rc = consolidate(ck, model, units, state_path, llmc_path);
+    if (rc == LOOM_OK && !info && state_path &&
+        (rc = loom_ckpt_write_state(ck, units, state_path)) == LOOM_OK)
+        printf("wrote %s (resumable at any mesh: loom train --resume %s)\n", state_path,
+               state_path);
+    if (rc == LOOM_OK && !info && llmc_path &&
+        (rc = loom_ckpt_write_llmc(ck, model, llmc_path)) == LOOM_OK)
+        printf("wrote %s (llm.c weights: model.init = \"checkpoint\", model.checkpoint = "
+               "\"%s\")\n", llmc_path, llmc_path);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom ckpt: %s\n", loom_last_error());
     loom_model_destroy(model);

@@ -86,4 +86,10 @@ int loom_ckpt_read_unit(loom_ckpt *ck, const loom_unit *units, int unit, float *
                         float *m, float *v);
 void loom_ckpt_close(loom_ckpt *ck);
 
+/* Consolidation: one resumable file; llm.c's weights (model: any model of
+ * the checkpoint's shape). */
+int loom_ckpt_write_state(loom_ckpt *ck, const loom_unit *units, const char *path);
+struct loom_model;
+int loom_ckpt_write_llmc(loom_ckpt *ck, const struct loom_model *model, const char *path);
+
 #endif

@@ -712,75 +712,6 @@ static void teardown(trainer *t)
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
 
-/* Whole fp32 params (and m, v when asked) of every unit, on every rank:
- * the data strategy gives this tp rank's slices, gathered over the tp
- * group into their places ("the checkpoint writer gathers them into
- * llm.c's layout"). */
-static int gather_state(trainer *t, float **params, float **m, float **v)
-{
-    if (!HAS(t, data_get_state))
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_get_state",
-                         t->dp_plugin->header->name);
-    int tp = t->mesh->sizes[LOOM_AXIS_TP], rc = LOOM_OK;
-    for (int i = 0; i < t->nunits && tp == 1; i++)
-        if ((rc = t->dp->data_get_state(t->strategy, &t->units[i], params[i], m ? m[i] : NULL,
-                                        v ? v[i] : NULL)) != LOOM_OK)
-            return rc;
-    if (tp == 1)
-        return LOOM_OK;
-    size_t biggest = 0;
-    for (int i = 0; i < t->nunits; i++)
-        biggest = t->units[i].numel > biggest ? t->units[i].numel : biggest;
-    float *local = malloc(3 * biggest * sizeof(float));
-    float *all = malloc((size_t)tp * biggest * sizeof(float));
-    if (!local || !all)
-        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
-    const loom_comm_api *C = &loom_core_comm_api;
-    for (int i = 0; i < t->nunits && rc == LOOM_OK; i++) {
-        size_t n = t->units[i].numel;
-        float *lp = local, *lm = local + n, *lv = local + 2 * n;
-        float *whole[3] = {params[i], m ? m[i] : NULL, v ? v[i] : NULL};
-        float *part[3] = {lp, lm, lv};
-        rc = t->dp->data_get_state(t->strategy, &t->units[i], lp, m ? lm : NULL, v ? lv : NULL);
-        for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
-            if (!whole[k])
-                continue;
-            loom_request *req = NULL;
-            if ((rc = C->allgather(t->mesh->groups[LOOM_AXIS_TP], part[k], all, n, LOOM_F32,
-                                   &req)) == LOOM_OK)
-                rc = C->wait(req);
-            size_t nt = (size_t)t->units[i].ntensors;
-            for (int r = 0; r < tp && rc == LOOM_OK; r++)
-                loom_model_unslice(t->model, i, t->tp_shards[i] + (size_t)r * nt,
-                                   all + (size_t)r * n, whole[k]);
-        }
-    }
-    free(local);
-    free(all);
-    return rc;
-}
-
-/* Per unit, room for the whole unit (every tp rank's slices). */
-static float **alloc_per_unit(const trainer *t)
-{
-    float **a = calloc((size_t)t->nunits, sizeof *a);
-    for (int i = 0; a && i < t->nunits; i++)
-        if (!(a[i] = malloc(loom_model_full_numel(t->model, i) * sizeof(float)))) {
-            for (int j = 0; j < i; j++)
-                free(a[j]);
-            free(a);
-            return NULL;
-        }
-    return a;
-}
-
-static void free_per_unit(const trainer *t, float **a)
-{
-    for (int i = 0; a && i < t->nunits; i++)
-        free(a[i]);
-    free(a);
-}
-
 static void fill_header(const trainer *t, loom_ckpt_header *h)
 {
     memset(h, 0, sizeof *h);
@@ -849,7 +780,7 @@ static int save_sharded(trainer *t, const char *dir)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s can save no checkpoint (it "
                          "implements neither data_get_shard nor data_get_state)",
                          t->dp_plugin->header->name);
-    char tmp[4200], name[4300];
+    char tmp[4200], name[4100];
     snprintf(tmp, sizeof tmp, "%.4000s.tmp", dir);
     if (t->rank == 0) {
         remove_dir(tmp, t->world);
@@ -857,7 +788,7 @@ static int save_sharded(trainer *t, const char *dir)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", tmp,
                              strerror(errno));
     }
-    snprintf(name, sizeof name, "ckpt/%lld/begin", (long long)t->step);
+    snprintf(name, sizeof name, "ckpt/%.4000s/begin", dir);
     int rc = barrier(t, name);
     size_t biggest = 0;
     for (int i = 0; i < t->nunits; i++)
@@ -877,7 +808,7 @@ static int save_sharded(trainer *t, const char *dir)
         rc = rc == LOOM_OK ? closed : rc;
     }
     free(buf);
-    snprintf(name, sizeof name, "ckpt/%lld/written", (long long)t->step);
+    snprintf(name, sizeof name, "ckpt/%.4000s/written", dir);
     if (rc == LOOM_OK)
         rc = barrier(t, name);
     if (rc == LOOM_OK && t->rank == 0) {
@@ -959,18 +890,20 @@ static int load_state(trainer *t, const char *path)
     return rc;
 }
 
+/* llm.c's weights: every rank writes its shard, rank 0 joins them (no
+ * rank but the writer ever holds the whole model). */
 static int save_weights(trainer *t, const char *path)
 {
-    float **p = alloc_per_unit(t);
-    float *llmc = malloc(loom_gpt2_param_count(&t->shape) * sizeof(float));
-    int rc = p && llmc ? gather_state(t, p, NULL, NULL)
-                       : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for --save");
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.4000s.shards", path);
+    int rc = save_sharded(t, dir);
     if (rc == LOOM_OK && t->rank == 0) {
-        loom_model_join_params(t->model, p, llmc);
-        rc = loom_checkpoint_write(path, &t->shape, llmc);
+        loom_ckpt *ck = NULL;
+        if ((rc = loom_ckpt_open(dir, &ck)) == LOOM_OK)
+            rc = loom_ckpt_write_llmc(ck, t->model, path);
+        loom_ckpt_close(ck);
+        remove_dir(dir, t->world);
     }
-    free(llmc);
-    free_per_unit(t, p);
     return rc;
 }
 
