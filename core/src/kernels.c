@@ -239,11 +239,12 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
                       C);
 }
 
-static void layernorm_row_backward(float *restrict dx, float *restrict dw, float *restrict db,
-                                   const float *restrict d, const float *restrict x,
-                                   const float *restrict w, float m, float s, int C)
+/* The input gradient of one row: the two means it needs (of w*dout and of
+ * w*dout*norm), then each element. */
+static void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
+                                         const float *restrict x, const float *restrict w,
+                                         float m, float s, int C)
 {
-    /* the two means the input gradient needs: of w*dout and of w*dout*norm */
     float lane_a[8] = {0}, lane_b[8] = {0};
     int i = 0;
     for (; i + 8 <= C; i += 8)
@@ -262,30 +263,48 @@ static void layernorm_row_backward(float *restrict dx, float *restrict dw, float
     }
     dnorm_mean /= (float)C;
     dnorm_norm_mean /= (float)C;
-    for (i = 0; i + 8 <= C; i += 8)
-        for (int l = 0; l < 8; l++) {
-            float norm = (x[i + l] - m) * s;
-            float dnorm = w[i + l] * d[i + l];
-            db[i + l] += d[i + l];
-            dw[i + l] += norm * d[i + l];
-            dx[i + l] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-        }
-    for (; i < C; i++) {
+    for (i = 0; i < C; i++) {
         float norm = (x[i] - m) * s;
         float dnorm = w[i] * d[i];
-        db[i] += d[i];
-        dw[i] += norm * d[i];
         dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
+}
+
+static void layernorm_row_backward_weight(float *restrict dw, float *restrict db,
+                                          const float *restrict d, const float *restrict x,
+                                          float m, float s, int C)
+{
+    for (int i = 0; i < C; i++) {
+        float norm = (x[i] - m) * s;
+        db[i] += d[i];
+        dw[i] += norm * d[i];
+    }
+}
+
+void loom_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        layernorm_row_backward_input(dinp + (size_t)n * C, dout + (size_t)n * C,
+                                     inp + (size_t)n * C, weight, mean[n], rstd[n], C);
+}
+
+void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *mean, const float *rstd,
+                                    int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        layernorm_row_backward_weight(dweight, dbias, dout + (size_t)n * C, inp + (size_t)n * C,
+                                      mean[n], rstd[n], C);
 }
 
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C)
 {
-    for (int n = 0; n < N; n++)
-        layernorm_row_backward(dinp + (size_t)n * C, dweight, dbias, dout + (size_t)n * C,
-                               inp + (size_t)n * C, weight, mean[n], rstd[n], C);
+    loom_layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+    loom_layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 /* ----------------------------------------------------------------- matmul */
@@ -304,21 +323,39 @@ void loom_matmul_forward(float *out, const float *inp, const float *weight, cons
                 beta, out, OC);
 }
 
+void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+                                int OC)
+{
+    /* (N, C) += (N, OC) · (OC, C) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+}
+
+static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    for (int n = 0; n < N; n++)
+        vec_acc(dbias, dout + (size_t)n * OC, OC);
+}
+
+void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                                 const float *inp, int N, int C, int OC)
+{
+    /* (OC, C) += (OC, N) · (N, C) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+    if (dbias)
+        matmul_bias_backward(dbias, dout, N, OC);
+}
+
 void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC)
 {
-    if (dinp) /* (N, C) += (N, OC) · (OC, C) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight,
-                    C, 1.0f, dinp, C);
-    /* (OC, C) += (OC, N) · (N, C); NULL too is accepted, for a backward that
-     * splits input and weight gradients (zero-bubble pipelines) */
+    if (dinp)
+        loom_matmul_backward_input(dinp, dout, weight, N, C, OC);
     if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
-                    1.0f, dweight, C);
-    if (dbias) {
-        for (int n = 0; n < N; n++)
-            vec_acc(dbias, dout + (size_t)n * OC, OC);
-    }
+        loom_matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC);
+    else if (dbias)
+        matmul_bias_backward(dbias, dout, N, OC);
 }
 
 /* ------------------------------------------------------------------- gelu */

@@ -28,14 +28,28 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
+/* The two halves of loom_layernorm_backward, which is input then weight:
+ * same operations per element (split backward of zero-bubble pipelines). */
+void loom_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int N, int C);
+void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *mean, const float *rstd,
+                                    int N, int C);
 
 /* out (N, OC) = inp (N, C) · weight (OC, C)^T + bias (OC; may be NULL). */
 void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                          int N, int C, int OC);
 /* dinp += dout·weight; dweight += dout^T·inp; dbias += column sums of dout
- * (dbias may be NULL; dinp may be NULL when not needed). */
+ * (dbias may be NULL; dinp may be NULL when not needed). It is
+ * loom_matmul_backward_input then _weight, so the halves called apart give
+ * the same bits. */
 void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC);
+void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+                                int OC);
+void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                                 const float *inp, int N, int C, int OC);
 
 /* GELU, tanh approximation. */
 void loom_gelu_forward(float *out, const float *inp, int N);

@@ -33,13 +33,43 @@ typedef struct block_saved {
     float *mean1, *rstd1, *mean2, *rstd2, *lse;
 } block_saved;
 
+/* The head's activations of one micro-batch. */
 typedef struct head_acts {
     float *lnf, *meanf, *rstdf; /* (R, C), (R), (R) */
     float *probs;               /* (N, Vl), kept fp32 for the loss */
     float *losses;              /* (N) */
-    float *dlogits;             /* (N, Vl) backward scratch */
-    float *rowstat;             /* (3N) the parallel loss's max, sum and target logit */
 } head_acts;
+
+/* What backward_input of one unit leaves for its backward_weight (the
+ * split backward of zero-bubble schedules), in one allocation. Blocks: the
+ * gradient at the output of each weight, after the tensor-parallel
+ * borders (the rows before them too for the row-parallel biases, tp > 1),
+ * and with recomputation the recomputed activations the weight gradients
+ * read. The head: the final LayerNorm's output gradient and dloss (its
+ * logits' gradient is computed again from the saved probabilities, the
+ * same bits). The embedding: its output's gradient. */
+typedef struct deferred {
+    void *mem; /* NULL: no split backward in flight */
+    float *dmlp_rows, *dmlp, *dfch, *dln2, *datt_rows, *datt, *dqkv, *dln1;
+    float *ln1, *ln2, *res2, *atty, *fch_gelu, *mean1, *rstd1, *mean2, *rstd2;
+    float *dlnf, dloss;
+    float *dresid;
+} deferred;
+
+/* Everything one micro-batch keeps from its forward to its backward, in
+ * one allocation of slot_bytes (ACTIVATIONS): the residual streams
+ * entering the units (stream[u], for u = 1..L+1 where this rank computes u
+ * or u-1; fp32 in place, else the storage dtype), the blocks' and the
+ * head's saved tensors, the tokens and targets. */
+typedef struct model_slot {
+    void *mem; /* NULL: not allocated */
+    void **stream;       /* L+2 */
+    block_acts *acts;    /* L views (in place) */
+    block_saved *saved;  /* L (not in place) */
+    head_acts head;
+    int *tokens, *targets;
+    deferred *deferred;  /* L+2 */
+} model_slot;
 
 struct loom_model {
     loom_model_setup s;
@@ -59,18 +89,19 @@ struct loom_model {
     size_t *full_offsets;         /* each tensor's place in the whole unit, parallel to descs */
     size_t *full_numel;           /* per unit */
     int inplace;                  /* fp32 without recomputation */
+    unsigned char *runs;          /* L+2: this rank computes the unit */
 
-    block_saved *saved;           /* L (not inplace) */
-    block_acts *acts;             /* L views (inplace) */
+    model_slot *slots;            /* nslots; the current one is slots[slot] */
+    int nslots, slot;
+    size_t slot_bytes;
+
+    /* shared by all slots */
     block_acts scratch;           /* the borrowed fp32 set (not inplace) */
-    void *head_input;             /* last block's output, in dtype (not inplace) */
-    float **resid;                /* L+1 residual streams (inplace) */
-    head_acts head;
-
+    float *dlogits;               /* (N, Vl): the logits in forward, their gradient in backward */
+    float *rowstat;               /* (3N) the parallel loss's max, sum and target logit */
     float *dresid, *dtmp_a, *dtmp_b, *dwide_a, *dwide_b; /* backward scratch */
     float *gathered, *dfull, *dsmall; /* sequence parallelism's row-gathered and -scattered */
     float *dlosses;
-    int *tokens, *targets;        /* the current micro-batch */
 
     /* fp32 copies of 16-bit parameters/gradients while a unit computes */
     float *param32, *grad32, *emb_param32, *emb_grad32;
@@ -106,11 +137,6 @@ static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
 
 static float *f32(loom_model *m, size_t n) { return model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, n * 4); }
 
-static void *stored(loom_model *m, size_t n)
-{
-    return model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, n * loom_dtype_size(m->s.dtype));
-}
-
 static int alloc_block_f32(loom_model *m, block_acts *a, int with_x)
 {
     size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
@@ -134,6 +160,175 @@ static int alloc_block_f32(loom_model *m, block_acts *a, int with_x)
     return a->ln1 && a->mean1 && a->rstd1 && a->q && a->k && a->v && a->atty && a->lse &&
            a->res2 && a->ln2 && a->mean2 && a->rstd2 && a->fch && a->fch_gelu &&
            (!with_x || a->x);
+}
+
+/* ---- slots: one allocation each, carved into buffers ---- */
+
+/* Every buffer of a slot or a deferred set starts on a cache line: its
+ * bytes are rounded up to BUFFER_ALIGN (model.h promises this rule). A
+ * carver without a base only counts. */
+enum { BUFFER_ALIGN = 64 };
+typedef struct carver {
+    char *base;
+    size_t used;
+} carver;
+
+static void *carve(carver *c, size_t bytes)
+{
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN;
+    return p;
+}
+
+static float *carve_f32(carver *c, size_t n) { return carve(c, n * sizeof(float)); }
+
+static void *carve_stored(const loom_model *m, carver *c, size_t n)
+{
+    return carve(c, n * loom_dtype_size(m->s.dtype));
+}
+
+/* The residual stream entering unit u, held where this rank computes u or
+ * the unit u-1 that produces it. */
+static int holds_stream(const loom_model *m, int u)
+{
+    return u >= 1 && u <= m->L + 1 && (m->runs[u] || m->runs[u - 1]);
+}
+
+static void layout_slot(const loom_model *m, carver *c, model_slot *s)
+{
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F, RC = R * C;
+    size_t lse = (size_t)m->s.batch * m->NHl * m->T;
+    int L = m->L;
+    for (int u = 1; u <= L + 1; u++)
+        s->stream[u] = !holds_stream(m, u) ? NULL : m->inplace ? (void *)carve_f32(c, RC)
+                                                              : carve_stored(m, c, RC);
+    for (int l = 0; l < L; l++) {
+        if (!m->runs[1 + l])
+            continue;
+        if (m->inplace) {
+            block_acts *a = &s->acts[l];
+            a->x = s->stream[l + 1];
+            a->out = s->stream[l + 2];
+            a->ln1 = carve_f32(c, RC);
+            a->mean1 = carve_f32(c, R);
+            a->rstd1 = carve_f32(c, R);
+            a->q = carve_f32(c, N * Cq);
+            a->k = carve_f32(c, N * Cq);
+            a->v = carve_f32(c, N * Cq);
+            a->atty = carve_f32(c, N * Cq);
+            a->lse = carve_f32(c, lse);
+            a->res2 = carve_f32(c, RC);
+            a->ln2 = carve_f32(c, RC);
+            a->mean2 = carve_f32(c, R);
+            a->rstd2 = carve_f32(c, R);
+            a->fch = carve_f32(c, N * F);
+            a->fch_gelu = carve_f32(c, N * F);
+            continue;
+        }
+        block_saved *sv = &s->saved[l];
+        sv->x = s->stream[l + 1];
+        if (m->s.recompute)
+            continue;
+        sv->ln1 = carve_stored(m, c, RC);
+        sv->q = carve_stored(m, c, N * Cq);
+        sv->k = carve_stored(m, c, N * Cq);
+        sv->v = carve_stored(m, c, N * Cq);
+        sv->atty = carve_stored(m, c, N * Cq);
+        sv->res2 = carve_stored(m, c, RC);
+        sv->ln2 = carve_stored(m, c, RC);
+        sv->fch = carve_stored(m, c, N * F);
+        sv->fch_gelu = carve_stored(m, c, N * F);
+        sv->mean1 = carve_f32(c, R);
+        sv->rstd1 = carve_f32(c, R);
+        sv->mean2 = carve_f32(c, R);
+        sv->rstd2 = carve_f32(c, R);
+        sv->lse = carve_f32(c, lse);
+    }
+    if (m->runs[L + 1]) {
+        head_acts *h = &s->head;
+        h->lnf = carve_f32(c, RC);
+        h->meanf = carve_f32(c, R);
+        h->rstdf = carve_f32(c, R);
+        h->probs = carve_f32(c, N * (size_t)m->Vl);
+        h->losses = carve_f32(c, N);
+        s->targets = carve(c, N * sizeof(int));
+    }
+    if (m->runs[0])
+        s->tokens = carve(c, N * sizeof(int));
+}
+
+static void layout_deferred(const loom_model *m, carver *c, deferred *d, int unit)
+{
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, RC = R * C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
+    if (unit == 0) {
+        d->dresid = carve_f32(c, RC);
+        return;
+    }
+    if (unit == m->L + 1) {
+        d->dlnf = carve_f32(c, RC);
+        return;
+    }
+    if (m->tp > 1) {
+        d->dmlp_rows = carve_f32(c, RC);
+        d->datt_rows = carve_f32(c, RC);
+    }
+    d->dmlp = carve_f32(c, N * C);
+    d->dfch = carve_f32(c, N * F);
+    d->dln2 = carve_f32(c, RC);
+    d->datt = carve_f32(c, N * C);
+    d->dqkv = carve_f32(c, 3 * N * Cq);
+    d->dln1 = carve_f32(c, RC);
+    if (!m->s.recompute)
+        return;
+    d->ln1 = carve_f32(c, RC);
+    d->ln2 = carve_f32(c, RC);
+    d->res2 = carve_f32(c, RC);
+    d->atty = carve_f32(c, N * Cq);
+    d->fch_gelu = carve_f32(c, N * F);
+    d->mean1 = carve_f32(c, R);
+    d->rstd1 = carve_f32(c, R);
+    d->mean2 = carve_f32(c, R);
+    d->rstd2 = carve_f32(c, R);
+}
+
+static void free_slot(loom_model *m, model_slot *s)
+{
+    for (int u = 0; s->deferred && u <= m->L + 1; u++)
+        loom_mem_free(s->deferred[u].mem);
+    loom_mem_free(s->mem);
+    free(s->stream);
+    free(s->acts);
+    free(s->saved);
+    free(s->deferred);
+    memset(s, 0, sizeof *s);
+}
+
+static int alloc_slot(loom_model *m, model_slot *s)
+{
+    size_t units = (size_t)m->L + 2;
+    s->stream = calloc(units, sizeof *s->stream);
+    s->acts = calloc(units, sizeof *s->acts);
+    s->saved = calloc(units, sizeof *s->saved);
+    s->deferred = calloc(units, sizeof *s->deferred);
+    if (!s->stream || !s->acts || !s->saved || !s->deferred) {
+        free_slot(m, s);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    }
+    carver c = {NULL, 0};
+    layout_slot(m, &c, s);
+    int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used ? c.used : 1, &s->mem);
+    if (rc != LOOM_OK) {
+        free_slot(m, s);
+        return loom_fail(rc, "model: cannot allocate a micro-batch's activations (%zu bytes); "
+                         "fewer micro-batches alive at once, or a smaller micro-batch, fit",
+                         c.used);
+    }
+    m->slot_bytes = c.used;
+    carver real = {s->mem, 0};
+    layout_slot(m, &real, s);
+    return LOOM_OK;
 }
 
 /* ---- units and their tensors ---- */
@@ -391,87 +586,76 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
         loom_model_destroy(m);
         return rc;
     }
+    int nunits = m->L + 2, nrun = 0;
+    if (!(m->runs = malloc((size_t)nunits))) {
+        loom_model_destroy(m);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    }
+    for (int u = 0; u < nunits; u++)
+        nrun += m->runs[u] = !lay->runs_unit || lay->runs_unit[u];
+    if (nrun == 0) {
+        loom_model_destroy(m);
+        return loom_fail(LOOM_ERR_INVALID, "model: layout.runs_unit names none of the %d units; a rank "
+                         "computes at least one", nunits);
+    }
 
     size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, L = (size_t)m->L;
-    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
-    size_t lse = (size_t)setup->batch * m->NHl * m->T;
+    size_t F = (size_t)m->F, wide = 3 * (size_t)m->Cq > F ? 3 * (size_t)m->Cq : F;
+    int blocks = 0, embedding = m->runs[0], head = m->runs[L + 1];
+    for (size_t u = 1; u <= L; u++)
+        blocks |= m->runs[u];
+    /* What every slot shares: the fp32 scratch set that 16-bit and
+     * recomputing blocks borrow, and the backward's scratch. */
     int ok = 1;
-    if (m->inplace) {
-        m->resid = calloc(L + 1, sizeof *m->resid);
-        m->acts = calloc(L, sizeof *m->acts);
-        ok = m->resid && m->acts;
-        for (size_t l = 0; ok && l <= L; l++)
-            ok = (m->resid[l] = f32(m, R * C)) != NULL;
-        for (size_t l = 0; ok && l < L; l++) {
-            ok = alloc_block_f32(m, &m->acts[l], 0);
-            m->acts[l].x = m->resid[l];
-            m->acts[l].out = m->resid[l + 1];
-        }
-    } else {
-        m->saved = calloc(L, sizeof *m->saved);
-        ok = m->saved && alloc_block_f32(m, &m->scratch, 1) &&
-             (m->scratch.out = f32(m, R * C)) != NULL && (m->head_input = stored(m, R * C));
+    if (!m->inplace) {
+        if (blocks)
+            ok = alloc_block_f32(m, &m->scratch, 1);
+        if (ok && (blocks || embedding))
+            ok = (m->scratch.out = f32(m, R * C)) != NULL;
         m->scratch_own = m->scratch;
-        for (size_t l = 0; ok && l < L; l++) {
-            block_saved *sv = &m->saved[l];
-            ok = (sv->x = stored(m, R * C)) != NULL;
-            if (!ok || setup->recompute)
-                continue;
-            sv->ln1 = stored(m, R * C);
-            sv->q = stored(m, N * Cq);
-            sv->k = stored(m, N * Cq);
-            sv->v = stored(m, N * Cq);
-            sv->atty = stored(m, N * Cq);
-            sv->res2 = stored(m, R * C);
-            sv->ln2 = stored(m, R * C);
-            sv->fch = stored(m, N * F);
-            sv->fch_gelu = stored(m, N * F);
-            sv->mean1 = f32(m, R);
-            sv->rstd1 = f32(m, R);
-            sv->mean2 = f32(m, R);
-            sv->rstd2 = f32(m, R);
-            sv->lse = f32(m, lse);
-            ok = sv->ln1 && sv->q && sv->k && sv->v && sv->atty && sv->res2 && sv->ln2 &&
-                 sv->fch && sv->fch_gelu && sv->mean1 && sv->rstd1 && sv->mean2 && sv->rstd2 &&
-                 sv->lse;
-        }
     }
-    size_t wide = 3 * Cq > F ? 3 * Cq : F;
-    head_acts *h = &m->head;
-    ok = ok && (h->lnf = f32(m, R * C)) && (h->meanf = f32(m, R)) && (h->rstdf = f32(m, R)) &&
-         (h->probs = f32(m, N * (size_t)m->Vl)) && (h->losses = f32(m, N)) &&
-         (h->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dresid = f32(m, R * C)) &&
-         (m->dtmp_a = f32(m, N * C)) && (m->dtmp_b = f32(m, N * C)) &&
-         (m->dwide_a = f32(m, N * wide)) && (m->dwide_b = f32(m, N * F)) && (m->dlosses = f32(m, N));
-    if (ok && tp > 1)
-        ok = (h->rowstat = f32(m, 3 * N)) != NULL;
+    ok = ok && (m->dresid = f32(m, R * C)) && (m->dtmp_a = f32(m, N * C)) &&
+         (m->dtmp_b = f32(m, N * C));
+    if (ok && blocks)
+        ok = (m->dwide_a = f32(m, N * wide)) && (m->dwide_b = f32(m, N * F));
+    if (ok && head)
+        ok = (m->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dlosses = f32(m, N));
+    if (ok && head && tp > 1)
+        ok = (m->rowstat = f32(m, 3 * N)) != NULL;
     if (ok && m->seqpar)
         ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
              (m->dsmall = f32(m, R * C));
     if (ok) {
-        m->tokens = calloc(N, sizeof *m->tokens);
-        m->targets = calloc(N, sizeof *m->targets);
         m->positions = calloc((size_t)T, sizeof *m->positions);
-        ok = m->tokens && m->targets && m->positions;
+        ok = m->positions != NULL;
         for (int t = 0; ok && t < T; t++)
             m->positions[t] = lay->positions ? lay->positions[t] : t;
     }
     if (ok && m->scratch_grads) {
+        /* the head reads unit 0's wte, so it needs the embedding's copies too */
         size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
                                                                    : m->units[L + 1].numel;
+        size_t emb = m->units[0].numel;
         if (setup->dtype != LOOM_F32) {
-            m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4);
-            m->emb_param32 = model_alloc(m, LOOM_PURPOSE_OTHER, m->units[0].numel * 4);
-            ok = m->param32 && m->emb_param32;
+            if (blocks || head)
+                ok = (m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4)) != NULL;
+            if (ok && (embedding || head))
+                ok = (m->emb_param32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
         }
-        m->grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4);
-        m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, m->units[0].numel * 4);
-        ok = ok && m->grad32 && m->emb_grad32;
+        if (ok && (blocks || head))
+            ok = (m->grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4)) != NULL;
+        if (ok && (embedding || head))
+            ok = (m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
     }
     if (!ok) {
         loom_model_destroy(m);
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate activations for B=%d T=%d",
                          setup->batch, setup->seq);
+    }
+    /* slot 0 from the start: callers that never name a slot use it */
+    if ((rc = loom_model_use_slot(m, 0)) != LOOM_OK) {
+        loom_model_destroy(m);
+        return rc;
     }
     *out = m;
     return LOOM_OK;
@@ -483,17 +667,17 @@ void loom_model_destroy(loom_model *m)
         return;
     for (int i = 0; i < m->nallocations; i++)
         loom_mem_free(m->allocations[i]);
+    m->nallocations = 0;
     free(m->allocations);
     free(m->units);
     free(m->descs);
     free(m->shards);
     free(m->full_offsets);
     free(m->full_numel);
-    free(m->resid);
-    free(m->acts);
-    free(m->saved);
-    free(m->tokens);
-    free(m->targets);
+    for (int i = 0; i < m->nslots; i++)
+        free_slot(m, &m->slots[i]);
+    free(m->slots);
+    free(m->runs);
     free(m->positions);
     free(m);
 }
@@ -795,65 +979,139 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     loom_residual_forward(a->out, a->res2, y, R * C);
 }
 
-/* dresid: gradient of the block's output in, of its input out. */
-static void block_backward(loom_model *m, int unit, const float *p, float *g, block_acts *a)
+/* Which half of a unit's backward runs: both (loom_model_backward), the
+ * input gradient alone, or the weight gradients alone. The halves do the
+ * same operations per element as both together, so the split backward
+ * gives the same bits. */
+enum { PART_BOTH, PART_INPUT, PART_WEIGHT };
+
+/* dresid: gradient of the block's output in, of its input out (input
+ * part). d: the deferred set the input part fills for the weight part
+ * (split backward only). The weight part reads a's fch_gelu, ln2, res2,
+ * atty, ln1, x and statistics. */
+static void block_backward(loom_model *m, int unit, const float *p, float *g, block_acts *a,
+                           deferred *d, int part)
 {
     int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
-    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C;
+    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C, RC = (size_t)R * C, NC = (size_t)N * C;
+    size_t NF = (size_t)N * F;
     int split = m->tp > 1;
-    float *dres2 = m->dtmp_a, *dtmp = m->dtmp_b;
-    float *dfch_gelu = m->dwide_a, *dfch = m->dwide_b;
-    float *dattprojb = gtensor(m, unit, g, ATTPROJB), *dfcprojb = gtensor(m, unit, g, FCPROJB);
-    /* out = res2 + fcproj(...): both get dresid */
-    memcpy(dres2, m->dresid, (size_t)R * C * sizeof(float));
-    if (split)
-        bias_grad(dfcprojb, m->dresid, R, C);
-    float *dy = border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, R, m->dfull,
-                       N, C);
-    memset(dfch_gelu, 0, (size_t)N * F * sizeof(float));
-    loom_matmul_backward(dfch_gelu, gtensor(m, unit, g, FCPROJW), split ? NULL : dfcprojb, dy,
-                         a->fch_gelu, tensor(m, unit, p, FCPROJW), N, F, C);
-    memset(dfch, 0, (size_t)N * F * sizeof(float));
-    loom_gelu_backward(dfch, a->fch, dfch_gelu, N * F);
-    const float *in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    memset(dtmp, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward(dtmp, gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, in,
-                         tensor(m, unit, p, FCW), N, C, F);
-    float *dln2 = border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, N, m->dsmall,
-                         R, C);
-    loom_layernorm_backward(dres2, gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dln2,
-                            a->res2, tensor(m, unit, p, LN2W), a->mean2, a->rstd2, R, C);
+    int input = part != PART_WEIGHT, weight = part != PART_INPUT, keep = part == PART_INPUT;
+    float *dres2 = m->dtmp_a, *dtmp = m->dtmp_b, *dfch_gelu = m->dwide_a;
+    float *dfch = part == PART_BOTH ? m->dwide_b : d->dfch;
+    float *dqkv = part == PART_BOTH ? m->dwide_a : d->dqkv;
+    const float *in = NULL;
+    float *dy, *dln2, *dln1;
+    /* out = res2 + fcproj(...): both get dresid; the row-parallel bias
+     * takes it before the border */
+    if (input)
+        memcpy(dres2, m->dresid, RC * sizeof(float));
+    if (weight && split)
+        bias_grad(gtensor(m, unit, g, FCPROJB), input ? m->dresid : d->dmlp_rows, R, C);
+    if (keep && split)
+        memcpy(d->dmlp_rows, m->dresid, RC * sizeof(float));
+    if (input) {
+        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, R, m->dfull, N,
+                    C);
+        if (keep)
+            memcpy(d->dmlp, dy, NC * sizeof(float));
+        memset(dfch_gelu, 0, NF * sizeof(float));
+        loom_matmul_backward_input(dfch_gelu, dy, tensor(m, unit, p, FCPROJW), N, F, C);
+    } else {
+        dy = d->dmlp;
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, FCPROJW),
+                                    split ? NULL : gtensor(m, unit, g, FCPROJB), dy, a->fch_gelu,
+                                    N, F, C);
+    if (input) {
+        memset(dfch, 0, NF * sizeof(float));
+        loom_gelu_backward(dfch, a->fch, dfch_gelu, N * F);
+    }
+    if (weight)
+        in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    if (input) {
+        memset(dtmp, 0, NC * sizeof(float));
+        loom_matmul_backward_input(dtmp, dfch, tensor(m, unit, p, FCW), N, C, F);
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, in,
+                                    N, C, F);
+    if (input) {
+        dln2 = border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, N, m->dsmall, R, C);
+        if (keep)
+            memcpy(d->dln2, dln2, RC * sizeof(float));
+        loom_layernorm_backward_input(dres2, dln2, a->res2, tensor(m, unit, p, LN2W), a->mean2,
+                                      a->rstd2, R, C);
+    } else {
+        dln2 = d->dln2;
+    }
+    if (weight)
+        loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dln2,
+                                       a->res2, a->mean2, a->rstd2, R, C);
     /* res2 = x + attproj(atty): x gets dres2, attention the rest */
-    memcpy(m->dresid, dres2, (size_t)R * C * sizeof(float));
-    if (split)
-        bias_grad(dattprojb, dres2, R, C);
-    dy = border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, R, m->dfull, N, C);
+    if (input)
+        memcpy(m->dresid, dres2, RC * sizeof(float));
+    if (weight && split)
+        bias_grad(gtensor(m, unit, g, ATTPROJB), input ? dres2 : d->datt_rows, R, C);
+    if (keep && split)
+        memcpy(d->datt_rows, dres2, RC * sizeof(float));
     float *datty = dtmp;
-    memset(datty, 0, NCq * sizeof(float));
-    loom_matmul_backward(datty, gtensor(m, unit, g, ATTPROJW), split ? NULL : dattprojb, dy,
-                         a->atty, tensor(m, unit, p, ATTPROJW), N, Cq, C);
-    float *dq = m->dwide_a, *dk = m->dwide_a + NCq, *dv = m->dwide_a + 2 * NCq;
-    memset(m->dwide_a, 0, 3 * NCq * sizeof(float));
-    attention(m, a, datty, dq, dk, dv);
-    in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
-    float *dln1 = dres2; /* free: copied into dresid, and dy is consumed */
-    memset(dln1, 0, (size_t)N * C * sizeof(float));
-    float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
-    const float *qkvw = tensor(m, unit, p, QKVW);
-    loom_matmul_backward(dln1, dqkvw, dqkvb, dq, in, qkvw, N, C, Cq);
-    loom_matmul_backward(dln1, dqkvw + CqC, dqkvb + Cq, dk, in, qkvw + CqC, N, C, Cq);
-    loom_matmul_backward(dln1, dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, qkvw + 2 * CqC, N, C, Cq);
-    dln1 = border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dln1, N, m->dsmall, R,
-                  C);
-    loom_layernorm_backward(m->dresid, gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
-                            a->x, tensor(m, unit, p, LN1W), a->mean1, a->rstd1, R, C);
+    if (input) {
+        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, R, m->dfull, N,
+                    C);
+        if (keep)
+            memcpy(d->datt, dy, NC * sizeof(float));
+        memset(datty, 0, NCq * sizeof(float));
+        loom_matmul_backward_input(datty, dy, tensor(m, unit, p, ATTPROJW), N, Cq, C);
+    } else {
+        dy = d->datt;
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, ATTPROJW),
+                                    split ? NULL : gtensor(m, unit, g, ATTPROJB), dy, a->atty, N,
+                                    Cq, C);
+    float *dq = dqkv, *dk = dqkv + NCq, *dv = dqkv + 2 * NCq;
+    if (input) {
+        memset(dqkv, 0, 3 * NCq * sizeof(float));
+        attention(m, a, datty, dq, dk, dv);
+    }
+    if (weight)
+        in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
+    if (input) {
+        const float *qkvw = tensor(m, unit, p, QKVW);
+        dln1 = dres2; /* free: copied into dresid, and dy is consumed */
+        memset(dln1, 0, NC * sizeof(float));
+        loom_matmul_backward_input(dln1, dq, qkvw, N, C, Cq);
+        loom_matmul_backward_input(dln1, dk, qkvw + CqC, N, C, Cq);
+        loom_matmul_backward_input(dln1, dv, qkvw + 2 * CqC, N, C, Cq);
+    }
+    if (weight) {
+        float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
+        loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq);
+        loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq);
+        loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, N, C, Cq);
+    }
+    if (input) {
+        dln1 = border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dres2, N, m->dsmall,
+                      R, C);
+        if (keep)
+            memcpy(d->dln1, dln1, RC * sizeof(float));
+        loom_layernorm_backward_input(m->dresid, dln1, a->x, tensor(m, unit, p, LN1W), a->mean1,
+                                      a->rstd1, R, C);
+    } else {
+        dln1 = d->dln1;
+    }
+    if (weight)
+        loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
+                                       a->x, a->mean1, a->rstd1, R, C);
 }
 
 /* Saved 16-bit tensors of layer l <-> the fp32 scratch set (save: scratch
  * to saved). */
 static void transfer_block(loom_model *m, int l, int save)
 {
-    block_saved *sv = &m->saved[l];
+    block_saved *sv = &m->slots[m->slot].saved[l];
     block_acts *a = &m->scratch;
     size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
     struct {
@@ -883,7 +1141,7 @@ static void lend_saved(loom_model *m, int l)
         a->mean1 = own->mean1, a->rstd1 = own->rstd1, a->mean2 = own->mean2;
         a->rstd2 = own->rstd2, a->lse = own->lse;
     } else {
-        const block_saved *sv = &m->saved[l];
+        const block_saved *sv = &m->slots[m->slot].saved[l];
         a->mean1 = sv->mean1, a->rstd1 = sv->rstd1, a->mean2 = sv->mean2;
         a->rstd2 = sv->rstd2, a->lse = sv->lse;
     }
@@ -893,21 +1151,10 @@ static void lend_saved(loom_model *m, int l)
 static void block_input32(loom_model *m, int l, float *dst)
 {
     size_t RC = (size_t)m->R * m->C;
-    from_stored(m, dst, l == m->L ? m->head_input : m->saved[l].x, RC);
+    from_stored(m, dst, m->slots[m->slot].stream[l + 1], RC);
 }
 
 /* ---- units ---- */
-
-static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
-                         float *loss);
-static int model_backward(loom_model *m, int unit, float dloss);
-
-int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
-                       float *loss)
-{
-    int rc = model_forward(m, unit, inputs, targets, loss);
-    return rc != LOOM_OK ? rc : m->status;
-}
 
 /* The position of residual row r of this rank (rows are (B, T) flattened;
  * sequence parallelism keeps rows row0 .. row0+R-1 of them). */
@@ -922,7 +1169,7 @@ static void embed_parallel(loom_model *m, const float *wte, const float *wpe, fl
     float *part = m->seqpar ? m->dtmp_a : enc;
     for (int n = 0; n < N; n++) {
         float *row = part + (size_t)n * C;
-        int tok = m->tokens[n] - m->v0;
+        int tok = m->slots[m->slot].tokens[n] - m->v0;
         if (tok >= 0 && tok < m->Vl)
             memcpy(row, wte + (size_t)tok * C, (size_t)C * sizeof(float));
         else
@@ -947,7 +1194,7 @@ static void embed_parallel_backward(loom_model *m, float *dwte, float *dwpe, flo
     const float *d = border(m, m->ops.region_exit_backward, LOOM_REGION_VOCAB, dresid, m->R,
                             m->dfull, N, C);
     for (int n = 0; n < N; n++) {
-        int tok = m->tokens[n] - m->v0;
+        int tok = m->slots[m->slot].tokens[n] - m->v0;
         if (tok < 0 || tok >= m->Vl)
             continue;
         float *row = dwte + (size_t)tok * C;
@@ -969,9 +1216,10 @@ static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op
  * rank's columns of the softmax for backward. */
 static void parallel_loss(loom_model *m, const float *logits)
 {
-    head_acts *h = &m->head;
+    const model_slot *slot = &m->slots[m->slot];
+    const head_acts *h = &slot->head;
     int N = m->N, Vl = m->Vl, Vr = m->Vreal;
-    float *mx = h->rowstat, *sum = mx + N, *tgt = sum + N;
+    float *mx = m->rowstat, *sum = mx + N, *tgt = sum + N;
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * Vl;
         float best = -INFINITY;
@@ -991,7 +1239,7 @@ static void parallel_loss(loom_model *m, const float *logits)
         for (int i = Vr; i < Vl; i++)
             p[i] = 0.0f;
         sum[n] = (float)s;
-        int t = m->targets[n] - m->v0;
+        int t = slot->targets[n] - m->v0;
         tgt[n] = t >= 0 && t < Vr ? x[t] : 0.0f;
     }
     vocab_reduce(m, sum, 2 * (size_t)N, LOOM_SUM);
@@ -1006,15 +1254,16 @@ static void parallel_loss(loom_model *m, const float *logits)
 
 static void parallel_loss_backward(loom_model *m)
 {
-    head_acts *h = &m->head;
+    const model_slot *s = &m->slots[m->slot];
+    const head_acts *h = &s->head;
     int N = m->N, Vl = m->Vl, Vr = m->Vreal;
     for (int n = 0; n < N; n++) {
-        float *dl = h->dlogits + (size_t)n * Vl;
+        float *dl = m->dlogits + (size_t)n * Vl;
         const float *p = h->probs + (size_t)n * Vl;
         const float d = m->dlosses[n];
         for (int i = 0; i < Vr; i++)
             dl[i] += p[i] * d;
-        int t = m->targets[n] - m->v0;
+        int t = s->targets[n] - m->v0;
         if (t >= 0 && t < Vr)
             dl[t] -= d;
     }
@@ -1025,40 +1274,41 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
 {
     int N = m->N, R = m->R, C = m->C, L = m->L;
     size_t RC = (size_t)R * C;
+    model_slot *s = &m->slots[m->slot];
     const float *p = unit_params32(m, unit);
     if (unit == 0) {
-        memcpy(m->tokens, inputs, (size_t)N * sizeof(int));
-        float *enc = m->inplace ? m->resid[0] : m->scratch.out;
+        memcpy(s->tokens, inputs, (size_t)N * sizeof(int));
+        float *enc = m->inplace ? s->stream[1] : m->scratch.out;
         if (m->tp > 1)
             embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc);
         else
-            loom_encoder_forward(enc, m->tokens, m->lay.positions ? m->positions : NULL,
+            loom_encoder_forward(enc, s->tokens, m->lay.positions ? m->positions : NULL,
                                  tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch, m->T, C);
         if (!m->inplace)
-            to_stored(m, L > 0 ? m->saved[0].x : m->head_input, enc, RC);
+            to_stored(m, s->stream[1], enc, RC);
         return LOOM_OK;
     }
     if (unit <= L) {
         int l = unit - 1;
         if (m->inplace) {
-            block_forward(m, unit, p, &m->acts[l]);
+            block_forward(m, unit, p, &s->acts[l]);
             return LOOM_OK;
         }
         block_acts *a = &m->scratch;
         block_input32(m, l, a->x);
         lend_saved(m, l);
         block_forward(m, unit, p, a);
-        to_stored(m, l + 1 < L ? m->saved[l + 1].x : m->head_input, a->out, RC);
+        to_stored(m, s->stream[l + 2], a->out, RC);
         if (!m->s.recompute)
             transfer_block(m, l, 1);
         return LOOM_OK;
     }
     /* head: final LayerNorm, tied LM head (wte of unit 0), loss */
-    head_acts *h = &m->head;
-    memcpy(m->targets, targets, (size_t)N * sizeof(int));
+    head_acts *h = &s->head;
+    memcpy(s->targets, targets, (size_t)N * sizeof(int));
     const float *x;
     if (m->inplace) {
-        x = m->resid[L];
+        x = s->stream[L + 1];
     } else {
         block_input32(m, L, m->dtmp_b);
         x = m->dtmp_b;
@@ -1067,13 +1317,13 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
                            tensor(m, unit, p, 1), R, C);
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
     const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
-    float *logits = h->dlogits; /* free until backward */
+    float *logits = m->dlogits; /* free until backward */
     loom_matmul_forward(logits, in, wte, NULL, N, C, m->Vl);
     if (m->tp > 1) {
         parallel_loss(m, logits);
     } else {
         loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
-        loom_crossentropy_forward(h->losses, h->probs, m->targets, N, m->Vp);
+        loom_crossentropy_forward(h->losses, h->probs, s->targets, N, m->Vp);
     }
     double sum = 0;
     for (int i = 0; i < N; i++)
@@ -1083,77 +1333,266 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     return LOOM_OK;
 }
 
-int loom_model_backward(loom_model *m, int unit, float dloss)
+/* The head: the loss's gradient, the tied LM head and the final LayerNorm.
+ * The weight part alone computes the logits' gradient again from the
+ * slot's probabilities (the same bits as the input part's). */
+static void head_backward(loom_model *m, float dloss, deferred *d, int part)
 {
-    int rc = model_backward(m, unit, dloss);
+    int N = m->N, R = m->R, C = m->C, L = m->L, unit = L + 1;
+    size_t RC = (size_t)R * C;
+    int input = part != PART_WEIGHT, weight = part != PART_INPUT;
+    model_slot *s = &m->slots[m->slot];
+    const head_acts *h = &s->head;
+    if (part == PART_INPUT)
+        d->dloss = dloss;
+    else if (part == PART_WEIGHT)
+        dloss = d->dloss;
+    for (int i = 0; i < N; i++)
+        m->dlosses[i] = dloss;
+    memset(m->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
+    if (m->tp > 1)
+        parallel_loss_backward(m);
+    else
+        loom_crossentropy_softmax_backward(m->dlogits, m->dlosses, h->probs, s->targets, N, m->V,
+                                           m->Vp);
+    const float *p = input ? unit_params32(m, unit) : NULL;
+    const float *in = weight ? region_in(m, LOOM_REGION_VOCAB, h->lnf) : NULL;
+    float *dlnf = m->dtmp_a;
+    if (input) {
+        memset(dlnf, 0, (size_t)N * C * sizeof(float));
+        loom_matmul_backward_input(dlnf, m->dlogits, tensor(m, 0, unit_params32(m, 0), 0), N, C,
+                                   m->Vl);
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL, m->dlogits, in, N,
+                                    C, m->Vl);
+    if (input) {
+        dlnf = border(m, m->ops.region_enter_backward, LOOM_REGION_VOCAB, dlnf, N, m->dsmall, R,
+                      C);
+        if (part == PART_INPUT)
+            memcpy(d->dlnf, dlnf, RC * sizeof(float));
+    } else {
+        dlnf = d->dlnf;
+    }
+    const float *x;
+    if (m->inplace) {
+        x = s->stream[L + 1];
+    } else {
+        block_input32(m, L, m->dtmp_b);
+        x = m->dtmp_b;
+    }
+    if (input) {
+        memset(m->dresid, 0, RC * sizeof(float));
+        loom_layernorm_backward_input(m->dresid, dlnf, x, tensor(m, unit, p, 0), h->meanf,
+                                      h->rstdf, R, C);
+    }
+    if (weight) {
+        float *g = unit_grads32(m, unit);
+        loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), dlnf, x,
+                                       h->meanf, h->rstdf, R, C);
+        commit_grads(m, unit);
+        /* wte's share goes to unit 0's grads now when this rank does not
+         * run the embedding (the pipeline's copy of unit 0 on the last
+         * stage); else the embedding's backward commits both shares */
+        if (!m->runs[0])
+            commit_grads(m, 0);
+    }
+}
+
+static void embedding_backward(loom_model *m, deferred *d, int part)
+{
+    model_slot *s = &m->slots[m->slot];
+    size_t RC = (size_t)m->R * m->C;
+    if (part == PART_INPUT) { /* nothing flows further back: keep the gradient */
+        memcpy(d->dresid, m->dresid, RC * sizeof(float));
+        return;
+    }
+    float *dout = part == PART_BOTH ? m->dresid : d->dresid;
+    float *g = unit_grads32(m, 0);
+    if (m->tp > 1)
+        embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout);
+    else
+        loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout, s->tokens,
+                              m->lay.positions ? m->positions : NULL, m->s.batch, m->T, m->C);
+    commit_grads(m, 0);
+}
+
+static void block_unit_backward(loom_model *m, int unit, deferred *d, int part)
+{
+    int l = unit - 1;
+    model_slot *s = &m->slots[m->slot];
+    const float *p = part != PART_WEIGHT ? unit_params32(m, unit) : NULL;
+    float *g = unit_grads32(m, unit);
+    block_acts *a, kept;
+    if (m->inplace) {
+        a = &s->acts[l];
+    } else if (part == PART_WEIGHT && m->s.recompute) {
+        /* the activations the input part recomputed, and the block's input */
+        a = &kept;
+        memset(&kept, 0, sizeof kept);
+        kept.x = m->scratch.x;
+        block_input32(m, l, kept.x);
+        kept.ln1 = d->ln1, kept.ln2 = d->ln2, kept.res2 = d->res2, kept.atty = d->atty;
+        kept.fch_gelu = d->fch_gelu, kept.mean1 = d->mean1, kept.rstd1 = d->rstd1;
+        kept.mean2 = d->mean2, kept.rstd2 = d->rstd2;
+    } else {
+        a = &m->scratch;
+        block_input32(m, l, a->x);
+        lend_saved(m, l);
+        if (m->s.recompute)
+            block_forward(m, unit, p, a);
+        else
+            transfer_block(m, l, 0);
+    }
+    block_backward(m, unit, p, g, a, d, part);
+    if (part == PART_INPUT && m->s.recompute) {
+        size_t R = (size_t)m->R, RC = R * m->C, NCq = (size_t)m->N * m->Cq;
+        size_t NF = (size_t)m->N * m->F;
+        memcpy(d->ln1, a->ln1, RC * sizeof(float));
+        memcpy(d->ln2, a->ln2, RC * sizeof(float));
+        memcpy(d->res2, a->res2, RC * sizeof(float));
+        memcpy(d->atty, a->atty, NCq * sizeof(float));
+        memcpy(d->fch_gelu, a->fch_gelu, NF * sizeof(float));
+        memcpy(d->mean1, a->mean1, R * sizeof(float));
+        memcpy(d->rstd1, a->rstd1, R * sizeof(float));
+        memcpy(d->mean2, a->mean2, R * sizeof(float));
+        memcpy(d->rstd2, a->rstd2, R * sizeof(float));
+    }
+    if (part != PART_INPUT)
+        commit_grads(m, unit);
+}
+
+/* Why a unit cannot run now, or LOOM_OK. */
+static int check_unit(const loom_model *m, int unit, const char *what)
+{
+    if (unit < 0 || unit > m->L + 1)
+        return loom_fail(LOOM_ERR_INVALID, "model: %s of unit %d, outside 0..%d", what, unit,
+                         m->L + 1);
+    if (!m->runs[unit])
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d, which this rank does not compute "
+                         "(loom_model_layout.runs_unit)", what, unit);
+    if (m->slot < 0 || !m->slots[m->slot].mem)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d with no slot in use; call loom_model_use_slot "
+                         "first", what, unit);
+    return LOOM_OK;
+}
+
+static int model_backward(loom_model *m, int unit, float dloss, int part)
+{
+    static const char *const names[] = {"backward", "backward_input", "backward_weight"};
+    int rc = check_unit(m, unit, names[part]);
+    if (rc != LOOM_OK)
+        return rc;
+    deferred *d = part == PART_BOTH ? NULL : &m->slots[m->slot].deferred[unit];
+    if (part == PART_INPUT) {
+        if (d->mem)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "model: backward_input of unit %d in slot %d twice without its "
+                             "backward_weight", unit, m->slot);
+        carver c = {NULL, 0};
+        layout_deferred(m, &c, d, unit);
+        if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used, &d->mem)) !=
+            LOOM_OK)
+            return rc;
+        carver real = {d->mem, 0};
+        layout_deferred(m, &real, d, unit);
+    } else if (part == PART_WEIGHT && !d->mem) {
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: backward_weight of unit %d in slot %d without its "
+                         "backward_input first", unit, m->slot);
+    }
+    if (unit == m->L + 1)
+        head_backward(m, dloss, d, part);
+    else if (unit >= 1)
+        block_unit_backward(m, unit, d, part);
+    else
+        embedding_backward(m, d, part);
+    if (part == PART_WEIGHT) {
+        loom_mem_free(d->mem);
+        memset(d, 0, sizeof *d);
+    }
+    return m->status;
+}
+
+int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
+                       float *loss)
+{
+    int rc = check_unit(m, unit, "forward");
+    if (rc == LOOM_OK)
+        rc = model_forward(m, unit, inputs, targets, loss);
     return rc != LOOM_OK ? rc : m->status;
 }
 
-static int model_backward(loom_model *m, int unit, float dloss)
+int loom_model_backward(loom_model *m, int unit, float dloss)
 {
-    int N = m->N, R = m->R, C = m->C, L = m->L;
-    size_t RC = (size_t)R * C;
-    if (unit == L + 1) {
-        head_acts *h = &m->head;
-        for (int i = 0; i < N; i++)
-            m->dlosses[i] = dloss;
-        memset(h->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
-        if (m->tp > 1)
-            parallel_loss_backward(m);
-        else
-            loom_crossentropy_softmax_backward(h->dlogits, m->dlosses, h->probs, m->targets, N,
-                                               m->V, m->Vp);
-        const float *p = unit_params32(m, unit);
-        const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
-        float *g = unit_grads32(m, unit);
-        float *dwte = gtensor(m, 0, unit_grads32(m, 0), 0);
-        const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-        float *dlnf = m->dtmp_a;
-        memset(dlnf, 0, (size_t)N * C * sizeof(float));
-        loom_matmul_backward(dlnf, dwte, NULL, h->dlogits, in, wte, N, C, m->Vl);
-        dlnf = border(m, m->ops.region_enter_backward, LOOM_REGION_VOCAB, dlnf, N, m->dsmall, R,
-                      C);
-        const float *x;
-        if (m->inplace) {
-            x = m->resid[L];
-        } else {
-            block_input32(m, L, m->dtmp_b);
-            x = m->dtmp_b;
-        }
-        memset(m->dresid, 0, RC * sizeof(float));
-        loom_layernorm_backward(m->dresid, gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), dlnf, x,
-                                tensor(m, unit, p, 0), h->meanf, h->rstdf, R, C);
-        commit_grads(m, unit);
-        return LOOM_OK;
+    return model_backward(m, unit, dloss, PART_BOTH);
+}
+
+int loom_model_backward_input(loom_model *m, int unit, float dloss)
+{
+    return model_backward(m, unit, dloss, PART_INPUT);
+}
+
+int loom_model_backward_weight(loom_model *m, int unit)
+{
+    return model_backward(m, unit, 0.0f, PART_WEIGHT);
+}
+
+/* ---- micro-batch slots and stage borders ---- */
+
+int loom_model_use_slot(loom_model *m, int slot)
+{
+    if (slot < 0)
+        return loom_fail(LOOM_ERR_INVALID, "model: slot %d; slots are numbered from 0", slot);
+    if (slot >= m->nslots) {
+        int n = slot + 1 > 2 * m->nslots ? slot + 1 : 2 * m->nslots;
+        model_slot *grown = realloc(m->slots, (size_t)n * sizeof *grown);
+        if (!grown)
+            return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+        memset(grown + m->nslots, 0, (size_t)(n - m->nslots) * sizeof *grown);
+        m->slots = grown;
+        m->nslots = n;
     }
-    if (unit >= 1) {
-        int l = unit - 1;
-        const float *p = unit_params32(m, unit);
-        float *g = unit_grads32(m, unit);
-        block_acts *a;
-        if (m->inplace) {
-            a = &m->acts[l];
-        } else {
-            a = &m->scratch;
-            block_input32(m, l, a->x);
-            lend_saved(m, l);
-            if (m->s.recompute)
-                block_forward(m, unit, p, a);
-            else
-                transfer_block(m, l, 0);
-        }
-        block_backward(m, unit, p, g, a);
-        commit_grads(m, unit);
-        return LOOM_OK;
-    }
-    float *g = unit_grads32(m, 0);
-    if (m->tp > 1)
-        embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), m->dresid);
-    else
-        loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), m->dresid, m->tokens,
-                              m->lay.positions ? m->positions : NULL, m->s.batch, m->T, C);
-    commit_grads(m, 0);
-    return LOOM_OK;
+    int rc = m->slots[slot].mem ? LOOM_OK : alloc_slot(m, &m->slots[slot]);
+    if (rc == LOOM_OK)
+        m->slot = slot;
+    return rc;
+}
+
+void loom_model_release_slot(loom_model *m, int slot)
+{
+    if (slot >= 0 && slot < m->nslots)
+        free_slot(m, &m->slots[slot]);
+}
+
+size_t loom_model_slot_bytes(const loom_model *m) { return m->slot_bytes; }
+
+size_t loom_model_deferred_bytes(const loom_model *m, int unit)
+{
+    deferred d;
+    carver c = {NULL, 0};
+    layout_deferred(m, &c, &d, unit);
+    return c.used;
+}
+
+void *loom_model_stream(loom_model *m, int unit, size_t *count, loom_dtype *dtype)
+{
+    if (count)
+        *count = (size_t)m->R * m->C;
+    if (dtype)
+        *dtype = m->inplace ? LOOM_F32 : m->s.dtype;
+    if (!holds_stream(m, unit) || m->slot < 0 || m->slot >= m->nslots || !m->slots[m->slot].mem)
+        return NULL;
+    return m->slots[m->slot].stream[unit];
+}
+
+float *loom_model_stream_grad(loom_model *m, size_t *count)
+{
+    if (count)
+        *count = (size_t)m->R * m->C;
+    return m->dresid;
 }
 
 double loom_model_flops_per_token(const loom_model *m)

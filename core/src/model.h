@@ -37,7 +37,7 @@ typedef struct loom_model_setup {
     int recompute;      /* 1: keep only each block's input */
 } loom_model_setup;
 
-/* Where this rank sits on the tensor and sequence axes. */
+/* Where this rank sits on the tensor, sequence and pipeline axes. */
 typedef struct loom_model_layout {
     int tp_size, tp_rank;
     int sequence_parallel; /* Megatron's: residual regions split along the token rows */
@@ -47,6 +47,12 @@ typedef struct loom_model_layout {
     int sp_size;          /* ranks on the sequence axis */
     const int *positions; /* npositions global positions of each sequence this rank holds; */
     int npositions;       /* NULL: all seq of them, in order */
+    /* Pipeline stages: runs_unit[u] != 0 for each of the L + 2 units this
+     * rank computes (one stage's contiguous range, or several with virtual
+     * stages). NULL: every unit. Activations, their backward scratch and
+     * the fp32 copies are allocated for these units only; the parameter
+     * views (loom_model_units) still describe all units. */
+    const unsigned char *runs_unit;
 } loom_model_layout;
 
 int loom_model_create(const loom_model_setup *setup, loom_model **out);
@@ -75,15 +81,71 @@ void loom_model_slice(const loom_model *m, int unit, const float *full, float *l
 void loom_model_unslice(const loom_model *m, int unit, const loom_param_shard *shards,
                         const float *local, float *full);
 
-/* One unit forward for the current micro-batch. The embedding reads tokens,
- * the head reads targets and leaves the per-token losses; returns the mean
- * loss of the micro-batch through loss (head only). */
+/* One unit forward for the current micro-batch (the slot in use). The
+ * embedding reads tokens, the head reads targets and leaves the per-token
+ * losses; returns the mean loss of the micro-batch through loss (head
+ * only). A unit outside runs_unit, or no slot in use, is refused. */
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss);
-/* One unit backward; dloss is the gradient of each token's loss (the head
- * seeds it). Adds into units[unit].grads (and, for the head, into the tied
- * wte gradient of unit 0). */
+/* One unit backward of the slot in use; dloss is the gradient of each
+ * token's loss (the head seeds it). Adds into units[unit].grads (and, for
+ * the head, into the tied wte gradient of unit 0: committed with the
+ * embedding's backward when this rank runs unit 0, else at the end of the
+ * head's, into units[0].grads, which a pipeline's last stage points at its
+ * copy of wte). It is exactly backward_input then backward_weight. */
 int loom_model_backward(loom_model *m, int unit, float dloss);
+
+/* The split backward of zero-bubble schedules, the same bits as
+ * loom_model_backward. backward_input leaves the gradient of the unit's
+ * input in the stream gradient (the embedding has none: it keeps the
+ * gradient of its output) and keeps what the weight gradients need in the
+ * slot, loom_model_deferred_bytes(m, unit) more ACTIVATIONS; any actions
+ * of other slots may run before backward_weight adds the unit's weight
+ * gradients (and the head's wte share) as loom_model_backward would, and
+ * frees them. The halves call the hooks apart: border conjugates and
+ * attention backward in the input part; the weight gradients' region
+ * inputs (f again, an all-gather with sequence parallelism) and
+ * reduce_grads in the weight part. With several slots in flight, run a
+ * unit's backward_weight of the head before the embedding's of the same
+ * micro-batch when one model holds both (the wte share waits there). */
+int loom_model_backward_input(loom_model *m, int unit, float dloss);
+int loom_model_backward_weight(loom_model *m, int unit);
+size_t loom_model_deferred_bytes(const loom_model *m, int unit);
+
+/* Micro-batch slots. A slot holds everything one micro-batch keeps from
+ * its forward to its backward on this rank: the residual streams, each
+ * block's saved tensors (and LayerNorm statistics, attention's lse), the
+ * head's LayerNorm output, statistics, probabilities and losses, the
+ * tokens and targets, and split backwards in flight. use_slot makes the
+ * following forward/backward calls use the slot, allocating it on first
+ * use (one block of loom_model_slot_bytes, ACTIVATIONS; each buffer in it
+ * rounded up to 64 bytes); release_slot frees it once the micro-batch's
+ * backward is complete here (a released slot is allocated afresh by its
+ * next use). What all slots share (the fp32 scratch set, the backward's
+ * scratch, the fp32 copies of parameters and gradients) is allocated once
+ * at create. Slot 0 is allocated and in use from create, so a caller that
+ * never names a slot runs one micro-batch at a time as before. */
+int loom_model_use_slot(loom_model *m, int slot);
+void loom_model_release_slot(loom_model *m, int slot);
+size_t loom_model_slot_bytes(const loom_model *m);
+
+/* Stage borders, in the slot in use. loom_model_stream: the residual stream
+ * entering unit (1..L+1), i.e. unit-1's output: count = R x C elements
+ * (R = this rank's token rows: N, or N/tp with sequence parallelism) of
+ * dtype (fp32 when fp32 without recomputation, else the 16-bit or fp32
+ * storage dtype), which is what goes over the wire. A stage whose first
+ * unit is u writes the received activation there before forward(u); a
+ * stage whose last unit is u-1 sends it after forward(u-1). NULL when the
+ * rank runs neither u nor u-1 (count and dtype are still filled in).
+ *
+ * loom_model_stream_grad: the residual stream's gradient, fp32, count =
+ * R x C, one buffer for all slots. Before the backward (or
+ * backward_input) of a stage's last unit u < L+1, the executor writes the
+ * gradient of unit u's output there (the head seeds its own); after the
+ * backward (or backward_input) of the stage's first unit u >= 1, it holds
+ * the gradient of unit u's input, to send before the next backward. */
+void *loom_model_stream(loom_model *m, int unit, size_t *count, loom_dtype *dtype);
+float *loom_model_stream_grad(loom_model *m, size_t *count);
 
 /* The parallel ops the model is written against (DESIGN §5.1). The trainer
  * installs a strategy's hooks here; a NULL member is the local default:
