@@ -42,11 +42,25 @@ int loom_mem_alloc(loom_tier tier, loom_purpose purpose, size_t bytes, void **ou
 {
     if ((unsigned)purpose >= LOOM_PURPOSE_COUNT)
         return loom_fail(LOOM_ERR_INVALID, "memory: unknown purpose %d", (int)purpose);
-    if (tier != LOOM_TIER_HOST) {
-        /* Device and pinned memory need the CUDA device tier; NVMe is not
-         * addressable and goes through its memtier plugin. */
+    if (tier == LOOM_TIER_DEVICE || tier == LOOM_TIER_PINNED) {
+#ifdef LOOM_HAVE_CUDA
+        /* device.c keeps these blocks (no header in front: the CPU cannot
+         * write device memory); the accounting stays here. */
+        int rc = loom_device_alloc(tier, purpose, bytes, out);
+        if (rc == LOOM_OK)
+            account(tier, purpose, (int64_t)bytes);
+        return rc;
+#else
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "memory: the %s tier is not available in this build (only host)",
+                         "memory: the %s tier needs a loom built with CUDA (CMake did not find "
+                         "the CUDA toolkit; set CUDAToolkit_ROOT and reconfigure)",
+                         loom_tier_name(tier));
+#endif
+    }
+    if (tier != LOOM_TIER_HOST) {
+        /* NVMe is not addressable and goes through its memtier plugin. */
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "memory: the %s tier is not addressable; use its memtier plugin",
                          loom_tier_name(tier));
     }
     void *raw = NULL;
@@ -67,6 +81,17 @@ void loom_mem_free(void *ptr)
 {
     if (!ptr)
         return;
+#ifdef LOOM_HAVE_CUDA
+    /* Device and pinned blocks first: reading a header in front of a device
+     * pointer would fault. */
+    loom_tier dtier;
+    loom_purpose dpurpose;
+    uint64_t dbytes;
+    if (loom_device_free(ptr, &dtier, &dpurpose, &dbytes)) {
+        account(dtier, dpurpose, -(int64_t)dbytes);
+        return;
+    }
+#endif
     block_header *h = (block_header *)ptr - 1;
     if (h->magic != MAGIC) {
         loom_log(LOOM_LOG_ERROR, "memory: free of a pointer loom did not allocate (%p)", ptr);

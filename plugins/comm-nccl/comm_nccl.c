@@ -1,0 +1,1209 @@
+/* comm-nccl — the communicator over NCCL, on CUDA device buffers (DESIGN §3).
+ *
+ * One NCCL communicator and one CUDA stream per loom communicator. Every op
+ * is enqueued on that stream followed by a CUDA event; test is the event's
+ * query and wait polls it, so every op is non-blocking. The world comes from
+ * an ncclUniqueId that rank 0 makes and puts in the bootstrap store;
+ * subgroups come from ncclCommSplit.
+ *
+ * The NCCL communicators are non-blocking (ncclConfig_t.blocking = 0): no
+ * NCCL call blocks, so creation, group ends and every wait can be bounded by
+ * comm.timeout_s. On expiry, or when ncclCommGetAsyncError reports an error,
+ * the communicator is aborted with ncclCommAbort (which stops its kernels
+ * instead of waiting for peers) and the error names the op, its sequence
+ * number and the group.
+ *
+ * Things NCCL does differently from loom's contract, and what we do:
+ *  - point-to-point has no tags: messages between two ranks match in
+ *    posting order. Inside a group_start/group_end bracket we post each
+ *    peer's sends and receives sorted by tag, so pairs match by tag there;
+ *    outside a bracket, two ranks must post their messages in the same order.
+ *  - create_subgroup is ncclCommSplit, collective over every rank of the
+ *    parent (as comm.h says); a rank of the parent that never calls it makes
+ *    the others time out.
+ *  - avg: NCCL sums then divides for integers (truncating, like loom) but
+ *    pre-multiplies by 1/n for floating types, so at rank counts that are
+ *    not powers of two a float average may differ from sum/n in the last bit.
+ *
+ * A loom communicator is used from one thread at a time (NCCL requires the
+ * same of its communicators), so it has no lock. */
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "loom/comm.h"
+
+/* ------------------------------------------------------------ settings */
+
+static const loom_setting_spec nccl_settings[] = {
+    {"device", LOOM_SETTING_INT, "-1",
+     "CUDA device of this rank; -1 means its local rank on the machine"},
+    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+     "after a timeout, how long to collect the other ranks' reports before naming the ranks "
+     "that did not arrive"},
+    {NULL, 0, NULL, NULL},
+};
+
+typedef struct nccl_settings_t {
+    int device;
+    double timeout_s;
+    double grace_s;
+} nccl_settings_t;
+
+static void read_settings(const loom_host *host, nccl_settings_t *s)
+{
+    s->device = -1;
+    s->timeout_s = host->timeout_s > 0 ? host->timeout_s : 60.0;
+    s->grace_s = 2.0;
+    int64_t i;
+    double d;
+    if (host->config_int && host->config_int(host, "device", &i) == LOOM_OK)
+        s->device = (int)i;
+    if (host->config_float && host->config_float(host, "late_grace_s", &d) == LOOM_OK && d >= 0)
+        s->grace_s = d;
+}
+
+/* --------------------------------------------------------- small helpers */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Give the CPU away while polling: yield while the wait is young (small
+ * collectives end in microseconds), then sleep, since cores may be shared. */
+static void idle(double waited)
+{
+    if (waited < 0.002) {
+        sched_yield();
+        return;
+    }
+    struct timespec t = {0, waited < 1.0 ? 20000 : 1000000};
+    nanosleep(&t, NULL);
+}
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static int nccl_status(ncclResult_t r)
+{
+    switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage: return LOOM_ERR_INVALID;
+    case ncclRemoteError:
+    case ncclSystemError: return LOOM_ERR_REMOTE;
+    default: return LOOM_ERR_INTERNAL;
+    }
+}
+
+static ncclDataType_t nccl_dtype(loom_dtype t)
+{
+    switch (t) {
+    case LOOM_F32: return ncclFloat32;
+    case LOOM_BF16: return ncclBfloat16;
+    case LOOM_F16: return ncclFloat16;
+    case LOOM_F64: return ncclFloat64;
+    case LOOM_I32: return ncclInt32;
+    case LOOM_I64: return ncclInt64;
+    case LOOM_U8: return ncclUint8;
+    default: return ncclNumTypes;
+    }
+}
+
+static ncclRedOp_t nccl_op(loom_redop op)
+{
+    switch (op) {
+    case LOOM_MAX: return ncclMax;
+    case LOOM_MIN: return ncclMin;
+    case LOOM_AVG: return ncclAvg;
+    default: return ncclSum;
+    }
+}
+
+/* ------------------------------------------------------- communicators */
+
+typedef enum op_kind {
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALLGATHER,
+    K_REDUCESCATTER,
+    K_ALLTOALL,
+    K_SEND,
+    K_RECV,
+} op_kind;
+
+struct loom_comm {
+    const loom_host *host;
+    ncclComm_t nccl;      /* NULL once aborted or destroyed */
+    cudaStream_t stream;  /* every op of this communicator, in posting order */
+    int device;
+    int rank, size;
+    int *world_ranks;     /* world rank of each rank of this group, for messages */
+    char id[96];          /* the same on every member, unique in the job: names store keys */
+    char desc[256];       /* "group of 4 (world ranks 0,1,2,3)" */
+    uint64_t seq;         /* collectives posted here; the next one is seq + 1 */
+    uint64_t p2p_seq;     /* sends and receives posted here */
+    int nsubs;            /* subgroups split from this one: part of their ids */
+    nccl_settings_t set;
+    int grouping;         /* depth of group_start brackets */
+    int failed, fail_status;
+    char failure[512];
+    void *barrier_buf;    /* one device float: barrier is a 1-element allreduce */
+    loom_comm_request *inflight; /* every live request, newest first */
+};
+
+struct loom_comm_request {
+    loom_comm *comm; /* NULL once the group was destroyed under it */
+    const loom_host *host;
+    const char *name;
+    int collective;
+    uint64_t seq;
+    /* the call, kept so a bracket can post it at group_end */
+    op_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    loom_dtype dtype;
+    loom_redop op;
+    int root, peer, tag;
+    void *stage;     /* device copy of a send buffer that overlaps recv */
+    int posted;      /* handed to NCCL */
+    int recorded;    /* its completion event is on the stream */
+    cudaEvent_t done;
+    loom_comm_request *prev, *next;
+};
+
+static void comm_describe(loom_comm *c)
+{
+    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
+    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
+        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world_ranks[i]);
+    if (n >= (int)sizeof c->desc - 16)
+        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
+    else
+        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
+}
+
+/* host->error with NCCL's own texts: "comm-nccl: <what>: <result> (<last error>)". */
+__attribute__((format(printf, 4, 5))) static int nccl_fail(const loom_host *host, ncclComm_t comm,
+                                                           ncclResult_t r, const char *fmt, ...)
+{
+    char what[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    /* ncclGetLastError describes the last error NCCL met on this thread,
+     * which may be unrelated to this call: it is an addition, not the cause. */
+    const char *last = ncclGetLastError(comm);
+    return host->error(host, nccl_status(r), "comm-nccl: %s: %s%s%s%s", what, ncclGetErrorString(r),
+                       last && *last ? " (" : "", last && *last ? last : "",
+                       last && *last ? ")" : "");
+}
+
+static int cuda_fail(const loom_host *host, cudaError_t e, const char *what)
+{
+    return host->error(host, LOOM_ERR_INTERNAL, "comm-nccl: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Record that the group is unusable. After an error or a timeout, NCCL's
+ * documentation allows nothing but ncclCommAbort on the communicator (no
+ * assumption holds about ops already enqueued), so that happens here. */
+static void comm_fail(loom_comm *c, int status, const char *why)
+{
+    if (!c->failed) {
+        c->failed = 1;
+        c->fail_status = status;
+        copy_str(c->failure, sizeof c->failure, why);
+    }
+    if (c->nccl) {
+        /* ncclCommAbort frees the communicator and stops its kernels without
+         * waiting for the peers; the handle is gone after it. */
+        ncclCommAbort(c->nccl);
+        c->nccl = NULL;
+    }
+}
+
+/* A non-blocking NCCL call that returned ncclInProgress goes on in the
+ * background; NCCL's documentation says to poll ncclCommGetAsyncError on
+ * that communicator until it leaves ncclInProgress before any other NCCL
+ * call on it, and not to enqueue other work on its streams meanwhile.
+ * Returns NCCL's final state, or ncclInProgress if the deadline passed. */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double deadline)
+{
+    double t0 = now_s();
+    while (r == ncclInProgress) {
+        ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+        if (q != ncclSuccess)
+            return q;
+        if (r != ncclInProgress)
+            break;
+        double t = now_s();
+        if (t > deadline)
+            return ncclInProgress;
+        idle(t - t0);
+    }
+    return r;
+}
+
+static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const nccl_settings_t *s)
+{
+    loom_comm *c = calloc(1, sizeof *c);
+    int *wr = calloc((size_t)size, sizeof *wr);
+    if (!c || !wr) {
+        free(c);
+        free(wr);
+        return NULL;
+    }
+    c->host = host;
+    c->rank = rank;
+    c->size = size;
+    c->world_ranks = wr;
+    c->set = *s;
+    return c;
+}
+
+/* The parts every communicator has besides the NCCL one: its stream (a
+ * non-blocking one, so our ops never wait for work on the legacy default
+ * stream) and the barrier's device word, allocated through the core so the
+ * accounting sees it. */
+static int comm_finish_setup(loom_comm *c)
+{
+    const loom_host *h = c->host;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        c->stream = NULL;
+        return cuda_fail(h, e, "cudaStreamCreateWithFlags");
+    }
+    int st = h->mem_alloc(h, LOOM_TIER_DEVICE, LOOM_PURPOSE_COMM, sizeof(float), &c->barrier_buf);
+    if (st != LOOM_OK)
+        c->barrier_buf = NULL;
+    return st;
+}
+
+static void comm_free(loom_comm *c)
+{
+    if (!c)
+        return;
+    if (c->barrier_buf)
+        c->host->mem_free(c->host, c->barrier_buf);
+    if (c->stream)
+        cudaStreamDestroy(c->stream); /* returns at once; queued work ends first */
+    free(c->world_ranks);
+    free(c);
+}
+
+/* The communicator's own config: non-blocking, named in NCCL's logs by our id. */
+static ncclConfig_t comm_config(const loom_comm *c)
+{
+    /* NCCL_CONFIG_INITIALIZER is required: an uninitialised config is an
+     * error, and unset fields keep NCCL's defaults. */
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = c->id;
+    return config;
+}
+
+/* ------------------------------------------------------ world creation */
+
+/* Which device this rank drives, and make it current: ncclCommInitRank*
+ * binds the communicator to the current device, and our streams and device
+ * memory must be on it too. No device at all is the one-line refusal the
+ * machines without a GPU see. */
+static int select_device(const loom_host *host, const nccl_settings_t *s, int *device)
+{
+    /* Without a driver, cudaGetDeviceCount fails and leaves the count as it
+     * was: start from 0 and trust the return code. */
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "comm-nccl: no CUDA device visible (cudaGetDeviceCount: %s)",
+                           cudaGetErrorString(e));
+    if (count < 1)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "comm-nccl: no CUDA device visible (cudaGetDeviceCount: 0 devices)");
+    int d = s->device;
+    if (d >= count)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "comm-nccl: comm.nccl.device = %d, but this machine shows %d CUDA "
+                           "device%s (0..%d)",
+                           d, count, count > 1 ? "s" : "", count - 1);
+    if (d < 0) {
+        if (host->local_rank >= count)
+            return host->error(host, LOOM_ERR_INVALID,
+                               "comm-nccl: rank %d is local rank %d on its machine, which shows "
+                               "only %d CUDA device%s; NCCL needs a device per rank: start at "
+                               "most %d ranks per machine",
+                               host->rank, host->local_rank, count, count > 1 ? "s" : "", count);
+        d = host->local_rank > 0 ? host->local_rank : 0;
+    }
+    if ((e = cudaSetDevice(d)) != cudaSuccess)
+        return cuda_fail(host, e, "cudaSetDevice");
+    *device = d;
+    return LOOM_OK;
+}
+
+static int nccl_create_world(const loom_host *host, loom_comm **out)
+{
+    if (!out || !host)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    nccl_settings_t s;
+    read_settings(host, &s);
+    int device = -1, st = select_device(host, &s, &device);
+    if (st != LOOM_OK)
+        return st;
+
+    loom_comm *c = comm_alloc(host, host->rank, host->world_size, &s);
+    if (!c)
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
+    c->device = device;
+    for (int i = 0; i < c->size; i++)
+        c->world_ranks[i] = i;
+    comm_describe(c);
+
+    /* Every rank counts the worlds it made in the store: the same count on
+     * every rank names this world's unique id without a process global. */
+    char key[160];
+    int64_t nth = 0;
+    snprintf(key, sizeof key, "worlds/%d", host->rank);
+    if ((st = host->kv_add(host, key, 1, &nth)) != LOOM_OK) {
+        comm_free(c);
+        return st;
+    }
+    snprintf(c->id, sizeof c->id, "w%lld", (long long)nth);
+
+    /* ncclGetUniqueId is called once, by one rank, and the id reaches every
+     * rank before ncclCommInitRank* (NCCL's documented order). */
+    ncclUniqueId uid;
+    snprintf(key, sizeof key, "%s/uid", c->id);
+    if (host->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&uid);
+        if (r != ncclSuccess) {
+            comm_free(c);
+            return nccl_fail(host, NULL, r, "create_world: ncclGetUniqueId");
+        }
+        st = host->kv_put(host, key, &uid, sizeof uid);
+    } else {
+        size_t len = 0;
+        st = host->kv_get(host, key, &uid, sizeof uid, &len, s.timeout_s);
+        if (st == LOOM_OK && len != sizeof uid)
+            st = host->error(host, LOOM_ERR_INTERNAL,
+                             "comm-nccl: create_world: the unique id in the store has %zu bytes, "
+                             "not %zu; are all ranks running the same loom?",
+                             len, sizeof uid);
+    }
+    if (st != LOOM_OK) {
+        comm_free(c);
+        return st;
+    }
+
+    ncclConfig_t config = comm_config(c);
+    double deadline = now_s() + s.timeout_s;
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, uid, c->rank, &config);
+    if (nc)
+        r = settle(nc, r, deadline);
+    if (r != ncclSuccess) {
+        if (r == ncclInProgress)
+            st = host->error(host, LOOM_ERR_TIMEOUT,
+                             "comm-nccl: create_world on %s timed out after %.1f s: not every "
+                             "rank reached ncclCommInitRankConfig (NCCL_DEBUG=INFO shows which)",
+                             c->desc, s.timeout_s);
+        else
+            st = nccl_fail(host, nc, r, "create_world on %s: ncclCommInitRankConfig", c->desc);
+        if (nc)
+            ncclCommAbort(nc);
+        comm_free(c);
+        return st;
+    }
+    c->nccl = nc;
+    if ((st = comm_finish_setup(c)) != LOOM_OK) {
+        ncclCommAbort(c->nccl);
+        c->nccl = NULL;
+        comm_free(c);
+        return st;
+    }
+    int version = 0;
+    ncclGetVersion(&version);
+    host->log(host, LOOM_LOG_DEBUG, "NCCL %d: rank %d of %d on CUDA device %d", version, c->rank,
+              c->size, device);
+    *out = c;
+    return LOOM_OK;
+}
+
+/* --------------------------------------------------------- subgroups */
+
+static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
+{
+    if (!out || !parent)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    const loom_host *h = parent->host;
+    /* The core checked the list (comm.h); find this rank's place in it. */
+    int me = 0, color = ranks[0];
+    while (ranks[me] != parent->rank)
+        me++;
+    for (int i = 1; i < nranks; i++)
+        color = ranks[i] < color ? ranks[i] : color;
+    if (parent->failed || !parent->nccl)
+        return h->error(h, LOOM_ERR_REMOTE,
+                        "comm-nccl: create_subgroup on %s: the group failed earlier: %s",
+                        parent->desc, parent->failure);
+
+    loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
+    if (!c)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
+    c->device = parent->device;
+    for (int i = 0; i < nranks; i++)
+        c->world_ranks[i] = parent->world_ranks[ranks[i]];
+    comm_describe(c);
+    /* ncclCommSplit is collective over the whole parent, so every parent
+     * rank numbers its splits alike. */
+    snprintf(c->id, sizeof c->id, "%.60s.s%d", parent->id, parent->nsubs++);
+
+    /* Members of one list share a color (its smallest parent rank, distinct
+     * between disjoint lists); key = place in the list orders the new ranks
+     * as the list does (NCCL orders by key, ties by parent rank). */
+    ncclConfig_t config = comm_config(c);
+    double deadline = now_s() + c->set.timeout_s;
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommSplit(parent->nccl, color, me, &nc, &config);
+    if (r == ncclInProgress)
+        r = settle(nc ? nc : parent->nccl, r, deadline);
+    int st = LOOM_OK;
+    if (r == ncclInProgress) {
+        char why[512];
+        snprintf(why, sizeof why,
+                 "create_subgroup on %s timed out after %.1f s in ncclCommSplit, which every rank "
+                 "of the parent must call (a rank alone in its subgroup must call it too)",
+                 parent->desc, c->set.timeout_s);
+        comm_fail(parent, LOOM_ERR_TIMEOUT, why);
+        st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s", why);
+    } else if (r != ncclSuccess) {
+        st = nccl_fail(h, nc ? nc : parent->nccl, r, "create_subgroup on %s: ncclCommSplit",
+                       parent->desc);
+    } else {
+        /* NCCL counts the ranks that passed our color: a member that passed
+         * a different list shows up here instead of as a hang later. */
+        int count = 0, rank = -1;
+        ncclCommCount(nc, &count);
+        ncclCommUserRank(nc, &rank);
+        if (count != nranks || rank != me)
+            st = h->error(h, LOOM_ERR_INVALID,
+                          "comm-nccl: create_subgroup on %s: NCCL made rank %d of %d, this rank's "
+                          "list says %d of %d; every member must pass the same list",
+                          parent->desc, rank, count, me, nranks);
+    }
+    if (st == LOOM_OK) {
+        c->nccl = nc;
+        st = comm_finish_setup(c);
+    }
+    if (st != LOOM_OK) {
+        if (nc)
+            ncclCommAbort(nc);
+        c->nccl = NULL;
+        comm_free(c);
+        return st;
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+/* --------------------------------------------------------- requests */
+
+static void req_link(loom_comm *c, loom_comm_request *r)
+{
+    r->next = c->inflight;
+    if (c->inflight)
+        c->inflight->prev = r;
+    c->inflight = r;
+}
+
+static void req_release(loom_comm_request *r)
+{
+    loom_comm *c = r->comm;
+    if (c) {
+        if (r->prev)
+            r->prev->next = r->next;
+        else if (c->inflight == r)
+            c->inflight = r->next;
+        if (r->next)
+            r->next->prev = r->prev;
+    }
+    /* A pending event may be destroyed: CUDA frees it once the device gets
+     * there. The stage is freed only for completed or never-posted ops, or
+     * by cudaFree's own wait for the device. */
+    if (r->done)
+        cudaEventDestroy(r->done);
+    if (r->stage)
+        r->host->mem_free(r->host, r->stage);
+    free(r);
+}
+
+/* "allreduce #17 on group of 4 (world ranks 0,1,2,3)" or
+ * "send #3 to rank 2 (tag 7) on group of ..." */
+static void req_describe(const loom_comm_request *r, const loom_comm *c, char *buf, size_t cap)
+{
+    const char *desc = c ? c->desc : "a destroyed group";
+    if (r->collective)
+        snprintf(buf, cap, "%s #%llu on %s", r->name, (unsigned long long)r->seq, desc);
+    else
+        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d) on %s", r->name,
+                 (unsigned long long)r->seq, r->kind == K_SEND ? "to" : "from", r->peer, r->tag,
+                 desc);
+}
+
+/* Begin an op: number it, refuse it on a failed group, make its request
+ * (NULL with LOOM_OK for an op of no elements, complete at issue). */
+static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective, size_t count,
+                    loom_dtype dtype, loom_comm_request **out)
+{
+    *out = NULL;
+    if (!c)
+        return LOOM_ERR_INVALID;
+    const loom_host *h = c->host;
+    uint64_t seq = collective ? ++c->seq : ++c->p2p_seq;
+    if (c->failed || !c->nccl)
+        return h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
+                        "comm-nccl: %s #%llu on %s: the group failed earlier: %s", name,
+                        (unsigned long long)seq, c->desc, c->failure);
+    if (nccl_dtype(dtype) == ncclNumTypes)
+        return h->error(h, LOOM_ERR_NOT_SUPPORTED, "comm-nccl: %s #%llu: dtype %s is not supported",
+                        name, (unsigned long long)seq, loom_dtype_name(dtype));
+    if (count == 0) /* complete at issue, on every rank alike */
+        return LOOM_OK;
+    loom_comm_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
+    r->comm = c;
+    r->host = h;
+    r->name = name;
+    r->collective = collective;
+    r->seq = seq;
+    r->kind = kind;
+    r->count = count;
+    r->dtype = dtype;
+    r->root = r->peer = -1;
+    /* cudaEventDisableTiming: we only query the event, which is what the
+     * flag is for (the cheapest events). */
+    cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        free(r);
+        return cuda_fail(h, e, "cudaEventCreateWithFlags");
+    }
+    *out = r;
+    return LOOM_OK;
+}
+
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+/* NCCL's in-place forms are exact pointer relations; any other overlap of
+ * send and recv is a race inside NCCL, so such a send buffer is copied to a
+ * device stage first, on the op's own stream (ordered before the op). */
+static int stage_send(loom_comm_request *r, size_t bytes)
+{
+    loom_comm *c = r->comm;
+    const loom_host *h = c->host;
+    int st = h->mem_alloc(h, LOOM_TIER_DEVICE, LOOM_PURPOSE_COMM, bytes, &r->stage);
+    if (st != LOOM_OK) {
+        r->stage = NULL;
+        return st;
+    }
+    cudaError_t e = cudaMemcpyAsync(r->stage, r->send, bytes, cudaMemcpyDeviceToDevice, c->stream);
+    if (e != cudaSuccess)
+        return cuda_fail(h, e, "staging an overlapping send buffer (cudaMemcpyAsync)");
+    r->send = r->stage;
+    return LOOM_OK;
+}
+
+/* Hand one op to NCCL (inside a group, it is only recorded by NCCL until
+ * ncclGroupEnd). Collectives return once enqueued on the stream. */
+static ncclResult_t issue(loom_comm_request *r)
+{
+    loom_comm *c = r->comm;
+    ncclDataType_t t = nccl_dtype(r->dtype);
+    ncclComm_t nc = c->nccl;
+    cudaStream_t s = c->stream;
+    r->posted = 1;
+    switch (r->kind) {
+    case K_ALLREDUCE: return ncclAllReduce(r->send, r->recv, r->count, t, nccl_op(r->op), nc, s);
+    case K_BROADCAST: return ncclBroadcast(r->recv, r->recv, r->count, t, r->root, nc, s);
+    case K_REDUCE:
+        /* recvbuff may be NULL except on the root */
+        return ncclReduce(r->send, c->rank == r->root ? r->recv : NULL, r->count, t,
+                          nccl_op(r->op), r->root, nc, s);
+    case K_ALLGATHER: return ncclAllGather(r->send, r->recv, r->count, t, nc, s);
+    case K_REDUCESCATTER:
+        return ncclReduceScatter(r->send, r->recv, r->count, t, nccl_op(r->op), nc, s);
+    case K_ALLTOALL: {
+        /* One fused group of a send and a receive per peer (self included):
+         * NCCL runs the sends and receives of one group concurrently, so
+         * the pairwise exchange cannot deadlock. Groups nest, so this is
+         * right inside a user's bracket too. */
+        size_t block = r->count * loom_dtype_size(r->dtype);
+        ncclResult_t res = ncclGroupStart();
+        for (int j = 0; j < c->size && res == ncclSuccess; j++) {
+            res = ncclSend((const char *)r->send + (size_t)j * block, r->count, t, j, nc, s);
+            if (res == ncclSuccess)
+                res = ncclRecv((char *)r->recv + (size_t)j * block, r->count, t, j, nc, s);
+        }
+        ncclResult_t end = ncclGroupEnd();
+        return res != ncclSuccess ? res : end;
+    }
+    case K_SEND: return ncclSend(r->send, r->count, t, r->peer, nc, s);
+    case K_RECV: return ncclRecv(r->recv, r->count, t, r->peer, nc, s);
+    }
+    return ncclInvalidArgument;
+}
+
+/* Outside a bracket: issue now, wait (bounded) until NCCL has it enqueued,
+ * then put the completion event behind it. Inside a bracket: keep it for
+ * group_end. */
+static int op_post(loom_comm *c, loom_comm_request *r, const char *fn, loom_comm_request **out)
+{
+    const loom_host *h = c->host;
+    req_link(c, r);
+    if (c->grouping > 0) {
+        *out = r;
+        return LOOM_OK;
+    }
+    ncclResult_t res = settle(c->nccl, issue(r), now_s() + c->set.timeout_s);
+    char what[400];
+    if (res != ncclSuccess) {
+        req_describe(r, c, what, sizeof what);
+        int st;
+        if (res == ncclInProgress) {
+            char why[600];
+            snprintf(why, sizeof why, "%s: %s did not finish enqueueing within %.1f s", what, fn,
+                     c->set.timeout_s);
+            comm_fail(c, LOOM_ERR_TIMEOUT, why);
+            st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s; the communicator was aborted", why);
+        } else {
+            st = nccl_fail(h, c->nccl, res, "%s: %s", what, fn);
+            /* An argument error leaves the communicator usable; anything
+             * else may have left work half enqueued. */
+            if (res != ncclInvalidArgument && res != ncclInvalidUsage)
+                comm_fail(c, st, "an earlier NCCL call failed");
+        }
+        req_release(r);
+        return st;
+    }
+    cudaError_t e = cudaEventRecord(r->done, c->stream);
+    if (e != cudaSuccess) {
+        req_describe(r, c, what, sizeof what);
+        int st = h->error(h, LOOM_ERR_INTERNAL, "comm-nccl: %s: cudaEventRecord: %s", what,
+                          cudaGetErrorString(e));
+        comm_fail(c, st, "a CUDA call failed");
+        req_release(r);
+        return st;
+    }
+    r->recorded = 1;
+    *out = r;
+    return LOOM_OK;
+}
+
+/* --------------------------------------------------------- collectives */
+
+static int nccl_allreduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                          loom_redop op, loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_ALLREDUCE, "allreduce", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    r->send = send;
+    r->recv = recv;
+    r->op = op;
+    if (send != recv && overlap(send, bytes, recv, bytes) && (st = stage_send(r, bytes)) != LOOM_OK) {
+        req_release(r);
+        return st;
+    }
+    return op_post(c, r, "ncclAllReduce", req);
+}
+
+static int nccl_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
+                          loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_BROADCAST, "broadcast", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    r->recv = buf;
+    r->root = root;
+    return op_post(c, r, "ncclBroadcast", req);
+}
+
+static int nccl_reduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                       loom_redop op, int root, loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_REDUCE, "reduce", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    r->send = send;
+    r->recv = recv;
+    r->op = op;
+    r->root = root;
+    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes) &&
+        (st = stage_send(r, bytes)) != LOOM_OK) {
+        req_release(r);
+        return st;
+    }
+    return op_post(c, r, "ncclReduce", req);
+}
+
+static int nccl_allgather(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                          loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_ALLGATHER, "allgather", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    r->send = send;
+    r->recv = recv;
+    /* in place: send == recv + rank * count, loom's and NCCL's form alike */
+    int in_place = (const char *)send == (const char *)recv + (size_t)c->rank * bytes;
+    if (!in_place && overlap(send, bytes, recv, bytes * (size_t)c->size) &&
+        (st = stage_send(r, bytes)) != LOOM_OK) {
+        req_release(r);
+        return st;
+    }
+    return op_post(c, r, "ncclAllGather", req);
+}
+
+static int nccl_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
+                              loom_dtype dtype, loom_redop op, loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_REDUCESCATTER, "reducescatter", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    size_t bytes = count * loom_dtype_size(dtype);
+    r->send = send;
+    r->recv = recv;
+    r->op = op;
+    /* NCCL's in-place form is recv == send + rank * count; any other overlap
+     * (send == recv on a rank other than 0, say) goes through a stage. */
+    int in_place = (const char *)recv == (const char *)send + (size_t)c->rank * bytes;
+    if (!in_place && overlap(send, bytes * (size_t)c->size, recv, bytes) &&
+        (st = stage_send(r, bytes * (size_t)c->size)) != LOOM_OK) {
+        req_release(r);
+        return st;
+    }
+    return op_post(c, r, "ncclReduceScatter", req);
+}
+
+static int nccl_alltoall(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                         loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_ALLTOALL, "alltoall", 1, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
+    r->send = send;
+    r->recv = recv;
+    if (overlap(send, total, recv, total) && (st = stage_send(r, total)) != LOOM_OK) {
+        req_release(r);
+        return st;
+    }
+    return op_post(c, r, "ncclSend/ncclRecv", req);
+}
+
+static int nccl_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                     loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_SEND, "send", 0, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    r->send = buf;
+    r->peer = peer;
+    r->tag = tag;
+    return op_post(c, r, "ncclSend", req);
+}
+
+static int nccl_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                     loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_RECV, "recv", 0, count, dtype, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    r->recv = buf;
+    r->peer = peer;
+    r->tag = tag;
+    return op_post(c, r, "ncclRecv", req);
+}
+
+/* A barrier is an allreduce of one float: NCCL has no barrier, and the
+ * allreduce completes on no rank before every rank has joined it. */
+static int nccl_barrier(loom_comm *c, loom_comm_request **req)
+{
+    loom_comm_request *r;
+    int st = op_begin(c, K_ALLREDUCE, "barrier", 1, 1, LOOM_F32, &r);
+    if (st != LOOM_OK || !r)
+        return st;
+    r->send = c->barrier_buf;
+    r->recv = c->barrier_buf;
+    r->op = LOOM_SUM;
+    return op_post(c, r, "ncclAllReduce", req);
+}
+
+/* ------------------------------------------------- group brackets */
+
+static int nccl_group_start(loom_comm *c)
+{
+    if (!c)
+        return LOOM_ERR_INVALID;
+    c->grouping++;
+    return LOOM_OK;
+}
+
+/* The order in which a bracket's ops reach NCCL: collectives first, in
+ * posting order (every rank posts them alike); then point-to-point sorted
+ * by peer, tag and posting order. Both ends of a pair sort alike, so the
+ * k-th message of tag t to a peer meets the k-th receive of tag t from us,
+ * which is loom's (peer, tag) matching on top of NCCL's posting order. */
+static int bracket_order(const void *a_, const void *b_)
+{
+    const loom_comm_request *a = *(loom_comm_request *const *)a_;
+    const loom_comm_request *b = *(loom_comm_request *const *)b_;
+    if (a->collective != b->collective)
+        return a->collective ? -1 : 1;
+    if (a->collective)
+        return a->seq < b->seq ? -1 : a->seq > b->seq;
+    if (a->peer != b->peer)
+        return a->peer < b->peer ? -1 : 1;
+    if (a->kind != b->kind)
+        return a->kind < b->kind ? -1 : 1;
+    if (a->tag != b->tag)
+        return a->tag < b->tag ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+static int nccl_group_end(loom_comm *c)
+{
+    if (!c)
+        return LOOM_ERR_INVALID;
+    const loom_host *h = c->host;
+    if (c->grouping <= 0)
+        return h->error(h, LOOM_ERR_INVALID, "comm-nccl: group_end on %s without group_start",
+                        c->desc);
+    if (--c->grouping > 0)
+        return LOOM_OK;
+    int n = 0;
+    for (loom_comm_request *r = c->inflight; r; r = r->next)
+        n += !r->posted;
+    if (n == 0)
+        return LOOM_OK;
+    if (c->failed || !c->nccl)
+        return h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
+                        "comm-nccl: group_end on %s: the group failed earlier: %s", c->desc,
+                        c->failure);
+    loom_comm_request **list = malloc((size_t)n * sizeof *list);
+    if (!list)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
+    int k = 0;
+    for (loom_comm_request *r = c->inflight; r; r = r->next)
+        if (!r->posted)
+            list[k++] = r;
+    qsort(list, (size_t)n, sizeof *list, bracket_order);
+
+    /* Nothing starts on the stream until ncclGroupEnd, which enqueues the
+     * whole fused operation; work that depends on it (our events) must be
+     * enqueued after it. */
+    ncclResult_t res = ncclGroupStart();
+    for (int i = 0; i < n && res == ncclSuccess; i++)
+        res = issue(list[i]);
+    ncclResult_t end = ncclGroupEnd();
+    if (res == ncclSuccess)
+        res = settle(c->nccl, end, now_s() + c->set.timeout_s);
+    int st = LOOM_OK;
+    if (res != ncclSuccess) {
+        char what[400];
+        req_describe(list[0], c, what, sizeof what);
+        if (res == ncclInProgress) {
+            char why[600];
+            snprintf(why, sizeof why,
+                     "group_end of %d op(s) (first: %s) did not finish enqueueing within %.1f s", n,
+                     what, c->set.timeout_s);
+            comm_fail(c, LOOM_ERR_TIMEOUT, why);
+            st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s; the communicator was aborted", why);
+        } else {
+            st = nccl_fail(h, c->nccl, res, "group_end of %d op(s) (first: %s)", n, what);
+            comm_fail(c, st, "an earlier NCCL group failed");
+        }
+        /* The requests stay: their test/wait report the failure and release them. */
+    } else {
+        for (int i = 0; i < n && st == LOOM_OK; i++) {
+            cudaError_t e = cudaEventRecord(list[i]->done, c->stream);
+            if (e != cudaSuccess) {
+                st = cuda_fail(h, e, "cudaEventRecord after ncclGroupEnd");
+                comm_fail(c, st, "a CUDA call failed");
+            } else {
+                list[i]->recorded = 1;
+            }
+        }
+    }
+    free(list);
+    return st;
+}
+
+/* ------------------------------------------------------ completion */
+
+/* Who did not arrive at collective #seq? NCCL cannot tell, so every rank
+ * that times out on this group says how far it got in the bootstrap store
+ * (key late/<group id>/<world rank>: collectives posted here + 1) and reads
+ * the others' for late_grace_s. Ranks without a report did not arrive or
+ * are stuck elsewhere. */
+static void diagnose(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
+{
+    const loom_host *h = c->host;
+    char key[160];
+    int64_t cur = 0, mine = (int64_t)c->seq + 1;
+    snprintf(key, sizeof key, "late/%s/%d", c->id, c->world_ranks[c->rank]);
+    if (!h->kv_add || h->kv_add(h, key, 0, &cur) != LOOM_OK ||
+        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
+                           "arrive are unknown");
+        return;
+    }
+    if (!r->collective) {
+        snprintf(why, cap, "rank %d %s", r->peer,
+                 r->kind == K_SEND ? "did not post the matching recv"
+                                   : "did not send the matching message");
+        return;
+    }
+    int64_t want = (int64_t)r->seq + 1;
+    double deadline = now_s() + c->set.grace_s;
+    int missing = 0;
+    size_t len = 0;
+    for (;;) {
+        missing = 0;
+        len = 0;
+        why[0] = '\0';
+        for (int m = 0; m < c->size; m++) {
+            if (m == c->rank)
+                continue;
+            int64_t v = 0;
+            snprintf(key, sizeof key, "late/%s/%d", c->id, c->world_ranks[m]);
+            if (h->kv_add(h, key, 0, &v) != LOOM_OK) {
+                snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+                return;
+            }
+            if (v < want) {
+                if (len < cap)
+                    len += (size_t)snprintf(why + len, cap - len, "%s%d", missing ? ", " : "", m);
+                missing++;
+            }
+        }
+        if (missing == 0 || now_s() >= deadline)
+            break;
+        struct timespec t = {0, 50000000};
+        nanosleep(&t, NULL);
+    }
+    if (missing == 0) {
+        snprintf(why, cap, "every rank reached it and waits too: the ranks called different "
+                           "operations, counts, dtypes or roots at this point");
+    } else {
+        char names[256];
+        copy_str(names, sizeof names, why);
+        snprintf(why, cap, "rank%s %s did not arrive", missing > 1 ? "s" : "", names);
+    }
+}
+
+/* One look at a request: LOOM_OK (done), LOOM_IN_PROGRESS, or an error;
+ * the request is released unless in progress. */
+static int req_poll(loom_comm_request *r)
+{
+    loom_comm *c = r->comm;
+    const loom_host *h = r->host;
+    char what[400];
+    if (!c) {
+        int st = h->error(h, LOOM_ERR_INVALID,
+                          "comm-nccl: %s #%llu: its group was destroyed while it was in flight",
+                          r->name, (unsigned long long)r->seq);
+        req_release(r);
+        return st;
+    }
+    if (!r->posted && c->grouping > 0 && !c->failed) {
+        req_describe(r, c, what, sizeof what);
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-nccl: %s was posted inside group_start and is tested before "
+                        "group_end; end the group first (the request stays valid)",
+                        what);
+    }
+    if (c->failed || !c->nccl || !r->recorded) {
+        req_describe(r, c, what, sizeof what);
+        int st = h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
+                          "comm-nccl: %s abandoned: the group failed: %s", what, c->failure);
+        req_release(r);
+        return st;
+    }
+    /* An error of the communicator (a peer that went away, a network
+     * failure) shows up here, not in the event: NCCL's kernels may never
+     * finish after it, so abort rather than wait for them. */
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(c->nccl, &state);
+    if (q != ncclSuccess)
+        state = q;
+    if (state != ncclSuccess && state != ncclInProgress) {
+        req_describe(r, c, what, sizeof what);
+        char why[1024];
+        const char *last = ncclGetLastError(c->nccl); /* before the abort frees it */
+        snprintf(why, sizeof why, "%s failed: %s%s%s%s", what, ncclGetErrorString(state),
+                 last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
+        int st = nccl_status(state);
+        comm_fail(c, st, why);
+        req_release(r);
+        return h->error(h, st, "comm-nccl: %s; the communicator was aborted", why);
+    }
+    /* cudaEventQuery: cudaSuccess once everything before the event ran,
+     * cudaErrorNotReady while not; any other result is an error, maybe of
+     * earlier work on the device. */
+    cudaError_t e = cudaEventQuery(r->done);
+    if (e == cudaErrorNotReady)
+        return LOOM_IN_PROGRESS;
+    if (e != cudaSuccess) {
+        req_describe(r, c, what, sizeof what);
+        int st = h->error(h, LOOM_ERR_INTERNAL, "comm-nccl: %s: CUDA reports %s", what,
+                          cudaGetErrorString(e));
+        comm_fail(c, st, "a CUDA error");
+        req_release(r);
+        return st;
+    }
+    req_release(r);
+    return LOOM_OK;
+}
+
+static int nccl_test(loom_comm_request *r) { return r ? req_poll(r) : LOOM_OK; }
+
+static int nccl_wait(loom_comm_request *r)
+{
+    if (!r)
+        return LOOM_OK;
+    double t0 = now_s();
+    double timeout = r->comm ? r->comm->set.timeout_s : 0;
+    for (;;) {
+        int st = req_poll(r);
+        if (st != LOOM_IN_PROGRESS)
+            return st;
+        double waited = now_s() - t0;
+        if (waited > timeout)
+            break;
+        idle(waited);
+    }
+    loom_comm *c = r->comm;
+    const loom_host *h = c->host;
+    char what[400], why[512], detail[1024];
+    req_describe(r, c, what, sizeof what);
+    diagnose(c, r, why, sizeof why);
+    snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
+    comm_fail(c, LOOM_ERR_TIMEOUT, detail);
+    req_release(r);
+    return h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s; the communicator was aborted", detail);
+}
+
+/* ------------------------------------------------- lifetime */
+
+static int nccl_destroy(loom_comm *c)
+{
+    if (!c)
+        return LOOM_OK;
+    const loom_host *h = c->host;
+    int st = LOOM_OK, orphans = 0;
+    for (loom_comm_request *r = c->inflight; r; r = r->next) {
+        r->comm = NULL;
+        r->prev = NULL;
+        orphans++;
+    }
+    c->inflight = NULL;
+    if (orphans) {
+        h->log(h, LOOM_LOG_WARN, "comm-nccl: %s destroyed with %d operation(s) still in flight",
+               c->desc, orphans);
+        comm_fail(c, LOOM_ERR_INVALID, "destroyed with operations in flight");
+    }
+    if (c->nccl) {
+        /* ncclCommFinalize flushes what was issued and leaves the state
+         * ncclInProgress until the communicator is quiescent everywhere;
+         * then ncclCommDestroy frees it without blocking. A peer that never
+         * gets there turns the finalize into an abort after the timeout. */
+        ncclResult_t r = settle(c->nccl, ncclCommFinalize(c->nccl), now_s() + c->set.timeout_s);
+        if (r == ncclSuccess) {
+            ncclCommDestroy(c->nccl);
+            c->nccl = NULL;
+        } else {
+            st = r == ncclInProgress
+                     ? h->error(h, LOOM_ERR_TIMEOUT,
+                                "comm-nccl: destroying %s: ncclCommFinalize did not finish within "
+                                "%.1f s; aborted instead",
+                                c->desc, c->set.timeout_s)
+                     : nccl_fail(h, c->nccl, r, "destroying %s: ncclCommFinalize", c->desc);
+            comm_fail(c, st, "destroy failed");
+        }
+    }
+    comm_free(c);
+    return st;
+}
+
+static int nccl_rank(const loom_comm *c) { return c->rank; }
+static int nccl_size(const loom_comm *c) { return c->size; }
+
+static int nccl_abort(loom_comm *c)
+{
+    if (c)
+        comm_fail(c, LOOM_ERR_REMOTE, "aborted after a failure");
+    return LOOM_OK;
+}
+
+LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMM, loom_comm_plugin_v1_t, "nccl",
+                                 "NCCL collectives on CUDA device buffers, one stream per group",
+                                 nccl_settings),
+    /* NCCL reads and writes the buffers from GPU kernels: device memory only. */
+    .mem_kinds = LOOM_MEM_BIT(LOOM_MEM_DEVICE),
+    .create_world = nccl_create_world,
+    .create_subgroup = nccl_create_subgroup,
+    .destroy = nccl_destroy,
+    .rank = nccl_rank,
+    .size = nccl_size,
+    .allreduce = nccl_allreduce,
+    .broadcast = nccl_broadcast,
+    .reduce = nccl_reduce,
+    .allgather = nccl_allgather,
+    .reducescatter = nccl_reducescatter,
+    .alltoall = nccl_alltoall,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .barrier = nccl_barrier,
+    .test = nccl_test,
+    .wait = nccl_wait,
+    .group_start = nccl_group_start,
+    .group_end = nccl_group_end,
+    .abort = nccl_abort,
+};
