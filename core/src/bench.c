@@ -131,9 +131,54 @@ static double bus_factor(bench_op op, int n)
     }
 }
 
+/* send/recv are the op's buffers, of bench.memory's kind. With device
+ * memory, inputs are written and results read through the host copies
+ * host_send/host_recv; with host memory those are send/recv themselves. */
 typedef struct bench_buffers {
     void *send, *recv;
+    void *host_send, *host_recv;
+    int device;
+    void *scratch;    /* device: two 8-byte words for the per-size agreement */
+    double timeout_s; /* device copies are bounded like collectives */
 } bench_buffers;
+
+/* Host -> op buffer (device: a copy; host: the same memory, nothing to do). */
+static int to_op(const bench_buffers *b, void *dst, const void *src, size_t bytes)
+{
+    if (!b->device)
+        return LOOM_OK;
+#ifdef LOOM_HAVE_CUDA
+    return loom_device_copy(dst, src, bytes, b->timeout_s);
+#else
+    (void)dst, (void)src, (void)bytes;
+    return LOOM_ERR_NOT_SUPPORTED;
+#endif
+}
+
+/* An allreduce of one 8-byte value that every rank must agree on (the
+ * slowest time, the wrong count), through device memory when the backend
+ * takes device memory only. */
+static int agree(loom_group *g, const bench_buffers *b, void *value, loom_dtype dtype,
+                 loom_redop op)
+{
+    const loom_comm_api *c = &loom_core_comm_api;
+    loom_request *req = NULL;
+    int64_t in;
+    memcpy(&in, value, sizeof in);
+    if (!b->device) {
+        int rc = c->allreduce(g, &in, value, 1, dtype, op, &req);
+        return rc == LOOM_OK ? c->wait(req) : rc;
+    }
+    char *dev = b->scratch;
+    int rc = to_op(b, dev, &in, sizeof in);
+    if (rc == LOOM_OK && (rc = c->allreduce(g, dev, dev + 8, 1, dtype, op, &req)) == LOOM_OK)
+        rc = c->wait(req);
+#ifdef LOOM_HAVE_CUDA
+    if (rc == LOOM_OK)
+        rc = loom_device_copy(value, dev + 8, sizeof in, b->timeout_s);
+#endif
+    return rc;
+}
 
 static int issue(loom_group *g, bench_op op, const bench_settings *st, bench_buffers *b,
                  size_t count)
@@ -193,31 +238,45 @@ static int check(loom_group *g, bench_op op, const bench_settings *st, bench_buf
         send_count = count * (size_t)n;
     if (op == BENCH_ALLTOALL)
         recv_count = count * (size_t)n;
+    void *hsend = b->host_send, *hrecv = b->host_recv;
     if (op == BENCH_ALLTOALL) {
         /* block j of rank r's send: the values rank r addresses to rank j */
         for (int j = 0; j < n; j++)
-            fill_input((char *)b->send + (size_t)j * count * es, st->dtype, rank,
+            fill_input((char *)hsend + (size_t)j * count * es, st->dtype, rank,
                        (size_t)j * count, count);
     } else {
-        fill_input(b->send, st->dtype, rank, 0, send_count);
+        fill_input(hsend, st->dtype, rank, 0, send_count);
     }
-    memset(b->recv, 0xff, recv_count * es); /* no stale right answers */
-    int rc = issue(g, op, st, b, count);
+    memset(hrecv, 0xff, recv_count * es); /* no stale right answers */
+    int rc = to_op(b, b->send, hsend, send_count * es);
+    if (rc == LOOM_OK)
+        rc = to_op(b, b->recv, hrecv, recv_count * es);
+    if (rc == LOOM_OK)
+        rc = issue(g, op, st, b, count);
+#ifdef LOOM_HAVE_CUDA
+    /* the broadcast root's buffer is its send buffer */
+    if (rc == LOOM_OK && b->device) {
+        if (op == BENCH_BROADCAST && rank == 0)
+            rc = loom_device_copy(hsend, b->send, count * es, b->timeout_s);
+        else
+            rc = loom_device_copy(hrecv, b->recv, recv_count * es, b->timeout_s);
+    }
+#endif
     if (rc != LOOM_OK)
         return rc;
     uint64_t bad = 0;
     switch (op) {
     case BENCH_ALLREDUCE:
         for (size_t i = 0; i < count; i++)
-            bad += !matches(b->recv, st->dtype, i, reduced_value(st->redop, st->dtype, n, i));
+            bad += !matches(hrecv, st->dtype, i, reduced_value(st->redop, st->dtype, n, i));
         break;
     case BENCH_REDUCE:
         if (rank == 0)
             for (size_t i = 0; i < count; i++)
-                bad += !matches(b->recv, st->dtype, i, reduced_value(st->redop, st->dtype, n, i));
+                bad += !matches(hrecv, st->dtype, i, reduced_value(st->redop, st->dtype, n, i));
         break;
     case BENCH_BROADCAST: {
-        const void *out = rank == 0 ? b->send : b->recv;
+        const void *out = rank == 0 ? hsend : hrecv;
         for (size_t i = 0; i < count; i++)
             bad += !matches(out, st->dtype, i, input_value(0, i));
         break;
@@ -225,22 +284,22 @@ static int check(loom_group *g, bench_op op, const bench_settings *st, bench_buf
     case BENCH_ALLGATHER:
         for (int r = 0; r < n; r++)
             for (size_t i = 0; i < count; i++)
-                bad += !matches(b->recv, st->dtype, (size_t)r * count + i, input_value(r, i));
+                bad += !matches(hrecv, st->dtype, (size_t)r * count + i, input_value(r, i));
         break;
     case BENCH_REDUCESCATTER:
         for (size_t i = 0; i < count; i++)
-            bad += !matches(b->recv, st->dtype, i,
+            bad += !matches(hrecv, st->dtype, i,
                             reduced_value(st->redop, st->dtype, n, (size_t)rank * count + i));
         break;
     case BENCH_ALLTOALL:
         for (int j = 0; j < n; j++)
             for (size_t i = 0; i < count; i++)
-                bad += !matches(b->recv, st->dtype, (size_t)j * count + i,
+                bad += !matches(hrecv, st->dtype, (size_t)j * count + i,
                                 input_value(j, (size_t)rank * count + i));
         break;
     case BENCH_SENDRECV:
         for (size_t i = 0; i < count; i++)
-            bad += !matches(b->recv, st->dtype, i, input_value((rank + n - 1) % n, i));
+            bad += !matches(hrecv, st->dtype, i, input_value((rank + n - 1) % n, i));
         break;
     default:
         break;
@@ -279,11 +338,10 @@ static int run_size(loom_group *g, bench_op op, const bench_settings *st, bench_
         return rc;
     /* The slowest rank's time, and every rank's wrong count. */
     double worst = us;
-    if ((rc = c->allreduce(g, &us, &worst, 1, LOOM_F64, LOOM_MAX, &req)) == LOOM_OK)
-        rc = c->wait(req);
     uint64_t all_wrong = wrong;
-    if (rc == LOOM_OK && (rc = c->allreduce(g, &wrong, &all_wrong, 1, LOOM_I64, LOOM_SUM, &req)) == LOOM_OK)
-        rc = c->wait(req);
+    rc = agree(g, b, &worst, LOOM_F64, LOOM_MAX);
+    if (rc == LOOM_OK)
+        rc = agree(g, b, &all_wrong, LOOM_I64, LOOM_SUM);
     if (rc != LOOM_OK)
         return rc;
     row->time_us = worst;
@@ -348,11 +406,20 @@ static int read_settings(const loom_config *cfg, bench_settings *st)
         return rc;
     if (st->iters < 1)
         st->iters = 1;
+#ifdef LOOM_HAVE_CUDA
+    if (!strcmp(st->memory, "device") && loom_device_available() != LOOM_OK) {
+        char why[512]; /* loom_fail writes the buffer loom_last_error reads */
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: bench.memory = \"device\": %s; use \"host\"",
+                         loom_config_where(cfg, "bench.memory"), why);
+    }
+#else
     if (strcmp(st->memory, "host") != 0)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: bench.memory = \"%s\" needs the device memory tier, which this "
-                         "loom was built without; use \"host\"",
+                         "loom was built without (no CUDA toolkit found); use \"host\"",
                          loom_config_where(cfg, "bench.memory"), st->memory);
+#endif
     return LOOM_OK;
 }
 
@@ -370,14 +437,42 @@ static int bench_backend(loom_runtime *rt, const char *backend, const bench_sett
             printf("#\n# loom bench: backend %s unavailable: %s\n", backend, loom_last_error());
         return LOOM_OK;
     }
+    /* A backend takes the memory kinds it declares (comm.h); the built-in
+     * self group copies with memcpy, so host only. */
+    int device = !strcmp(st->memory, "device");
+    uint32_t kinds = LOOM_MEM_BIT(LOOM_MEM_HOST);
+    const loom_plugin *plugin = NULL;
+    if (strcmp(backend, "self") != 0 &&
+        loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, backend, &plugin) == LOOM_OK)
+        kinds = ((const loom_comm_plugin_v1_t *)plugin->header)->mem_kinds;
+    if (!(kinds & LOOM_MEM_BIT(device ? LOOM_MEM_DEVICE : LOOM_MEM_HOST))) {
+        if (rank == 0)
+            printf("#\n# loom bench: backend %s unavailable: it does not take %s memory "
+                   "(bench.memory = \"%s\"; set \"%s\" for it)\n",
+                   backend, st->memory, st->memory, device ? "host" : "device");
+        loom_group_destroy(g);
+        return LOOM_OK;
+    }
     int n = loom_core_comm_api.size(g);
     size_t es = loom_dtype_size(st->dtype);
     /* Largest buffer any op needs: alltoall/allgather hold n blocks. */
     size_t cap = (size_t)st->max_bytes + (size_t)n * es + es;
+    loom_tier tier = device ? LOOM_TIER_DEVICE : LOOM_TIER_HOST;
     bench_buffers b = {0};
-    if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, cap, &b.send)) != LOOM_OK ||
-        (rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, cap, &b.recv)) != LOOM_OK)
+    b.device = device;
+    b.timeout_s = loom_runtime_timeout(rt);
+    if ((rc = loom_mem_alloc(tier, LOOM_PURPOSE_COMM, cap, &b.send)) != LOOM_OK ||
+        (rc = loom_mem_alloc(tier, LOOM_PURPOSE_COMM, cap, &b.recv)) != LOOM_OK)
         goto done;
+    if (device) {
+        if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_OTHER, cap, &b.host_send)) != LOOM_OK ||
+            (rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_OTHER, cap, &b.host_recv)) != LOOM_OK ||
+            (rc = loom_mem_alloc(LOOM_TIER_DEVICE, LOOM_PURPOSE_COMM, 16, &b.scratch)) != LOOM_OK)
+            goto done;
+    } else {
+        b.host_send = b.send;
+        b.host_recv = b.recv;
+    }
     if (rank == 0)
         print_header(backend, n, st);
     for (int k = 0; k < nops && rc == LOOM_OK; k++) {
@@ -402,6 +497,11 @@ static int bench_backend(loom_runtime *rt, const char *backend, const bench_sett
         }
     }
 done:
+    if (device) {
+        loom_mem_free(b.host_send);
+        loom_mem_free(b.host_recv);
+        loom_mem_free(b.scratch);
+    }
     loom_mem_free(b.send);
     loom_mem_free(b.recv);
     loom_group_destroy(g);

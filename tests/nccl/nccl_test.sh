@@ -1,0 +1,67 @@
+#!/bin/sh
+# comm-nccl end to end through the loom command.
+#   usage: nccl_test.sh LOOM SOURCE_DIR PLUGIN_DIR CASE
+set -eu
+LOOM=$1
+SRC=$2
+PLUGINS=$3
+CASE=$4
+CFG=$SRC/examples/bench.cfg
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cd "$SRC"
+
+case "$CASE" in
+plugins)
+    # listed as ok; every load check of --check passes. The functional
+    # checks run collectives on host buffers, which comm-nccl does not take:
+    # without a GPU they stop at create_world with the no-GPU line.
+    "$LOOM" plugins > "$TMP/list" 2>&1 || { cat "$TMP/list"; exit 1; }
+    grep -Eq "^comm +nccl +1\.[0-9]+ +.*libloom-comm-nccl\.so +ok$" "$TMP/list" ||
+        { cat "$TMP/list"; echo "nccl_test: comm-nccl not listed as ok"; exit 1; }
+    rc=0
+    "$LOOM" plugins --check "$PLUGINS/libloom-comm-nccl.so" > "$TMP/check" 2>&1 || rc=$?
+    cat "$TMP/check"
+    for check in file dlopen symbol "abi version" "struct size" kind name "required ops" settings description host; do
+        grep -qx "ok   $check" "$TMP/check" || { echo "nccl_test: load check '$check' did not pass"; exit 1; }
+    done
+    if [ $rc -ne 0 ]; then
+        fails=$(grep -c "^FAIL" "$TMP/check" || true)
+        [ "$fails" = 1 ] && grep -Eq "^FAIL create_world: .*comm-nccl: no CUDA device visible \(cudaGetDeviceCount: .+\)$" "$TMP/check" ||
+            { echo "nccl_test: --check failed for another reason than the missing GPU"; exit 1; }
+        echo "nccl_test: listed ok, load checks pass, create_world refused: no GPU"
+    else
+        echo "nccl_test: listed ok, all checks pass"
+    fi ;;
+bench_unavailable)
+    # nccl next to mpi at 2 ranks with host buffers: nccl is reported
+    # unavailable (no GPU here; on a GPU machine, because it takes device
+    # memory only) and mpi is benched and right
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["mpi","nccl"]' \
+        --set bench.max_bytes=256 --set bench.iters=2 --set bench.warmup=1 > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; echo "nccl_test: loom bench exited non-zero"; exit 1; }
+    cat "$TMP/out"
+    grep -Eq "# loom bench: backend nccl unavailable: (comm-nccl: no CUDA device visible \(cudaGetDeviceCount: .+\)|it does not take host memory .*)$" "$TMP/out" ||
+        { echo "nccl_test: nccl not reported unavailable"; exit 1; }
+    grep -q "# loom bench: backend mpi, 2 ranks, host memory" "$TMP/out" ||
+        { echo "nccl_test: mpi not benched"; exit 1; }
+    for op in allreduce broadcast reduce allgather reducescatter alltoall sendrecv; do
+        grep -q "^\[0\]   $op " "$TMP/out" || { echo "nccl_test: no mpi $op rows"; exit 1; }
+    done
+    grep -q "# ok: 0 wrong" "$TMP/out" || { echo "nccl_test: mpi rows are wrong"; exit 1; }
+    echo "nccl_test: nccl unavailable, mpi benched right" ;;
+bench_device)
+    # (GPU machines) device buffers, every op, checked against closed forms
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["nccl"]' --set bench.memory=device \
+        --set bench.max_bytes=1048576 --set bench.iters=5 --set bench.warmup=2 > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; exit 1; }
+    cat "$TMP/out"
+    grep -q "# loom bench: backend nccl, 2 ranks, device memory" "$TMP/out" &&
+        grep -q "# ok: 0 wrong" "$TMP/out" || { echo "nccl_test: device bench not right"; exit 1; }
+    for op in allreduce broadcast reduce allgather reducescatter alltoall sendrecv; do
+        grep -q "^\[0\]   $op " "$TMP/out" || { echo "nccl_test: no $op rows"; exit 1; }
+    done
+    echo "nccl_test: device bench right" ;;
+*)
+    echo "nccl_test: unknown case $CASE"; exit 2 ;;
+esac
