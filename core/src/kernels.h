@@ -49,7 +49,7 @@ void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float
 void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
                                 int OC);
 void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
-                                 const float *inp, int N, int C, int OC);
+                                 const float *inp, int N, int C, int OC); /* dbias may be NULL */
 
 /* GELU, tanh approximation. */
 void loom_gelu_forward(float *out, const float *inp, int N);
