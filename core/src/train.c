@@ -17,6 +17,7 @@
 #include "loom_internal.h"
 #include "model.h"
 #include "optimizer.h"
+#include "pipeline.h"
 
 typedef struct train_options {
     const char *config, *metrics, *trace, *save, *resume;
@@ -63,6 +64,21 @@ typedef struct trainer {
     size_t *repl_offset;   /* per unit, into repl_grads */
     size_t repl_count;
     loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
+    /* The units the data strategy was given: the model's own, or on a
+     * pipeline the copies of this rank's (dp_units[dp_index[u]], -1: not
+     * here). Hooks see the strategy's structs; the model's follow them. */
+    loom_unit *dp_units;
+    int ndp_units;
+    int *dp_index;
+    /* The pipeline axis (pp > 1). */
+    axis_strategy pp;
+    loom_schedule pipe_schedule;
+    loom_pipeline *pipeline;
+    int *stage_first, *stage_last; /* units of each stage */
+    int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
+    int **mb_inputs, **mb_targets; /* the step's micro-batches (pipeline) */
+    double bubble;                 /* the last step's idle share, averaged over the pp ranks */
+    int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
 } trainer;
 
 static int usage(void)
@@ -105,15 +121,44 @@ static int parse_args(int argc, char **argv, train_options *o)
 
 #define HAS(t, op) loom_plugin_has_op((t)->dp_plugin, offsetof(loom_strategy_plugin_v1_t, op))
 
-static int hook_unit(trainer *t, size_t offset, loom_unit *u)
+/* The strategy's struct of model unit u, and the model's kept in step with it. */
+static loom_unit *dp_unit(const trainer *t, int u) { return &t->dp_units[t->dp_index[u]]; }
+static int holds(const trainer *t, int u) { return t->dp_index[u] >= 0; }
+
+static void sync_unit(trainer *t, int u)
+{
+    const loom_unit *su = dp_unit(t, u);
+    t->units[u].params = su->params;
+    t->units[u].grads = su->grads;
+}
+
+static void sync_units(trainer *t)
+{
+    for (int u = 0; u < t->nunits; u++)
+        if (holds(t, u))
+            sync_unit(t, u);
+}
+
+static int hook_unit(trainer *t, size_t offset, int u)
 {
     if (!loom_plugin_has_op(t->dp_plugin, offset))
         return LOOM_OK;
     int (*fn)(loom_strategy *, loom_unit *);
     memcpy(&fn, (const char *)t->dp + offset, sizeof fn);
-    return fn(t->strategy, u);
+    int rc = fn(t->strategy, dp_unit(t, u));
+    sync_unit(t, u);
+    return rc;
 }
 #define HOOK(t, op, u) hook_unit((t), offsetof(loom_strategy_plugin_v1_t, op), (u))
+
+static int grads_ready(trainer *t, int u, int last_micro)
+{
+    if (!HAS(t, data_grads_ready))
+        return LOOM_OK;
+    int rc = t->dp->data_grads_ready(t->strategy, dp_unit(t, u), last_micro);
+    sync_unit(t, u);
+    return rc;
+}
 
 /* ---- set-up ---- */
 
@@ -160,7 +205,7 @@ static double measure_peak_flops(void)
 }
 
 /* The mesh's shape against the job, before any group is made, so the
- * message can name the settings; pipelines are not in this loom yet. */
+ * message can name the settings. */
 static int check_mesh_shape(const trainer *t)
 {
     static const char *const paths[LOOM_AXIS_COUNT] = {"parallel.tp.size", "parallel.sp.size",
@@ -182,11 +227,14 @@ static int check_mesh_shape(const trainer *t)
                          at, sizes[LOOM_AXIS_TP], sizes[LOOM_AXIS_SP], sizes[LOOM_AXIS_PP],
                          sizes[LOOM_AXIS_DP], product, t->world, t->world);
     }
-    if (sizes[LOOM_AXIS_PP] != 1)
+    const char *dp_strategy = "ddp";
+    loom_config_string(t->cfg, "parallel.dp.strategy", &dp_strategy);
+    if (sizes[LOOM_AXIS_PP] > 1 && !strcmp(dp_strategy, "zero3"))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "%s: pipeline parallelism (parallel.pp) is not in this loom yet; set "
-                         "parallel.pp.size = 1",
-                         loom_config_where(t->cfg, "parallel.pp.size"));
+                         "%s: a pipeline (parallel.pp.size = %d) composes with the data "
+                         "strategies that keep a stage's parameters whole at rest (ddp, zero1, "
+                         "zero2), not zero3",
+                         loom_config_where(t->cfg, "parallel.dp.strategy"), sizes[LOOM_AXIS_PP]);
     return LOOM_OK;
 }
 
@@ -240,7 +288,7 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
     setup->max_seq = t->shape.max_seq;
     setup->micro_batch = t->micro_batch;
     setup->seq = t->seq;
-    setup->grad_accum = t->grad_accum;
+    setup->grad_accum = t->micro_batches;
     setup->compute_dtype = t->dtype;
 }
 
@@ -279,9 +327,12 @@ static int fail_at(const trainer *t, int rc, const char *path)
 
 static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
 {
-    int tp = axis == LOOM_AXIS_TP;
-    const char *strategy_path = tp ? "parallel.tp.strategy" : "parallel.sp.strategy";
-    const char *name = tp ? "tp" : "ulysses";
+    int tp = axis == LOOM_AXIS_TP, pp = axis == LOOM_AXIS_PP;
+    const char *strategy_path = tp ? "parallel.tp.strategy"
+                                : pp ? "parallel.pp.schedule" : "parallel.sp.strategy";
+    const char *group = tp ? "parallel.tp" : pp ? "parallel.pp" : "parallel.sp";
+    const char *size_path = tp ? "parallel.tp.size" : pp ? "parallel.pp.size" : "parallel.sp.size";
+    const char *name = tp ? "tp" : pp ? "1f1b" : "ulysses";
     loom_config_string(t->cfg, strategy_path, &name);
     int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
     if (rc != LOOM_OK)
@@ -296,29 +347,32 @@ static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
     static const struct {
         size_t offset;
         const char *name;
-        int tp;
+        loom_axis axis;
     } required[] = {
-        {offsetof(loom_strategy_plugin_v1_t, tensor_shard), "tensor_shard", 1},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_enter), "tensor_enter", 1},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_exit), "tensor_exit", 1},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_exit_backward), "tensor_exit_backward", 1},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_enter_backward), "tensor_enter_backward", 1},
-        {offsetof(loom_strategy_plugin_v1_t, attention_forward), "attention_forward", 0},
-        {offsetof(loom_strategy_plugin_v1_t, attention_backward), "attention_backward", 0},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_shard), "tensor_shard", LOOM_AXIS_TP},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_enter), "tensor_enter", LOOM_AXIS_TP},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_exit), "tensor_exit", LOOM_AXIS_TP},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_exit_backward), "tensor_exit_backward",
+         LOOM_AXIS_TP},
+        {offsetof(loom_strategy_plugin_v1_t, tensor_enter_backward), "tensor_enter_backward",
+         LOOM_AXIS_TP},
+        {offsetof(loom_strategy_plugin_v1_t, attention_forward), "attention_forward", LOOM_AXIS_SP},
+        {offsetof(loom_strategy_plugin_v1_t, attention_backward), "attention_backward",
+         LOOM_AXIS_SP},
+        {offsetof(loom_strategy_plugin_v1_t, pipeline_schedule), "pipeline_schedule", LOOM_AXIS_PP},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(required); i++)
-        if (required[i].tp == tp && !loom_plugin_has_op(a->plugin, required[i].offset))
+        if (required[i].axis == axis && !loom_plugin_has_op(a->plugin, required[i].offset))
             return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement %s",
                              loom_config_where(t->cfg, strategy_path), name, required[i].name);
     const loom_host *host;
-    if ((rc = loom_runtime_host(t->rt, a->plugin, tp ? "parallel.tp" : "parallel.sp", &host)) !=
-        LOOM_OK)
+    if ((rc = loom_runtime_host(t->rt, a->plugin, group, &host)) != LOOM_OK)
         return rc;
     loom_strategy_setup setup;
     fill_setup(t, axis, &setup);
     if ((rc = a->ops->create(host, &setup, &a->s)) != LOOM_OK) {
         a->s = NULL;
-        return fail_at(t, rc, tp ? "parallel.tp.size" : "parallel.sp.size");
+        return fail_at(t, rc, size_path);
     }
     return LOOM_OK;
 }
@@ -534,6 +588,16 @@ static int setup_parallel_model(trainer *t, int recompute)
             return rc;
     }
     loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, recompute};
+    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP];
+    unsigned char *runs = NULL;
+    if (p > 1) { /* the units of this rank's stages */
+        runs = calloc((size_t)t->shape.layers + 2, 1);
+        if (!runs)
+            return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+        for (int vs = 0; vs < t->pipe_schedule.virtual_stages; vs++)
+            for (int u = t->stage_first[vs * p + r]; u <= t->stage_last[vs * p + r]; u++)
+                runs[u] = 1;
+    }
     loom_model_layout lay;
     memset(&lay, 0, sizeof lay);
     lay.tp_size = tp;
@@ -544,7 +608,10 @@ static int setup_parallel_model(trainer *t, int recompute)
     lay.sp_size = sp;
     lay.positions = sp > 1 ? t->positions : NULL;
     lay.npositions = sp > 1 ? t->npositions : t->seq;
-    if ((rc = loom_model_create_parallel(&ms, &lay, &t->model)) != LOOM_OK)
+    lay.runs_unit = runs;
+    rc = loom_model_create_parallel(&ms, &lay, &t->model);
+    free(runs);
+    if (rc != LOOM_OK)
         return t->seqpar ? fail_at(t, rc, "parallel.tp.sequence_parallel") : rc;
     t->units = loom_model_units(t->model, &t->nunits);
     if (tp == 1 && sp == 1)
@@ -588,6 +655,136 @@ static int tp_norm_sq(trainer *t, double *norm_sq)
     *norm_sq -= (double)(tp - 1) * repl;
     if (*norm_sq < 0 && isfinite(*norm_sq))
         *norm_sq = 0; /* rounding, when the slices carry no gradient */
+    return LOOM_OK;
+}
+
+/* ---- the pipeline axis ---- */
+
+/* Units of each of the pp × virtual_stages stages: the blocks split evenly
+ * (or as parallel.pp.stage_layers says), the embedding with the first
+ * stage, the final LayerNorm, LM head and loss with the last. */
+static int split_stages(trainer *t, int stages)
+{
+    const char *list = "parallel.pp.stage_layers";
+    int L = t->shape.layers, listed = loom_config_list_len(t->cfg, list), blocks = 0;
+    t->stage_first = calloc((size_t)stages, sizeof *t->stage_first);
+    t->stage_last = calloc((size_t)stages, sizeof *t->stage_last);
+    if (!t->stage_first || !t->stage_last)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (listed > 0 && listed != stages)
+        return loom_fail(LOOM_ERR_INVALID, "%s: %s has %d entries for %d stages "
+                         "(parallel.pp.size × virtual_stages)", loom_config_where(t->cfg, list),
+                         list, listed, stages);
+    if (listed <= 0 && L % stages != 0)
+        return loom_fail(LOOM_ERR_INVALID, "%s: model.layers = %d do not split evenly over %d "
+                         "stages (parallel.pp.size × virtual_stages); list the layers of each "
+                         "stage in %s", loom_config_where(t->cfg, "parallel.pp.size"), L, stages,
+                         list);
+    for (int st = 0; st < stages; st++) {
+        int n = L / stages;
+        if (listed > 0) {
+            char path[64];
+            snprintf(path, sizeof path, "%s[%d]", list, st);
+            read_int(t->cfg, path, &n);
+        }
+        t->stage_first[st] = st == 0 ? 0 : blocks + 1;
+        blocks += n;
+        t->stage_last[st] = st == stages - 1 ? L + 1 : blocks;
+        if (t->stage_last[st] < t->stage_first[st])
+            return loom_fail(LOOM_ERR_INVALID, "%s: stage %d holds no layer; every stage but the "
+                             "first and the last needs one", loom_config_where(t->cfg, list), st);
+    }
+    if (blocks != L)
+        return loom_fail(LOOM_ERR_INVALID, "%s: the stages hold %d layers, the model has %d "
+                         "(model.layers)", loom_config_where(t->cfg, list), blocks, L);
+    return LOOM_OK;
+}
+
+/* The units the data strategy looks after: all of them, or on a pipeline
+ * those of this rank's stages. */
+static int choose_units(trainer *t)
+{
+    t->dp_index = malloc((size_t)t->nunits * sizeof *t->dp_index);
+    if (!t->dp_index)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP];
+    if (p == 1) {
+        for (int u = 0; u < t->nunits; u++)
+            t->dp_index[u] = u;
+        t->dp_units = t->units;
+        t->ndp_units = t->nunits;
+        return LOOM_OK;
+    }
+    for (int u = 0; u < t->nunits; u++)
+        t->dp_index[u] = -1;
+    t->dp_units = calloc((size_t)t->nunits, sizeof *t->dp_units);
+    if (!t->dp_units)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int vs = 0; vs < t->pipe_schedule.virtual_stages; vs++) {
+        int st = vs * p + r;
+        for (int u = t->stage_first[st]; u <= t->stage_last[st]; u++)
+            t->dp_index[u] = 1;
+    }
+    for (int u = 0; u < t->nunits; u++)
+        if (t->dp_index[u] > 0) {
+            t->dp_index[u] = t->ndp_units;
+            t->dp_units[t->ndp_units++] = t->units[u];
+        }
+    return LOOM_OK;
+}
+
+static int pp_before_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_forward, u); }
+static int pp_after_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_after_forward, u); }
+static int pp_before_backward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_backward, u); }
+static int pp_grads_ready(void *ctx, int u, int last_micro) { return grads_ready(ctx, u, last_micro); }
+
+/* The schedule (validated before the first step) and its executor. */
+static int setup_pipeline(trainer *t, const float *unit0_init)
+{
+    int rc;
+    loom_pipeline_setup ps;
+    memset(&ps, 0, sizeof ps);
+    ps.schedule = &t->pipe_schedule;
+    ps.rank = t->mesh->coords[LOOM_AXIS_PP];
+    ps.group = t->mesh->groups[LOOM_AXIS_PP];
+    ps.model = t->model;
+    ps.stage_first = t->stage_first;
+    ps.stage_last = t->stage_last;
+    ps.dtype = t->dtype;
+    ps.tied_init = unit0_init;
+    ps.hooks = (loom_pipeline_hooks){t, pp_before_forward, pp_after_forward, pp_before_backward,
+                                     pp_grads_ready};
+    if ((rc = loom_pipeline_create(&ps, &t->pipeline)) != LOOM_OK)
+        return rc;
+    t->stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->stage_peaks);
+    size_t N = (size_t)t->micro_batch * t->seq;
+    t->mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->mb_inputs);
+    t->mb_targets = calloc((size_t)t->micro_batches, sizeof *t->mb_targets);
+    if (!t->mb_inputs || !t->mb_targets)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (!t->stage_peaks)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int k = 0; k < t->micro_batches; k++)
+        if (!(t->mb_inputs[k] = malloc(N * sizeof(int))) ||
+            !(t->mb_targets[k] = malloc(N * sizeof(int))))
+            return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    return LOOM_OK;
+}
+
+/* The pp shape and the schedule, before the model: the stages decide which
+ * units this rank builds. */
+static int plan_pipeline(trainer *t)
+{
+    int p = t->mesh->sizes[LOOM_AXIS_PP], v = 1, rc;
+    read_int(t->cfg, "parallel.pp.virtual_stages", &v);
+    if ((rc = split_stages(t, p * v)) != LOOM_OK)
+        return rc;
+    if ((rc = create_axis(t, LOOM_AXIS_PP, &t->pp)) != LOOM_OK)
+        return rc;
+    const char *name = t->pp.plugin->header->name;
+    if ((rc = loom_schedule_build(t->pp.ops, t->pp.s, name, p, v, t->micro_batches,
+                                  &t->pipe_schedule)) != LOOM_OK)
+        return fail_at(t, rc, "parallel.pp.schedule");
     return LOOM_OK;
 }
 
@@ -639,11 +836,27 @@ static int setup_trainer(trainer *t, const train_options *o)
                          "\"examples/data/corpus.bin\" (an llm.c token shard)");
     if ((rc = loom_shard_open(train_path, t->shape.vocab, &t->shard)) != LOOM_OK)
         return rc;
-    int dp = t->mesh->sizes[LOOM_AXIS_DP];
+    int dp = t->mesh->sizes[LOOM_AXIS_DP], pp = t->mesh->sizes[LOOM_AXIS_PP];
+    t->micro_batches = t->grad_accum;
+    if (pp > 1) {
+        /* a pipeline's micro-batches are its accumulation */
+        read_int(t->cfg, "parallel.pp.microbatches", &t->micro_batches);
+        if (t->grad_accum != 1)
+            return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
+                             "the gradient accumulation; set train.grad_accum = 1",
+                             loom_config_where(t->cfg, "train.grad_accum"));
+        if (t->batch % (dp * t->micro_batches) != 0)
+            return loom_fail(LOOM_ERR_INVALID, "%s: train.batch %d does not divide by "
+                             "parallel.dp.size %d × parallel.pp.microbatches %d",
+                             loom_config_where(t->cfg, "parallel.pp.microbatches"), t->batch, dp,
+                             t->micro_batches);
+    }
     if ((rc = loom_dataloader_init(&t->loader, &t->shard, t->batch, t->seq,
-                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->grad_accum)) != LOOM_OK)
+                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
         return rc;
-    t->micro_batch = t->batch / (dp * t->grad_accum);
+    t->micro_batch = t->batch / (dp * t->micro_batches);
+    if (pp > 1 && (rc = plan_pipeline(t)) != LOOM_OK)
+        return rc;
 
     if ((rc = setup_parallel_model(t, !strcmp(recompute, "block"))) != LOOM_OK)
         return rc;
@@ -653,7 +866,7 @@ static int setup_trainer(trainer *t, const train_options *o)
     if (!t->inputs || !t->targets)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
 
-    if ((rc = create_strategy(t)) != LOOM_OK)
+    if ((rc = choose_units(t)) != LOOM_OK || (rc = create_strategy(t)) != LOOM_OK)
         return rc;
     float *llmc = NULL;
     if ((rc = initial_params(t, &llmc)) != LOOM_OK)
@@ -666,12 +879,21 @@ static int setup_trainer(trainer *t, const train_options *o)
         if (!(init[i] = malloc(t->units[i].numel * sizeof(float))) ||
             !(whole[i] = malloc(loom_model_full_numel(t->model, i) * sizeof(float))))
             rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    float **held = calloc((size_t)t->nunits, sizeof *held);
+    if (rc == LOOM_OK && !held)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     if (rc == LOOM_OK) {
         loom_model_split_params(t->model, llmc, whole);
         for (int i = 0; i < t->nunits; i++)
             loom_model_slice(t->model, i, whole[i], init[i]);
-        rc = t->dp->data_setup(t->strategy, t->units, t->nunits, init);
+        for (int i = 0; i < t->ndp_units; i++)
+            held[i] = init[t->dp_units[i].index];
+        rc = t->dp->data_setup(t->strategy, t->dp_units, t->ndp_units, held);
+        sync_units(t);
     }
+    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_PP] > 1)
+        rc = setup_pipeline(t, init[0]);
+    free(held);
     for (int i = 0; whole && i < t->nunits; i++)
         free(whole[i]);
     free(whole);
@@ -684,13 +906,16 @@ static int setup_trainer(trainer *t, const train_options *o)
 
 static void teardown(trainer *t)
 {
+    /* plugins' objects before the runtime unloads them */
+    loom_pipeline_destroy(t->pipeline);
+    if (t->pp.s)
+        t->pp.ops->destroy(t->pp.s);
     if (t->strategy)
         t->dp->destroy(t->strategy);
     if (t->tp.s)
         t->tp.ops->destroy(t->tp.s);
     if (t->sp.s)
         t->sp.ops->destroy(t->sp.s);
-    t->tp.s = t->sp.s = NULL;
     loom_model_destroy(t->model);
     loom_shard_close(&t->shard);
     loom_mesh_destroy(t->mesh);
@@ -698,16 +923,25 @@ static void teardown(trainer *t)
     loom_config_free(t->cfg);
     free(t->inputs);
     free(t->targets);
-    if (t->tp.s)
-        t->tp.ops->destroy(t->tp.s);
-    if (t->sp.s)
-        t->sp.ops->destroy(t->sp.s);
     for (int i = 0; t->tp_shards && i < t->nunits; i++)
         free(t->tp_shards[i]);
     free(t->tp_shards);
     free(t->repl_grads);
     free(t->repl_offset);
     free(t->positions);
+    loom_schedule_free(&t->pipe_schedule);
+    for (int k = 0; t->mb_inputs && k < t->micro_batches; k++)
+        free(t->mb_inputs[k]);
+    for (int k = 0; t->mb_targets && k < t->micro_batches; k++)
+        free(t->mb_targets[k]);
+    free(t->mb_inputs);
+    free(t->mb_targets);
+    free(t->stage_first);
+    free(t->stage_last);
+    free(t->stage_peaks);
+    if (t->dp_units != t->units)
+        free(t->dp_units);
+    free(t->dp_index);
 }
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
@@ -728,7 +962,7 @@ static void fill_header(const trainer *t, loom_ckpt_header *h)
  * for a strategy that replicates the state, the whole unit on dp rank 0. */
 static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *buf)
 {
-    loom_unit *u = &t->units[i];
+    loom_unit *u = dp_unit(t, i);
     int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
     size_t n = u->numel, begin = 0, count = n;
     if (HAS(t, data_get_shard)) {
@@ -802,7 +1036,8 @@ static int save_sharded(trainer *t, const char *dir)
         rc = loom_ckpt_shard_open(&w, tmp, t->rank);
     int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
     for (int i = 0; rc == LOOM_OK && writes && i < t->nunits; i++)
-        rc = save_unit_shard(t, &w, i, buf);
+        if (holds(t, i))
+            rc = save_unit_shard(t, &w, i, buf);
     if (w.f) {
         int closed = loom_ckpt_shard_close(&w);
         rc = rc == LOOM_OK ? closed : rc;
@@ -833,7 +1068,7 @@ static int save_sharded(trainer *t, const char *dir)
 static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
 {
     if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
-        return t->dp->data_set_state(t->strategy, &t->units[i], p, m, v);
+        return t->dp->data_set_state(t->strategy, dp_unit(t, i), p, m, v);
     size_t n = t->units[i].numel;
     float *local = malloc(3 * n * sizeof(float) + 1);
     if (!local)
@@ -841,7 +1076,7 @@ static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
     loom_model_slice(t->model, i, p, local);
     loom_model_slice(t->model, i, m, local + n);
     loom_model_slice(t->model, i, v, local + 2 * n);
-    int rc = t->dp->data_set_state(t->strategy, &t->units[i], local, local + n, local + 2 * n);
+    int rc = t->dp->data_set_state(t->strategy, dp_unit(t, i), local, local + n, local + 2 * n);
     free(local);
     return rc;
 }
@@ -874,10 +1109,15 @@ static int load_state(trainer *t, const char *path)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
     for (int i = 0; rc == LOOM_OK && i < t->nunits; i++) {
         size_t n = loom_model_full_numel(t->model, i);
+        if (!holds(t, i))
+            continue;
         rc = loom_ckpt_read_unit(ck, t->units, i, whole, whole + n, whole + 2 * n);
         if (rc == LOOM_OK)
             rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
+    sync_units(t);
+    if (rc == LOOM_OK && t->pipeline) /* the last stage's copy of unit 0 */
+        rc = loom_pipeline_sync_tied(t->pipeline);
     if (rc == LOOM_OK) {
         t->step = h->step;
         t->good_steps = h->good_steps;
@@ -909,6 +1149,11 @@ static int save_weights(trainer *t, const char *path)
 
 /* ---- one step ---- */
 
+static float step_dloss(const trainer *t)
+{
+    return t->loss_scale / ((float)t->micro_batch * (float)t->seq * (float)t->micro_batches);
+}
+
 static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
 {
     char name[48];
@@ -922,39 +1167,35 @@ static void trace_unit(const trainer *t, const char *what, int u, uint64_t start
 static int run_micro_batch(trainer *t, int last_micro, float *loss)
 {
     int rc, head = t->nunits - 1;
-    loom_unit *embedding = &t->units[0];
     loom_dataloader_next(&t->loader, t->inputs, t->targets);
     for (int u = 0; u < t->nunits; u++) {
         uint64_t t0 = loom_now_ns();
-        loom_unit *unit = &t->units[u];
-        if ((rc = HOOK(t, data_before_forward, unit)) != LOOM_OK)
+        if ((rc = HOOK(t, data_before_forward, u)) != LOOM_OK)
             return rc;
         /* The LM head is tied to wte: the embedding is needed again. */
-        if (u == head && (rc = HOOK(t, data_before_forward, embedding)) != LOOM_OK)
+        if (u == head && (rc = HOOK(t, data_before_forward, 0)) != LOOM_OK)
             return rc;
         if ((rc = loom_model_forward(t->model, u, t->inputs, t->targets, loss)) != LOOM_OK)
             return rc;
-        if ((rc = HOOK(t, data_after_forward, unit)) != LOOM_OK)
+        if ((rc = HOOK(t, data_after_forward, u)) != LOOM_OK)
             return rc;
-        if (u == head && (rc = HOOK(t, data_after_forward, embedding)) != LOOM_OK)
+        if (u == head && (rc = HOOK(t, data_after_forward, 0)) != LOOM_OK)
             return rc;
         trace_unit(t, "forward", u, t0);
     }
     /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
      * the rank's gradient is that of its mean loss over the step. */
-    float dloss = t->loss_scale / ((float)t->micro_batch * (float)t->seq * (float)t->grad_accum);
+    float dloss = step_dloss(t);
     for (int u = head; u >= 0; u--) {
         uint64_t t0 = loom_now_ns();
-        loom_unit *unit = &t->units[u];
-        if ((rc = HOOK(t, data_before_backward, unit)) != LOOM_OK)
+        if ((rc = HOOK(t, data_before_backward, u)) != LOOM_OK)
             return rc;
-        if (u == head && (rc = HOOK(t, data_before_backward, embedding)) != LOOM_OK)
+        if (u == head && (rc = HOOK(t, data_before_backward, 0)) != LOOM_OK)
             return rc; /* the head adds into wte's gradient */
         if ((rc = loom_model_backward(t->model, u, dloss)) != LOOM_OK)
             return rc;
         trace_unit(t, "backward", u, t0);
-        if (HAS(t, data_grads_ready) &&
-            (rc = t->dp->data_grads_ready(t->strategy, unit, last_micro)) != LOOM_OK)
+        if ((rc = grads_ready(t, u, last_micro)) != LOOM_OK)
             return rc;
     }
     return LOOM_OK;
@@ -982,24 +1223,57 @@ static void count_comm(trainer *t, int end)
     }
 }
 
+/* The loss lives on the last stage: sum over the pp group (the others
+ * add 0). The idle share of the step, averaged over the stages. */
+static int pipeline_totals(trainer *t, float *loss)
+{
+    loom_pipeline_stats st;
+    loom_pipeline_get_stats(t->pipeline, &st);
+    double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
+    int rc = group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
+    *loss = (float)both[0];
+    t->bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
+    /* every stage's activation peak, for the metrics */
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
+    loom_request *req = NULL;
+    if (rc == LOOM_OK &&
+        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->stage_peaks, 2,
+                                           LOOM_I64, &req)) == LOOM_OK)
+        rc = loom_core_comm_api.wait(req);
+    return rc;
+}
+
 static int run_step(trainer *t, step_result *r)
 {
     uint64_t t0 = loom_now_ns();
     double loss_sum = 0;
     count_comm(t, 0);
     int rc;
-    for (int k = 0; k < t->grad_accum; k++) {
+    if (t->pipeline) {
+        for (int k = 0; k < t->micro_batches; k++)
+            loom_dataloader_next(&t->loader, t->mb_inputs[k], t->mb_targets[k]);
+        if ((rc = loom_pipeline_step(t->pipeline, t->mb_inputs, t->mb_targets, step_dloss(t),
+                                     &loss_sum)) != LOOM_OK)
+            return rc;
+    }
+    for (int k = 0; !t->pipeline && k < t->micro_batches; k++) {
         float loss = 0;
-        if ((rc = run_micro_batch(t, k == t->grad_accum - 1, &loss)) != LOOM_OK)
+        if ((rc = run_micro_batch(t, k == t->micro_batches - 1, &loss)) != LOOM_OK)
             return rc;
         loss_sum += loss;
     }
     if (HAS(t, data_finish_backward) && (rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
         return rc;
-    /* The step's loss: the mean over micro-batches and dp ranks. */
+    sync_units(t);
+    /* The step's loss: the mean over micro-batches and dp ranks (computed
+     * by the last pipeline stage alone). */
     const loom_comm_api *C = &loom_core_comm_api;
-    float local = (float)(loss_sum / t->grad_accum), global = local;
+    float local = (float)(loss_sum / t->micro_batches), global = local;
     loom_request *req;
+    if (t->pipeline && (rc = pipeline_totals(t, &local)) != LOOM_OK)
+        return rc;
     /* sp ranks hold equal shares of each sequence's tokens */
     if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
         (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32, LOOM_AVG)) !=
@@ -1018,6 +1292,11 @@ static int run_step(trainer *t, step_result *r)
         if (rc != LOOM_OK)
             return rc;
     }
+    /* each stage's units once */
+    if (t->pipeline &&
+        (rc = group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM)) !=
+            LOOM_OK)
+        return rc;
     float norm = (float)(sqrt(norm_sq) / t->loss_scale);
     r->loss = global;
     r->grad_norm = norm;
@@ -1033,12 +1312,16 @@ static int run_step(trainer *t, step_result *r)
         t->good_steps = 0;
         if (HAS(t, data_zero_grads) && (rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
             return rc;
+        sync_units(t);
     } else {
         loom_optimizer_step s = {t->step + 1, r->lr, t->beta1, t->beta2, t->eps, t->weight_decay,
                                  1.0f / t->loss_scale, loom_adamw_update};
         if (t->clip > 0 && norm > t->clip)
             s.grad_scale *= t->clip / norm;
         if ((rc = t->dp->data_optimizer_step(t->strategy, &s)) != LOOM_OK)
+            return rc;
+        sync_units(t);
+        if (t->pipeline && (rc = loom_pipeline_sync_tied(t->pipeline)) != LOOM_OK)
             return rc;
         if (t->dtype == LOOM_F16 && ++t->good_steps >= t->scale_window) {
             if (t->rank == 0)
@@ -1083,10 +1366,13 @@ static void print_progress(const trainer *t, const step_result *r)
         n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%s %s", n ? ", " : "",
                               loom_purpose_name((loom_purpose)p), hb);
     }
+    char bubble[32] = "";
+    if (t->pipeline)
+        snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->bubble);
     printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
-           "MFU %5.1f%% | peak host: %s%s\n",
+           "MFU %5.1f%%%s | peak host: %s%s\n",
            (long long)t->step + 1, (long long)t->steps, r->loss, r->lr, r->grad_norm,
-           r->seconds * 1e3, tps, 100 * mfu, mem, r->skipped ? " | skipped" : "");
+           r->seconds * 1e3, tps, 100 * mfu, bubble, mem, r->skipped ? " | skipped" : "");
     fflush(stdout);
 }
 
@@ -1114,6 +1400,17 @@ static void write_metrics(FILE *f, const trainer *t, const step_result *r)
         first_tier = 0;
     }
     fprintf(f, "}");
+    if (t->pipeline) {
+        loom_pipeline_stats st;
+        loom_pipeline_get_stats(t->pipeline, &st);
+        fprintf(f, ", \"bubble\": %.6f, \"live_microbatches\": %d", t->bubble, st.peak_live);
+        for (int k = 0; k < 2; k++) {
+            fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
+            for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
+                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->stage_peaks[2 * stage + k]);
+            fprintf(f, "]");
+        }
+    }
     /* this step's traffic per axis and op, from the groups' counters:
      * "comm_bytes": {"tp.allreduce": 4096, ...}, the same keys for calls */
     for (int k = 0; k < 2; k++) {
@@ -1142,8 +1439,8 @@ static void print_header(const trainer *t)
     char desc[768] = "";
     if (t->dp->describe)
         t->dp->describe(t->strategy, desc, 256);
-    const axis_strategy *axes[2] = {&t->tp, &t->sp};
-    for (int i = 0; i < 2; i++) {
+    const axis_strategy *axes[3] = {&t->tp, &t->sp, &t->pp};
+    for (int i = 0; i < 3; i++) {
         size_t n = strlen(desc);
         if (axes[i]->s && n + 3 < sizeof desc) {
             snprintf(desc + n, sizeof desc - n, "; ");
@@ -1152,11 +1449,11 @@ static void print_header(const trainer *t)
     }
     double stated = read_float(t->cfg, "train.peak_gflops");
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
-           "(micro-batch %d x %d accumulation); %s; %s; %d rank%s, dp over %s; MFU against "
+           "(micro-batch %d x %d %s); %s; %s; %d rank%s, dp over %s; MFU against "
            "%.1f GFLOP/s per rank (%s)\n",
            t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
            t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
-           t->grad_accum, loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
+           t->micro_batches, t->pipeline ? "pipelined" : "accumulation", loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
            stated > 0 ? "train.peak_gflops" : "sgemm measured at start");
     fflush(stdout);
