@@ -136,7 +136,8 @@ size_t loom_model_slot_bytes(const loom_model *m);
  * storage dtype), which is what goes over the wire. A stage whose first
  * unit is u writes the received activation there before forward(u); a
  * stage whose last unit is u-1 sends it after forward(u-1). NULL when the
- * rank runs neither u nor u-1 (count and dtype are still filled in).
+ * rank runs neither u nor u-1, or no slot is in use (count and dtype
+ * are still filled in).
  *
  * loom_model_stream_grad: the residual stream's gradient, fp32, count =
  * R x C, one buffer for all slots. Before the backward (or
