@@ -18,6 +18,9 @@
  *    posting order. Inside a group_start/group_end bracket we post each
  *    peer's sends and receives sorted by tag, so pairs match by tag there;
  *    outside a bracket, two ranks must post their messages in the same order.
+ *    Outside a bracket NCCL also runs a rank's sends and receives one after
+ *    the other on its stream (a send holds the stream until matched), so an
+ *    exchange where both sides send first belongs in a bracket.
  *  - create_subgroup is ncclCommSplit, collective over every rank of the
  *    parent (as comm.h says); a rank of the parent that never calls it makes
  *    the others time out.
@@ -308,6 +311,20 @@ static void comm_free(loom_comm *c)
     free(c);
 }
 
+/* The current CUDA device is per thread: a thread that posts on this group
+ * may not be the one that made it, and events, streams and staging memory
+ * must be on the group's device (cudaEventRecord fails across devices). */
+static int use_device(const loom_comm *c)
+{
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur == c->device)
+        return LOOM_OK;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess)
+        return cuda_fail(c->host, e, "cudaSetDevice");
+    return LOOM_OK;
+}
+
 /* The communicator's own config: non-blocking, named in NCCL's logs by our id. */
 static ncclConfig_t comm_config(const loom_comm *c)
 {
@@ -467,6 +484,9 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
                         "comm-nccl: create_subgroup on %s: the group failed earlier: %s",
                         parent->desc, parent->failure);
 
+    int st = use_device(parent);
+    if (st != LOOM_OK)
+        return st;
     loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
     if (!c)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
@@ -487,7 +507,6 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
     ncclResult_t r = ncclCommSplit(parent->nccl, color, me, &nc, &config);
     if (r == ncclInProgress)
         r = settle(nc ? nc : parent->nccl, r, deadline);
-    int st = LOOM_OK;
     if (r == ncclInProgress) {
         char why[512];
         snprintf(why, sizeof why,
@@ -573,9 +592,11 @@ static void req_describe(const loom_comm_request *r, const loom_comm *c, char *b
 /* Begin an op: number it, refuse it on a failed group, make its request
  * (NULL with LOOM_OK for an op of no elements, complete at issue). */
 static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective, size_t count,
-                    loom_dtype dtype, loom_comm_request **out)
+                    loom_dtype dtype, loom_comm_request **req, loom_comm_request **out)
 {
     *out = NULL;
+    if (req)
+        *req = NULL;
     if (!c)
         return LOOM_ERR_INVALID;
     const loom_host *h = c->host;
@@ -589,6 +610,9 @@ static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective
                         name, (unsigned long long)seq, loom_dtype_name(dtype));
     if (count == 0) /* complete at issue, on every rank alike */
         return LOOM_OK;
+    int st = use_device(c);
+    if (st != LOOM_OK)
+        return st;
     loom_comm_request *r = calloc(1, sizeof *r);
     if (!r)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
@@ -729,7 +753,7 @@ static int nccl_allreduce(loom_comm *c, const void *send, void *recv, size_t cou
                           loom_redop op, loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_ALLREDUCE, "allreduce", 1, count, dtype, &r);
+    int st = op_begin(c, K_ALLREDUCE, "allreduce", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -747,7 +771,7 @@ static int nccl_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtyp
                           loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_BROADCAST, "broadcast", 1, count, dtype, &r);
+    int st = op_begin(c, K_BROADCAST, "broadcast", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     r->recv = buf;
@@ -759,7 +783,7 @@ static int nccl_reduce(loom_comm *c, const void *send, void *recv, size_t count,
                        loom_redop op, int root, loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_REDUCE, "reduce", 1, count, dtype, &r);
+    int st = op_begin(c, K_REDUCE, "reduce", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -779,7 +803,7 @@ static int nccl_allgather(loom_comm *c, const void *send, void *recv, size_t cou
                           loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_ALLGATHER, "allgather", 1, count, dtype, &r);
+    int st = op_begin(c, K_ALLGATHER, "allgather", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -799,7 +823,7 @@ static int nccl_reducescatter(loom_comm *c, const void *send, void *recv, size_t
                               loom_dtype dtype, loom_redop op, loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_REDUCESCATTER, "reducescatter", 1, count, dtype, &r);
+    int st = op_begin(c, K_REDUCESCATTER, "reducescatter", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     size_t bytes = count * loom_dtype_size(dtype);
@@ -821,7 +845,7 @@ static int nccl_alltoall(loom_comm *c, const void *send, void *recv, size_t coun
                          loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_ALLTOALL, "alltoall", 1, count, dtype, &r);
+    int st = op_begin(c, K_ALLTOALL, "alltoall", 1, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
@@ -838,7 +862,7 @@ static int nccl_send(loom_comm *c, const void *buf, size_t count, loom_dtype dty
                      loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_SEND, "send", 0, count, dtype, &r);
+    int st = op_begin(c, K_SEND, "send", 0, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     r->send = buf;
@@ -851,7 +875,7 @@ static int nccl_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, in
                      loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_RECV, "recv", 0, count, dtype, &r);
+    int st = op_begin(c, K_RECV, "recv", 0, count, dtype, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     r->recv = buf;
@@ -865,7 +889,7 @@ static int nccl_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, in
 static int nccl_barrier(loom_comm *c, loom_comm_request **req)
 {
     loom_comm_request *r;
-    int st = op_begin(c, K_ALLREDUCE, "barrier", 1, 1, LOOM_F32, &r);
+    int st = op_begin(c, K_ALLREDUCE, "barrier", 1, 1, LOOM_F32, req, &r);
     if (st != LOOM_OK || !r)
         return st;
     r->send = c->barrier_buf;
