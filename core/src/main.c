@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "loom_internal.h"
+#include "schedule.h"
 
 static void usage(FILE *f)
 {
@@ -18,6 +19,8 @@ static void usage(FILE *f)
             "  ckpt info PATH         what a checkpoint (directory of shards or file) holds\n"
             "  ckpt consolidate DIR [--state FILE] [--llmc FILE]\n"
             "                         one resumable file, or llm.c weights, from the shards\n"
+            "  schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]\n"
+            "                         check, simulate and draw the pipeline schedule\n"
             "  launch -n N [--] CMD...  start N local ranks of CMD\n"
             "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
             "  plugins --check FILE   run the conformance checks on one plugin file\n"
@@ -43,6 +46,8 @@ int main(int argc, char **argv)
         return loom_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return loom_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "schedule"))
+        return loom_cmd_schedule(argc - 1, argv + 1);
     if (!strcmp(cmd, "ckpt"))
         return loom_cmd_ckpt(argc - 1, argv + 1);
     fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);

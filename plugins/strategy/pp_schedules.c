@@ -1,0 +1,265 @@
+/* The pipeline schedules loom ships (DESIGN §5, pipeline axis): gpipe, 1f1b,
+ * interleaved and zb-h1. One source, built once per schedule with
+ * PP_SCHEDULE set (see CMakeLists.txt). A schedule plugin runs nothing: it
+ * emits each pp rank's list of actions, and the core validates, simulates
+ * and executes them.
+ *
+ * Each schedule decides only the order of the compute actions on each rank
+ * (forward, backward, or backward-input and backward-weight); emit_compute
+ * puts the transfers around them: a receive right before the action that
+ * uses it, a send right after the action that produced it. Sends never
+ * block in loom's executor, so an order that respects the dependencies
+ * between stages cannot deadlock.
+ *
+ * Stage s = vs·p + r is virtual stage vs of rank r (p ranks, v virtual
+ * stages, m micro-batches). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/strategy.h"
+
+#define PP_GPIPE 1
+#define PP_1F1B 2
+#define PP_INTERLEAVED 3
+#define PP_ZB_H1 4
+
+#if PP_SCHEDULE == PP_GPIPE
+#define SCHEDULE_NAME "gpipe"
+#define SCHEDULE_TEXT "pipeline schedule: all forwards, then all backwards (GPipe)"
+#elif PP_SCHEDULE == PP_1F1B
+#define SCHEDULE_NAME "1f1b"
+#define SCHEDULE_TEXT "pipeline schedule: warm-up forwards, one forward one backward, cool-down"
+#elif PP_SCHEDULE == PP_INTERLEAVED
+#define SCHEDULE_NAME "interleaved"
+#define SCHEDULE_TEXT "pipeline schedule: interleaved 1F1B over virtual stages (Megatron)"
+#elif PP_SCHEDULE == PP_ZB_H1
+#define SCHEDULE_NAME "zb-h1"
+#define SCHEDULE_TEXT "pipeline schedule: zero-bubble H1, weight gradients fill the cool-down"
+#else
+#error "PP_SCHEDULE must name one schedule"
+#endif
+
+struct loom_strategy {
+    const loom_host *host;
+    int stages;
+};
+
+static int pp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
+{
+    loom_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return host->error(host, LOOM_ERR_NO_MEMORY, SCHEDULE_NAME ": out of memory");
+    s->host = host;
+    s->stages = setup->sizes[LOOM_AXIS_PP];
+    *out = s;
+    return LOOM_OK;
+}
+
+static int pp_destroy(loom_strategy *s)
+{
+    free(s);
+    return LOOM_OK;
+}
+
+static int pp_describe(const loom_strategy *s, char *buf, size_t cap)
+{
+    snprintf(buf, cap, SCHEDULE_NAME " schedule over %d stages", s->stages);
+    return LOOM_OK;
+}
+
+static int emit(const loom_pipeline_shape *shape, int rank, int kind, int vs, int mb)
+{
+    loom_action a = {(uint16_t)kind, (uint16_t)vs, mb};
+    return shape->emit(shape->builder, rank, a);
+}
+
+/* One compute action with the transfers it needs around it. */
+static int emit_compute(const loom_pipeline_shape *shape, int rank, int kind, int vs, int mb)
+{
+    int p = shape->stages, S = p * shape->virtual_stages, stage = vs * p + rank, rc = LOOM_OK;
+    int first = stage == 0, last = stage == S - 1;
+    if (kind == LOOM_ACT_FORWARD) {
+        if (!first)
+            rc = emit(shape, rank, LOOM_ACT_RECV_ACTIVATION, vs, mb);
+        if (rc == LOOM_OK)
+            rc = emit(shape, rank, kind, vs, mb);
+        if (rc == LOOM_OK && !last)
+            rc = emit(shape, rank, LOOM_ACT_SEND_ACTIVATION, vs, mb);
+    } else if (kind == LOOM_ACT_BACKWARD || kind == LOOM_ACT_BACKWARD_INPUT) {
+        if (!last)
+            rc = emit(shape, rank, LOOM_ACT_RECV_GRADIENT, vs, mb);
+        if (rc == LOOM_OK)
+            rc = emit(shape, rank, kind, vs, mb);
+        if (rc == LOOM_OK && !first)
+            rc = emit(shape, rank, LOOM_ACT_SEND_GRADIENT, vs, mb);
+    } else {
+        rc = emit(shape, rank, kind, vs, mb);
+    }
+    return rc;
+}
+
+#if PP_SCHEDULE == PP_1F1B || PP_SCHEDULE == PP_ZB_H1
+static int need_one_virtual_stage(loom_strategy *s, const loom_pipeline_shape *shape)
+{
+    if (shape->virtual_stages == 1)
+        return LOOM_OK;
+    return s->host->error(s->host, LOOM_ERR_INVALID,
+                          SCHEDULE_NAME ": one virtual stage per rank only (parallel.pp."
+                          "virtual_stages = %d); the interleaved schedule takes more",
+                          shape->virtual_stages);
+}
+#endif
+
+#if PP_SCHEDULE == PP_GPIPE
+
+/* Every virtual stage's forwards in micro-batch order, then the backwards
+ * from the last virtual stage down, also in micro-batch order. */
+static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+{
+    (void)s;
+    int p = shape->stages, v = shape->virtual_stages, m = shape->microbatches, rc = LOOM_OK;
+    for (int r = 0; r < p && rc == LOOM_OK; r++) {
+        for (int vs = 0; vs < v; vs++)
+            for (int mb = 0; mb < m && rc == LOOM_OK; mb++)
+                rc = emit_compute(shape, r, LOOM_ACT_FORWARD, vs, mb);
+        for (int vs = v - 1; vs >= 0; vs--)
+            for (int mb = 0; mb < m && rc == LOOM_OK; mb++)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, vs, mb);
+    }
+    return rc;
+}
+
+#elif PP_SCHEDULE == PP_1F1B
+
+/* Megatron's non-interleaved schedule: rank r runs p−r−1 forwards to fill
+ * the pipeline, then alternates one forward and one backward, then drains
+ * the backwards left. At most p−r micro-batches are alive on rank r. */
+static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+{
+    int rc = need_one_virtual_stage(s, shape);
+    int p = shape->stages, m = shape->microbatches;
+    for (int r = 0; r < p && rc == LOOM_OK; r++) {
+        int warmup = p - r - 1 < m ? p - r - 1 : m, steady = m - warmup;
+        for (int mb = 0; mb < warmup && rc == LOOM_OK; mb++)
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, mb);
+        for (int i = 0; i < steady && rc == LOOM_OK; i++) {
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, warmup + i);
+            if (rc == LOOM_OK)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, 0, i);
+        }
+        for (int mb = steady; mb < m && rc == LOOM_OK; mb++)
+            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, 0, mb);
+    }
+    return rc;
+}
+
+#elif PP_SCHEDULE == PP_INTERLEAVED
+
+/* Megatron's interleaved 1F1B. Each rank walks m·v "virtual micro-batches":
+ * forwards go through the virtual stages in groups of p micro-batches
+ * (vs 0 for micro-batches 0..p−1, vs 1 for the same, ..., then vs 0 for
+ * p..2p−1), backwards the same way from the last virtual stage down. Rank r
+ * warms up with 2(p−r−1) + (v−1)p forwards (all of them when m = p), then
+ * alternates, then drains. The groups of p are why m must be a multiple of
+ * p. */
+static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+{
+    int p = shape->stages, v = shape->virtual_stages, m = shape->microbatches, rc = LOOM_OK;
+    if (v < 2)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              "interleaved: needs parallel.pp.virtual_stages of 2 or more "
+                              "(got %d); with one, use the 1f1b schedule", v);
+    if (m % p != 0 && m < p)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              "interleaved: parallel.pp.microbatches = %d is not a multiple of "
+                              "parallel.pp.size = %d (micro-batches go through the virtual "
+                              "stages in groups of %d); use %d", m, p, p, p);
+    if (m % p != 0)
+        return s->host->error(s->host, LOOM_ERR_INVALID,
+                              "interleaved: parallel.pp.microbatches = %d is not a multiple of "
+                              "parallel.pp.size = %d (micro-batches go through the virtual "
+                              "stages in groups of %d); use %d or %d",
+                              m, p, p, m / p * p, (m / p + 1) * p);
+    int total = m * v, group = p * v;
+    for (int r = 0; r < p && rc == LOOM_OK; r++) {
+        int warmup = m == p ? total : 2 * (p - r - 1) + (v - 1) * p;
+        if (warmup > total)
+            warmup = total;
+        int steady = total - warmup;
+        int next_forward = 0, next_backward = 0;
+        /* k-th virtual micro-batch: its micro-batch and its virtual stage */
+#define MB_OF(k) ((k) / group * p + (k) % p)
+#define VS_FORWARD(k) ((k) % group / p)
+#define VS_BACKWARD(k) (v - 1 - (k) % group / p)
+        for (; next_forward < warmup && rc == LOOM_OK; next_forward++)
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, VS_FORWARD(next_forward),
+                              MB_OF(next_forward));
+        for (int i = 0; i < steady && rc == LOOM_OK; i++, next_forward++, next_backward++) {
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, VS_FORWARD(next_forward),
+                              MB_OF(next_forward));
+            if (rc == LOOM_OK)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, VS_BACKWARD(next_backward),
+                                  MB_OF(next_backward));
+        }
+        for (; next_backward < total && rc == LOOM_OK; next_backward++)
+            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, VS_BACKWARD(next_backward),
+                              MB_OF(next_backward));
+#undef MB_OF
+#undef VS_FORWARD
+#undef VS_BACKWARD
+    }
+    return rc;
+}
+
+#elif PP_SCHEDULE == PP_ZB_H1
+
+/* Zero-bubble H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023):
+ * the backward splits into backward-input (B, on the critical path: the
+ * previous stage waits for it) and backward-weight (W, which nobody waits
+ * for). Rank r runs 1F1B's order with B in place of the whole backward —
+ * p−r−1 warm-up forwards, then one forward and one B — and delays its W's
+ * by r of those steady steps: the W of micro-batch i−r follows the B of
+ * micro-batch i. So every rank has p micro-batches alive at most (forward
+ * run, W not yet), rank 0's 1F1B peak; the B's reach rank 0 sooner because
+ * no W sits between them on the way, and the delayed W's fill the waits of
+ * the cool-down. With equal F, B and W costs each rank idles p−1 units
+ * against 1F1B's 3(p−1). */
+static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+{
+    int rc = need_one_virtual_stage(s, shape);
+    int p = shape->stages, m = shape->microbatches;
+    for (int r = 0; r < p && rc == LOOM_OK; r++) {
+        int warmup = p - r - 1 < m ? p - r - 1 : m, steady = m - warmup, next_w = 0;
+        for (int mb = 0; mb < warmup && rc == LOOM_OK; mb++)
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, mb);
+        for (int i = 0; i < steady && rc == LOOM_OK; i++) {
+            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, warmup + i);
+            if (rc == LOOM_OK)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_INPUT, 0, i);
+            if (rc == LOOM_OK && i >= r)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
+        }
+        /* cool-down: each B followed by the oldest W left, then the rest */
+        for (int mb = steady; mb < m && rc == LOOM_OK; mb++) {
+            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_INPUT, 0, mb);
+            if (rc == LOOM_OK)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
+        }
+        while (next_w < m && rc == LOOM_OK)
+            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
+    }
+    return rc;
+}
+
+#endif
+
+LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, SCHEDULE_NAME,
+                                 SCHEDULE_TEXT, NULL),
+    .axis = LOOM_AXIS_PP,
+    .create = pp_create,
+    .destroy = pp_destroy,
+    .describe = pp_describe,
+    .pipeline_schedule = pp_schedule,
+};
