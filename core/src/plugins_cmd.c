@@ -603,6 +603,12 @@ static void check_functional(checker *c, const loom_plugin *p)
                "mesh and a model)\n");
         return;
     }
+    if (p->kind == LOOM_PLUGIN_COMM &&
+        !(((const loom_comm_plugin_v1_t *)p->header)->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
+        printf("note: functional checks skipped: they move host buffers, and %s takes device "
+               "memory only (its own tests run on a GPU)\n", p->header->name);
+        return;
+    }
     loom_launch_env env;
     if (loom_bootstrap_detect(&env) == LOOM_OK && env.world_size > 1) {
         printf("note: functional checks skipped: they run in a world of one, and the "
