@@ -133,7 +133,7 @@ bad)
     case "$1" in
     accum) bad accum 2 "with a pipeline, parallel.pp.microbatches is the gradient accumulation" $(pp 2 4 1f1b) --set train.grad_accum=2 ;;
     zero3) bad zero3 4 "composes with the data strategies that keep a stage's parameters whole at rest" $(pp 2 2 1f1b) --set parallel.dp.size=2 --set parallel.dp.strategy=zero3 ;;
-    split) bad split 2 "model.layers = 4 do not split evenly over 6 stages" $(pp 2 6 interleaved) --set parallel.pp.virtual_stages=3 ;;
+    split) bad split 2 "model.layers = 4 do not split evenly over 6 stages" $(pp 2 2 interleaved) --set parallel.pp.virtual_stages=3 ;;
     stage_layers) bad stage_layers 2 "the stages hold 3 layers, the model has 4" $(pp 2 2 1f1b) --set parallel.pp.stage_layers=1,2 ;;
     batch) bad batch 2 "train.batch 8 does not divide by parallel.dp.size 1 × parallel.pp.microbatches 3" $(pp 2 3 1f1b) ;;
     interleaved) bad interleaved 2 "interleaved" $(pp 2 3 interleaved) --set train.batch=6 --set parallel.pp.virtual_stages=2 ;;
