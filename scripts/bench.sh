@@ -33,6 +33,8 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
     echo "ZeRO stages (memory, traffic, step time): [benchmarks-zero.md](benchmarks-zero.md),"
     echo "from \`scripts/bench-zero.sh\`. Tensor and sequence parallelism:"
     echo "[benchmarks-parallel.md](benchmarks-parallel.md), from \`scripts/bench-parallel.sh\`."
+    echo "Pipeline schedules (bubble, step time, activations per stage, the schedules drawn):"
+    echo "[benchmarks-pipeline.md](benchmarks-pipeline.md), from \`scripts/bench-pipeline.sh\`."
     for n in 2 4; do
         echo
         echo "## loom bench, $n ranks"
