@@ -234,7 +234,7 @@ static int check_rank_list(const loom_schedule *s, int r, action_index *ix)
         }
         int earlier = *slot(ix, a.kind, st, mb);
         if (earlier >= 0)
-            return refuse(s, r, i, "a second time (first at action %d)", earlier);
+            return refuse(s, r, i, "appears a second time (first at action %d)", earlier);
         int whole = *slot(ix, LOOM_ACT_BACKWARD, st, mb);
         int input = *slot(ix, LOOM_ACT_BACKWARD_INPUT, st, mb);
         int weight = *slot(ix, LOOM_ACT_BACKWARD_WEIGHT, st, mb);
@@ -411,8 +411,12 @@ static int check_deadlock(const loom_schedule *s, const action_index *ix)
         int pr, pi;
         send_of(s, ix, r, s->actions[r][pc[r]], &pr, &pi);
         describe_at(s, r, pc[r], at, sizeof at);
-        len += (size_t)snprintf(msg + len, sizeof msg - len, "%srank %d waits at %s for rank %d",
-                                hops ? ", which " : "", r, at, pr);
+        if (hops == 0)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "rank %d waits at %s for rank %d",
+                                    r, at, pr);
+        else
+            len += (size_t)snprintf(msg + len, sizeof msg - len, ", which waits at %s for rank %d",
+                                    at, pr);
         if (visited[pr] || pc[pr] >= s->count[pr])
             break;
         r = pr;
@@ -648,9 +652,11 @@ int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, 
     }
     fprintf(out, "<rect class=\"legend\" x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" "
                  "fill=\"url(#idle)\" stroke=\"#dddddd\"/><text x=\"%.0f\" y=\"%.0f\" "
-                 "font-size=\"12\">idle%s</text>\n",
-            x, y, x + 18, y + 11, v > 1 ? "  (lighter: later virtual stages; numbers: micro-batches)"
-                                        : "  (numbers: micro-batches)");
+                 "font-size=\"12\">idle</text>\n",
+            x, y, x + 18, y + 11);
+    fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\" fill=\"#555555\">numbers: "
+                 "micro-batches%s</text>\n", x + 70, y + 11,
+            v > 1 ? "; lighter: later virtual stages" : "");
     fprintf(out, "</svg>\n");
     return ferror(out) ? loom_fail(LOOM_ERR_INVALID, "schedule: writing the SVG failed (disk full?)")
                        : LOOM_OK;

@@ -1,0 +1,125 @@
+#!/bin/sh
+# `loom schedule` from the command line: the per-rank lists, --verbose, the
+# SVG (well-formed XML with one rect per compute action), an out-of-tree
+# schedule by file, and bad configs refused with one line naming file:line.
+#   schedule_cli_test.sh LOOM CASE FILLDRAIN_SO
+set -u
+LOOM=$1
+CASE=$2
+FILLDRAIN=$3
+TMP=$(mktemp -d /tmp/loom-schedule-cli.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+fail() { echo "schedule_cli_test $CASE: $*"; exit 1; }
+
+# One setting a line, so that a refusal's line number is known.
+write_cfg() { # size schedule microbatches virtual_stages
+    cat > "$TMP/pp.cfg" <<CFG
+# pipeline schedule test
+parallel = {
+  pp = {
+    size = $1;
+    schedule = "$2";
+    microbatches = $3;
+    virtual_stages = $4;
+  };
+};
+CFG
+}
+
+expect_line() { # file line: the exact line must be in the file
+    grep -Fx -- "$2" "$1" > /dev/null || { echo "--- output:"; cat "$1"; fail "no line '$2'"; }
+}
+
+case $CASE in
+lists)
+    write_cfg 4 1f1b 8 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    # Megatron's non-interleaved 1F1B: p-r-1 warm-up forwards, then 1F1B.
+    expect_line "$TMP/out" "rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"
+    expect_line "$TMP/out" "rank 1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7"
+    expect_line "$TMP/out" "rank 2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7"
+    expect_line "$TMP/out" "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"
+    # (p-1)/(m+p-1) = 3/11; makespan 3(m+p-1) = 33
+    expect_line "$TMP/out" "  makespan 33, bubble 0.2727 (theory (p-1)/(m+p-1) = 0.2727)"
+    expect_line "$TMP/out" "  peak stash (micro-batches alive at once): rank 0: 4, rank 1: 3, rank 2: 2, rank 3: 1"
+    write_cfg 2 gpipe 3 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 1: F0 F1 F2 B0 B1 B2"
+    write_cfg 2 zb-h1 2 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 0: F0 F1 I0 W0 I1 W1"
+    expect_line "$TMP/out" "rank 1: F0 I0 F1 I1 W0 W1"
+    write_cfg 2 interleaved 2 2
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 0: F0v0 F1v0 F0v1 F1v1 B0v1 B1v1 B0v0 B1v0"
+    ;;
+verbose)
+    write_cfg 2 1f1b 2 1
+    "$LOOM" schedule "$TMP/pp.cfg" --verbose > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 0: F0 sa0 F1 sa1 rg0 B0 rg1 B1"
+    expect_line "$TMP/out" "rank 1: ra0 F0 B0 sg0 ra1 F1 B1 sg1"
+    ;;
+svg)
+    write_cfg 4 1f1b 8 1
+    "$LOOM" schedule "$TMP/pp.cfg" --svg "$TMP/s.svg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "  drawn to $TMP/s.svg"
+    "$LOOM" schedule "$TMP/pp.cfg" --set parallel.pp.schedule=zb-h1 --svg "$TMP/z.svg" > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; fail "exit $?"; }
+    python3 - "$TMP/s.svg" "$TMP/z.svg" <<'PY' || fail "SVG check"
+import sys
+from xml.dom import minidom
+def count(path):
+    doc = minidom.parse(path)   # raises on malformed XML
+    rects = doc.getElementsByTagName("rect")
+    by = {}
+    for r in rects:
+        by[r.getAttribute("class")] = by.get(r.getAttribute("class"), 0) + 1
+    title = doc.getElementsByTagName("text")[0].firstChild.data
+    return by, title
+by, title = count(sys.argv[1])
+# p = 4, m = 8: 32 forwards, 32 backwards; each rank idles (ranks 1-3
+# before their first forward, every rank before its first backward ...)
+assert by.get("forward") == 32 and by.get("backward") == 32, by
+assert by.get("backward-input", 0) == 0 and by.get("backward-weight", 0) == 0, by
+assert by.get("idle", 0) >= 4, by
+assert title == "1f1b: p = 4, v = 1, m = 8, bubble 27.3%", title
+by, title = count(sys.argv[2])
+assert by.get("forward") == 32 and by.get("backward-input") == 32 and by.get("backward-weight") == 32, by
+assert by.get("backward", 0) == 0, by
+assert title == "zb-h1: p = 4, v = 1, m = 8, bubble 11.1%", title
+PY
+    ;;
+filldrain)
+    # an out-of-tree schedule, by file
+    write_cfg 3 "$FILLDRAIN" 2 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 2: F0 F1 B1 B0"
+    grep -F "bubble 0.5000" "$TMP/out" > /dev/null || { cat "$TMP/out"; fail "bubble"; }
+    ;;
+bad_size)
+    write_cfg 1 1f1b 4 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "pp.size = 1 accepted"
+    [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "not one line"; }
+    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:4: parallel.pp.size = 1: no pipeline to schedule; set it to 2 or more stages"
+    ;;
+bad_interleaved)
+    write_cfg 4 interleaved 6 2
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "m = 6, p = 4 accepted"
+    [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "not one line"; }
+    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: interleaved: parallel.pp.microbatches = 6 is not a multiple of parallel.pp.size = 4 (micro-batches go through the virtual stages in groups of 4); use 4 or 8"
+    ;;
+bad_schedule)
+    write_cfg 2 ddp 4 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "ddp accepted as a schedule"
+    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: parallel.pp.schedule = \"ddp\" is a strategy for the dp axis, not a pipeline schedule"
+    write_cfg 2 1f1b 4 2
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "1f1b with v = 2 accepted"
+    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: 1f1b: one virtual stage per rank only (parallel.pp.virtual_stages = 2); the interleaved schedule takes more"
+    "$LOOM" schedule > "$TMP/out" 2>&1 && fail "no CONFIG accepted"
+    ;;
+*)
+    fail "unknown case"
+    ;;
+esac
+exit 0
