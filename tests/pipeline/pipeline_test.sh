@@ -68,16 +68,20 @@ case "$CASE" in
 contract)
     # SCHEDULE P M [V] [BACKEND]
     sched=$1; p=$2; m=$3; v=${4:-1}; backend=${5:-mpi}
-    run single 1
-    run piped "$p" $(pp "$p" "$m" "$sched") --set parallel.pp.virtual_stages="$v" --set comm.default="$backend"
+    # three stages: the four blocks split unevenly, 12 sequences a batch
+    uneven=""; batch=""
+    [ "$p" = 3 ] && uneven="--set parallel.pp.stage_layers=1,1,2" && batch="--set train.batch=12"
+    run single 1 $batch
+    run piped "$p" $(pp "$p" "$m" "$sched") --set parallel.pp.virtual_stages="$v" --set comm.default="$backend" $uneven $batch
     grep -q "bubble" piped.log || { cat piped.log; echo "pipeline_test: no bubble on the progress line"; exit 1; }
     compare single piped 1e-5 ;;
 mesh)
     # DP TP PP [DP_STRATEGY]: 1f1b with 2·PP micro-batches
     dp=$1; tp=$2; p=$3; strategy=${4:-ddp}
-    run single 1
+    batch="--set train.batch=$((dp * 2 * p))"
+    run single 1 $batch
     run meshed $((dp * tp * p)) $(pp "$p" $((2 * p)) 1f1b) --set parallel.dp.size="$dp" \
-        --set parallel.dp.strategy="$strategy" --set parallel.tp.size="$tp"
+        --set parallel.dp.strategy="$strategy" --set parallel.tp.size="$tp" $batch
     compare single meshed 1e-5 ;;
 stash)
     # The activation stash on stage 0 (rank 0) from the accounting: 1F1B
