@@ -6,8 +6,11 @@
  * schedule plugin runs nothing: it emits each pp rank's list of actions, and
  * loom validates and executes them.
  *
- * It is built against an installed loom only (find_package(loom)), as a
- * third party would build it. */
+ * It is built against an installed loom (find_package(loom)), as a third
+ * party would build it (tests/schedule also builds it in the tree to check
+ * its lists). `loom schedule CONFIG --set
+ * parallel.pp.schedule=/path/to/libloom-strategy-filldrain.so --svg f.svg`
+ * checks and draws it without training. */
 #include <stdio.h>
 #include <stdlib.h>
 
