@@ -37,6 +37,9 @@
  * variants) are used, so each symbol name is the plain function name. */
 typedef struct cudart_api {
     __typeof__(&cudaGetDeviceCount) GetDeviceCount;
+    __typeof__(&cudaGetDevice) GetDevice;
+    __typeof__(&cudaSetDevice) SetDevice;
+    __typeof__(&cudaDeviceGetAttribute) DeviceGetAttribute;
     __typeof__(&cudaGetErrorString) GetErrorString;
     __typeof__(&cudaMalloc) Malloc;
     __typeof__(&cudaFree) Free;
@@ -89,6 +92,9 @@ static void load_runtime(void)
         memcpy(&rt.field, &p_, sizeof p_);                                                         \
     } while (0)
     LOAD(GetDeviceCount, "cudaGetDeviceCount");
+    LOAD(GetDevice, "cudaGetDevice");
+    LOAD(SetDevice, "cudaSetDevice");
+    LOAD(DeviceGetAttribute, "cudaDeviceGetAttribute");
     LOAD(GetErrorString, "cudaGetErrorString");
     LOAD(Malloc, "cudaMalloc");
     LOAD(Free, "cudaFree");
@@ -119,6 +125,20 @@ static void load_runtime(void)
         load_status = LOOM_ERR_NOT_SUPPORTED;
         snprintf(load_detail, sizeof load_detail,
                  "no CUDA device visible (cudaGetDeviceCount: 0 devices)");
+    }
+    /* Copies pass cudaMemcpyDefault, which CUDA allows only with unified
+     * virtual addressing (cuda_runtime_api.h, cudaMemcpyAsync): check it
+     * rather than assume it. */
+    for (int d = 0; load_status == LOOM_OK && d < count; d++) {
+        int uva = 0;
+        e = rt.DeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, d);
+        if (e != cudaSuccess || !uva) {
+            load_status = LOOM_ERR_NOT_SUPPORTED;
+            snprintf(load_detail, sizeof load_detail,
+                     "CUDA device %d does not use unified virtual addressing (%s), which the "
+                     "device tier needs",
+                     d, e != cudaSuccess ? rt.GetErrorString(e) : "attribute is 0");
+        }
     }
 }
 
@@ -202,9 +222,9 @@ int loom_device_free(void *ptr, loom_tier *tier, loom_purpose *purpose, uint64_t
     pthread_mutex_unlock(&table_lock);
     if (!b)
         return 0;
-    /* cudaFree/cudaFreeHost wait for work still using the block to finish
-     * (they synchronize the device), so a free never pulls memory from
-     * under an in-flight copy or collective. */
+    /* The caller must know that no copy or collective still uses the
+     * block: CUDA documents only that cudaFree "may perform implicit
+     * synchronization" (cuda_runtime_api.h, cudaFree), not that it waits. */
     cudaError_t e = b->tier == LOOM_TIER_PINNED ? rt.FreeHost(ptr) : rt.Free(ptr);
     if (e != cudaSuccess)
         loom_log(LOOM_LOG_ERROR, "memory: freeing %llu bytes of %s memory: %s",
@@ -220,6 +240,7 @@ int loom_device_free(void *ptr, loom_tier *tier, loom_purpose *purpose, uint64_t
 
 struct loom_device_stream {
     cudaStream_t stream;
+    int device; /* the device current when it was made: the stream lives there */
 };
 
 struct loom_device_event {
@@ -234,10 +255,16 @@ int loom_device_stream_create(loom_device_stream **out)
     loom_device_stream *s = calloc(1, sizeof *s);
     if (!s)
         return loom_fail(LOOM_ERR_NO_MEMORY, "device: out of host memory");
-    /* cudaStreamNonBlocking: the stream does not wait for work on the legacy
-     * default stream (nor that for it), so our copies never queue behind
-     * someone else's kernel. */
-    cudaError_t e = rt.StreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    /* A stream belongs to the calling thread's current device. */
+    cudaError_t e = rt.GetDevice(&s->device);
+    if (e != cudaSuccess) {
+        free(s);
+        return loom_fail(LOOM_ERR_INTERNAL, "device: cudaGetDevice: %s", cuda_text(e));
+    }
+    /* cudaStreamNonBlocking: no implicit synchronization with the legacy
+     * default stream (stream 0) in either direction, so our copies never
+     * queue behind a kernel someone put there. */
+    e = rt.StreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(s);
         return loom_fail(LOOM_ERR_INTERNAL, "device: cudaStreamCreateWithFlags: %s", cuda_text(e));
@@ -269,22 +296,43 @@ int loom_device_copy_async(void *dst, const void *src, size_t bytes, loom_device
     if (!ev)
         return loom_fail(LOOM_ERR_NO_MEMORY, "device: out of host memory");
     cudaStream_t stream = s ? s->stream : (cudaStream_t)0;
+    /* cudaEventCreateWithFlags makes the event on the current device, and
+     * cudaEventRecord needs the event and the stream in the same context
+     * (both in cuda_runtime_api.h); the current device is per thread and may
+     * have changed since the stream was made. So work on the stream's
+     * device, and give the caller its own back afterwards. */
+    int cur = -1, switched = 0;
+    cudaError_t e = cudaSuccess;
+    if (s && (e = rt.GetDevice(&cur)) == cudaSuccess && cur != s->device) {
+        e = rt.SetDevice(s->device);
+        switched = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) {
+        free(ev);
+        return loom_fail(LOOM_ERR_INTERNAL, "device: selecting the stream's device %d: %s",
+                         s->device, cuda_text(e));
+    }
     /* cudaEventDisableTiming: we only ever query the event, and the CUDA
      * documentation recommends the flag for that use (cheaper events). */
-    cudaError_t e = rt.EventCreateWithFlags(&ev->event, cudaEventDisableTiming);
+    e = rt.EventCreateWithFlags(&ev->event, cudaEventDisableTiming);
     if (e != cudaSuccess) {
+        if (switched)
+            rt.SetDevice(cur);
         free(ev);
         return loom_fail(LOOM_ERR_INTERNAL, "device: cudaEventCreateWithFlags: %s", cuda_text(e));
     }
-    /* cudaMemcpyDefault infers the direction from the pointers, which CUDA
-     * allows on systems with unified virtual addressing (every 64-bit
-     * platform CUDA supports). From pageable host memory the copy returns
-     * once the source was staged; from pinned memory it is truly async. A
-     * copy may be issued to a stream of another device than the current
-     * one (unlike a kernel launch), so one stream serves any block. */
+    /* cudaMemcpyDefault infers the direction from the pointers (unified
+     * addressing was checked at load). A copy, unlike a kernel, may go to a
+     * stream of a device other than the current one. Per the runtime's "API
+     * synchronization behavior" page, a copy from pageable host memory
+     * returns once the source was staged, but one between device memory and
+     * pageable host memory may also block the caller until it is done: the
+     * timeout of loom_device_event_wait bounds only copies that return. */
     e = rt.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
     if (e == cudaSuccess)
         e = rt.EventRecord(ev->event, stream);
+    if (switched)
+        rt.SetDevice(cur);
     if (e != cudaSuccess) {
         rt.EventDestroy(ev->event);
         free(ev);
@@ -297,8 +345,10 @@ int loom_device_copy_async(void *dst, const void *src, size_t bytes, loom_device
 
 static void event_release(loom_device_event *ev)
 {
-    /* Destroying an event whose work is still pending is allowed: CUDA
-     * releases it once the device reaches it. */
+    /* Destroying an event whose work is still pending is allowed: the call
+     * does not block and CUDA releases it at completion (cudaEventDestroy in
+     * cuda_runtime_api.h). cudaEventQuery and cudaEventDestroy work from any
+     * current device. */
     rt.EventDestroy(ev->event);
     free(ev);
 }

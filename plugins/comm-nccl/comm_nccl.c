@@ -132,8 +132,9 @@ static ncclRedOp_t nccl_op(loom_redop op)
     switch (op) {
     case LOOM_MAX: return ncclMax;
     case LOOM_MIN: return ncclMin;
-    case LOOM_AVG: return ncclAvg;
-    default: return ncclSum;
+    case LOOM_AVG: return ncclAvg; /* NCCL >= 2.10, every dtype; only ops that take a redop */
+    case LOOM_SUM:
+    default: return ncclSum; /* the core admits only the four values above (comm.h) */
     }
 }
 
@@ -168,7 +169,20 @@ struct loom_comm {
     char failure[512];
     void *barrier_buf;    /* one device float: barrier is a 1-element allreduce */
     loom_comm_request *inflight; /* every live request, newest first */
+    struct deferred_free *deferred; /* stages the device may still use (see defer_stage) */
+    /* Where a non-blocking ncclCommSplit of this group writes the child
+     * communicator. NCCL fills it from its own thread when the split ends,
+     * possibly after create_subgroup gave up, so it must outlive that call. */
+    ncclComm_t split_out;
 };
+
+/* A staging buffer released before the device was known to be done with it,
+ * and the event after its last use. */
+typedef struct deferred_free {
+    void *ptr;
+    cudaEvent_t after;
+    struct deferred_free *next;
+} deferred_free;
 
 struct loom_comm_request {
     loom_comm *comm; /* NULL once the group was destroyed under it */
@@ -187,6 +201,7 @@ struct loom_comm_request {
     void *stage;     /* device copy of a send buffer that overlaps recv */
     int posted;      /* handed to NCCL */
     int recorded;    /* its completion event is on the stream */
+    int complete;    /* the event reported the op done on a healthy group */
     cudaEvent_t done;
     loom_comm_request *prev, *next;
 };
@@ -264,6 +279,15 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double deadline)
     return r;
 }
 
+/* A non-blocking communicator may keep the error of a failed call as its
+ * state, and then refuses every later call but ncclCommAbort. Whether the
+ * communicator can still be used after a call failed: */
+static int still_usable(ncclComm_t comm)
+{
+    ncclResult_t state = ncclSuccess;
+    return comm && ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclSuccess;
+}
+
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const nccl_settings_t *s)
 {
     loom_comm *c = calloc(1, sizeof *c);
@@ -299,12 +323,101 @@ static int comm_finish_setup(loom_comm *c)
     return st;
 }
 
-static void comm_free(loom_comm *c)
+/* Give back the stages the device is done with, keep the others. */
+static void sweep_deferred(loom_comm *c)
+{
+    deferred_free **p = &c->deferred;
+    while (*p) {
+        deferred_free *d = *p;
+        if (d->after && cudaEventQuery(d->after) == cudaSuccess) {
+            *p = d->next;
+            c->host->mem_free(c->host, d->ptr);
+            cudaEventDestroy(d->after);
+            free(d);
+        } else {
+            p = &d->next;
+        }
+    }
+}
+
+/* Keep a stage whose op may still be running until the device is past it.
+ * CUDA documents only that cudaFree "may perform implicit synchronization"
+ * (cuda_runtime_api.h), so freeing it now could pull the memory from under
+ * the op, and where cudaFree does wait for the whole device, a kernel of
+ * another group stuck on a dead peer would make it wait forever. */
+static void defer_stage(loom_comm *c, loom_comm_request *r)
+{
+    deferred_free *d = malloc(sizeof *d);
+    /* An op never handed to NCCL may still have its staging copy queued:
+     * an event recorded now comes after that copy. */
+    if (d && !r->recorded && cudaEventRecord(r->done, c->stream) != cudaSuccess) {
+        free(d);
+        d = NULL;
+    }
+    if (!d) {
+        c->host->log(c->host, LOOM_LOG_WARN,
+                     "comm-nccl: %s: a staging buffer is not freed: the device may still use it",
+                     c->desc);
+    } else {
+        d->ptr = r->stage;
+        d->after = r->done; /* the event now belongs to the list */
+        d->next = c->deferred;
+        c->deferred = d;
+        r->done = NULL;
+    }
+    r->stage = NULL;
+}
+
+/* Whether every op of this stream ended, waiting at most wait_s. */
+static int stream_idle(cudaStream_t s, double wait_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+            return 1;
+        double waited = now_s() - t0;
+        if (e != cudaErrorNotReady || waited > wait_s)
+            return 0;
+        idle(waited);
+    }
+}
+
+/* Device memory of the group goes back only once its stream is idle (see
+ * defer_stage): after a failure that may never happen, and then the few
+ * bytes stay allocated, with a warning, rather than risk a hang. */
+static void comm_free(loom_comm *c, double wait_s)
 {
     if (!c)
         return;
+    const loom_host *h = c->host;
+    if (c->stream && (c->deferred || c->barrier_buf) && !stream_idle(c->stream, wait_s)) {
+        int n = !!c->barrier_buf;
+        for (deferred_free *d = c->deferred; d; d = d->next)
+            n++;
+        h->log(h, LOOM_LOG_WARN,
+               "comm-nccl: destroying %s: %d device buffer(s) are not freed: the GPU still runs "
+               "work of this group",
+               c->desc, n);
+        while (c->deferred) {
+            deferred_free *d = c->deferred;
+            c->deferred = d->next;
+            if (d->after) /* pending is fine: CUDA frees it when the device gets there */
+                cudaEventDestroy(d->after);
+            free(d);
+        }
+        c->barrier_buf = NULL;
+    }
+    while (c->deferred) {
+        deferred_free *d = c->deferred;
+        c->deferred = d->next;
+        h->mem_free(h, d->ptr);
+        if (d->after)
+            cudaEventDestroy(d->after);
+        free(d);
+    }
     if (c->barrier_buf)
-        c->host->mem_free(c->host, c->barrier_buf);
+        h->mem_free(h, c->barrier_buf);
     if (c->stream)
         cudaStreamDestroy(c->stream); /* returns at once; queued work ends first */
     free(c->world_ranks);
@@ -401,7 +514,7 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
     int64_t nth = 0;
     snprintf(key, sizeof key, "worlds/%d", host->rank);
     if ((st = host->kv_add(host, key, 1, &nth)) != LOOM_OK) {
-        comm_free(c);
+        comm_free(c, 0);
         return st;
     }
     snprintf(c->id, sizeof c->id, "w%lld", (long long)nth);
@@ -413,7 +526,7 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
     if (host->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&uid);
         if (r != ncclSuccess) {
-            comm_free(c);
+            comm_free(c, 0);
             return nccl_fail(host, NULL, r, "create_world: ncclGetUniqueId");
         }
         st = host->kv_put(host, key, &uid, sizeof uid);
@@ -427,14 +540,18 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
                              len, sizeof uid);
     }
     if (st != LOOM_OK) {
-        comm_free(c);
+        comm_free(c, 0);
         return st;
     }
 
     ncclConfig_t config = comm_config(c);
     double deadline = now_s() + s.timeout_s;
     ncclComm_t nc = NULL;
+    /* Non-blocking, the call returns ncclInProgress with the handle already
+     * filled in, and the new communicator's state says when it is ready. */
     ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, uid, c->rank, &config);
+    if (r == ncclInProgress && !nc)
+        r = ncclInternalError; /* nothing to poll: NCCL broke its own contract */
     if (nc)
         r = settle(nc, r, deadline);
     if (r != ncclSuccess) {
@@ -447,14 +564,14 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
             st = nccl_fail(host, nc, r, "create_world on %s: ncclCommInitRankConfig", c->desc);
         if (nc)
             ncclCommAbort(nc);
-        comm_free(c);
+        comm_free(c, 0);
         return st;
     }
     c->nccl = nc;
     if ((st = comm_finish_setup(c)) != LOOM_OK) {
         ncclCommAbort(c->nccl);
         c->nccl = NULL;
-        comm_free(c);
+        comm_free(c, 0);
         return st;
     }
     int version = 0;
@@ -487,6 +604,21 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
     int st = use_device(parent);
     if (st != LOOM_OK)
         return st;
+    /* NCCL's ncclCommSplit page: no NCCL operation may be outstanding on
+     * the parent, or the split may deadlock. Ops still held by a bracket
+     * cannot be flushed here; posted ones end without this rank's help (every
+     * rank posted them before reaching the split), so wait, bounded, for the
+     * parent's stream. */
+    if (parent->grouping > 0)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "comm-nccl: create_subgroup on %s inside group_start/group_end; end the "
+                        "group first",
+                        parent->desc);
+    if (parent->inflight && !stream_idle(parent->stream, parent->set.timeout_s))
+        return h->error(h, LOOM_ERR_TIMEOUT,
+                        "comm-nccl: create_subgroup on %s: operations posted on the group did not "
+                        "finish within %.1f s, and ncclCommSplit needs none outstanding",
+                        parent->desc, parent->set.timeout_s);
     loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
     if (!c)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
@@ -504,27 +636,58 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
     ncclConfig_t config = comm_config(c);
     double deadline = now_s() + c->set.timeout_s;
     ncclComm_t nc = NULL;
-    ncclResult_t r = ncclCommSplit(parent->nccl, color, me, &nc, &config);
+    parent->split_out = NULL;
+    ncclResult_t r = ncclCommSplit(parent->nccl, color, me, &parent->split_out, &config);
+    /* Non-blocking, the split runs on in NCCL's own thread: it is the
+     * PARENT whose state stays ncclInProgress until the split ends, and the
+     * child handle is written only then (NVIDIA/nccl#1472). So the parent is
+     * polled, and split_out is not read before the parent settled. */
     if (r == ncclInProgress)
-        r = settle(nc ? nc : parent->nccl, r, deadline);
+        r = settle(parent->nccl, r, deadline);
     if (r == ncclInProgress) {
         char why[512];
         snprintf(why, sizeof why,
                  "create_subgroup on %s timed out after %.1f s in ncclCommSplit, which every rank "
                  "of the parent must call (a rank alone in its subgroup must call it too)",
                  parent->desc, c->set.timeout_s);
+        /* Aborting the parent stops the split's thread and waits for it
+         * (NCCL's abort completes the parent's pending group job); a child
+         * it made by then is aborted too. */
         comm_fail(parent, LOOM_ERR_TIMEOUT, why);
+        nc = parent->split_out;
         st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s", why);
     } else if (r != ncclSuccess) {
-        st = nccl_fail(h, nc ? nc : parent->nccl, r, "create_subgroup on %s: ncclCommSplit",
-                       parent->desc);
+        nc = parent->split_out; /* a child whose setup failed is handed back too */
+        st = nccl_fail(h, parent->nccl, r, "create_subgroup on %s: ncclCommSplit", parent->desc);
+        if (!still_usable(parent->nccl))
+            comm_fail(parent, st, "ncclCommSplit failed and left the group unusable");
     } else {
+        nc = parent->split_out;
+        if (!nc)
+            st = h->error(h, LOOM_ERR_INTERNAL,
+                          "comm-nccl: create_subgroup on %s: ncclCommSplit succeeded but made no "
+                          "communicator",
+                          parent->desc);
+        else if ((r = settle(nc, ncclInProgress, deadline)) != ncclSuccess)
+            /* the child's own state: ready once the parent is (NVIDIA/nccl#1472) */
+            st = r == ncclInProgress
+                     ? h->error(h, LOOM_ERR_TIMEOUT,
+                                "comm-nccl: create_subgroup on %s: the new communicator was not "
+                                "ready within %.1f s",
+                                parent->desc, c->set.timeout_s)
+                     : nccl_fail(h, nc, r, "create_subgroup on %s: the new communicator",
+                                 parent->desc);
+    }
+    parent->split_out = NULL;
+    if (st == LOOM_OK) {
         /* NCCL counts the ranks that passed our color: a member that passed
          * a different list shows up here instead of as a hang later. */
         int count = 0, rank = -1;
-        ncclCommCount(nc, &count);
-        ncclCommUserRank(nc, &rank);
-        if (count != nranks || rank != me)
+        if ((r = ncclCommCount(nc, &count)) != ncclSuccess ||
+            (r = ncclCommUserRank(nc, &rank)) != ncclSuccess)
+            st = nccl_fail(h, nc, r, "create_subgroup on %s: ncclCommCount/ncclCommUserRank",
+                           parent->desc);
+        else if (count != nranks || rank != me)
             st = h->error(h, LOOM_ERR_INVALID,
                           "comm-nccl: create_subgroup on %s: NCCL made rank %d of %d, this rank's "
                           "list says %d of %d; every member must pass the same list",
@@ -538,7 +701,7 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
         if (nc)
             ncclCommAbort(nc);
         c->nccl = NULL;
-        comm_free(c);
+        comm_free(c, 0);
         return st;
     }
     *out = c;
@@ -566,9 +729,12 @@ static void req_release(loom_comm_request *r)
         if (r->next)
             r->next->prev = r->prev;
     }
-    /* A pending event may be destroyed: CUDA frees it once the device gets
-     * there. The stage is freed only for completed or never-posted ops, or
-     * by cudaFree's own wait for the device. */
+    /* The stage of an op the device may not be done with waits on the
+     * group's list; an orphan's stage was taken over by destroy. */
+    if (r->stage && !r->complete && c)
+        defer_stage(c, r);
+    /* A pending event may be destroyed: the call does not block and CUDA
+     * frees it at completion (cudaEventDestroy in cuda_runtime_api.h). */
     if (r->done)
         cudaEventDestroy(r->done);
     if (r->stage)
@@ -601,6 +767,8 @@ static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective
         return LOOM_ERR_INVALID;
     const loom_host *h = c->host;
     uint64_t seq = collective ? ++c->seq : ++c->p2p_seq;
+    if (c->deferred)
+        sweep_deferred(c);
     if (c->failed || !c->nccl)
         return h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
                         "comm-nccl: %s #%llu on %s: the group failed earlier: %s", name,
@@ -725,9 +893,10 @@ static int op_post(loom_comm *c, loom_comm_request *r, const char *fn, loom_comm
             st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s; the communicator was aborted", why);
         } else {
             st = nccl_fail(h, c->nccl, res, "%s: %s", what, fn);
-            /* An argument error leaves the communicator usable; anything
-             * else may have left work half enqueued. */
-            if (res != ncclInvalidArgument && res != ncclInvalidUsage)
+            /* An argument error may leave the communicator usable, unless
+             * NCCL kept it as the communicator's state; anything else may
+             * have left work half enqueued. */
+            if ((res != ncclInvalidArgument && res != ncclInvalidUsage) || !still_usable(c->nccl))
                 comm_fail(c, st, "an earlier NCCL call failed");
         }
         req_release(r);
@@ -1089,6 +1258,12 @@ static int req_poll(loom_comm_request *r)
         req_release(r);
         return st;
     }
+    /* cudaEventQuery: cudaSuccess once everything before the event ran,
+     * cudaErrorNotReady while not; any other result is an error, maybe of
+     * earlier work on the device. It is read BEFORE the communicator's
+     * state: kernels that NCCL stopped after an error also end, so an event
+     * that completed counts only if the communicator had no error by then. */
+    cudaError_t e = cudaEventQuery(r->done);
     /* An error of the communicator (a peer that went away, a network
      * failure) shows up here, not in the event: NCCL's kernels may never
      * finish after it, so abort rather than wait for them. */
@@ -1107,10 +1282,6 @@ static int req_poll(loom_comm_request *r)
         req_release(r);
         return h->error(h, st, "comm-nccl: %s; the communicator was aborted", why);
     }
-    /* cudaEventQuery: cudaSuccess once everything before the event ran,
-     * cudaErrorNotReady while not; any other result is an error, maybe of
-     * earlier work on the device. */
-    cudaError_t e = cudaEventQuery(r->done);
     if (e == cudaErrorNotReady)
         return LOOM_IN_PROGRESS;
     if (e != cudaSuccess) {
@@ -1121,6 +1292,7 @@ static int req_poll(loom_comm_request *r)
         req_release(r);
         return st;
     }
+    r->complete = 1;
     req_release(r);
     return LOOM_OK;
 }
@@ -1160,11 +1332,21 @@ static int nccl_destroy(loom_comm *c)
     if (!c)
         return LOOM_OK;
     const loom_host *h = c->host;
+    use_device(c); /* for the frees below; a failure here shows in them */
     int st = LOOM_OK, orphans = 0;
     for (loom_comm_request *r = c->inflight; r; r = r->next) {
         r->comm = NULL;
         r->prev = NULL;
         orphans++;
+        /* The group keeps an orphan's stage until its stream is idle. */
+        deferred_free *d = r->stage ? malloc(sizeof *d) : NULL;
+        if (d) {
+            d->ptr = r->stage;
+            d->after = NULL;
+            d->next = c->deferred;
+            c->deferred = d;
+        }
+        r->stage = NULL;
     }
     c->inflight = NULL;
     if (orphans) {
@@ -1173,13 +1355,15 @@ static int nccl_destroy(loom_comm *c)
         comm_fail(c, LOOM_ERR_INVALID, "destroyed with operations in flight");
     }
     if (c->nccl) {
-        /* ncclCommFinalize flushes what was issued and leaves the state
-         * ncclInProgress until the communicator is quiescent everywhere;
-         * then ncclCommDestroy frees it without blocking. A peer that never
+        /* Non-blocking teardown (nccl.h, ncclCommFinalize): ncclCommFinalize
+         * flushes what was issued and leaves the state ncclInProgress until
+         * the communicator is quiescent everywhere; once it is ncclSuccess,
+         * ncclCommDestroy frees the rest without blocking. A peer that never
          * gets there turns the finalize into an abort after the timeout. */
         ncclResult_t r = settle(c->nccl, ncclCommFinalize(c->nccl), now_s() + c->set.timeout_s);
         if (r == ncclSuccess) {
-            ncclCommDestroy(c->nccl);
+            if ((r = ncclCommDestroy(c->nccl)) != ncclSuccess)
+                st = nccl_fail(h, NULL, r, "destroying %s: ncclCommDestroy", c->desc);
             c->nccl = NULL;
         } else {
             st = r == ncclInProgress
@@ -1191,7 +1375,9 @@ static int nccl_destroy(loom_comm *c)
             comm_fail(c, st, "destroy failed");
         }
     }
-    comm_free(c);
+    /* A healthy group's last events follow work NCCL just flushed; after an
+     * abort, give the stopped kernels a short grace. */
+    comm_free(c, c->failed ? c->set.grace_s : c->set.timeout_s);
     return st;
 }
 
