@@ -614,6 +614,12 @@ static int join_world(const loom_host *host, const mpi_settings_t *s, MPI_Comm *
 
 static int init_mpi(const loom_host *host)
 {
+    /* Open MPI 4.1's libnbc posts each round of its segmented ireduce
+     * algorithms (chain, rabenseifner) from inside the progress of the
+     * previous one; a 64 MiB reduce recurses until the stack overflows.
+     * Binomial sends whole blocks: a few rounds. A user's own choice (the
+     * environment or mpirun's --mca) wins. */
+    setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", 0);
     int provided = MPI_THREAD_SINGLE;
     int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS)

@@ -32,6 +32,14 @@ unavailable)
     grep -q "backend nosuch unavailable: plugin comm 'nosuch' not found" "$TMP/out" &&
         grep -q "backend mpi, 2 ranks" "$TMP/out" || { cat "$TMP/out"; exit 1; }
     echo "bench_test: nosuch reported, mpi benched" ;;
+large_reduce)
+    # 64 MiB reductions at 2 ranks: Open MPI 4.1's segmented ireduce
+    # overflowed the stack here (comm-mpi picks binomial)
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.ops=["reduce","allreduce"]' \
+        --set bench.min_bytes=67108864 --set bench.max_bytes=67108864 --set bench.iters=12 \
+        --set bench.warmup=2 > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
+    grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: no ok line"; exit 1; }
+    grep "67108864" "$TMP/out" ;;
 stopped_rank)
     # a rank that stops answering mid-bench: the others fail within the
     # timeout, naming it, and the launcher exits non-zero
