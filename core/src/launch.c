@@ -334,6 +334,7 @@ static void child_exec(int r, int n, int port, char **cmd, int out_fd, int err_f
     set_env_int("LOOM_LOCAL_SIZE", n);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     set_env_int("MASTER_PORT", port);
+    setenv("LOOM_OUTPUT_PREFIXED", "1", 1); /* the core's log lines then skip their own */
     execvp(cmd[0], cmd);
     int err = errno;
     if (write(status_fd, &err, sizeof err) < 0) {

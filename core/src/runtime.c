@@ -220,7 +220,9 @@ int loom_runtime_create(loom_config *cfg, loom_runtime **out)
     int rc = loom_bootstrap_detect(&rt->env);
     if (rc != LOOM_OK)
         goto fail;
-    loom_log_set_rank(rt->env.world_size > 1 ? rt->env.rank : -1);
+    /* under loom launch every output line already starts with the rank */
+    int prefixed = getenv("LOOM_OUTPUT_PREFIXED") != NULL;
+    loom_log_set_rank(rt->env.world_size > 1 && !prefixed ? rt->env.rank : -1);
     rt->timeout_s = 60.0;
     if (cfg)
         loom_config_float(cfg, "comm.timeout_s", &rt->timeout_s);
