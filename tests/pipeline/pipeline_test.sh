@@ -127,6 +127,16 @@ checkpoint)
     run from_pp 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/pp.bin"
     run from_single 1 --set train.steps=1 --set model.init=checkpoint --set model.checkpoint="$TMP/single.bin"
     compare from_single from_pp 1e-5 ;;
+example)
+    # the shipped example as the README runs it (fewer steps): pp 2 x dp 2
+    "$LOOM" launch -n 4 -- "$LOOM" train "$SRC/examples/pipeline.cfg" --set data.train="$DATA" \
+        --set train.steps=8 --metrics example.jsonl > example.log 2>&1 || { cat example.log; exit 1; }
+    losses example | awk 'NR == 1 { first = $1 } { last = $1 }
+        END { if (!(last < first - 0.5)) { print "pipeline_test: example loss " first " -> " last; exit 1 }
+              print "example: loss " first " -> " last }' || exit 1
+    "$LOOM" schedule "$SRC/examples/pipeline.cfg" --svg example.svg > schedule.log 2>&1 || { cat schedule.log; exit 1; }
+    grep -q "<svg" example.svg || { echo "pipeline_test: loom schedule wrote no SVG"; exit 1; }
+    grep "bubble" schedule.log ;;
 trace)
     run traced 2 $(pp 2 4 zb-h1) --set train.steps=2 --trace "$TMP/trace.json"
     for want in '"name":"forward mb 0"' '"name":"backward-input mb 3"' '"name":"backward-weight mb 3"' '"pid":1'; do
