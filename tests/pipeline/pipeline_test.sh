@@ -1,11 +1,11 @@
 #!/bin/sh
-# Pipelines end to end: `loom train` on a pp × (dp, tp) mesh against the
+# Pipelines end to end: `loom train` on a pp × (dp, tp, sp) mesh against the
 # single-rank run (DESIGN §7's numerics contract), the activation stash of
 # each schedule from the memory accounting, the measured bubble, the tied
 # embedding across the first and last stage, checkpoints, and bad configs.
 #   usage: pipeline_test.sh LOOM SOURCE_DIR CASE [ARGS...]
-#     contract SCHEDULE P M [V] [BACKEND] | mesh DP TP PP | stash | bubble |
-#     precision PRECISION | checkpoint | trace | bad NAME
+#     contract SCHEDULE P M [V] [BACKEND] | mesh DP TP PP [DP_STRATEGY] | sequence SP_STRATEGY | stash |
+#     precision PRECISION | recompute | checkpoint | example | trace | bad NAME
 set -eu
 LOOM=$1
 SRC=$2
@@ -83,6 +83,11 @@ mesh)
     run meshed $((dp * tp * p)) $(pp "$p" $((2 * p)) 1f1b) --set parallel.dp.size="$dp" \
         --set parallel.dp.strategy="$strategy" --set parallel.tp.size="$tp" $batch
     compare single meshed 1e-5 ;;
+sequence)
+    # SP_STRATEGY: sp=2 x pp=2, each stage's attention split over the sequence
+    run single 1
+    run seq 4 $(pp 2 4 1f1b) --set parallel.sp.size=2 --set parallel.sp.strategy="$1"
+    compare single seq 1e-5 ;;
 stash)
     # The activation stash on stage 0 (rank 0) from the accounting: 1F1B
     # keeps at most p micro-batches alive, GPipe all m. Micro-batches of
