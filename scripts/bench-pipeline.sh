@@ -80,8 +80,10 @@ PY
     echo "  and a computing rank may be descheduled, so compute actions stretch and the measured"
     echo "  bubble understates idle time at p = 4; at p = 2 every rank has a core."
     echo "- **activations**: each stage's peak ACTIVATIONS bytes (MiB, stage 0 first) from the"
-    echo "  accounting, and the most micro-batches alive at once on each stage (for interleaved:"
-    echo "  micro-batches with a chunk alive). 1f1b keeps p - r on stage r where gpipe keeps m."
+    echo "  accounting, and the most micro-batches alive at once on each stage (for interleaved,"
+    echo "  (chunk, micro-batch) pairs: each chunk keeps its own). 1f1b keeps p - r on stage r"
+    echo "  where gpipe keeps m; zb-h1 keeps p on every stage, plus each deferred backward-weight's"
+    echo "  inputs."
     echo
     echo "| schedule | p | m | simulated bubble | measured bubble | ms/step | tokens/s | activations per stage, MiB | live micro-batches per stage |"
     echo "|---|---|---|---|---|---|---|---|---|"

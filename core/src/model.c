@@ -63,6 +63,7 @@ typedef struct deferred {
  * head's saved tensors, the tokens and targets. */
 typedef struct model_slot {
     void *mem; /* NULL: not allocated */
+    unsigned char *cover; /* L+2: the units it holds of those the rank runs; NULL: all */
     void **stream;       /* L+2 */
     block_acts *acts;    /* L views (in place) */
     block_saved *saved;  /* L (not in place) */
@@ -187,11 +188,18 @@ static void *carve_stored(const loom_model *m, carver *c, size_t n)
     return carve(c, n * loom_dtype_size(m->s.dtype));
 }
 
-/* The residual stream entering unit u, held where this rank computes u or
- * the unit u-1 that produces it. */
-static int holds_stream(const loom_model *m, int u)
+/* Whether a slot holds unit u's activations: the rank runs u and the slot
+ * was made for it (a pipeline's virtual stages each take their own). */
+static int covers(const loom_model *m, const model_slot *s, int u)
 {
-    return u >= 1 && u <= m->L + 1 && (m->runs[u] || m->runs[u - 1]);
+    return m->runs[u] && (!s->cover || s->cover[u]);
+}
+
+/* The residual stream entering unit u, held where the slot holds u or the
+ * unit u-1 that produces it. */
+static int holds_stream(const loom_model *m, const model_slot *s, int u)
+{
+    return u >= 1 && u <= m->L + 1 && (covers(m, s, u) || covers(m, s, u - 1));
 }
 
 static void layout_slot(const loom_model *m, carver *c, model_slot *s)
@@ -201,10 +209,10 @@ static void layout_slot(const loom_model *m, carver *c, model_slot *s)
     size_t lse = (size_t)m->s.batch * m->NHl * m->T;
     int L = m->L;
     for (int u = 1; u <= L + 1; u++)
-        s->stream[u] = !holds_stream(m, u) ? NULL : m->inplace ? (void *)carve_f32(c, RC)
+        s->stream[u] = !holds_stream(m, s, u) ? NULL : m->inplace ? (void *)carve_f32(c, RC)
                                                               : carve_stored(m, c, RC);
     for (int l = 0; l < L; l++) {
-        if (!m->runs[1 + l])
+        if (!covers(m, s, 1 + l))
             continue;
         if (m->inplace) {
             block_acts *a = &s->acts[l];
@@ -245,7 +253,7 @@ static void layout_slot(const loom_model *m, carver *c, model_slot *s)
         sv->rstd2 = carve_f32(c, R);
         sv->lse = carve_f32(c, lse);
     }
-    if (m->runs[L + 1]) {
+    if (covers(m, s, L + 1)) {
         head_acts *h = &s->head;
         h->lnf = carve_f32(c, RC);
         h->meanf = carve_f32(c, R);
@@ -254,7 +262,7 @@ static void layout_slot(const loom_model *m, carver *c, model_slot *s)
         h->losses = carve_f32(c, N);
         s->targets = carve(c, N * sizeof(int));
     }
-    if (m->runs[0])
+    if (covers(m, s, 0))
         s->tokens = carve(c, N * sizeof(int));
 }
 
@@ -302,17 +310,20 @@ static void free_slot(loom_model *m, model_slot *s)
     free(s->acts);
     free(s->saved);
     free(s->deferred);
+    free(s->cover);
     memset(s, 0, sizeof *s);
 }
 
-static int alloc_slot(loom_model *m, model_slot *s)
+static int alloc_slot(loom_model *m, model_slot *s, const unsigned char *cover)
 {
     size_t units = (size_t)m->L + 2;
     s->stream = calloc(units, sizeof *s->stream);
     s->acts = calloc(units, sizeof *s->acts);
     s->saved = calloc(units, sizeof *s->saved);
     s->deferred = calloc(units, sizeof *s->deferred);
-    if (!s->stream || !s->acts || !s->saved || !s->deferred) {
+    if (cover && (s->cover = malloc(units)) != NULL)
+        memcpy(s->cover, cover, units);
+    if (!s->stream || !s->acts || !s->saved || !s->deferred || (cover && !s->cover)) {
         free_slot(m, s);
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     }
@@ -325,7 +336,8 @@ static int alloc_slot(loom_model *m, model_slot *s)
                          "fewer micro-batches alive at once, or a smaller micro-batch, fit",
                          c.used);
     }
-    m->slot_bytes = c.used;
+    if (!cover)
+        m->slot_bytes = c.used;
     carver real = {s->mem, 0};
     layout_slot(m, &real, s);
     return LOOM_OK;
@@ -1476,6 +1488,10 @@ static int check_unit(const loom_model *m, int unit, const char *what)
         return loom_fail(LOOM_ERR_INVALID,
                          "model: %s of unit %d with no slot in use; call loom_model_use_slot "
                          "first", what, unit);
+    if (!covers(m, &m->slots[m->slot], unit))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d in slot %d, which was made for other units "
+                         "(loom_model_use_slot_units)", what, unit, m->slot);
     return LOOM_OK;
 }
 
@@ -1542,7 +1558,9 @@ int loom_model_backward_weight(loom_model *m, int unit)
 
 /* ---- micro-batch slots and stage borders ---- */
 
-int loom_model_use_slot(loom_model *m, int slot)
+int loom_model_use_slot(loom_model *m, int slot) { return loom_model_use_slot_units(m, slot, NULL); }
+
+int loom_model_use_slot_units(loom_model *m, int slot, const unsigned char *units)
 {
     if (slot < 0)
         return loom_fail(LOOM_ERR_INVALID, "model: slot %d; slots are numbered from 0", slot);
@@ -1555,7 +1573,7 @@ int loom_model_use_slot(loom_model *m, int slot)
         m->slots = grown;
         m->nslots = n;
     }
-    int rc = m->slots[slot].mem ? LOOM_OK : alloc_slot(m, &m->slots[slot]);
+    int rc = m->slots[slot].mem ? LOOM_OK : alloc_slot(m, &m->slots[slot], units);
     if (rc == LOOM_OK)
         m->slot = slot;
     return rc;
@@ -1583,7 +1601,8 @@ void *loom_model_stream(loom_model *m, int unit, size_t *count, loom_dtype *dtyp
         *count = (size_t)m->R * m->C;
     if (dtype)
         *dtype = m->inplace ? LOOM_F32 : m->s.dtype;
-    if (!holds_stream(m, unit) || m->slot < 0 || m->slot >= m->nslots || !m->slots[m->slot].mem)
+    if (m->slot < 0 || m->slot >= m->nslots || !m->slots[m->slot].mem ||
+        !holds_stream(m, &m->slots[m->slot], unit))
         return NULL;
     return m->slots[m->slot].stream[unit];
 }

@@ -126,6 +126,10 @@ size_t loom_model_deferred_bytes(const loom_model *m, int unit);
  * at create. Slot 0 is allocated and in use from create, so a caller that
  * never names a slot runs one micro-batch at a time as before. */
 int loom_model_use_slot(loom_model *m, int slot);
+/* The same, but a slot allocated here holds only units (L + 2 flags) of
+ * those the rank runs: a pipeline rank's virtual stages each keep their own
+ * micro-batches. Running a unit outside its slot's is refused. */
+int loom_model_use_slot_units(loom_model *m, int slot, const unsigned char *units);
 void loom_model_release_slot(loom_model *m, int slot);
 size_t loom_model_slot_bytes(const loom_model *m);
 

@@ -42,13 +42,15 @@ struct loom_pipeline {
     int nsends, capsends;
 
     int *bw_done;          /* per unit: micro-batches whose weight gradients are in */
-    int *chunks_done;      /* per micro-batch: chunks whose backward finished here */
-    /* Model slots are reused: a micro-batch takes a free one at its first
-     * forward here and gives it back after its last backward, so the slots
-     * ever made are the most micro-batches alive at once. */
-    int *slot_of;          /* per micro-batch: its slot, -1 none */
-    int *free_slots;
-    int nfree, nslots, nlive;
+    /* Model slots are reused: a (virtual stage, micro-batch) takes a free
+     * slot of its virtual stage at its forward and gives it back after its
+     * backward, so the slots ever made are the most alive at once. Each
+     * virtual stage's slots hold its own units only. */
+    int *slot_of;          /* [vs][mb]: its slot, -1 none */
+    int *free_slots;       /* [vs][m]: a stack per virtual stage */
+    int *nfree;            /* [vs] */
+    unsigned char *chunk_units; /* [vs][L + 2]: the units of each virtual stage */
+    int nslots, nlive;
     int holds_first, holds_last; /* stage 0 / stage S-1 on this rank */
     void *tied_params, *tied_grads; /* last stage: the copy of unit 0 */
     size_t tied_numel;
@@ -102,9 +104,10 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->grad_out);
     free(pl->sends);
     free(pl->bw_done);
-    free(pl->chunks_done);
     free(pl->slot_of);
     free(pl->free_slots);
+    free(pl->nfree);
+    free(pl->chunk_units);
     free(pl);
 }
 
@@ -131,11 +134,12 @@ int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out)
     pl->recv_of = malloc(2 * vm * sizeof *pl->recv_of);
     pl->grad_out = calloc(vm, sizeof *pl->grad_out);
     pl->bw_done = calloc((size_t)nunits, sizeof *pl->bw_done);
-    pl->chunks_done = calloc((size_t)pl->m, sizeof *pl->chunks_done);
-    pl->slot_of = malloc((size_t)pl->m * sizeof *pl->slot_of);
-    pl->free_slots = malloc((size_t)pl->m * sizeof *pl->free_slots);
-    if (!pl->recv || !pl->recv_of || !pl->grad_out || !pl->bw_done || !pl->chunks_done ||
-        !pl->slot_of || !pl->free_slots) {
+    pl->slot_of = malloc(vm * sizeof *pl->slot_of);
+    pl->free_slots = malloc(vm * sizeof *pl->free_slots);
+    pl->nfree = calloc((size_t)pl->v, sizeof *pl->nfree);
+    pl->chunk_units = calloc((size_t)pl->v * (size_t)nunits, 1);
+    if (!pl->recv || !pl->recv_of || !pl->grad_out || !pl->bw_done || !pl->slot_of ||
+        !pl->free_slots || !pl->nfree || !pl->chunk_units) {
         loom_pipeline_destroy(pl);
         return loom_fail(LOOM_ERR_NO_MEMORY, "pipeline: out of memory");
     }
@@ -151,10 +155,16 @@ int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out)
     int any = pl->s.stage_first[stage_of(pl, 0)];
     (void)loom_model_stream(setup->model, any > 0 ? any : 1, &pl->stream_count, &pl->stream_dtype);
     (void)loom_model_stream_grad(setup->model, &pl->grad_count);
-    for (int mb = 0; mb < pl->m; mb++)
-        pl->slot_of[mb] = -1;
-    pl->free_slots[pl->nfree++] = 0; /* the model's slot 0 exists already */
-    pl->nslots = 1;
+    for (size_t i = 0; i < vm; i++)
+        pl->slot_of[i] = -1;
+    for (int vs = 0; vs < pl->v; vs++) {
+        int st = stage_of(pl, vs);
+        for (int u = setup->stage_first[st]; u <= setup->stage_last[st]; u++)
+            pl->chunk_units[(size_t)vs * (size_t)nunits + (size_t)u] = 1;
+    }
+    /* The model's slot 0 holds every unit of the rank; each virtual stage
+     * makes slots of its own units instead, as micro-batches need them. */
+    loom_model_release_slot(setup->model, 0);
     if (pl->holds_last) {
         /* the head reads wte from a copy of unit 0 and adds into its grads */
         loom_unit *u0 = &pl->units[0];
@@ -287,24 +297,26 @@ static void trace_action(const loom_pipeline *pl, const char *what, int vs, int 
     loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
 }
 
-static int use_slot(loom_pipeline *pl, int mb)
+static int use_slot(loom_pipeline *pl, int vs, int mb)
 {
-    if (pl->slot_of[mb] < 0) {
-        pl->slot_of[mb] = pl->nfree ? pl->free_slots[--pl->nfree] : pl->nslots++;
+    int *slot = &pl->slot_of[(size_t)vs * pl->m + (size_t)mb];
+    if (*slot < 0) {
+        int *stack = &pl->free_slots[(size_t)vs * pl->m];
+        *slot = pl->nfree[vs] ? stack[--pl->nfree[vs]] : pl->nslots++;
         if (++pl->nlive > pl->stats.peak_live)
             pl->stats.peak_live = pl->nlive;
     }
-    return loom_model_use_slot(pl->s.model, pl->slot_of[mb]);
+    return loom_model_use_slot_units(pl->s.model, *slot,
+                                     &pl->chunk_units[(size_t)vs * (size_t)(pl->head + 1)]);
 }
 
-/* A chunk's backward of mb is complete: its slot is free for another
- * micro-batch once every chunk on this rank is done with it. */
-static void chunk_done(loom_pipeline *pl, int mb)
+/* The backward of (vs, mb) is complete here: its slot is free for another
+ * micro-batch of the same virtual stage. */
+static void chunk_done(loom_pipeline *pl, int vs, int mb)
 {
-    if (++pl->chunks_done[mb] < pl->v)
-        return;
-    pl->free_slots[pl->nfree++] = pl->slot_of[mb];
-    pl->slot_of[mb] = -1;
+    int *slot = &pl->slot_of[(size_t)vs * pl->m + (size_t)mb];
+    pl->free_slots[(size_t)vs * pl->m + (size_t)pl->nfree[vs]++] = *slot;
+    *slot = -1;
     pl->nlive--;
 }
 
@@ -312,7 +324,7 @@ static int run_forward(loom_pipeline *pl, int vs, int mb)
 {
     int s = stage_of(pl, vs), first = pl->s.stage_first[s], last = pl->s.stage_last[s];
     const loom_pipeline_hooks *h = &pl->s.hooks;
-    int rc = use_slot(pl, mb);
+    int rc = use_slot(pl, vs, mb);
     if (rc == LOOM_OK && s > 0) {
         void *in = take_recv(pl, 0, vs, mb);
         size_t count;
@@ -350,7 +362,7 @@ static int run_backward(loom_pipeline *pl, int vs, int mb, int part)
 {
     int s = stage_of(pl, vs), first = pl->s.stage_first[s], last = pl->s.stage_last[s];
     const loom_pipeline_hooks *h = &pl->s.hooks;
-    int rc = use_slot(pl, mb);
+    int rc = use_slot(pl, vs, mb);
     if (rc == LOOM_OK && part != PART_WEIGHT && s < pl->S - 1) {
         float *dout = take_recv(pl, 1, vs, mb);
         size_t count;
@@ -381,14 +393,14 @@ static int run_backward(loom_pipeline *pl, int vs, int mb, int part)
             memcpy(*slot, din, count * sizeof(float));
     }
     if (rc == LOOM_OK && part != PART_INPUT)
-        chunk_done(pl, mb);
+        chunk_done(pl, vs, mb);
     return rc;
 }
 
 static int send_activation(loom_pipeline *pl, int vs, int mb)
 {
     int s = stage_of(pl, vs);
-    int rc = use_slot(pl, mb);
+    int rc = use_slot(pl, vs, mb);
     size_t count;
     loom_dtype dtype;
     const void *out = loom_model_stream(pl->s.model, pl->s.stage_last[s] + 1, &count, &dtype);
@@ -468,7 +480,6 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
     pl->dloss = dloss;
     pl->loss_sum = 0;
     memset(pl->bw_done, 0, (size_t)(pl->head + 1) * sizeof *pl->bw_done);
-    memset(pl->chunks_done, 0, (size_t)pl->m * sizeof *pl->chunks_done);
     for (int i = 0; i < pl->nactions; i++)
         pl->recv[i].posted = 0;
     double busy = 0;

@@ -5,10 +5,10 @@
  * forward, backward (or backward-input and backward-weight) of one
  * micro-batch on one of the rank's stages, and the sends and receives at
  * the stage borders. Receives are posted a few actions ahead and sends
- * complete in the background, so transfers overlap compute. Each
- * micro-batch's activations live in their own model slot from its first
- * forward on this rank to its last backward here, so the activation
- * memory is exactly what the schedule keeps alive.
+ * complete in the background, so transfers overlap compute. A
+ * micro-batch's activations on one of the rank's virtual stages live in a
+ * model slot holding that stage's units, from its forward to its backward,
+ * so the activation memory is exactly what the schedule keeps alive.
  *
  * The LM head is tied to the embedding's wte. The rank holding the last
  * stage computes with a copy of unit 0's parameters and collects the
@@ -59,7 +59,8 @@ int loom_pipeline_sync_tied(loom_pipeline *pl);
 
 typedef struct loom_pipeline_stats {
     double step_s, busy_s; /* the last step: wall time, and time in compute actions */
-    int peak_live;         /* most micro-batches alive at once on this rank, so far */
+    int peak_live;         /* most (virtual stage, micro-batch) pairs alive at once on this
+                              rank, so far: micro-batches when v = 1 */
 } loom_pipeline_stats;
 void loom_pipeline_get_stats(const loom_pipeline *pl, loom_pipeline_stats *out);
 

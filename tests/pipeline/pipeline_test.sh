@@ -109,7 +109,15 @@ stash)
         print "stage 0 keeps p = 2 micro-batches under 1f1b, m = 8 under gpipe"
     }' || exit 1
     [ "$(field 1f1b8 live_microbatches)" = 2 ] || { echo "pipeline_test: 1f1b reports $(field 1f1b8 live_microbatches) live micro-batches, want 2"; exit 1; }
-    [ "$(field gpipe8 live_microbatches)" = 8 ] || { echo "pipeline_test: gpipe reports $(field gpipe8 live_microbatches) live micro-batches, want 8"; exit 1; } ;;
+    [ "$(field gpipe8 live_microbatches)" = 8 ] || { echo "pipeline_test: gpipe reports $(field gpipe8 live_microbatches) live micro-batches, want 8"; exit 1; }
+    # interleaved: each virtual stage keeps its own micro-batches; what every
+    # stage keeps alive equals the simulator's stash for the same lists
+    run inter 2 $(pp 2 8 interleaved) --set parallel.pp.virtual_stages=2 --set train.batch=8 --set train.steps=2
+    got=$(tail -n 1 inter.jsonl | sed -n 's/.*"stage_live_microbatches": \[\([0-9, ]*\)\].*/\1/p' | tr -d ' ')
+    "$LOOM" schedule "$CFG" $(pp 2 8 interleaved) --set parallel.pp.virtual_stages=2 > sim.txt
+    want=$(sed -n 's/.*peak stash.*: rank 0: \([0-9]*\), rank 1: \([0-9]*\)$/\1,\2/p' sim.txt)
+    [ -n "$want" ] && [ "$got" = "$want" ] || { cat sim.txt; echo "pipeline_test: interleaved keeps $got alive per stage, the simulator $want"; exit 1; }
+    echo "interleaved p=2 v=2 m=8: stages keep $got (virtual stage, micro-batch) pairs, as simulated" ;;
 precision)
     run single 1 --set train.precision="$1"
     run piped 2 $(pp 2 4 1f1b) --set train.precision="$1"
