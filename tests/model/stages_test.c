@@ -345,6 +345,26 @@ static void test_slots(const mode *md)
     forward(&s, 0, L + 1, 0);
     snprintf(what, sizeof what, "%s released slot refused, reallocated on use", md->name);
     check(refused && activations() - base == 2 * shared + 2 * slot, what);
+
+    /* a slot of some units only (a pipeline's virtual stage): their bytes
+     * alone, and the others refused in it */
+    unsigned char first[NUNITS] = {1, 1, 0, 0};
+    uint64_t before = activations();
+    must(loom_model_use_slot_units(s.m, 2, first), "slot 2 of units 0 and 1");
+    uint64_t part = activations() - before;
+    forward(&s, 0, 1, 0);
+    refused = loom_model_forward(s.m, 2, tokens[0], targets[0], NULL) != LOOM_OK &&
+              loom_model_stream(s.m, 2, NULL, NULL) != NULL &&
+              loom_model_stream(s.m, 3, NULL, NULL) == NULL;
+    loom_model_release_slot(s.m, 2);
+    snprintf(what, sizeof what,
+             "%s slot of units 0-1: %llu bytes (expected %zu), unit 2 refused in it, full slots "
+             "still %zu",
+             md->name, (unsigned long long)part, expected_slot(md, first),
+             loom_model_slot_bytes(s.m));
+    check(part == expected_slot(md, first) && refused && loom_model_slot_bytes(s.m) == slot &&
+              activations() == before,
+          what);
     teardown(&s);
     teardown(&r);
 }
