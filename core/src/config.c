@@ -124,7 +124,7 @@ static const schema_entry schema[] = {
     S("train.checkpoint_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "save a resumable checkpoint every N steps (0 = never)"),
     S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
-      .help = "where train.checkpoint_every writes step-N.loom"),
+      .help = "where train.checkpoint_every writes step-N/ (a shard file per rank)"),
 
     S("parallel.dp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "data-parallel ranks"),
     S("parallel.dp.strategy", V_STRING, "ddp", .flags = NONEMPTY,
@@ -1566,4 +1566,40 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
                              cfg->name, path, path);
     }
     return LOOM_OK;
+}
+
+/* ------------------------------------------------------ loom settings */
+
+static const char *type_name(value_type t)
+{
+    switch (t) {
+    case V_INT: return "int";
+    case V_FLOAT: return "float";
+    case V_BOOL: return "bool";
+    case V_STRING: return "string";
+    case V_STRINGS: return "strings";
+    case V_INTS: return "ints";
+    }
+    return "?";
+}
+
+void loom_config_print_schema(FILE *f)
+{
+    fprintf(f, "%-30s %-8s %-12s %s\n", "setting", "type", "default", "what (allowed)");
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
+        const schema_entry *e = &schema[i];
+        char allowed[256] = "";
+        size_t n = 0;
+        for (int k = 0; e->choices && e->choices[k] && n < sizeof allowed; k++)
+            n += (size_t)snprintf(allowed + n, sizeof allowed - n, "%s%s", k ? " | " : "",
+                                  e->choices[k]);
+        if (!e->choices && (e->flags & (GE | GT)) && (e->flags & (LE | LT)))
+            snprintf(allowed, sizeof allowed, "%g %s x %s %g", e->lo, e->flags & GE ? "<=" : "<",
+                     e->flags & LE ? "<=" : "<", e->hi);
+        else if (!e->choices && (e->flags & (GE | GT)))
+            snprintf(allowed, sizeof allowed, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
+        const char *def = e->def ? (e->def[0] ? e->def : "\"\"") : "(required)";
+        fprintf(f, "%-30s %-8s %-12s %s%s%s%s\n", e->path, type_name(e->type), def,
+                e->help ? e->help : "", allowed[0] ? " (" : "", allowed, allowed[0] ? ")" : "");
+    }
 }

@@ -7,6 +7,7 @@
 #define LOOM_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +60,9 @@ int loom_config_string(const loom_config *cfg, const char *path, const char **ou
 int loom_config_list_len(const loom_config *cfg, const char *path);
 const char *loom_config_list_string(const loom_config *cfg, const char *path, int index);
 int loom_config_is_set(const loom_config *cfg, const char *path);
+/* Every setting the core knows: path, type, default, help, allowed values
+ * (`loom settings`). */
+void loom_config_print_schema(FILE *f);
 /* "examples/bench.cfg:12", "--set bench.iters=5", or "default". Static
  * buffer per thread. */
 const char *loom_config_where(const loom_config *cfg, const char *path);
@@ -277,6 +281,7 @@ int loom_cmd_plugins(int argc, char **argv);
 int loom_cmd_launch(int argc, char **argv);
 int loom_cmd_bench(int argc, char **argv);
 int loom_cmd_ckpt(int argc, char **argv);
+int loom_cmd_settings(int argc, char **argv);
 int loom_cmd_train(int argc, char **argv);
 
 #endif

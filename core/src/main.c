@@ -23,6 +23,7 @@ static void usage(FILE *f)
             "                         check, simulate and draw the pipeline schedule\n"
             "  launch -n N [--] CMD...  start N local ranks of CMD\n"
             "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
+            "  settings [CONFIG]      every setting: the core's, then each plugin's\n"
             "  plugins --check FILE   run the conformance checks on one plugin file\n"
             "  help                   this text\n");
 }
@@ -50,6 +51,8 @@ int main(int argc, char **argv)
         return loom_cmd_schedule(argc - 1, argv + 1);
     if (!strcmp(cmd, "ckpt"))
         return loom_cmd_ckpt(argc - 1, argv + 1);
+    if (!strcmp(cmd, "settings"))
+        return loom_cmd_settings(argc - 1, argv + 1);
     fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);
     return 2;
 }

@@ -209,6 +209,94 @@ static int list_plugins(const char *config_path, const char *const *overrides, i
     return rc == LOOM_OK ? 0 : 2;
 }
 
+/* ------------------------------------------------------ loom settings */
+
+static const char *setting_type_name(loom_setting_type t)
+{
+    switch (t) {
+    case LOOM_SETTING_INT: return "int";
+    case LOOM_SETTING_FLOAT: return "float";
+    case LOOM_SETTING_BOOL: return "bool";
+    case LOOM_SETTING_STRING: return "string";
+    }
+    return "?";
+}
+
+/* Where a plugin's own settings live in the config. */
+static void settings_group(const loom_plugin *p, char *buf, size_t cap)
+{
+    if (p->kind == LOOM_PLUGIN_COMM)
+        snprintf(buf, cap, "comm.%s", p->header->name);
+    else if (p->kind == LOOM_PLUGIN_STRATEGY)
+        snprintf(buf, cap, "parallel.%s",
+                 loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)p->header)->axis));
+    else
+        snprintf(buf, cap, "memory.offload");
+}
+
+/* Each plugin that loads from the search path, with the settings it takes. */
+static void print_plugin_settings(const row_list *rows)
+{
+    for (int i = 0; i < rows->count; i++) {
+        const plugin_row *r = &rows->rows[i];
+        loom_plugin *p = NULL;
+        if (strcmp(r->status, "ok") != 0 ||
+            loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
+                                  NULL, &p) != LOOM_OK)
+            continue;
+        char group[160];
+        settings_group(p, group, sizeof group);
+        const loom_setting_spec *spec = p->header->settings;
+        printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
+        if (!spec || !spec->name)
+            printf("no settings of its own\n");
+        else
+            printf("settings in %s = { ... }\n", group);
+        for (; spec && spec->name; spec++) {
+            char path[256];
+            snprintf(path, sizeof path, "%s.%s", group, spec->name);
+            printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
+                   spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
+                   spec->help ? spec->help : "");
+        }
+        loom_plugin_unload(p);
+    }
+    loom_clear_error();
+}
+
+/* `loom settings [CONFIG]`: the core's settings, then each plugin's. */
+int loom_cmd_settings(int argc, char **argv)
+{
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: for its plugins.path)\n");
+        return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
+    }
+    loom_config *cfg = NULL;
+    if (argc == 2 && loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK) {
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+        return 2;
+    }
+    printf("core settings (any of them: --set path=value):\n\n");
+    loom_config_print_schema(stdout);
+    loom_search_path sp;
+    row_list rows = {0};
+    int rc = loom_search_path_init(&sp, cfg);
+    for (int i = 0; rc == LOOM_OK && i < sp.count; i++)
+        rc = list_dir(&rows, sp.dirs[i]);
+    if (rc == LOOM_OK)
+        print_plugin_settings(&rows);
+    else
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+    for (int i = 0; i < rows.count; i++) {
+        free(rows.rows[i].path);
+        free(rows.rows[i].status);
+    }
+    free(rows.rows);
+    loom_search_path_free(&sp);
+    loom_config_free(cfg);
+    return rc == LOOM_OK ? 0 : 2;
+}
+
 /* ------------------------------------------------------------- --check */
 
 typedef struct checker {
