@@ -5,8 +5,10 @@
 set -eu
 cd "$(dirname "$0")/.."
 
+# python3 and procps (pgrep) are for the test suite: an SVG check and
+# finding a rank's process.
 PACKAGES="build-essential cmake pkg-config libconfig-dev libopenmpi-dev openmpi-bin
-libucx-dev ucx-utils libopenblas-dev liburing-dev"
+libucx-dev ucx-utils libopenblas-dev liburing-dev python3 procps"
 
 missing=""
 for p in $PACKAGES; do
