@@ -1431,6 +1431,25 @@ static void write_metrics(FILE *f, const trainer *t, const step_result *r)
     fflush(f);
 }
 
+/* Which units each pipeline stage holds, and on which pp rank. */
+static void print_stages(const trainer *t)
+{
+    int p = t->mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe_schedule.virtual_stages;
+    printf("pipeline stages:");
+    for (int st = 0; st < stages; st++) {
+        int first = t->stage_first[st], last = t->stage_last[st], L = t->shape.layers;
+        int b0 = first == 0 ? 0 : first - 1, b1 = last == L + 1 ? L - 1 : last - 1;
+        printf("%s %d (pp rank %d):%s", st ? " |" : "", st, st % p, first == 0 ? " embedding" : "");
+        if (b1 >= b0)
+            printf("%s block%s %d", first == 0 ? " +" : "", b1 > b0 ? "s" : "", b0);
+        if (b1 > b0)
+            printf("-%d", b1);
+        if (last == L + 1)
+            printf(" + head");
+    }
+    printf("\n");
+}
+
 static void print_header(const trainer *t)
 {
     size_t params = 0;
@@ -1453,9 +1472,12 @@ static void print_header(const trainer *t)
            "%.1f GFLOP/s per rank (%s)\n",
            t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
            t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
-           t->micro_batches, t->pipeline ? "pipelined" : "accumulation", loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
+           t->micro_batches, t->pipeline ? "pipelined" : "accumulation",
+           loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
            stated > 0 ? "train.peak_gflops" : "sgemm measured at start");
+    if (t->pipeline)
+        print_stages(t);
     fflush(stdout);
 }
 

@@ -4,7 +4,7 @@
 # each schedule from the memory accounting, the measured bubble, the tied
 # embedding across the first and last stage, checkpoints, and bad configs.
 #   usage: pipeline_test.sh LOOM SOURCE_DIR CASE [ARGS...]
-#     contract SCHEDULE P M [V] [BACKEND] | mesh DP TP PP [DP_STRATEGY] | sequence SP_STRATEGY | stash |
+#     contract SCHEDULE P M [V] [BACKEND] [--set ...] | mesh DP TP PP [DP_STRATEGY] | sequence SP_STRATEGY | stash |
 #     precision PRECISION | recompute | checkpoint | example | trace | bad NAME
 set -eu
 LOOM=$1
@@ -68,11 +68,12 @@ case "$CASE" in
 contract)
     # SCHEDULE P M [V] [BACKEND]
     sched=$1; p=$2; m=$3; v=${4:-1}; backend=${5:-mpi}
+    shift $(($# < 5 ? $# : 5)) # the rest: --set flags of the pipelined run
     # three stages: the four blocks split unevenly, 12 sequences a batch
     uneven=""; batch=""
     [ "$p" = 3 ] && uneven="--set parallel.pp.stage_layers=1,1,2" && batch="--set train.batch=12"
     run single 1 $batch
-    run piped "$p" $(pp "$p" "$m" "$sched") --set parallel.pp.virtual_stages="$v" --set comm.default="$backend" $uneven $batch
+    run piped "$p" $(pp "$p" "$m" "$sched") --set parallel.pp.virtual_stages="$v" --set comm.default="$backend" $uneven $batch "$@"
     grep -q "bubble" piped.log || { cat piped.log; echo "pipeline_test: no bubble on the progress line"; exit 1; }
     compare single piped 1e-5 ;;
 mesh)
