@@ -75,6 +75,7 @@ typedef struct trainer {
     loom_schedule pipe_schedule;
     loom_pipeline *pipeline;
     int *stage_first, *stage_last; /* units of each stage */
+    unsigned char *runs;           /* per unit: one of this rank's stages holds it */
     int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
     int **mb_inputs, **mb_targets; /* the step's micro-batches (pipeline) */
     double bubble;                 /* the last step's idle share, averaged over the pp ranks */
@@ -588,16 +589,6 @@ static int setup_parallel_model(trainer *t, int recompute)
             return rc;
     }
     loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, recompute};
-    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP];
-    unsigned char *runs = NULL;
-    if (p > 1) { /* the units of this rank's stages */
-        runs = calloc((size_t)t->shape.layers + 2, 1);
-        if (!runs)
-            return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-        for (int vs = 0; vs < t->pipe_schedule.virtual_stages; vs++)
-            for (int u = t->stage_first[vs * p + r]; u <= t->stage_last[vs * p + r]; u++)
-                runs[u] = 1;
-    }
     loom_model_layout lay;
     memset(&lay, 0, sizeof lay);
     lay.tp_size = tp;
@@ -608,10 +599,8 @@ static int setup_parallel_model(trainer *t, int recompute)
     lay.sp_size = sp;
     lay.positions = sp > 1 ? t->positions : NULL;
     lay.npositions = sp > 1 ? t->npositions : t->seq;
-    lay.runs_unit = runs;
-    rc = loom_model_create_parallel(&ms, &lay, &t->model);
-    free(runs);
-    if (rc != LOOM_OK)
+    lay.runs_unit = t->runs; /* NULL without a pipeline: every unit */
+    if ((rc = loom_model_create_parallel(&ms, &lay, &t->model)) != LOOM_OK)
         return t->seqpar ? fail_at(t, rc, "parallel.tp.sequence_parallel") : rc;
     t->units = loom_model_units(t->model, &t->nunits);
     if (tp == 1 && sp == 1)
@@ -707,29 +696,21 @@ static int choose_units(trainer *t)
     t->dp_index = malloc((size_t)t->nunits * sizeof *t->dp_index);
     if (!t->dp_index)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP];
-    if (p == 1) {
+    if (!t->runs) {
         for (int u = 0; u < t->nunits; u++)
             t->dp_index[u] = u;
         t->dp_units = t->units;
         t->ndp_units = t->nunits;
         return LOOM_OK;
     }
-    for (int u = 0; u < t->nunits; u++)
-        t->dp_index[u] = -1;
     t->dp_units = calloc((size_t)t->nunits, sizeof *t->dp_units);
     if (!t->dp_units)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    for (int vs = 0; vs < t->pipe_schedule.virtual_stages; vs++) {
-        int st = vs * p + r;
-        for (int u = t->stage_first[st]; u <= t->stage_last[st]; u++)
-            t->dp_index[u] = 1;
-    }
-    for (int u = 0; u < t->nunits; u++)
-        if (t->dp_index[u] > 0) {
-            t->dp_index[u] = t->ndp_units;
+    for (int u = 0; u < t->nunits; u++) {
+        t->dp_index[u] = t->runs[u] ? t->ndp_units : -1;
+        if (t->runs[u])
             t->dp_units[t->ndp_units++] = t->units[u];
-        }
+    }
     return LOOM_OK;
 }
 
@@ -760,9 +741,7 @@ static int setup_pipeline(trainer *t, const float *unit0_init)
     size_t N = (size_t)t->micro_batch * t->seq;
     t->mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->mb_inputs);
     t->mb_targets = calloc((size_t)t->micro_batches, sizeof *t->mb_targets);
-    if (!t->mb_inputs || !t->mb_targets)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    if (!t->stage_peaks)
+    if (!t->mb_inputs || !t->mb_targets || !t->stage_peaks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     for (int k = 0; k < t->micro_batches; k++)
         if (!(t->mb_inputs[k] = malloc(N * sizeof(int))) ||
@@ -775,10 +754,15 @@ static int setup_pipeline(trainer *t, const float *unit0_init)
  * units this rank builds. */
 static int plan_pipeline(trainer *t)
 {
-    int p = t->mesh->sizes[LOOM_AXIS_PP], v = 1, rc;
+    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP], v = 1, rc;
     read_int(t->cfg, "parallel.pp.virtual_stages", &v);
     if ((rc = split_stages(t, p * v)) != LOOM_OK)
         return rc;
+    if (!(t->runs = calloc((size_t)t->shape.layers + 2, 1)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int vs = 0; vs < v; vs++)
+        for (int u = t->stage_first[vs * p + r]; u <= t->stage_last[vs * p + r]; u++)
+            t->runs[u] = 1;
     if ((rc = create_axis(t, LOOM_AXIS_PP, &t->pp)) != LOOM_OK)
         return rc;
     const char *name = t->pp.plugin->header->name;
@@ -938,6 +922,7 @@ static void teardown(trainer *t)
     free(t->mb_targets);
     free(t->stage_first);
     free(t->stage_last);
+    free(t->runs);
     free(t->stage_peaks);
     if (t->dp_units != t->units)
         free(t->dp_units);
