@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats.h"
-#include "loom_internal.h"
+#include "loom/status.h"
+#include "model/formats.h"
+#include "runtime/log.h"
 
 int main(int argc, char **argv)
 {

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/status.h"
+#include "runtime/bootstrap.h"
+#include "runtime/log.h"
 
 static int failures;
 

@@ -13,7 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/status.h"
+#include "runtime/bootstrap.h"
+#include "runtime/log.h"
 
 static loom_launch_env env;
 static int failures;

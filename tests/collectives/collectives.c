@@ -15,7 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/status.h"
+#include "loom/tensor.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
 #include "rank_check.h"
 
 static const loom_comm_api *C = &loom_core_comm_api;

@@ -7,8 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "loom/strategy.h"
 #include "loom/tensor.h"
-#include "optimizer.h"
+#include "model/optimizer.h"
 
 static inline float round_to(loom_dtype t, float x)
 {

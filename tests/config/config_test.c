@@ -9,7 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
 
 static int failures;
 static char tmpdir[64];

@@ -11,8 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "formats.h"
-#include "loom_internal.h"
+#include "loom/status.h"
+#include "model/formats.h"
+#include "runtime/log.h"
 
 static int failures;
 static char tmpdir[64];

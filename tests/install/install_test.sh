@@ -1,6 +1,7 @@
 #!/bin/sh
-# cmake --install gives a usable loom: headers, libloom, plugins, loom.pc and
-# the CMake package; the out-of-tree example plugin builds against it alone
+# cmake --install gives a usable loom: the ABI headers, the loom program, the
+# plugins, loom.pc and the CMake package (loom::abi), and no loom library
+# (plugins link none); the out-of-tree example plugin builds against it alone
 # and passes `loom plugins --check`.
 #   usage: install_test.sh BUILD_DIR SOURCE_DIR
 set -eu
@@ -13,11 +14,17 @@ PREFIX=$TMP/prefix
 cmake --install "$BUILD" --prefix "$PREFIX" > "$TMP/install.log"
 for f in include/loom/plugin.h include/loom/comm.h include/loom/strategy.h \
          include/loom/memtier.h include/loom/tensor.h include/loom/status.h \
-         lib/libloom.so bin/loom lib/pkgconfig/loom.pc lib/cmake/loom/loomConfig.cmake; do
+         bin/loom lib/loom/libloom-strategy-ddp.so lib/pkgconfig/loom.pc lib/cmake/loom/loomConfig.cmake; do
     [ -e "$PREFIX/$f" ] || { echo "install_test: missing $f"; exit 1; }
 done
 
-# pkg-config: compile and link a program against the installed headers and library.
+ls "$PREFIX"/lib/libloom* 2>/dev/null && { echo "install_test: a loom library was installed; plugins must not need one"; exit 1; }
+# The installed program finds the plugins beside it (this prefix is not the
+# configured one).
+"$PREFIX/bin/loom" plugins | grep -E "$PREFIX/lib/loom/libloom-strategy-ddp.so +ok" > /dev/null ||
+    { echo "install_test: the installed loom does not list the plugins of its own prefix"; "$PREFIX/bin/loom" plugins; exit 1; }
+
+# pkg-config: compile a program against the installed headers alone.
 cat > "$TMP/consumer.c" <<'C'
 #include <loom/comm.h>
 #include <stdio.h>

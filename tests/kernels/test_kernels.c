@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "loom/tensor.h"
+#include "model/kernels.h"
 
 #define FD_EPS 1e-6
 #define TOL_FWD 1e-5  /* f32 forward vs double reference (relative, normwise) */

@@ -10,7 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
 
 #ifndef BUILD_PLUGIN_DIR
 #error "BUILD_PLUGIN_DIR: the build tree's lib/loom"

@@ -2,7 +2,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "loom_internal.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
 
 static int failures;
 #define EXPECT_EQ(a, b)                                                                    \

@@ -7,7 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/log.h"
+#include "runtime/mesh.h"
+#include "runtime/runtime.h"
 
 int main(int argc, char **argv)
 {

@@ -6,10 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats.h"
-#include "kernels.h"
-#include "loom_internal.h"
-#include "model.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/formats.h"
+#include "model/kernels.h"
+#include "model/model.h"
+#include "runtime/log.h"
 
 static int failures;
 

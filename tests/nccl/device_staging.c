@@ -9,7 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/tensor.h"
+#include "runtime/device.h"
+#include "runtime/group.h"
+#include "runtime/memory.h"
 
 #define COPY_TIMEOUT_S 60.0
 

@@ -10,7 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom_internal.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/device.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
 #include "rank_check.h"
 
 static int usage_is(loom_tier t, loom_purpose p, uint64_t current)

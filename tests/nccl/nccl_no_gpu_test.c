@@ -8,7 +8,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/status.h"
+#include "loom/tensor.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
 #include "rank_check.h"
 
 int main(void)

@@ -3,7 +3,9 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "optimizer.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/optimizer.h"
 
 static int failures;
 #define NEAR(a, b, tol)                                                                  \

@@ -17,8 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/kernels.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/mesh.h"
+#include "runtime/runtime.h"
 #include "rank_check.h"
 
 enum { B = 2, T = 24, NH = 4, HS = 8, C = NH * HS, LAYERS = 2 };

@@ -12,8 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom_internal.h"
-#include "schedule.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
+#include "train/schedule.h"
 
 static int failures;
 static const char *filldrain_path;

@@ -30,7 +30,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loom_internal.h"
+#include "loom/comm.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+#include "runtime/mesh.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
 #include "rank_check.h"
 #include "strategy_test.h"
 

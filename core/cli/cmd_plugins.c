@@ -1,0 +1,820 @@
+/* `loom plugins [CONFIG]`: every plugin on the search path and whether it
+ * loads. `loom plugins --check FILE`: the conformance checks for plugin
+ * authors, one line per check, exit 1 on any failure. */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loom/comm.h"
+#include "loom/memtier.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "cli/commands.h"
+#include "runtime/bootstrap.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
+
+static void plugins_usage(FILE *f)
+{
+    fprintf(f, "usage: loom plugins [CONFIG] [--set path=value ...]\n"
+               "       loom plugins --check FILE\n");
+}
+
+static const char *abi_text(uint32_t v, char *buf, size_t cap)
+{
+    if (!v)
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%u.%u", LOOM_ABI_VERSION_MAJOR(v), LOOM_ABI_VERSION_MINOR(v));
+    return buf;
+}
+
+/* --------------------------------------------------------------- listing */
+
+typedef struct plugin_row {
+    char kind[32];
+    char name[128];
+    char abi[16];
+    char *path;
+    char *status;
+} plugin_row;
+
+typedef struct row_list {
+    plugin_row *rows;
+    int count, cap;
+} row_list;
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static plugin_row *add_row(row_list *l)
+{
+    if (l->count == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        plugin_row *rows = realloc(l->rows, (size_t)cap * sizeof *rows);
+        if (!rows)
+            return NULL;
+        l->rows = rows;
+        l->cap = cap;
+    }
+    plugin_row *r = &l->rows[l->count++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+/* Load one file the way the core would and keep what happened. */
+static int list_file(row_list *l, const char *dir, const char *file)
+{
+    plugin_row *r = add_row(l);
+    if (!r)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
+    loom_plugin_parse_file_name(file, r->kind, sizeof r->kind, r->name, sizeof r->name);
+    size_t plen = strlen(dir) + strlen(file) + 2;
+    r->path = malloc(plen);
+    if (!r->path)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
+    snprintf(r->path, plen, "%s/%s", dir, file);
+    snprintf(r->abi, sizeof r->abi, "-");
+
+    char status[1024];
+    uint32_t kind = loom_plugin_kind_of(r->kind);
+    if (!kind) {
+        snprintf(status, sizeof status,
+                 "refused: unknown kind '%s' (loom knows comm, strategy and memtier)", r->kind);
+    } else {
+        loom_plugin_checks checks = {0};
+        loom_plugin *p = NULL;
+        if (loom_plugin_load_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
+            abi_text(p->header->abi_version, r->abi, sizeof r->abi);
+            snprintf(status, sizeof status, "ok");
+            loom_plugin_unload(p);
+        } else {
+            abi_text(checks.abi_version, r->abi, sizeof r->abi);
+            snprintf(status, sizeof status, "refused: %s", checks.reason);
+        }
+        loom_clear_error();
+        /* The loader takes the first file of a name; later ones never load. */
+        for (int i = 0; i < l->count - 1; i++) {
+            if (!strcmp(l->rows[i].kind, r->kind) && !strcmp(l->rows[i].name, r->name)) {
+                size_t used = strlen(status);
+                snprintf(status + used, sizeof status - used, " (shadowed by %s)",
+                         l->rows[i].path);
+                break;
+            }
+        }
+    }
+    r->status = strdup(status);
+    return r->status ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
+}
+
+static int list_dir(row_list *l, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return LOOM_OK;
+    char **files = NULL;
+    int n = 0, cap = 0, rc = LOOM_OK;
+    for (struct dirent *e; (e = readdir(d));) {
+        char kind[32], name[128];
+        if (!loom_plugin_parse_file_name(e->d_name, kind, sizeof kind, name, sizeof name))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **more = realloc(files, (size_t)cap * sizeof *more);
+            if (!more) {
+                rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
+                break;
+            }
+            files = more;
+        }
+        if (!(files[n] = strdup(e->d_name))) {
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (files)
+        qsort(files, (size_t)n, sizeof *files, cmp_names);
+    for (int i = 0; i < n; i++) {
+        if (rc == LOOM_OK)
+            rc = list_file(l, dir, files[i]);
+        free(files[i]);
+    }
+    free(files);
+    return rc;
+}
+
+static void print_rows(const row_list *l)
+{
+    int wk = 4, wn = 4, wa = 3, wp = 4;
+    for (int i = 0; i < l->count; i++) {
+        const plugin_row *r = &l->rows[i];
+        if ((int)strlen(r->kind) > wk) wk = (int)strlen(r->kind);
+        if ((int)strlen(r->name) > wn) wn = (int)strlen(r->name);
+        if ((int)strlen(r->abi) > wa) wa = (int)strlen(r->abi);
+        if ((int)strlen(r->path) > wp) wp = (int)strlen(r->path);
+    }
+    printf("%-*s  %-*s  %-*s  %-*s  %s\n", wk, "kind", wn, "name", wa, "abi", wp, "path",
+           "status");
+    for (int i = 0; i < l->count; i++) {
+        const plugin_row *r = &l->rows[i];
+        printf("%-*s  %-*s  %-*s  %-*s  %s\n", wk, r->kind, wn, r->name, wa, r->abi, wp,
+               r->path, r->status);
+    }
+}
+
+static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)
+{
+    loom_config *cfg = NULL;
+    if (config_path || noverrides) {
+        if (loom_config_load(config_path, overrides, noverrides, &cfg) != LOOM_OK) {
+            loom_log(LOOM_LOG_ERROR, "%s", loom_last_error());
+            return 2;
+        }
+    }
+    loom_search_path sp;
+    if (loom_search_path_init(&sp, cfg) != LOOM_OK) {
+        loom_log(LOOM_LOG_ERROR, "%s", loom_last_error());
+        loom_config_free(cfg);
+        return 2;
+    }
+    printf("search path (first match wins):\n");
+    for (int i = 0; i < sp.count; i++) {
+        struct stat st;
+        int exists = stat(sp.dirs[i], &st) == 0 && S_ISDIR(st.st_mode);
+        printf("  %s%s%s\n", sp.dirs[i],
+               sp.dirs[i][0] == '/' ? "" : "  (relative to the current directory)",
+               exists ? "" : "  (no such directory)");
+    }
+    printf("\n");
+
+    row_list rows = {0};
+    int rc = LOOM_OK;
+    for (int i = 0; i < sp.count && rc == LOOM_OK; i++)
+        rc = list_dir(&rows, sp.dirs[i]);
+    if (rc != LOOM_OK)
+        loom_log(LOOM_LOG_ERROR, "%s", loom_last_error());
+    else if (rows.count == 0)
+        printf("no plugin files (libloom-<kind>-<name>.so) in the search path\n");
+    else
+        print_rows(&rows);
+
+    for (int i = 0; i < rows.count; i++) {
+        free(rows.rows[i].path);
+        free(rows.rows[i].status);
+    }
+    free(rows.rows);
+    loom_search_path_free(&sp);
+    loom_config_free(cfg);
+    return rc == LOOM_OK ? 0 : 2;
+}
+
+/* ------------------------------------------------------ loom settings */
+
+static const char *setting_type_name(loom_setting_type t)
+{
+    switch (t) {
+    case LOOM_SETTING_INT: return "int";
+    case LOOM_SETTING_FLOAT: return "float";
+    case LOOM_SETTING_BOOL: return "bool";
+    case LOOM_SETTING_STRING: return "string";
+    }
+    return "?";
+}
+
+/* Where a plugin's own settings live in the config. */
+static void settings_group(const loom_plugin *p, char *buf, size_t cap)
+{
+    if (p->kind == LOOM_PLUGIN_COMM)
+        snprintf(buf, cap, "comm.%s", p->header->name);
+    else if (p->kind == LOOM_PLUGIN_STRATEGY)
+        snprintf(buf, cap, "parallel.%s",
+                 loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)p->header)->axis));
+    else
+        snprintf(buf, cap, "memory.offload");
+}
+
+/* Each plugin that loads from the search path, with the settings it takes. */
+static void print_plugin_settings(const row_list *rows)
+{
+    for (int i = 0; i < rows->count; i++) {
+        const plugin_row *r = &rows->rows[i];
+        loom_plugin *p = NULL;
+        if (strcmp(r->status, "ok") != 0 ||
+            loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
+                                  NULL, &p) != LOOM_OK)
+            continue;
+        char group[160];
+        settings_group(p, group, sizeof group);
+        const loom_setting_spec *spec = p->header->settings;
+        printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
+        if (!spec || !spec->name)
+            printf("no settings of its own\n");
+        else
+            printf("settings in %s = { ... }\n", group);
+        for (; spec && spec->name; spec++) {
+            char path[256];
+            snprintf(path, sizeof path, "%s.%s", group, spec->name);
+            printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
+                   spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
+                   spec->help ? spec->help : "");
+        }
+        loom_plugin_unload(p);
+    }
+    loom_clear_error();
+}
+
+/* `loom settings [CONFIG]`: the core's settings, then each plugin's. */
+int loom_cmd_settings(int argc, char **argv)
+{
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: for its plugins.path)\n");
+        return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
+    }
+    loom_config *cfg = NULL;
+    if (argc == 2 && loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK) {
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+        return 2;
+    }
+    printf("core settings (any of them: --set path=value):\n\n");
+    loom_config_print_schema(stdout);
+    loom_search_path sp;
+    row_list rows = {0};
+    int rc = loom_search_path_init(&sp, cfg);
+    for (int i = 0; rc == LOOM_OK && i < sp.count; i++)
+        rc = list_dir(&rows, sp.dirs[i]);
+    if (rc == LOOM_OK)
+        print_plugin_settings(&rows);
+    else
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+    for (int i = 0; i < rows.count; i++) {
+        free(rows.rows[i].path);
+        free(rows.rows[i].status);
+    }
+    free(rows.rows);
+    loom_search_path_free(&sp);
+    loom_config_free(cfg);
+    return rc == LOOM_OK ? 0 : 2;
+}
+
+/* ------------------------------------------------------------- --check */
+
+typedef struct checker {
+    int failures;
+} checker;
+
+static void report_check(void *ctx, const char *check, const char *failure)
+{
+    checker *c = ctx;
+    if (failure) {
+        printf("FAIL %s: %s\n", check, failure);
+        c->failures++;
+    } else {
+        printf("ok   %s\n", check);
+    }
+    fflush(stdout);
+}
+
+static void fail_check(checker *c, const char *check, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_check(checker *c, const char *check, const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    report_check(c, check, why);
+}
+
+/* A failed plugin call: its status and the detail it recorded. */
+static void fail_status(checker *c, const char *check, const char *call, int rc)
+{
+    const char *detail = loom_last_error();
+    fail_check(c, check, "%s returned %d (%s)%s%s", call, rc, loom_status_string(rc),
+               detail[0] ? ": " : "", detail);
+    loom_clear_error();
+}
+
+/* Which kind a file is when its name does not say: the v1 symbol it exports.
+ * 0 when none (the load then reports what is wrong). */
+static uint32_t kind_from_symbols(const char *path)
+{
+    void *dl = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+    if (!dl)
+        return 0;
+    uint32_t found = 0;
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER && !found; k++) {
+        char sym[64];
+        snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", loom_plugin_kind_name(k), LOOM_ABI_MAJOR);
+        if (dlsym(dl, sym))
+            found = k;
+    }
+    dlclose(dl);
+    return found;
+}
+
+/* ---- functional checks, in a world of one ---- */
+
+#define CHECK_COUNT 8
+
+/* Complete a posted op: test once (it must not block), then wait. Call it
+ * after the post, never around it: req is set by the post. */
+static int finish(const loom_comm_plugin_v1_t *vt, int rc, loom_comm_request *req)
+{
+    if (rc != LOOM_OK || !req)
+        return rc;
+    rc = vt->test(req);
+    if (rc == LOOM_IN_PROGRESS)
+        rc = vt->wait(req);
+    return rc;
+}
+
+static int same_floats(const float *a, const float *b, size_t n, size_t *bad)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != b[i]) {
+            *bad = i;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void fill(float *x, size_t n, float base)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = base + 0.5f * (float)i;
+}
+
+/* One collective whose size-1 answer is its input: run it on send/recv and
+ * compare. which: 0 allreduce, 1 reduce, 2 allgather, 3 reducescatter,
+ * 4 alltoall. */
+static void check_copy_collective(checker *c, const loom_comm_plugin_v1_t *vt, loom_comm *comm,
+                                  int which, loom_redop op, const char *check)
+{
+    float send[CHECK_COUNT], recv[CHECK_COUNT];
+    fill(send, CHECK_COUNT, 1.0f + (float)which);
+    for (int i = 0; i < CHECK_COUNT; i++)
+        recv[i] = -1.0f;
+    loom_comm_request *req = NULL;
+    int rc;
+    const char *call;
+    switch (which) {
+    case 0:
+        call = "allreduce";
+        rc = vt->allreduce(comm, send, recv, CHECK_COUNT, LOOM_F32, op, &req);
+        break;
+    case 1:
+        call = "reduce";
+        rc = vt->reduce(comm, send, recv, CHECK_COUNT, LOOM_F32, op, 0, &req);
+        break;
+    case 2:
+        call = "allgather";
+        rc = vt->allgather(comm, send, recv, CHECK_COUNT, LOOM_F32, &req);
+        break;
+    case 3:
+        call = "reducescatter";
+        rc = vt->reducescatter(comm, send, recv, CHECK_COUNT, LOOM_F32, op, &req);
+        break;
+    default:
+        call = "alltoall";
+        rc = vt->alltoall(comm, send, recv, CHECK_COUNT, LOOM_F32, &req);
+        break;
+    }
+    rc = finish(vt, rc, req);
+    size_t bad = 0;
+    if (rc != LOOM_OK)
+        fail_status(c, check, call, rc);
+    else if (!same_floats(recv, send, CHECK_COUNT, &bad))
+        fail_check(c, check, "recv[%zu] = %g, want %g (a group of one gives back its input)",
+                   bad, (double)recv[bad], (double)send[bad]);
+    else
+        report_check(c, check, NULL);
+}
+
+static void check_comm_instance(checker *c, const loom_comm_plugin_v1_t *vt, loom_comm *comm,
+                                const char *what)
+{
+    char check[96];
+    int rank = vt->rank(comm), size = vt->size(comm);
+    snprintf(check, sizeof check, "%s rank and size", what);
+    if (rank != 0 || size != 1)
+        fail_check(c, check, "rank() = %d, size() = %d; want 0 and 1 in a world of one", rank,
+                   size);
+    else
+        report_check(c, check, NULL);
+}
+
+static void check_comm_functional(checker *c, const loom_comm_plugin_v1_t *vt, const loom_host *host)
+{
+    loom_comm *comm = NULL;
+    int rc = vt->create_world(host, &comm);
+    if (rc != LOOM_OK || !comm) {
+        if (rc == LOOM_OK)
+            fail_check(c, "create_world", "returned ok but no communicator");
+        else
+            fail_status(c, "create_world", "create_world", rc);
+        return;
+    }
+    report_check(c, "create_world", NULL);
+    check_comm_instance(c, vt, comm, "world");
+
+    for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
+        char check[64];
+        snprintf(check, sizeof check, "allreduce f32 %s", loom_redop_name((loom_redop)op));
+        check_copy_collective(c, vt, comm, 0, (loom_redop)op, check);
+    }
+
+    /* in place: send == recv */
+    float buf[CHECK_COUNT], want[CHECK_COUNT];
+    fill(buf, CHECK_COUNT, 3.0f);
+    memcpy(want, buf, sizeof buf);
+    loom_comm_request *req = NULL;
+    size_t bad = 0;
+    rc = vt->allreduce(comm, buf, buf, CHECK_COUNT, LOOM_F32, LOOM_SUM, &req);
+    rc = finish(vt, rc, req);
+    if (rc != LOOM_OK)
+        fail_status(c, "allreduce in place", "allreduce", rc);
+    else if (!same_floats(buf, want, CHECK_COUNT, &bad))
+        fail_check(c, "allreduce in place", "buf[%zu] = %g, want %g", bad, (double)buf[bad],
+                   (double)want[bad]);
+    else
+        report_check(c, "allreduce in place", NULL);
+
+    req = NULL;
+    rc = vt->allreduce(comm, buf, buf, 0, LOOM_F32, LOOM_SUM, &req);
+    rc = finish(vt, rc, req);
+    if (rc != LOOM_OK)
+        fail_status(c, "allreduce of zero elements", "allreduce", rc);
+    else
+        report_check(c, "allreduce of zero elements", NULL);
+
+    req = NULL;
+    rc = vt->broadcast(comm, buf, CHECK_COUNT, LOOM_F32, 0, &req);
+    rc = finish(vt, rc, req);
+    if (rc != LOOM_OK)
+        fail_status(c, "broadcast", "broadcast", rc);
+    else if (!same_floats(buf, want, CHECK_COUNT, &bad))
+        fail_check(c, "broadcast", "buf[%zu] = %g, want %g (root 0 keeps its data)", bad,
+                   (double)buf[bad], (double)want[bad]);
+    else
+        report_check(c, "broadcast", NULL);
+
+    check_copy_collective(c, vt, comm, 1, LOOM_SUM, "reduce f32 sum");
+    check_copy_collective(c, vt, comm, 2, LOOM_SUM, "allgather");
+    check_copy_collective(c, vt, comm, 3, LOOM_SUM, "reducescatter f32 sum");
+    check_copy_collective(c, vt, comm, 4, LOOM_SUM, "alltoall");
+
+    /* Send to self is optional in a world of one: a backend may say
+     * LOOM_ERR_NOT_SUPPORTED at post time, and --check notes it. */
+    float out[CHECK_COUNT], in[CHECK_COUNT];
+    fill(out, CHECK_COUNT, 7.0f);
+    memset(in, 0, sizeof in);
+    loom_comm_request *sreq = NULL, *rreq = NULL;
+    rc = vt->send(comm, out, CHECK_COUNT, LOOM_F32, 0, 5, &sreq);
+    if (rc == LOOM_ERR_NOT_SUPPORTED) {
+        printf("skip send/recv to self: the backend does not support it (optional)\n");
+        loom_clear_error();
+    } else if (rc != LOOM_OK) {
+        fail_status(c, "send/recv to self", "send", rc);
+    } else {
+        int rrc = vt->recv(comm, in, CHECK_COUNT, LOOM_F32, 0, 5, &rreq);
+        rc = finish(vt, LOOM_OK, sreq);
+        rrc = finish(vt, rrc, rreq);
+        if (rc != LOOM_OK)
+            fail_status(c, "send/recv to self", "send", rc);
+        else if (rrc != LOOM_OK)
+            fail_status(c, "send/recv to self", "recv", rrc);
+        else if (!same_floats(in, out, CHECK_COUNT, &bad))
+            fail_check(c, "send/recv to self", "received[%zu] = %g, want %g", bad,
+                       (double)in[bad], (double)out[bad]);
+        else
+            report_check(c, "send/recv to self", NULL);
+    }
+
+    req = NULL;
+    rc = vt->barrier(comm, &req);
+    rc = finish(vt, rc, req);
+    if (rc != LOOM_OK)
+        fail_status(c, "barrier", "barrier", rc);
+    else
+        report_check(c, "barrier", NULL);
+
+    /* A subgroup of the one rank there is. */
+    loom_comm *sub = NULL;
+    int ranks[1] = {0};
+    rc = vt->create_subgroup(comm, ranks, 1, &sub);
+    if (rc != LOOM_OK || !sub) {
+        if (rc == LOOM_OK)
+            fail_check(c, "create_subgroup", "returned ok but no communicator");
+        else
+            fail_status(c, "create_subgroup", "create_subgroup", rc);
+    } else {
+        report_check(c, "create_subgroup", NULL);
+        check_comm_instance(c, vt, sub, "subgroup");
+        check_copy_collective(c, vt, sub, 0, LOOM_SUM, "subgroup allreduce");
+        rc = vt->destroy(sub);
+        if (rc != LOOM_OK)
+            fail_status(c, "subgroup destroy", "destroy", rc);
+        else
+            report_check(c, "subgroup destroy", NULL);
+    }
+
+    rc = vt->destroy(comm);
+    if (rc != LOOM_OK)
+        fail_status(c, "destroy", "destroy", rc);
+    else
+        report_check(c, "destroy", NULL);
+}
+
+static int finish_tier(const loom_memtier_plugin_v1_t *vt, int rc, loom_tier_request *req)
+{
+    if (rc != LOOM_OK || !req)
+        return rc;
+    rc = vt->test(req);
+    if (rc == LOOM_IN_PROGRESS)
+        rc = vt->wait(req);
+    return rc;
+}
+
+static void check_memtier_functional(checker *c, const loom_memtier_plugin_v1_t *vt,
+                                     const loom_plugin *p, const loom_host *host)
+{
+    loom_memtier *tier = NULL;
+    int rc = vt->create(host, &tier);
+    if (rc != LOOM_OK || !tier) {
+        if (rc == LOOM_OK)
+            fail_check(c, "create", "returned ok but no tier");
+        else
+            fail_status(c, "create", "create", rc);
+        return;
+    }
+    report_check(c, "create", NULL);
+
+    uint64_t total = 0, avail = 0;
+    rc = vt->capacity(tier, &total, &avail);
+    if (rc != LOOM_OK)
+        fail_status(c, "capacity", "capacity", rc);
+    else if (total == 0 || avail > total)
+        fail_check(c, "capacity", "total %llu, available %llu: want 0 < available <= total",
+                   (unsigned long long)total, (unsigned long long)avail);
+    else
+        report_check(c, "capacity", NULL);
+
+    /* Big enough to cross a page and an odd offset, small enough to be quick. */
+    enum { BYTES = 3 * 4096 + 100 };
+    unsigned char *src = malloc(BYTES), *dst = malloc(BYTES);
+    loom_tier_block *block = NULL;
+    if (!src || !dst) {
+        fail_check(c, "alloc", "out of host memory for the check itself");
+        goto out;
+    }
+    for (size_t i = 0; i < BYTES; i++)
+        src[i] = (unsigned char)(i * 131u + 7u);
+    memset(dst, 0, BYTES);
+    rc = vt->alloc(tier, BYTES, 64, &block);
+    if (rc != LOOM_OK || !block) {
+        if (rc == LOOM_OK)
+            fail_check(c, "alloc", "returned ok but no block");
+        else
+            fail_status(c, "alloc", "alloc", rc);
+        goto out;
+    }
+    report_check(c, "alloc", NULL);
+
+    /* Two writes and two reads that meet at an unaligned offset. */
+    const size_t cut = 4096 + 33;
+    loom_tier_request *r1 = NULL, *r2 = NULL;
+    rc = vt->write(tier, block, 0, src, cut, &r1);
+    rc = finish_tier(vt, rc, r1);
+    if (rc == LOOM_OK) {
+        rc = vt->write(tier, block, cut, src + cut, BYTES - cut, &r2);
+        rc = finish_tier(vt, rc, r2);
+    }
+    if (rc != LOOM_OK) {
+        fail_status(c, "write", "write", rc);
+    } else {
+        report_check(c, "write", NULL);
+        r1 = r2 = NULL;
+        rc = vt->read(tier, block, 0, dst, cut, &r1);
+        rc = finish_tier(vt, rc, r1);
+        if (rc == LOOM_OK) {
+            rc = vt->read(tier, block, cut, dst + cut, BYTES - cut, &r2);
+            rc = finish_tier(vt, rc, r2);
+        }
+        if (rc != LOOM_OK) {
+            fail_status(c, "read back", "read", rc);
+        } else {
+            size_t i = 0;
+            while (i < BYTES && src[i] == dst[i])
+                i++;
+            if (i < BYTES)
+                fail_check(c, "read back", "byte %zu reads %u, %u was written", i, dst[i],
+                           src[i]);
+            else
+                report_check(c, "read back", NULL);
+        }
+    }
+    if ((vt->flags & LOOM_TIER_HOST_ADDRESSABLE) &&
+        LOOM_HAS_OP(p, loom_memtier_plugin_v1_t, address)) {
+        const unsigned char *a = vt->address(block);
+        if (!a)
+            fail_check(c, "address", "NULL for a host-addressable tier");
+        else if (memcmp(a, src, BYTES))
+            fail_check(c, "address", "the block's memory differs from what was written");
+        else
+            report_check(c, "address", NULL);
+    }
+    rc = vt->free(tier, block);
+    if (rc != LOOM_OK)
+        fail_status(c, "free", "free", rc);
+    else
+        report_check(c, "free", NULL);
+out:
+    free(src);
+    free(dst);
+    rc = vt->destroy(tier);
+    if (rc != LOOM_OK)
+        fail_status(c, "destroy", "destroy", rc);
+    else
+        report_check(c, "destroy", NULL);
+}
+
+/* The runtime's host table for the plugin, in a world of one, then the
+ * checks of its kind. Strategies need a mesh and a model to do anything;
+ * they get the load checks only. */
+static void check_functional(checker *c, const loom_plugin *p)
+{
+    if (p->kind == LOOM_PLUGIN_STRATEGY) {
+        printf("note: strategy plugins get the load checks only (a functional check needs a "
+               "mesh and a model)\n");
+        return;
+    }
+    if (p->kind == LOOM_PLUGIN_COMM &&
+        !(((const loom_comm_plugin_v1_t *)p->header)->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
+        printf("note: functional checks skipped: they move host buffers, and %s takes device "
+               "memory only (its own tests run on a GPU)\n", p->header->name);
+        return;
+    }
+    loom_launch_env env;
+    if (loom_bootstrap_detect(&env) == LOOM_OK && env.world_size > 1) {
+        printf("note: functional checks skipped: they run in a world of one, and the "
+               "environment says rank %d of %d (%s); run --check outside a launcher\n",
+               env.rank, env.world_size, env.source);
+        return;
+    }
+    loom_config *cfg = NULL;
+    loom_runtime *rt = NULL;
+    const loom_host *host = NULL;
+    char group[192];
+    snprintf(group, sizeof group, "%s.%s", loom_plugin_kind_name(p->kind), p->header->name);
+    if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK) {
+        fail_check(c, "host", "cannot make a default config: %s", loom_last_error());
+        return;
+    }
+    if (loom_runtime_create(cfg, &rt) != LOOM_OK) {
+        fail_check(c, "host", "cannot start a runtime: %s", loom_last_error());
+        loom_config_free(cfg);
+        return;
+    }
+    if (loom_runtime_host(rt, p, group, &host) != LOOM_OK) {
+        fail_check(c, "host", "settings of %s: %s", group, loom_last_error());
+    } else {
+        report_check(c, "host", NULL);
+        if (p->kind == LOOM_PLUGIN_COMM)
+            check_comm_functional(c, (const loom_comm_plugin_v1_t *)p->header, host);
+        else
+            check_memtier_functional(c, (const loom_memtier_plugin_v1_t *)p->header, p, host);
+    }
+    loom_runtime_destroy(rt);
+    loom_config_free(cfg);
+}
+
+static int check_plugin_file(const char *file)
+{
+    /* dlopen reads a bare name as a library to search for; we mean the file. */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s%s", strchr(file, '/') ? "" : "./", file);
+
+    char kind_text[32], name[128];
+    uint32_t kind = 0;
+    if (loom_plugin_parse_file_name(path, kind_text, sizeof kind_text, name, sizeof name))
+        kind = loom_plugin_kind_of(kind_text);
+    if (!kind)
+        kind = kind_from_symbols(path);
+    if (!kind)
+        kind = LOOM_PLUGIN_COMM; /* any kind: the load says what the file lacks */
+    printf("checking %s as a %s plugin\n", path, loom_plugin_kind_name(kind));
+
+    checker c = {0};
+    loom_plugin_checks checks = {report_check, &c, 0, ""};
+    loom_plugin *p = NULL;
+    if (loom_plugin_load_file(path, (loom_plugin_kind)kind, NULL, &checks, &p) != LOOM_OK) {
+        printf("1 check failed: loom refuses to load this plugin\n");
+        return 1;
+    }
+    const char *d = p->header->description;
+    if (!d || !d[0])
+        fail_check(&c, "description", "header.description is empty; give it one line");
+    else if (strchr(d, '\n'))
+        fail_check(&c, "description", "header.description has a newline; keep it one line");
+    else
+        report_check(&c, "description", NULL);
+
+    check_functional(&c, p);
+    loom_plugin_unload(p);
+    if (c.failures)
+        printf("%d check%s failed\n", c.failures, c.failures > 1 ? "s" : "");
+    else
+        printf("all checks passed\n");
+    return c.failures ? 1 : 0;
+}
+
+int loom_cmd_plugins(int argc, char **argv)
+{
+    const char *config_path = NULL;
+    const char **overrides = calloc((size_t)argc, sizeof *overrides);
+    int noverrides = 0;
+    if (!overrides)
+        return 2;
+    int rc = -1;
+    for (int i = 1; i < argc && rc < 0; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            plugins_usage(stdout);
+            rc = 0;
+        } else if (!strcmp(a, "--check")) {
+            if (i + 2 != argc) {
+                plugins_usage(stderr);
+                rc = 2;
+            } else {
+                rc = check_plugin_file(argv[i + 1]);
+            }
+        } else if (!strcmp(a, "--set") && i + 1 < argc) {
+            overrides[noverrides++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            overrides[noverrides++] = a + 6;
+        } else if (a[0] == '-' || config_path) {
+            plugins_usage(stderr);
+            rc = 2;
+        } else {
+            config_path = a;
+        }
+    }
+    if (rc < 0)
+        rc = list_plugins(config_path, overrides, noverrides);
+    free(overrides);
+    return rc;
+}

@@ -1,0 +1,220 @@
+/* `loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]`:
+ * build the pipeline schedule the config names (parallel.pp.{size,
+ * schedule, microbatches, virtual_stages}), validate it, print each rank's
+ * list, simulate it with forward = backward-input = backward-weight = 1
+ * (backward = 2) and report the bubble and the activation stash, and draw
+ * it. One process: no ranks, no communication, no model. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "cli/commands.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
+#include "train/schedule.h"
+
+static const char schedule_usage[] =
+    "usage: loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]\n";
+
+/* "F3" for a forward of micro-batch 3, "B" backward, "I" backward-input,
+ * "W" backward-weight; "ra", "sa", "rg", "sg" the transfers; "v1" after it
+ * for virtual stage 1 when there are several. */
+static void print_list(const loom_schedule *s, int r, int verbose)
+{
+    static const char *letters[LOOM_ACT_KIND_COUNT] = {"F", "B", "I", "W", "sa", "ra", "sg", "rg"};
+    printf("rank %d:", r);
+    for (int i = 0; i < s->count[r]; i++) {
+        loom_action a = s->actions[r][i];
+        if (!verbose && !loom_action_is_compute(a.kind))
+            continue;
+        printf(" %s%d", letters[a.kind], (int)a.microbatch);
+        if (s->virtual_stages > 1)
+            printf("v%u", (unsigned)a.virtual_stage);
+    }
+    printf("\n");
+}
+
+/* The bubble fraction theory gives under the simulator's unit costs, for
+ * the schedules loom ships; < 0: none known. gpipe and 1f1b idle (p−1)
+ * forward+backward times per rank; interleaved a v-th of that; zb-h1
+ * (p−1)(F + B − W) = p−1 units against 3m of work. */
+static double theory(const char *name, int p, int v, int m)
+{
+    if (!strcmp(name, "gpipe") && v == 1)
+        return (double)(p - 1) / (m + p - 1);
+    if (!strcmp(name, "1f1b"))
+        return (double)(p - 1) / (m + p - 1);
+    if (!strcmp(name, "interleaved"))
+        return (double)(p - 1) / ((double)v * m + p - 1);
+    if (!strcmp(name, "zb-h1") && m >= p) /* fewer cannot fill the steady state */
+        return (double)(p - 1) / (3.0 * m + p - 1);
+    return -1.0;
+}
+
+static const char *theory_formula(const char *name)
+{
+    if (!strcmp(name, "interleaved"))
+        return "(p-1)/(v·m+p-1)";
+    if (!strcmp(name, "zb-h1"))
+        return "(p-1)/(3m+p-1)";
+    return "(p-1)/(m+p-1)";
+}
+
+/* Read the pp settings, load the schedule plugin, build and validate. */
+static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *out,
+                             char *desc, size_t desc_cap)
+{
+    int64_t p = 1, v = 1, m = 1;
+    const char *name = "1f1b";
+    loom_config_int(cfg, "parallel.pp.size", &p);
+    loom_config_int(cfg, "parallel.pp.virtual_stages", &v);
+    loom_config_int(cfg, "parallel.pp.microbatches", &m);
+    loom_config_string(cfg, "parallel.pp.schedule", &name);
+    if (p < 2)
+        return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.size = %lld: no pipeline to "
+                         "schedule; set it to 2 or more stages",
+                         loom_config_where(cfg, "parallel.pp.size"), (long long)p);
+    if (p > 4096 || v > 4096 || m > 1 << 20)
+        return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.size = %lld, virtual_stages = %lld, "
+                         "microbatches = %lld: too large to draw",
+                         loom_config_where(cfg, "parallel.pp.size"), (long long)p, (long long)v,
+                         (long long)m);
+    const char *where_schedule = loom_config_where(cfg, "parallel.pp.schedule");
+    char where[256];
+    snprintf(where, sizeof where, "%s", where_schedule);
+    const loom_plugin *plugin;
+    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_STRATEGY, name, &plugin);
+    if (rc != LOOM_OK)
+        return rc;
+    const loom_strategy_plugin_v1_t *ops = (const loom_strategy_plugin_v1_t *)plugin->header;
+    if (ops->axis != LOOM_AXIS_PP)
+        return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.schedule = \"%s\" is a strategy for "
+                         "the %s axis, not a pipeline schedule", where, name,
+                         loom_axis_name((loom_axis)ops->axis));
+    if (!LOOM_HAS_OP(plugin, loom_strategy_plugin_v1_t, pipeline_schedule))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement "
+                         "pipeline_schedule", where, name);
+    const loom_host *host;
+    if ((rc = loom_runtime_host(rt, plugin, "parallel.pp", &host)) != LOOM_OK)
+        return rc;
+    loom_strategy_setup setup;
+    memset(&setup, 0, sizeof setup);
+    setup.struct_size = sizeof setup;
+    setup.axis = LOOM_AXIS_PP;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        setup.sizes[a] = 1;
+    setup.sizes[LOOM_AXIS_PP] = (int)p;
+    setup.grad_accum = (int)m;
+    setup.compute_dtype = LOOM_F32;
+    loom_strategy *strategy = NULL;
+    char detail[1024];
+    if ((rc = ops->create(host, &setup, &strategy)) != LOOM_OK) {
+        snprintf(detail, sizeof detail, "%s", loom_last_error());
+        return loom_fail(rc, "%s: %s", where, detail);
+    }
+    ops->describe(strategy, desc, desc_cap);
+    rc = loom_schedule_build(ops, strategy, plugin->header->name, (int)p, (int)v, (int)m, out);
+    if (rc != LOOM_OK) {
+        snprintf(detail, sizeof detail, "%s", loom_last_error());
+        loom_fail(rc, "%s: %s", where, detail);
+    }
+    ops->destroy(strategy);
+    return rc;
+}
+
+static int report(const loom_schedule *s, const char *desc, int verbose, const char *svg_path)
+{
+    double cost[LOOM_ACT_KIND_COUNT];
+    loom_schedule_default_costs(cost);
+    loom_schedule_timeline tl;
+    int rc = loom_schedule_simulate(s, cost, &tl);
+    if (rc != LOOM_OK)
+        return rc;
+    int p = s->stages, v = s->virtual_stages, m = s->microbatches;
+    printf("schedule \"%s\": %s; p = %d, v = %d, m = %d (valid)\n", s->name, desc, p, v, m);
+    printf("F forward, B backward, I backward-input, W backward-weight, then the micro-batch%s%s\n",
+           v > 1 ? ", then v and the virtual stage" : "",
+           verbose ? "; ra/sa receive/send activation, rg/sg receive/send gradient" : "");
+    for (int r = 0; r < p; r++)
+        print_list(s, r, verbose);
+    printf("simulated with forward %g, backward-input %g, backward-weight %g, backward %g, "
+           "transfers 0:\n", cost[LOOM_ACT_FORWARD], cost[LOOM_ACT_BACKWARD_INPUT],
+           cost[LOOM_ACT_BACKWARD_WEIGHT], cost[LOOM_ACT_BACKWARD]);
+    printf("  makespan %g, bubble %.4f", tl.makespan, tl.bubble);
+    double th = theory(s->name, p, v, m);
+    if (th >= 0.0)
+        printf(" (theory %s = %.4f)", theory_formula(s->name), th);
+    printf("\n  peak stash (%s alive at once):", v > 1 ? "stage-micro-batches" : "micro-batches");
+    for (int r = 0; r < p; r++)
+        printf(" rank %d: %d%s", r, tl.peak_stash[r], r + 1 < p ? "," : "\n");
+    if (svg_path) {
+        FILE *f = fopen(svg_path, "w");
+        if (!f) {
+            rc = loom_fail(LOOM_ERR_INVALID, "cannot write '%s': %s", svg_path, strerror(errno));
+        } else {
+            rc = loom_schedule_svg(s, &tl, f);
+            if (fclose(f) != 0 && rc == LOOM_OK)
+                rc = loom_fail(LOOM_ERR_INVALID, "cannot write '%s': %s", svg_path,
+                               strerror(errno));
+            if (rc == LOOM_OK)
+                printf("  drawn to %s\n", svg_path);
+        }
+    }
+    loom_schedule_timeline_free(s, &tl);
+    return rc;
+}
+
+int loom_cmd_schedule(int argc, char **argv)
+{
+    const char *config_path = NULL, *svg_path = NULL;
+    const char *overrides[64];
+    int noverrides = 0, verbose = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--svg") && i + 1 < argc) {
+            svg_path = argv[++i];
+        } else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) {
+            verbose = 1;
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+            if (noverrides == (int)LOOM_ARRAY_LEN(overrides)) {
+                fprintf(stderr, "loom schedule: too many --set options (at most 64)\n");
+                return 2;
+            }
+            overrides[noverrides++] = argv[++i];
+        } else if (argv[i][0] == '-' || config_path) {
+            fputs(schedule_usage, stderr);
+            return 2;
+        } else {
+            config_path = argv[i];
+        }
+    }
+    if (!config_path) {
+        fputs(schedule_usage, stderr);
+        return 2;
+    }
+    loom_config *cfg = NULL;
+    loom_runtime *rt = NULL;
+    loom_schedule s;
+    memset(&s, 0, sizeof s);
+    char desc[256] = "";
+    int rc = loom_config_load(config_path, overrides, noverrides, &cfg);
+    if (rc == LOOM_OK)
+        rc = loom_runtime_create(cfg, &rt);
+    if (rc == LOOM_OK)
+        rc = build_from_config(cfg, rt, &s, desc, sizeof desc);
+    if (rc == LOOM_OK)
+        rc = report(&s, desc, verbose, svg_path);
+    if (rc != LOOM_OK)
+        fprintf(stderr, "loom schedule: %s\n", loom_last_error());
+    fflush(stdout);
+    loom_schedule_free(&s);
+    loom_runtime_destroy(rt);
+    loom_config_free(cfg);
+    return rc == LOOM_OK ? 0 : 1;
+}

@@ -1,0 +1,13 @@
+/* loom CLI — one entry point per command (cli/cmd_<name>.c). */
+#ifndef LOOM_CLI_COMMANDS_H
+#define LOOM_CLI_COMMANDS_H
+
+int loom_cmd_plugins(int argc, char **argv);
+int loom_cmd_launch(int argc, char **argv);
+int loom_cmd_bench(int argc, char **argv);
+int loom_cmd_ckpt(int argc, char **argv);
+int loom_cmd_settings(int argc, char **argv);
+int loom_cmd_train(int argc, char **argv);
+int loom_cmd_schedule(int argc, char **argv);
+
+#endif

@@ -1,0 +1,1016 @@
+/* loom core — the GPT-2 kernels of llm.c's train_gpt2.c, fp32 on the CPU.
+ *
+ * Matrix products, attention's included, go to cblas_sgemm. Everything
+ * else is plain loops over contiguous rows, written so that the build's
+ * -O2 vectorises them (see "helpers"). Float reductions are summed in 8
+ * independent lanes in a fixed order, so results are deterministic.
+ *
+ * Two places compute llm.c's formulas in a different but equal form, for
+ * speed: GELU uses 0.5·x·(1 + tanh a) = x·σ(2a) with σ from one exp
+ * (glibc's tanhf costs 15 ns), and exp itself is a vectorisable
+ * polynomial (exp_fast, within 2 ulp). */
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/kernels.h"
+#include "runtime/log.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* The build targets baseline x86-64 (SSE2, 4 floats wide). The loops that
+ * spend their time in exp_fast are also compiled for AVX2 and picked when
+ * the library loads. Neither version uses FMA, so both round alike. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define WIDE_LOOP __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef WIDE_LOOP
+#define WIDE_LOOP
+#endif
+
+#define LAYERNORM_EPS 1e-5f
+#define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_CUBIC 0.044715f
+
+void loom_kernels_set_threads(int threads)
+{
+    openblas_set_num_threads(threads > 0 ? threads : 1);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline float lanes_total(const float *lane)
+{
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+           ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+/* The elementwise loops are blocked by 8 with a fixed inner loop: -O2's
+ * cost model (very-cheap) vectorises only loops that need no scalar
+ * epilogue and no run-time alias check, which a fixed 8-iteration loop on
+ * restrict parameters is. Conditionals inside them select on integers:
+ * with -ftrapping-math (the default) a float comparison is control flow
+ * the vectoriser will not touch. */
+
+/* y += x */
+static inline void vec_acc(float *restrict y, const float *restrict x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            y[i + l] += x[i + l];
+    for (; i < n; i++)
+        y[i] += x[i];
+}
+
+/* y += a * x */
+static inline void vec_axpy(float *restrict y, float a, const float *restrict x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            y[i + l] += a * x[i + l];
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+/* o = a + b */
+static inline void vec_add(float *restrict o, const float *restrict a, const float *restrict b,
+                           int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            o[i + l] = a[i + l] + b[i + l];
+    for (; i < n; i++)
+        o[i] = a[i] + b[i];
+}
+
+/* y = a * x */
+static inline void vec_scale(float *restrict y, float a, const float *restrict x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            y[i + l] = a * x[i + l];
+    for (; i < n; i++)
+        y[i] = a * x[i];
+}
+
+/* y = a * y + b * x */
+static inline void vec_blend(float *restrict y, float a, float b, const float *restrict x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            y[i + l] = a * y[i + l] + b * x[i + l];
+    for (; i < n; i++)
+        y[i] = a * y[i] + b * x[i];
+}
+
+static float sum_f32(const float *restrict x, int n)
+{
+    float lane[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            lane[l] += x[i + l];
+    float s = lanes_total(lane);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+static inline float dot_f32(const float *restrict a, const float *restrict b, int n)
+{
+    float lane[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            lane[l] += a[i + l] * b[i + l];
+    float s = lanes_total(lane);
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static inline uint32_t as_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* exp(x) within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial),
+ * branch-free so loops of it vectorise. x < -87 gives 0, x > 88 +inf, NaN
+ * NaN. */
+static inline float exp_fast(float x)
+{
+    const uint32_t xb = as_bits(x);
+    const uint32_t is_nan = 0u - (uint32_t)((xb & 0x7fffffffu) > 0x7f800000u);
+    const uint32_t tiny = 0u - (uint32_t)(xb > 0xc2ae0000u); /* below -87, -inf */
+    const uint32_t huge = 0u - (uint32_t)((xb > 0x42b00000u) & (xb < 0x80000000u)); /* above 88 */
+    const uint32_t off = tiny | huge;
+    const float xc = as_float(xb & ~off); /* out of range: compute exp(0), then replace */
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const float y = p * as_float((uint32_t)((int32_t)n + 127) << 23); /* n in [-126, 127] */
+    uint32_t yb = (as_bits(y) & ~off) | (huge & 0x7f800000u);
+    yb = (yb & ~is_nan) | (is_nan & 0x7fc00000u);
+    return as_float(yb);
+}
+
+/* ---------------------------------------------------------------- encoder */
+
+void loom_encoder_forward(float *out, const int *inp, const int *pos, const float *wte,
+                          const float *wpe, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const float *te = wte + (size_t)inp[b * T + t] * C;
+            const float *pe = wpe + (size_t)(pos ? pos[t] : t) * C;
+            vec_add(out + ((size_t)b * T + t) * C, te, pe, C);
+        }
+    }
+}
+
+void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
+                           const int *pos, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            vec_acc(dwte + (size_t)inp[b * T + t] * C, d, C);
+            vec_acc(dwpe + (size_t)(pos ? pos[t] : t) * C, d, C);
+        }
+    }
+}
+
+/* -------------------------------------------------------------- layernorm */
+
+static void layernorm_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
+                          const float *restrict w, const float *restrict bias, int C)
+{
+    const float m = sum_f32(x, C) / (float)C;
+    /* biased variance, as llm.c */
+    float lane[8] = {0};
+    int i = 0;
+    for (; i + 8 <= C; i += 8)
+        for (int l = 0; l < 8; l++) {
+            float d = x[i + l] - m;
+            lane[l] += d * d;
+        }
+    float v = lanes_total(lane);
+    for (; i < C; i++)
+        v += (x[i] - m) * (x[i] - m);
+    v /= (float)C;
+    const float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
+    for (i = 0; i + 8 <= C; i += 8)
+        for (int l = 0; l < 8; l++)
+            o[i + l] = (s * (x[i + l] - m)) * w[i + l] + bias[i + l];
+    for (; i < C; i++)
+        o[i] = (s * (x[i] - m)) * w[i] + bias[i];
+    *mean = m;
+    *rstd = s;
+}
+
+void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias,
+                      C);
+}
+
+/* The input gradient of one row: the two means it needs (of w*dout and of
+ * w*dout*norm), then each element. */
+static void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
+                                         const float *restrict x, const float *restrict w,
+                                         float m, float s, int C)
+{
+    float lane_a[8] = {0}, lane_b[8] = {0};
+    int i = 0;
+    for (; i + 8 <= C; i += 8)
+        for (int l = 0; l < 8; l++) {
+            float norm = (x[i + l] - m) * s;
+            float dnorm = w[i + l] * d[i + l];
+            lane_a[l] += dnorm;
+            lane_b[l] += dnorm * norm;
+        }
+    float dnorm_mean = lanes_total(lane_a), dnorm_norm_mean = lanes_total(lane_b);
+    for (; i < C; i++) {
+        float norm = (x[i] - m) * s;
+        float dnorm = w[i] * d[i];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= (float)C;
+    dnorm_norm_mean /= (float)C;
+    for (i = 0; i < C; i++) {
+        float norm = (x[i] - m) * s;
+        float dnorm = w[i] * d[i];
+        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
+static void layernorm_row_backward_weight(float *restrict dw, float *restrict db,
+                                          const float *restrict d, const float *restrict x,
+                                          float m, float s, int C)
+{
+    for (int i = 0; i < C; i++) {
+        float norm = (x[i] - m) * s;
+        db[i] += d[i];
+        dw[i] += norm * d[i];
+    }
+}
+
+void loom_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        layernorm_row_backward_input(dinp + (size_t)n * C, dout + (size_t)n * C,
+                                     inp + (size_t)n * C, weight, mean[n], rstd[n], C);
+}
+
+void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *mean, const float *rstd,
+                                    int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        layernorm_row_backward_weight(dweight, dbias, dout + (size_t)n * C, inp + (size_t)n * C,
+                                      mean[n], rstd[n], C);
+}
+
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C)
+{
+    loom_layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+    loom_layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
+}
+
+/* ----------------------------------------------------------------- matmul */
+
+void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC)
+{
+    /* Start from the bias so sgemm can add onto it in the same pass. */
+    float beta = 0.0f;
+    if (bias) {
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
+                beta, out, OC);
+}
+
+void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+                                int OC)
+{
+    /* (N, C) += (N, OC) · (OC, C) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+}
+
+static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    for (int n = 0; n < N; n++)
+        vec_acc(dbias, dout + (size_t)n * OC, OC);
+}
+
+void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                                 const float *inp, int N, int C, int OC)
+{
+    /* (OC, C) += (OC, N) · (N, C) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+    if (dbias)
+        matmul_bias_backward(dbias, dout, N, OC);
+}
+
+void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        loom_matmul_backward_input(dinp, dout, weight, N, C, OC);
+    if (dweight)
+        loom_matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC);
+    else if (dbias)
+        matmul_bias_backward(dbias, dout, N, OC);
+}
+
+/* ------------------------------------------------------------------- gelu */
+
+/* llm.c's GELU is 0.5·x·(1 + tanh a), a = sqrt(2/pi)·(x + 0.044715·x³).
+ * Since 0.5·(1 + tanh a) = σ(2a), with e = exp(-2|a|) ≤ 1:
+ *   σ(2a) = 1/(1+e) for a ≥ 0, e/(1+e) for a < 0; σ(2a)·(1 - σ(2a)) = e/(1+e)²
+ * which stays accurate at both tails, where tanh's 1 ± t would cancel. */
+static inline float gelu_arg(float x)
+{
+    return GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x);
+}
+
+/* σ(2a) and σ(2a)·(1 - σ(2a)) */
+static inline float gelu_gate(float a, float *slope)
+{
+    const uint32_t ab = as_bits(a);
+    const float e = exp_fast(as_float(as_bits(2.0f * a) | 0x80000000u)); /* exp(-2|a|) */
+    const float inv = 1.0f / (1.0f + e);
+    const uint32_t neg = 0u - (ab >> 31);
+    *slope = e * inv * inv;
+    return as_float((as_bits(inv) & ~neg) | (as_bits(e * inv) & neg));
+}
+
+WIDE_LOOP static void gelu_forward_span(float *restrict o, const float *restrict x, int n)
+{
+    float slope;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            o[i + l] = x[i + l] * gelu_gate(gelu_arg(x[i + l]), &slope);
+    for (; i < n; i++)
+        o[i] = x[i] * gelu_gate(gelu_arg(x[i]), &slope);
+}
+
+/* d/dx x·σ(2a) = σ(2a) + x·2σ(2a)(1 - σ(2a))·a'(x), a' = sqrt(2/pi)·(1 + 3·0.044715·x²);
+ * the same as llm.c's 0.5(1 + tanh a) + x·0.5·sech²(a)·a'(x). */
+static inline float gelu_local_grad(float x)
+{
+    float slope;
+    const float gate = gelu_gate(gelu_arg(x), &slope);
+    return gate + 2.0f * x * slope * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
+}
+
+WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restrict x,
+                                         const float *restrict d, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            dx[i + l] += gelu_local_grad(x[i + l]) * d[i + l];
+    for (; i < n; i++)
+        dx[i] += gelu_local_grad(x[i]) * d[i];
+}
+
+void loom_gelu_forward(float *out, const float *inp, int N)
+{
+    gelu_forward_span(out, inp, N);
+}
+
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N)
+{
+    gelu_backward_span(dinp, inp, dout, N);
+}
+
+/* --------------------------------------------------------------- residual */
+
+void loom_residual_forward(float *out, const float *a, const float *b, int N)
+{
+    vec_add(out, a, b, N);
+}
+
+void loom_residual_backward(float *da, float *db, const float *dout, int N)
+{
+    vec_acc(da, dout, N);
+    vec_acc(db, dout, N);
+}
+
+/* ---------------------------------------------------- softmax and the loss */
+
+WIDE_LOOP static void softmax_row(float *restrict p, const float *restrict x, int V, int Vp)
+{
+    float lane[8];
+    for (int l = 0; l < 8; l++)
+        lane[l] = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int l = 0; l < 8; l++)
+            lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+    float maxval = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        maxval = lane[l] > maxval ? lane[l] : maxval;
+    for (; i < V; i++)
+        maxval = x[i] > maxval ? x[i] : maxval;
+    for (i = 0; i + 8 <= V; i += 8)
+        for (int l = 0; l < 8; l++)
+            p[i + l] = exp_fast(x[i + l] - maxval);
+    for (; i < V; i++)
+        p[i] = exp_fast(x[i] - maxval);
+    const float sum = sum_f32(p, V);
+    for (i = 0; i + 8 <= V; i += 8)
+        for (int l = 0; l < 8; l++)
+            p[i + l] /= sum;
+    for (; i < V; i++)
+        p[i] /= sum;
+    for (i = V; i < Vp; i++)
+        p[i] = 0.0f;
+}
+
+void loom_softmax_forward(float *probs, const float *logits, int N, int V, int Vp)
+{
+    for (int n = 0; n < N; n++)
+        softmax_row(probs + (size_t)n * Vp, logits + (size_t)n * Vp, V, Vp);
+}
+
+void loom_crossentropy_forward(float *losses, const float *probs, const int *targets, int N,
+                               int Vp)
+{
+    for (int n = 0; n < N; n++)
+        losses[n] = -logf(probs[(size_t)n * Vp + targets[n]]);
+}
+
+void loom_crossentropy_softmax_backward(float *dlogits, const float *dlosses, const float *probs,
+                                        const int *targets, int N, int V, int Vp)
+{
+    for (int n = 0; n < N; n++) {
+        float *dl = dlogits + (size_t)n * Vp;
+        const float *p = probs + (size_t)n * Vp;
+        const float dloss = dlosses[n];
+        const int t = targets[n];
+        /* the target's term is (p - 1) * dloss, rounded once like the rest */
+        const float dl_target = dl[t];
+        vec_axpy(dl, dloss, p, V);
+        dl[t] = dl_target + (p[t] - 1.0f) * dloss;
+    }
+}
+
+/* ------------------------------------------------------------- conversion */
+
+/* loom_f32_to_bf16 without its branch, so the loop vectorises: round to
+ * nearest even, NaN stays a (quiet) NaN. */
+static void f32_to_bf16_span(uint16_t *restrict d, const float *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const uint32_t u = as_bits(s[i + l]);
+            const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+            const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            d[i + l] = (uint16_t)((rounded & ~nan) | (((u >> 16) | 0x40u) & nan));
+        }
+    for (; i < n; i++)
+        d[i] = loom_f32_to_bf16(s[i]);
+}
+
+static void bf16_to_f32_span(float *restrict d, const uint16_t *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            d[i + l] = as_float((uint32_t)s[i + l] << 16);
+    for (; i < n; i++)
+        d[i] = loom_bf16_to_f32(s[i]);
+}
+
+void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n)
+{
+    if (dst_type == src_type) {
+        memmove(dst, src, n * loom_dtype_size(src_type));
+        return;
+    }
+    if (src_type == LOOM_F32 && dst_type == LOOM_BF16) {
+        f32_to_bf16_span(dst, src, n);
+    } else if (src_type == LOOM_F32 && dst_type == LOOM_F16) {
+        const float *restrict s = src;
+        uint16_t *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f32_to_f16(s[i]);
+    } else if (src_type == LOOM_BF16 && dst_type == LOOM_F32) {
+        bf16_to_f32_span(dst, src, n);
+    } else if (src_type == LOOM_F16 && dst_type == LOOM_F32) {
+        const uint16_t *restrict s = src;
+        float *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f16_to_f32(s[i]);
+    } else if (src_type == LOOM_BF16 && dst_type == LOOM_F16) {
+        /* exact through f32: every bf16 is an f32 */
+        const uint16_t *restrict s = src;
+        uint16_t *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f32_to_f16(loom_bf16_to_f32(s[i]));
+    } else if (src_type == LOOM_F16 && dst_type == LOOM_BF16) {
+        const uint16_t *restrict s = src;
+        uint16_t *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f32_to_bf16(loom_f16_to_f32(s[i]));
+    } else {
+        loom_fail(LOOM_ERR_NOT_SUPPORTED, "loom_convert: %s to %s is not a conversion loom has",
+                  loom_dtype_name(src_type), loom_dtype_name(dst_type));
+    }
+}
+
+/* -------------------------------------------------------------- attention */
+
+/* Causal attention over blocks of keys with an online softmax. Per (batch,
+ * head), query i at position qp, key j at kp <= qp:
+ *   s_ij = scale·q_i·k_j, lse_i = log Σ_j exp(s_ij), out_i = Σ_j exp(s_ij - lse_i)·v_j
+ * which is llm.c's softmax(preatt)·v row for row. No (T, T) matrix exists:
+ * queries go in tiles of ATTN_QT rows against chunks of up to ATTN_KT keys,
+ * the scores of one tile and chunk live in scratch, and each chunk is
+ * merged into out through the row's lse, exactly as separate blocks from a
+ * sequence strategy (ring attention) are. Backward recomputes the
+ * probabilities from lse. The products are sgemm calls on the head's rows
+ * in place (they are C = NH·HS floats apart); keys no query of the tile can
+ * see are trimmed off the chunk's ends, so the causal half costs little.
+ *
+ * bf16/f16 buffers are converted per (batch, head) into f32 scratch,
+ * computed in f32, and written back rounded; lse is always f32. */
+
+#define ATTN_QT 64
+#define ATTN_KT 256
+
+/* One head's rows: element (row r, dim d) at base[r * ld + d]. */
+typedef struct head_rows {
+    float *base;
+    int ld;
+} head_rows;
+
+static inline float *head_row(head_rows h, int r) { return h.base + (size_t)r * h.ld; }
+
+/* In-place view of head h of batch b in an f32 (B, rows, NH, HS) buffer. */
+static head_rows f32_head(const void *buf, int b, int h, int rows, int NH, int HS)
+{
+    const size_t C = (size_t)NH * HS;
+    head_rows v = {(float *)buf + (size_t)b * rows * C + (size_t)h * HS, NH * HS};
+    return v;
+}
+
+static head_rows packed_head(float *buf, int HS)
+{
+    head_rows v = {buf, HS};
+    return v;
+}
+
+/* Rows [b, 0..rows) of head h of a (B, rows, NH, HS) buffer of type dt,
+ * to and from contiguous f32 (rows, HS). */
+static void gather_head(float *dst, const void *src, loom_dtype dt, int b, int h, int rows,
+                        int NH, int HS)
+{
+    const size_t C = (size_t)NH * HS, es = loom_dtype_size(dt);
+    for (int r = 0; r < rows; r++) {
+        const char *s = (const char *)src + (((size_t)b * rows + r) * C + (size_t)h * HS) * es;
+        loom_convert(dst + (size_t)r * HS, LOOM_F32, s, dt, (size_t)HS);
+    }
+}
+
+static void scatter_head(void *dst, loom_dtype dt, const float *src, int b, int h, int rows,
+                         int NH, int HS)
+{
+    const size_t C = (size_t)NH * HS, es = loom_dtype_size(dt);
+    for (int r = 0; r < rows; r++) {
+        char *d = (char *)dst + (((size_t)b * rows + r) * C + (size_t)h * HS) * es;
+        loom_convert(d, dt, src + (size_t)r * HS, LOOM_F32, (size_t)HS);
+    }
+}
+
+/* Out of memory in a kernel that cannot return a status: make the damage
+ * impossible to miss (NaN reaches the loss) and record why. */
+static void poison(void *buf, loom_dtype dt, size_t n)
+{
+    if (dt == LOOM_F32) {
+        float *f = buf;
+        for (size_t i = 0; i < n; i++)
+            f[i] = NAN;
+    } else {
+        uint16_t *u = buf, nan = dt == LOOM_BF16 ? 0x7fc0u : 0x7e00u;
+        for (size_t i = 0; i < n; i++)
+            u[i] = nan;
+    }
+}
+
+/* Positions as arrays (NULL means 0..n-1), so the masks below are plain
+ * integer loops. */
+typedef struct attn_positions {
+    const int *q, *k;
+    int *owned;
+} attn_positions;
+
+static int positions_init(attn_positions *p, const int *q_pos, int tq, const int *k_pos, int tk)
+{
+    p->q = q_pos;
+    p->k = k_pos;
+    p->owned = NULL;
+    if (q_pos && k_pos)
+        return 0;
+    const size_t n = (size_t)(q_pos ? 0 : tq) + (size_t)(k_pos ? 0 : tk);
+    p->owned = malloc((n + 1) * sizeof(int)); /* + 1: never malloc(0) */
+    if (!p->owned)
+        return -1;
+    int *next = p->owned;
+    if (!q_pos) {
+        for (int i = 0; i < tq; i++)
+            next[i] = i;
+        p->q = next;
+        next += tq;
+    }
+    if (!k_pos) {
+        for (int j = 0; j < tk; j++)
+            next[j] = j;
+        p->k = next;
+    }
+    return 0;
+}
+
+/* The keys of chunk [c0, c1) some query at a position <= qmax can see,
+ * trimmed to [*j0, *j1); 0 when there are none. */
+static int chunk_visible(const int *k_pos, int c0, int c1, int qmax, int *j0, int *j1)
+{
+    int a = c0, z = c1;
+    while (a < z && k_pos[a] > qmax)
+        a++;
+    while (z > a && k_pos[z - 1] > qmax)
+        z--;
+    *j0 = a;
+    *j1 = z;
+    return z > a;
+}
+
+static int tile_max(const int *pos, int n)
+{
+    int m = pos[0];
+    for (int i = 1; i < n; i++)
+        m = pos[i] > m ? pos[i] : m;
+    return m;
+}
+
+/* max over the keys at positions <= qp of s; -inf when there are none */
+static float masked_max(const float *restrict s, const int *restrict kp, int qp, int n)
+{
+    float lane[8];
+    for (int l = 0; l < 8; l++)
+        lane[l] = -INFINITY;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
+            const float v = as_float((as_bits(s[j + l]) & seen) | (0xff800000u & ~seen));
+            lane[l] = v > lane[l] ? v : lane[l];
+        }
+    float m = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        m = lane[l] > m ? lane[l] : m;
+    for (; j < n; j++)
+        if (kp[j] <= qp && s[j] > m)
+            m = s[j];
+    return m;
+}
+
+/* s = exp(s - shift) for keys at positions <= qp, 0 for the others */
+WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
+                                 int n)
+{
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
+            s[j + l] = as_float(as_bits(exp_fast(s[j + l] - shift)) & seen);
+        }
+    for (; j < n; j++)
+        s[j] = kp[j] <= qp ? exp_fast(s[j] - shift) : 0.0f;
+}
+
+/* Merge a chunk's row (acc = Σ exp(s_j - m)·v_j, l = Σ exp(s_j - m)) into
+ * the row's out and lse. A row at lse -inf has seen no key yet: overwrite,
+ * whatever out holds. */
+static void merge_row(float *o, float *lse, const float *acc, float m, float l, int HS)
+{
+    const float chunk_lse = m + logf(l);
+    const float old_lse = *lse;
+    if (old_lse == -INFINITY) {
+        vec_scale(o, 1.0f / l, acc, HS);
+        *lse = chunk_lse;
+        return;
+    }
+    const float top = old_lse > chunk_lse ? old_lse : chunk_lse;
+    const float new_lse = top + logf(expf(old_lse - top) + expf(chunk_lse - top));
+    /* exp(chunk_lse - new_lse) / l = exp(m - new_lse) */
+    vec_blend(o, expf(old_lse - new_lse), expf(m - new_lse), acc, HS);
+    *lse = new_lse;
+}
+
+typedef struct attn_scratch {
+    float *s;        /* ATTN_QT x ATTN_KT: scores, then probabilities */
+    float *ds;       /* ATTN_QT x ATTN_KT: dP, then dS (backward) */
+    float *acc;      /* ATTN_QT x HS (forward) */
+    float *row_max;  /* ATTN_QT */
+    float *row_sum;  /* ATTN_QT; D_i = dout_i·out_i in backward */
+} attn_scratch;
+
+static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
+                         const int *k_pos, int tk, int HS, float scale, head_rows o, float *lse,
+                         int first_block, const attn_scratch *w)
+{
+    if (first_block)
+        for (int i = 0; i < tq; i++) {
+            memset(head_row(o, i), 0, (size_t)HS * sizeof(float));
+            lse[i] = -INFINITY;
+        }
+    for (int i0 = 0; i0 < tq; i0 += ATTN_QT) {
+        const int nq = tq - i0 < ATTN_QT ? tq - i0 : ATTN_QT;
+        const int qmax = tile_max(q_pos + i0, nq);
+        for (int c0 = 0; c0 < tk; c0 += ATTN_KT) {
+            int j0, j1;
+            if (!chunk_visible(k_pos, c0, c0 + ATTN_KT < tk ? c0 + ATTN_KT : tk, qmax, &j0, &j1))
+                continue;
+            const int nk = j1 - j0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale,
+                        head_row(q, i0), q.ld, head_row(k, j0), k.ld, 0.0f, w->s, nk);
+            for (int r = 0; r < nq; r++) {
+                float *s = w->s + (size_t)r * nk;
+                const int qp = q_pos[i0 + r];
+                const float m = masked_max(s, k_pos + j0, qp, nk);
+                w->row_max[r] = m;
+                if (m == -INFINITY) { /* this row sees no key of the chunk */
+                    memset(s, 0, (size_t)nk * sizeof(float));
+                    continue;
+                }
+                masked_exp(s, k_pos + j0, qp, m, nk);
+                w->row_sum[r] = sum_f32(s, nk);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HS, nk, 1.0f, w->s, nk,
+                        head_row(v, j0), v.ld, 0.0f, w->acc, HS);
+            for (int r = 0; r < nq; r++)
+                if (w->row_max[r] != -INFINITY)
+                    merge_row(head_row(o, i0 + r), lse + i0 + r, w->acc + (size_t)r * HS,
+                              w->row_max[r], w->row_sum[r], HS);
+        }
+    }
+}
+
+/* ds = p ∘ (dp - D) */
+static void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
+{
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++)
+            ds[j + l] = p[j + l] * (ds[j + l] - D);
+    for (; j < n; j++)
+        ds[j] = p[j] * (ds[j] - D);
+}
+
+static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
+                          const int *k_pos, int tk, int HS, float scale, head_rows o,
+                          head_rows dout, const float *lse, head_rows dq, head_rows dk,
+                          head_rows dv, const attn_scratch *w)
+{
+    for (int i0 = 0; i0 < tq; i0 += ATTN_QT) {
+        const int nq = tq - i0 < ATTN_QT ? tq - i0 : ATTN_QT;
+        const int qmax = tile_max(q_pos + i0, nq);
+        float *D = w->row_sum;
+        for (int r = 0; r < nq; r++)
+            D[r] = dot_f32(head_row(dout, i0 + r), head_row(o, i0 + r), HS);
+        for (int c0 = 0; c0 < tk; c0 += ATTN_KT) {
+            int j0, j1;
+            if (!chunk_visible(k_pos, c0, c0 + ATTN_KT < tk ? c0 + ATTN_KT : tk, qmax, &j0, &j1))
+                continue;
+            const int nk = j1 - j0;
+            /* P = exp(scale·Q·Kᵀ - lse), masked */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale,
+                        head_row(q, i0), q.ld, head_row(k, j0), k.ld, 0.0f, w->s, nk);
+            for (int r = 0; r < nq; r++) {
+                float *p = w->s + (size_t)r * nk;
+                const float L = lse[i0 + r];
+                if (!isfinite(L)) /* the row saw no key anywhere: out is 0, nothing flows */
+                    memset(p, 0, (size_t)nk * sizeof(float));
+                else
+                    masked_exp(p, k_pos + j0, q_pos[i0 + r], L, nk);
+            }
+            /* dV += Pᵀ·dO */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, nq, 1.0f, w->s, nk,
+                        head_row(dout, i0), dout.ld, 1.0f, head_row(dv, j0), dv.ld);
+            /* dS = P ∘ (dO·Vᵀ - D) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, 1.0f,
+                        head_row(dout, i0), dout.ld, head_row(v, j0), v.ld, 0.0f, w->ds, nk);
+            for (int r = 0; r < nq; r++)
+                softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
+            /* dQ += scale·dS·K, dK += scale·dSᵀ·Q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HS, nk, scale, w->ds, nk,
+                        head_row(k, j0), k.ld, 1.0f, head_row(dq, i0), dq.ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, nq, scale, w->ds, nk,
+                        head_row(q, i0), q.ld, 1.0f, head_row(dk, j0), dk.ld);
+        }
+    }
+}
+
+/* Scratch for one call: the tile buffers, then for 16-bit types the packed
+ * f32 heads (npacked_q rows of tq, npacked_k of tk). */
+static float *attn_alloc(attn_scratch *w, int HS, int tq, int tk, int npacked_q, int npacked_k,
+                         float **packed)
+{
+    const size_t tile = (size_t)ATTN_QT * ATTN_KT;
+    const size_t n = 2 * tile + (size_t)ATTN_QT * HS + 2 * (size_t)ATTN_QT +
+                     (size_t)HS * ((size_t)npacked_q * tq + (size_t)npacked_k * tk);
+    float *buf = malloc(n * sizeof(float));
+    if (!buf)
+        return NULL;
+    w->s = buf;
+    w->ds = w->s + tile;
+    w->acc = w->ds + tile;
+    w->row_max = w->acc + (size_t)ATTN_QT * HS;
+    w->row_sum = w->row_max + ATTN_QT;
+    *packed = w->row_sum + ATTN_QT;
+    return buf;
+}
+
+static void attention_block_forward(const void *q, const int *q_pos, int tq, const void *k,
+                                    const void *v, const int *k_pos, int tk, int B, int NH,
+                                    int HS, loom_dtype dtype, void *out, float *lse,
+                                    int first_block)
+{
+    const float scale = 1.0f / sqrtf((float)HS);
+    const int wide = dtype == LOOM_F32;
+    attn_scratch w;
+    attn_positions pos;
+    float *packed = NULL;
+    float *buf = attn_alloc(&w, HS, tq, tk, wide ? 0 : 2, wide ? 0 : 2, &packed);
+    if (!buf || positions_init(&pos, q_pos, tq, k_pos, tk) != 0) {
+        free(buf);
+        loom_fail(LOOM_ERR_NO_MEMORY, "attention forward: out of memory for the scratch of "
+                                      "%d queries and %d keys",
+                  tq, tk);
+        poison(out, dtype, (size_t)B * tq * NH * HS);
+        poison(lse, LOOM_F32, (size_t)B * NH * tq);
+        return;
+    }
+    float *qs = packed, *os = qs + (size_t)tq * HS; /* 16-bit only */
+    float *ks = os + (size_t)tq * HS, *vs = ks + (size_t)tk * HS;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float *lse_bh = lse + ((size_t)b * NH + h) * tq;
+            head_rows qh, kh, vh, oh;
+            if (wide) {
+                qh = f32_head(q, b, h, tq, NH, HS);
+                kh = f32_head(k, b, h, tk, NH, HS);
+                vh = f32_head(v, b, h, tk, NH, HS);
+                oh = f32_head(out, b, h, tq, NH, HS);
+            } else {
+                gather_head(qs, q, dtype, b, h, tq, NH, HS);
+                gather_head(ks, k, dtype, b, h, tk, NH, HS);
+                gather_head(vs, v, dtype, b, h, tk, NH, HS);
+                if (!first_block)
+                    gather_head(os, out, dtype, b, h, tq, NH, HS);
+                qh = packed_head(qs, HS);
+                kh = packed_head(ks, HS);
+                vh = packed_head(vs, HS);
+                oh = packed_head(os, HS);
+            }
+            forward_head(qh, pos.q, tq, kh, vh, pos.k, tk, HS, scale, oh, lse_bh, first_block,
+                         &w);
+            if (!wide)
+                scatter_head(out, dtype, os, b, h, tq, NH, HS);
+        }
+    }
+    free(pos.owned);
+    free(buf);
+}
+
+static void attention_block_backward(const void *q, const int *q_pos, int tq, const void *k,
+                                     const void *v, const int *k_pos, int tk, int B, int NH,
+                                     int HS, loom_dtype dtype, const void *out, const void *dout,
+                                     const float *lse, void *dq, void *dk, void *dv)
+{
+    const float scale = 1.0f / sqrtf((float)HS);
+    const int wide = dtype == LOOM_F32;
+    attn_scratch w;
+    attn_positions pos;
+    float *packed = NULL;
+    float *buf = attn_alloc(&w, HS, tq, tk, wide ? 0 : 4, wide ? 0 : 4, &packed);
+    if (!buf || positions_init(&pos, q_pos, tq, k_pos, tk) != 0) {
+        free(buf);
+        loom_fail(LOOM_ERR_NO_MEMORY, "attention backward: out of memory for the scratch of "
+                                      "%d queries and %d keys",
+                  tq, tk);
+        poison(dq, dtype, (size_t)B * tq * NH * HS);
+        poison(dk, dtype, (size_t)B * tk * NH * HS);
+        poison(dv, dtype, (size_t)B * tk * NH * HS);
+        return;
+    }
+    /* 16-bit only: q, out, dout, dq (tq rows), k, v, dk, dv (tk rows) */
+    float *qs = packed, *os = qs + (size_t)tq * HS, *dos = os + (size_t)tq * HS;
+    float *dqs = dos + (size_t)tq * HS, *ks = dqs + (size_t)tq * HS;
+    float *vs = ks + (size_t)tk * HS, *dks = vs + (size_t)tk * HS, *dvs = dks + (size_t)tk * HS;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float *lse_bh = lse + ((size_t)b * NH + h) * tq;
+            head_rows qh, kh, vh, oh, doh, dqh, dkh, dvh;
+            if (wide) {
+                qh = f32_head(q, b, h, tq, NH, HS);
+                kh = f32_head(k, b, h, tk, NH, HS);
+                vh = f32_head(v, b, h, tk, NH, HS);
+                oh = f32_head(out, b, h, tq, NH, HS);
+                doh = f32_head(dout, b, h, tq, NH, HS);
+                dqh = f32_head(dq, b, h, tq, NH, HS);
+                dkh = f32_head(dk, b, h, tk, NH, HS);
+                dvh = f32_head(dv, b, h, tk, NH, HS);
+            } else {
+                gather_head(qs, q, dtype, b, h, tq, NH, HS);
+                gather_head(os, out, dtype, b, h, tq, NH, HS);
+                gather_head(dos, dout, dtype, b, h, tq, NH, HS);
+                gather_head(dqs, dq, dtype, b, h, tq, NH, HS);
+                gather_head(ks, k, dtype, b, h, tk, NH, HS);
+                gather_head(vs, v, dtype, b, h, tk, NH, HS);
+                gather_head(dks, dk, dtype, b, h, tk, NH, HS);
+                gather_head(dvs, dv, dtype, b, h, tk, NH, HS);
+                qh = packed_head(qs, HS);
+                oh = packed_head(os, HS);
+                doh = packed_head(dos, HS);
+                dqh = packed_head(dqs, HS);
+                kh = packed_head(ks, HS);
+                vh = packed_head(vs, HS);
+                dkh = packed_head(dks, HS);
+                dvh = packed_head(dvs, HS);
+            }
+            backward_head(qh, pos.q, tq, kh, vh, pos.k, tk, HS, scale, oh, doh, lse_bh, dqh, dkh,
+                          dvh, &w);
+            if (!wide) {
+                scatter_head(dq, dtype, dqs, b, h, tq, NH, HS);
+                scatter_head(dk, dtype, dks, b, h, tk, NH, HS);
+                scatter_head(dv, dtype, dvs, b, h, tk, NH, HS);
+            }
+        }
+    }
+    free(pos.owned);
+    free(buf);
+}
+
+const loom_attention_kernels loom_attention_kernels_cpu = {
+    .struct_size = sizeof(loom_attention_kernels),
+    .block_forward = attention_block_forward,
+    .block_backward = attention_block_backward,
+};
+
+void loom_attention_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, int B, int T, int NH, int HS)
+{
+    attention_block_forward(q, NULL, T, k, v, NULL, T, B, NH, HS, LOOM_F32, out, lse, 1);
+}
+
+void loom_attention_backward(float *dq, float *dk, float *dv, const float *q, const float *k,
+                             const float *v, const float *out, const float *dout,
+                             const float *lse, int B, int T, int NH, int HS)
+{
+    attention_block_backward(q, NULL, T, k, v, NULL, T, B, NH, HS, LOOM_F32, out, dout, lse, dq,
+                             dk, dv);
+}

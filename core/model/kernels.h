@@ -1,0 +1,91 @@
+/* loom core — the GPT-2 compute kernels, fp32 on the CPU (DESIGN §7):
+ * exactly the math of llm.c's train_gpt2.c, matrix products through
+ * OpenBLAS cblas_sgemm, the rest plain C the compiler vectorises.
+ *
+ * Conventions: N = B*T rows; activations row-major (N, C). Backward kernels
+ * ACCUMULATE (+=) into every gradient they write, as llm.c's do, so
+ * gradients from several consumers add up; callers zero them first. */
+#ifndef LOOM_KERNELS_H
+#define LOOM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/tensor.h"
+#include "loom/strategy.h"
+
+/* Single-threaded BLAS unless the run asks for more. */
+void loom_kernels_set_threads(int threads);
+
+/* out[b,t,:] = wte[inp[b,t],:] + wpe[pos[t],:]. pos NULL: pos[t] = t. */
+void loom_encoder_forward(float *out, const int *inp, const int *pos, const float *wte,
+                          const float *wpe, int B, int T, int C);
+void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
+                           const int *pos, int B, int T, int C);
+
+/* eps 1e-5; mean and rstd (N) are saved for backward. */
+void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C);
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+/* The two halves of loom_layernorm_backward, which is input then weight:
+ * same operations per element (split backward of zero-bubble pipelines). */
+void loom_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int N, int C);
+void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *mean, const float *rstd,
+                                    int N, int C);
+
+/* out (N, OC) = inp (N, C) · weight (OC, C)^T + bias (OC; may be NULL). */
+void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC);
+/* dinp += dout·weight; dweight += dout^T·inp; dbias += column sums of dout
+ * (dbias may be NULL; dinp may be NULL when not needed). It is
+ * loom_matmul_backward_input then _weight, so the halves called apart give
+ * the same bits. */
+void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC);
+void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+                                int OC);
+void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                                 const float *inp, int N, int C, int OC); /* dbias may be NULL */
+
+/* GELU, tanh approximation. */
+void loom_gelu_forward(float *out, const float *inp, int N);
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N);
+
+void loom_residual_forward(float *out, const float *a, const float *b, int N);
+void loom_residual_backward(float *da, float *db, const float *dout, int N);
+
+/* Softmax over the first V of Vp logits per row (the padding gets 0), the
+ * per-token losses, and the fused backward into dlogits (+=) with the
+ * padding's gradient left 0. */
+void loom_softmax_forward(float *probs, const float *logits, int N, int V, int Vp);
+void loom_crossentropy_forward(float *losses, const float *probs, const int *targets, int N,
+                               int Vp);
+void loom_crossentropy_softmax_backward(float *dlogits, const float *dlosses, const float *probs,
+                                        const int *targets, int N, int V, int Vp);
+
+/* Causal attention as blocks with an online softmax (see loom_attention_kernels
+ * in strategy.h): q, k, v, out (B, T, NH, HS) i.e. (B, T, C) with heads
+ * side by side; lse (B, NH, tq). Scale 1/sqrt(HS); key j is visible to query
+ * i when k_pos[j] <= q_pos[i]. block_forward with first_block = 1 overwrites
+ * out/lse; with 0 it merges the block into them. A row that sees no key in
+ * any block gets out = 0 and lse = -inf. block_backward accumulates into
+ * dq, dk, dv, given the final out and lse. dtype: f32, bf16 or f16 buffers
+ * (16-bit ones are computed in f32). */
+extern const loom_attention_kernels loom_attention_kernels_cpu;
+
+/* Whole-sequence causal attention in one call (one block, positions 0..T-1). */
+void loom_attention_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, int B, int T, int NH, int HS);
+void loom_attention_backward(float *dq, float *dk, float *dv, const float *q, const float *k,
+                             const float *v, const float *out, const float *dout,
+                             const float *lse, int B, int T, int NH, int HS);
+
+/* Array conversions for 16-bit storage (round to nearest even). */
+void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n);
+
+#endif

@@ -1,0 +1,1632 @@
+/* The GPT-2 model of DESIGN §7 as units, on the kernels of kernels.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/formats.h"
+#include "model/kernels.h"
+#include "model/model.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+
+/* The tensors of one block, in llm.c's order within the unit. */
+enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
+       BLOCK_TENSORS };
+
+/* A block's activations as fp32 views. In fp32 runs these point into the
+ * saved per-layer buffers; otherwise into one scratch set that each block
+ * borrows while it computes. */
+typedef struct block_acts {
+    float *x;                      /* block input (N, C) */
+    float *ln1, *mean1, *rstd1;    /* (N, C), (N), (N) */
+    float *q, *k, *v, *atty;       /* (N, C) each */
+    float *lse;                    /* (B, NH, T) */
+    float *res2;                   /* x + attention projection */
+    float *ln2, *mean2, *rstd2;
+    float *fch, *fch_gelu;         /* (N, 4C) */
+    float *out;                    /* res2 + MLP projection: the next block's input */
+} block_acts;
+
+/* What a layer keeps between forward and backward when not in fp32
+ * in-place mode: 16-bit copies of the (N, C)/(N, 4C) tensors, fp32 for the
+ * small per-row statistics. With recomputation only x. */
+typedef struct block_saved {
+    void *x, *ln1, *q, *k, *v, *atty, *res2, *ln2, *fch, *fch_gelu;
+    float *mean1, *rstd1, *mean2, *rstd2, *lse;
+} block_saved;
+
+/* The head's activations of one micro-batch. */
+typedef struct head_acts {
+    float *lnf, *meanf, *rstdf; /* (R, C), (R), (R) */
+    float *probs;               /* (N, Vl), kept fp32 for the loss */
+    float *losses;              /* (N) */
+} head_acts;
+
+/* What backward_input of one unit leaves for its backward_weight (the
+ * split backward of zero-bubble schedules), in one allocation. Blocks: the
+ * gradient at the output of each weight, after the tensor-parallel
+ * borders (the rows before them too for the row-parallel biases, tp > 1),
+ * and with recomputation the recomputed activations the weight gradients
+ * read. The head: the final LayerNorm's output gradient and dloss (its
+ * logits' gradient is computed again from the saved probabilities, the
+ * same bits). The embedding: its output's gradient. */
+typedef struct deferred {
+    void *mem; /* NULL: no split backward in flight */
+    float *dmlp_rows, *dmlp, *dfch, *dln2, *datt_rows, *datt, *dqkv, *dln1;
+    float *ln1, *ln2, *res2, *atty, *fch_gelu, *mean1, *rstd1, *mean2, *rstd2;
+    float *dlnf, dloss;
+    float *dresid;
+} deferred;
+
+/* Everything one micro-batch keeps from its forward to its backward, in
+ * one allocation of slot_bytes (ACTIVATIONS): the residual streams
+ * entering the units (stream[u], for u = 1..L+1 where this rank computes u
+ * or u-1; fp32 in place, else the storage dtype), the blocks' and the
+ * head's saved tensors, the tokens and targets. */
+typedef struct model_slot {
+    void *mem; /* NULL: not allocated */
+    unsigned char *cover; /* L+2: the units it holds of those the rank runs; NULL: all */
+    void **stream;       /* L+2 */
+    block_acts *acts;    /* L views (in place) */
+    block_saved *saved;  /* L (not in place) */
+    head_acts head;
+    int *tokens, *targets;
+    deferred *deferred;  /* L+2 */
+} model_slot;
+
+struct loom_model {
+    loom_model_setup s;
+    loom_model_layout lay;
+    int N, C, L, NH, V, Vp, maxT;
+    /* The parallel layout. T: positions held per sequence; R: rows of the
+     * residual regions (N, or N/tp with sequence parallelism), the first
+     * being row0 of the N; local widths: NHl heads of HS (Cq = NHl·HS of
+     * q, k and v), F of the MLP; wte rows [v0, v0+Vl), of which Vreal are
+     * real tokens (the rest padding). */
+    int tp, tp_rank, seqpar, T, R, row0;
+    int NHl, HS, Cq, F, Vl, v0, Vreal;
+    int scratch_grads;            /* gradients pass through fp32 scratch (16-bit or parallel) */
+    loom_unit *units;
+    loom_param_desc *descs;       /* all units' tensor views */
+    loom_param_shard *shards;     /* this rank's slice of each, parallel to descs */
+    size_t *full_offsets;         /* each tensor's place in the whole unit, parallel to descs */
+    size_t *full_numel;           /* per unit */
+    int inplace;                  /* fp32 without recomputation */
+    unsigned char *runs;          /* L+2: this rank computes the unit */
+
+    model_slot *slots;            /* nslots; the current one is slots[slot] */
+    int nslots, slot;
+    size_t slot_bytes;
+
+    /* shared by all slots */
+    block_acts scratch;           /* the borrowed fp32 set (not inplace) */
+    float *dlogits;               /* (N, Vl): the logits in forward, their gradient in backward */
+    float *rowstat;               /* (3N) the parallel loss's max, sum and target logit */
+    float *dresid, *dtmp_a, *dtmp_b, *dwide_a, *dwide_b; /* backward scratch */
+    float *gathered, *dfull, *dsmall; /* sequence parallelism's row-gathered and -scattered */
+    float *dlosses;
+
+    /* fp32 copies of 16-bit parameters/gradients while a unit computes */
+    float *param32, *grad32, *emb_param32, *emb_grad32;
+    loom_model_ops ops;
+    int *positions;               /* the global position of each of the T rows of a sequence */
+    block_acts scratch_own;       /* the scratch set as allocated (recomputation) */
+    int status;                   /* the first failure of a parallel op this pass */
+    void **allocations;
+    int nallocations, capallocations;
+};
+
+/* ---- buffers ---- */
+
+static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
+{
+    void *p = NULL;
+    if (loom_mem_alloc(LOOM_TIER_HOST, purpose, bytes ? bytes : 1, &p) != LOOM_OK)
+        return NULL;
+    if (m->nallocations == m->capallocations) {
+        int cap = m->capallocations ? 2 * m->capallocations : 64;
+        void **grown = realloc(m->allocations, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            loom_mem_free(p);
+            return NULL;
+        }
+        m->allocations = grown;
+        m->capallocations = cap;
+    }
+    m->allocations[m->nallocations++] = p;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static float *f32(loom_model *m, size_t n) { return model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, n * 4); }
+
+static int alloc_block_f32(loom_model *m, block_acts *a, int with_x)
+{
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
+    if (with_x)
+        a->x = f32(m, R * C);
+    a->ln1 = f32(m, R * C);
+    a->mean1 = f32(m, R);
+    a->rstd1 = f32(m, R);
+    a->q = f32(m, N * Cq);
+    a->k = f32(m, N * Cq);
+    a->v = f32(m, N * Cq);
+    a->atty = f32(m, N * Cq);
+    a->lse = f32(m, (size_t)m->s.batch * m->NHl * m->T);
+    a->res2 = f32(m, R * C);
+    a->ln2 = f32(m, R * C);
+    a->mean2 = f32(m, R);
+    a->rstd2 = f32(m, R);
+    a->fch = f32(m, N * F);
+    a->fch_gelu = f32(m, N * F);
+    return a->ln1 && a->mean1 && a->rstd1 && a->q && a->k && a->v && a->atty && a->lse &&
+           a->res2 && a->ln2 && a->mean2 && a->rstd2 && a->fch && a->fch_gelu &&
+           (!with_x || a->x);
+}
+
+/* ---- slots: one allocation each, carved into buffers ---- */
+
+/* Every buffer of a slot or a deferred set starts on a cache line: its
+ * bytes are rounded up to BUFFER_ALIGN (model.h promises this rule). A
+ * carver without a base only counts. */
+enum { BUFFER_ALIGN = 64 };
+typedef struct carver {
+    char *base;
+    size_t used;
+} carver;
+
+static void *carve(carver *c, size_t bytes)
+{
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN;
+    return p;
+}
+
+static float *carve_f32(carver *c, size_t n) { return carve(c, n * sizeof(float)); }
+
+static void *carve_stored(const loom_model *m, carver *c, size_t n)
+{
+    return carve(c, n * loom_dtype_size(m->s.dtype));
+}
+
+/* Whether a slot holds unit u's activations: the rank runs u and the slot
+ * was made for it (a pipeline's virtual stages each take their own). */
+static int covers(const loom_model *m, const model_slot *s, int u)
+{
+    return m->runs[u] && (!s->cover || s->cover[u]);
+}
+
+/* The residual stream entering unit u, held where the slot holds u or the
+ * unit u-1 that produces it. */
+static int holds_stream(const loom_model *m, const model_slot *s, int u)
+{
+    return u >= 1 && u <= m->L + 1 && (covers(m, s, u) || covers(m, s, u - 1));
+}
+
+static void layout_slot(const loom_model *m, carver *c, model_slot *s)
+{
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F, RC = R * C;
+    size_t lse = (size_t)m->s.batch * m->NHl * m->T;
+    int L = m->L;
+    for (int u = 1; u <= L + 1; u++)
+        s->stream[u] = !holds_stream(m, s, u) ? NULL : m->inplace ? (void *)carve_f32(c, RC)
+                                                              : carve_stored(m, c, RC);
+    for (int l = 0; l < L; l++) {
+        if (!covers(m, s, 1 + l))
+            continue;
+        if (m->inplace) {
+            block_acts *a = &s->acts[l];
+            a->x = s->stream[l + 1];
+            a->out = s->stream[l + 2];
+            a->ln1 = carve_f32(c, RC);
+            a->mean1 = carve_f32(c, R);
+            a->rstd1 = carve_f32(c, R);
+            a->q = carve_f32(c, N * Cq);
+            a->k = carve_f32(c, N * Cq);
+            a->v = carve_f32(c, N * Cq);
+            a->atty = carve_f32(c, N * Cq);
+            a->lse = carve_f32(c, lse);
+            a->res2 = carve_f32(c, RC);
+            a->ln2 = carve_f32(c, RC);
+            a->mean2 = carve_f32(c, R);
+            a->rstd2 = carve_f32(c, R);
+            a->fch = carve_f32(c, N * F);
+            a->fch_gelu = carve_f32(c, N * F);
+            continue;
+        }
+        block_saved *sv = &s->saved[l];
+        sv->x = s->stream[l + 1];
+        if (m->s.recompute)
+            continue;
+        sv->ln1 = carve_stored(m, c, RC);
+        sv->q = carve_stored(m, c, N * Cq);
+        sv->k = carve_stored(m, c, N * Cq);
+        sv->v = carve_stored(m, c, N * Cq);
+        sv->atty = carve_stored(m, c, N * Cq);
+        sv->res2 = carve_stored(m, c, RC);
+        sv->ln2 = carve_stored(m, c, RC);
+        sv->fch = carve_stored(m, c, N * F);
+        sv->fch_gelu = carve_stored(m, c, N * F);
+        sv->mean1 = carve_f32(c, R);
+        sv->rstd1 = carve_f32(c, R);
+        sv->mean2 = carve_f32(c, R);
+        sv->rstd2 = carve_f32(c, R);
+        sv->lse = carve_f32(c, lse);
+    }
+    if (covers(m, s, L + 1)) {
+        head_acts *h = &s->head;
+        h->lnf = carve_f32(c, RC);
+        h->meanf = carve_f32(c, R);
+        h->rstdf = carve_f32(c, R);
+        h->probs = carve_f32(c, N * (size_t)m->Vl);
+        h->losses = carve_f32(c, N);
+        s->targets = carve(c, N * sizeof(int));
+    }
+    if (covers(m, s, 0))
+        s->tokens = carve(c, N * sizeof(int));
+}
+
+static void layout_deferred(const loom_model *m, carver *c, deferred *d, int unit)
+{
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, RC = R * C;
+    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
+    if (unit == 0) {
+        d->dresid = carve_f32(c, RC);
+        return;
+    }
+    if (unit == m->L + 1) {
+        d->dlnf = carve_f32(c, RC);
+        return;
+    }
+    if (m->tp > 1) {
+        d->dmlp_rows = carve_f32(c, RC);
+        d->datt_rows = carve_f32(c, RC);
+    }
+    d->dmlp = carve_f32(c, N * C);
+    d->dfch = carve_f32(c, N * F);
+    d->dln2 = carve_f32(c, RC);
+    d->datt = carve_f32(c, N * C);
+    d->dqkv = carve_f32(c, 3 * N * Cq);
+    d->dln1 = carve_f32(c, RC);
+    if (!m->s.recompute)
+        return;
+    d->ln1 = carve_f32(c, RC);
+    d->ln2 = carve_f32(c, RC);
+    d->res2 = carve_f32(c, RC);
+    d->atty = carve_f32(c, N * Cq);
+    d->fch_gelu = carve_f32(c, N * F);
+    d->mean1 = carve_f32(c, R);
+    d->rstd1 = carve_f32(c, R);
+    d->mean2 = carve_f32(c, R);
+    d->rstd2 = carve_f32(c, R);
+}
+
+static void free_slot(loom_model *m, model_slot *s)
+{
+    for (int u = 0; s->deferred && u <= m->L + 1; u++)
+        loom_mem_free(s->deferred[u].mem);
+    loom_mem_free(s->mem);
+    free(s->stream);
+    free(s->acts);
+    free(s->saved);
+    free(s->deferred);
+    free(s->cover);
+    memset(s, 0, sizeof *s);
+}
+
+static int alloc_slot(loom_model *m, model_slot *s, const unsigned char *cover)
+{
+    size_t units = (size_t)m->L + 2;
+    s->stream = calloc(units, sizeof *s->stream);
+    s->acts = calloc(units, sizeof *s->acts);
+    s->saved = calloc(units, sizeof *s->saved);
+    s->deferred = calloc(units, sizeof *s->deferred);
+    if (cover && (s->cover = malloc(units)) != NULL)
+        memcpy(s->cover, cover, units);
+    if (!s->stream || !s->acts || !s->saved || !s->deferred || (cover && !s->cover)) {
+        free_slot(m, s);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    }
+    carver c = {NULL, 0};
+    layout_slot(m, &c, s);
+    int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used ? c.used : 1, &s->mem);
+    if (rc != LOOM_OK) {
+        free_slot(m, s);
+        return loom_fail(rc, "model: cannot allocate a micro-batch's activations (%zu bytes); "
+                         "fewer micro-batches alive at once, or a smaller micro-batch, fit",
+                         c.used);
+    }
+    if (!cover)
+        m->slot_bytes = c.used;
+    carver real = {s->mem, 0};
+    layout_slot(m, &real, s);
+    return LOOM_OK;
+}
+
+/* ---- units and their tensors ---- */
+
+static void set_desc(loom_param_desc *d, const char *name, size_t *offset, int ndim, int64_t d0,
+                     int64_t d1, loom_split split, int parts)
+{
+    d->name = name;
+    d->offset = *offset;
+    d->ndim = ndim;
+    d->shape[0] = d->local_shape[0] = d0;
+    d->shape[1] = d->local_shape[1] = ndim > 1 ? d1 : 0;
+    d->count = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+    d->split = split;
+    d->split_parts = parts;
+    *offset += d->count;
+}
+
+static const char *const block_names[BLOCK_TENSORS] = {
+    "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
+
+/* The length of a tensor's split dim, per part. */
+static int64_t split_length(const loom_param_desc *d)
+{
+    if (d->split == LOOM_SPLIT_COLUMNS)
+        return d->shape[d->ndim - 1];
+    return d->shape[0] / (d->split_parts > 1 ? d->split_parts : 1);
+}
+
+/* This rank's slice of one tensor: the tensor strategy's, else even. */
+static int shard_tensor(loom_model *m, const loom_param_desc *d, loom_param_shard *sh)
+{
+    int64_t len = split_length(d);
+    sh->begin = 0;
+    sh->count = len;
+    if (m->tp == 1 || d->split == LOOM_SPLIT_REPLICATED)
+        return LOOM_OK;
+    if (m->lay.tensor_shard) {
+        int rc = m->lay.tensor_shard(m->lay.shard_ctx, d, sh);
+        if (rc != LOOM_OK)
+            return rc;
+    } else {
+        if (len % m->tp != 0)
+            return loom_fail(LOOM_ERR_INVALID, "model: %s's split dim of %lld does not divide by "
+                             "%d tensor ranks", d->name, (long long)len, m->tp);
+        sh->count = len / m->tp;
+        sh->begin = sh->count * m->tp_rank;
+    }
+    if (sh->begin < 0 || sh->count <= 0 || sh->begin + sh->count > len)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy gave %s the slice %lld+%lld of %lld; "
+                         "a slice must be non-empty and inside the split dim",
+                         d->name, (long long)sh->begin, (long long)sh->count, (long long)len);
+    return LOOM_OK;
+}
+
+/* Local shapes and offsets from the shards; the whole unit's offsets kept. */
+static int localise_unit(loom_model *m, loom_unit *u, loom_param_shard *shards,
+                         size_t *full_offsets, size_t *full_numel)
+{
+    loom_param_desc *d = (loom_param_desc *)(uintptr_t)u->tensors;
+    size_t off = 0;
+    for (int i = 0; i < u->ntensors; i++) {
+        full_offsets[i] = d[i].offset;
+        int rc = shard_tensor(m, &d[i], &shards[i]);
+        if (rc != LOOM_OK)
+            return rc;
+        int parts = d[i].split_parts > 1 ? d[i].split_parts : 1;
+        if (d[i].split == LOOM_SPLIT_ROWS)
+            d[i].local_shape[0] = shards[i].count * parts;
+        else if (d[i].split == LOOM_SPLIT_COLUMNS)
+            d[i].local_shape[d[i].ndim - 1] = shards[i].count;
+        d[i].count = (size_t)d[i].local_shape[0] * (size_t)(d[i].ndim > 1 ? d[i].local_shape[1] : 1);
+        d[i].offset = off;
+        off += d[i].count;
+    }
+    *full_numel = u->numel;
+    u->numel = off;
+    return LOOM_OK;
+}
+
+static int same_shard(const loom_param_shard *a, const loom_param_shard *b)
+{
+    return a->begin == b->begin && a->count == b->count;
+}
+
+/* The model computes with the slices, so they must fit together: q, k and
+ * v whole heads, the row-parallel inputs the column-parallel outputs. */
+static int check_block_shards(const loom_model *m, const loom_param_shard *sh)
+{
+    const char *bad = NULL;
+    if (!same_shard(&sh[QKVW], &sh[QKVB]) || !same_shard(&sh[QKVW], &sh[ATTPROJW]))
+        bad = "qkvw, qkvb and attprojw's columns";
+    else if (!same_shard(&sh[FCW], &sh[FCB]) || !same_shard(&sh[FCW], &sh[FCPROJW]))
+        bad = "fcw, fcb and fcprojw's columns";
+    if (bad)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy split %s differently; they must match", bad);
+    int HS = m->C / m->NH;
+    if (sh[QKVW].begin % HS || sh[QKVW].count % HS)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: the tensor strategy split qkvw at %lld+%lld, not on whole heads "
+                         "of %d channels", (long long)sh[QKVW].begin, (long long)sh[QKVW].count, HS);
+    return LOOM_OK;
+}
+
+static int build_units(loom_model *m)
+{
+    int L = m->L, C = m->C;
+    int nunits = L + 2;
+    int ndescs = 2 + L * BLOCK_TENSORS + 2;
+    m->units = calloc((size_t)nunits, sizeof *m->units);
+    m->descs = calloc((size_t)ndescs, sizeof *m->descs);
+    m->shards = calloc((size_t)ndescs, sizeof *m->shards);
+    m->full_offsets = calloc((size_t)ndescs, sizeof *m->full_offsets);
+    m->full_numel = calloc((size_t)nunits, sizeof *m->full_numel);
+    if (!m->units || !m->descs || !m->shards || !m->full_offsets || !m->full_numel)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    loom_param_desc *d = m->descs;
+
+    loom_unit *u = &m->units[0];
+    size_t off = 0;
+    u->index = 0;
+    u->kind = LOOM_UNIT_EMBEDDING;
+    u->name = "embedding";
+    u->tensors = d;
+    set_desc(d++, "wte", &off, 2, m->Vp, C, LOOM_SPLIT_ROWS, 1);
+    set_desc(d++, "wpe", &off, 2, m->maxT, C, LOOM_SPLIT_REPLICATED, 1);
+    u->ntensors = 2;
+    u->numel = off;
+
+    static const int rows[BLOCK_TENSORS][2] = {{1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
+                                               {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0}};
+    static const loom_split splits[BLOCK_TENSORS] = {
+        LOOM_SPLIT_REPLICATED, LOOM_SPLIT_REPLICATED, LOOM_SPLIT_ROWS,    LOOM_SPLIT_ROWS,
+        LOOM_SPLIT_COLUMNS,    LOOM_SPLIT_REPLICATED, LOOM_SPLIT_REPLICATED, LOOM_SPLIT_REPLICATED,
+        LOOM_SPLIT_ROWS,       LOOM_SPLIT_ROWS,       LOOM_SPLIT_COLUMNS, LOOM_SPLIT_REPLICATED};
+    for (int l = 0; l < L; l++) {
+        u = &m->units[1 + l];
+        u->index = 1 + l;
+        u->kind = LOOM_UNIT_BLOCK;
+        u->name = "block";
+        u->tensors = d;
+        off = 0;
+        for (int t = 0; t < BLOCK_TENSORS; t++) {
+            int64_t d0 = (int64_t)rows[t][0] * C;
+            int matrix = rows[t][1] != 0;
+            set_desc(d++, block_names[t], &off, matrix ? 2 : 1, d0, (int64_t)rows[t][1] * C,
+                     splits[t], t == QKVW || t == QKVB ? 3 : 1);
+        }
+        u->ntensors = BLOCK_TENSORS;
+        u->numel = off;
+    }
+    u = &m->units[L + 1];
+    u->index = L + 1;
+    u->kind = LOOM_UNIT_HEAD;
+    u->name = "head";
+    u->tensors = d;
+    off = 0;
+    set_desc(d++, "lnfw", &off, 1, C, 0, LOOM_SPLIT_REPLICATED, 1);
+    set_desc(d++, "lnfb", &off, 1, C, 0, LOOM_SPLIT_REPLICATED, 1);
+    u->ntensors = 2;
+    u->numel = off;
+
+    size_t first = 0;
+    for (int i = 0; i < nunits; i++) {
+        m->units[i].compute_dtype = m->s.dtype;
+        int rc = localise_unit(m, &m->units[i], m->shards + first, m->full_offsets + first,
+                               &m->full_numel[i]);
+        if (rc == LOOM_OK && m->units[i].kind == LOOM_UNIT_BLOCK)
+            rc = check_block_shards(m, m->shards + first);
+        if (rc != LOOM_OK)
+            return rc;
+        first += (size_t)m->units[i].ntensors;
+    }
+    /* the widths this rank computes with */
+    const loom_param_shard *wte = &m->shards[0];
+    m->v0 = (int)wte->begin;
+    m->Vl = (int)wte->count;
+    m->Vreal = m->V - m->v0 < 0 ? 0 : m->V - m->v0 > m->Vl ? m->Vl : m->V - m->v0;
+    m->HS = C / m->NH;
+    m->Cq = L > 0 ? (int)m->shards[2 + QKVW].count : C;
+    m->F = L > 0 ? (int)m->shards[2 + FCW].count : 4 * C;
+    m->NHl = m->Cq / m->HS;
+    for (int l = 1; l < L; l++) {
+        const loom_param_shard *sh = m->shards + 2 + (size_t)l * BLOCK_TENSORS;
+        if (!same_shard(&sh[QKVW], &m->shards[2 + QKVW]) || !same_shard(&sh[FCW], &m->shards[2 + FCW]))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "model: the tensor strategy split block %d unlike block 0; every "
+                             "block must be split the same way", l);
+    }
+    return LOOM_OK;
+}
+
+int loom_model_create(const loom_model_setup *setup, loom_model **out)
+{
+    return loom_model_create_parallel(setup, NULL, out);
+}
+
+int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
+                               loom_model **out)
+{
+    const loom_gpt2_shape *sh = &setup->shape;
+    loom_model_layout single;
+    memset(&single, 0, sizeof single);
+    const loom_model_layout *lay = layout ? layout : &single;
+    if (setup->dtype != LOOM_F32 && setup->dtype != LOOM_BF16 && setup->dtype != LOOM_F16)
+        return loom_fail(LOOM_ERR_INVALID, "model: compute dtype must be f32, bf16 or f16");
+    if (sh->channels % sh->heads != 0)
+        return loom_fail(LOOM_ERR_INVALID, "model: channels %d do not divide by heads %d",
+                         sh->channels, sh->heads);
+    if (setup->seq > sh->max_seq)
+        return loom_fail(LOOM_ERR_INVALID, "model: train.seq %d exceeds model.max_seq %d",
+                         setup->seq, sh->max_seq);
+    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
+    int T = lay->positions ? lay->npositions : setup->seq;
+    if (lay->tp_rank < 0 || lay->tp_rank >= tp)
+        return loom_fail(LOOM_ERR_INVALID, "model: tp rank %d outside 0..%d", lay->tp_rank,
+                         tp - 1);
+    if (T <= 0 || T > setup->seq)
+        return loom_fail(LOOM_ERR_INVALID, "model: %d positions per sequence of %d", T,
+                         setup->seq);
+    for (int i = 0; lay->positions && i < T; i++)
+        if (lay->positions[i] < 0 || lay->positions[i] >= setup->seq)
+            return loom_fail(LOOM_ERR_INVALID, "model: position %d outside the sequence of %d",
+                             lay->positions[i], setup->seq);
+    if (tp > 1 && lay->sequence_parallel && (setup->batch * T) % tp != 0)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: sequence parallelism splits the %d token rows of a micro-batch "
+                         "(%d sequences x %d positions) %d ways, which does not divide",
+                         setup->batch * T, setup->batch, T, tp);
+    loom_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    m->s = *setup;
+    m->lay = *lay;
+    m->tp = tp;
+    m->tp_rank = lay->tp_rank;
+    m->seqpar = tp > 1 && lay->sequence_parallel;
+    m->T = T;
+    m->N = setup->batch * T;
+    m->R = m->seqpar ? m->N / tp : m->N;
+    m->row0 = m->seqpar ? m->tp_rank * m->R : 0;
+    m->C = sh->channels;
+    m->L = sh->layers;
+    m->NH = sh->heads;
+    m->V = sh->vocab;
+    m->Vp = sh->padded_vocab;
+    m->maxT = sh->max_seq;
+    m->inplace = setup->dtype == LOOM_F32 && !setup->recompute;
+    m->scratch_grads = setup->dtype != LOOM_F32 || tp > 1 || lay->sp_size > 1;
+    int rc = build_units(m);
+    if (rc != LOOM_OK) {
+        loom_model_destroy(m);
+        return rc;
+    }
+    int nunits = m->L + 2, nrun = 0;
+    if (!(m->runs = malloc((size_t)nunits))) {
+        loom_model_destroy(m);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    }
+    for (int u = 0; u < nunits; u++)
+        nrun += m->runs[u] = !lay->runs_unit || lay->runs_unit[u];
+    if (nrun == 0) {
+        loom_model_destroy(m);
+        return loom_fail(LOOM_ERR_INVALID, "model: layout.runs_unit names none of the %d units; a rank "
+                         "computes at least one", nunits);
+    }
+
+    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, L = (size_t)m->L;
+    size_t F = (size_t)m->F, wide = 3 * (size_t)m->Cq > F ? 3 * (size_t)m->Cq : F;
+    int blocks = 0, embedding = m->runs[0], head = m->runs[L + 1];
+    for (size_t u = 1; u <= L; u++)
+        blocks |= m->runs[u];
+    /* What every slot shares: the fp32 scratch set that 16-bit and
+     * recomputing blocks borrow, and the backward's scratch. */
+    int ok = 1;
+    if (!m->inplace) {
+        if (blocks)
+            ok = alloc_block_f32(m, &m->scratch, 1);
+        if (ok && (blocks || embedding))
+            ok = (m->scratch.out = f32(m, R * C)) != NULL;
+        m->scratch_own = m->scratch;
+    }
+    ok = ok && (m->dresid = f32(m, R * C)) && (m->dtmp_a = f32(m, N * C)) &&
+         (m->dtmp_b = f32(m, N * C));
+    if (ok && blocks)
+        ok = (m->dwide_a = f32(m, N * wide)) && (m->dwide_b = f32(m, N * F));
+    if (ok && head)
+        ok = (m->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dlosses = f32(m, N));
+    if (ok && head && tp > 1)
+        ok = (m->rowstat = f32(m, 3 * N)) != NULL;
+    if (ok && m->seqpar)
+        ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
+             (m->dsmall = f32(m, R * C));
+    if (ok) {
+        m->positions = calloc((size_t)T, sizeof *m->positions);
+        ok = m->positions != NULL;
+        for (int t = 0; ok && t < T; t++)
+            m->positions[t] = lay->positions ? lay->positions[t] : t;
+    }
+    if (ok && m->scratch_grads) {
+        /* the head reads unit 0's wte, so it needs the embedding's copies too */
+        size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
+                                                                   : m->units[L + 1].numel;
+        size_t emb = m->units[0].numel;
+        if (setup->dtype != LOOM_F32) {
+            if (blocks || head)
+                ok = (m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4)) != NULL;
+            if (ok && (embedding || head))
+                ok = (m->emb_param32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
+        }
+        if (ok && (blocks || head))
+            ok = (m->grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4)) != NULL;
+        if (ok && (embedding || head))
+            ok = (m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
+    }
+    if (!ok) {
+        loom_model_destroy(m);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate activations for B=%d T=%d",
+                         setup->batch, setup->seq);
+    }
+    /* slot 0 from the start: callers that never name a slot use it */
+    if ((rc = loom_model_use_slot(m, 0)) != LOOM_OK) {
+        loom_model_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return LOOM_OK;
+}
+
+void loom_model_destroy(loom_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->nallocations; i++)
+        loom_mem_free(m->allocations[i]);
+    m->nallocations = 0;
+    free(m->allocations);
+    free(m->units);
+    free(m->descs);
+    free(m->shards);
+    free(m->full_offsets);
+    free(m->full_numel);
+    for (int i = 0; i < m->nslots; i++)
+        free_slot(m, &m->slots[i]);
+    free(m->slots);
+    free(m->runs);
+    free(m->positions);
+    free(m);
+}
+
+loom_unit *loom_model_units(loom_model *m, int *count)
+{
+    *count = m->L + 2;
+    return m->units;
+}
+
+/* ---- llm.c's order <-> units ---- */
+
+/* The first desc of a unit, for the per-desc arrays. */
+static size_t first_desc(const loom_model *m, int unit)
+{
+    return (size_t)(m->units[unit].tensors - m->descs);
+}
+
+size_t loom_model_full_numel(const loom_model *m, int unit) { return m->full_numel[unit]; }
+
+const loom_param_shard *loom_model_shards(const loom_model *m, int unit)
+{
+    return m->shards + first_desc(m, unit);
+}
+
+/* One tensor between its whole layout and a slice (to_local: whole ->
+ * slice). Rows of a part are contiguous; columns are strided. */
+static void copy_slice(const loom_param_desc *d, const loom_param_shard *sh, float *whole,
+                       float *local, int to_local)
+{
+    int64_t d0 = d->shape[0], d1 = d->ndim > 1 ? d->shape[1] : 1;
+    if (d->split == LOOM_SPLIT_ROWS) {
+        int parts = d->split_parts > 1 ? d->split_parts : 1;
+        int64_t per = d0 / parts;
+        for (int p = 0; p < parts; p++) {
+            float *w = whole + (size_t)(p * per + sh->begin) * (size_t)d1;
+            float *l = local + (size_t)(p * sh->count) * (size_t)d1;
+            size_t bytes = (size_t)(sh->count * d1) * sizeof(float);
+            memcpy(to_local ? l : w, to_local ? w : l, bytes);
+        }
+    } else if (d->split == LOOM_SPLIT_COLUMNS) {
+        for (int64_t r = 0; r < d0; r++) {
+            float *w = whole + (size_t)(r * d1 + sh->begin);
+            float *l = local + (size_t)(r * sh->count);
+            size_t bytes = (size_t)sh->count * sizeof(float);
+            memcpy(to_local ? l : w, to_local ? w : l, bytes);
+        }
+    } else {
+        size_t bytes = (size_t)(d0 * d1) * sizeof(float);
+        memcpy(to_local ? local : whole, to_local ? whole : local, bytes);
+    }
+}
+
+void loom_model_slice(const loom_model *m, int unit, const float *full, float *local)
+{
+    const loom_unit *u = &m->units[unit];
+    size_t first = first_desc(m, unit);
+    for (int i = 0; i < u->ntensors; i++)
+        copy_slice(&u->tensors[i], &m->shards[first + i],
+                   (float *)(uintptr_t)full + m->full_offsets[first + i],
+                   local + u->tensors[i].offset, 1);
+}
+
+void loom_model_unslice(const loom_model *m, int unit, const loom_param_shard *shards,
+                        const float *local, float *full)
+{
+    const loom_unit *u = &m->units[unit];
+    size_t first = first_desc(m, unit);
+    for (int i = 0; i < u->ntensors; i++)
+        copy_slice(&u->tensors[i], &shards[i], full + m->full_offsets[first + i],
+                   (float *)(uintptr_t)local + u->tensors[i].offset, 0);
+}
+
+/* Walk every tensor of llm.c's order with its place in the whole units. */
+static void map_params(const loom_model *m, float *const *unit_params, float *llmc, int to_units)
+{
+    loom_gpt2_shape sh = m->s.shape;
+    size_t sizes[LOOM_GPT2_TENSORS];
+    loom_gpt2_tensor_sizes(&sh, sizes);
+    size_t pos = 0;
+    for (int t = 0; t < LOOM_GPT2_TENSORS; t++) {
+        /* 0 wte, 1 wpe: unit 0; 2..13: per layer; 14, 15: head */
+        int per_layer = t >= 2 && t < 14;
+        int layers = per_layer ? m->L : 1;
+        size_t n = sizes[t] / (size_t)layers;
+        for (int l = 0; l < layers; l++) {
+            int unit = t < 2 ? 0 : per_layer ? 1 + l : m->L + 1;
+            int local = t < 2 ? t : per_layer ? t - 2 : t - 14;
+            float *dst = unit_params[unit] + m->full_offsets[first_desc(m, unit) + (size_t)local];
+            if (to_units)
+                memcpy(dst, llmc + pos, n * sizeof(float));
+            else
+                memcpy(llmc + pos, dst, n * sizeof(float));
+            pos += n;
+        }
+    }
+}
+
+void loom_model_split_params(const loom_model *m, const float *llmc, float *const *unit_params)
+{
+    map_params(m, unit_params, (float *)(uintptr_t)llmc, 1);
+}
+
+void loom_model_join_params(const loom_model *m, float *const *unit_params, float *llmc)
+{
+    map_params(m, unit_params, llmc, 0);
+}
+
+/* ---- precision plumbing ---- */
+
+static const float *unit_params32(loom_model *m, int unit)
+{
+    loom_unit *u = &m->units[unit];
+    if (m->s.dtype == LOOM_F32)
+        return u->params;
+    float *dst = unit == 0 ? m->emb_param32 : m->param32;
+    loom_convert(dst, LOOM_F32, u->params, m->s.dtype, u->numel);
+    return dst;
+}
+
+/* Where a unit's backward accumulates fp32 gradients: straight into its
+ * buffer in single-rank fp32 runs, else a zeroed scratch that commit_grads
+ * reduces over the parallel groups and adds into the unit's buffer. The
+ * embedding's scratch stays open from the head's backward (tied wte)
+ * until its own. */
+static float *unit_grads32(loom_model *m, int unit)
+{
+    loom_unit *u = &m->units[unit];
+    if (!m->scratch_grads)
+        return u->grads;
+    return unit == 0 ? m->emb_grad32 : m->grad32;
+}
+
+static void record(loom_model *m, int rc)
+{
+    if (rc != LOOM_OK && m->status == LOOM_OK)
+        m->status = rc;
+}
+
+static void commit_grads(loom_model *m, int unit)
+{
+    loom_unit *u = &m->units[unit];
+    if (!m->scratch_grads)
+        return;
+    float *g32 = unit == 0 ? m->emb_grad32 : m->grad32;
+    size_t n = u->numel;
+    if (m->ops.reduce_grads)
+        record(m, m->ops.reduce_grads(m->ops.ctx, u, g32));
+    if (m->s.dtype == LOOM_F32) {
+        float *g = u->grads;
+        for (size_t i = 0; i < n; i++)
+            g[i] += g32[i];
+    } else if (m->s.dtype == LOOM_BF16) {
+        uint16_t *g = u->grads;
+        for (size_t i = 0; i < n; i++)
+            g[i] = loom_f32_to_bf16(loom_bf16_to_f32(g[i]) + g32[i]);
+    } else {
+        uint16_t *g = u->grads;
+        for (size_t i = 0; i < n; i++)
+            g[i] = loom_f32_to_f16(loom_f16_to_f32(g[i]) + g32[i]);
+    }
+    memset(g32, 0, n * sizeof(float));
+}
+
+static void to_stored(loom_model *m, void *dst, const float *src, size_t n)
+{
+    loom_convert(dst, m->s.dtype, src, LOOM_F32, n);
+}
+
+static void from_stored(loom_model *m, float *dst, const void *src, size_t n)
+{
+    loom_convert(dst, LOOM_F32, src, m->s.dtype, n);
+}
+
+/* ---- blocks ---- */
+
+static const float *tensor(const loom_model *m, int unit, const float *base, int t)
+{
+    return base + m->units[unit].tensors[t].offset;
+}
+
+static float *gtensor(const loom_model *m, int unit, float *base, int t)
+{
+    return base + m->units[unit].tensors[t].offset;
+}
+
+void loom_model_set_ops(loom_model *m, const loom_model_ops *ops) { m->ops = *ops; }
+
+/* The attention op: the sequence strategy's if installed, else the CPU
+ * kernels over this rank's positions. Forward when dout is NULL. */
+static void attention(loom_model *m, block_acts *a, const float *dout, float *dq, float *dk,
+                      float *dv)
+{
+    int B = m->s.batch, T = m->T, NH = m->NHl, HS = m->HS;
+    loom_attention at = {B, T, NH, HS, LOOM_F32, m->positions, a->q, a->k, a->v, a->atty,
+                         a->lse, dout, dq, dk, dv, &loom_attention_kernels_cpu};
+    if (!dout && m->ops.attention_forward)
+        record(m, m->ops.attention_forward(m->ops.ctx, &at));
+    else if (dout && m->ops.attention_backward)
+        record(m, m->ops.attention_backward(m->ops.ctx, &at));
+    else if (!dout)
+        loom_attention_kernels_cpu.block_forward(a->q, m->positions, T, a->k, a->v, m->positions,
+                                                 T, B, NH, HS, LOOM_F32, a->atty, a->lse, 1);
+    else
+        loom_attention_kernels_cpu.block_backward(a->q, m->positions, T, a->k, a->v,
+                                                  m->positions, T, B, NH, HS, LOOM_F32, a->atty,
+                                                  dout, a->lse, dq, dk, dv);
+}
+
+/* A (rows, cols) fp32 view for the border hooks. */
+static loom_tensor view(float *data, int rows, int cols)
+{
+    loom_tensor t = {data, LOOM_F32, LOOM_MEM_HOST, 2, {rows, cols}, {cols, 1}};
+    return t;
+}
+
+/* Megatron's f and g and their conjugates. Without sequence parallelism
+ * both sides hold the same N rows and the hook works in place (the
+ * default is the identity, which a single tensor rank needs); with it, one
+ * side holds this rank's R rows and the other all N, in separate buffers.
+ * Returns where the result is. */
+typedef int (*border_fn)(void *, loom_region, const loom_tensor *, loom_tensor *);
+static float *border(loom_model *m, border_fn fn, loom_region region, float *in, int in_rows,
+                     float *out, int out_rows, int cols)
+{
+    if (!m->seqpar)
+        out = in;
+    if (!fn) {
+        if (out != in) /* no tensor strategy: this rank's rows are all there are */
+            memcpy(out, in, (size_t)(in_rows < out_rows ? in_rows : out_rows) * cols * sizeof(float));
+        return out;
+    }
+    loom_tensor x = view(in, in_rows, cols), y = view(out, m->seqpar ? out_rows : in_rows, cols);
+    record(m, fn(m->ops.ctx, region, &x, &y));
+    return out;
+}
+
+/* f in forward (and again in backward, for the weight gradients, where
+ * sequence parallelism keeps only this rank's rows): a region's input. */
+static float *region_in(loom_model *m, loom_region region, float *x)
+{
+    return border(m, m->ops.region_enter, region, x, m->R, m->gathered, m->N, m->C);
+}
+
+/* g in forward: the partial sums (N, C) -> this rank's rows of the result. */
+static float *region_out(loom_model *m, loom_region region, float *partial, float *out)
+{
+    return border(m, m->ops.region_exit, region, partial, m->N, out, m->R, m->C);
+}
+
+/* Row-parallel biases are added once, after g. */
+static void add_bias(float *x, const float *bias, int rows, int C)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+            x[(size_t)r * C + c] += bias[c];
+}
+
+static void bias_grad(float *dbias, const float *dout, int rows, int C)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+            dbias[c] += dout[(size_t)r * C + c];
+}
+
+/* a->x holds the input; fills every activation and a->out. */
+static void block_forward(loom_model *m, int unit, const float *p, block_acts *a)
+{
+    int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
+    size_t CqC = (size_t)Cq * C;
+    int split = m->tp > 1; /* row-parallel biases go after the border */
+    const float *qkvw = tensor(m, unit, p, QKVW), *qkvb = tensor(m, unit, p, QKVB);
+    const float *attprojb = tensor(m, unit, p, ATTPROJB), *fcprojb = tensor(m, unit, p, FCPROJB);
+    loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x, tensor(m, unit, p, LN1W),
+                           tensor(m, unit, p, LN1B), R, C);
+    const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
+    /* QKV as three products so q, k and v land contiguous, heads side by side */
+    loom_matmul_forward(a->q, in, qkvw, qkvb, N, C, Cq);
+    loom_matmul_forward(a->k, in, qkvw + CqC, qkvb + Cq, N, C, Cq);
+    loom_matmul_forward(a->v, in, qkvw + 2 * CqC, qkvb + 2 * Cq, N, C, Cq);
+    attention(m, a, NULL, NULL, NULL, NULL);
+    float *proj = m->dtmp_a; /* free during forward, as is dtmp_b */
+    loom_matmul_forward(proj, a->atty, tensor(m, unit, p, ATTPROJW), split ? NULL : attprojb, N,
+                        Cq, C);
+    float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
+    if (split)
+        add_bias(y, attprojb, R, C);
+    loom_residual_forward(a->res2, a->x, y, R * C);
+    loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2, tensor(m, unit, p, LN2W),
+                           tensor(m, unit, p, LN2B), R, C);
+    in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    loom_matmul_forward(a->fch, in, tensor(m, unit, p, FCW), tensor(m, unit, p, FCB), N, C, F);
+    loom_gelu_forward(a->fch_gelu, a->fch, N * F);
+    loom_matmul_forward(proj, a->fch_gelu, tensor(m, unit, p, FCPROJW), split ? NULL : fcprojb,
+                        N, F, C);
+    y = region_out(m, LOOM_REGION_MLP, proj, m->dtmp_b);
+    if (split)
+        add_bias(y, fcprojb, R, C);
+    loom_residual_forward(a->out, a->res2, y, R * C);
+}
+
+/* Which half of a unit's backward runs: both (loom_model_backward), the
+ * input gradient alone, or the weight gradients alone. The halves do the
+ * same operations per element as both together, so the split backward
+ * gives the same bits. */
+enum { PART_BOTH, PART_INPUT, PART_WEIGHT };
+
+/* dresid: gradient of the block's output in, of its input out (input
+ * part). d: the deferred set the input part fills for the weight part
+ * (split backward only). The weight part reads a's fch_gelu, ln2, res2,
+ * atty, ln1, x and statistics. */
+static void block_backward(loom_model *m, int unit, const float *p, float *g, block_acts *a,
+                           deferred *d, int part)
+{
+    int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
+    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C, RC = (size_t)R * C, NC = (size_t)N * C;
+    size_t NF = (size_t)N * F;
+    int split = m->tp > 1;
+    int input = part != PART_WEIGHT, weight = part != PART_INPUT, keep = part == PART_INPUT;
+    float *dres2 = m->dtmp_a, *dtmp = m->dtmp_b, *dfch_gelu = m->dwide_a;
+    float *dfch = part == PART_BOTH ? m->dwide_b : d->dfch;
+    float *dqkv = part == PART_BOTH ? m->dwide_a : d->dqkv;
+    const float *in = NULL;
+    float *dy, *dln2, *dln1;
+    /* out = res2 + fcproj(...): both get dresid; the row-parallel bias
+     * takes it before the border */
+    if (input)
+        memcpy(dres2, m->dresid, RC * sizeof(float));
+    if (weight && split)
+        bias_grad(gtensor(m, unit, g, FCPROJB), input ? m->dresid : d->dmlp_rows, R, C);
+    if (keep && split)
+        memcpy(d->dmlp_rows, m->dresid, RC * sizeof(float));
+    if (input) {
+        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, R, m->dfull, N,
+                    C);
+        if (keep)
+            memcpy(d->dmlp, dy, NC * sizeof(float));
+        memset(dfch_gelu, 0, NF * sizeof(float));
+        loom_matmul_backward_input(dfch_gelu, dy, tensor(m, unit, p, FCPROJW), N, F, C);
+    } else {
+        dy = d->dmlp;
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, FCPROJW),
+                                    split ? NULL : gtensor(m, unit, g, FCPROJB), dy, a->fch_gelu,
+                                    N, F, C);
+    if (input) {
+        memset(dfch, 0, NF * sizeof(float));
+        loom_gelu_backward(dfch, a->fch, dfch_gelu, N * F);
+    }
+    if (weight)
+        in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    if (input) {
+        memset(dtmp, 0, NC * sizeof(float));
+        loom_matmul_backward_input(dtmp, dfch, tensor(m, unit, p, FCW), N, C, F);
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, in,
+                                    N, C, F);
+    if (input) {
+        dln2 = border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, N, m->dsmall, R, C);
+        if (keep)
+            memcpy(d->dln2, dln2, RC * sizeof(float));
+        loom_layernorm_backward_input(dres2, dln2, a->res2, tensor(m, unit, p, LN2W), a->mean2,
+                                      a->rstd2, R, C);
+    } else {
+        dln2 = d->dln2;
+    }
+    if (weight)
+        loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dln2,
+                                       a->res2, a->mean2, a->rstd2, R, C);
+    /* res2 = x + attproj(atty): x gets dres2, attention the rest */
+    if (input)
+        memcpy(m->dresid, dres2, RC * sizeof(float));
+    if (weight && split)
+        bias_grad(gtensor(m, unit, g, ATTPROJB), input ? dres2 : d->datt_rows, R, C);
+    if (keep && split)
+        memcpy(d->datt_rows, dres2, RC * sizeof(float));
+    float *datty = dtmp;
+    if (input) {
+        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, R, m->dfull, N,
+                    C);
+        if (keep)
+            memcpy(d->datt, dy, NC * sizeof(float));
+        memset(datty, 0, NCq * sizeof(float));
+        loom_matmul_backward_input(datty, dy, tensor(m, unit, p, ATTPROJW), N, Cq, C);
+    } else {
+        dy = d->datt;
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, unit, g, ATTPROJW),
+                                    split ? NULL : gtensor(m, unit, g, ATTPROJB), dy, a->atty, N,
+                                    Cq, C);
+    float *dq = dqkv, *dk = dqkv + NCq, *dv = dqkv + 2 * NCq;
+    if (input) {
+        memset(dqkv, 0, 3 * NCq * sizeof(float));
+        attention(m, a, datty, dq, dk, dv);
+    }
+    if (weight)
+        in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
+    if (input) {
+        const float *qkvw = tensor(m, unit, p, QKVW);
+        dln1 = dres2; /* free: copied into dresid, and dy is consumed */
+        memset(dln1, 0, NC * sizeof(float));
+        loom_matmul_backward_input(dln1, dq, qkvw, N, C, Cq);
+        loom_matmul_backward_input(dln1, dk, qkvw + CqC, N, C, Cq);
+        loom_matmul_backward_input(dln1, dv, qkvw + 2 * CqC, N, C, Cq);
+    }
+    if (weight) {
+        float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
+        loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq);
+        loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq);
+        loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, N, C, Cq);
+    }
+    if (input) {
+        dln1 = border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dres2, N, m->dsmall,
+                      R, C);
+        if (keep)
+            memcpy(d->dln1, dln1, RC * sizeof(float));
+        loom_layernorm_backward_input(m->dresid, dln1, a->x, tensor(m, unit, p, LN1W), a->mean1,
+                                      a->rstd1, R, C);
+    } else {
+        dln1 = d->dln1;
+    }
+    if (weight)
+        loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
+                                       a->x, a->mean1, a->rstd1, R, C);
+}
+
+/* Saved 16-bit tensors of layer l <-> the fp32 scratch set (save: scratch
+ * to saved). */
+static void transfer_block(loom_model *m, int l, int save)
+{
+    block_saved *sv = &m->slots[m->slot].saved[l];
+    block_acts *a = &m->scratch;
+    size_t RC = (size_t)m->R * m->C, NCq = (size_t)m->N * m->Cq, NF = (size_t)m->N * m->F;
+    struct {
+        void *stored;
+        float *f32;
+        size_t n;
+    } t[] = {{sv->ln1, a->ln1, RC},   {sv->q, a->q, NCq},        {sv->k, a->k, NCq},
+             {sv->v, a->v, NCq},      {sv->atty, a->atty, NCq},  {sv->res2, a->res2, RC},
+             {sv->ln2, a->ln2, RC},   {sv->fch, a->fch, NF},     {sv->fch_gelu, a->fch_gelu, NF}};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(t); i++) {
+        if (save)
+            to_stored(m, t[i].stored, t[i].f32, t[i].n);
+        else
+            from_stored(m, t[i].f32, t[i].stored, t[i].n);
+    }
+}
+
+/* The scratch set computes layer l with that layer's own fp32 buffers for
+ * the per-row statistics and lse, so they are never copied (attention also
+ * keys what it keeps on the lse buffer); recomputation keeps none and uses
+ * the scratch set's own. */
+static void lend_saved(loom_model *m, int l)
+{
+    block_acts *a = &m->scratch;
+    const block_acts *own = &m->scratch_own;
+    if (m->s.recompute) {
+        a->mean1 = own->mean1, a->rstd1 = own->rstd1, a->mean2 = own->mean2;
+        a->rstd2 = own->rstd2, a->lse = own->lse;
+    } else {
+        const block_saved *sv = &m->slots[m->slot].saved[l];
+        a->mean1 = sv->mean1, a->rstd1 = sv->rstd1, a->mean2 = sv->mean2;
+        a->rstd2 = sv->rstd2, a->lse = sv->lse;
+    }
+}
+
+/* The input of block l (l == L: the head's input), in fp32. */
+static void block_input32(loom_model *m, int l, float *dst)
+{
+    size_t RC = (size_t)m->R * m->C;
+    from_stored(m, dst, m->slots[m->slot].stream[l + 1], RC);
+}
+
+/* ---- units ---- */
+
+/* The position of residual row r of this rank (rows are (B, T) flattened;
+ * sequence parallelism keeps rows row0 .. row0+R-1 of them). */
+static int row_position(const loom_model *m, int r) { return m->positions[(m->row0 + r) % m->T]; }
+
+/* Vocabulary-parallel embedding: this rank's rows of wte for the tokens in
+ * its range (zero for the rest), summed over the tensor group by g, then
+ * the position embeddings added once. */
+static void embed_parallel(loom_model *m, const float *wte, const float *wpe, float *enc)
+{
+    int N = m->N, C = m->C;
+    float *part = m->seqpar ? m->dtmp_a : enc;
+    for (int n = 0; n < N; n++) {
+        float *row = part + (size_t)n * C;
+        int tok = m->slots[m->slot].tokens[n] - m->v0;
+        if (tok >= 0 && tok < m->Vl)
+            memcpy(row, wte + (size_t)tok * C, (size_t)C * sizeof(float));
+        else
+            memset(row, 0, (size_t)C * sizeof(float));
+    }
+    float *x = border(m, m->ops.region_exit, LOOM_REGION_VOCAB, part, N, enc, m->R, C);
+    for (int r = 0; r < m->R; r++) {
+        const float *pe = wpe + (size_t)row_position(m, r) * C;
+        for (int c = 0; c < C; c++)
+            x[(size_t)r * C + c] += pe[c];
+    }
+}
+
+static void embed_parallel_backward(loom_model *m, float *dwte, float *dwpe, float *dresid)
+{
+    int N = m->N, C = m->C;
+    for (int r = 0; r < m->R; r++) {
+        float *pe = dwpe + (size_t)row_position(m, r) * C;
+        for (int c = 0; c < C; c++)
+            pe[c] += dresid[(size_t)r * C + c];
+    }
+    const float *d = border(m, m->ops.region_exit_backward, LOOM_REGION_VOCAB, dresid, m->R,
+                            m->dfull, N, C);
+    for (int n = 0; n < N; n++) {
+        int tok = m->slots[m->slot].tokens[n] - m->v0;
+        if (tok < 0 || tok >= m->Vl)
+            continue;
+        float *row = dwte + (size_t)tok * C;
+        for (int c = 0; c < C; c++)
+            row[c] += d[(size_t)n * C + c];
+    }
+}
+
+static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op)
+{
+    if (m->ops.vocab_reduce)
+        record(m, m->ops.vocab_reduce(m->ops.ctx, data, count, op));
+}
+
+/* The vocabulary-parallel cross-entropy: each rank has the logits of its
+ * Vl rows of the vocabulary for every token. The softmax's row max and
+ * sum of exponentials, and the target's logit, are reduced over the
+ * tensor group (3 floats per token), never the logits. probs keeps this
+ * rank's columns of the softmax for backward. */
+static void parallel_loss(loom_model *m, const float *logits)
+{
+    const model_slot *slot = &m->slots[m->slot];
+    const head_acts *h = &slot->head;
+    int N = m->N, Vl = m->Vl, Vr = m->Vreal;
+    float *mx = m->rowstat, *sum = mx + N, *tgt = sum + N;
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float best = -INFINITY;
+        for (int i = 0; i < Vr; i++)
+            best = x[i] > best ? x[i] : best;
+        mx[n] = best;
+    }
+    vocab_reduce(m, mx, (size_t)N, LOOM_MAX);
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float *p = h->probs + (size_t)n * Vl;
+        double s = 0;
+        for (int i = 0; i < Vr; i++) {
+            p[i] = expf(x[i] - mx[n]);
+            s += p[i];
+        }
+        for (int i = Vr; i < Vl; i++)
+            p[i] = 0.0f;
+        sum[n] = (float)s;
+        int t = slot->targets[n] - m->v0;
+        tgt[n] = t >= 0 && t < Vr ? x[t] : 0.0f;
+    }
+    vocab_reduce(m, sum, 2 * (size_t)N, LOOM_SUM);
+    for (int n = 0; n < N; n++) {
+        float *p = h->probs + (size_t)n * Vl;
+        float inv = 1.0f / sum[n];
+        for (int i = 0; i < Vr; i++)
+            p[i] *= inv;
+        h->losses[n] = logf(sum[n]) + mx[n] - tgt[n];
+    }
+}
+
+static void parallel_loss_backward(loom_model *m)
+{
+    const model_slot *s = &m->slots[m->slot];
+    const head_acts *h = &s->head;
+    int N = m->N, Vl = m->Vl, Vr = m->Vreal;
+    for (int n = 0; n < N; n++) {
+        float *dl = m->dlogits + (size_t)n * Vl;
+        const float *p = h->probs + (size_t)n * Vl;
+        const float d = m->dlosses[n];
+        for (int i = 0; i < Vr; i++)
+            dl[i] += p[i] * d;
+        int t = s->targets[n] - m->v0;
+        if (t >= 0 && t < Vr)
+            dl[t] -= d;
+    }
+}
+
+static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
+                         float *loss)
+{
+    int N = m->N, R = m->R, C = m->C, L = m->L;
+    size_t RC = (size_t)R * C;
+    model_slot *s = &m->slots[m->slot];
+    const float *p = unit_params32(m, unit);
+    if (unit == 0) {
+        memcpy(s->tokens, inputs, (size_t)N * sizeof(int));
+        float *enc = m->inplace ? s->stream[1] : m->scratch.out;
+        if (m->tp > 1)
+            embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc);
+        else
+            loom_encoder_forward(enc, s->tokens, m->lay.positions ? m->positions : NULL,
+                                 tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch, m->T, C);
+        if (!m->inplace)
+            to_stored(m, s->stream[1], enc, RC);
+        return LOOM_OK;
+    }
+    if (unit <= L) {
+        int l = unit - 1;
+        if (m->inplace) {
+            block_forward(m, unit, p, &s->acts[l]);
+            return LOOM_OK;
+        }
+        block_acts *a = &m->scratch;
+        block_input32(m, l, a->x);
+        lend_saved(m, l);
+        block_forward(m, unit, p, a);
+        to_stored(m, s->stream[l + 2], a->out, RC);
+        if (!m->s.recompute)
+            transfer_block(m, l, 1);
+        return LOOM_OK;
+    }
+    /* head: final LayerNorm, tied LM head (wte of unit 0), loss */
+    head_acts *h = &s->head;
+    memcpy(s->targets, targets, (size_t)N * sizeof(int));
+    const float *x;
+    if (m->inplace) {
+        x = s->stream[L + 1];
+    } else {
+        block_input32(m, L, m->dtmp_b);
+        x = m->dtmp_b;
+    }
+    loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
+                           tensor(m, unit, p, 1), R, C);
+    const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
+    const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
+    float *logits = m->dlogits; /* free until backward */
+    loom_matmul_forward(logits, in, wte, NULL, N, C, m->Vl);
+    if (m->tp > 1) {
+        parallel_loss(m, logits);
+    } else {
+        loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
+        loom_crossentropy_forward(h->losses, h->probs, s->targets, N, m->Vp);
+    }
+    double sum = 0;
+    for (int i = 0; i < N; i++)
+        sum += h->losses[i];
+    if (loss)
+        *loss = (float)(sum / N);
+    return LOOM_OK;
+}
+
+/* The head: the loss's gradient, the tied LM head and the final LayerNorm.
+ * The weight part alone computes the logits' gradient again from the
+ * slot's probabilities (the same bits as the input part's). */
+static void head_backward(loom_model *m, float dloss, deferred *d, int part)
+{
+    int N = m->N, R = m->R, C = m->C, L = m->L, unit = L + 1;
+    size_t RC = (size_t)R * C;
+    int input = part != PART_WEIGHT, weight = part != PART_INPUT;
+    model_slot *s = &m->slots[m->slot];
+    const head_acts *h = &s->head;
+    if (part == PART_INPUT)
+        d->dloss = dloss;
+    else if (part == PART_WEIGHT)
+        dloss = d->dloss;
+    for (int i = 0; i < N; i++)
+        m->dlosses[i] = dloss;
+    memset(m->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
+    if (m->tp > 1)
+        parallel_loss_backward(m);
+    else
+        loom_crossentropy_softmax_backward(m->dlogits, m->dlosses, h->probs, s->targets, N, m->V,
+                                           m->Vp);
+    const float *p = input ? unit_params32(m, unit) : NULL;
+    const float *in = weight ? region_in(m, LOOM_REGION_VOCAB, h->lnf) : NULL;
+    float *dlnf = m->dtmp_a;
+    if (input) {
+        memset(dlnf, 0, (size_t)N * C * sizeof(float));
+        loom_matmul_backward_input(dlnf, m->dlogits, tensor(m, 0, unit_params32(m, 0), 0), N, C,
+                                   m->Vl);
+    }
+    if (weight)
+        loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL, m->dlogits, in, N,
+                                    C, m->Vl);
+    if (input) {
+        dlnf = border(m, m->ops.region_enter_backward, LOOM_REGION_VOCAB, dlnf, N, m->dsmall, R,
+                      C);
+        if (part == PART_INPUT)
+            memcpy(d->dlnf, dlnf, RC * sizeof(float));
+    } else {
+        dlnf = d->dlnf;
+    }
+    const float *x;
+    if (m->inplace) {
+        x = s->stream[L + 1];
+    } else {
+        block_input32(m, L, m->dtmp_b);
+        x = m->dtmp_b;
+    }
+    if (input) {
+        memset(m->dresid, 0, RC * sizeof(float));
+        loom_layernorm_backward_input(m->dresid, dlnf, x, tensor(m, unit, p, 0), h->meanf,
+                                      h->rstdf, R, C);
+    }
+    if (weight) {
+        float *g = unit_grads32(m, unit);
+        loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), dlnf, x,
+                                       h->meanf, h->rstdf, R, C);
+        commit_grads(m, unit);
+        /* wte's share goes to unit 0's grads now when this rank does not
+         * run the embedding (the pipeline's copy of unit 0 on the last
+         * stage); else the embedding's backward commits both shares */
+        if (!m->runs[0])
+            commit_grads(m, 0);
+    }
+}
+
+static void embedding_backward(loom_model *m, deferred *d, int part)
+{
+    model_slot *s = &m->slots[m->slot];
+    size_t RC = (size_t)m->R * m->C;
+    if (part == PART_INPUT) { /* nothing flows further back: keep the gradient */
+        memcpy(d->dresid, m->dresid, RC * sizeof(float));
+        return;
+    }
+    float *dout = part == PART_BOTH ? m->dresid : d->dresid;
+    float *g = unit_grads32(m, 0);
+    if (m->tp > 1)
+        embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout);
+    else
+        loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout, s->tokens,
+                              m->lay.positions ? m->positions : NULL, m->s.batch, m->T, m->C);
+    commit_grads(m, 0);
+}
+
+static void block_unit_backward(loom_model *m, int unit, deferred *d, int part)
+{
+    int l = unit - 1;
+    model_slot *s = &m->slots[m->slot];
+    const float *p = part != PART_WEIGHT ? unit_params32(m, unit) : NULL;
+    float *g = unit_grads32(m, unit);
+    block_acts *a, kept;
+    if (m->inplace) {
+        a = &s->acts[l];
+    } else if (part == PART_WEIGHT && m->s.recompute) {
+        /* the activations the input part recomputed, and the block's input */
+        a = &kept;
+        memset(&kept, 0, sizeof kept);
+        kept.x = m->scratch.x;
+        block_input32(m, l, kept.x);
+        kept.ln1 = d->ln1, kept.ln2 = d->ln2, kept.res2 = d->res2, kept.atty = d->atty;
+        kept.fch_gelu = d->fch_gelu, kept.mean1 = d->mean1, kept.rstd1 = d->rstd1;
+        kept.mean2 = d->mean2, kept.rstd2 = d->rstd2;
+    } else {
+        a = &m->scratch;
+        block_input32(m, l, a->x);
+        lend_saved(m, l);
+        if (m->s.recompute)
+            block_forward(m, unit, p, a);
+        else
+            transfer_block(m, l, 0);
+    }
+    block_backward(m, unit, p, g, a, d, part);
+    if (part == PART_INPUT && m->s.recompute) {
+        size_t R = (size_t)m->R, RC = R * m->C, NCq = (size_t)m->N * m->Cq;
+        size_t NF = (size_t)m->N * m->F;
+        memcpy(d->ln1, a->ln1, RC * sizeof(float));
+        memcpy(d->ln2, a->ln2, RC * sizeof(float));
+        memcpy(d->res2, a->res2, RC * sizeof(float));
+        memcpy(d->atty, a->atty, NCq * sizeof(float));
+        memcpy(d->fch_gelu, a->fch_gelu, NF * sizeof(float));
+        memcpy(d->mean1, a->mean1, R * sizeof(float));
+        memcpy(d->rstd1, a->rstd1, R * sizeof(float));
+        memcpy(d->mean2, a->mean2, R * sizeof(float));
+        memcpy(d->rstd2, a->rstd2, R * sizeof(float));
+    }
+    if (part != PART_INPUT)
+        commit_grads(m, unit);
+}
+
+/* Why a unit cannot run now, or LOOM_OK. */
+static int check_unit(const loom_model *m, int unit, const char *what)
+{
+    if (unit < 0 || unit > m->L + 1)
+        return loom_fail(LOOM_ERR_INVALID, "model: %s of unit %d, outside 0..%d", what, unit,
+                         m->L + 1);
+    if (!m->runs[unit])
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d, which this rank does not compute "
+                         "(loom_model_layout.runs_unit)", what, unit);
+    if (m->slot < 0 || !m->slots[m->slot].mem)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d with no slot in use; call loom_model_use_slot "
+                         "first", what, unit);
+    if (!covers(m, &m->slots[m->slot], unit))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: %s of unit %d in slot %d, which was made for other units "
+                         "(loom_model_use_slot_units)", what, unit, m->slot);
+    return LOOM_OK;
+}
+
+static int model_backward(loom_model *m, int unit, float dloss, int part)
+{
+    static const char *const names[] = {"backward", "backward_input", "backward_weight"};
+    int rc = check_unit(m, unit, names[part]);
+    if (rc != LOOM_OK)
+        return rc;
+    deferred *d = part == PART_BOTH ? NULL : &m->slots[m->slot].deferred[unit];
+    if (part == PART_INPUT) {
+        if (d->mem)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "model: backward_input of unit %d in slot %d twice without its "
+                             "backward_weight", unit, m->slot);
+        carver c = {NULL, 0};
+        layout_deferred(m, &c, d, unit);
+        if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used, &d->mem)) !=
+            LOOM_OK)
+            return rc;
+        carver real = {d->mem, 0};
+        layout_deferred(m, &real, d, unit);
+    } else if (part == PART_WEIGHT && !d->mem) {
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: backward_weight of unit %d in slot %d without its "
+                         "backward_input first", unit, m->slot);
+    }
+    if (unit == m->L + 1)
+        head_backward(m, dloss, d, part);
+    else if (unit >= 1)
+        block_unit_backward(m, unit, d, part);
+    else
+        embedding_backward(m, d, part);
+    if (part == PART_WEIGHT) {
+        loom_mem_free(d->mem);
+        memset(d, 0, sizeof *d);
+    }
+    return m->status;
+}
+
+int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
+                       float *loss)
+{
+    int rc = check_unit(m, unit, "forward");
+    if (rc == LOOM_OK)
+        rc = model_forward(m, unit, inputs, targets, loss);
+    return rc != LOOM_OK ? rc : m->status;
+}
+
+int loom_model_backward(loom_model *m, int unit, float dloss)
+{
+    return model_backward(m, unit, dloss, PART_BOTH);
+}
+
+int loom_model_backward_input(loom_model *m, int unit, float dloss)
+{
+    return model_backward(m, unit, dloss, PART_INPUT);
+}
+
+int loom_model_backward_weight(loom_model *m, int unit)
+{
+    return model_backward(m, unit, 0.0f, PART_WEIGHT);
+}
+
+/* ---- micro-batch slots and stage borders ---- */
+
+int loom_model_use_slot(loom_model *m, int slot) { return loom_model_use_slot_units(m, slot, NULL); }
+
+int loom_model_use_slot_units(loom_model *m, int slot, const unsigned char *units)
+{
+    if (slot < 0)
+        return loom_fail(LOOM_ERR_INVALID, "model: slot %d; slots are numbered from 0", slot);
+    if (slot >= m->nslots) {
+        int n = slot + 1 > 2 * m->nslots ? slot + 1 : 2 * m->nslots;
+        model_slot *grown = realloc(m->slots, (size_t)n * sizeof *grown);
+        if (!grown)
+            return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+        memset(grown + m->nslots, 0, (size_t)(n - m->nslots) * sizeof *grown);
+        m->slots = grown;
+        m->nslots = n;
+    }
+    int rc = m->slots[slot].mem ? LOOM_OK : alloc_slot(m, &m->slots[slot], units);
+    if (rc == LOOM_OK)
+        m->slot = slot;
+    return rc;
+}
+
+void loom_model_release_slot(loom_model *m, int slot)
+{
+    if (slot >= 0 && slot < m->nslots)
+        free_slot(m, &m->slots[slot]);
+}
+
+size_t loom_model_slot_bytes(const loom_model *m) { return m->slot_bytes; }
+
+size_t loom_model_deferred_bytes(const loom_model *m, int unit)
+{
+    deferred d;
+    carver c = {NULL, 0};
+    layout_deferred(m, &c, &d, unit);
+    return c.used;
+}
+
+void *loom_model_stream(loom_model *m, int unit, size_t *count, loom_dtype *dtype)
+{
+    if (count)
+        *count = (size_t)m->R * m->C;
+    if (dtype)
+        *dtype = m->inplace ? LOOM_F32 : m->s.dtype;
+    if (m->slot < 0 || m->slot >= m->nslots || !m->slots[m->slot].mem ||
+        !holds_stream(m, &m->slots[m->slot], unit))
+        return NULL;
+    return m->slots[m->slot].stream[unit];
+}
+
+float *loom_model_stream_grad(loom_model *m, size_t *count)
+{
+    if (count)
+        *count = (size_t)m->R * m->C;
+    return m->dresid;
+}
+
+double loom_model_flops_per_token(const loom_model *m)
+{
+    double params = 0;
+    for (int i = 0; i <= m->L + 1; i++)
+        params += (double)m->full_numel[i];
+    params -= (double)m->maxT * m->C; /* position embeddings do no multiply-adds */
+    /* 6 per parameter (forward 2, backward 4) plus attention's QK^T and AV:
+     * 6 * 2 * L * T * C per token, halved for the causal mask. */
+    return 6.0 * params + 6.0 * m->L * m->s.seq * m->C;
+}

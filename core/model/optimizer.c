@@ -1,0 +1,43 @@
+/* AdamW exactly as llm.c's CPU update, and the learning-rate schedule. */
+#include <math.h>
+
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/optimizer.h"
+
+void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,
+                       loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    float b1 = s->beta1, b2 = s->beta2;
+    float bias1 = 1.0f - powf(b1, (float)s->step);
+    float bias2 = 1.0f - powf(b2, (float)s->step);
+    for (size_t i = 0; i < n; i++) {
+        float g;
+        if (grad_dtype == LOOM_F32)
+            g = ((const float *)grad)[i];
+        else if (grad_dtype == LOOM_BF16)
+            g = loom_bf16_to_f32(((const uint16_t *)grad)[i]);
+        else
+            g = loom_f16_to_f32(((const uint16_t *)grad)[i]);
+        g *= s->grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        float m_hat = mi / bias1;
+        float v_hat = vi / bias2;
+        m[i] = mi;
+        v[i] = vi;
+        master[i] -= s->lr * (m_hat / (sqrtf(v_hat) + s->eps) + s->weight_decay * master[i]);
+    }
+}
+
+float loom_lr_at(const loom_lr_schedule *s, int64_t step)
+{
+    if (step < s->warmup)
+        return s->lr * (float)(step + 1) / (float)s->warmup;
+    if (!s->cosine || s->steps <= s->warmup)
+        return s->lr;
+    double progress = (double)(step - s->warmup) / (double)(s->steps - s->warmup);
+    double coeff = 0.5 * (1.0 + cos(M_PI * progress));
+    double final_lr = s->lr * s->final_frac;
+    return (float)(final_lr + coeff * (s->lr - final_lr));
+}

@@ -1,0 +1,1608 @@
+/* The job config (DESIGN §9): libconfig reads the syntax, the schema table
+ * below gives it meaning. A loaded config holds two libconfig trees: what the
+ * user wrote (file, then --set overrides on top) and the defaults (from the
+ * schema, plus the defaults of plugin settings once a plugin's group has been
+ * checked). A read looks in the first tree, then the second, so every module
+ * asks for "parallel.dp.size" and never handles "unset" itself.
+ *
+ * Every complaint is one line: where (file:line, or the --set that said it),
+ * the setting's dotted path, what was expected and what was found. */
+#include <ctype.h>
+#include <errno.h>
+#include <libconfig.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
+
+#define PATH_MAX_LEN 256
+#define NAME_MAX_LEN 64
+
+/* ------------------------------------------------------------- schema */
+
+typedef enum value_type {
+    V_INT = 1,
+    V_FLOAT,
+    V_BOOL,
+    V_STRING,
+    V_STRINGS, /* a list of strings: [ "a", "b" ] */
+    V_INTS,    /* a list of integers */
+} value_type;
+
+enum {
+    NONEMPTY = 1 << 0, /* strings (and list elements) must not be "" */
+    REQUIRED = 1 << 1, /* no default: the user must give it */
+    GE = 1 << 2,       /* value >= lo (for lists: each element) */
+    GT = 1 << 3,       /* value > lo */
+    LE = 1 << 4,       /* value <= hi */
+    LT = 1 << 5,       /* value < hi */
+    SOME = 1 << 6,     /* a list with at least one element */
+};
+
+typedef struct schema_entry {
+    const char *path;
+    value_type type;
+    /* The default as a user would write it; strings need no quotes and lists
+     * of strings may be written "a, b". NULL for a required setting. */
+    const char *def;
+    const char *const *choices; /* NULL-ended; for strings and string-list elements */
+    double lo, hi;
+    int flags;
+    const char *help;
+} schema_entry;
+
+static const char *const model_kinds[] = {"gpt2", NULL};
+static const char *const model_inits[] = {"random", "checkpoint", NULL};
+static const char *const lr_schedules[] = {"constant", "cosine", NULL};
+static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const recomputes[] = {"none", "block", NULL};
+static const char *const offload_targets[] = {"none", "nvme", NULL};
+static const char *const bench_ops[] = {"allreduce",     "broadcast", "reduce",   "allgather",
+                                        "reducescatter", "alltoall",  "sendrecv", NULL};
+static const char *const mem_kinds[] = {"host", "device", NULL};
+static const char *const dtypes[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8", NULL};
+static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
+
+#define S(path_, type_, def_, ...)                                                                 \
+    {                                                                                              \
+        .path = (path_), .type = (type_), .def = (def_), __VA_ARGS__                               \
+    }
+
+/* Every setting the core knows, in the order DESIGN §9 lists them. Strategy
+ * and schedule names are plugin names, so any non-empty string passes here;
+ * the loader says later whether such a plugin exists. */
+static const schema_entry schema[] = {
+    S("plugins.path", V_STRINGS, "", .flags = NONEMPTY,
+      .help = "directories searched for plugins before LOOM_PLUGIN_PATH"),
+
+    S("model.kind", V_STRING, "gpt2", .choices = model_kinds, .help = "model family"),
+    S("model.layers", V_INT, "4", .lo = 1, .flags = GE, .help = "transformer blocks"),
+    S("model.heads", V_INT, "4", .lo = 1, .flags = GE, .help = "attention heads"),
+    S("model.channels", V_INT, "128", .lo = 1, .flags = GE, .help = "embedding width"),
+    S("model.vocab", V_INT, "256", .lo = 1, .flags = GE, .help = "vocabulary size"),
+    S("model.padded_vocab", V_INT, "256", .lo = 1, .flags = GE,
+      .help = "vocabulary padded for efficient kernels (>= vocab)"),
+    S("model.max_seq", V_INT, "256", .lo = 1, .flags = GE, .help = "longest sequence"),
+    S("model.init", V_STRING, "random", .choices = model_inits,
+      .help = "random weights, or load model.checkpoint"),
+    S("model.seed", V_INT, "1337", .help = "seed of the random init"),
+    S("model.checkpoint", V_STRING, "", .help = "llm.c checkpoint file for init = checkpoint"),
+
+    S("data.train", V_STRING, "", .help = "llm.c token shard to train on"),
+    S("data.val", V_STRING, "", .help = "llm.c token shard to validate on"),
+
+    S("train.batch", V_INT, "8", .lo = 1, .flags = GE, .help = "global batch, in sequences"),
+    S("train.seq", V_INT, "64", .lo = 1, .flags = GE, .help = "tokens per sequence"),
+    S("train.steps", V_INT, "100", .lo = 1, .flags = GE, .help = "optimizer steps"),
+    S("train.lr", V_FLOAT, "1e-3", .lo = 0, .flags = GE, .help = "peak learning rate"),
+    S("train.weight_decay", V_FLOAT, "0.0", .lo = 0, .flags = GE, .help = "AdamW weight decay"),
+    S("train.beta1", V_FLOAT, "0.9", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta1"),
+    S("train.beta2", V_FLOAT, "0.999", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta2"),
+    S("train.eps", V_FLOAT, "1e-8", .lo = 0, .flags = GT, .help = "AdamW epsilon"),
+    S("train.warmup", V_INT, "0", .lo = 0, .flags = GE, .help = "linear warm-up steps"),
+    S("train.schedule", V_STRING, "constant", .choices = lr_schedules,
+      .help = "learning-rate schedule after warm-up"),
+    S("train.clip", V_FLOAT, "0.0", .lo = 0, .flags = GE,
+      .help = "gradient-norm clipping; 0 = no clipping"),
+    S("train.grad_accum", V_INT, "1", .lo = 1, .flags = GE, .help = "micro-steps per step"),
+    S("train.precision", V_STRING, "fp32", .choices = precisions, .help = "compute precision"),
+    S("train.recompute", V_STRING, "none", .choices = recomputes,
+      .help = "activation recomputation"),
+    S("train.lr_final_frac", V_FLOAT, "0.0", .lo = 0, .hi = 1, .flags = GE | LE,
+      .help = "cosine schedule: final learning rate as a fraction of train.lr"),
+    S("train.threads", V_INT, "1", .lo = 1, .flags = GE, .help = "BLAS threads per rank"),
+    S("train.peak_gflops", V_FLOAT, "0.0", .lo = 0, .flags = GE,
+      .help = "per-rank peak for MFU; 0 = measure sgemm at start"),
+    S("train.loss_scale", V_FLOAT, "65536.0", .lo = 0, .flags = GT,
+      .help = "fp16: initial dynamic loss scale"),
+    S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE,
+      .help = "fp16: good steps before the loss scale doubles"),
+    S("train.checkpoint_every", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "save a resumable checkpoint every N steps (0 = never)"),
+    S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
+      .help = "where train.checkpoint_every writes step-N/ (a shard file per rank)"),
+
+    S("parallel.dp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "data-parallel ranks"),
+    S("parallel.dp.strategy", V_STRING, "ddp", .flags = NONEMPTY,
+      .help = "data-parallel strategy plugin: ddp, zero1, zero2, zero3, ..."),
+    S("parallel.tp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "tensor-parallel ranks"),
+    S("parallel.tp.strategy", V_STRING, "tp", .flags = NONEMPTY,
+      .help = "tensor-parallel strategy plugin"),
+    S("parallel.sp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "sequence-parallel ranks"),
+    S("parallel.sp.strategy", V_STRING, "ulysses", .flags = NONEMPTY,
+      .help = "sequence-parallel strategy plugin: ulysses, ring, ..."),
+    S("parallel.pp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "pipeline stages"),
+    S("parallel.pp.schedule", V_STRING, "1f1b", .flags = NONEMPTY,
+      .help = "pipeline schedule plugin: gpipe, 1f1b, interleaved, zb-h1, ..."),
+    S("parallel.pp.microbatches", V_INT, "1", .lo = 1, .flags = GE,
+      .help = "micro-batches per step"),
+    S("parallel.pp.virtual_stages", V_INT, "1", .lo = 1, .flags = GE,
+      .help = "model chunks per pipeline rank (interleaved schedules)"),
+    S("parallel.pp.stage_layers", V_INTS, "", .lo = 0, .flags = GE,
+      .help = "layers per stage; empty = split evenly"),
+
+    S("comm.default", V_STRING, "mpi", .flags = NONEMPTY,
+      .help = "comm plugin of every axis not named below"),
+    S("comm.timeout_s", V_FLOAT, "60.0", .lo = 0, .flags = GT,
+      .help = "no communication waits longer than this"),
+    S("comm.tp", V_STRING, "", .help = "comm plugin of the tp axis; empty = comm.default"),
+    S("comm.sp", V_STRING, "", .help = "comm plugin of the sp axis; empty = comm.default"),
+    S("comm.pp", V_STRING, "", .help = "comm plugin of the pp axis; empty = comm.default"),
+    S("comm.dp", V_STRING, "", .help = "comm plugin of the dp axis; empty = comm.default"),
+
+    S("memory.offload.optimizer", V_STRING, "none", .choices = offload_targets,
+      .help = "where optimizer state lives"),
+    S("memory.offload.params", V_STRING, "none", .choices = offload_targets,
+      .help = "where parameters live"),
+    S("memory.offload.path", V_STRING, "/tmp/loom-nvme", .flags = NONEMPTY,
+      .help = "directory of the nvme tier's files"),
+
+    S("bench.comms", V_STRINGS, "mpi", .flags = NONEMPTY | SOME, .help = "comm plugins to compare"),
+    S("bench.ops", V_STRINGS,
+      "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, sendrecv",
+      .choices = bench_ops, .flags = SOME, .help = "operations to time"),
+    S("bench.min_bytes", V_INT, "4", .lo = 0, .flags = GE, .help = "smallest message"),
+    S("bench.max_bytes", V_INT, "67108864", .lo = 0, .flags = GE,
+      .help = "largest message (sizes double from min_bytes)"),
+    S("bench.iters", V_INT, "20", .lo = 1, .flags = GE, .help = "timed iterations per size"),
+    S("bench.warmup", V_INT, "5", .lo = 0, .flags = GE, .help = "untimed iterations per size"),
+    S("bench.memory", V_STRING, "host", .choices = mem_kinds, .help = "buffer memory kind"),
+    S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
+    S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),
+};
+
+#undef S
+
+/* Groups where names the core does not know belong to a plugin (the
+ * strategy of that axis, the offload tier): they are checked by
+ * loom_config_check_group when the plugin loads. Besides these, any group
+ * directly under comm is the comm plugin of that name's (comm.ucx = {...}). */
+static const char *const plugin_groups[] = {"parallel.dp", "parallel.tp", "parallel.sp",
+                                            "parallel.pp", "memory.offload"};
+
+static const schema_entry *schema_find(const char *path)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
+        if (!strcmp(schema[i].path, path))
+            return &schema[i];
+    return NULL;
+}
+
+/* "" is the root group. */
+static int schema_is_group(const char *path)
+{
+    size_t n = strlen(path);
+    if (n == 0)
+        return 1;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
+        if (!strncmp(schema[i].path, path, n) && schema[i].path[n] == '.')
+            return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------ config */
+
+struct loom_config {
+    config_t tree;     /* what the file and the overrides say */
+    config_t defaults; /* schema defaults, plus checked plugin groups' defaults */
+    char *file;        /* the path loaded, NULL for text or no file */
+    char *name;        /* stands for the file in messages */
+    char **overrides;  /* "path=value" as given; the hooks of overridden settings point here */
+    int noverrides;
+};
+
+/* ------------------------------------------------------------ paths */
+
+/* snprintf for text where cutting a too-long line short is fine. */
+static void say(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+static void join_path(char *out, size_t cap, const char *group, const char *name)
+{
+    if (group[0])
+        say(out, cap, "%s.%s", group, name);
+    else
+        say(out, cap, "%s", name);
+}
+
+static int valid_name(const char *s, size_t n)
+{
+    if (n == 0 || n >= NAME_MAX_LEN || !isalpha((unsigned char)s[0]))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-')
+            return 0;
+    return 1;
+}
+
+static int valid_path(const char *path)
+{
+    const char *p = path;
+    for (;;) {
+        size_t n = strcspn(p, ".");
+        if (!valid_name(p, n))
+            return 0;
+        if (!p[n])
+            return 1;
+        p += n + 1;
+    }
+}
+
+/* Walk a dotted path ("bench.ops", "parallel.pp.stage_layers[1]") from
+ * root. *blocked is set when the walk stopped at something that exists but
+ * cannot hold the rest (an index past a list's end, a name under a scalar):
+ * then the defaults must not answer either. */
+static config_setting_t *find_setting(const config_t *c, const char *path, int *blocked)
+{
+    config_setting_t *s = config_root_setting(c);
+    const char *p = path;
+    *blocked = 0;
+    if (!*p)
+        return NULL;
+    while (*p) {
+        if (*p == '[') {
+            char *end;
+            long i = strtol(p + 1, &end, 10);
+            if (end == p + 1 || *end != ']' || i < 0)
+                return NULL;
+            if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+                *blocked = 1;
+                return NULL;
+            }
+            config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+            if (!e) {
+                *blocked = 1;
+                return NULL;
+            }
+            s = e;
+            p = end + 1;
+        } else {
+            size_t n = strcspn(p, ".[");
+            if (n == 0 || n >= NAME_MAX_LEN)
+                return NULL;
+            char name[NAME_MAX_LEN];
+            memcpy(name, p, n);
+            name[n] = '\0';
+            if (!config_setting_is_group(s)) {
+                *blocked = 1;
+                return NULL;
+            }
+            s = config_setting_get_member(s, name);
+            if (!s)
+                return NULL;
+            p += n;
+        }
+        if (*p == '.')
+            p++;
+    }
+    return s;
+}
+
+/* The dotted path of a setting in its tree: "bench.ops[2]". */
+static void setting_path(const config_setting_t *s, char *out, size_t cap)
+{
+    if (!s || config_setting_is_root(s)) {
+        out[0] = '\0';
+        return;
+    }
+    char parent[PATH_MAX_LEN];
+    setting_path(config_setting_parent(s), parent, sizeof parent);
+    if (s->name)
+        join_path(out, cap, parent, s->name);
+    else
+        say(out, cap, "%s[%d]", parent, config_setting_index(s));
+}
+
+/* ------------------------------------------------------------ messages */
+
+/* "file:line" of a setting, or "--set path=value" when an override made it
+ * (the hook of the override's setting points at its text; its children
+ * inherit it). */
+static const char *origin(const loom_config *cfg, const config_setting_t *s, char *buf, size_t cap)
+{
+    for (const config_setting_t *p = s; p; p = p->parent)
+        if (p->hook) {
+            snprintf(buf, cap, "--set %s", (const char *)p->hook);
+            return buf;
+        }
+    const char *file = s->file ? s->file : cfg->name;
+    if (s->line > 0)
+        snprintf(buf, cap, "%s:%u", file, (unsigned)s->line);
+    else
+        snprintf(buf, cap, "%s", file);
+    return buf;
+}
+
+static int fail_at(const loom_config *cfg, const config_setting_t *s, const char *path,
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail_at(const loom_config *cfg, const config_setting_t *s, const char *path,
+                   const char *fmt, ...)
+{
+    char where[PATH_MAX_LEN + 64], detail[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    return loom_fail(LOOM_ERR_INVALID, "%s: %s: %s", origin(cfg, s, where, sizeof where), path,
+                     detail);
+}
+
+/* A complaint about path in relation to another setting: placed where path
+ * was set, else where the other was (a default has no place of its own). */
+static int fail_rel(const loom_config *cfg, const char *path, const char *other, const char *fmt,
+                    ...) __attribute__((format(printf, 4, 5)));
+static int fail_rel(const loom_config *cfg, const char *path, const char *other, const char *fmt,
+                    ...)
+{
+    char detail[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    const char *where = loom_config_where(cfg, loom_config_is_set(cfg, path) ? path : other);
+    if (!strcmp(where, "default"))
+        where = cfg->name;
+    return loom_fail(LOOM_ERR_INVALID, "%s: %s: %s", where, path, detail);
+}
+
+static long long int_of(const config_setting_t *s)
+{
+    return config_setting_get_int64(s);
+}
+
+/* libconfig converts int to float only with autoconvert on; do it here. */
+static double number_of(const config_setting_t *s)
+{
+    if (config_setting_type(s) == CONFIG_TYPE_FLOAT)
+        return config_setting_get_float(s);
+    return (double)config_setting_get_int64(s);
+}
+
+static const char *expected_name(value_type t)
+{
+    switch (t) {
+    case V_INT: return "an integer";
+    case V_FLOAT: return "a number";
+    case V_BOOL: return "a boolean (true or false)";
+    case V_STRING: return "a string";
+    case V_STRINGS: return "a list of strings";
+    case V_INTS: return "a list of integers";
+    }
+    return "?";
+}
+
+/* What a setting holds, for "found ...": a string ("eight"), an integer (5). */
+static const char *describe(const config_setting_t *s, char *buf, size_t cap)
+{
+    switch (config_setting_type(s)) {
+    case CONFIG_TYPE_INT:
+    case CONFIG_TYPE_INT64: snprintf(buf, cap, "an integer (%lld)", int_of(s)); break;
+    case CONFIG_TYPE_FLOAT: snprintf(buf, cap, "a float (%g)", config_setting_get_float(s)); break;
+    case CONFIG_TYPE_BOOL:
+        snprintf(buf, cap, "a boolean (%s)", config_setting_get_bool(s) ? "true" : "false");
+        break;
+    case CONFIG_TYPE_STRING: {
+        /* One line, and not a novel. */
+        const char *v = config_setting_get_string(s);
+        char shown[64];
+        size_t n = 0;
+        for (; v[n] && n < 48; n++)
+            shown[n] = isprint((unsigned char)v[n]) ? v[n] : '?';
+        shown[n] = '\0';
+        snprintf(buf, cap, "a string (\"%s%s\")", shown, v[n] ? "..." : "");
+        break;
+    }
+    case CONFIG_TYPE_GROUP: snprintf(buf, cap, "a group"); break;
+    default: snprintf(buf, cap, "a list"); break;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------ did you mean */
+
+/* Edit distance counting a swap of neighbours as one edit (Damerau, the
+ * optimal-string-alignment variant), ignoring case. */
+static int edit_distance(const char *a, const char *b)
+{
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la >= NAME_MAX_LEN || lb >= NAME_MAX_LEN)
+        return INT_MAX;
+    int d[NAME_MAX_LEN + 1][NAME_MAX_LEN + 1];
+    for (int i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (int j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            int best = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+/* Short names allow one edit, longer ones two, long ones a third of them. */
+static int close_enough(const char *typed, int dist)
+{
+    int n = (int)strlen(typed);
+    int limit = n <= 3 ? 1 : n <= 8 ? 2 : n / 3;
+    return dist <= limit;
+}
+
+typedef struct name_list {
+    int count;
+    char names[64][NAME_MAX_LEN];
+} name_list;
+
+static void names_add(name_list *l, const char *name, size_t n)
+{
+    if (n >= NAME_MAX_LEN || l->count >= (int)LOOM_ARRAY_LEN(l->names))
+        return;
+    for (int i = 0; i < l->count; i++)
+        if (strlen(l->names[i]) == n && !strncmp(l->names[i], name, n))
+            return;
+    memcpy(l->names[l->count], name, n);
+    l->names[l->count][n] = '\0';
+    l->count++;
+}
+
+/* The names the schema knows directly under group ("" = root). */
+static void schema_children(const char *group, name_list *l)
+{
+    size_t g = strlen(group);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
+        const char *p = schema[i].path;
+        if (g) {
+            if (strncmp(p, group, g) || p[g] != '.')
+                continue;
+            p += g + 1;
+        }
+        names_add(l, p, strcspn(p, "."));
+    }
+}
+
+/* An unknown name in group: suggest a close name of the group, else the
+ * same name where it lives elsewhere (train.dp -> parallel.dp), else list
+ * what the group takes. `extra` are valid names the schema does not know
+ * (a plugin's settings); `note` is appended to the list of valid names. */
+static int unknown_setting(const loom_config *cfg, const config_setting_t *s, const char *group,
+                           const name_list *extra, const char *note)
+{
+    char path[PATH_MAX_LEN];
+    const char *name = config_setting_name(s);
+    join_path(path, sizeof path, group, name);
+    const char *what = config_setting_is_group(s) ? "group" : "setting";
+
+    name_list valid = {0};
+    schema_children(group, &valid);
+    for (int i = 0; extra && i < extra->count; i++)
+        names_add(&valid, extra->names[i], strlen(extra->names[i]));
+
+    int best = -1, best_dist = INT_MAX;
+    for (int i = 0; i < valid.count; i++) {
+        int d = edit_distance(name, valid.names[i]);
+        if (d < best_dist && close_enough(name, d)) {
+            best = i;
+            best_dist = d;
+        }
+    }
+    if (best < 0 && strlen(name) >= 3) /* "micro" for "microbatches" */
+        for (int i = 0; i < valid.count && best < 0; i++)
+            if (!strncasecmp(valid.names[i], name, strlen(name)))
+                best = i;
+    /* A near miss here beats the exact name elsewhere, except that a
+     * two-edit miss loses to it ("batch" at the top is train.batch, not
+     * bench). */
+    if (best >= 0 && best_dist <= 1) {
+        char want[PATH_MAX_LEN];
+        join_path(want, sizeof want, group, valid.names[best]);
+        return fail_at(cfg, s, path, "unknown %s; did you mean '%s'?", what, want);
+    }
+
+    /* The same name in another group, preferring places of the same shape
+     * (a group where a group was written). */
+    char found[4][PATH_MAX_LEN];
+    int nfound = 0;
+    for (int pass = 0; pass < 2 && nfound == 0; pass++)
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(schema) && nfound < 4; i++) {
+            const char *p = schema[i].path;
+            for (const char *c = p; *c;) {
+                size_t n = strcspn(c, ".");
+                if (n == strlen(name) && !strncasecmp(c, name, n)) {
+                    char full[PATH_MAX_LEN], grp[PATH_MAX_LEN];
+                    snprintf(full, sizeof full, "%.*s", (int)(c - p + (ptrdiff_t)n), p);
+                    snprintf(grp, sizeof grp, "%.*s", c > p ? (int)(c - p - 1) : 0, p);
+                    int is_group = c[n] == '.';
+                    int dup = 0;
+                    for (int k = 0; k < nfound; k++)
+                        dup |= !strcmp(found[k], full);
+                    if (!dup && strcmp(grp, group) &&
+                        (pass == 1 || is_group == config_setting_is_group(s)))
+                        snprintf(found[nfound++], PATH_MAX_LEN, "%s", full);
+                }
+                c += n;
+                if (*c == '.')
+                    c++;
+            }
+        }
+    if (nfound > 0) {
+        char list[4 * (PATH_MAX_LEN + 8)] = "";
+        for (int k = 0; k < nfound; k++) {
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof list - len, "%s'%s'",
+                     k == 0            ? ""
+                     : k == nfound - 1 ? " or "
+                                       : ", ",
+                     found[k]);
+        }
+        return fail_at(cfg, s, path, "unknown %s; did you mean %s?", what, list);
+    }
+    if (best >= 0) {
+        char want[PATH_MAX_LEN];
+        join_path(want, sizeof want, group, valid.names[best]);
+        return fail_at(cfg, s, path, "unknown %s; did you mean '%s'?", what, want);
+    }
+
+    char list[1024] = "";
+    for (int i = 0; i < valid.count; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", valid.names[i]);
+    }
+    return fail_at(cfg, s, path, "unknown %s (valid here: %s%s)", what, list, note ? note : "");
+}
+
+/* ------------------------------------------------------------ checking values */
+
+static int check_range(const loom_config *cfg, const config_setting_t *s, const char *path,
+                       const schema_entry *e, double v)
+{
+    int ok = 1;
+    if ((e->flags & GE) && !(v >= e->lo))
+        ok = 0;
+    if ((e->flags & GT) && !(v > e->lo))
+        ok = 0;
+    if ((e->flags & LE) && !(v <= e->hi))
+        ok = 0;
+    if ((e->flags & LT) && !(v < e->hi))
+        ok = 0;
+    if (ok)
+        return LOOM_OK;
+
+    char want[96], got[64];
+    int has_lo = e->flags & (GE | GT), has_hi = e->flags & (LE | LT);
+    if (has_lo && has_hi)
+        snprintf(want, sizeof want, "in %c%g, %g%c", (e->flags & GE) ? '[' : '(', e->lo, e->hi,
+                 (e->flags & LE) ? ']' : ')');
+    else if (has_lo)
+        snprintf(want, sizeof want, "%s %g", (e->flags & GE) ? ">=" : ">", e->lo);
+    else
+        snprintf(want, sizeof want, "%s %g", (e->flags & LE) ? "<=" : "<", e->hi);
+    if (config_setting_type(s) == CONFIG_TYPE_FLOAT)
+        snprintf(got, sizeof got, "%g", v);
+    else
+        snprintf(got, sizeof got, "%lld", int_of(s));
+    return fail_at(cfg, s, path, "expected %s %s, found %s",
+                   e->type == V_INT || e->type == V_INTS ? "an integer" : "a number", want, got);
+}
+
+static int check_value(const loom_config *cfg, const config_setting_t *s, const char *path,
+                       const schema_entry *e)
+{
+    char found[128];
+    int t = config_setting_type(s);
+    switch (e->type) {
+    case V_INT:
+        if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
+            break;
+        return check_range(cfg, s, path, e, (double)int_of(s));
+    case V_FLOAT:
+        if (!config_setting_is_number(s))
+            break;
+        if (!isfinite(number_of(s)))
+            return fail_at(cfg, s, path, "expected a finite number, found %g", number_of(s));
+        return check_range(cfg, s, path, e, number_of(s));
+    case V_BOOL:
+        if (t != CONFIG_TYPE_BOOL)
+            break;
+        return LOOM_OK;
+    case V_STRING: {
+        if (t != CONFIG_TYPE_STRING)
+            break;
+        const char *v = config_setting_get_string(s);
+        if ((e->flags & NONEMPTY) && !v[0])
+            return fail_at(cfg, s, path, "expected a non-empty string, found \"\"");
+        if (!e->choices)
+            return LOOM_OK;
+        char list[512] = "";
+        for (int i = 0; e->choices[i]; i++) {
+            if (!strcmp(v, e->choices[i]))
+                return LOOM_OK;
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", e->choices[i]);
+        }
+        return fail_at(cfg, s, path, "expected one of %s; found \"%s\"", list, v);
+    }
+    case V_STRINGS:
+    case V_INTS: {
+        if (t != CONFIG_TYPE_ARRAY && t != CONFIG_TYPE_LIST) {
+            if (e->type == V_STRINGS && t == CONFIG_TYPE_STRING)
+                return fail_at(cfg, s, path, "expected a list of strings, found %s; write [\"%s\"]",
+                               describe(s, found, sizeof found), config_setting_get_string(s));
+            break;
+        }
+        schema_entry elem = *e;
+        elem.type = e->type == V_STRINGS ? V_STRING : V_INT;
+        int n = config_setting_length(s);
+        if ((e->flags & SOME) && n == 0)
+            return fail_at(cfg, s, path, "expected a non-empty list, found []");
+        for (int i = 0; i < n; i++) {
+            char epath[PATH_MAX_LEN + 16];
+            snprintf(epath, sizeof epath, "%s[%d]", path, i);
+            int rc = check_value(cfg, config_setting_get_elem(s, (unsigned)i), epath, &elem);
+            if (rc)
+                return rc;
+        }
+        return LOOM_OK;
+    }
+    }
+    return fail_at(cfg, s, path, "expected %s, found %s", expected_name(e->type),
+                   describe(s, found, sizeof found));
+}
+
+static int owned_by_plugin(const char *group, const config_setting_t *s)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(plugin_groups); i++)
+        if (!strcmp(group, plugin_groups[i]))
+            return 1;
+    return !strcmp(group, "comm") && config_setting_is_group(s);
+}
+
+static int validate_group(const loom_config *cfg, const config_setting_t *g, const char *group)
+{
+    int n = config_setting_length(g);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        char path[PATH_MAX_LEN], found[128];
+        join_path(path, sizeof path, group, config_setting_name(s));
+        const schema_entry *e = schema_find(path);
+        int rc;
+        if (e)
+            rc = check_value(cfg, s, path, e);
+        else if (schema_is_group(path))
+            rc = config_setting_is_group(s)
+                     ? validate_group(cfg, s, path)
+                     : fail_at(cfg, s, path, "expected a group ({ ... }), found %s",
+                               describe(s, found, sizeof found));
+        else if (owned_by_plugin(group, s))
+            rc = LOOM_OK;
+        else
+            rc =
+                unknown_setting(cfg, s, group, NULL,
+                                !strcmp(group, "comm")
+                                    ? "; or a group of a comm plugin's settings, e.g. ucx = { ... }"
+                                    : NULL);
+        if (rc)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
+/* Relations between settings that no single value shows. */
+static int check_relations(const loom_config *cfg)
+{
+    const char *init = "", *ckpt = "";
+    loom_config_string(cfg, "model.init", &init);
+    loom_config_string(cfg, "model.checkpoint", &ckpt);
+    if (!strcmp(init, "checkpoint") && !ckpt[0])
+        return fail_rel(cfg, "model.checkpoint", "model.init",
+                        "required when model.init = \"checkpoint\"; name the llm.c checkpoint "
+                        "file, e.g. model.checkpoint = \"gpt2_124M.bin\"");
+
+    int64_t lo = 0, hi = 0;
+    loom_config_int(cfg, "bench.min_bytes", &lo);
+    loom_config_int(cfg, "bench.max_bytes", &hi);
+    if (lo > hi) {
+        if (loom_config_is_set(cfg, "bench.max_bytes"))
+            return fail_rel(cfg, "bench.max_bytes", "bench.min_bytes",
+                            "expected an integer >= bench.min_bytes (%lld), found %lld",
+                            (long long)lo, (long long)hi);
+        return fail_rel(cfg, "bench.min_bytes", "bench.max_bytes",
+                        "expected an integer <= bench.max_bytes (%lld), found %lld", (long long)hi,
+                        (long long)lo);
+    }
+
+    /* A checkpoint brings its own shape; these hold for a model we build. */
+    if (!strcmp(init, "random")) {
+        int64_t vocab = 0, padded = 0, channels = 0, heads = 1, max_seq = 0, seq = 0;
+        loom_config_int(cfg, "model.vocab", &vocab);
+        loom_config_int(cfg, "model.padded_vocab", &padded);
+        loom_config_int(cfg, "model.channels", &channels);
+        loom_config_int(cfg, "model.heads", &heads);
+        loom_config_int(cfg, "model.max_seq", &max_seq);
+        loom_config_int(cfg, "train.seq", &seq);
+        if (padded < vocab)
+            return fail_rel(cfg, "model.padded_vocab", "model.vocab",
+                            "expected an integer >= model.vocab (%lld), found %lld",
+                            (long long)vocab, (long long)padded);
+        if (channels % heads)
+            return fail_rel(cfg, "model.channels", "model.heads",
+                            "expected a multiple of model.heads (%lld), found %lld",
+                            (long long)heads, (long long)channels);
+        if (seq > max_seq)
+            return fail_rel(cfg, "train.seq", "model.max_seq",
+                            "expected an integer <= model.max_seq (%lld), found %lld",
+                            (long long)max_seq, (long long)seq);
+    }
+    return LOOM_OK;
+}
+
+static int check_required(const loom_config *cfg)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
+        if ((schema[i].flags & REQUIRED) && !loom_config_is_set(cfg, schema[i].path))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: %s: required setting is missing (it has no default); set it "
+                             "in the config or with --set %s=VALUE",
+                             cfg->name, schema[i].path, schema[i].path);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ wide integers */
+
+/* libconfig 1.5 keeps an integer literal without the L suffix in 32 bits and
+ * silently wraps bigger ones (4294967296 reads as 0). Find such a literal so
+ * the user gets an error instead of a wrong number. Returns its line (0 if
+ * none) and copies the literal. */
+static int find_wide_int(const char *text, char *lit, size_t cap)
+{
+    int line = 1;
+    const char *p = text;
+    while (*p) {
+        if (*p == '\n') {
+            line++;
+            p++;
+        } else if (*p == '"') {
+            for (p++; *p && *p != '"'; p++) {
+                if (*p == '\\' && p[1])
+                    p++;
+                if (*p == '\n')
+                    line++;
+            }
+            if (*p)
+                p++;
+        } else if (*p == '#' || (p[0] == '/' && p[1] == '/')) {
+            while (*p && *p != '\n')
+                p++;
+        } else if (p[0] == '/' && p[1] == '*') {
+            for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
+                if (*p == '\n')
+                    line++;
+            if (*p)
+                p += 2;
+        } else if (isalpha((unsigned char)*p) || *p == '_' || *p == '*') {
+            while (isalnum((unsigned char)*p) || *p == '_' || *p == '*' || *p == '-')
+                p++;
+        } else if (isdigit((unsigned char)*p) ||
+                   ((*p == '-' || *p == '+') && isdigit((unsigned char)p[1]))) {
+            const char *start = p;
+            if (*p == '-' || *p == '+')
+                p++;
+            int hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
+            if (hex)
+                p += 2;
+            while (hex ? isxdigit((unsigned char)*p) : isdigit((unsigned char)*p))
+                p++;
+            if (!hex && (*p == '.' || *p == 'e' || *p == 'E')) { /* a float */
+                while (isalnum((unsigned char)*p) || *p == '.' || *p == '-' || *p == '+')
+                    p++;
+                continue;
+            }
+            int suffixed = *p == 'L';
+            while (*p == 'L')
+                p++;
+            errno = 0;
+            long long v = strtoll(start, NULL, 0);
+            int wide = errno == ERANGE || (!suffixed && (hex ? (unsigned long long)v > UINT32_MAX
+                                                             : (v > INT32_MAX || v < INT32_MIN)));
+            if (wide) {
+                snprintf(lit, cap, "%.*s", (int)(p - start), start);
+                return line;
+            }
+        } else {
+            p++;
+        }
+    }
+    return 0;
+}
+
+/* The first integer setting on a line, for naming a wide literal. */
+static const config_setting_t *setting_on_line(const config_setting_t *g, int line)
+{
+    int n = config_setting_length(g);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        if (config_setting_is_aggregate(s)) {
+            const config_setting_t *r = setting_on_line(s, line);
+            if (r)
+                return r;
+        } else if ((int)s->line == line && !s->file &&
+                   (config_setting_type(s) == CONFIG_TYPE_INT ||
+                    config_setting_type(s) == CONFIG_TYPE_INT64)) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static int check_wide_ints(const loom_config *cfg, const char *text)
+{
+    char lit[64];
+    int line = find_wide_int(text, lit, sizeof lit);
+    if (!line)
+        return LOOM_OK;
+    const char *fix = "the number is out of range even for 64 bits";
+    char want[160];
+    if (lit[strlen(lit) - 1] != 'L') {
+        say(want, sizeof want,
+            "write %sL (libconfig reads numbers above 2^31 only with the L suffix)", lit);
+        fix = want;
+    }
+    const config_setting_t *s = setting_on_line(config_root_setting(&cfg->tree), line);
+    if (s) {
+        char path[PATH_MAX_LEN];
+        setting_path(s, path, sizeof path);
+        return loom_fail(LOOM_ERR_INVALID, "%s:%d: %s: integer %s does not fit; %s", cfg->name,
+                         line, path, lit, fix);
+    }
+    return loom_fail(LOOM_ERR_INVALID, "%s:%d: integer %s does not fit; %s", cfg->name, line, lit,
+                     fix);
+}
+
+/* ------------------------------------------------------------ values from text */
+
+static config_setting_t *copy_setting(config_setting_t *parent, const char *name,
+                                      const config_setting_t *src)
+{
+    int t = config_setting_type(src);
+    config_setting_t *d = config_setting_add(parent, name, t);
+    if (!d)
+        return NULL;
+    int ok = CONFIG_TRUE;
+    switch (t) {
+    case CONFIG_TYPE_INT: ok = config_setting_set_int(d, config_setting_get_int(src)); break;
+    case CONFIG_TYPE_INT64: ok = config_setting_set_int64(d, config_setting_get_int64(src)); break;
+    case CONFIG_TYPE_FLOAT: ok = config_setting_set_float(d, config_setting_get_float(src)); break;
+    case CONFIG_TYPE_BOOL: ok = config_setting_set_bool(d, config_setting_get_bool(src)); break;
+    case CONFIG_TYPE_STRING:
+        ok = config_setting_set_string(d, config_setting_get_string(src));
+        break;
+    default:
+        for (int i = 0; i < config_setting_length(src); i++) {
+            const config_setting_t *e = config_setting_get_elem(src, (unsigned)i);
+            if (!copy_setting(d, t == CONFIG_TYPE_GROUP ? e->name : NULL, e))
+                return NULL;
+        }
+    }
+    return ok ? d : NULL;
+}
+
+static config_setting_t *add_string(config_setting_t *parent, const char *name, const char *v)
+{
+    config_setting_t *s = config_setting_add(parent, name, CONFIG_TYPE_STRING);
+    if (s && !config_setting_set_string(s, v))
+        return NULL;
+    return s;
+}
+
+static config_setting_t *add_int(config_setting_t *parent, const char *name, long long v)
+{
+    int wide = v > INT32_MAX || v < INT32_MIN;
+    config_setting_t *s =
+        config_setting_add(parent, name, wide ? CONFIG_TYPE_INT64 : CONFIG_TYPE_INT);
+    if (s && !(wide ? config_setting_set_int64(s, v) : config_setting_set_int(s, (int)v)))
+        return NULL;
+    return s;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Add parent.name from the text of a value, as --set and defaults give it.
+ * hint (0 = unknown) is the type the schema wants there; it lets a user
+ * skip the quotes a config file would need:
+ *   string:          --set comm.default=ucx, --set data.train=a/b.bin
+ *   list of strings: --set bench.comms=mpi,ucx  (or ["mpi","ucx"])
+ *   list of ints:    --set parallel.pp.stage_layers=2,2
+ * Anything else is read as a libconfig value; a bare word that is not one
+ * becomes a string. On failure err says why. */
+static config_setting_t *add_from_text(config_setting_t *parent, const char *name, const char *text,
+                                       int hint, char *err, size_t errcap)
+{
+    int open = text[0] == '"' || text[0] == '[' || text[0] == '(' || text[0] == '{';
+    if (hint == V_STRING && text[0] != '"')
+        return add_string(parent, name, text);
+    if (hint == V_STRINGS && !open) {
+        config_setting_t *list = config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
+        char *copy = strdup(text);
+        if (!list || !copy) {
+            free(copy);
+            return NULL;
+        }
+        for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save))
+            if (!add_string(list, NULL, trim(tok))) {
+                free(copy);
+                return NULL;
+            }
+        free(copy);
+        return list;
+    }
+    if (hint == V_INTS && !text[0])
+        return config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
+    if (hint == V_INT && text[0]) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(text, &end, 0);
+        if (!*end && errno == 0)
+            return add_int(parent, name, v);
+    }
+
+    size_t cap = strlen(text) + 16;
+    char *src = malloc(cap);
+    if (!src)
+        return NULL;
+    if (hint == V_INTS && text[0] && !open)
+        snprintf(src, cap, "v = [%s];", text);
+    else
+        snprintf(src, cap, "v = %s;", text);
+
+    config_t scratch;
+    config_init(&scratch);
+    config_setting_t *out = NULL;
+    char lit[64];
+    int parsed = config_read_string(&scratch, src) &&
+                 config_setting_length(config_root_setting(&scratch)) == 1;
+    const config_setting_t *v = parsed ? config_lookup(&scratch, "v") : NULL;
+    if (v && find_wide_int(src, lit, sizeof lit)) {
+        snprintf(err, errcap, "integer %s does not fit in 32 bits; write %sL", lit, lit);
+    } else if (v) {
+        int t = config_setting_type(v);
+        if ((hint == V_STRINGS && t == CONFIG_TYPE_STRING) ||
+            (hint == V_INTS && (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64))) {
+            config_setting_t *list = config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
+            out = list && copy_setting(list, NULL, v) ? list : NULL;
+        } else {
+            out = copy_setting(parent, name, v);
+        }
+    } else if (!open) {
+        out = add_string(parent, name, text);
+    } else {
+        snprintf(err, errcap, "libconfig: %s",
+                 parsed ? "more than one value" : config_error_text(&scratch));
+    }
+    config_destroy(&scratch);
+    free(src);
+    return out;
+}
+
+/* The group at path, made (empty) where missing; `hook` marks the groups it
+ * makes. NULL if something that is not a group is in the way. */
+static config_setting_t *make_groups(config_t *c, const char *path, void *hook,
+                                     config_setting_t **in_the_way)
+{
+    config_setting_t *g = config_root_setting(c);
+    const char *p = path;
+    *in_the_way = NULL;
+    while (*p) {
+        size_t n = strcspn(p, ".");
+        char name[NAME_MAX_LEN];
+        snprintf(name, sizeof name, "%.*s", (int)n, p);
+        config_setting_t *s = config_setting_get_member(g, name);
+        if (!s) {
+            s = config_setting_add(g, name, CONFIG_TYPE_GROUP);
+            if (!s)
+                return NULL;
+            config_setting_set_hook(s, hook);
+        } else if (!config_setting_is_group(s)) {
+            *in_the_way = s;
+            return NULL;
+        }
+        g = s;
+        p += n;
+        if (*p == '.')
+            p++;
+    }
+    return g;
+}
+
+/* Set path (replacing whatever is there) from text; hook marks an override. */
+static int set_from_text(config_t *c, const char *path, const char *text, int hint, void *hook,
+                         char *err, size_t errcap)
+{
+    char group[PATH_MAX_LEN];
+    const char *dot = strrchr(path, '.');
+    const char *leaf = dot ? dot + 1 : path;
+    snprintf(group, sizeof group, "%.*s", dot ? (int)(dot - path) : 0, path);
+    config_setting_t *in_the_way;
+    config_setting_t *g = make_groups(c, group, hook, &in_the_way);
+    if (!g) {
+        if (in_the_way) {
+            char p[PATH_MAX_LEN], found[128];
+            setting_path(in_the_way, p, sizeof p);
+            say(err, errcap, "%s is %s, not a group", p, describe(in_the_way, found, sizeof found));
+            return LOOM_ERR_INVALID;
+        }
+        snprintf(err, errcap, "out of memory");
+        return LOOM_ERR_NO_MEMORY;
+    }
+    if (config_setting_get_member(g, leaf))
+        config_setting_remove(g, leaf);
+    err[0] = '\0';
+    config_setting_t *s = add_from_text(g, leaf, text, hint, err, errcap);
+    if (!s) {
+        if (!err[0])
+            snprintf(err, errcap, "out of memory");
+        return LOOM_ERR_INVALID;
+    }
+    config_setting_set_hook(s, hook);
+    return LOOM_OK;
+}
+
+/* "path=value" -> path and value, trimmed. */
+static int split_override(const char *text, char *path, size_t pcap, const char **value)
+{
+    const char *eq = strchr(text, '=');
+    if (!eq)
+        return 0;
+    char tmp[PATH_MAX_LEN];
+    snprintf(tmp, sizeof tmp, "%.*s", (int)(eq - text), text);
+    snprintf(path, pcap, "%s", trim(tmp));
+    for (*value = eq + 1; isspace((unsigned char)**value); (*value)++) {
+    }
+    return 1;
+}
+
+static int apply_override(loom_config *cfg, int i)
+{
+    const char *text = cfg->overrides[i];
+    char path[PATH_MAX_LEN], err[256];
+    const char *value;
+    if (!split_override(text, path, sizeof path, &value))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "--set %s: expected path=value, e.g. --set train.lr=3e-4", text);
+    if (!valid_path(path))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "--set %s: '%s' is not a setting path (names joined by dots, e.g. "
+                         "parallel.dp.size)",
+                         text, path);
+    char *v = strdup(value);
+    if (!v)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "--set %s: out of memory", text);
+    const schema_entry *e = schema_find(path);
+    int rc = set_from_text(&cfg->tree, path, trim(v), e ? (int)e->type : 0, cfg->overrides[i], err,
+                           sizeof err);
+    free(v);
+    if (rc)
+        return loom_fail(rc, "--set %s: %s", text, err);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ load */
+
+static int build_defaults(loom_config *cfg)
+{
+    char err[256];
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
+        const schema_entry *e = &schema[i];
+        if (!e->def)
+            continue;
+        int rc =
+            set_from_text(&cfg->defaults, e->path, e->def, (int)e->type, NULL, err, sizeof err);
+        if (rc)
+            return loom_fail(LOOM_ERR_INTERNAL, "config schema: default of %s: %s", e->path, err);
+        int blocked;
+        rc = check_value(cfg, find_setting(&cfg->defaults, e->path, &blocked), e->path, e);
+        if (rc) {
+            char why[512];
+            say(why, sizeof why, "%s", loom_last_error());
+            return loom_fail(LOOM_ERR_INTERNAL, "config schema: bad default: %s", why);
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_config *config_new(const char *file, const char *name, const char *const *overrides,
+                               int noverrides)
+{
+    loom_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg)
+        return NULL;
+    config_init(&cfg->tree);
+    config_init(&cfg->defaults);
+    cfg->file = file ? strdup(file) : NULL;
+    cfg->name = strdup(name ? name : "config");
+    if (!overrides)
+        noverrides = 0;
+    cfg->overrides = noverrides > 0 ? calloc((size_t)noverrides, sizeof(char *)) : NULL;
+    int ok = cfg->name && (!file || cfg->file) && (noverrides <= 0 || cfg->overrides);
+    for (int i = 0; ok && i < noverrides; i++) {
+        cfg->overrides[i] = strdup(overrides[i] ? overrides[i] : "");
+        ok = cfg->overrides[i] != NULL;
+        cfg->noverrides = i + 1;
+    }
+    if (!ok) {
+        loom_config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+/* Parse text into cfg->tree, then overrides, then every check. */
+static int config_finish(loom_config *cfg, const char *text)
+{
+    int rc = build_defaults(cfg);
+    if (rc)
+        return rc;
+    if (text) {
+        if (!config_read_string(&cfg->tree, text)) {
+            const char *file = config_error_file(&cfg->tree);
+            return loom_fail(LOOM_ERR_INVALID, "%s:%d: syntax error (libconfig: %s)",
+                             file ? file : cfg->name, config_error_line(&cfg->tree),
+                             config_error_text(&cfg->tree));
+        }
+        rc = check_wide_ints(cfg, text);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < cfg->noverrides; i++) {
+        rc = apply_override(cfg, i);
+        if (rc)
+            return rc;
+    }
+    rc = validate_group(cfg, config_root_setting(&cfg->tree), "");
+    if (!rc)
+        rc = check_required(cfg);
+    if (!rc)
+        rc = check_relations(cfg);
+    return rc;
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = NULL;
+    int err = 0;
+    for (;;) {
+        char *bigger = realloc(buf, cap);
+        if (!bigger) {
+            err = ENOMEM;
+            break;
+        }
+        buf = bigger;
+        len += fread(buf + len, 1, cap - 1 - len, f);
+        if (ferror(f)) {
+            err = errno; /* EISDIR for a directory */
+            break;
+        }
+        if (len < cap - 1)
+            break;
+        cap *= 2;
+    }
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = err;
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+int loom_config_load(const char *path, const char *const *overrides, int noverrides,
+                     loom_config **out)
+{
+    *out = NULL;
+    char *text = NULL;
+    if (path) {
+        text = read_text(path);
+        if (!text)
+            return loom_fail(LOOM_ERR_INVALID, "cannot read config '%s': %s", path,
+                             strerror(errno));
+    }
+    loom_config *cfg = config_new(path, path, overrides, noverrides);
+    if (!cfg) {
+        free(text);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
+    }
+    if (path) {
+        /* @include "x.cfg" is relative to the including file. */
+        char dir[PATH_MAX_LEN];
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+            say(dir, sizeof dir, ".");
+        else
+            say(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        config_set_include_dir(&cfg->tree, dir);
+    }
+    int rc = config_finish(cfg, text);
+    free(text);
+    if (rc) {
+        loom_config_free(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return LOOM_OK;
+}
+
+int loom_config_parse(const char *text, const char *name, const char *const *overrides,
+                      int noverrides, loom_config **out)
+{
+    *out = NULL;
+    if (!text)
+        return loom_fail(LOOM_ERR_INVALID, "config: no text to parse");
+    loom_config *cfg = config_new(NULL, name, overrides, noverrides);
+    if (!cfg)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
+    int rc = config_finish(cfg, text);
+    if (rc) {
+        loom_config_free(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return LOOM_OK;
+}
+
+void loom_config_free(loom_config *cfg)
+{
+    if (!cfg)
+        return;
+    config_destroy(&cfg->tree);
+    config_destroy(&cfg->defaults);
+    for (int i = 0; i < cfg->noverrides; i++)
+        free(cfg->overrides[i]);
+    free(cfg->overrides);
+    free(cfg->file);
+    free(cfg->name);
+    free(cfg);
+}
+
+/* ------------------------------------------------------------ reads */
+
+/* The user's setting, else the default; NULL if neither exists. Records
+ * nothing: asking whether an optional list exists is not an error. */
+static const config_setting_t *lookup(const loom_config *cfg, const char *path)
+{
+    if (!cfg || !path)
+        return NULL;
+    int blocked;
+    const config_setting_t *s = find_setting(&cfg->tree, path, &blocked);
+    if (!s && !blocked)
+        s = find_setting(&cfg->defaults, path, &blocked);
+    return s;
+}
+
+static int not_found(const char *path)
+{
+    return loom_fail(LOOM_ERR_NOT_FOUND,
+                     "config: no setting '%s' (not set, and not a known setting)",
+                     path ? path : "(null)");
+}
+
+static int wrong_type(const loom_config *cfg, const config_setting_t *s, const char *path,
+                      value_type want)
+{
+    char found[128];
+    return fail_at(cfg, s, path, "expected %s, found %s", expected_name(want),
+                   describe(s, found, sizeof found));
+}
+
+int loom_config_int(const loom_config *cfg, const char *path, int64_t *out)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s)
+        return not_found(path);
+    int t = config_setting_type(s);
+    if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
+        return wrong_type(cfg, s, path, V_INT);
+    *out = (int64_t)int_of(s);
+    return LOOM_OK;
+}
+
+int loom_config_float(const loom_config *cfg, const char *path, double *out)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s)
+        return not_found(path);
+    if (!config_setting_is_number(s))
+        return wrong_type(cfg, s, path, V_FLOAT);
+    *out = number_of(s);
+    return LOOM_OK;
+}
+
+int loom_config_bool(const loom_config *cfg, const char *path, int *out)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s)
+        return not_found(path);
+    if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+        return wrong_type(cfg, s, path, V_BOOL);
+    *out = config_setting_get_bool(s) != 0;
+    return LOOM_OK;
+}
+
+int loom_config_string(const loom_config *cfg, const char *path, const char **out)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s)
+        return not_found(path);
+    if (config_setting_type(s) != CONFIG_TYPE_STRING)
+        return wrong_type(cfg, s, path, V_STRING);
+    *out = config_setting_get_string(s);
+    return LOOM_OK;
+}
+
+int loom_config_list_len(const loom_config *cfg, const char *path)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s || (!config_setting_is_array(s) && !config_setting_is_list(s)))
+        return -1;
+    return config_setting_length(s);
+}
+
+const char *loom_config_list_string(const loom_config *cfg, const char *path, int index)
+{
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s || index < 0 || (!config_setting_is_array(s) && !config_setting_is_list(s)))
+        return NULL;
+    const config_setting_t *e = config_setting_get_elem(s, (unsigned)index);
+    if (!e || config_setting_type(e) != CONFIG_TYPE_STRING)
+        return NULL;
+    return config_setting_get_string(e);
+}
+
+int loom_config_is_set(const loom_config *cfg, const char *path)
+{
+    int blocked;
+    return cfg && path && find_setting(&cfg->tree, path, &blocked) != NULL;
+}
+
+const char *loom_config_where(const loom_config *cfg, const char *path)
+{
+    static _Thread_local char buf[PATH_MAX_LEN + 64];
+    int blocked;
+    const config_setting_t *s = cfg && path ? find_setting(&cfg->tree, path, &blocked) : NULL;
+    if (!s)
+        return "default";
+    return origin(cfg, s, buf, sizeof buf);
+}
+
+const char *loom_config_file(const loom_config *cfg)
+{
+    return cfg ? cfg->file : NULL;
+}
+
+/* ------------------------------------------------------------ plugin groups */
+
+static value_type spec_type(loom_setting_type t)
+{
+    switch (t) {
+    case LOOM_SETTING_INT: return V_INT;
+    case LOOM_SETTING_FLOAT: return V_FLOAT;
+    case LOOM_SETTING_BOOL: return V_BOOL;
+    case LOOM_SETTING_STRING: return V_STRING;
+    }
+    return 0;
+}
+
+static const loom_setting_spec *spec_find(const loom_setting_spec *specs, const char *name)
+{
+    for (const loom_setting_spec *sp = specs; sp && sp->name; sp++)
+        if (!strcmp(sp->name, name))
+            return sp;
+    return NULL;
+}
+
+static int in_list(const char *const *list, const char *name)
+{
+    for (; list && *list; list++)
+        if (!strcmp(*list, name))
+            return 1;
+    return 0;
+}
+
+/* An override written before the plugin's types were known was read
+ * without a hint (--set comm.ucx.device=0 gave an integer); now that the
+ * spec says what it is, read its text again. */
+static int reread_override(loom_config *cfg, config_setting_t *s, const char *path, value_type type)
+{
+    const char *hook = s->hook;
+    char opath[PATH_MAX_LEN], err[256];
+    const char *value;
+    int t = config_setting_type(s);
+    int fits = type == V_STRING  ? t == CONFIG_TYPE_STRING
+               : type == V_BOOL  ? t == CONFIG_TYPE_BOOL
+               : type == V_FLOAT ? config_setting_is_number(s)
+                                 : t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
+    /* A setting that already fits is left alone, so that strings handed out
+     * stay valid when a second instance of the plugin checks the group. */
+    if (fits || !hook || !split_override(hook, opath, sizeof opath, &value) || strcmp(opath, path))
+        return LOOM_OK;
+    char *v = strdup(value);
+    if (!v)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
+    int rc = set_from_text(&cfg->tree, path, trim(v), (int)type, s->hook, err, sizeof err);
+    free(v);
+    return rc ? loom_fail(rc, "--set %s: %s", hook, err) : LOOM_OK;
+}
+
+int loom_config_check_group(loom_config *cfg, const char *group_path,
+                            const loom_setting_spec *specs, const char *const *skip)
+{
+    if (!cfg || !group_path || !valid_path(group_path))
+        return loom_fail(LOOM_ERR_INVALID, "config: bad group path '%s'",
+                         group_path ? group_path : "");
+    char path[PATH_MAX_LEN], err[256], found[128];
+
+    /* Remember the defaults first: reads of unset settings answer from them. */
+    for (const loom_setting_spec *sp = specs; sp && sp->name; sp++) {
+        join_path(path, sizeof path, group_path, sp->name);
+        if (!valid_name(sp->name, strlen(sp->name)) || !spec_type(sp->type))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: the plugin declares a setting with a bad name or type (%d)", path,
+                             (int)sp->type);
+        int blocked;
+        /* Checked before (another instance of the plugin): keep the first
+         * default, strings read from it may be held. */
+        if (!sp->default_value || find_setting(&cfg->defaults, path, &blocked))
+            continue;
+        schema_entry e = {.path = path, .type = spec_type(sp->type)};
+        int rc = set_from_text(&cfg->defaults, path, sp->default_value, (int)e.type, NULL, err,
+                               sizeof err);
+        const config_setting_t *d = rc ? NULL : find_setting(&cfg->defaults, path, &blocked);
+        if (!d || check_value(cfg, d, path, &e))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: the plugin's default \"%s\" is not %s (a bug in the plugin)",
+                             path, sp->default_value, expected_name(e.type));
+    }
+
+    int blocked;
+    config_setting_t *g = find_setting(&cfg->tree, group_path, &blocked);
+    if (g && !config_setting_is_group(g))
+        return fail_at(cfg, g, group_path, "expected a group of settings ({ ... }), found %s",
+                       describe(g, found, sizeof found));
+
+    /* The names the core owns in this group were checked at load. */
+    name_list extra = {0};
+    for (const loom_setting_spec *sp = specs; sp && sp->name; sp++)
+        names_add(&extra, sp->name, strlen(sp->name));
+    for (const char *const *k = skip; k && *k; k++)
+        names_add(&extra, *k, strlen(*k));
+
+    int n = g ? config_setting_length(g) : 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        const char *name = config_setting_name(s);
+        join_path(path, sizeof path, group_path, name);
+        if (!in_list(skip, name) && !schema_find(path) && !schema_is_group(path) &&
+            !spec_find(specs, name))
+            return unknown_setting(cfg, s, group_path, &extra, NULL);
+    }
+    /* Rereading replaces a setting (at the end of the group), so go by name. */
+    for (const loom_setting_spec *sp = specs; g && sp && sp->name; sp++) {
+        config_setting_t *s = config_setting_get_member(g, sp->name);
+        join_path(path, sizeof path, group_path, sp->name);
+        if (!s || in_list(skip, sp->name) || schema_find(path))
+            continue;
+        int rc = reread_override(cfg, s, path, spec_type(sp->type));
+        if (rc)
+            return rc;
+    }
+    /* Rereading may have replaced settings: check types on a fresh walk. */
+    for (int i = 0; g && i < config_setting_length(g); i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        const loom_setting_spec *sp = spec_find(specs, config_setting_name(s));
+        join_path(path, sizeof path, group_path, config_setting_name(s));
+        if (!sp || in_list(skip, sp->name) || schema_find(path))
+            continue;
+        schema_entry e = {.path = path, .type = spec_type(sp->type)};
+        int rc = check_value(cfg, s, path, &e);
+        if (rc)
+            return rc;
+    }
+
+    for (const loom_setting_spec *sp = specs; sp && sp->name; sp++) {
+        join_path(path, sizeof path, group_path, sp->name);
+        if (!sp->default_value && !in_list(skip, sp->name) && !loom_config_is_set(cfg, path))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: %s: required setting is missing (it has no default); set it "
+                             "in the config or with --set %s=VALUE",
+                             cfg->name, path, path);
+    }
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------ loom settings */
+
+static const char *type_name(value_type t)
+{
+    switch (t) {
+    case V_INT: return "int";
+    case V_FLOAT: return "float";
+    case V_BOOL: return "bool";
+    case V_STRING: return "string";
+    case V_STRINGS: return "strings";
+    case V_INTS: return "ints";
+    }
+    return "?";
+}
+
+void loom_config_print_schema(FILE *f)
+{
+    fprintf(f, "%-30s %-8s %-12s %s\n", "setting", "type", "default", "what (allowed)");
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
+        const schema_entry *e = &schema[i];
+        char allowed[256] = "";
+        size_t n = 0;
+        for (int k = 0; e->choices && e->choices[k] && n < sizeof allowed; k++)
+            n += (size_t)snprintf(allowed + n, sizeof allowed - n, "%s%s", k ? " | " : "",
+                                  e->choices[k]);
+        if (!e->choices && (e->flags & (GE | GT)) && (e->flags & (LE | LT)))
+            snprintf(allowed, sizeof allowed, "%g %s x %s %g", e->lo, e->flags & GE ? "<=" : "<",
+                     e->flags & LE ? "<=" : "<", e->hi);
+        else if (!e->choices && (e->flags & (GE | GT)))
+            snprintf(allowed, sizeof allowed, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
+        const char *def = e->def ? (e->def[0] ? e->def : "\"\"") : "(required)";
+        fprintf(f, "%-30s %-8s %-12s %s%s%s%s\n", e->path, type_name(e->type), def,
+                e->help ? e->help : "", allowed[0] ? " (" : "", allowed, allowed[0] ? ")" : "");
+    }
+}

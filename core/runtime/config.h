@@ -1,0 +1,50 @@
+/* loom runtime — The job config: schema, typed reads, plugin settings groups. */
+#ifndef LOOM_RUNTIME_CONFIG_H
+#define LOOM_RUNTIME_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include "loom/plugin.h"
+
+/* A parsed, validated job config (DESIGN §9). Every setting the core knows
+ * has a schema entry (type, default, allowed values); groups owned by
+ * plugins (comm.<backend>, the extra settings of parallel.<axis>,
+ * memory.offload) are validated when the plugin loads, against its
+ * loom_setting_spec list. Paths use dots: "parallel.dp.size". */
+typedef struct loom_config loom_config;
+
+/* path may be NULL: only defaults and overrides. overrides are "path=value"
+ * strings from --set, parsed as libconfig values (a bare word is a string). */
+int loom_config_load(const char *path, const char *const *overrides, int noverrides,
+                     loom_config **out);
+/* The same from text in memory; name is used in messages in place of a file. */
+int loom_config_parse(const char *text, const char *name, const char *const *overrides,
+                      int noverrides, loom_config **out);
+void loom_config_free(loom_config *cfg);
+
+/* Typed reads; a path the schema knows always succeeds (default if unset).
+ * LOOM_ERR_NOT_FOUND for a path neither set nor in the schema. */
+int loom_config_int(const loom_config *cfg, const char *path, int64_t *out);
+int loom_config_float(const loom_config *cfg, const char *path, double *out);
+int loom_config_bool(const loom_config *cfg, const char *path, int *out);
+int loom_config_string(const loom_config *cfg, const char *path, const char **out);
+/* Lists of strings ("plugins.path", "bench.comms"): -1 when absent. */
+int loom_config_list_len(const loom_config *cfg, const char *path);
+const char *loom_config_list_string(const loom_config *cfg, const char *path, int index);
+int loom_config_is_set(const loom_config *cfg, const char *path);
+/* Every setting the core knows: path, type, default, help, allowed values
+ * (`loom settings`). */
+void loom_config_print_schema(FILE *f);
+/* "examples/bench.cfg:12", "--set bench.iters=5", or "default". Static
+ * buffer per thread. */
+const char *loom_config_where(const loom_config *cfg, const char *path);
+const char *loom_config_file(const loom_config *cfg); /* NULL without a file */
+
+/* Validate the group at group_path against a plugin's settings (unknown
+ * names, types; "did you mean"), remembering specs so the typed reads below
+ * return the defaults of unset settings. An absent group is all defaults.
+ * skip lists names in the group the core owns ("size", "strategy"). */
+int loom_config_check_group(loom_config *cfg, const char *group_path,
+                            const loom_setting_spec *specs, const char *const *skip);
+
+#endif

@@ -1,0 +1,27 @@
+/* loom runtime — Communicator groups over a backend plugin, with counters. */
+#ifndef LOOM_RUNTIME_GROUP_H
+#define LOOM_RUNTIME_GROUP_H
+
+#include <stdint.h>
+#include "loom/comm.h"
+#include "runtime/runtime.h"
+
+/* The world group over backend `name` ("mpi", "ucx", "nccl", "self"). */
+int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out);
+/* Collective over parent: see loom_comm_plugin_v1_t.create_subgroup. A list
+ * of one rank gives a self group without calling the backend. */
+int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_group **out);
+/* A group of this rank alone, over the built-in self communicator. */
+int loom_group_self(loom_runtime *rt, loom_group **out);
+void loom_group_destroy(loom_group *g);
+extern const loom_comm_api loom_core_comm_api;
+
+/* Bytes this rank sent per op since the group was made (payload bytes the
+ * algorithm-independent way: what the op's definition moves). */
+typedef struct loom_comm_counters {
+    uint64_t calls[LOOM_OP_COUNT];
+    uint64_t bytes[LOOM_OP_COUNT];
+} loom_comm_counters;
+void loom_group_counters(const loom_group *g, loom_comm_counters *out);
+
+#endif

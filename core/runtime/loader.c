@@ -1,0 +1,685 @@
+/* The plugin loader (DESIGN §2): where plugins are looked for, and the
+ * checks a plugin file must pass before the core calls into it.
+ *
+ * A plugin is refused, never trusted: every field the core will rely on is
+ * checked against the frozen v1 structs, and a refusal says which file, what
+ * it found and what it wanted, in one line. A refused file is dlclose'd. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loom/comm.h"
+#include "loom/memtier.h"
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+
+#ifndef LOOM_PLUGIN_INSTALL_DIR
+#define LOOM_PLUGIN_INSTALL_DIR "/usr/local/lib/loom"
+#endif
+
+/* Highest major we probe for, only to say "built for ABI N" instead of
+ * "not a loom plugin". */
+#define PROBE_MAX_MAJOR 9
+/* A settings list longer than this has lost its NULL terminator. */
+#define MAX_SETTINGS 256
+
+/* ------------------------------------------------------------ search path */
+
+/* Two spellings of one directory ("a/", "./a", a symlink) count once. */
+static int same_dir(const char *a, const char *b)
+{
+    if (!strcmp(a, b))
+        return 1;
+    char *ra = realpath(a, NULL);
+    char *rb = realpath(b, NULL);
+    int same = ra && rb && !strcmp(ra, rb);
+    free(ra);
+    free(rb);
+    return same;
+}
+
+static int search_path_add(loom_search_path *sp, const char *dir, size_t len)
+{
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    if (len == 0)
+        return LOOM_OK;
+    char *copy = strndup(dir, len);
+    if (!copy)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "plugin search path: out of memory");
+    for (int i = 0; i < sp->count; i++) {
+        if (same_dir(sp->dirs[i], copy)) {
+            free(copy);
+            return LOOM_OK;
+        }
+    }
+    char **dirs = realloc(sp->dirs, (size_t)(sp->count + 1) * sizeof *dirs);
+    if (!dirs) {
+        free(copy);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "plugin search path: out of memory");
+    }
+    dirs[sp->count++] = copy;
+    sp->dirs = dirs;
+    return LOOM_OK;
+}
+
+/* build/lib/loom in the build tree, <prefix>/lib/loom once installed: the
+ * plugin folder at the same place relative to the running program (loom,
+ * or a test) as the build puts it (LOOM_PLUGIN_DIR_FROM_BIN), so a moved
+ * build or install still finds its own plugins first. */
+static int add_dir_next_to_program(loom_search_path *sp)
+{
+    char *exe = realpath("/proc/self/exe", NULL);
+    if (!exe)
+        return LOOM_OK;
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/%s", dirname(exe), LOOM_PLUGIN_DIR_FROM_BIN);
+    free(exe);
+    char *plain = realpath(dir, NULL); /* without the "bin/.." in messages */
+    int rc = search_path_add(sp, plain ? plain : dir, strlen(plain ? plain : dir));
+    free(plain);
+    return rc;
+}
+
+int loom_search_path_init(loom_search_path *sp, const loom_config *cfg)
+{
+    sp->count = 0;
+    sp->dirs = NULL;
+    int rc = LOOM_OK;
+    int n = cfg ? loom_config_list_len(cfg, "plugins.path") : -1;
+    for (int i = 0; i < n && rc == LOOM_OK; i++) {
+        const char *dir = loom_config_list_string(cfg, "plugins.path", i);
+        if (dir)
+            rc = search_path_add(sp, dir, strlen(dir));
+    }
+    const char *env = getenv("LOOM_PLUGIN_PATH");
+    while (env && *env && rc == LOOM_OK) {
+        const char *colon = strchr(env, ':');
+        size_t len = colon ? (size_t)(colon - env) : strlen(env);
+        rc = search_path_add(sp, env, len);
+        env = colon ? colon + 1 : NULL;
+    }
+    if (rc == LOOM_OK)
+        rc = add_dir_next_to_program(sp);
+    if (rc == LOOM_OK)
+        rc = search_path_add(sp, LOOM_PLUGIN_INSTALL_DIR, strlen(LOOM_PLUGIN_INSTALL_DIR));
+    if (rc != LOOM_OK)
+        loom_search_path_free(sp);
+    return rc;
+}
+
+void loom_search_path_free(loom_search_path *sp)
+{
+    for (int i = 0; i < sp->count; i++)
+        free(sp->dirs[i]);
+    free(sp->dirs);
+    sp->dirs = NULL;
+    sp->count = 0;
+}
+
+/* ------------------------------------------------------------- file names */
+
+uint32_t loom_plugin_kind_of(const char *kind_name)
+{
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER; k++)
+        if (!strcmp(kind_name, loom_plugin_kind_name(k)))
+            return k;
+    return 0;
+}
+
+int loom_plugin_parse_file_name(const char *path, char *kind, size_t kind_cap, char *name,
+                                size_t name_cap)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t len = strlen(base);
+    static const char prefix[] = "libloom-", suffix[] = ".so";
+    size_t plen = sizeof prefix - 1, slen = sizeof suffix - 1;
+    if (len <= plen + slen || strncmp(base, prefix, plen) || strcmp(base + len - slen, suffix))
+        return 0;
+    const char *k = base + plen;
+    const char *end = base + len - slen;
+    const char *dash = memchr(k, '-', (size_t)(end - k));
+    /* kind and name both non-empty: "libloom-comm-.so" is not a plugin name */
+    if (!dash || dash == k || dash + 1 >= end)
+        return 0;
+    size_t klen = (size_t)(dash - k), nlen = (size_t)(end - dash - 1);
+    if (klen >= kind_cap || nlen >= name_cap)
+        return 0;
+    memcpy(kind, k, klen);
+    kind[klen] = '\0';
+    memcpy(name, dash + 1, nlen);
+    name[nlen] = '\0';
+    return 1;
+}
+
+/* ------------------------------------------------------- required ops */
+
+typedef struct op_slot {
+    const char *name;
+    size_t offset;
+} op_slot;
+
+#define OP(type, member) {#member, offsetof(type, member)}
+
+static const op_slot comm_required[] = {
+    OP(loom_comm_plugin_v1_t, create_world), OP(loom_comm_plugin_v1_t, create_subgroup),
+    OP(loom_comm_plugin_v1_t, destroy),      OP(loom_comm_plugin_v1_t, rank),
+    OP(loom_comm_plugin_v1_t, size),         OP(loom_comm_plugin_v1_t, allreduce),
+    OP(loom_comm_plugin_v1_t, broadcast),    OP(loom_comm_plugin_v1_t, reduce),
+    OP(loom_comm_plugin_v1_t, allgather),    OP(loom_comm_plugin_v1_t, reducescatter),
+    OP(loom_comm_plugin_v1_t, alltoall),     OP(loom_comm_plugin_v1_t, send),
+    OP(loom_comm_plugin_v1_t, recv),         OP(loom_comm_plugin_v1_t, barrier),
+    OP(loom_comm_plugin_v1_t, test),         OP(loom_comm_plugin_v1_t, wait),
+};
+
+static const op_slot memtier_required[] = {
+    OP(loom_memtier_plugin_v1_t, create),   OP(loom_memtier_plugin_v1_t, destroy),
+    OP(loom_memtier_plugin_v1_t, capacity), OP(loom_memtier_plugin_v1_t, alloc),
+    OP(loom_memtier_plugin_v1_t, free),     OP(loom_memtier_plugin_v1_t, write),
+    OP(loom_memtier_plugin_v1_t, read),     OP(loom_memtier_plugin_v1_t, test),
+    OP(loom_memtier_plugin_v1_t, wait),
+};
+
+static const op_slot strategy_common_required[] = {
+    OP(loom_strategy_plugin_v1_t, create),
+    OP(loom_strategy_plugin_v1_t, destroy),
+    OP(loom_strategy_plugin_v1_t, describe),
+};
+
+static const op_slot strategy_tp_required[] = {
+    OP(loom_strategy_plugin_v1_t, tensor_shard),
+    OP(loom_strategy_plugin_v1_t, tensor_enter),
+    OP(loom_strategy_plugin_v1_t, tensor_exit),
+    OP(loom_strategy_plugin_v1_t, tensor_exit_backward),
+    OP(loom_strategy_plugin_v1_t, tensor_enter_backward),
+};
+static const op_slot strategy_sp_required[] = {
+    OP(loom_strategy_plugin_v1_t, attention_forward),
+    OP(loom_strategy_plugin_v1_t, attention_backward),
+};
+static const op_slot strategy_pp_required[] = {
+    OP(loom_strategy_plugin_v1_t, pipeline_schedule),
+};
+static const op_slot strategy_dp_required[] = {
+    OP(loom_strategy_plugin_v1_t, data_setup),
+    OP(loom_strategy_plugin_v1_t, data_optimizer_step),
+};
+
+typedef struct op_list {
+    const op_slot *ops;
+    size_t count;
+} op_list;
+
+#define OP_LIST(a) {(a), LOOM_ARRAY_LEN(a)}
+
+/* The REQUIRED ops of a kind: the common part, plus for a strategy the
+ * hooks of its axis (axis < 0: not known yet). At most two lists. */
+static int required_ops(uint32_t kind, int axis, op_list lists[2])
+{
+    switch (kind) {
+    case LOOM_PLUGIN_COMM: lists[0] = (op_list)OP_LIST(comm_required); return 1;
+    case LOOM_PLUGIN_MEMTIER: lists[0] = (op_list)OP_LIST(memtier_required); return 1;
+    case LOOM_PLUGIN_STRATEGY:
+        lists[0] = (op_list)OP_LIST(strategy_common_required);
+        switch (axis) {
+        case LOOM_AXIS_TP: lists[1] = (op_list)OP_LIST(strategy_tp_required); return 2;
+        case LOOM_AXIS_SP: lists[1] = (op_list)OP_LIST(strategy_sp_required); return 2;
+        case LOOM_AXIS_PP: lists[1] = (op_list)OP_LIST(strategy_pp_required); return 2;
+        case LOOM_AXIS_DP: lists[1] = (op_list)OP_LIST(strategy_dp_required); return 2;
+        default: return 1;
+        }
+    default: return 0;
+    }
+}
+
+/* The bytes a v1 struct of this kind must span: its fixed members and every
+ * REQUIRED op. Older minors may stop right there; nothing may stop short. */
+static size_t required_size(uint32_t kind, int axis)
+{
+    op_list lists[2];
+    int n = required_ops(kind, axis, lists);
+    size_t end = sizeof(loom_plugin_header) + 2 * sizeof(uint32_t); /* + kind's fixed fields */
+    for (int l = 0; l < n; l++)
+        for (size_t i = 0; i < lists[l].count; i++)
+            if (lists[l].ops[i].offset + sizeof(void *) > end)
+                end = lists[l].ops[i].offset + sizeof(void *);
+    return end;
+}
+
+static int op_present(const loom_plugin_header *h, size_t offset)
+{
+    if (offset + sizeof(void (*)(void)) > h->struct_size)
+        return 0;
+    void (*fn)(void);
+    memcpy(&fn, (const char *)h + offset, sizeof fn);
+    return fn != NULL;
+}
+
+int loom_plugin_has_op(const loom_plugin *p, size_t offset)
+{
+    return p && p->header && op_present(p->header, offset);
+}
+
+/* ------------------------------------------------------------ settings */
+
+/* A name the config file can spell: libconfig's [A-Za-z*][-A-Za-z0-9_*]*. */
+static int valid_setting_name(const char *s)
+{
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '*'))
+        return 0;
+    for (s++; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '_' || *s == '*'))
+            return 0;
+    return 1;
+}
+
+/* Whether text is a value of type as the config file would write it. */
+static int default_parses(loom_setting_type type, const char *text)
+{
+    char *end;
+    switch (type) {
+    case LOOM_SETTING_INT:
+        errno = 0;
+        (void)strtoll(text, &end, 0);
+        if (end == text || errno)
+            return 0;
+        if (*end == 'L') /* libconfig's 64-bit suffix */
+            end += end[1] == 'L' ? 2 : 1;
+        return *end == '\0';
+    case LOOM_SETTING_FLOAT:
+        errno = 0;
+        (void)strtod(text, &end);
+        return end != text && *end == '\0' && !errno;
+    case LOOM_SETTING_BOOL: return !strcasecmp(text, "true") || !strcasecmp(text, "false");
+    case LOOM_SETTING_STRING: return 1;
+    default: return 0;
+    }
+}
+
+static const char *setting_type_name(loom_setting_type type)
+{
+    switch (type) {
+    case LOOM_SETTING_INT: return "int";
+    case LOOM_SETTING_FLOAT: return "float";
+    case LOOM_SETTING_BOOL: return "bool";
+    case LOOM_SETTING_STRING: return "string";
+    default: return "?";
+    }
+}
+
+/* 0 when the list is valid, else -1 with the problem in why. */
+static int check_settings(const loom_setting_spec *specs, char *why, size_t cap)
+{
+    if (!specs)
+        return 0;
+    for (int i = 0;; i++) {
+        if (i >= MAX_SETTINGS) {
+            snprintf(why, cap, "settings list has no end: more than %d entries without the "
+                     "{NULL} that must close it", MAX_SETTINGS);
+            return -1;
+        }
+        const loom_setting_spec *s = &specs[i];
+        if (!s->name)
+            return 0;
+        if (!s->name[0]) {
+            snprintf(why, cap, "settings[%d] has an empty name", i);
+            return -1;
+        }
+        if (!valid_setting_name(s->name)) {
+            snprintf(why, cap, "settings[%d] '%s' is not a name a config file can spell "
+                     "(letters, digits, '-' and '_', starting with a letter)", i, s->name);
+            return -1;
+        }
+        for (int j = 0; j < i; j++) {
+            if (!strcmp(specs[j].name, s->name)) {
+                snprintf(why, cap, "settings[%d] '%s' repeats settings[%d]", i, s->name, j);
+                return -1;
+            }
+        }
+        if (s->type < LOOM_SETTING_INT || s->type > LOOM_SETTING_STRING) {
+            snprintf(why, cap, "settings[%d] '%s' has unknown type %d (want LOOM_SETTING_INT, "
+                     "_FLOAT, _BOOL or _STRING)", i, s->name, (int)s->type);
+            return -1;
+        }
+        if (s->default_value && !default_parses(s->type, s->default_value)) {
+            snprintf(why, cap, "settings[%d] '%s': default \"%s\" is not a valid %s", i, s->name,
+                     s->default_value, setting_type_name(s->type));
+            return -1;
+        }
+    }
+}
+
+/* --------------------------------------------------------------- loading */
+
+/* One load in progress: the file, what we know of it so far, and where its
+ * checks are reported. */
+typedef struct load_run {
+    const char *path;
+    loom_plugin_kind kind;
+    const char *kind_name;
+    const char *expect_name; /* NULL: no name to check against */
+    loom_plugin_checks *checks;
+} load_run;
+
+static void passed(load_run *r, const char *check)
+{
+    if (r->checks->report)
+        r->checks->report(r->checks->ctx, check, NULL);
+}
+
+static int refuse(load_run *r, int status, const char *check, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int refuse(load_run *r, int status, const char *check, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->checks->reason, sizeof r->checks->reason, fmt, ap);
+    va_end(ap);
+    if (r->checks->report)
+        r->checks->report(r->checks->ctx, check, r->checks->reason);
+    return status;
+}
+
+static const void *find_symbol(void *dl, const char *kind_name, int major)
+{
+    char sym[64];
+    snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", kind_name, major);
+    dlerror();
+    return dlsym(dl, sym);
+}
+
+/* No loom_<kind>_plugin_v1: say what the file is instead. */
+static int refuse_no_symbol(load_run *r, void *dl)
+{
+    for (int major = PROBE_MAX_MAJOR; major >= 2; major--) {
+        const loom_plugin_header *h = find_symbol(dl, r->kind_name, major);
+        if (!h)
+            continue;
+        /* DESIGN §2 keeps abi_version first in every major's struct */
+        char built[32];
+        if ((int)LOOM_ABI_VERSION_MAJOR(h->abi_version) == major)
+            snprintf(built, sizeof built, "%d.%u", major, LOOM_ABI_VERSION_MINOR(h->abi_version));
+        else
+            snprintf(built, sizeof built, "%d.x", major);
+        r->checks->abi_version = LOOM_ABI_VERSION(major, 0);
+        return refuse(r, LOOM_ERR_NOT_SUPPORTED, "symbol",
+                      "built for loom plugin ABI %s (exports loom_%s_plugin_v%d, not "
+                      "loom_%s_plugin_v%d), this loom speaks %d.x; rebuild the plugin against "
+                      "this loom's headers", built, r->kind_name, major, r->kind_name,
+                      LOOM_ABI_MAJOR, LOOM_ABI_MAJOR);
+    }
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER; k++) {
+        if (k == r->kind)
+            continue;
+        for (int major = 1; major <= PROBE_MAX_MAJOR; major++) {
+            if (find_symbol(dl, loom_plugin_kind_name(k), major))
+                return refuse(r, LOOM_ERR_INVALID, "symbol",
+                              "wrong kind: it is a %s plugin (exports loom_%s_plugin_v%d), "
+                              "not a %s plugin", loom_plugin_kind_name(k),
+                              loom_plugin_kind_name(k), major, r->kind_name);
+        }
+    }
+    return refuse(r, LOOM_ERR_INVALID, "symbol",
+                  "not a loom plugin: it exports no loom_%s_plugin_v%d symbol (nor any other "
+                  "loom_<kind>_plugin_v<N>); export the plugin struct with LOOM_PLUGIN_EXPORT",
+                  r->kind_name, LOOM_ABI_MAJOR);
+}
+
+/* dlerror() starts with the path we already name; keep only the cause. */
+static const char *dl_cause(const char *err, const char *path)
+{
+    if (!err)
+        return "unknown dlopen error";
+    size_t n = strlen(path);
+    if (!strncmp(err, path, n) && err[n] == ':' && err[n + 1] == ' ')
+        return err + n + 2;
+    return err;
+}
+
+/* Every check in order; on success *dl and *header are the plugin's. */
+static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out)
+{
+    struct stat st;
+    if (stat(r->path, &st) != 0)
+        return refuse(r, LOOM_ERR_NOT_FOUND, "file", "cannot open: %s", strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return refuse(r, LOOM_ERR_INVALID, "file", "not a regular file");
+    passed(r, "file");
+
+    /* dlopen reads a bare name as a library to search for; we mean the file. */
+    char local[PATH_MAX];
+    const char *open_path = r->path;
+    if (!strchr(r->path, '/')) {
+        snprintf(local, sizeof local, "./%s", r->path);
+        open_path = local;
+    }
+    dlerror();
+    void *dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl)
+        return refuse(r, LOOM_ERR_INVALID, "dlopen", "dlopen failed: %s",
+                      dl_cause(dlerror(), open_path));
+    *dl_out = dl;
+    passed(r, "dlopen");
+
+    char sym[64];
+    snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", r->kind_name, LOOM_ABI_MAJOR);
+    const loom_plugin_header *h = find_symbol(dl, r->kind_name, LOOM_ABI_MAJOR);
+    if (!h)
+        return refuse_no_symbol(r, dl);
+    r->checks->abi_version = h->abi_version;
+    passed(r, "symbol");
+
+    uint32_t major = LOOM_ABI_VERSION_MAJOR(h->abi_version);
+    uint32_t minor = LOOM_ABI_VERSION_MINOR(h->abi_version);
+    if (major != LOOM_ABI_MAJOR)
+        return refuse(r, LOOM_ERR_NOT_SUPPORTED, "abi version",
+                      "built for loom plugin ABI %u.%u (header.abi_version of %s), this loom "
+                      "speaks %d.x; rebuild the plugin against this loom's headers", major,
+                      minor, sym, LOOM_ABI_MAJOR);
+    passed(r, "abi version");
+
+    /* A strategy's required ops depend on its axis, which sits right after
+     * the header; the axis is checked below, its size only once known. */
+    int axis = -1;
+    if (r->kind == LOOM_PLUGIN_STRATEGY &&
+        h->struct_size >= offsetof(loom_strategy_plugin_v1_t, axis) + sizeof(uint32_t)) {
+        uint32_t a = ((const loom_strategy_plugin_v1_t *)h)->axis;
+        axis = a < LOOM_AXIS_COUNT ? (int)a : -1;
+    }
+    size_t need = required_size(r->kind, axis);
+    if (h->struct_size < need)
+        return refuse(r, LOOM_ERR_INVALID, "struct size",
+                      "header.struct_size is %u bytes, smaller than the %zu bytes of a v1 %s "
+                      "plugin's header and REQUIRED ops%s%s; the struct is corrupt or older than "
+                      "ABI 1.0: rebuild the plugin", h->struct_size, need, r->kind_name,
+                      axis >= 0 ? " for axis " : "",
+                      axis >= 0 ? loom_axis_name((loom_axis)axis) : "");
+    passed(r, "struct size");
+
+    if (h->kind != (uint32_t)r->kind)
+        return refuse(r, LOOM_ERR_INVALID, "kind",
+                      "wrong kind: header.kind says %s (%u) but the symbol is %s; fix the "
+                      "LOOM_PLUGIN_HEADER of the plugin", loom_plugin_kind_name(h->kind),
+                      h->kind, sym);
+    passed(r, "kind");
+
+    if (!h->name || !h->name[0])
+        return refuse(r, LOOM_ERR_INVALID, "name", "header.name is empty");
+    if (r->expect_name && strcmp(h->name, r->expect_name))
+        return refuse(r, LOOM_ERR_INVALID, "name",
+                      "name mismatch: header.name is '%s' but the file is named for '%s'; "
+                      "rename the file to libloom-%s-%s.so or fix the name", h->name,
+                      r->expect_name, r->kind_name, h->name);
+    passed(r, "name");
+
+    if (r->kind == LOOM_PLUGIN_STRATEGY) {
+        uint32_t a = ((const loom_strategy_plugin_v1_t *)h)->axis;
+        if (a >= LOOM_AXIS_COUNT)
+            return refuse(r, LOOM_ERR_INVALID, "axis",
+                          "axis %u is not one of LOOM_AXIS_TP, _SP, _PP, _DP (0..%d)", a,
+                          LOOM_AXIS_COUNT - 1);
+        passed(r, "axis");
+    }
+
+    op_list lists[2];
+    int nlists = required_ops(r->kind, axis, lists);
+    char missing[256] = "";
+    int nmissing = 0;
+    for (int l = 0; l < nlists; l++) {
+        for (size_t i = 0; i < lists[l].count; i++) {
+            if (op_present(h, lists[l].ops[i].offset))
+                continue;
+            size_t used = strlen(missing);
+            snprintf(missing + used, sizeof missing - used, "%s%s", nmissing ? ", " : "",
+                     lists[l].ops[i].name);
+            nmissing++;
+        }
+    }
+    if (nmissing)
+        return refuse(r, LOOM_ERR_INVALID, "required ops",
+                      "REQUIRED op%s %s %s NULL%s%s; a %s plugin must implement %s",
+                      nmissing > 1 ? "s" : "", missing, nmissing > 1 ? "are" : "is",
+                      axis >= 0 ? " for axis " : "",
+                      axis >= 0 ? loom_axis_name((loom_axis)axis) : "", r->kind_name,
+                      nmissing > 1 ? "them" : "it");
+    passed(r, "required ops");
+
+    char why[512];
+    if (check_settings(h->settings, why, sizeof why))
+        return refuse(r, LOOM_ERR_INVALID, "settings", "bad settings spec: %s", why);
+    passed(r, "settings");
+
+    *header_out = h;
+    return LOOM_OK;
+}
+
+/* "plugin comm 'mpi'" for messages: the name asked for, else the file's. */
+static void describe_plugin(char *buf, size_t cap, const char *kind_name, const char *name,
+                            const char *path)
+{
+    char fkind[32], fname[128];
+    if (!name && loom_plugin_parse_file_name(path, fkind, sizeof fkind, fname, sizeof fname))
+        name = fname;
+    if (name)
+        snprintf(buf, cap, "plugin %s '%s'", kind_name, name);
+    else
+        snprintf(buf, cap, "plugin %s", kind_name); /* the path follows */
+}
+
+int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out)
+{
+    *out = NULL;
+    loom_plugin_checks local = {0};
+    if (!checks)
+        checks = &local;
+    checks->abi_version = 0;
+    checks->reason[0] = '\0';
+    const char *kind_name = loom_plugin_kind_name(kind);
+    if (!strcmp(kind_name, "?"))
+        return loom_fail(LOOM_ERR_INVALID, "plugin %s: unknown plugin kind %d", path, (int)kind);
+
+    /* A file named for a plugin carries the name its header must have. */
+    char fkind[32], fname[128];
+    if (!expect_name &&
+        loom_plugin_parse_file_name(path, fkind, sizeof fkind, fname, sizeof fname) &&
+        loom_plugin_kind_of(fkind) == (uint32_t)kind)
+        expect_name = fname;
+
+    load_run run = {path, kind, kind_name, expect_name, checks};
+    void *dl = NULL;
+    const loom_plugin_header *header = NULL;
+    int rc = check_file(&run, &dl, &header);
+    loom_plugin *p = NULL;
+    if (rc == LOOM_OK) {
+        p = calloc(1, sizeof *p);
+        char *copy = strdup(path);
+        if (!p || !copy) {
+            free(p);
+            free(copy);
+            p = NULL;
+            rc = LOOM_ERR_NO_MEMORY;
+            snprintf(checks->reason, sizeof checks->reason, "out of memory");
+        } else {
+            p->dl = dl;
+            p->path = copy;
+            p->kind = kind;
+            p->header = header;
+        }
+    }
+    if (rc != LOOM_OK) {
+        if (dl)
+            dlclose(dl);
+        char who[192];
+        describe_plugin(who, sizeof who, kind_name, expect_name, path);
+        return loom_fail(rc, "%s refused: %s: %s", who, path, checks->reason);
+    }
+    *out = p;
+    return LOOM_OK;
+}
+
+int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
+                     loom_plugin **out)
+{
+    *out = NULL;
+    const char *kind_name = loom_plugin_kind_name(kind);
+    int ndirs = sp ? sp->count : 0;
+    if (!name || !name[0])
+        return loom_fail(LOOM_ERR_INVALID, "plugin %s: empty plugin name", kind_name);
+    if (strchr(name, '/'))
+        return loom_plugin_load_file(name, kind, NULL, NULL, out);
+
+    char file[256];
+    if ((size_t)snprintf(file, sizeof file, "libloom-%s-%s.so", kind_name, name) >= sizeof file)
+        return loom_fail(LOOM_ERR_INVALID, "plugin %s '%.40s...': name too long", kind_name,
+                         name);
+    int relative = 0;
+    for (int i = 0; i < ndirs; i++) {
+        char path[PATH_MAX];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", sp->dirs[i], file) >= sizeof path)
+            continue;
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            return loom_plugin_load_file(path, kind, name, NULL, out);
+        relative |= sp->dirs[i][0] != '/';
+    }
+
+    /* Not found: name every directory tried, in order. */
+    char dirs[2048] = "";
+    for (int i = 0; i < ndirs; i++) {
+        size_t used = strlen(dirs);
+        snprintf(dirs + used, sizeof dirs - used, "%s%s", i ? ", " : "", sp->dirs[i]);
+    }
+    char cwd[PATH_MAX] = "";
+    char note[PATH_MAX + 64] = "";
+    if (relative && getcwd(cwd, sizeof cwd))
+        snprintf(note, sizeof note, "; relative directories are taken from %s", cwd);
+    return loom_fail(LOOM_ERR_NOT_FOUND,
+                     "plugin %s '%s' not found: no %s in %s (set plugins.path or "
+                     "LOOM_PLUGIN_PATH%s)", kind_name, name, file,
+                     ndirs ? dirs : "(an empty search path)", note);
+}
+
+void loom_plugin_unload(loom_plugin *p)
+{
+    if (!p)
+        return;
+    if (p->dl)
+        dlclose(p->dl);
+    free(p->path);
+    free(p);
+}

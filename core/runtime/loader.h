@@ -1,0 +1,63 @@
+/* loom runtime — Finding, loading and checking plugins. */
+#ifndef LOOM_RUNTIME_LOADER_H
+#define LOOM_RUNTIME_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom/plugin.h"
+#include "runtime/config.h"
+
+typedef struct loom_plugin {
+    void *dl;
+    char *path;
+    loom_plugin_kind kind;
+    const loom_plugin_header *header; /* also the vtable: cast by kind */
+} loom_plugin;
+
+/* The directories plugins are looked up in, in order: plugins.path from the
+ * config, then LOOM_PLUGIN_PATH (colon-separated), then the folder "loom"
+ * beside the running program (build/lib/loom, <prefix>/lib/loom), then the install
+ * dir. */
+typedef struct loom_search_path {
+    int count;
+    char **dirs;
+} loom_search_path;
+int loom_search_path_init(loom_search_path *sp, const loom_config *cfg /* nullable */);
+void loom_search_path_free(loom_search_path *sp);
+
+/* Find and check a plugin; name is a short name ("mpi") or, with a '/', a
+ * file path. Every refusal is one line naming the file, what was found and
+ * what was wanted. */
+int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
+                     loom_plugin **out);
+void loom_plugin_unload(loom_plugin *p);
+/* Whether the optional op at byte offset `offset` of the plugin struct is
+ * present (offset < struct_size and the pointer non-NULL). */
+int loom_plugin_has_op(const loom_plugin *p, size_t offset);
+#define LOOM_HAS_OP(plugin, type, member)                                             \
+    loom_plugin_has_op((plugin), offsetof(type, member))
+
+/* What one load found, for `loom plugins` and `loom plugins --check`.
+ * report (nullable) hears every check as it runs, failure NULL when it
+ * passed. After a refusal, reason is the bare cause (no file, no name) and
+ * abi_version what the file says it was built for (0: not known). */
+typedef struct loom_plugin_checks {
+    void (*report)(void *ctx, const char *check, const char *failure);
+    void *ctx;
+    uint32_t abi_version;
+    char reason[768];
+} loom_plugin_checks;
+/* Load the file at path as a plugin of kind, every check of DESIGN §2 in
+ * turn. expect_name NULL: the name the file's name carries, when it reads
+ * libloom-<kind>-<name>.so. checks is nullable. */
+int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out);
+/* Split a file name (any directory part is ignored) that reads
+ * libloom-<kind>-<name>.so into its kind and name texts; 0 when it does not.
+ * loom_plugin_kind_of maps "comm" to LOOM_PLUGIN_COMM, and so on; 0 for a
+ * kind loom does not know. */
+int loom_plugin_parse_file_name(const char *path, char *kind, size_t kind_cap, char *name,
+                                size_t name_cap);
+uint32_t loom_plugin_kind_of(const char *kind_name);
+
+#endif

@@ -1,0 +1,362 @@
+/* The per-process runtime: config, launch environment, bootstrap store,
+ * plugin cache, and the host tables handed to plugins. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/bootstrap.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/loader.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
+
+/* One host table per plugin instance; the table is the first member so the
+ * core finds its slot from the pointer a plugin passes back. */
+typedef struct host_slot {
+    loom_host host;
+    loom_runtime *rt;
+    const loom_plugin *plugin;
+    char group[128];  /* config group, "comm.ucx" */
+    char prefix[96];  /* bootstrap-store key prefix, "comm-ucx/" */
+    struct host_slot *next;
+} host_slot;
+
+typedef struct plugin_entry {
+    loom_plugin *plugin;
+    char name[64];
+    struct plugin_entry *next;
+} plugin_entry;
+
+/* For a world of one there is no store server; plugins still get a working
+ * key-value store, kept in this process. */
+typedef struct local_kv {
+    char *key;
+    void *value;
+    size_t len;
+    struct local_kv *next;
+} local_kv;
+
+struct loom_runtime {
+    loom_config *cfg;
+    loom_launch_env env;
+    loom_store *store;
+    loom_search_path search_path;
+    double timeout_s;
+    host_slot *hosts;
+    plugin_entry *plugins;
+    local_kv *local;
+};
+
+static host_slot *slot_of(const loom_host *host) { return (host_slot *)(uintptr_t)host; }
+
+static void host_log(const loom_host *host, loom_log_level level, const char *fmt, ...)
+{
+    host_slot *s = slot_of(host);
+    char who[80];
+    snprintf(who, sizeof who, "%s-%s", loom_plugin_kind_name(s->plugin->kind),
+             s->plugin->header->name);
+    va_list ap;
+    va_start(ap, fmt);
+    loom_vlog(level, who, fmt, ap);
+    va_end(ap);
+}
+
+static int host_error(const loom_host *host, int status, const char *fmt, ...)
+{
+    (void)host;
+    va_list ap;
+    va_start(ap, fmt);
+    loom_vfail(status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static void setting_path(const host_slot *s, const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s.%s", s->group, name);
+}
+
+static int host_config_int(const loom_host *host, const char *name, int64_t *out)
+{
+    char path[256];
+    setting_path(slot_of(host), name, path, sizeof path);
+    return loom_config_int(slot_of(host)->rt->cfg, path, out);
+}
+
+static int host_config_float(const loom_host *host, const char *name, double *out)
+{
+    char path[256];
+    setting_path(slot_of(host), name, path, sizeof path);
+    return loom_config_float(slot_of(host)->rt->cfg, path, out);
+}
+
+static int host_config_bool(const loom_host *host, const char *name, int *out)
+{
+    char path[256];
+    setting_path(slot_of(host), name, path, sizeof path);
+    return loom_config_bool(slot_of(host)->rt->cfg, path, out);
+}
+
+static int host_config_string(const loom_host *host, const char *name, const char **out)
+{
+    char path[256];
+    setting_path(slot_of(host), name, path, sizeof path);
+    return loom_config_string(slot_of(host)->rt->cfg, path, out);
+}
+
+static void prefixed(const host_slot *s, const char *key, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s", s->prefix, key);
+}
+
+static local_kv *local_find(loom_runtime *rt, const char *key)
+{
+    for (local_kv *e = rt->local; e; e = e->next)
+        if (!strcmp(e->key, key))
+            return e;
+    return NULL;
+}
+
+static int local_put(loom_runtime *rt, const char *key, const void *value, size_t len)
+{
+    local_kv *e = local_find(rt, key);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e || !(e->key = strdup(key))) {
+            free(e);
+            return loom_fail(LOOM_ERR_NO_MEMORY, "bootstrap: out of memory");
+        }
+        e->next = rt->local;
+        rt->local = e;
+    }
+    void *copy = malloc(len ? len : 1);
+    if (!copy)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "bootstrap: out of memory");
+    memcpy(copy, value, len);
+    free(e->value);
+    e->value = copy;
+    e->len = len;
+    return LOOM_OK;
+}
+
+static int host_kv_put(const loom_host *host, const char *key, const void *value, size_t len)
+{
+    host_slot *s = slot_of(host);
+    char k[384];
+    prefixed(s, key, k, sizeof k);
+    if (!s->rt->store)
+        return local_put(s->rt, k, value, len);
+    return loom_store_put(s->rt->store, k, value, len);
+}
+
+static int host_kv_get(const loom_host *host, const char *key, void *buf, size_t cap,
+                       size_t *len, double timeout_s)
+{
+    host_slot *s = slot_of(host);
+    char k[384];
+    prefixed(s, key, k, sizeof k);
+    if (s->rt->store)
+        return loom_store_get(s->rt->store, k, buf, cap, len, timeout_s);
+    /* Alone, nobody else can ever put it: a missing key is final. */
+    local_kv *e = local_find(s->rt, k);
+    if (!e)
+        return loom_fail(LOOM_ERR_TIMEOUT, "bootstrap: key '%s' never appeared (world of one)", k);
+    memcpy(buf, e->value, e->len < cap ? e->len : cap);
+    if (len)
+        *len = e->len;
+    return LOOM_OK;
+}
+
+static int host_kv_add(const loom_host *host, const char *key, int64_t delta, int64_t *result)
+{
+    host_slot *s = slot_of(host);
+    char k[384];
+    prefixed(s, key, k, sizeof k);
+    if (s->rt->store)
+        return loom_store_add(s->rt->store, k, delta, result);
+    local_kv *e = local_find(s->rt, k);
+    int64_t v = delta;
+    if (e && e->len == sizeof v) {
+        memcpy(&v, e->value, sizeof v);
+        v += delta;
+    }
+    if (result)
+        *result = v;
+    return local_put(s->rt, k, &v, sizeof v);
+}
+
+static int host_kv_barrier(const loom_host *host, const char *name, double timeout_s)
+{
+    host_slot *s = slot_of(host);
+    if (!s->rt->store)
+        return LOOM_OK;
+    char k[384];
+    prefixed(s, name, k, sizeof k);
+    return loom_store_barrier(s->rt->store, k, timeout_s);
+}
+
+static int host_mem_alloc(const loom_host *host, loom_tier tier, loom_purpose purpose,
+                          size_t bytes, void **out)
+{
+    (void)host;
+    return loom_mem_alloc(tier, purpose, bytes, out);
+}
+
+static void host_mem_free(const loom_host *host, void *ptr)
+{
+    (void)host;
+    loom_mem_free(ptr);
+}
+
+static void host_trace(const loom_host *host, loom_trace_lane lane, const char *name,
+                       uint64_t start_ns, uint64_t end_ns, uint64_t bytes)
+{
+    (void)host;
+    loom_trace_span(lane, name, start_ns, end_ns, bytes);
+}
+
+int loom_runtime_create(loom_config *cfg, loom_runtime **out)
+{
+    loom_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "runtime: out of memory");
+    rt->cfg = cfg;
+    int rc = loom_bootstrap_detect(&rt->env);
+    if (rc != LOOM_OK)
+        goto fail;
+    /* under loom launch every output line already starts with the rank */
+    int prefixed = getenv("LOOM_OUTPUT_PREFIXED") != NULL;
+    loom_log_set_rank(rt->env.world_size > 1 && !prefixed ? rt->env.rank : -1);
+    rt->timeout_s = 60.0;
+    if (cfg)
+        loom_config_float(cfg, "comm.timeout_s", &rt->timeout_s);
+    rc = loom_search_path_init(&rt->search_path, cfg);
+    if (rc != LOOM_OK)
+        goto fail;
+    if (rt->env.world_size > 1) {
+        rc = loom_store_open(&rt->env, rt->timeout_s, &rt->store);
+        if (rc != LOOM_OK)
+            goto fail;
+    }
+    *out = rt;
+    return LOOM_OK;
+fail:
+    loom_search_path_free(&rt->search_path);
+    free(rt);
+    return rc;
+}
+
+void loom_runtime_destroy(loom_runtime *rt)
+{
+    if (!rt)
+        return;
+    if (rt->store)
+        loom_store_close(rt->store);
+    for (host_slot *s = rt->hosts, *next; s; s = next) {
+        next = s->next;
+        free(s);
+    }
+    for (plugin_entry *p = rt->plugins, *next; p; p = next) {
+        next = p->next;
+        loom_plugin_unload(p->plugin);
+        free(p);
+    }
+    for (local_kv *e = rt->local, *next; e; e = next) {
+        next = e->next;
+        free(e->key);
+        free(e->value);
+        free(e);
+    }
+    loom_search_path_free(&rt->search_path);
+    free(rt);
+}
+
+const loom_launch_env *loom_runtime_env(const loom_runtime *rt) { return &rt->env; }
+loom_config *loom_runtime_config(loom_runtime *rt) { return rt->cfg; }
+loom_store *loom_runtime_store(loom_runtime *rt) { return rt->store; }
+const loom_search_path *loom_runtime_search_path(const loom_runtime *rt)
+{
+    return &rt->search_path;
+}
+double loom_runtime_timeout(const loom_runtime *rt) { return rt->timeout_s; }
+
+int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
+                        const loom_plugin **out)
+{
+    for (plugin_entry *p = rt->plugins; p; p = p->next) {
+        if (p->plugin->kind == kind && !strcmp(p->name, name)) {
+            *out = p->plugin;
+            return LOOM_OK;
+        }
+    }
+    plugin_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "runtime: out of memory");
+    int rc = loom_plugin_load(&rt->search_path, kind, name, &e->plugin);
+    if (rc != LOOM_OK) {
+        free(e);
+        return rc;
+    }
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->next = rt->plugins;
+    rt->plugins = e;
+    *out = e->plugin;
+    return LOOM_OK;
+}
+
+int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *group_path,
+                      const loom_host **out)
+{
+    for (host_slot *s = rt->hosts; s; s = s->next) {
+        if (s->plugin == plugin && !strcmp(s->group, group_path)) {
+            *out = &s->host;
+            return LOOM_OK;
+        }
+    }
+    if (rt->cfg) {
+        static const char *const no_skip[] = {NULL};
+        int rc = loom_config_check_group(rt->cfg, group_path, plugin->header->settings, no_skip);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    host_slot *s = calloc(1, sizeof *s);
+    if (!s)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "runtime: out of memory");
+    s->rt = rt;
+    s->plugin = plugin;
+    snprintf(s->group, sizeof s->group, "%s", group_path);
+    snprintf(s->prefix, sizeof s->prefix, "%s-%s/", loom_plugin_kind_name(plugin->kind),
+             plugin->header->name);
+    loom_host *h = &s->host;
+    h->struct_size = sizeof *h;
+    h->version = LOOM_HOST_VERSION;
+    h->rank = rt->env.rank;
+    h->world_size = rt->env.world_size;
+    h->local_rank = rt->env.local_rank;
+    h->local_size = rt->env.local_size;
+    h->timeout_s = rt->timeout_s;
+    h->log = host_log;
+    h->error = host_error;
+    h->config_int = host_config_int;
+    h->config_float = host_config_float;
+    h->config_bool = host_config_bool;
+    h->config_string = host_config_string;
+    h->kv_put = host_kv_put;
+    h->kv_get = host_kv_get;
+    h->kv_add = host_kv_add;
+    h->kv_barrier = host_kv_barrier;
+    h->mem_alloc = host_mem_alloc;
+    h->mem_free = host_mem_free;
+    h->now_ns = loom_now_ns;
+    h->trace = host_trace;
+    h->comm = &loom_core_comm_api;
+    s->next = rt->hosts;
+    rt->hosts = s;
+    *out = h;
+    return LOOM_OK;
+}

@@ -1,0 +1,29 @@
+/* loom runtime — The per-process runtime: config, launch env, store, loaded plugins. */
+#ifndef LOOM_RUNTIME_RUNTIME_H
+#define LOOM_RUNTIME_RUNTIME_H
+
+#include "loom/plugin.h"
+#include "runtime/bootstrap.h"
+#include "runtime/config.h"
+#include "runtime/loader.h"
+
+/* One per process: config, launch env, bootstrap store, search path, the
+ * loaded plugins, memory accounting, trace. */
+typedef struct loom_runtime loom_runtime;
+int loom_runtime_create(loom_config *cfg, loom_runtime **out);
+void loom_runtime_destroy(loom_runtime *rt);
+const loom_launch_env *loom_runtime_env(const loom_runtime *rt);
+loom_config *loom_runtime_config(loom_runtime *rt);
+loom_store *loom_runtime_store(loom_runtime *rt); /* NULL for a world of one */
+const loom_search_path *loom_runtime_search_path(const loom_runtime *rt);
+double loom_runtime_timeout(const loom_runtime *rt); /* comm.timeout_s */
+/* A host table for a plugin instance, its settings read from config group
+ * group_path (validated there against the plugin's specs). Owned by rt. */
+int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *group_path,
+                      const loom_host **out);
+/* Load a plugin once per runtime (cached by kind and name; unloaded at
+ * destroy). */
+int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
+                        const loom_plugin **out);
+
+#endif

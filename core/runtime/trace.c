@@ -1,0 +1,127 @@
+/* The Chrome/Perfetto timeline: spans kept in memory while a run goes,
+ * written as one JSON file at the end (one process per rank, one thread per
+ * lane). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "runtime/trace.h"
+
+typedef struct span {
+    char name[48];
+    uint64_t start_ns, end_ns, bytes;
+    int lane;
+} span;
+
+static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static int trace_on;
+static int trace_rank;
+static span *spans;
+static size_t nspans, capspans;
+
+void loom_trace_enable(int rank)
+{
+    trace_on = 1;
+    trace_rank = rank;
+}
+
+void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
+                     uint64_t end_ns, uint64_t bytes)
+{
+    if (!trace_on)
+        return;
+    pthread_mutex_lock(&trace_lock);
+    if (nspans == capspans) {
+        size_t cap = capspans ? 2 * capspans : 4096;
+        span *grown = realloc(spans, cap * sizeof *spans);
+        if (!grown) {
+            pthread_mutex_unlock(&trace_lock);
+            return; /* a trace is best effort; the run must not fail for it */
+        }
+        spans = grown;
+        capspans = cap;
+    }
+    span *s = &spans[nspans++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->start_ns = start_ns;
+    s->end_ns = end_ns;
+    s->bytes = bytes;
+    s->lane = (int)lane;
+    pthread_mutex_unlock(&trace_lock);
+}
+
+/* One JSON object per line, no separators: a rank's part of the timeline. */
+static void write_events(FILE *f)
+{
+    static const char *lanes[] = {"compute", "comm", "memory"};
+    for (int l = 0; l < 3; l++)
+        fprintf(f,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                "\"args\":{\"name\":\"%s\"}}\n",
+                trace_rank, l, lanes[l]);
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}\n",
+            trace_rank, trace_rank);
+    for (size_t i = 0; i < nspans; i++) {
+        const span *s = &spans[i];
+        fprintf(f,
+                "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}\n",
+                s->name, trace_rank, s->lane, (double)s->start_ns / 1e3,
+                (double)(s->end_ns - s->start_ns) / 1e3, (unsigned long long)s->bytes);
+    }
+}
+
+int loom_trace_write_part(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    pthread_mutex_lock(&trace_lock);
+    write_events(f);
+    pthread_mutex_unlock(&trace_lock);
+    if (fclose(f) != 0)
+        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    return LOOM_OK;
+}
+
+int loom_trace_merge(const char *path, const char *const *parts, int nparts)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%.4000s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out)
+        return loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    fprintf(out, "{\"traceEvents\":[\n");
+    int first = 1, rc = LOOM_OK;
+    char line[1024];
+    for (int i = 0; i < nparts && rc == LOOM_OK; i++) {
+        FILE *in = fopen(parts[i], "r");
+        if (!in) {
+            rc = loom_fail(LOOM_ERR_NOT_FOUND,
+                           "trace: rank %d's part '%s' is missing (%s); on several machines, "
+                           "collect the parts by hand",
+                           i, parts[i], strerror(errno));
+            break;
+        }
+        while (fgets(line, sizeof line, in)) {
+            line[strcspn(line, "\n")] = '\0';
+            fprintf(out, "%s%s", first ? "" : ",\n", line);
+            first = 0;
+        }
+        fclose(in);
+        remove(parts[i]);
+    }
+    fprintf(out, "\n]}\n");
+    if (fclose(out) != 0 && rc == LOOM_OK)
+        rc = loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    if (rc == LOOM_OK && rename(tmp, path) != 0)
+        rc = loom_fail(LOOM_ERR_INVALID, "trace: cannot write '%s': %s", path, strerror(errno));
+    if (rc != LOOM_OK)
+        remove(tmp);
+    return rc;
+}
