@@ -455,7 +455,7 @@ static int bench_backend(loom_runtime *rt, const char *backend, const bench_sett
     const loom_plugin *plugin = NULL;
     if (strcmp(backend, "self") != 0 &&
         loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, backend, &plugin) == LOOM_OK)
-        kinds = ((const loom_comm_plugin_v1_t *)plugin->header)->mem_kinds;
+        kinds = plugin->ops.comm.mem_kinds;
     if (!(kinds & LOOM_MEM_BIT(device ? LOOM_MEM_DEVICE : LOOM_MEM_HOST))) {
         if (rank == 0)
             printf("#\n# loom bench: backend %s unavailable: it does not take %s memory "

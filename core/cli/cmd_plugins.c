@@ -240,7 +240,7 @@ static void settings_group(const loom_plugin *p, char *buf, size_t cap)
         snprintf(buf, cap, "comm.%s", p->header->name);
     else if (p->kind == LOOM_PLUGIN_STRATEGY)
         snprintf(buf, cap, "parallel.%s",
-                 loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)p->header)->axis));
+                 loom_axis_name((loom_axis)p->ops.strategy.axis));
     else
         snprintf(buf, cap, "memory.offload");
 }
@@ -371,7 +371,7 @@ static uint32_t kind_from_symbols(const char *path)
 
 /* Complete a posted op: test once (it must not block), then wait. Call it
  * after the post, never around it: req is set by the post. */
-static int finish(const loom_comm_plugin_v1_t *vt, int rc, loom_comm_request *req)
+static int finish(const loom_comm_ops *vt, int rc, loom_comm_request *req)
 {
     if (rc != LOOM_OK || !req)
         return rc;
@@ -401,7 +401,7 @@ static void fill(float *x, size_t n, float base)
 /* One collective whose size-1 answer is its input: run it on send/recv and
  * compare. which: 0 allreduce, 1 reduce, 2 allgather, 3 reducescatter,
  * 4 alltoall. */
-static void check_copy_collective(checker *c, const loom_comm_plugin_v1_t *vt, loom_comm *comm,
+static void check_copy_collective(checker *c, const loom_comm_ops *vt, loom_comm *comm,
                                   int which, loom_redop op, const char *check)
 {
     float send[CHECK_COUNT], recv[CHECK_COUNT];
@@ -444,7 +444,7 @@ static void check_copy_collective(checker *c, const loom_comm_plugin_v1_t *vt, l
         report_check(c, check, NULL);
 }
 
-static void check_comm_instance(checker *c, const loom_comm_plugin_v1_t *vt, loom_comm *comm,
+static void check_comm_instance(checker *c, const loom_comm_ops *vt, loom_comm *comm,
                                 const char *what)
 {
     char check[96];
@@ -457,7 +457,7 @@ static void check_comm_instance(checker *c, const loom_comm_plugin_v1_t *vt, loo
         report_check(c, check, NULL);
 }
 
-static void check_comm_functional(checker *c, const loom_comm_plugin_v1_t *vt, const loom_host *host)
+static void check_comm_functional(checker *c, const loom_comm_ops *vt, const loom_host *host)
 {
     loom_comm *comm = NULL;
     int rc = vt->create_world(host, &comm);
@@ -579,7 +579,7 @@ static void check_comm_functional(checker *c, const loom_comm_plugin_v1_t *vt, c
         report_check(c, "destroy", NULL);
 }
 
-static int finish_tier(const loom_memtier_plugin_v1_t *vt, int rc, loom_tier_request *req)
+static int finish_tier(const loom_memtier_ops *vt, int rc, loom_tier_request *req)
 {
     if (rc != LOOM_OK || !req)
         return rc;
@@ -589,8 +589,8 @@ static int finish_tier(const loom_memtier_plugin_v1_t *vt, int rc, loom_tier_req
     return rc;
 }
 
-static void check_memtier_functional(checker *c, const loom_memtier_plugin_v1_t *vt,
-                                     const loom_plugin *p, const loom_host *host)
+static void check_memtier_functional(checker *c, const loom_memtier_ops *vt,
+                                     const loom_host *host)
 {
     loom_memtier *tier = NULL;
     int rc = vt->create(host, &tier);
@@ -667,8 +667,7 @@ static void check_memtier_functional(checker *c, const loom_memtier_plugin_v1_t 
                 report_check(c, "read back", NULL);
         }
     }
-    if ((vt->flags & LOOM_TIER_HOST_ADDRESSABLE) &&
-        LOOM_HAS_OP(p, loom_memtier_plugin_v1_t, address)) {
+    if ((vt->flags & LOOM_TIER_HOST_ADDRESSABLE) && vt->address) {
         const unsigned char *a = vt->address(block);
         if (!a)
             fail_check(c, "address", "NULL for a host-addressable tier");
@@ -703,7 +702,7 @@ static void check_functional(checker *c, const loom_plugin *p)
         return;
     }
     if (p->kind == LOOM_PLUGIN_COMM &&
-        !(((const loom_comm_plugin_v1_t *)p->header)->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
+        !(p->ops.comm.mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
         printf("note: functional checks skipped: they move host buffers, and %s takes device "
                "memory only (its own tests run on a GPU)\n", p->header->name);
         return;
@@ -734,9 +733,9 @@ static void check_functional(checker *c, const loom_plugin *p)
     } else {
         report_check(c, "host", NULL);
         if (p->kind == LOOM_PLUGIN_COMM)
-            check_comm_functional(c, (const loom_comm_plugin_v1_t *)p->header, host);
+            check_comm_functional(c, &p->ops.comm, host);
         else
-            check_memtier_functional(c, (const loom_memtier_plugin_v1_t *)p->header, p, host);
+            check_memtier_functional(c, &p->ops.memtier, host);
     }
     loom_runtime_destroy(rt);
     loom_config_free(cfg);

@@ -93,12 +93,12 @@ static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *
     int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_STRATEGY, name, &plugin);
     if (rc != LOOM_OK)
         return rc;
-    const loom_strategy_plugin_v1_t *ops = (const loom_strategy_plugin_v1_t *)plugin->header;
+    const loom_strategy_ops *ops = &plugin->ops.strategy;
     if (ops->axis != LOOM_AXIS_PP)
         return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.schedule = \"%s\" is a strategy for "
                          "the %s axis, not a pipeline schedule", where, name,
                          loom_axis_name((loom_axis)ops->axis));
-    if (!LOOM_HAS_OP(plugin, loom_strategy_plugin_v1_t, pipeline_schedule))
+    if (!ops->pipeline_schedule)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement "
                          "pipeline_schedule", where, name);
     const loom_host *host;

@@ -30,7 +30,7 @@ struct loom_group {
     loom_runtime *rt;
     const char *backend;
     const loom_plugin *plugin;         /* NULL for self */
-    const loom_comm_plugin_v1_t *ops;    /* NULL for self */
+    const loom_comm_ops *ops;          /* NULL for self */
     loom_comm *comm;
     int rank, size;
     loom_comm_counters counters;
@@ -54,7 +54,7 @@ static int make_group(loom_runtime *rt, const char *backend, const loom_plugin *
     g->rt = rt;
     g->backend = backend;
     g->plugin = plugin;
-    g->ops = plugin ? (const loom_comm_plugin_v1_t *)plugin->header : NULL;
+    g->ops = plugin ? &plugin->ops.comm : NULL;
     g->comm = comm;
     g->rank = g->ops ? g->ops->rank(comm) : 0;
     g->size = g->ops ? g->ops->size(comm) : 1;
@@ -83,7 +83,7 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
     rc = loom_runtime_host(rt, plugin, group_path, &host);
     if (rc != LOOM_OK)
         return rc;
-    const loom_comm_plugin_v1_t *ops = (const loom_comm_plugin_v1_t *)plugin->header;
+    const loom_comm_ops *ops = &plugin->ops.comm;
     if (!(ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)))
         loom_log(LOOM_LOG_DEBUG, "comm-%s does not accept host memory", plugin->header->name);
     loom_comm *comm = NULL;
@@ -432,14 +432,14 @@ static int g_barrier(loom_group *g, loom_request **req)
 
 static int g_group_start(loom_group *g)
 {
-    if (g->ops && loom_plugin_has_op(g->plugin, offsetof(loom_comm_plugin_v1_t, group_start)))
+    if (g->ops)
         return g->ops->group_start(g->comm);
     return LOOM_OK;
 }
 
 static int g_group_end(loom_group *g)
 {
-    if (g->ops && loom_plugin_has_op(g->plugin, offsetof(loom_comm_plugin_v1_t, group_end)))
+    if (g->ops)
         return g->ops->group_end(g->comm);
     return LOOM_OK;
 }

@@ -8,7 +8,7 @@
 
 /* The world group over backend `name` ("mpi", "ucx", "nccl", "self"). */
 int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out);
-/* Collective over parent: see loom_comm_plugin_v1_t.create_subgroup. A list
+/* Collective over parent: see the comm ops' create_subgroup. A list
  * of one rank gives a self group without calling the backend. */
 int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_group **out);
 /* A group of this rank alone, over the built-in self communicator. */

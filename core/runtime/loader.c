@@ -268,9 +268,47 @@ static int op_present(const loom_plugin_header *h, size_t offset)
     return fn != NULL;
 }
 
-int loom_plugin_has_op(const loom_plugin *p, size_t offset)
+/* ------------------------------------------------------------ ops table */
+
+static int no_unit_hook(loom_strategy *s, loom_unit *unit) { (void)s; (void)unit; return LOOM_OK; }
+static int no_grads_hook(loom_strategy *s, loom_unit *unit, int last_micro)
 {
-    return p && p->header && op_present(p->header, offset);
+    (void)s, (void)unit, (void)last_micro;
+    return LOOM_OK;
+}
+static int no_step_hook(loom_strategy *s) { (void)s; return LOOM_OK; }
+/* A strategy that says nothing of the norm holds no gradient of its own. */
+static int zero_norm_sq(loom_strategy *s, double *out) { (void)s; *out = 0; return LOOM_OK; }
+static int no_bracket(loom_comm *comm) { (void)comm; return LOOM_OK; }
+
+#define DEFAULT_OP(ops, member, fn) ((ops)->member ? (void)0 : (void)((ops)->member = (fn)))
+
+/* Copy what the plugin's struct has of the newest one (the rest stays
+ * zero) and put the core's no-ops where an absent op means nothing to do. */
+static void fill_ops(loom_plugin *p, const loom_plugin_header *exported)
+{
+    size_t size = 0;
+    switch (p->kind) {
+    case LOOM_PLUGIN_COMM: size = sizeof p->ops.comm; break;
+    case LOOM_PLUGIN_STRATEGY: size = sizeof p->ops.strategy; break;
+    case LOOM_PLUGIN_MEMTIER: size = sizeof p->ops.memtier; break;
+    }
+    memcpy(&p->ops, exported, exported->struct_size < size ? exported->struct_size : size);
+    p->exported = exported;
+    p->header = (const loom_plugin_header *)&p->ops;
+    if (p->kind == LOOM_PLUGIN_COMM) {
+        DEFAULT_OP(&p->ops.comm, group_start, no_bracket);
+        DEFAULT_OP(&p->ops.comm, group_end, no_bracket);
+    } else if (p->kind == LOOM_PLUGIN_STRATEGY) {
+        loom_strategy_ops *s = &p->ops.strategy;
+        DEFAULT_OP(s, data_before_forward, no_unit_hook);
+        DEFAULT_OP(s, data_after_forward, no_unit_hook);
+        DEFAULT_OP(s, data_before_backward, no_unit_hook);
+        DEFAULT_OP(s, data_grads_ready, no_grads_hook);
+        DEFAULT_OP(s, data_finish_backward, no_step_hook);
+        DEFAULT_OP(s, data_zero_grads, no_step_hook);
+        DEFAULT_OP(s, data_grad_norm_sq, zero_norm_sq);
+    }
 }
 
 /* ------------------------------------------------------------ settings */
@@ -618,7 +656,7 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
             p->dl = dl;
             p->path = copy;
             p->kind = kind;
-            p->header = header;
+            fill_ops(p, header);
         }
     }
     if (rc != LOOM_OK) {

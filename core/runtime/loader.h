@@ -7,11 +7,34 @@
 #include "loom/plugin.h"
 #include "runtime/config.h"
 
+/* The core's one view of each kind of plugin: the newest ABI's struct,
+ * filled at load from whatever minor the plugin was built for. Members past
+ * an older plugin's struct_size are zero (an absent optional op is NULL),
+ * and optional ops whose absence means "nothing to do" hold the core's
+ * no-op, so callers call them unconditionally. Only the loader names the
+ * versioned types; a new major adds an adapter here and nowhere else (as
+ * NCCL's ncclNet_t stands for its newest ncclNet_vN_t). */
+#include "loom/comm.h"
+#include "loom/memtier.h"
+#include "loom/strategy.h"
+typedef loom_comm_plugin_v1_t loom_comm_ops;
+typedef loom_strategy_plugin_v1_t loom_strategy_ops;
+typedef loom_memtier_plugin_v1_t loom_memtier_ops;
+
 typedef struct loom_plugin {
     void *dl;
     char *path;
     loom_plugin_kind kind;
-    const loom_plugin_header *header; /* also the vtable: cast by kind */
+    /* The plugin's own struct, as exported: its abi_version and
+     * struct_size say what it was built for. */
+    const loom_plugin_header *exported;
+    /* The normalised copy; header is &ops.<kind>.header. */
+    const loom_plugin_header *header;
+    union {
+        loom_comm_ops comm;
+        loom_strategy_ops strategy;
+        loom_memtier_ops memtier;
+    } ops;
 } loom_plugin;
 
 /* The directories plugins are looked up in, in order: plugins.path from the
@@ -31,11 +54,6 @@ void loom_search_path_free(loom_search_path *sp);
 int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
                      loom_plugin **out);
 void loom_plugin_unload(loom_plugin *p);
-/* Whether the optional op at byte offset `offset` of the plugin struct is
- * present (offset < struct_size and the pointer non-NULL). */
-int loom_plugin_has_op(const loom_plugin *p, size_t offset);
-#define LOOM_HAS_OP(plugin, type, member)                                             \
-    loom_plugin_has_op((plugin), offsetof(type, member))
 
 /* What one load found, for `loom plugins` and `loom plugins --check`.
  * report (nullable) hears every check as it runs, failure NULL when it

@@ -113,7 +113,7 @@ static int emit_action(void *builder, int pp_rank, loom_action action)
     return loom_schedule_append(builder, pp_rank, action);
 }
 
-int loom_schedule_build(const loom_strategy_plugin_v1_t *ops, loom_strategy *strategy,
+int loom_schedule_build(const loom_strategy_ops *ops, loom_strategy *strategy,
                         const char *name, int stages, int virtual_stages, int microbatches,
                         loom_schedule *out)
 {

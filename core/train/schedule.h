@@ -35,6 +35,7 @@
 #include <stdio.h>
 
 #include "loom/strategy.h"
+#include "runtime/loader.h"
 
 typedef struct loom_schedule {
     char name[64];        /* the plugin's name, used in every message */
@@ -56,7 +57,7 @@ void loom_schedule_free(loom_schedule *s); /* leaves s zeroed; safe on a zeroed 
 /* Ask the plugin for its lists (ops->pipeline_schedule) and validate them.
  * name: the schedule's name for messages (the plugin's). On failure out is
  * freed and the one-line reason recorded (loom_fail). */
-int loom_schedule_build(const loom_strategy_plugin_v1_t *ops, loom_strategy *strategy,
+int loom_schedule_build(const loom_strategy_ops *ops, loom_strategy *strategy,
                         const char *name, int stages, int virtual_stages, int microbatches,
                         loom_schedule *out);
 int loom_schedule_validate(const loom_schedule *s);

@@ -38,7 +38,7 @@
 /* A strategy of the tensor or sequence axis. */
 typedef struct axis_strategy {
     const loom_plugin *plugin;
-    const loom_strategy_plugin_v1_t *ops;
+    const loom_strategy_ops *ops;
     loom_strategy *s;
 } axis_strategy;
 
@@ -47,7 +47,7 @@ typedef struct trainer {
     loom_config *cfg;
     loom_mesh *mesh;
     const loom_plugin *dp_plugin;
-    const loom_strategy_plugin_v1_t *dp;
+    const loom_strategy_ops *dp;
     loom_strategy *strategy;
     loom_model *model;
     loom_unit *units;
@@ -92,9 +92,7 @@ typedef struct trainer {
     int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
 } trainer;
 
-/* ---- strategy hooks: a NULL optional hook is the core's default (nothing) ---- */
-
-#define HAS(t, op) loom_plugin_has_op((t)->dp_plugin, offsetof(loom_strategy_plugin_v1_t, op))
+/* ---- strategy hooks ---- */
 
 /* The strategy's struct of model unit u, and the model's kept in step with it. */
 static loom_unit *dp_unit(const trainer *t, int u) { return &t->dp_units[t->dp_index[u]]; }
@@ -114,22 +112,18 @@ static void sync_units(trainer *t)
             sync_unit(t, u);
 }
 
-static int hook_unit(trainer *t, size_t offset, int u)
+/* A data-axis unit hook (absent ones are the loader's no-op), keeping the
+ * model's unit in step with the strategy's. */
+static int hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u)
 {
-    if (!loom_plugin_has_op(t->dp_plugin, offset))
-        return LOOM_OK;
-    int (*fn)(loom_strategy *, loom_unit *);
-    memcpy(&fn, (const char *)t->dp + offset, sizeof fn);
-    int rc = fn(t->strategy, dp_unit(t, u));
+    int rc = hook(t->strategy, dp_unit(t, u));
     sync_unit(t, u);
     return rc;
 }
-#define HOOK(t, op, u) hook_unit((t), offsetof(loom_strategy_plugin_v1_t, op), (u))
+#define HOOK(t, op, u) hook_unit((t), (t)->dp->op, (u))
 
 static int grads_ready(trainer *t, int u, int last_micro)
 {
-    if (!HAS(t, data_grads_ready))
-        return LOOM_OK;
     int rc = t->dp->data_grads_ready(t->strategy, dp_unit(t, u), last_micro);
     sync_unit(t, u);
     return rc;
@@ -274,7 +268,7 @@ static int create_strategy(trainer *t)
     int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->dp_plugin);
     if (rc != LOOM_OK)
         return rc;
-    t->dp = (const loom_strategy_plugin_v1_t *)t->dp_plugin->header;
+    t->dp = &t->dp_plugin->ops.strategy;
     if (t->dp->axis != LOOM_AXIS_DP)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
@@ -298,8 +292,6 @@ static int fail_at(const trainer *t, int rc, const char *path)
     return loom_fail(rc, "%s: %s", loom_config_where(t->cfg, path), detail);
 }
 
-#define AXIS_HAS(a, op) loom_plugin_has_op((a)->plugin, offsetof(loom_strategy_plugin_v1_t, op))
-
 static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
 {
     int tp = axis == LOOM_AXIS_TP, pp = axis == LOOM_AXIS_PP;
@@ -312,34 +304,12 @@ static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
     int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
     if (rc != LOOM_OK)
         return rc;
-    a->ops = (const loom_strategy_plugin_v1_t *)a->plugin->header;
+    a->ops = &a->plugin->ops.strategy;
     if (a->ops->axis != (uint32_t)axis)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %s = \"%s\" is a strategy for the %s axis, not %s",
                          loom_config_where(t->cfg, strategy_path), strategy_path, name,
                          loom_axis_name((loom_axis)a->ops->axis), loom_axis_name(axis));
-    /* what the axis needs, checked before the job starts */
-    static const struct {
-        size_t offset;
-        const char *name;
-        loom_axis axis;
-    } required[] = {
-        {offsetof(loom_strategy_plugin_v1_t, tensor_shard), "tensor_shard", LOOM_AXIS_TP},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_enter), "tensor_enter", LOOM_AXIS_TP},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_exit), "tensor_exit", LOOM_AXIS_TP},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_exit_backward), "tensor_exit_backward",
-         LOOM_AXIS_TP},
-        {offsetof(loom_strategy_plugin_v1_t, tensor_enter_backward), "tensor_enter_backward",
-         LOOM_AXIS_TP},
-        {offsetof(loom_strategy_plugin_v1_t, attention_forward), "attention_forward", LOOM_AXIS_SP},
-        {offsetof(loom_strategy_plugin_v1_t, attention_backward), "attention_backward",
-         LOOM_AXIS_SP},
-        {offsetof(loom_strategy_plugin_v1_t, pipeline_schedule), "pipeline_schedule", LOOM_AXIS_PP},
-    };
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(required); i++)
-        if (required[i].axis == axis && !loom_plugin_has_op(a->plugin, required[i].offset))
-            return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement %s",
-                             loom_config_where(t->cfg, strategy_path), name, required[i].name);
     const loom_host *host;
     if ((rc = loom_runtime_host(t->rt, a->plugin, group, &host)) != LOOM_OK)
         return rc;
@@ -367,7 +337,7 @@ static int sequence_positions(trainer *t)
                  ? LOOM_OK
                  : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     int count = 0;
-    if (rc == LOOM_OK && AXIS_HAS(&t->sp, sequence_positions)) {
+    if (rc == LOOM_OK && t->sp.ops->sequence_positions) {
         if ((rc = t->sp.ops->sequence_positions(t->sp.s, t->seq, t->positions, &count)) != LOOM_OK)
             rc = fail_at(t, rc, "train.seq");
     } else if (rc == LOOM_OK) {
@@ -924,7 +894,7 @@ static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *
     loom_unit *u = dp_unit(t, i);
     int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
     size_t n = u->numel, begin = 0, count = n;
-    if (HAS(t, data_get_shard)) {
+    if (t->dp->data_get_shard) {
         if ((rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL)) !=
             LOOM_OK)
             return rc;
@@ -969,7 +939,7 @@ static void remove_dir(const char *dir, int files)
  * sequence axis) write an empty shard file. */
 static int save_sharded(trainer *t, const char *dir)
 {
-    if (!HAS(t, data_get_shard) && !HAS(t, data_get_state))
+    if (!t->dp->data_get_shard && !t->dp->data_get_state)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s can save no checkpoint (it "
                          "implements neither data_get_shard nor data_get_state)",
                          t->dp_plugin->header->name);
@@ -1044,7 +1014,7 @@ static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
  * whole arrays are read and each rank keeps its part. */
 static int load_state(trainer *t, const char *path)
 {
-    if (!HAS(t, data_set_state))
+    if (!t->dp->data_set_state)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_set_state",
                          t->dp_plugin->header->name);
     loom_ckpt *ck = NULL;
@@ -1223,7 +1193,7 @@ static int run_step(trainer *t, step_result *r)
             return rc;
         loss_sum += loss;
     }
-    if (HAS(t, data_finish_backward) && (rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
+    if ((rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
         return rc;
     sync_units(t);
     /* The step's loss: the mean over micro-batches and dp ranks (computed
@@ -1243,7 +1213,7 @@ static int run_step(trainer *t, step_result *r)
         (rc = C->wait(req)) != LOOM_OK)
         return rc;
     double norm_sq = 0;
-    if (HAS(t, data_grad_norm_sq) && (rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
+    if ((rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = tp_norm_sq(t, &norm_sq);
@@ -1269,7 +1239,7 @@ static int run_step(trainer *t, step_result *r)
         if (t->dtype == LOOM_F16)
             t->loss_scale /= 2;
         t->good_steps = 0;
-        if (HAS(t, data_zero_grads) && (rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
+        if ((rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
             return rc;
         sync_units(t);
     } else {

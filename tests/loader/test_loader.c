@@ -154,10 +154,11 @@ static void case_good(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "good");
     if (!p)
         return;
-    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, allreduce), "allreduce present");
-    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start present");
-    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort is NULL");
-    EXPECT(!loom_plugin_has_op(p, sizeof(loom_comm_plugin_v1_t)), "nothing past the struct");
+    const loom_comm_plugin_v1_t *own = (const loom_comm_plugin_v1_t *)p->exported;
+    EXPECT(p->ops.comm.allreduce == own->allreduce, "allreduce is the plugin's");
+    EXPECT(p->ops.comm.group_start == own->group_start, "group_start is the plugin's");
+    EXPECT(!p->ops.comm.abort, "abort is NULL");
+    EXPECT(p->header == &p->ops.comm.header, "the header is the ops table's");
     loom_plugin_unload(p);
 }
 
@@ -166,12 +167,14 @@ static void case_oldminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "oldminor");
     if (!p)
         return;
-    EXPECT(p->header->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
-           "struct_size %u", p->header->struct_size);
-    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, wait), "wait present");
-    /* Past its struct_size lies whatever the linker put there: never an op. */
-    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start beyond the struct");
-    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort beyond the struct");
+    EXPECT(p->exported->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
+           "struct_size %u", p->exported->struct_size);
+    EXPECT(p->ops.comm.wait, "wait present");
+    /* Past its struct_size lies whatever the linker put there: never an op.
+     * group_start, absent, is the core's no-op bracket. */
+    EXPECT(p->ops.comm.group_start && p->ops.comm.group_start(NULL) == LOOM_OK,
+           "group_start beyond the struct is the core's no-op");
+    EXPECT(!p->ops.comm.abort, "abort beyond the struct");
     loom_plugin_unload(p);
 }
 
@@ -180,11 +183,11 @@ static void case_newminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "newminor");
     if (!p)
         return;
-    EXPECT(p->header->abi_version == LOOM_ABI_VERSION(1, 5), "abi %x", p->header->abi_version);
-    EXPECT(p->header->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
-           "struct_size %u", p->header->struct_size);
-    EXPECT(LOOM_HAS_OP(p, loom_comm_plugin_v1_t, group_start), "group_start present");
-    EXPECT(!LOOM_HAS_OP(p, loom_comm_plugin_v1_t, abort), "abort is NULL");
+    EXPECT(p->exported->abi_version == LOOM_ABI_VERSION(1, 5), "abi %x", p->exported->abi_version);
+    EXPECT(p->exported->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
+           "struct_size %u", p->exported->struct_size);
+    EXPECT(p->ops.comm.group_start, "group_start present");
+    EXPECT(!p->ops.comm.abort, "abort is NULL");
     loom_plugin_unload(p);
 }
 
