@@ -41,38 +41,12 @@ static void print_list(const loom_schedule *s, int r, int verbose)
     printf("\n");
 }
 
-/* The bubble fraction theory gives under the simulator's unit costs, for
- * the schedules loom ships; < 0: none known. gpipe and 1f1b idle (p−1)
- * forward+backward times per rank; interleaved a v-th of that; zb-h1
- * (p−1)(F + B − W) = p−1 units against 3m of work. */
-static double theory(const char *name, int p, int v, int m)
-{
-    if (!strcmp(name, "gpipe") && v == 1)
-        return (double)(p - 1) / (m + p - 1);
-    if (!strcmp(name, "1f1b"))
-        return (double)(p - 1) / (m + p - 1);
-    if (!strcmp(name, "interleaved"))
-        return (double)(p - 1) / ((double)v * m + p - 1);
-    if (!strcmp(name, "zb-h1") && m >= p) /* fewer cannot fill the steady state */
-        return (double)(p - 1) / (3.0 * m + p - 1);
-    return -1.0;
-}
-
-static const char *theory_formula(const char *name)
-{
-    if (!strcmp(name, "interleaved"))
-        return "(p-1)/(v·m+p-1)";
-    if (!strcmp(name, "zb-h1"))
-        return "(p-1)/(3m+p-1)";
-    return "(p-1)/(m+p-1)";
-}
-
 /* Read the pp settings, load the schedule plugin, build and validate. */
 static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *out,
-                             char *desc, size_t desc_cap)
+                             char *desc, size_t desc_cap, const loom_strategy_ops **plugin_ops)
 {
     int64_t p = 1, v = 1, m = 1;
-    const char *name = "1f1b";
+    const char *name = NULL; /* the schema's default */
     loom_config_int(cfg, "parallel.pp.size", &p);
     loom_config_int(cfg, "parallel.pp.virtual_stages", &v);
     loom_config_int(cfg, "parallel.pp.microbatches", &m);
@@ -94,6 +68,7 @@ static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *
     if (rc != LOOM_OK)
         return rc;
     const loom_strategy_ops *ops = &plugin->ops.strategy;
+    *plugin_ops = ops;
     if (ops->axis != LOOM_AXIS_PP)
         return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.schedule = \"%s\" is a strategy for "
                          "the %s axis, not a pipeline schedule", where, name,
@@ -129,7 +104,8 @@ static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *
     return rc;
 }
 
-static int report(const loom_schedule *s, const char *desc, int verbose, const char *svg_path)
+static int report(const loom_schedule *s, const loom_strategy_ops *ops, const char *desc, int verbose,
+                  const char *svg_path)
 {
     double cost[LOOM_ACT_KIND_COUNT];
     loom_schedule_default_costs(cost);
@@ -148,9 +124,10 @@ static int report(const loom_schedule *s, const char *desc, int verbose, const c
            "transfers 0:\n", cost[LOOM_ACT_FORWARD], cost[LOOM_ACT_BACKWARD_INPUT],
            cost[LOOM_ACT_BACKWARD_WEIGHT], cost[LOOM_ACT_BACKWARD]);
     printf("  makespan %g, bubble %.4f", tl.makespan, tl.bubble);
-    double th = theory(s->name, p, v, m);
+    const char *formula = NULL;
+    double th = ops->pipeline_bubble ? ops->pipeline_bubble(p, v, m, &formula) : -1.0;
     if (th >= 0.0)
-        printf(" (theory %s = %.4f)", theory_formula(s->name), th);
+        printf(" (theory %s = %.4f)", formula, th);
     printf("\n  peak stash (%s alive at once):", v > 1 ? "stage-micro-batches" : "micro-batches");
     for (int r = 0; r < p; r++)
         printf(" rank %d: %d%s", r, tl.peak_stash[r], r + 1 < p ? "," : "\n");
@@ -203,13 +180,14 @@ int loom_cmd_schedule(int argc, char **argv)
     loom_schedule s;
     memset(&s, 0, sizeof s);
     char desc[256] = "";
+    const loom_strategy_ops *ops = NULL;
     int rc = loom_config_load(config_path, overrides, noverrides, &cfg);
     if (rc == LOOM_OK)
         rc = loom_runtime_create(cfg, &rt);
     if (rc == LOOM_OK)
-        rc = build_from_config(cfg, rt, &s, desc, sizeof desc);
+        rc = build_from_config(cfg, rt, &s, desc, sizeof desc, &ops);
     if (rc == LOOM_OK)
-        rc = report(&s, desc, verbose, svg_path);
+        rc = report(&s, ops, desc, verbose, svg_path);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom schedule: %s\n", loom_last_error());
     fflush(stdout);

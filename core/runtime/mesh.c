@@ -29,17 +29,17 @@ void loom_mesh_coords_of(const int sizes[LOOM_AXIS_COUNT], int rank, int coords[
     }
 }
 
-/* The backend of an axis: comm.<axis> if set, else comm.default. */
+/* The backend of an axis: comm.<axis> if set, else comm.default (whose
+ * default the config schema holds). */
 static const char *axis_backend(const loom_config *cfg, loom_axis axis)
 {
     char path[32];
     const char *name = NULL;
     snprintf(path, sizeof path, "comm.%s", loom_axis_name(axis));
-    if (cfg && loom_config_string(cfg, path, &name) == LOOM_OK && name && name[0])
+    if (loom_config_string(cfg, path, &name) == LOOM_OK && name && name[0])
         return name;
-    if (cfg && loom_config_string(cfg, "comm.default", &name) == LOOM_OK && name && name[0])
-        return name;
-    return "mpi";
+    loom_config_string(cfg, "comm.default", &name);
+    return name;
 }
 
 typedef struct backend_world {

@@ -196,14 +196,6 @@ static int check_mesh_shape(const trainer *t)
                          at, sizes[LOOM_AXIS_TP], sizes[LOOM_AXIS_SP], sizes[LOOM_AXIS_PP],
                          sizes[LOOM_AXIS_DP], product, t->world, t->world);
     }
-    const char *dp_strategy = "ddp";
-    loom_config_string(t->cfg, "parallel.dp.strategy", &dp_strategy);
-    if (sizes[LOOM_AXIS_PP] > 1 && !strcmp(dp_strategy, "zero3"))
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "%s: a pipeline (parallel.pp.size = %d) composes with the data "
-                         "strategies that keep a stage's parameters whole at rest (ddp, zero1, "
-                         "zero2), not zero3",
-                         loom_config_where(t->cfg, "parallel.dp.strategy"), sizes[LOOM_AXIS_PP]);
     return LOOM_OK;
 }
 
@@ -263,7 +255,7 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
 
 static int create_strategy(trainer *t)
 {
-    const char *name = "ddp";
+    const char *name = NULL;
     loom_config_string(t->cfg, "parallel.dp.strategy", &name);
     int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->dp_plugin);
     if (rc != LOOM_OK)
@@ -274,6 +266,13 @@ static int create_strategy(trainer *t)
                          "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
                          loom_config_where(t->cfg, "parallel.dp.strategy"), name,
                          loom_axis_name((loom_axis)t->dp->axis));
+    int pp = t->mesh->sizes[LOOM_AXIS_PP];
+    if (pp > 1 && (t->dp->capabilities & LOOM_STRATEGY_PARAMS_SHARDED))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: a pipeline (parallel.pp.size = %d) composes with the data "
+                         "strategies that keep a stage's parameters whole at rest; %s keeps them "
+                         "sharded between steps",
+                         loom_config_where(t->cfg, "parallel.dp.strategy"), pp, name);
     const loom_host *host;
     if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;
@@ -299,7 +298,7 @@ static int create_axis(trainer *t, loom_axis axis, axis_strategy *a)
                                 : pp ? "parallel.pp.schedule" : "parallel.sp.strategy";
     const char *group = tp ? "parallel.tp" : pp ? "parallel.pp" : "parallel.sp";
     const char *size_path = tp ? "parallel.tp.size" : pp ? "parallel.pp.size" : "parallel.sp.size";
-    const char *name = tp ? "tp" : pp ? "1f1b" : "ulysses";
+    const char *name = NULL;
     loom_config_string(t->cfg, strategy_path, &name);
     int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
     if (rc != LOOM_OK)

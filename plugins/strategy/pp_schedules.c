@@ -254,6 +254,25 @@ static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
 
 #endif
 
+/* The bubble theory gives under the simulator's unit costs. GPipe and 1F1B
+ * idle (p−1) forward+backward times per rank; interleaved a v-th of that;
+ * ZB-H1 (p−1)(F + B − W) = p−1 units against 3m of work, once m >= p fills
+ * its steady state. */
+static double pp_bubble(int p, int v, int m, const char **formula)
+{
+#if PP_SCHEDULE == PP_INTERLEAVED
+    *formula = "(p-1)/(v·m+p-1)";
+    return (double)(p - 1) / ((double)v * m + p - 1);
+#elif PP_SCHEDULE == PP_ZB_H1
+    (void)v;
+    *formula = "(p-1)/(3m+p-1)";
+    return m >= p ? (double)(p - 1) / (3.0 * m + p - 1) : -1.0;
+#else
+    *formula = "(p-1)/(m+p-1)";
+    return PP_SCHEDULE == PP_GPIPE && v != 1 ? -1.0 : (double)(p - 1) / (m + p - 1);
+#endif
+}
+
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, SCHEDULE_NAME,
                                  SCHEDULE_TEXT, NULL),
@@ -262,4 +281,5 @@ LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .destroy = pp_destroy,
     .describe = pp_describe,
     .pipeline_schedule = pp_schedule,
+    .pipeline_bubble = pp_bubble,
 };

@@ -1137,4 +1137,5 @@ LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .data_get_state = zero_data_get_state,
     .data_set_state = zero_data_set_state,
     .data_get_shard = zero_data_get_shard,
+    .capabilities = ZERO_STAGE == 3 ? LOOM_STRATEGY_PARAMS_SHARDED : 0,
 };

@@ -121,7 +121,7 @@ PIN(loom_memtier_plugin_v1_t, wait, 112);
 PIN(loom_memtier_plugin_v1_t, address, 120);
 PIN(loom_memtier_plugin_v1_t, prefetch, 128);
 
-PIN_SIZE(loom_strategy_plugin_v1_t, 240);
+PIN_SIZE(loom_strategy_plugin_v1_t, 256);
 PIN(loom_strategy_plugin_v1_t, header, 0);
 PIN(loom_strategy_plugin_v1_t, axis, 40);
 PIN(loom_strategy_plugin_v1_t, reserved, 44);
@@ -149,6 +149,9 @@ PIN(loom_strategy_plugin_v1_t, attention_forward, 208);
 PIN(loom_strategy_plugin_v1_t, attention_backward, 216);
 PIN(loom_strategy_plugin_v1_t, pipeline_schedule, 224);
 PIN(loom_strategy_plugin_v1_t, data_get_shard, 232);
+PIN(loom_strategy_plugin_v1_t, capabilities, 240);
+PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
+PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
 PIN_SIZE(loom_host, 152);
 PIN(loom_host, struct_size, 0);

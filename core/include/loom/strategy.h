@@ -288,6 +288,28 @@ typedef struct loom_strategy_plugin_v1_t {
      * (ddp) leaves this NULL: the core then saves dp rank 0's full state. */
     int (*data_get_shard)(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
                           float *params, float *m, float *v);
+
+    /* ---- since ABI 1.2 (OPTIONAL) ---- */
+
+    /* What the core must know of this strategy, declared rather than
+     * guessed from its name: LOOM_STRATEGY_* bits below (0, or a plugin
+     * older than 1.2: none). */
+    uint64_t capabilities;
+    /* Pipeline axis: the idle share of a step that theory gives for this
+     * schedule under the simulator's unit costs (forward, backward-input
+     * and backward-weight of one micro-batch on one virtual stage take one
+     * unit each, a whole backward two, transfers nothing), with `stages` pp
+     * ranks holding virtual_stages each and `microbatches` per step; the
+     * formula as text in *formula (never NULL on return >= 0). < 0: no
+     * closed form for these sizes. `loom schedule` prints it beside the
+     * simulated bubble. */
+    double (*pipeline_bubble)(int stages, int virtual_stages, int microbatches,
+                              const char **formula);
 } loom_strategy_plugin_v1_t;
+
+/* Data axis: parameters stay sharded across the dp group between steps
+ * (ZeRO-3, FSDP). A pipeline stage needs its parameters whole at rest, so
+ * the core refuses such a strategy when parallel.pp.size > 1. */
+#define LOOM_STRATEGY_PARAMS_SHARDED (1u << 0)
 
 #endif
