@@ -1,0 +1,185 @@
+/* loom train — What a run prints and writes: the header, the progress line, the
+ * --metrics JSON lines, the merged --trace. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/bootstrap.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+#include "runtime/trace.h"
+#include "train/trainer.h"
+
+/* ---- reporting ---- */
+
+static void human_bytes(uint64_t b, char *buf, size_t cap)
+{
+    if (b >= (1ull << 30))
+        snprintf(buf, cap, "%.2f GiB", (double)b / (1ull << 30));
+    else if (b >= (1ull << 20))
+        snprintf(buf, cap, "%.1f MiB", (double)b / (1ull << 20));
+    else
+        snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+}
+
+void trainer_print_progress(const trainer *t, const step_result *r)
+{
+    double tokens = (double)t->batch * t->seq;
+    double tps = tokens / r->seconds;
+    double mfu = loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world);
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    char mem[256] = "";
+    size_t n = 0;
+    for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+        uint64_t b = u.peak[LOOM_TIER_HOST][p];
+        if (!b)
+            continue;
+        char hb[32];
+        human_bytes(b, hb, sizeof hb);
+        n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%s %s", n ? ", " : "",
+                              loom_purpose_name((loom_purpose)p), hb);
+    }
+    char bubble[32] = "";
+    if (t->pipeline)
+        snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->bubble);
+    printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
+           "MFU %5.1f%%%s | peak host: %s%s\n",
+           (long long)t->step + 1, (long long)t->steps, r->loss, r->lr, r->grad_norm,
+           r->seconds * 1e3, tps, 100 * mfu, bubble, mem, r->skipped ? " | skipped" : "");
+    fflush(stdout);
+}
+
+void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
+{
+    double tps = (double)t->batch * t->seq / r->seconds;
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    fprintf(f,
+            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens_per_s\": %.3f, \"step_ms\": %.3f, \"mfu\": %.6f, \"skipped\": %s, "
+            "\"loss_scale\": %g, \"peak_bytes\": {",
+            (long long)t->step + 1, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3,
+            loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world),
+            r->skipped ? "true" : "false", t->loss_scale);
+    int first_tier = 1;
+    for (int tier = 0; tier < LOOM_TIER_COUNT; tier++) {
+        if (!u.peak_total[tier])
+            continue;
+        fprintf(f, "%s\"%s\": {", first_tier ? "" : ", ", loom_tier_name((loom_tier)tier));
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
+            fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
+                    (unsigned long long)u.peak[tier][p]);
+        fprintf(f, ", \"total\": %llu}", (unsigned long long)u.peak_total[tier]);
+        first_tier = 0;
+    }
+    fprintf(f, "}");
+    if (t->pipeline) {
+        loom_pipeline_stats st;
+        loom_pipeline_get_stats(t->pipeline, &st);
+        fprintf(f, ", \"bubble\": %.6f, \"live_microbatches\": %d", t->bubble, st.peak_live);
+        for (int k = 0; k < 2; k++) {
+            fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
+            for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
+                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->stage_peaks[2 * stage + k]);
+            fprintf(f, "]");
+        }
+    }
+    /* this step's traffic per axis and op, from the groups' counters:
+     * "comm_bytes": {"tp.allreduce": 4096, ...}, the same keys for calls */
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ", \"comm_%s\": {", k ? "calls" : "bytes");
+        int first = 1;
+        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+            for (int op = 0; op < LOOM_OP_COUNT; op++) {
+                uint64_t n = k ? t->comm_step[a].calls[op] : t->comm_step[a].bytes[op];
+                if (!t->comm_step[a].calls[op])
+                    continue;
+                fprintf(f, "%s\"%s.%s\": %llu", first ? "" : ", ", loom_axis_name((loom_axis)a),
+                        loom_comm_op_name((loom_comm_op)op), (unsigned long long)n);
+                first = 0;
+            }
+        fprintf(f, "}");
+    }
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+/* Which units each pipeline stage holds, and on which pp rank. */
+static void print_stages(const trainer *t)
+{
+    int p = t->mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe_schedule.virtual_stages;
+    printf("pipeline stages:");
+    for (int st = 0; st < stages; st++) {
+        int first = t->stage_first[st], last = t->stage_last[st], L = t->shape.layers;
+        int b0 = first == 0 ? 0 : first - 1, b1 = last == L + 1 ? L - 1 : last - 1;
+        printf("%s %d (pp rank %d):%s", st ? " |" : "", st, st % p, first == 0 ? " embedding" : "");
+        if (b1 >= b0)
+            printf("%s block%s %d", first == 0 ? " +" : "", b1 > b0 ? "s" : "", b0);
+        if (b1 > b0)
+            printf("-%d", b1);
+        if (last == L + 1)
+            printf(" + head");
+    }
+    printf("\n");
+}
+
+void trainer_print_header(const trainer *t)
+{
+    size_t params = 0;
+    for (int i = 0; i < t->nunits; i++)
+        params += loom_model_full_numel(t->model, i);
+    char desc[768] = "";
+    if (t->dp->describe)
+        t->dp->describe(t->strategy, desc, 256);
+    const axis_strategy *axes[3] = {&t->tp, &t->sp, &t->pp};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(desc);
+        if (axes[i]->s && n + 3 < sizeof desc) {
+            snprintf(desc + n, sizeof desc - n, "; ");
+            axes[i]->ops->describe(axes[i]->s, desc + n + 2, sizeof desc - n - 2);
+        }
+    }
+    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
+    printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
+           "(micro-batch %d x %d %s); %s; %s; %d rank%s, dp over %s; MFU against "
+           "%.1f GFLOP/s per rank (%s)\n",
+           t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
+           t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
+           t->micro_batches, t->pipeline ? "pipelined" : "accumulation",
+           loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
+           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
+           stated > 0 ? "train.peak_gflops" : "sgemm measured at start");
+    if (t->pipeline)
+        print_stages(t);
+    fflush(stdout);
+}
+
+/* Every rank writes its part; rank 0 merges them once all have. */
+int trainer_write_trace(trainer *t, const char *path)
+{
+    char **parts = calloc((size_t)t->world, sizeof *parts);
+    int rc = parts ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
+    for (int r = 0; r < t->world && rc == LOOM_OK; r++) {
+        size_t len = strlen(path) + 32;
+        if (!(parts[r] = malloc(len)))
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
+        else
+            snprintf(parts[r], len, "%s.rank%d", path, r);
+    }
+    if (rc == LOOM_OK)
+        rc = loom_trace_write_part(parts[t->rank]);
+    loom_store *store = loom_runtime_store(t->rt);
+    if (rc == LOOM_OK && store)
+        rc = loom_store_barrier(store, "train/trace", loom_runtime_timeout(t->rt));
+    if (rc == LOOM_OK && t->rank == 0) {
+        rc = loom_trace_merge(path, (const char *const *)parts, t->world);
+        if (rc == LOOM_OK)
+            printf("wrote trace %s\n", path);
+    }
+    for (int r = 0; parts && r < t->world; r++)
+        free(parts[r]);
+    free(parts);
+    return rc;
+}

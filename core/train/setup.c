@@ -1,0 +1,383 @@
+/* loom train — The trainer's set-up and teardown: settings, mesh shape, data, the
+ * strategies of every axis, the model, the initial parameters placed by the
+ * data strategy. */
+#include <stdlib.h>
+#include <string.h>
+#include <cblas.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "model/kernels.h"
+#include "runtime/log.h"
+#include "train/trainer.h"
+
+/* ---- set-up ---- */
+
+int trainer_read_int(const loom_config *cfg, const char *path, int *out)
+{
+    int64_t v = 0;
+    int rc = loom_config_int(cfg, path, &v);
+    *out = (int)v;
+    return rc;
+}
+
+float trainer_read_float(const loom_config *cfg, const char *path)
+{
+    double v = 0;
+    loom_config_float(cfg, path, &v);
+    return (float)v;
+}
+
+/* sgemm on this rank, for MFU when the config states no peak. */
+static double measure_peak_flops(void)
+{
+    /* GPT-2 small's QKV product at 1024 tokens: big enough for every
+     * thread to have work, best of a few so a busy moment does not count. */
+    enum { M = 1024, K = 768, N = 2304, REPS = 10 };
+    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
+    double best = 0;
+    if (a && b && c) {
+        /* one untimed call: thread start-up and first touch of the pages */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        for (int r = 0; r < REPS; r++) {
+            uint64_t t0 = loom_now_ns();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f,
+                        c, N);
+            double s = (double)(loom_now_ns() - t0) / 1e9;
+            double flops = 2.0 * M * N * K / s;
+            if (flops > best)
+                best = flops;
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* The mesh's shape against the job, before any group is made, so the
+ * message can name the settings. */
+static int check_mesh_shape(const trainer *t)
+{
+    static const char *const paths[LOOM_AXIS_COUNT] = {"parallel.tp.size", "parallel.sp.size",
+                                                       "parallel.pp.size", "parallel.dp.size"};
+    int sizes[LOOM_AXIS_COUNT], product = 1;
+    const char *where = NULL;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        trainer_read_int(t->cfg, paths[a], &sizes[a]);
+        product *= sizes[a];
+        if (!where && loom_config_is_set(t->cfg, paths[a]))
+            where = loom_config_where(t->cfg, paths[a]);
+    }
+    if (product != t->world) {
+        char at[512];
+        snprintf(at, sizeof at, "%s", where ? where : "parallel");
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: mesh tp × sp × pp × dp = %d × %d × %d × %d = %d, but the job has %d "
+                         "ranks; set parallel.<axis>.size so the product is %d",
+                         at, sizes[LOOM_AXIS_TP], sizes[LOOM_AXIS_SP], sizes[LOOM_AXIS_PP],
+                         sizes[LOOM_AXIS_DP], product, t->world, t->world);
+    }
+    return LOOM_OK;
+}
+
+static int load_shape(trainer *t)
+{
+    const loom_config *cfg = t->cfg;
+    trainer_read_int(cfg, "model.layers", &t->shape.layers);
+    trainer_read_int(cfg, "model.heads", &t->shape.heads);
+    trainer_read_int(cfg, "model.channels", &t->shape.channels);
+    trainer_read_int(cfg, "model.vocab", &t->shape.vocab);
+    trainer_read_int(cfg, "model.padded_vocab", &t->shape.padded_vocab);
+    trainer_read_int(cfg, "model.max_seq", &t->shape.max_seq);
+    return LOOM_OK;
+}
+
+/* Initial parameters in llm.c's order: the checkpoint, or seeded random. */
+static int initial_params(trainer *t, float **out)
+{
+    const char *init = "random", *path = "";
+    loom_config_string(t->cfg, "model.init", &init);
+    loom_config_string(t->cfg, "model.checkpoint", &path);
+    if (!strcmp(init, "checkpoint")) {
+        loom_gpt2_shape got;
+        return loom_checkpoint_read(path, &t->shape, &got, out);
+    }
+    int64_t seed = 1337;
+    loom_config_int(t->cfg, "model.seed", &seed);
+    float *p = malloc(loom_gpt2_param_count(&t->shape) * sizeof(float));
+    if (!p)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: cannot allocate the initial parameters");
+    loom_gpt2_init_random(&t->shape, (uint64_t)seed, p);
+    *out = p;
+    return LOOM_OK;
+}
+
+static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *setup)
+{
+    memset(setup, 0, sizeof *setup);
+    setup->struct_size = sizeof *setup;
+    setup->axis = axis;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        setup->sizes[a] = t->mesh->sizes[a];
+        setup->coords[a] = t->mesh->coords[a];
+        setup->groups[a] = t->mesh->groups[a];
+    }
+    setup->layers = t->shape.layers;
+    setup->heads = t->shape.heads;
+    setup->channels = t->shape.channels;
+    setup->vocab = t->shape.vocab;
+    setup->padded_vocab = t->shape.padded_vocab;
+    setup->max_seq = t->shape.max_seq;
+    setup->micro_batch = t->micro_batch;
+    setup->seq = t->seq;
+    setup->grad_accum = t->micro_batches;
+    setup->compute_dtype = t->dtype;
+}
+
+static int create_strategy(trainer *t)
+{
+    const char *name = NULL;
+    loom_config_string(t->cfg, "parallel.dp.strategy", &name);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->dp_plugin);
+    if (rc != LOOM_OK)
+        return rc;
+    t->dp = &t->dp_plugin->ops.strategy;
+    if (t->dp->axis != LOOM_AXIS_DP)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
+                         loom_config_where(t->cfg, "parallel.dp.strategy"), name,
+                         loom_axis_name((loom_axis)t->dp->axis));
+    int pp = t->mesh->sizes[LOOM_AXIS_PP];
+    if (pp > 1 && (t->dp->capabilities & LOOM_STRATEGY_PARAMS_SHARDED))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: a pipeline (parallel.pp.size = %d) composes with the data "
+                         "strategies that keep a stage's parameters whole at rest; %s keeps them "
+                         "sharded between steps",
+                         loom_config_where(t->cfg, "parallel.dp.strategy"), pp, name);
+    const loom_host *host;
+    if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
+        return rc;
+    loom_strategy_setup setup;
+    fill_setup(t, LOOM_AXIS_DP, &setup);
+    return t->dp->create(host, &setup, &t->strategy);
+}
+
+/* ---- the tensor and sequence axes (DESIGN §5.1) ---- */
+
+/* A strategy's own error, prefixed with the config line it is about. */
+int trainer_fail_at(const trainer *t, int rc, const char *path)
+{
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", loom_last_error());
+    return loom_fail(rc, "%s: %s", loom_config_where(t->cfg, path), detail);
+}
+
+int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a)
+{
+    int tp = axis == LOOM_AXIS_TP, pp = axis == LOOM_AXIS_PP;
+    const char *strategy_path = tp ? "parallel.tp.strategy"
+                                : pp ? "parallel.pp.schedule" : "parallel.sp.strategy";
+    const char *group = tp ? "parallel.tp" : pp ? "parallel.pp" : "parallel.sp";
+    const char *size_path = tp ? "parallel.tp.size" : pp ? "parallel.pp.size" : "parallel.sp.size";
+    const char *name = NULL;
+    loom_config_string(t->cfg, strategy_path, &name);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
+    if (rc != LOOM_OK)
+        return rc;
+    a->ops = &a->plugin->ops.strategy;
+    if (a->ops->axis != (uint32_t)axis)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: %s = \"%s\" is a strategy for the %s axis, not %s",
+                         loom_config_where(t->cfg, strategy_path), strategy_path, name,
+                         loom_axis_name((loom_axis)a->ops->axis), loom_axis_name(axis));
+    const loom_host *host;
+    if ((rc = loom_runtime_host(t->rt, a->plugin, group, &host)) != LOOM_OK)
+        return rc;
+    loom_strategy_setup setup;
+    fill_setup(t, axis, &setup);
+    if ((rc = a->ops->create(host, &setup, &a->s)) != LOOM_OK) {
+        a->s = NULL;
+        return trainer_fail_at(t, rc, size_path);
+    }
+    return LOOM_OK;
+}
+
+/* The training settings of train.* (the model's shape is load_shape's). */
+static void read_settings(trainer *t)
+{
+    trainer_read_int(t->cfg, "train.batch", &t->batch);
+    trainer_read_int(t->cfg, "train.seq", &t->seq);
+    trainer_read_int(t->cfg, "train.grad_accum", &t->grad_accum);
+    loom_config_int(t->cfg, "train.steps", &t->steps);
+    const char *precision = "fp32", *lr_shape = "constant";
+    loom_config_string(t->cfg, "train.precision", &precision);
+    loom_config_string(t->cfg, "train.schedule", &lr_shape);
+    t->dtype = !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+    t->lr_schedule.lr = trainer_read_float(t->cfg, "train.lr");
+    loom_config_int(t->cfg, "train.warmup", &t->lr_schedule.warmup);
+    t->lr_schedule.steps = t->steps;
+    t->lr_schedule.cosine = !strcmp(lr_shape, "cosine");
+    t->lr_schedule.final_frac = trainer_read_float(t->cfg, "train.lr_final_frac");
+    t->beta1 = trainer_read_float(t->cfg, "train.beta1");
+    t->beta2 = trainer_read_float(t->cfg, "train.beta2");
+    t->eps = trainer_read_float(t->cfg, "train.eps");
+    t->weight_decay = trainer_read_float(t->cfg, "train.weight_decay");
+    t->clip = trainer_read_float(t->cfg, "train.clip");
+    t->loss_scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
+    loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
+    int threads = 1;
+    trainer_read_int(t->cfg, "train.threads", &threads);
+    loom_kernels_set_threads(threads);
+    double peak_gflops = trainer_read_float(t->cfg, "train.peak_gflops");
+    t->peak_flops = peak_gflops > 0 ? peak_gflops * 1e9 : measure_peak_flops();
+}
+
+/* The token shard, and the batch split into micro-batches per dp rank (a
+ * pipeline's micro-batches are its accumulation). */
+static int open_data(trainer *t)
+{
+    int rc;
+    /* The data decides whether the batch splits evenly; check it first. */
+    const char *train_path = "";
+    loom_config_string(t->cfg, "data.train", &train_path);
+    if (!train_path[0])
+        return loom_fail(LOOM_ERR_INVALID,
+                         "data.train: no token shard given; set data.train = "
+                         "\"examples/data/corpus.bin\" (an llm.c token shard)");
+    if ((rc = loom_shard_open(train_path, t->shape.vocab, &t->shard)) != LOOM_OK)
+        return rc;
+    int dp = t->mesh->sizes[LOOM_AXIS_DP], pp = t->mesh->sizes[LOOM_AXIS_PP];
+    t->micro_batches = t->grad_accum;
+    if (pp > 1) {
+        /* a pipeline's micro-batches are its accumulation */
+        trainer_read_int(t->cfg, "parallel.pp.microbatches", &t->micro_batches);
+        if (t->grad_accum != 1)
+            return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
+                             "the gradient accumulation; set train.grad_accum = 1",
+                             loom_config_where(t->cfg, "train.grad_accum"));
+        if (t->batch % (dp * t->micro_batches) != 0)
+            return loom_fail(LOOM_ERR_INVALID, "%s: train.batch %d does not divide by "
+                             "parallel.dp.size %d × parallel.pp.microbatches %d",
+                             loom_config_where(t->cfg, "parallel.pp.microbatches"), t->batch, dp,
+                             t->micro_batches);
+    }
+    if ((rc = loom_dataloader_init(&t->loader, &t->shard, t->batch, t->seq,
+                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
+        return rc;
+    t->micro_batch = t->batch / (dp * t->micro_batches);
+    return LOOM_OK;
+}
+
+/* Whole units from llm.c's order, then this tp rank's slices of them,
+ * handed to the data strategy to place (and shard) as it keeps them. */
+static int place_initial_params(trainer *t)
+{
+    int rc;
+    float *llmc = NULL;
+    if ((rc = initial_params(t, &llmc)) != LOOM_OK)
+        return rc;
+    float **init = calloc((size_t)t->nunits, sizeof *init);
+    float **whole = calloc((size_t)t->nunits, sizeof *whole);
+    rc = init && whole ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int i = 0; i < t->nunits && rc == LOOM_OK; i++)
+        if (!(init[i] = malloc(t->units[i].numel * sizeof(float))) ||
+            !(whole[i] = malloc(loom_model_full_numel(t->model, i) * sizeof(float))))
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    float **held = calloc((size_t)t->nunits, sizeof *held);
+    if (rc == LOOM_OK && !held)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (rc == LOOM_OK) {
+        loom_model_split_params(t->model, llmc, whole);
+        for (int i = 0; i < t->nunits; i++)
+            loom_model_slice(t->model, i, whole[i], init[i]);
+        for (int i = 0; i < t->ndp_units; i++)
+            held[i] = init[t->dp_units[i].index];
+        rc = t->dp->data_setup(t->strategy, t->dp_units, t->ndp_units, held);
+        trainer_sync_units(t);
+    }
+    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_PP] > 1)
+        rc = trainer_setup_pipeline(t, init[0]);
+    free(held);
+    for (int i = 0; whole && i < t->nunits; i++)
+        free(whole[i]);
+    free(whole);
+    for (int i = 0; init && i < t->nunits; i++)
+        free(init[i]);
+    free(init);
+    free(llmc);
+    return rc;
+}
+
+int trainer_setup(trainer *t, const loom_train_options *o)
+{
+    int rc = loom_config_load(o->config, o->overrides, o->noverrides, &t->cfg);
+    if (rc != LOOM_OK)
+        return rc;
+    if ((rc = loom_runtime_create(t->cfg, &t->rt)) != LOOM_OK)
+        return rc;
+    t->rank = loom_runtime_env(t->rt)->rank;
+    t->world = loom_runtime_env(t->rt)->world_size;
+    if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
+        return rc;
+    load_shape(t);
+    read_settings(t);
+    if ((rc = open_data(t)) != LOOM_OK)
+        return rc;
+    int pp = t->mesh->sizes[LOOM_AXIS_PP];
+    if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)
+        return rc;
+    const char *recompute = NULL;
+    loom_config_string(t->cfg, "train.recompute", &recompute);
+    if ((rc = trainer_setup_parallel_model(t, !strcmp(recompute, "block"))) != LOOM_OK)
+        return rc;
+    size_t N = (size_t)t->micro_batch * t->seq;
+    t->inputs = malloc(N * sizeof(int));
+    t->targets = malloc(N * sizeof(int));
+    if (!t->inputs || !t->targets)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if ((rc = trainer_choose_units(t)) != LOOM_OK || (rc = create_strategy(t)) != LOOM_OK)
+        return rc;
+    return place_initial_params(t);
+}
+
+void trainer_teardown(trainer *t)
+{
+    /* plugins' objects before the runtime unloads them */
+    loom_pipeline_destroy(t->pipeline);
+    if (t->pp.s)
+        t->pp.ops->destroy(t->pp.s);
+    if (t->strategy)
+        t->dp->destroy(t->strategy);
+    if (t->tp.s)
+        t->tp.ops->destroy(t->tp.s);
+    if (t->sp.s)
+        t->sp.ops->destroy(t->sp.s);
+    loom_model_destroy(t->model);
+    loom_shard_close(&t->shard);
+    loom_mesh_destroy(t->mesh);
+    loom_runtime_destroy(t->rt);
+    loom_config_free(t->cfg);
+    free(t->inputs);
+    free(t->targets);
+    for (int i = 0; t->tp_shards && i < t->nunits; i++)
+        free(t->tp_shards[i]);
+    free(t->tp_shards);
+    free(t->repl_grads);
+    free(t->repl_offset);
+    free(t->positions);
+    loom_schedule_free(&t->pipe_schedule);
+    for (int k = 0; t->mb_inputs && k < t->micro_batches; k++)
+        free(t->mb_inputs[k]);
+    for (int k = 0; t->mb_targets && k < t->micro_batches; k++)
+        free(t->mb_targets[k]);
+    free(t->mb_inputs);
+    free(t->mb_targets);
+    free(t->stage_first);
+    free(t->stage_last);
+    free(t->runs);
+    free(t->stage_peaks);
+    if (t->dp_units != t->units)
+        free(t->dp_units);
+    free(t->dp_index);
+}

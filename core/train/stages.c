@@ -1,0 +1,133 @@
+/* loom train — The pipeline axis: which units each stage holds, the units the data
+ * strategy is given, and the validated schedule the executor runs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "train/trainer.h"
+
+/* ---- the pipeline axis ---- */
+
+/* Units of each of the pp × virtual_stages stages: the blocks split evenly
+ * (or as parallel.pp.stage_layers says), the embedding with the first
+ * stage, the final LayerNorm, LM head and loss with the last. */
+static int split_stages(trainer *t, int stages)
+{
+    const char *list = "parallel.pp.stage_layers";
+    int L = t->shape.layers, listed = loom_config_list_len(t->cfg, list), blocks = 0;
+    t->stage_first = calloc((size_t)stages, sizeof *t->stage_first);
+    t->stage_last = calloc((size_t)stages, sizeof *t->stage_last);
+    if (!t->stage_first || !t->stage_last)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (listed > 0 && listed != stages)
+        return loom_fail(LOOM_ERR_INVALID, "%s: %s has %d entries for %d stages "
+                         "(parallel.pp.size × virtual_stages)", loom_config_where(t->cfg, list),
+                         list, listed, stages);
+    if (listed <= 0 && L % stages != 0)
+        return loom_fail(LOOM_ERR_INVALID, "%s: model.layers = %d do not split evenly over %d "
+                         "stages (parallel.pp.size × virtual_stages); list the layers of each "
+                         "stage in %s", loom_config_where(t->cfg, "parallel.pp.size"), L, stages,
+                         list);
+    for (int st = 0; st < stages; st++) {
+        int n = L / stages;
+        if (listed > 0) {
+            char path[64];
+            snprintf(path, sizeof path, "%s[%d]", list, st);
+            trainer_read_int(t->cfg, path, &n);
+        }
+        t->stage_first[st] = st == 0 ? 0 : blocks + 1;
+        blocks += n;
+        t->stage_last[st] = st == stages - 1 ? L + 1 : blocks;
+        if (t->stage_last[st] < t->stage_first[st])
+            return loom_fail(LOOM_ERR_INVALID, "%s: stage %d holds no layer; every stage but the "
+                             "first and the last needs one", loom_config_where(t->cfg, list), st);
+    }
+    if (blocks != L)
+        return loom_fail(LOOM_ERR_INVALID, "%s: the stages hold %d layers, the model has %d "
+                         "(model.layers)", loom_config_where(t->cfg, list), blocks, L);
+    return LOOM_OK;
+}
+
+/* The units the data strategy looks after: all of them, or on a pipeline
+ * those of this rank's stages. */
+int trainer_choose_units(trainer *t)
+{
+    t->dp_index = malloc((size_t)t->nunits * sizeof *t->dp_index);
+    if (!t->dp_index)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (!t->runs) {
+        for (int u = 0; u < t->nunits; u++)
+            t->dp_index[u] = u;
+        t->dp_units = t->units;
+        t->ndp_units = t->nunits;
+        return LOOM_OK;
+    }
+    t->dp_units = calloc((size_t)t->nunits, sizeof *t->dp_units);
+    if (!t->dp_units)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int u = 0; u < t->nunits; u++) {
+        t->dp_index[u] = t->runs[u] ? t->ndp_units : -1;
+        if (t->runs[u])
+            t->dp_units[t->ndp_units++] = t->units[u];
+    }
+    return LOOM_OK;
+}
+
+static int pp_before_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_forward, u); }
+static int pp_after_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_after_forward, u); }
+static int pp_before_backward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_backward, u); }
+static int pp_grads_ready(void *ctx, int u, int last_micro) { return trainer_grads_ready(ctx, u, last_micro); }
+
+/* The schedule (validated before the first step) and its executor. */
+int trainer_setup_pipeline(trainer *t, const float *unit0_init)
+{
+    int rc;
+    loom_pipeline_setup ps;
+    memset(&ps, 0, sizeof ps);
+    ps.schedule = &t->pipe_schedule;
+    ps.rank = t->mesh->coords[LOOM_AXIS_PP];
+    ps.group = t->mesh->groups[LOOM_AXIS_PP];
+    ps.model = t->model;
+    ps.stage_first = t->stage_first;
+    ps.stage_last = t->stage_last;
+    ps.dtype = t->dtype;
+    ps.tied_init = unit0_init;
+    ps.hooks = (loom_pipeline_hooks){t, pp_before_forward, pp_after_forward, pp_before_backward,
+                                     pp_grads_ready};
+    if ((rc = loom_pipeline_create(&ps, &t->pipeline)) != LOOM_OK)
+        return rc;
+    t->stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->stage_peaks);
+    size_t N = (size_t)t->micro_batch * t->seq;
+    t->mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->mb_inputs);
+    t->mb_targets = calloc((size_t)t->micro_batches, sizeof *t->mb_targets);
+    if (!t->mb_inputs || !t->mb_targets || !t->stage_peaks)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int k = 0; k < t->micro_batches; k++)
+        if (!(t->mb_inputs[k] = malloc(N * sizeof(int))) ||
+            !(t->mb_targets[k] = malloc(N * sizeof(int))))
+            return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    return LOOM_OK;
+}
+
+/* The pp shape and the schedule, before the model: the stages decide which
+ * units this rank builds. */
+int trainer_plan_pipeline(trainer *t)
+{
+    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP], v = 1, rc;
+    trainer_read_int(t->cfg, "parallel.pp.virtual_stages", &v);
+    if ((rc = split_stages(t, p * v)) != LOOM_OK)
+        return rc;
+    if (!(t->runs = calloc((size_t)t->shape.layers + 2, 1)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    for (int vs = 0; vs < v; vs++)
+        for (int u = t->stage_first[vs * p + r]; u <= t->stage_last[vs * p + r]; u++)
+            t->runs[u] = 1;
+    if ((rc = trainer_create_axis(t, LOOM_AXIS_PP, &t->pp)) != LOOM_OK)
+        return rc;
+    const char *name = t->pp.plugin->header->name;
+    if ((rc = loom_schedule_build(t->pp.ops, t->pp.s, name, p, v, t->micro_batches,
+                                  &t->pipe_schedule)) != LOOM_OK)
+        return trainer_fail_at(t, rc, "parallel.pp.schedule");
+    return LOOM_OK;
+}

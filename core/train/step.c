@@ -1,0 +1,225 @@
+/* loom train — One training step: micro-batches through the units with the data
+ * strategy's hooks (or the pipeline executor), the loss and gradient norm
+ * over the mesh, the optimizer step, fp16 loss scaling. */
+#include <math.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+#include "runtime/trace.h"
+#include "train/trainer.h"
+
+static void sync_unit(trainer *t, int u)
+{
+    const loom_unit *su = dp_unit(t, u);
+    t->units[u].params = su->params;
+    t->units[u].grads = su->grads;
+}
+
+void trainer_sync_units(trainer *t)
+{
+    for (int u = 0; u < t->nunits; u++)
+        if (holds(t, u))
+            sync_unit(t, u);
+}
+
+/* A data-axis unit hook (absent ones are the loader's no-op), keeping the
+ * model's unit in step with the strategy's. */
+int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u)
+{
+    int rc = hook(t->strategy, dp_unit(t, u));
+    sync_unit(t, u);
+    return rc;
+}
+
+int trainer_grads_ready(trainer *t, int u, int last_micro)
+{
+    int rc = t->dp->data_grads_ready(t->strategy, dp_unit(t, u), last_micro);
+    sync_unit(t, u);
+    return rc;
+}
+
+/* ---- one step ---- */
+
+static float step_dloss(const trainer *t)
+{
+    return t->loss_scale / ((float)t->micro_batch * (float)t->seq * (float)t->micro_batches);
+}
+
+static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
+{
+    char name[48];
+    if (t->units[u].kind == LOOM_UNIT_BLOCK)
+        snprintf(name, sizeof name, "%s block %d", what, u - 1);
+    else
+        snprintf(name, sizeof name, "%s %s", what, t->units[u].name);
+    loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
+}
+
+static int run_micro_batch(trainer *t, int last_micro, float *loss)
+{
+    int rc, head = t->nunits - 1;
+    loom_dataloader_next(&t->loader, t->inputs, t->targets);
+    for (int u = 0; u < t->nunits; u++) {
+        uint64_t t0 = loom_now_ns();
+        if ((rc = HOOK(t, data_before_forward, u)) != LOOM_OK)
+            return rc;
+        /* The LM head is tied to wte: the embedding is needed again. */
+        if (u == head && (rc = HOOK(t, data_before_forward, 0)) != LOOM_OK)
+            return rc;
+        if ((rc = loom_model_forward(t->model, u, t->inputs, t->targets, loss)) != LOOM_OK)
+            return rc;
+        if ((rc = HOOK(t, data_after_forward, u)) != LOOM_OK)
+            return rc;
+        if (u == head && (rc = HOOK(t, data_after_forward, 0)) != LOOM_OK)
+            return rc;
+        trace_unit(t, "forward", u, t0);
+    }
+    /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
+     * the rank's gradient is that of its mean loss over the step. */
+    float dloss = step_dloss(t);
+    for (int u = head; u >= 0; u--) {
+        uint64_t t0 = loom_now_ns();
+        if ((rc = HOOK(t, data_before_backward, u)) != LOOM_OK)
+            return rc;
+        if (u == head && (rc = HOOK(t, data_before_backward, 0)) != LOOM_OK)
+            return rc; /* the head adds into wte's gradient */
+        if ((rc = loom_model_backward(t->model, u, dloss)) != LOOM_OK)
+            return rc;
+        trace_unit(t, "backward", u, t0);
+        if ((rc = trainer_grads_ready(t, u, last_micro)) != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
+static void count_comm(trainer *t, int end)
+{
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        loom_comm_counters now;
+        loom_group_counters(t->mesh->groups[a], &now);
+        if (!end) {
+            t->comm_start[a] = now;
+            continue;
+        }
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            t->comm_step[a].calls[op] = now.calls[op] - t->comm_start[a].calls[op];
+            t->comm_step[a].bytes[op] = now.bytes[op] - t->comm_start[a].bytes[op];
+        }
+    }
+}
+
+/* The loss lives on the last stage: sum over the pp group (the others
+ * add 0). The idle share of the step, averaged over the stages. */
+static int pipeline_totals(trainer *t, float *loss)
+{
+    loom_pipeline_stats st;
+    loom_pipeline_get_stats(t->pipeline, &st);
+    double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
+    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
+    *loss = (float)both[0];
+    t->bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
+    /* every stage's activation peak, for the metrics */
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
+    loom_request *req = NULL;
+    if (rc == LOOM_OK &&
+        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->stage_peaks, 2,
+                                           LOOM_I64, &req)) == LOOM_OK)
+        rc = loom_core_comm_api.wait(req);
+    return rc;
+}
+
+int trainer_step(trainer *t, step_result *r)
+{
+    uint64_t t0 = loom_now_ns();
+    double loss_sum = 0;
+    count_comm(t, 0);
+    int rc;
+    if (t->pipeline) {
+        for (int k = 0; k < t->micro_batches; k++)
+            loom_dataloader_next(&t->loader, t->mb_inputs[k], t->mb_targets[k]);
+        if ((rc = loom_pipeline_step(t->pipeline, t->mb_inputs, t->mb_targets, step_dloss(t),
+                                     &loss_sum)) != LOOM_OK)
+            return rc;
+    }
+    for (int k = 0; !t->pipeline && k < t->micro_batches; k++) {
+        float loss = 0;
+        if ((rc = run_micro_batch(t, k == t->micro_batches - 1, &loss)) != LOOM_OK)
+            return rc;
+        loss_sum += loss;
+    }
+    if ((rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
+        return rc;
+    trainer_sync_units(t);
+    /* The step's loss: the mean over micro-batches and dp ranks (computed
+     * by the last pipeline stage alone). */
+    const loom_comm_api *C = &loom_core_comm_api;
+    float local = (float)(loss_sum / t->micro_batches), global = local;
+    loom_request *req;
+    if (t->pipeline && (rc = pipeline_totals(t, &local)) != LOOM_OK)
+        return rc;
+    /* sp ranks hold equal shares of each sequence's tokens */
+    if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
+        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32, LOOM_AVG)) !=
+            LOOM_OK)
+        return rc;
+    if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, &global, 1, LOOM_F32, LOOM_AVG,
+                           &req)) != LOOM_OK ||
+        (rc = C->wait(req)) != LOOM_OK)
+        return rc;
+    double norm_sq = 0;
+    if ((rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
+        return rc;
+    if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
+        rc = trainer_tp_norm_sq(t, &norm_sq);
+        memset(t->repl_grads, 0, t->repl_count * sizeof(float)); /* the next step's */
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    /* each stage's units once */
+    if (t->pipeline &&
+        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM)) !=
+            LOOM_OK)
+        return rc;
+    float norm = (float)(sqrt(norm_sq) / t->loss_scale);
+    r->loss = global;
+    r->grad_norm = norm;
+    r->lr = loom_lr_at(&t->lr_schedule, t->step);
+    r->skipped = !isfinite(norm);
+    if (r->skipped) {
+        /* fp16 overflow: drop the step and halve the scale */
+        if (t->dtype == LOOM_F16 && t->rank == 0)
+            loom_log(LOOM_LOG_INFO, "fp16: gradients overflowed at step %lld; loss scale %g -> %g",
+                     (long long)t->step + 1, t->loss_scale, t->loss_scale / 2);
+        if (t->dtype == LOOM_F16)
+            t->loss_scale /= 2;
+        t->good_steps = 0;
+        if ((rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
+            return rc;
+        trainer_sync_units(t);
+    } else {
+        loom_optimizer_step s = {t->step + 1, r->lr, t->beta1, t->beta2, t->eps, t->weight_decay,
+                                 1.0f / t->loss_scale, loom_adamw_update};
+        if (t->clip > 0 && norm > t->clip)
+            s.grad_scale *= t->clip / norm;
+        if ((rc = t->dp->data_optimizer_step(t->strategy, &s)) != LOOM_OK)
+            return rc;
+        trainer_sync_units(t);
+        if (t->pipeline && (rc = loom_pipeline_sync_tied(t->pipeline)) != LOOM_OK)
+            return rc;
+        if (t->dtype == LOOM_F16 && ++t->good_steps >= t->scale_window) {
+            if (t->rank == 0)
+                loom_log(LOOM_LOG_INFO, "fp16: %lld good steps; loss scale %g -> %g",
+                         (long long)t->good_steps, t->loss_scale, t->loss_scale * 2);
+            t->loss_scale *= 2;
+            t->good_steps = 0;
+        }
+    }
+    r->seconds = (double)(loom_now_ns() - t0) / 1e9;
+    count_comm(t, 1);
+    return LOOM_OK;
+}

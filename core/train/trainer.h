@@ -1,0 +1,129 @@
+/* loom train — the trainer: one run's state, shared by the files of the
+ * train layer (setup.c, tensor.c, stages.c, step.c, save.c, report.c and
+ * the loop in train.c). Not seen outside core/train. */
+#ifndef LOOM_TRAIN_TRAINER_H
+#define LOOM_TRAIN_TRAINER_H
+
+#include <stdio.h>
+
+#include "loom/comm.h"
+#include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "model/formats.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "runtime/config.h"
+#include "runtime/group.h"
+#include "runtime/loader.h"
+#include "runtime/mesh.h"
+#include "runtime/runtime.h"
+#include "train/pipeline.h"
+#include "train/schedule.h"
+#include "train/train.h"
+
+/* A strategy of the tensor or sequence axis. */
+typedef struct axis_strategy {
+    const loom_plugin *plugin;
+    const loom_strategy_ops *ops;
+    loom_strategy *s;
+} axis_strategy;
+
+typedef struct trainer {
+    loom_runtime *rt;
+    loom_config *cfg;
+    loom_mesh *mesh;
+    const loom_plugin *dp_plugin;
+    const loom_strategy_ops *dp;
+    loom_strategy *strategy;
+    loom_model *model;
+    loom_unit *units;
+    int nunits;
+    loom_gpt2_shape shape;
+    loom_token_shard shard;
+    loom_dataloader loader;
+    int batch, seq, grad_accum, micro_batch, rank, world;
+    int64_t steps, step; /* step: the next step to run, 0-based */
+    loom_dtype dtype;
+    loom_lr_schedule lr_schedule;
+    float beta1, beta2, eps, weight_decay, clip;
+    float loss_scale;    /* fp16 only; 1 otherwise */
+    int64_t good_steps, scale_window;
+    double peak_flops;   /* per rank */
+    int *inputs, *targets;
+    /* The tensor and sequence axes (loaded when their size is > 1). */
+    axis_strategy tp, sp;
+    int seqpar;            /* the tp strategy splits the residual regions' rows */
+    int *positions;        /* the positions of each sequence this rank holds */
+    int npositions;
+    loom_param_shard **tp_shards; /* per unit: every tp rank's slices, rank-major */
+    float *repl_grads;     /* the step's gradients of tp-replicated tensors, for the norm */
+    size_t *repl_offset;   /* per unit, into repl_grads */
+    size_t repl_count;
+    loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
+    /* The units the data strategy was given: the model's own, or on a
+     * pipeline the copies of this rank's (dp_units[dp_index[u]], -1: not
+     * here). Hooks see the strategy's structs; the model's follow them. */
+    loom_unit *dp_units;
+    int ndp_units;
+    int *dp_index;
+    /* The pipeline axis (pp > 1). */
+    axis_strategy pp;
+    loom_schedule pipe_schedule;
+    loom_pipeline *pipeline;
+    int *stage_first, *stage_last; /* units of each stage */
+    unsigned char *runs;           /* per unit: one of this rank's stages holds it */
+    int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
+    int **mb_inputs, **mb_targets; /* the step's micro-batches (pipeline) */
+    double bubble;                 /* the last step's idle share, averaged over the pp ranks */
+    int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
+} trainer;
+
+/* ---- strategy hooks ---- */
+
+/* The strategy's struct of model unit u, and the model's kept in step with it. */
+static inline loom_unit *dp_unit(const trainer *t, int u) { return &t->dp_units[t->dp_index[u]]; }
+static inline int holds(const trainer *t, int u) { return t->dp_index[u] >= 0; }
+#define HOOK(t, op, u) trainer_hook_unit((t), (t)->dp->op, (u))
+
+typedef struct step_result {
+    float loss, lr, grad_norm;
+    int skipped;
+    double seconds;
+} step_result;
+
+/* setup.c */
+int trainer_read_int(const loom_config *cfg, const char *path, int *out);
+float trainer_read_float(const loom_config *cfg, const char *path);
+int trainer_fail_at(const trainer *t, int rc, const char *path);
+int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
+int trainer_setup(trainer *t, const loom_train_options *o);
+void trainer_teardown(trainer *t);
+
+/* tensor.c */
+int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op);
+int trainer_setup_parallel_model(trainer *t, int recompute);
+int trainer_tp_norm_sq(trainer *t, double *norm_sq);
+
+/* stages.c */
+int trainer_choose_units(trainer *t);
+int trainer_setup_pipeline(trainer *t, const float *unit0_init);
+int trainer_plan_pipeline(trainer *t);
+
+/* step.c */
+void trainer_sync_units(trainer *t);
+int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u);
+int trainer_grads_ready(trainer *t, int u, int last_micro);
+int trainer_step(trainer *t, step_result *r);
+
+/* save.c */
+int trainer_save_sharded(trainer *t, const char *dir);
+int trainer_load_state(trainer *t, const char *path);
+int trainer_save_weights(trainer *t, const char *path);
+
+/* report.c */
+void trainer_print_progress(const trainer *t, const step_result *r);
+void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
+void trainer_print_header(const trainer *t);
+int trainer_write_trace(trainer *t, const char *path);
+
+#endif
