@@ -507,17 +507,15 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
             trace_action(pl, "forward", a.virtual_stage, a.microbatch, start);
             break;
         case LOOM_ACT_BACKWARD:
-            rc = run_backward(pl, a.virtual_stage, a.microbatch, PART_BOTH);
-            trace_action(pl, "backward", a.virtual_stage, a.microbatch, start);
-            break;
         case LOOM_ACT_BACKWARD_INPUT:
-            rc = run_backward(pl, a.virtual_stage, a.microbatch, PART_INPUT);
-            trace_action(pl, "backward-input", a.virtual_stage, a.microbatch, start);
+        case LOOM_ACT_BACKWARD_WEIGHT: {
+            int input = a.kind == LOOM_ACT_BACKWARD_INPUT, weight = a.kind == LOOM_ACT_BACKWARD_WEIGHT;
+            rc = run_backward(pl, a.virtual_stage, a.microbatch,
+                              input ? PART_INPUT : weight ? PART_WEIGHT : PART_BOTH);
+            trace_action(pl, input ? "backward-input" : weight ? "backward-weight" : "backward",
+                         a.virtual_stage, a.microbatch, start);
             break;
-        case LOOM_ACT_BACKWARD_WEIGHT:
-            rc = run_backward(pl, a.virtual_stage, a.microbatch, PART_WEIGHT);
-            trace_action(pl, "backward-weight", a.virtual_stage, a.microbatch, start);
-            break;
+        }
         default: rc = loom_fail(LOOM_ERR_INTERNAL, "pipeline: unknown action kind %d", a.kind);
         }
         if (a.kind <= LOOM_ACT_BACKWARD_WEIGHT)
