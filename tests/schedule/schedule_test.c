@@ -1,4 +1,4 @@
-/* Pipeline schedules (core/src/schedule.c and the schedule plugins): every
+/* Pipeline schedules (core/train/schedule.c and the schedule plugins): every
  * kind of invalid list refused with its exact one-line message naming the
  * offending action, the simulator's clocks on a hand-timed example, every
  * shipped schedule (and the out-of-tree filldrain) valid over p ∈ {2,3,4},
