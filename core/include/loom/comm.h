@@ -1,4 +1,4 @@
-/* loom — the communicator ABI (DESIGN §3).
+/* loom — the communicator ABI (docs/architecture.md).
  *
  * Two layers:
  *  - loom_comm_plugin_v1_t: what a backend plugin (mpi, ucx, nccl) implements,

@@ -1,4 +1,4 @@
-/* loom — the memory-tier ABI (DESIGN §6).
+/* loom — the memory-tier ABI (docs/architecture.md).
  *
  * A tier stores blocks and moves bytes between them and host memory,
  * asynchronously. The core has built-in tiers for host memory and, when

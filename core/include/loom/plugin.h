@@ -8,7 +8,7 @@
  * offsetof(op) < header.struct_size and the pointer is non-NULL. A new major
  * gets a new struct type and symbol name.
  *
- * Plugins do not link libloom. Everything they need from the core arrives
+ * Plugins link no loom library. Everything they need from the core arrives
  * through the loom_host table passed to their create op. */
 #ifndef LOOM_PLUGIN_H
 #define LOOM_PLUGIN_H

@@ -19,7 +19,7 @@ typedef enum loom_status {
     LOOM_ERR_INTERNAL = -7,
 } loom_status;
 
-/* Inline so that plugins, which do not link libloom, can use it too. */
+/* Inline so that plugins, which link no loom library, can use it too. */
 static inline const char *loom_status_string(int status)
 {
     switch (status) {

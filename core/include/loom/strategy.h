@@ -1,4 +1,4 @@
-/* loom — the parallel-strategy ABI (DESIGN §5).
+/* loom — the parallel-strategy ABI (docs/architecture.md).
  *
  * A strategy plugin serves one axis of the mesh (tp, sp, pp, dp). Its struct
  * has a common part and one set of hooks per axis; a plugin fills the common
