@@ -1,13 +1,29 @@
-/* loom — the command line: loom <command> [args]. */
+/* loom — the command line: loom [--verbose] <command> [args]. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "loom/plugin.h"
+#include "loom/status.h"
 #include "cli/commands.h"
+#include "runtime/log.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} command;
+
+static const command commands[] = {
+    {"train", loom_cmd_train},       {"bench", loom_cmd_bench},   {"ckpt", loom_cmd_ckpt},
+    {"schedule", loom_cmd_schedule}, {"launch", loom_cmd_launch}, {"plugins", loom_cmd_plugins},
+    {"settings", loom_cmd_settings},
+};
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: loom <command> [args]\n"
+            "       loom --verbose <command> [args]\n"
             "\n"
             "commands:\n"
             "  train CONFIG [--set path=value ...] [--metrics FILE] [--trace FILE]\n"
@@ -24,34 +40,54 @@ static void usage(FILE *f)
             "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
             "  settings [CONFIG]      every setting: the core's, then each plugin's\n"
             "  plugins --check FILE   run the conformance checks on one plugin file\n"
-            "  help                   this text\n");
+            "  help                   this text\n"
+            "\n"
+            "options, before the command:\n"
+            "  -v, --verbose          log debug lines too; the ranks loom launch starts\n"
+            "                         inherit it (as LOOM_LOG=debug)\n"
+            "\n"
+            "environment:\n"
+            "  LOOM_LOG=LEVEL         the log level: error, warn, info (the default) or debug\n");
+}
+
+static int is_help(const char *arg)
+{
+    return !strcmp(arg, "help") || !strcmp(arg, "--help") || !strcmp(arg, "-h");
+}
+
+/* Debug from here on, in this process and in every process it starts. */
+static void be_verbose(void)
+{
+    loom_log_set_level(LOOM_LOG_DEBUG);
+    setenv("LOOM_LOG", "debug", 1);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
+    if (loom_log_level_from_env() != LOOM_OK) {
+        fprintf(stderr, "loom: %s\n", loom_last_error());
+        return 2;
+    }
+    int first = 1; /* the command's index, past the global options */
+    for (; first < argc && argv[first][0] == '-' && !is_help(argv[first]); first++) {
+        if (strcmp(argv[first], "--verbose") != 0 && strcmp(argv[first], "-v") != 0) {
+            fprintf(stderr, "loom: unknown option '%s' (try: loom help)\n", argv[first]);
+            return 2;
+        }
+        be_verbose();
+    }
+    if (first >= argc) {
         usage(stderr);
         return 2;
     }
-    const char *cmd = argv[1];
-    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+    const char *name = argv[first];
+    if (is_help(name)) {
         usage(stdout);
         return 0;
     }
-    if (!strcmp(cmd, "plugins"))
-        return loom_cmd_plugins(argc - 1, argv + 1);
-    if (!strcmp(cmd, "launch"))
-        return loom_cmd_launch(argc - 1, argv + 1);
-    if (!strcmp(cmd, "train"))
-        return loom_cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench"))
-        return loom_cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "schedule"))
-        return loom_cmd_schedule(argc - 1, argv + 1);
-    if (!strcmp(cmd, "ckpt"))
-        return loom_cmd_ckpt(argc - 1, argv + 1);
-    if (!strcmp(cmd, "settings"))
-        return loom_cmd_settings(argc - 1, argv + 1);
-    fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", cmd);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(commands); i++)
+        if (!strcmp(name, commands[i].name))
+            return commands[i].run(argc - first, argv + first);
+    fprintf(stderr, "loom: unknown command '%s' (try: loom help)\n", name);
     return 2;
 }

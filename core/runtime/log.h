@@ -14,6 +14,10 @@
 void loom_log_set_rank(int rank);            /* prefix for every line; -1: none */
 void loom_log_set_level(loom_log_level level);
 loom_log_level loom_log_get_level(void);
+/* The level LOOM_LOG names ("error", "warn", "info", "debug"); unset or
+ * empty leaves the level as it is. LOOM_ERR_INVALID, with the detail, for
+ * any other value. */
+int loom_log_level_from_env(void);
 void loom_log(loom_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap);
 /* Record the calling thread's error detail (one line) and return status. */

@@ -235,6 +235,10 @@ int loom_runtime_create(loom_config *cfg, loom_runtime **out)
     rt->timeout_s = 60.0;
     if (cfg)
         loom_config_float(cfg, "comm.timeout_s", &rt->timeout_s);
+    loom_log(LOOM_LOG_DEBUG,
+             "rank %d of %d, local rank %d of %d (launch environment: %s); comm.timeout_s = %g",
+             rt->env.rank, rt->env.world_size, rt->env.local_rank,
+             rt->env.local_size, rt->env.source, rt->timeout_s);
     rc = loom_search_path_init(&rt->search_path, cfg);
     if (rc != LOOM_OK)
         goto fail;
@@ -279,10 +283,6 @@ void loom_runtime_destroy(loom_runtime *rt)
 const loom_launch_env *loom_runtime_env(const loom_runtime *rt) { return &rt->env; }
 loom_config *loom_runtime_config(loom_runtime *rt) { return rt->cfg; }
 loom_store *loom_runtime_store(loom_runtime *rt) { return rt->store; }
-const loom_search_path *loom_runtime_search_path(const loom_runtime *rt)
-{
-    return &rt->search_path;
-}
 double loom_runtime_timeout(const loom_runtime *rt) { return rt->timeout_s; }
 
 int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
@@ -303,6 +303,10 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
         return rc;
     }
     snprintf(e->name, sizeof e->name, "%s", name);
+    uint32_t abi = e->plugin->exported->abi_version;
+    loom_log(LOOM_LOG_DEBUG, "loaded %s plugin %s (ABI %u.%u) from %s",
+             loom_plugin_kind_name(kind), e->plugin->header->name, LOOM_ABI_VERSION_MAJOR(abi),
+             LOOM_ABI_VERSION_MINOR(abi), e->plugin->path);
     e->next = rt->plugins;
     rt->plugins = e;
     *out = e->plugin;

@@ -15,7 +15,6 @@ void loom_runtime_destroy(loom_runtime *rt);
 const loom_launch_env *loom_runtime_env(const loom_runtime *rt);
 loom_config *loom_runtime_config(loom_runtime *rt);
 loom_store *loom_runtime_store(loom_runtime *rt); /* NULL for a world of one */
-const loom_search_path *loom_runtime_search_path(const loom_runtime *rt);
 double loom_runtime_timeout(const loom_runtime *rt); /* comm.timeout_s */
 /* A host table for a plugin instance, its settings read from config group
  * group_path (validated there against the plugin's specs). Owned by rt. */
