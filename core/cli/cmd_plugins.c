@@ -174,6 +174,36 @@ static void print_rows(const row_list *l)
     }
 }
 
+static void free_rows(row_list *l)
+{
+    for (int i = 0; i < l->count; i++) {
+        free(l->rows[i].path);
+        free(l->rows[i].status);
+    }
+    free(l->rows);
+}
+
+static int list_search_path(const loom_search_path *sp, row_list *l)
+{
+    int rc = LOOM_OK;
+    for (int i = 0; i < sp->count && rc == LOOM_OK; i++)
+        rc = list_dir(l, sp->dirs[i]);
+    return rc;
+}
+
+static void print_search_path(const loom_search_path *sp)
+{
+    printf("search path (first match wins):\n");
+    for (int i = 0; i < sp->count; i++) {
+        struct stat st;
+        int exists = stat(sp->dirs[i], &st) == 0 && S_ISDIR(st.st_mode);
+        printf("  %s%s%s\n", sp->dirs[i],
+               sp->dirs[i][0] == '/' ? "" : "  (relative to the current directory)",
+               exists ? "" : "  (no such directory)");
+    }
+    printf("\n");
+}
+
 static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)
 {
     loom_config *cfg = NULL;
@@ -189,32 +219,16 @@ static int list_plugins(const char *config_path, const char *const *overrides, i
         loom_config_free(cfg);
         return 2;
     }
-    printf("search path (first match wins):\n");
-    for (int i = 0; i < sp.count; i++) {
-        struct stat st;
-        int exists = stat(sp.dirs[i], &st) == 0 && S_ISDIR(st.st_mode);
-        printf("  %s%s%s\n", sp.dirs[i],
-               sp.dirs[i][0] == '/' ? "" : "  (relative to the current directory)",
-               exists ? "" : "  (no such directory)");
-    }
-    printf("\n");
-
+    print_search_path(&sp);
     row_list rows = {0};
-    int rc = LOOM_OK;
-    for (int i = 0; i < sp.count && rc == LOOM_OK; i++)
-        rc = list_dir(&rows, sp.dirs[i]);
+    int rc = list_search_path(&sp, &rows);
     if (rc != LOOM_OK)
         loom_log(LOOM_LOG_ERROR, "%s", loom_last_error());
     else if (rows.count == 0)
         printf("no plugin files (libloom-<kind>-<name>.so) in the search path\n");
     else
         print_rows(&rows);
-
-    for (int i = 0; i < rows.count; i++) {
-        free(rows.rows[i].path);
-        free(rows.rows[i].status);
-    }
-    free(rows.rows);
+    free_rows(&rows);
     loom_search_path_free(&sp);
     loom_config_free(cfg);
     return rc == LOOM_OK ? 0 : 2;
@@ -258,9 +272,12 @@ static void print_plugin_settings(const row_list *rows)
         char group[160];
         settings_group(p, group, sizeof group);
         const loom_setting_spec *spec = p->header->settings;
+        const char *later = loom_config_not_implemented(group);
         printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
         if (!spec || !spec->name)
             printf("no settings of its own\n");
+        else if (later)
+            printf("settings in %s = { ... } (not implemented yet: %s)\n", group, later);
         else
             printf("settings in %s = { ... }\n", group);
         for (; spec && spec->name; spec++) {
@@ -292,17 +309,13 @@ int loom_cmd_settings(int argc, char **argv)
     loom_search_path sp;
     row_list rows = {0};
     int rc = loom_search_path_init(&sp, cfg);
-    for (int i = 0; rc == LOOM_OK && i < sp.count; i++)
-        rc = list_dir(&rows, sp.dirs[i]);
+    if (rc == LOOM_OK)
+        rc = list_search_path(&sp, &rows);
     if (rc == LOOM_OK)
         print_plugin_settings(&rows);
     else
         fprintf(stderr, "loom settings: %s\n", loom_last_error());
-    for (int i = 0; i < rows.count; i++) {
-        free(rows.rows[i].path);
-        free(rows.rows[i].status);
-    }
-    free(rows.rows);
+    free_rows(&rows);
     loom_search_path_free(&sp);
     loom_config_free(cfg);
     return rc == LOOM_OK ? 0 : 2;
@@ -347,6 +360,26 @@ static void fail_status(checker *c, const char *check, const char *call, int rc)
     loom_clear_error();
 }
 
+/* A call whose status is the whole check. */
+static void check_status(checker *c, const char *check, const char *call, int rc)
+{
+    if (rc != LOOM_OK)
+        fail_status(c, check, call, rc);
+    else
+        report_check(c, check, NULL);
+}
+
+/* A call that makes something (a communicator, a tier, a block): passed
+ * only with status ok and the thing made. */
+static int check_made(checker *c, const char *call, int rc, const void *made, const char *what)
+{
+    if (rc == LOOM_OK && !made)
+        fail_check(c, call, "returned ok but no %s", what);
+    else
+        check_status(c, call, call, rc);
+    return rc == LOOM_OK && made;
+}
+
 /* Which kind a file is when its name does not say: the v1 symbol it exports.
  * 0 when none (the load then reports what is wrong). */
 static uint32_t kind_from_symbols(const char *path)
@@ -373,10 +406,7 @@ static uint32_t kind_from_symbols(const char *path)
  * after the post, never around it: req is set by the post. */
 static int finish(const loom_comm_ops *vt, int rc, loom_comm_request *req)
 {
-    if (rc != LOOM_OK || !req)
-        return rc;
-    rc = vt->test(req);
-    if (rc == LOOM_IN_PROGRESS)
+    if (rc == LOOM_OK && req && (rc = vt->test(req)) == LOOM_IN_PROGRESS)
         rc = vt->wait(req);
     return rc;
 }
@@ -396,6 +426,22 @@ static void fill(float *x, size_t n, float base)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = base + 0.5f * (float)i;
+}
+
+/* A call that moves data: its status, then what landed in got (named
+ * got_name in the message; note ends it). */
+static void check_floats(checker *c, const char *check, const char *call, int rc,
+                         const float *got, const float *want, const char *got_name,
+                         const char *note)
+{
+    size_t bad = 0;
+    if (rc != LOOM_OK)
+        fail_status(c, check, call, rc);
+    else if (!same_floats(got, want, CHECK_COUNT, &bad))
+        fail_check(c, check, "%s[%zu] = %g, want %g%s", got_name, bad, (double)got[bad],
+                   (double)want[bad], note);
+    else
+        report_check(c, check, NULL);
 }
 
 /* One collective whose size-1 answer is its input: run it on send/recv and
@@ -433,15 +479,8 @@ static void check_copy_collective(checker *c, const loom_comm_ops *vt, loom_comm
         rc = vt->alltoall(comm, send, recv, CHECK_COUNT, LOOM_F32, &req);
         break;
     }
-    rc = finish(vt, rc, req);
-    size_t bad = 0;
-    if (rc != LOOM_OK)
-        fail_status(c, check, call, rc);
-    else if (!same_floats(recv, send, CHECK_COUNT, &bad))
-        fail_check(c, check, "recv[%zu] = %g, want %g (a group of one gives back its input)",
-                   bad, (double)recv[bad], (double)send[bad]);
-    else
-        report_check(c, check, NULL);
+    check_floats(c, check, call, finish(vt, rc, req), recv, send, "recv",
+                 " (a communicator of one rank gives back its input)");
 }
 
 static void check_comm_instance(checker *c, const loom_comm_ops *vt, loom_comm *comm,
@@ -461,14 +500,8 @@ static void check_comm_functional(checker *c, const loom_comm_ops *vt, const loo
 {
     loom_comm *comm = NULL;
     int rc = vt->create_world(host, &comm);
-    if (rc != LOOM_OK || !comm) {
-        if (rc == LOOM_OK)
-            fail_check(c, "create_world", "returned ok but no communicator");
-        else
-            fail_status(c, "create_world", "create_world", rc);
+    if (!check_made(c, "create_world", rc, comm, "communicator"))
         return;
-    }
-    report_check(c, "create_world", NULL);
     check_comm_instance(c, vt, comm, "world");
 
     for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
@@ -482,35 +515,17 @@ static void check_comm_functional(checker *c, const loom_comm_ops *vt, const loo
     fill(buf, CHECK_COUNT, 3.0f);
     memcpy(want, buf, sizeof buf);
     loom_comm_request *req = NULL;
-    size_t bad = 0;
     rc = vt->allreduce(comm, buf, buf, CHECK_COUNT, LOOM_F32, LOOM_SUM, &req);
-    rc = finish(vt, rc, req);
-    if (rc != LOOM_OK)
-        fail_status(c, "allreduce in place", "allreduce", rc);
-    else if (!same_floats(buf, want, CHECK_COUNT, &bad))
-        fail_check(c, "allreduce in place", "buf[%zu] = %g, want %g", bad, (double)buf[bad],
-                   (double)want[bad]);
-    else
-        report_check(c, "allreduce in place", NULL);
+    check_floats(c, "allreduce in place", "allreduce", finish(vt, rc, req), buf, want, "buf", "");
 
     req = NULL;
     rc = vt->allreduce(comm, buf, buf, 0, LOOM_F32, LOOM_SUM, &req);
-    rc = finish(vt, rc, req);
-    if (rc != LOOM_OK)
-        fail_status(c, "allreduce of zero elements", "allreduce", rc);
-    else
-        report_check(c, "allreduce of zero elements", NULL);
+    check_status(c, "allreduce of zero elements", "allreduce", finish(vt, rc, req));
 
     req = NULL;
     rc = vt->broadcast(comm, buf, CHECK_COUNT, LOOM_F32, 0, &req);
-    rc = finish(vt, rc, req);
-    if (rc != LOOM_OK)
-        fail_status(c, "broadcast", "broadcast", rc);
-    else if (!same_floats(buf, want, CHECK_COUNT, &bad))
-        fail_check(c, "broadcast", "buf[%zu] = %g, want %g (root 0 keeps its data)", bad,
-                   (double)buf[bad], (double)want[bad]);
-    else
-        report_check(c, "broadcast", NULL);
+    check_floats(c, "broadcast", "broadcast", finish(vt, rc, req), buf, want, "buf",
+                 " (root 0 keeps its data)");
 
     check_copy_collective(c, vt, comm, 1, LOOM_SUM, "reduce f32 sum");
     check_copy_collective(c, vt, comm, 2, LOOM_SUM, "allgather");
@@ -535,57 +550,50 @@ static void check_comm_functional(checker *c, const loom_comm_ops *vt, const loo
         rrc = finish(vt, rrc, rreq);
         if (rc != LOOM_OK)
             fail_status(c, "send/recv to self", "send", rc);
-        else if (rrc != LOOM_OK)
-            fail_status(c, "send/recv to self", "recv", rrc);
-        else if (!same_floats(in, out, CHECK_COUNT, &bad))
-            fail_check(c, "send/recv to self", "received[%zu] = %g, want %g", bad,
-                       (double)in[bad], (double)out[bad]);
         else
-            report_check(c, "send/recv to self", NULL);
+            check_floats(c, "send/recv to self", "recv", rrc, in, out, "received", "");
     }
 
     req = NULL;
     rc = vt->barrier(comm, &req);
-    rc = finish(vt, rc, req);
-    if (rc != LOOM_OK)
-        fail_status(c, "barrier", "barrier", rc);
-    else
-        report_check(c, "barrier", NULL);
+    check_status(c, "barrier", "barrier", finish(vt, rc, req));
 
     /* A subgroup of the one rank there is. */
     loom_comm *sub = NULL;
     int ranks[1] = {0};
     rc = vt->create_subgroup(comm, ranks, 1, &sub);
-    if (rc != LOOM_OK || !sub) {
-        if (rc == LOOM_OK)
-            fail_check(c, "create_subgroup", "returned ok but no communicator");
-        else
-            fail_status(c, "create_subgroup", "create_subgroup", rc);
-    } else {
-        report_check(c, "create_subgroup", NULL);
+    if (check_made(c, "create_subgroup", rc, sub, "communicator")) {
         check_comm_instance(c, vt, sub, "subgroup");
         check_copy_collective(c, vt, sub, 0, LOOM_SUM, "subgroup allreduce");
-        rc = vt->destroy(sub);
-        if (rc != LOOM_OK)
-            fail_status(c, "subgroup destroy", "destroy", rc);
-        else
-            report_check(c, "subgroup destroy", NULL);
+        check_status(c, "subgroup destroy", "destroy", vt->destroy(sub));
     }
-
-    rc = vt->destroy(comm);
-    if (rc != LOOM_OK)
-        fail_status(c, "destroy", "destroy", rc);
-    else
-        report_check(c, "destroy", NULL);
+    check_status(c, "destroy", "destroy", vt->destroy(comm));
 }
 
 static int finish_tier(const loom_memtier_ops *vt, int rc, loom_tier_request *req)
 {
-    if (rc != LOOM_OK || !req)
-        return rc;
-    rc = vt->test(req);
-    if (rc == LOOM_IN_PROGRESS)
+    if (rc == LOOM_OK && req && (rc = vt->test(req)) == LOOM_IN_PROGRESS)
         rc = vt->wait(req);
+    return rc;
+}
+
+/* Big enough to cross a page and an odd offset, small enough to be quick;
+ * it moves in two parts that meet at an unaligned offset. */
+enum { TIER_CHECK_BYTES = 3 * 4096 + 100, TIER_CHECK_CUT = 4096 + 33 };
+
+/* Write buf into block (writing), or read block into buf, in two parts. */
+static int tier_move(const loom_memtier_ops *vt, loom_memtier *tier, loom_tier_block *block,
+                     unsigned char *buf, int writing)
+{
+    int rc = LOOM_OK;
+    for (int part = 0; part < 2 && rc == LOOM_OK; part++) {
+        size_t offset = part ? TIER_CHECK_CUT : 0;
+        size_t bytes = part ? TIER_CHECK_BYTES - TIER_CHECK_CUT : TIER_CHECK_CUT;
+        loom_tier_request *req = NULL;
+        rc = writing ? vt->write(tier, block, offset, buf + offset, bytes, &req)
+                     : vt->read(tier, block, offset, buf + offset, bytes, &req);
+        rc = finish_tier(vt, rc, req);
+    }
     return rc;
 }
 
@@ -594,14 +602,8 @@ static void check_memtier_functional(checker *c, const loom_memtier_ops *vt,
 {
     loom_memtier *tier = NULL;
     int rc = vt->create(host, &tier);
-    if (rc != LOOM_OK || !tier) {
-        if (rc == LOOM_OK)
-            fail_check(c, "create", "returned ok but no tier");
-        else
-            fail_status(c, "create", "create", rc);
+    if (!check_made(c, "create", rc, tier, "tier"))
         return;
-    }
-    report_check(c, "create", NULL);
 
     uint64_t total = 0, avail = 0;
     rc = vt->capacity(tier, &total, &avail);
@@ -613,54 +615,32 @@ static void check_memtier_functional(checker *c, const loom_memtier_ops *vt,
     else
         report_check(c, "capacity", NULL);
 
-    /* Big enough to cross a page and an odd offset, small enough to be quick. */
-    enum { BYTES = 3 * 4096 + 100 };
-    unsigned char *src = malloc(BYTES), *dst = malloc(BYTES);
+    unsigned char *src = malloc(TIER_CHECK_BYTES), *dst = malloc(TIER_CHECK_BYTES);
     loom_tier_block *block = NULL;
     if (!src || !dst) {
         fail_check(c, "alloc", "out of host memory for the check itself");
         goto out;
     }
-    for (size_t i = 0; i < BYTES; i++)
+    for (size_t i = 0; i < TIER_CHECK_BYTES; i++)
         src[i] = (unsigned char)(i * 131u + 7u);
-    memset(dst, 0, BYTES);
-    rc = vt->alloc(tier, BYTES, 64, &block);
-    if (rc != LOOM_OK || !block) {
-        if (rc == LOOM_OK)
-            fail_check(c, "alloc", "returned ok but no block");
-        else
-            fail_status(c, "alloc", "alloc", rc);
+    memset(dst, 0, TIER_CHECK_BYTES);
+    rc = vt->alloc(tier, TIER_CHECK_BYTES, 64, &block);
+    if (!check_made(c, "alloc", rc, block, "block"))
         goto out;
-    }
-    report_check(c, "alloc", NULL);
 
-    /* Two writes and two reads that meet at an unaligned offset. */
-    const size_t cut = 4096 + 33;
-    loom_tier_request *r1 = NULL, *r2 = NULL;
-    rc = vt->write(tier, block, 0, src, cut, &r1);
-    rc = finish_tier(vt, rc, r1);
-    if (rc == LOOM_OK) {
-        rc = vt->write(tier, block, cut, src + cut, BYTES - cut, &r2);
-        rc = finish_tier(vt, rc, r2);
-    }
+    rc = tier_move(vt, tier, block, src, 1);
     if (rc != LOOM_OK) {
         fail_status(c, "write", "write", rc);
     } else {
         report_check(c, "write", NULL);
-        r1 = r2 = NULL;
-        rc = vt->read(tier, block, 0, dst, cut, &r1);
-        rc = finish_tier(vt, rc, r1);
-        if (rc == LOOM_OK) {
-            rc = vt->read(tier, block, cut, dst + cut, BYTES - cut, &r2);
-            rc = finish_tier(vt, rc, r2);
-        }
+        rc = tier_move(vt, tier, block, dst, 0);
         if (rc != LOOM_OK) {
             fail_status(c, "read back", "read", rc);
         } else {
             size_t i = 0;
-            while (i < BYTES && src[i] == dst[i])
+            while (i < TIER_CHECK_BYTES && src[i] == dst[i])
                 i++;
-            if (i < BYTES)
+            if (i < TIER_CHECK_BYTES)
                 fail_check(c, "read back", "byte %zu reads %u, %u was written", i, dst[i],
                            src[i]);
             else
@@ -671,24 +651,16 @@ static void check_memtier_functional(checker *c, const loom_memtier_ops *vt,
         const unsigned char *a = vt->address(block);
         if (!a)
             fail_check(c, "address", "NULL for a host-addressable tier");
-        else if (memcmp(a, src, BYTES))
+        else if (memcmp(a, src, TIER_CHECK_BYTES))
             fail_check(c, "address", "the block's memory differs from what was written");
         else
             report_check(c, "address", NULL);
     }
-    rc = vt->free(tier, block);
-    if (rc != LOOM_OK)
-        fail_status(c, "free", "free", rc);
-    else
-        report_check(c, "free", NULL);
+    check_status(c, "free", "free", vt->free(tier, block));
 out:
     free(src);
     free(dst);
-    rc = vt->destroy(tier);
-    if (rc != LOOM_OK)
-        fail_status(c, "destroy", "destroy", rc);
-    else
-        report_check(c, "destroy", NULL);
+    check_status(c, "destroy", "destroy", vt->destroy(tier));
 }
 
 /* The runtime's host table for the plugin, in a world of one, then the

@@ -187,6 +187,30 @@ static const schema_entry schema[] = {
 static const char *const plugin_groups[] = {"parallel.dp", "parallel.tp", "parallel.sp",
                                             "parallel.pp", "memory.offload"};
 
+/* Settings the schema reserves for a later release. A config that sets one
+ * (or anything in such a group) is refused, not accepted and ignored; the
+ * schema keeps them so that their defaults read and a typo near them is
+ * still recognised. */
+typedef struct unimplemented {
+    const char *path;
+    const char *why;
+} unimplemented;
+
+static const unimplemented not_yet[] = {
+    {"memory.offload", "offload-nvme is a later release"},
+    {"data.val", "validation is a later release"},
+};
+
+static const unimplemented *not_yet_find(const char *path)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(not_yet); i++) {
+        size_t n = strlen(not_yet[i].path);
+        if (!strncmp(path, not_yet[i].path, n) && (path[n] == '\0' || path[n] == '.'))
+            return &not_yet[i];
+    }
+    return NULL;
+}
+
 static const schema_entry *schema_find(const char *path)
 {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
@@ -625,6 +649,19 @@ static int check_range(const loom_config *cfg, const config_setting_t *s, const 
                    e->type == V_INT || e->type == V_INTS ? "an integer" : "a number", want, got);
 }
 
+/* Whether s holds a value of type t; an integer is a fine number. */
+static int holds(const config_setting_t *s, value_type t)
+{
+    int found = config_setting_type(s);
+    switch (t) {
+    case V_INT: return found == CONFIG_TYPE_INT || found == CONFIG_TYPE_INT64;
+    case V_FLOAT: return config_setting_is_number(s);
+    case V_BOOL: return found == CONFIG_TYPE_BOOL;
+    case V_STRING: return found == CONFIG_TYPE_STRING;
+    default: return 0;
+    }
+}
+
 static int check_value(const loom_config *cfg, const config_setting_t *s, const char *path,
                        const schema_entry *e)
 {
@@ -632,21 +669,21 @@ static int check_value(const loom_config *cfg, const config_setting_t *s, const 
     int t = config_setting_type(s);
     switch (e->type) {
     case V_INT:
-        if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
+        if (!holds(s, V_INT))
             break;
         return check_range(cfg, s, path, e, (double)int_of(s));
     case V_FLOAT:
-        if (!config_setting_is_number(s))
+        if (!holds(s, V_FLOAT))
             break;
         if (!isfinite(number_of(s)))
             return fail_at(cfg, s, path, "expected a finite number, found %g", number_of(s));
         return check_range(cfg, s, path, e, number_of(s));
     case V_BOOL:
-        if (t != CONFIG_TYPE_BOOL)
+        if (!holds(s, V_BOOL))
             break;
         return LOOM_OK;
     case V_STRING: {
-        if (t != CONFIG_TYPE_STRING)
+        if (!holds(s, V_STRING))
             break;
         const char *v = config_setting_get_string(s);
         if ((e->flags & NONEMPTY) && !v[0])
@@ -784,6 +821,22 @@ static int check_required(const loom_config *cfg)
                              "%s: %s: required setting is missing (it has no default); set it "
                              "in the config or with --set %s=VALUE",
                              cfg->name, schema[i].path, schema[i].path);
+    return LOOM_OK;
+}
+
+/* Placed at the first thing set in it, where the user will look. */
+static int refuse_unimplemented(const loom_config *cfg)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(not_yet); i++) {
+        int blocked;
+        const config_setting_t *s = find_setting(&cfg->tree, not_yet[i].path, &blocked);
+        if (!s)
+            continue;
+        while (config_setting_is_group(s) && config_setting_length(s) > 0)
+            s = config_setting_get_elem(s, 0);
+        return fail_at(cfg, s, not_yet[i].path, "not implemented yet (%s); remove it",
+                       not_yet[i].why);
+    }
     return LOOM_OK;
 }
 
@@ -1185,7 +1238,7 @@ static loom_config *config_new(const char *file, const char *name, const char *c
 }
 
 /* Parse text into cfg->tree, then overrides, then every check. */
-static int config_finish(loom_config *cfg, const char *text)
+static int config_fill(loom_config *cfg, const char *text)
 {
     int rc = build_defaults(cfg);
     if (rc)
@@ -1206,12 +1259,26 @@ static int config_finish(loom_config *cfg, const char *text)
         if (rc)
             return rc;
     }
-    rc = validate_group(cfg, config_root_setting(&cfg->tree), "");
+    rc = refuse_unimplemented(cfg);
+    if (!rc)
+        rc = validate_group(cfg, config_root_setting(&cfg->tree), "");
     if (!rc)
         rc = check_required(cfg);
     if (!rc)
         rc = check_relations(cfg);
     return rc;
+}
+
+/* A new config handed out filled, or freed with the failure returned. */
+static int config_finish(loom_config *cfg, const char *text, loom_config **out)
+{
+    int rc = config_fill(cfg, text);
+    if (rc) {
+        loom_config_free(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return LOOM_OK;
 }
 
 static char *read_text(const char *path)
@@ -1274,14 +1341,9 @@ int loom_config_load(const char *path, const char *const *overrides, int noverri
             say(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
         config_set_include_dir(&cfg->tree, dir);
     }
-    int rc = config_finish(cfg, text);
+    int rc = config_finish(cfg, text, out);
     free(text);
-    if (rc) {
-        loom_config_free(cfg);
-        return rc;
-    }
-    *out = cfg;
-    return LOOM_OK;
+    return rc;
 }
 
 int loom_config_parse(const char *text, const char *name, const char *const *overrides,
@@ -1293,13 +1355,7 @@ int loom_config_parse(const char *text, const char *name, const char *const *ove
     loom_config *cfg = config_new(NULL, name, overrides, noverrides);
     if (!cfg)
         return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
-    int rc = config_finish(cfg, text);
-    if (rc) {
-        loom_config_free(cfg);
-        return rc;
-    }
-    *out = cfg;
-    return LOOM_OK;
+    return config_finish(cfg, text, out);
 }
 
 void loom_config_free(loom_config *cfg)
@@ -1338,57 +1394,46 @@ static int not_found(const char *path)
                      path ? path : "(null)");
 }
 
-static int wrong_type(const loom_config *cfg, const config_setting_t *s, const char *path,
-                      value_type want)
+/* A typed read: out points at the C type of want (int64_t, double, int,
+ * const char *). */
+static int read_typed(const loom_config *cfg, const char *path, value_type want, void *out)
 {
-    char found[128];
-    return fail_at(cfg, s, path, "expected %s, found %s", expected_name(want),
-                   describe(s, found, sizeof found));
+    const config_setting_t *s = lookup(cfg, path);
+    if (!s)
+        return not_found(path);
+    if (!holds(s, want)) {
+        char found[128];
+        return fail_at(cfg, s, path, "expected %s, found %s", expected_name(want),
+                       describe(s, found, sizeof found));
+    }
+    switch (want) {
+    case V_INT: *(int64_t *)out = (int64_t)int_of(s); break;
+    case V_FLOAT: *(double *)out = number_of(s); break;
+    case V_BOOL: *(int *)out = config_setting_get_bool(s) != 0; break;
+    case V_STRING: *(const char **)out = config_setting_get_string(s); break;
+    default: break;
+    }
+    return LOOM_OK;
 }
 
 int loom_config_int(const loom_config *cfg, const char *path, int64_t *out)
 {
-    const config_setting_t *s = lookup(cfg, path);
-    if (!s)
-        return not_found(path);
-    int t = config_setting_type(s);
-    if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
-        return wrong_type(cfg, s, path, V_INT);
-    *out = (int64_t)int_of(s);
-    return LOOM_OK;
+    return read_typed(cfg, path, V_INT, out);
 }
 
 int loom_config_float(const loom_config *cfg, const char *path, double *out)
 {
-    const config_setting_t *s = lookup(cfg, path);
-    if (!s)
-        return not_found(path);
-    if (!config_setting_is_number(s))
-        return wrong_type(cfg, s, path, V_FLOAT);
-    *out = number_of(s);
-    return LOOM_OK;
+    return read_typed(cfg, path, V_FLOAT, out);
 }
 
 int loom_config_bool(const loom_config *cfg, const char *path, int *out)
 {
-    const config_setting_t *s = lookup(cfg, path);
-    if (!s)
-        return not_found(path);
-    if (config_setting_type(s) != CONFIG_TYPE_BOOL)
-        return wrong_type(cfg, s, path, V_BOOL);
-    *out = config_setting_get_bool(s) != 0;
-    return LOOM_OK;
+    return read_typed(cfg, path, V_BOOL, out);
 }
 
 int loom_config_string(const loom_config *cfg, const char *path, const char **out)
 {
-    const config_setting_t *s = lookup(cfg, path);
-    if (!s)
-        return not_found(path);
-    if (config_setting_type(s) != CONFIG_TYPE_STRING)
-        return wrong_type(cfg, s, path, V_STRING);
-    *out = config_setting_get_string(s);
-    return LOOM_OK;
+    return read_typed(cfg, path, V_STRING, out);
 }
 
 int loom_config_list_len(const loom_config *cfg, const char *path)
@@ -1468,14 +1513,9 @@ static int reread_override(loom_config *cfg, config_setting_t *s, const char *pa
     const char *hook = s->hook;
     char opath[PATH_MAX_LEN], err[256];
     const char *value;
-    int t = config_setting_type(s);
-    int fits = type == V_STRING  ? t == CONFIG_TYPE_STRING
-               : type == V_BOOL  ? t == CONFIG_TYPE_BOOL
-               : type == V_FLOAT ? config_setting_is_number(s)
-                                 : t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
     /* A setting that already fits is left alone, so that strings handed out
      * stay valid when a second instance of the plugin checks the group. */
-    if (fits || !hook || !split_override(hook, opath, sizeof opath, &value) || strcmp(opath, path))
+    if (holds(s, type) || !hook || !split_override(hook, opath, sizeof opath, &value) || strcmp(opath, path))
         return LOOM_OK;
     char *v = strdup(value);
     if (!v)
@@ -1586,6 +1626,12 @@ static const char *type_name(value_type t)
     return "?";
 }
 
+const char *loom_config_not_implemented(const char *path)
+{
+    const unimplemented *u = path ? not_yet_find(path) : NULL;
+    return u ? u->why : NULL;
+}
+
 void loom_config_print_schema(FILE *f)
 {
     fprintf(f, "%-30s %-8s %-12s %s\n", "setting", "type", "default", "what (allowed)");
@@ -1602,7 +1648,10 @@ void loom_config_print_schema(FILE *f)
         else if (!e->choices && (e->flags & (GE | GT)))
             snprintf(allowed, sizeof allowed, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
         const char *def = e->def ? (e->def[0] ? e->def : "\"\"") : "(required)";
-        fprintf(f, "%-30s %-8s %-12s %s%s%s%s\n", e->path, type_name(e->type), def,
-                e->help ? e->help : "", allowed[0] ? " (" : "", allowed, allowed[0] ? ")" : "");
+        const unimplemented *later = not_yet_find(e->path);
+        fprintf(f, "%-30s %-8s %-12s %s%s%s%s%s%s%s\n", e->path, type_name(e->type), def,
+                e->help ? e->help : "", allowed[0] ? " (" : "", allowed, allowed[0] ? ")" : "",
+                later ? " [not implemented yet: " : "", later ? later->why : "",
+                later ? "]" : "");
     }
 }

@@ -8,9 +8,10 @@
 
 /* A parsed, validated job config (DESIGN §9). Every setting the core knows
  * has a schema entry (type, default, allowed values); groups owned by
- * plugins (comm.<backend>, the extra settings of parallel.<axis>,
- * memory.offload) are validated when the plugin loads, against its
- * loom_setting_spec list. Paths use dots: "parallel.dp.size". */
+ * plugins (comm.<backend>, the extra settings of parallel.<axis>) are
+ * validated when the plugin loads, against its loom_setting_spec list.
+ * Settings reserved for a later release (memory.offload, data.val) are
+ * refused when a config sets them. Paths use dots: "parallel.dp.size". */
 typedef struct loom_config loom_config;
 
 /* path may be NULL: only defaults and overrides. overrides are "path=value"
@@ -35,6 +36,9 @@ int loom_config_is_set(const loom_config *cfg, const char *path);
 /* Every setting the core knows: path, type, default, help, allowed values
  * (`loom settings`). */
 void loom_config_print_schema(FILE *f);
+/* Why path (a setting or a group) is refused for now, e.g. "offload-nvme is
+ * a later release"; NULL for a path that is implemented. */
+const char *loom_config_not_implemented(const char *path);
 /* "examples/bench.cfg:12", "--set bench.iters=5", or "default". Static
  * buffer per thread. */
 const char *loom_config_where(const loom_config *cfg, const char *path);
