@@ -123,19 +123,21 @@ static int wait_fd(int fd, short events, uint64_t deadline)
     }
 }
 
-/* Sockets are non-blocking: every byte moves under a deadline. */
-static int send_all(int fd, const void *buf, size_t len, uint64_t deadline)
+/* Sockets are non-blocking: every byte moves under a deadline. send never
+ * writes to buf, so a const buffer to send may come in through it. */
+static int move_all(int fd, uint8_t *buf, size_t len, uint64_t deadline, int sending)
 {
-    const uint8_t *p = buf;
     while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        ssize_t n = sending ? send(fd, buf, len, MSG_NOSIGNAL) : recv(fd, buf, len, 0);
         if (n > 0) {
-            p += n;
+            buf += n;
             len -= (size_t)n;
+        } else if (n == 0 && !sending) {
+            return IO_EOF;
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(fd, POLLOUT, deadline);
+            int r = wait_fd(fd, sending ? POLLOUT : POLLIN, deadline);
             if (r <= 0)
                 return r == 0 ? IO_TIMEOUT : IO_ERROR;
         } else {
@@ -145,27 +147,14 @@ static int send_all(int fd, const void *buf, size_t len, uint64_t deadline)
     return IO_OK;
 }
 
+static int send_all(int fd, const void *buf, size_t len, uint64_t deadline)
+{
+    return move_all(fd, (uint8_t *)(uintptr_t)buf, len, deadline, 1);
+}
+
 static int recv_all(int fd, void *buf, size_t len, uint64_t deadline)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        } else if (n == 0) {
-            return IO_EOF;
-        } else if (errno == EINTR) {
-            continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int r = wait_fd(fd, POLLIN, deadline);
-            if (r <= 0)
-                return r == 0 ? IO_TIMEOUT : IO_ERROR;
-        } else {
-            return IO_ERROR;
-        }
-    }
-    return IO_OK;
+    return move_all(fd, buf, len, deadline, 0);
 }
 
 static void set_nodelay(int fd)
@@ -1257,19 +1246,22 @@ void loom_store_close(loom_store *s)
     free(s);
 }
 
-static int check_key(const char *key, const char *what)
+/* A request's key checked, and the request named for messages in what:
+ * "get 'key'". */
+static int check_key(const char *op, const char *key, char *what, size_t cap)
 {
+    snprintf(what, cap, "%s '%s'", op, key ? key : "");
     if (!key || !*key)
-        return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s: the key is empty", what);
+        return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s: the key is empty", op);
     if (strlen(key) > MAX_KEY)
         return loom_fail(LOOM_ERR_INVALID,
-                         "bootstrap: %s: the key '%.40s...' is longer than %d bytes", what, key,
+                         "bootstrap: %s: the key '%.40s...' is longer than %d bytes", op, key,
                          MAX_KEY);
     if (key[0] == '#')
         return loom_fail(LOOM_ERR_INVALID,
                          "bootstrap: %s: key '%s' starts with '#', which the store keeps for "
                          "itself",
-                         what, key);
+                         op, key);
     return LOOM_OK;
 }
 
@@ -1280,9 +1272,18 @@ static uint32_t slice_ms(uint64_t deadline)
     return (uint32_t)(left < SLICE_MS ? left : SLICE_MS);
 }
 
+/* The deadline of a wait; a negative timeout means the store's own. */
+static uint64_t wait_deadline(const loom_store *s, double *timeout_s)
+{
+    if (*timeout_s < 0)
+        *timeout_s = s->timeout_s;
+    return deadline_after(*timeout_s);
+}
+
 int loom_store_put(loom_store *s, const char *key, const void *value, size_t len)
 {
-    int rc = check_key(key, "put");
+    char what[MAX_KEY + 16];
+    int rc = check_key("put", key, what, sizeof what);
     if (rc)
         return rc;
     if (len > MAX_VALUE)
@@ -1292,8 +1293,6 @@ int loom_store_put(loom_store *s, const char *key, const void *value, size_t len
                          key, len, MAX_VALUE);
     if (len && !value)
         return loom_fail(LOOM_ERR_INVALID, "bootstrap: put '%s': value is NULL", key);
-    char what[MAX_KEY + 16];
-    snprintf(what, sizeof what, "put '%s'", key);
     store_reply reply;
     if ((rc = client_call(s, OP_PUT, key, 0, value, len, &reply, what)))
         return rc;
@@ -1308,14 +1307,11 @@ int loom_store_put(loom_store *s, const char *key, const void *value, size_t len
 int loom_store_get(loom_store *s, const char *key, void *buf, size_t cap, size_t *len,
                    double timeout_s)
 {
-    int rc = check_key(key, "get");
+    char what[MAX_KEY + 16];
+    int rc = check_key("get", key, what, sizeof what);
     if (rc)
         return rc;
-    if (timeout_s < 0)
-        timeout_s = s->timeout_s;
-    char what[MAX_KEY + 16];
-    snprintf(what, sizeof what, "get '%s'", key);
-    uint64_t deadline = deadline_after(timeout_s);
+    uint64_t deadline = wait_deadline(s, &timeout_s);
     for (;;) {
         store_reply reply;
         if ((rc = client_call(s, OP_GET, key, slice_ms(deadline), NULL, 0, &reply, what)))
@@ -1347,11 +1343,10 @@ int loom_store_get(loom_store *s, const char *key, void *buf, size_t cap, size_t
 
 int loom_store_add(loom_store *s, const char *key, int64_t delta, int64_t *result)
 {
-    int rc = check_key(key, "add");
+    char what[MAX_KEY + 16];
+    int rc = check_key("add", key, what, sizeof what);
     if (rc)
         return rc;
-    char what[MAX_KEY + 16];
-    snprintf(what, sizeof what, "add '%s'", key);
     uint8_t v[8];
     put_u64(v, (uint64_t)delta);
     store_reply reply;
@@ -1371,14 +1366,11 @@ int loom_store_add(loom_store *s, const char *key, int64_t delta, int64_t *resul
 
 int loom_store_barrier(loom_store *s, const char *name, double timeout_s)
 {
-    int rc = check_key(name, "barrier");
+    char what[MAX_KEY + 16];
+    int rc = check_key("barrier", name, what, sizeof what);
     if (rc)
         return rc;
-    if (timeout_s < 0)
-        timeout_s = s->timeout_s;
-    char what[MAX_KEY + 16];
-    snprintf(what, sizeof what, "barrier '%s'", name);
-    uint64_t deadline = deadline_after(timeout_s);
+    uint64_t deadline = wait_deadline(s, &timeout_s);
     uint8_t generation[8] = {0}; /* 0: this rank arrives; then the one to wait for */
     for (;;) {
         store_reply reply;
