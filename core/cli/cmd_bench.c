@@ -13,6 +13,7 @@
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
@@ -521,31 +522,16 @@ done:
 
 int loom_cmd_bench(int argc, char **argv)
 {
-    const char *config_path = NULL, *json_path = NULL;
-    const char *overrides[64];
-    int noverrides = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-            json_path = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            if (noverrides == (int)LOOM_ARRAY_LEN(overrides)) {
-                fprintf(stderr, "loom bench: too many --set options (at most 64)\n");
-                return 2;
-            }
-            overrides[noverrides++] = argv[++i];
-        } else if (argv[i][0] == '-' || config_path) {
-            fprintf(stderr, "usage: loom bench CONFIG [--json FILE] [--set path=value ...]\n");
-            return 2;
-        } else {
-            config_path = argv[i];
-        }
-    }
-    if (!config_path) {
-        fprintf(stderr, "usage: loom bench CONFIG [--json FILE] [--set path=value ...]\n");
-        return 2;
-    }
+    const char *json_path = NULL;
+    const loom_cli_option options[] = {{"--json", NULL, &json_path, NULL}, {NULL, NULL, NULL, NULL}};
+    loom_cli_config_args args;
+    int bad = loom_cli_config_args_parse(
+        "loom bench", "usage: loom bench CONFIG [--json FILE] [--set path=value ...]\n", argc,
+        argv, options, &args);
+    if (bad)
+        return bad;
     loom_config *cfg = NULL;
-    if (loom_config_load(config_path, overrides, noverrides, &cfg) != LOOM_OK) {
+    if (loom_config_load(args.config, args.overrides, args.noverrides, &cfg) != LOOM_OK) {
         fprintf(stderr, "loom bench: %s\n", loom_last_error());
         return 1;
     }

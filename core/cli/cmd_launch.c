@@ -158,13 +158,27 @@ static void rank_signal(const rank_proc *p, int sig)
         kill(p->pid, sig);
 }
 
-static int running_ranks(const launcher *L, int *list)
+/* The ranks still running, as loom_format_ranks names them ("ranks 0, 2"),
+ * into buf (left as it is when none); returns how many there are. */
+static int format_running(const launcher *L, char *buf, size_t cap)
 {
+    int *list = malloc(sizeof(int) * (size_t)L->n);
     int n = 0;
-    for (int r = 0; r < L->n; r++)
+    for (int r = 0; list && r < L->n; r++)
         if (L->ranks[r].running)
             list[n++] = r;
+    if (n > 0)
+        loom_format_ranks(buf, cap, list, n);
+    free(list);
     return n;
+}
+
+static int any_running(const launcher *L)
+{
+    for (int r = 0; r < L->n; r++)
+        if (L->ranks[r].running)
+            return 1;
+    return 0;
 }
 
 static void signal_running(launcher *L, int sig)
@@ -174,12 +188,18 @@ static void signal_running(launcher *L, int sig)
             rank_signal(&L->ranks[r], sig);
 }
 
+/* SIGKILL, after the grace period, for whoever is left. */
+static void arm_kill_deadline(launcher *L)
+{
+    if (!L->kill_deadline)
+        L->kill_deadline = loom_now_ns() + (uint64_t)(GRACE_S * 1e9);
+}
+
 /* SIGTERM now, SIGKILL after the grace period for whoever is left. */
 static void stop_running(launcher *L)
 {
     signal_running(L, SIGTERM);
-    if (!L->kill_deadline)
-        L->kill_deadline = loom_now_ns() + (uint64_t)(GRACE_S * 1e9);
+    arm_kill_deadline(L);
 }
 
 static void rank_exited(launcher *L, int r, int status)
@@ -208,17 +228,13 @@ static void rank_exited(launcher *L, int r, int status)
         L->exit_code = 128 + sig;
         snprintf(how, sizeof how, "killed by signal %d (%s)", sig, strsignal(sig));
     }
-    int *list = malloc(sizeof(int) * (size_t)L->n);
-    int n = list ? running_ranks(L, list) : 0;
-    if (n > 0) {
-        char ranks[512];
-        loom_format_ranks(ranks, sizeof ranks, list, n);
+    char ranks[512];
+    if (format_running(L, ranks, sizeof ranks) > 0) {
         fprintf(stderr, "loom launch: rank %d %s; stopping %s\n", r, how, ranks);
         stop_running(L);
     } else {
         fprintf(stderr, "loom launch: rank %d %s\n", r, how);
     }
-    free(list);
 }
 
 static void reap(launcher *L)
@@ -243,20 +259,14 @@ static void on_launcher_signal(launcher *L, int sig)
         return;
     }
     L->signalled = 1;
-    int *list = malloc(sizeof(int) * (size_t)L->n);
-    int n = list ? running_ranks(L, list) : 0;
-    if (n > 0) {
-        char ranks[512];
-        loom_format_ranks(ranks, sizeof ranks, list, n);
+    char ranks[512];
+    if (format_running(L, ranks, sizeof ranks) > 0)
         fprintf(stderr, "loom launch: got %s; passing it on to %s\n",
                 sig == SIGINT ? "SIGINT" : "SIGTERM", ranks);
-    }
-    free(list);
     if (L->exit_code < 0)
         L->exit_code = 128 + sig;
     signal_running(L, sig);
-    if (!L->kill_deadline)
-        L->kill_deadline = loom_now_ns() + (uint64_t)(GRACE_S * 1e9);
+    arm_kill_deadline(L);
 }
 
 static void check_deadlines(launcher *L)
@@ -264,14 +274,10 @@ static void check_deadlines(launcher *L)
     uint64_t now = loom_now_ns();
     if (L->end_deadline && now >= L->end_deadline) {
         L->end_deadline = 0;
-        int *list = malloc(sizeof(int) * (size_t)L->n);
-        int n = list ? running_ranks(L, list) : 0;
         char ranks[512] = "ranks";
-        if (n > 0)
-            loom_format_ranks(ranks, sizeof ranks, list, n);
+        int n = format_running(L, ranks, sizeof ranks);
         fprintf(stderr, "loom launch: timed out after %g s with %s still running; stopping %s\n",
                 L->timeout_s, ranks, n == 1 ? "it" : "them");
-        free(list);
         if (L->exit_code < 0)
             L->exit_code = 124;
         stop_running(L);
@@ -456,6 +462,155 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
     return -1;
 }
 
+/* Ranks, their streams closed, and the signal pipe; 0, or -1 reported. */
+static int launcher_init(launcher *L, int n, double timeout_s)
+{
+    *L = (launcher){.n = n, .exit_code = -1, .timeout_s = timeout_s};
+    L->ranks = calloc((size_t)n, sizeof *L->ranks);
+    if (!L->ranks || pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+        fprintf(stderr, "loom launch: cannot set up: %s\n", strerror(errno));
+        free(L->ranks);
+        return -1;
+    }
+    for (int r = 0; r < n; r++)
+        L->ranks[r].out.fd = L->ranks[r].err.fd = -1;
+    return 0;
+}
+
+/* Whatever the ranks left unterminated goes out before the launcher ends. */
+static void launcher_free(launcher *L)
+{
+    for (int r = 0; r < L->n; r++) {
+        stream_close(&L->ranks[r].out, r);
+        stream_close(&L->ranks[r].err, r);
+        free(L->ranks[r].out.line);
+        free(L->ranks[r].err.line);
+    }
+    free(L->ranks);
+}
+
+/* The launcher's handlers replace these while it runs. */
+typedef struct saved_signals {
+    struct sigaction on_int, on_term, on_chld, on_pipe;
+} saved_signals;
+
+static void take_signals(saved_signals *saved)
+{
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP},
+                     ign = {.sa_handler = SIG_IGN};
+    sigemptyset(&sa.sa_mask);
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGINT, &sa, &saved->on_int);
+    sigaction(SIGTERM, &sa, &saved->on_term);
+    sigaction(SIGCHLD, &sa, &saved->on_chld);
+    sigaction(SIGPIPE, &ign, &saved->on_pipe);
+}
+
+static void give_back_signals(const saved_signals *saved)
+{
+    sigaction(SIGINT, &saved->on_int, NULL);
+    sigaction(SIGTERM, &saved->on_term, NULL);
+    sigaction(SIGCHLD, &saved->on_chld, NULL);
+    sigaction(SIGPIPE, &saved->on_pipe, NULL);
+    close(signal_pipe[0]);
+    close(signal_pipe[1]);
+    signal_pipe[0] = signal_pipe[1] = -1;
+}
+
+/* Start every rank; after a failure, stop the ranks already started. */
+static void spawn_ranks(launcher *L, int port, char **cmd)
+{
+    /* Held back while forking, so a child never runs our handler. */
+    sigset_t held, old_mask;
+    sigemptyset(&held);
+    sigaddset(&held, SIGINT);
+    sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGCHLD);
+    for (int r = 0; r < L->n; r++) {
+        sigprocmask(SIG_BLOCK, &held, &old_mask);
+        int spawned = spawn_rank(L, r, port, cmd);
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
+        if (spawned != 0) {
+            if (spawned > 0)
+                fprintf(stderr, "loom launch: cannot run '%s': %s\n", cmd[0], strerror(spawned));
+            L->exit_code = spawned == EACCES ? 126 : spawned > 0 ? 127 : 1;
+            stop_running(L);
+            break;
+        }
+    }
+}
+
+/* What one poll watches: the signal pipe first, then every open stream. */
+typedef struct watch_list {
+    struct pollfd *fds;     /* 1 + 2n */
+    rank_stream **streams;  /* streams[k] is fds[k + 1] */
+    int *stream_rank;
+    int count;              /* entries of fds in use */
+} watch_list;
+
+static void watch_open_streams(launcher *L, watch_list *w)
+{
+    w->count = 1;
+    w->fds[0] = (struct pollfd){.fd = signal_pipe[0], .events = POLLIN};
+    for (int r = 0; r < L->n; r++) {
+        rank_stream *two[2] = {&L->ranks[r].out, &L->ranks[r].err};
+        for (int k = 0; k < 2; k++) {
+            if (two[k]->fd < 0)
+                continue;
+            w->streams[w->count - 1] = two[k];
+            w->stream_rank[w->count - 1] = r;
+            w->fds[w->count++] = (struct pollfd){.fd = two[k]->fd, .events = POLLIN};
+        }
+    }
+}
+
+/* Until the next deadline, at most a second; signals and output wake the
+ * poll sooner. */
+static int poll_timeout_ms(const launcher *L)
+{
+    uint64_t next = loom_now_ns() + 1000000000ull;
+    if (L->end_deadline && L->end_deadline < next)
+        next = L->end_deadline;
+    if (L->kill_deadline && L->kill_deadline < next)
+        next = L->kill_deadline;
+    uint64_t now = loom_now_ns();
+    return next > now ? (int)((next - now + 999999) / 1000000) : 0;
+}
+
+/* Pass on output and signals, and keep the deadlines, until no rank runs. */
+static void supervise(launcher *L)
+{
+    size_t n = (size_t)L->n;
+    watch_list w = {malloc(sizeof *w.fds * (1 + 2 * n)), malloc(sizeof *w.streams * 2 * n),
+                    malloc(sizeof *w.stream_rank * 2 * n), 0};
+    for (;;) {
+        reap(L);
+        check_deadlines(L);
+        if (!any_running(L))
+            break;
+        if (!w.fds || !w.streams || !w.stream_rank) {
+            /* No memory to watch the pipes: still wait for the ranks. */
+            usleep(100000);
+            continue;
+        }
+        watch_open_streams(L, &w);
+        if (poll(w.fds, (nfds_t)w.count, poll_timeout_ms(L)) <= 0)
+            continue;
+        if (w.fds[0].revents) {
+            unsigned char sigs[64];
+            ssize_t got = read(signal_pipe[0], sigs, sizeof sigs);
+            for (ssize_t k = 0; k < got; k++)
+                on_launcher_signal(L, sigs[k]);
+        }
+        for (int k = 1; k < w.count; k++)
+            if (w.fds[k].revents && w.streams[k - 1]->fd >= 0)
+                stream_read(w.streams[k - 1], w.stream_rank[k - 1]);
+    }
+    free(w.fds);
+    free(w.streams);
+    free(w.stream_rank);
+}
+
 int loom_cmd_launch(int argc, char **argv)
 {
     int n, cmd_index;
@@ -463,119 +618,22 @@ int loom_cmd_launch(int argc, char **argv)
     int rc = parse_args(argc, argv, &n, &timeout_s, &cmd_index);
     if (rc >= 0)
         return rc;
-    char **cmd = argv + cmd_index;
-
     int port = pick_free_port();
     if (port < 0) {
         fprintf(stderr, "loom launch: cannot find a free port on 127.0.0.1 for the store: %s\n",
                 strerror(errno));
         return 1;
     }
-    launcher L = {.n = n, .exit_code = -1, .timeout_s = timeout_s};
-    L.ranks = calloc((size_t)n, sizeof *L.ranks);
-    if (!L.ranks || pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-        fprintf(stderr, "loom launch: cannot set up: %s\n", strerror(errno));
-        free(L.ranks);
+    launcher L;
+    if (launcher_init(&L, n, timeout_s) != 0)
         return 1;
-    }
-    for (int r = 0; r < n; r++)
-        L.ranks[r].out.fd = L.ranks[r].err.fd = -1;
-
-    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP}, old_int,
-                     old_term, old_chld, old_pipe, ign = {.sa_handler = SIG_IGN};
-    sigemptyset(&sa.sa_mask);
-    sigemptyset(&ign.sa_mask);
-    /* Held back while forking, so a child never runs our handler. */
-    sigset_t held, old_mask;
-    sigemptyset(&held);
-    sigaddset(&held, SIGINT);
-    sigaddset(&held, SIGTERM);
-    sigaddset(&held, SIGCHLD);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGCHLD, &sa, &old_chld);
-    sigaction(SIGPIPE, &ign, &old_pipe);
-
+    saved_signals saved;
+    take_signals(&saved);
     if (timeout_s > 0)
         L.end_deadline = loom_now_ns() + (uint64_t)(timeout_s * 1e9);
-    for (int r = 0; r < n; r++) {
-        sigprocmask(SIG_BLOCK, &held, &old_mask);
-        int spawned = spawn_rank(&L, r, port, cmd);
-        sigprocmask(SIG_SETMASK, &old_mask, NULL);
-        if (spawned != 0) {
-            if (spawned > 0)
-                fprintf(stderr, "loom launch: cannot run '%s': %s\n", cmd[0], strerror(spawned));
-            L.exit_code = spawned == EACCES ? 126 : spawned > 0 ? 127 : 1;
-            stop_running(&L);
-            break;
-        }
-    }
-
-    struct pollfd *fds = malloc(sizeof *fds * (size_t)(1 + 2 * n));
-    rank_stream **streams = malloc(sizeof *streams * (size_t)(2 * n));
-    int *streams_rank = malloc(sizeof(int) * (size_t)(2 * n));
-    for (;;) {
-        reap(&L);
-        check_deadlines(&L);
-        int any = 0;
-        for (int r = 0; r < n; r++)
-            any |= L.ranks[r].running;
-        if (!any)
-            break;
-        if (!fds || !streams || !streams_rank) {
-            /* No memory to watch the pipes: still wait for the ranks. */
-            usleep(100000);
-            continue;
-        }
-        int nfds = 1;
-        fds[0] = (struct pollfd){.fd = signal_pipe[0], .events = POLLIN};
-        for (int r = 0; r < n; r++) {
-            rank_stream *two[2] = {&L.ranks[r].out, &L.ranks[r].err};
-            for (int k = 0; k < 2; k++) {
-                if (two[k]->fd < 0)
-                    continue;
-                streams[nfds - 1] = two[k];
-                streams_rank[nfds - 1] = r;
-                fds[nfds++] = (struct pollfd){.fd = two[k]->fd, .events = POLLIN};
-            }
-        }
-        /* Wake up for the next deadline; signals and output wake us sooner. */
-        uint64_t next = loom_now_ns() + 1000000000ull;
-        if (L.end_deadline && L.end_deadline < next)
-            next = L.end_deadline;
-        if (L.kill_deadline && L.kill_deadline < next)
-            next = L.kill_deadline;
-        uint64_t now = loom_now_ns();
-        int ready =
-            poll(fds, (nfds_t)nfds, next > now ? (int)((next - now + 999999) / 1000000) : 0);
-        if (ready <= 0)
-            continue;
-        if (fds[0].revents) {
-            unsigned char sigs[64];
-            ssize_t got = read(signal_pipe[0], sigs, sizeof sigs);
-            for (ssize_t k = 0; k < got; k++)
-                on_launcher_signal(&L, sigs[k]);
-        }
-        for (int k = 1; k < nfds; k++)
-            if (fds[k].revents && streams[k - 1]->fd >= 0)
-                stream_read(streams[k - 1], streams_rank[k - 1]);
-    }
-    for (int r = 0; r < n; r++) {
-        stream_close(&L.ranks[r].out, r);
-        stream_close(&L.ranks[r].err, r);
-        free(L.ranks[r].out.line);
-        free(L.ranks[r].err.line);
-    }
-    free(fds);
-    free(streams);
-    free(streams_rank);
-    free(L.ranks);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGCHLD, &old_chld, NULL);
-    sigaction(SIGPIPE, &old_pipe, NULL);
-    close(signal_pipe[0]);
-    close(signal_pipe[1]);
-    signal_pipe[0] = signal_pipe[1] = -1;
+    spawn_ranks(&L, port, argv + cmd_index);
+    supervise(&L);
+    launcher_free(&L);
+    give_back_signals(&saved);
     return L.exit_code < 0 ? 0 : L.exit_code;
 }
