@@ -535,7 +535,7 @@ int loom_cmd_bench(int argc, char **argv)
         fprintf(stderr, "loom bench: %s\n", loom_last_error());
         return 1;
     }
-    bench_settings st = {4, 4194304, 20, 5, LOOM_F32, LOOM_SUM, "host"};
+    bench_settings st = {0};
     loom_runtime *rt = NULL;
     int rc = read_settings(cfg, &st);
     if (rc == LOOM_OK)
@@ -545,10 +545,11 @@ int loom_cmd_bench(int argc, char **argv)
         loom_config_free(cfg);
         return 1;
     }
+    /* Both lists always exist: the schema's defaults stand in for unset ones. */
     int ops[BENCH_OP_COUNT], nops = 0;
     int nlisted = loom_config_list_len(cfg, "bench.ops");
-    for (int i = 0; i < (nlisted < 0 ? BENCH_OP_COUNT : nlisted) && nops < BENCH_OP_COUNT; i++) {
-        const char *name = nlisted < 0 ? bench_op_names[i] : loom_config_list_string(cfg, "bench.ops", i);
+    for (int i = 0; i < nlisted && nops < BENCH_OP_COUNT; i++) {
+        const char *name = loom_config_list_string(cfg, "bench.ops", i);
         for (int o = 0; o < BENCH_OP_COUNT; o++)
             if (name && !strcmp(name, bench_op_names[o]))
                 ops[nops++] = o;
@@ -567,9 +568,9 @@ int loom_cmd_bench(int argc, char **argv)
         fprintf(json, "[\n");
     }
     uint64_t wrong = 0;
-    int ncomms = loom_config_list_len(cfg, "bench.comms");
-    for (int i = 0; i < (ncomms < 0 ? 1 : ncomms) && rc == LOOM_OK; i++) {
-        const char *backend = ncomms < 0 ? "mpi" : loom_config_list_string(cfg, "bench.comms", i);
+    int nbackends = loom_config_list_len(cfg, "bench.comms");
+    for (int i = 0; i < nbackends && rc == LOOM_OK; i++) {
+        const char *backend = loom_config_list_string(cfg, "bench.comms", i);
         rc = bench_backend(rt, backend, &st, ops, nops, json, &json_first, &wrong);
     }
     if (json) {

@@ -248,7 +248,7 @@ static const char *setting_type_name(loom_setting_type t)
 }
 
 /* Where a plugin's own settings live in the config. */
-static void settings_group(const loom_plugin *p, char *buf, size_t cap)
+static void settings_path(const loom_plugin *p, char *buf, size_t cap)
 {
     if (p->kind == LOOM_PLUGIN_COMM)
         snprintf(buf, cap, "comm.%s", p->header->name);
@@ -269,20 +269,20 @@ static void print_plugin_settings(const row_list *rows)
             loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
                                   NULL, &p) != LOOM_OK)
             continue;
-        char group[160];
-        settings_group(p, group, sizeof group);
+        char settings[160];
+        settings_path(p, settings, sizeof settings);
         const loom_setting_spec *spec = p->header->settings;
-        const char *later = loom_config_not_implemented(group);
+        const char *later = loom_config_not_implemented(settings);
         printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
         if (!spec || !spec->name)
             printf("no settings of its own\n");
         else if (later)
-            printf("settings in %s = { ... } (not implemented yet: %s)\n", group, later);
+            printf("settings in %s = { ... } (not implemented yet: %s)\n", settings, later);
         else
-            printf("settings in %s = { ... }\n", group);
+            printf("settings in %s = { ... }\n", settings);
         for (; spec && spec->name; spec++) {
             char path[256];
-            snprintf(path, sizeof path, "%s.%s", group, spec->name);
+            snprintf(path, sizeof path, "%s.%s", settings, spec->name);
             printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
                    spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
                    spec->help ? spec->help : "");
@@ -689,8 +689,8 @@ static void check_functional(checker *c, const loom_plugin *p)
     loom_config *cfg = NULL;
     loom_runtime *rt = NULL;
     const loom_host *host = NULL;
-    char group[192];
-    snprintf(group, sizeof group, "%s.%s", loom_plugin_kind_name(p->kind), p->header->name);
+    char settings[192];
+    settings_path(p, settings, sizeof settings);
     if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK) {
         fail_check(c, "host", "cannot make a default config: %s", loom_last_error());
         return;
@@ -700,8 +700,8 @@ static void check_functional(checker *c, const loom_plugin *p)
         loom_config_free(cfg);
         return;
     }
-    if (loom_runtime_host(rt, p, group, &host) != LOOM_OK) {
-        fail_check(c, "host", "settings of %s: %s", group, loom_last_error());
+    if (loom_runtime_host(rt, p, settings, &host) != LOOM_OK) {
+        fail_check(c, "host", "settings of %s: %s", settings, loom_last_error());
     } else {
         report_check(c, "host", NULL);
         if (p->kind == LOOM_PLUGIN_COMM)

@@ -76,8 +76,8 @@ static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
     }
 
 /* Every setting the core knows, in the order DESIGN §9 lists them. Strategy
- * and schedule names are plugin names, so any non-empty string passes here;
- * the loader says later whether such a plugin exists. */
+ * and pipeline-schedule names are plugin names, so any non-empty string
+ * passes here; the loader says later whether such a plugin exists. */
 static const schema_entry schema[] = {
     S("plugins.path", V_STRINGS, "", .flags = NONEMPTY,
       .help = "directories searched for plugins before LOOM_PLUGIN_PATH"),
@@ -108,7 +108,7 @@ static const schema_entry schema[] = {
     S("train.eps", V_FLOAT, "1e-8", .lo = 0, .flags = GT, .help = "AdamW epsilon"),
     S("train.warmup", V_INT, "0", .lo = 0, .flags = GE, .help = "linear warm-up steps"),
     S("train.schedule", V_STRING, "constant", .choices = lr_schedules,
-      .help = "learning-rate schedule after warm-up"),
+      .help = "lr schedule: the learning rate after warm-up"),
     S("train.clip", V_FLOAT, "0.0", .lo = 0, .flags = GE,
       .help = "gradient-norm clipping; 0 = no clipping"),
     S("train.grad_accum", V_INT, "1", .lo = 1, .flags = GE, .help = "micro-steps per step"),
@@ -116,7 +116,7 @@ static const schema_entry schema[] = {
     S("train.recompute", V_STRING, "none", .choices = recomputes,
       .help = "activation recomputation"),
     S("train.lr_final_frac", V_FLOAT, "0.0", .lo = 0, .hi = 1, .flags = GE | LE,
-      .help = "cosine schedule: final learning rate as a fraction of train.lr"),
+      .help = "cosine lr schedule: final learning rate as a fraction of train.lr"),
     S("train.threads", V_INT, "1", .lo = 1, .flags = GE, .help = "BLAS threads per rank"),
     S("train.peak_gflops", V_FLOAT, "0.0", .lo = 0, .flags = GE,
       .help = "per-rank peak for MFU; 0 = measure sgemm at start"),
@@ -144,7 +144,7 @@ static const schema_entry schema[] = {
     S("parallel.pp.microbatches", V_INT, "1", .lo = 1, .flags = GE,
       .help = "micro-batches per step"),
     S("parallel.pp.virtual_stages", V_INT, "1", .lo = 1, .flags = GE,
-      .help = "model chunks per pipeline rank (interleaved schedules)"),
+      .help = "model chunks per pipeline rank (interleaved pipeline schedules)"),
     S("parallel.pp.stage_layers", V_INTS, "", .lo = 0, .flags = GE,
       .help = "layers per stage; empty = split evenly"),
 

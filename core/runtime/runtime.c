@@ -21,7 +21,7 @@ typedef struct host_slot {
     loom_host host;
     loom_runtime *rt;
     const loom_plugin *plugin;
-    char group[128];  /* config group, "comm.ucx" */
+    char settings[128]; /* where its settings live in the config, "comm.ucx" */
     char prefix[96];  /* bootstrap-store key prefix, "comm-ucx/" */
     struct host_slot *next;
 } host_slot;
@@ -78,7 +78,7 @@ static int host_error(const loom_host *host, int status, const char *fmt, ...)
 
 static void setting_path(const host_slot *s, const char *name, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s.%s", s->group, name);
+    snprintf(buf, cap, "%s.%s", s->settings, name);
 }
 
 static int host_config_int(const loom_host *host, const char *name, int64_t *out)
@@ -313,18 +313,19 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
     return LOOM_OK;
 }
 
-int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *group_path,
+int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *settings_path,
                       const loom_host **out)
 {
     for (host_slot *s = rt->hosts; s; s = s->next) {
-        if (s->plugin == plugin && !strcmp(s->group, group_path)) {
+        if (s->plugin == plugin && !strcmp(s->settings, settings_path)) {
             *out = &s->host;
             return LOOM_OK;
         }
     }
     if (rt->cfg) {
         static const char *const no_skip[] = {NULL};
-        int rc = loom_config_check_group(rt->cfg, group_path, plugin->header->settings, no_skip);
+        int rc = loom_config_check_group(rt->cfg, settings_path, plugin->header->settings,
+                                         no_skip);
         if (rc != LOOM_OK)
             return rc;
     }
@@ -333,7 +334,7 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *g
         return loom_fail(LOOM_ERR_NO_MEMORY, "runtime: out of memory");
     s->rt = rt;
     s->plugin = plugin;
-    snprintf(s->group, sizeof s->group, "%s", group_path);
+    snprintf(s->settings, sizeof s->settings, "%s", settings_path);
     snprintf(s->prefix, sizeof s->prefix, "%s-%s/", loom_plugin_kind_name(plugin->kind),
              plugin->header->name);
     loom_host *h = &s->host;

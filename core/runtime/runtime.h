@@ -16,9 +16,10 @@ const loom_launch_env *loom_runtime_env(const loom_runtime *rt);
 loom_config *loom_runtime_config(loom_runtime *rt);
 loom_store *loom_runtime_store(loom_runtime *rt); /* NULL for a world of one */
 double loom_runtime_timeout(const loom_runtime *rt); /* comm.timeout_s */
-/* A host table for a plugin instance, its settings read from config group
- * group_path (validated there against the plugin's specs). Owned by rt. */
-int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *group_path,
+/* A host table for a plugin instance, its settings read from the config
+ * group at settings_path, "comm.ucx" (validated there against the plugin's
+ * specs). Owned by rt. */
+int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *settings_path,
                       const loom_host **out);
 /* Load a plugin once per runtime (cached by kind and name; unloaded at
  * destroy). */
