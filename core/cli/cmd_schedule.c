@@ -13,6 +13,7 @@
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
@@ -150,38 +151,22 @@ static int report(const loom_schedule *s, const loom_strategy_ops *ops, const ch
 
 int loom_cmd_schedule(int argc, char **argv)
 {
-    const char *config_path = NULL, *svg_path = NULL;
-    const char *overrides[64];
-    int noverrides = 0, verbose = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--svg") && i + 1 < argc) {
-            svg_path = argv[++i];
-        } else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) {
-            verbose = 1;
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            if (noverrides == (int)LOOM_ARRAY_LEN(overrides)) {
-                fprintf(stderr, "loom schedule: too many --set options (at most 64)\n");
-                return 2;
-            }
-            overrides[noverrides++] = argv[++i];
-        } else if (argv[i][0] == '-' || config_path) {
-            fputs(schedule_usage, stderr);
-            return 2;
-        } else {
-            config_path = argv[i];
-        }
-    }
-    if (!config_path) {
-        fputs(schedule_usage, stderr);
-        return 2;
-    }
+    const char *svg_path = NULL;
+    int verbose = 0;
+    const loom_cli_option options[] = {{"--svg", NULL, &svg_path, NULL},
+                                       {"--verbose", "-v", NULL, &verbose},
+                                       {NULL, NULL, NULL, NULL}};
+    loom_cli_config_args args;
+    int bad = loom_cli_config_args_parse("loom schedule", schedule_usage, argc, argv, options, &args);
+    if (bad)
+        return bad;
     loom_config *cfg = NULL;
     loom_runtime *rt = NULL;
     loom_schedule s;
     memset(&s, 0, sizeof s);
     char desc[256] = "";
     const loom_strategy_ops *ops = NULL;
-    int rc = loom_config_load(config_path, overrides, noverrides, &cfg);
+    int rc = loom_config_load(args.config, args.overrides, args.noverrides, &cfg);
     if (rc == LOOM_OK)
         rc = loom_runtime_create(cfg, &rt);
     if (rc == LOOM_OK)

@@ -1,54 +1,31 @@
 /* loom train CONFIG: parse the command line, then train (train/train.c). */
 #include <stdio.h>
-#include <string.h>
 
 #include "loom/status.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "runtime/log.h"
 #include "train/train.h"
 
-static int usage(void)
-{
-    fprintf(stderr, "usage: loom train CONFIG [--set path=value ...] [--metrics FILE] "
-                    "[--trace FILE] [--save FILE] [--resume FILE]\n");
-    return 2;
-}
-
-static int parse_args(int argc, char **argv, loom_train_options *o)
-{
-    memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **slot = !strcmp(a, "--metrics") ? &o->metrics
-                            : !strcmp(a, "--trace") ? &o->trace
-                            : !strcmp(a, "--save")  ? &o->save
-                            : !strcmp(a, "--resume") ? &o->resume
-                                                     : NULL;
-        if (slot || !strcmp(a, "--set")) {
-            if (i + 1 >= argc)
-                return usage();
-            if (slot) {
-                *slot = argv[++i];
-            } else {
-                if (o->noverrides == (int)LOOM_ARRAY_LEN(o->overrides))
-                    return usage();
-                o->overrides[o->noverrides++] = argv[++i];
-            }
-        } else if (a[0] == '-' || o->config) {
-            return usage();
-        } else {
-            o->config = a;
-        }
-    }
-    return o->config ? 0 : usage();
-}
+static const char train_usage[] =
+    "usage: loom train CONFIG [--set path=value ...] [--metrics FILE] [--trace FILE] "
+    "[--save FILE] [--resume FILE]\n";
 
 int loom_cmd_train(int argc, char **argv)
 {
-    loom_train_options o;
-    int bad = parse_args(argc, argv, &o);
+    loom_train_options o = {0};
+    const loom_cli_option options[] = {{"--metrics", NULL, &o.metrics, NULL},
+                                       {"--trace", NULL, &o.trace, NULL},
+                                       {"--save", NULL, &o.save, NULL},
+                                       {"--resume", NULL, &o.resume, NULL},
+                                       {NULL, NULL, NULL, NULL}};
+    loom_cli_config_args args;
+    int bad = loom_cli_config_args_parse("loom train", train_usage, argc, argv, options, &args);
     if (bad)
         return bad;
+    o.config = args.config;
+    o.overrides = args.overrides;
+    o.noverrides = args.noverrides;
     int rc = loom_train(&o);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom train: %s\n", loom_last_error());

@@ -5,7 +5,7 @@
 
 typedef struct loom_train_options {
     const char *config, *metrics, *trace, *save, *resume; /* NULL: not asked for */
-    const char *overrides[64];                            /* --set path=value */
+    const char *const *overrides;                         /* --set path=value */
     int noverrides;
 } loom_train_options;
 
