@@ -46,9 +46,11 @@ stopped_rank)
     "$LOOM" launch -n 3 -- "$LOOM" bench "$CFG" --set comm.timeout_s=3 --set bench.iters=100000 \
         --set bench.ops=allreduce > "$TMP/out" 2>&1 &
     launcher=$!
+    # a failing check must not leave the job running (the launcher stops its ranks)
+    trap 'kill "$launcher" 2>/dev/null; rm -rf "$TMP"' EXIT
     i=0
     until grep -q "allreduce" "$TMP/out" 2>/dev/null; do
-        sleep 0.2; i=$((i + 1)); [ $i -lt 100 ] || { echo "bench_test: bench never started"; exit 1; }
+        sleep 0.2; i=$((i + 1)); [ $i -lt 300 ] || { echo "bench_test: bench never started"; exit 1; }
     done
     victim=""
     for p in $(pgrep -f "bench $CFG"); do
