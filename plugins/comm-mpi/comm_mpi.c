@@ -37,6 +37,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +249,11 @@ static MPI_Datatype mpi_dtype(loom_dtype t)
     default: return MPI_DATATYPE_NULL;
     }
 }
+
+/* The MPI call that posts each op, for messages. */
+static const char *const mpi_call_name[LOOM_OP_COUNT] = {
+    "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ireduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
+    "MPI_Ialltoall",  "MPI_Isend",  "MPI_Irecv",   "MPI_Ibarrier"};
 
 /* AVG is a SUM here; the division happens when the request completes. */
 static MPI_Op mpi_op(loom_dtype t, loom_redop op)
@@ -713,9 +719,10 @@ struct loom_comm {
     MPI_Comm ctl;         /* a twin of mpi for our own handshakes, never seen by user messages */
     int tag_ub;
     mpi_settings_t set;
-    pthread_mutex_t lock; /* the group's failure and the in-flight list */
-    loom_comm_request *inflight;
+    pthread_mutex_t lock; /* the group's failure and its requests in flight */
 };
+/* First: plugins/common reads the group there (comm_rank, comm_size). */
+_Static_assert(offsetof(struct loom_comm, group) == 0, "comm_group first");
 
 struct loom_comm_request {
     MPI_Request mpi;
@@ -730,7 +737,7 @@ struct loom_comm_request {
     void *avg_buf;        /* AVG: divide these avg_count elements at completion */
     size_t avg_count;
     void *stage;          /* a copy of a send buffer that overlaps recv */
-    loom_comm_request *prev, *next;
+    comm_pending pending; /* on the group's list while in flight */
 };
 
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const mpi_settings_t *s)
@@ -810,12 +817,7 @@ static void req_release(loom_comm_request *r)
     loom_comm *c = r->comm;
     if (c) {
         pthread_mutex_lock(&c->lock);
-        if (r->prev)
-            r->prev->next = r->next;
-        else if (c->inflight == r)
-            c->inflight = r->next;
-        if (r->next)
-            r->next->prev = r->prev;
+        group_untrack(&c->group, &r->pending);
         pthread_mutex_unlock(&c->lock);
     }
     free(r->stage);
@@ -842,10 +844,7 @@ static int op_posted(loom_comm *c, loom_comm_request *r, int rc, const char *fn,
         return st;
     }
     pthread_mutex_lock(&c->lock);
-    r->next = c->inflight;
-    if (c->inflight)
-        c->inflight->prev = r;
-    c->inflight = r;
+    group_track(&c->group, &r->pending, r);
     pthread_mutex_unlock(&c->lock);
     *out = r;
     return LOOM_OK;
@@ -893,7 +892,8 @@ static int send_buffer(loom_comm_request *r, const comm_call *call, int rank, in
     *out = call->send;
     /* MPI's in-place reducescatter: the whole input in recv, this rank's
      * result left in its first block. */
-    if (call_in_place(call, rank) || (call->op == LOOM_OP_REDUCESCATTER && call->send == call->recv))
+    if (call_in_place(call, rank) ||
+        (call->op == LOOM_OP_REDUCESCATTER && call->send == call->recv))
         *out = MPI_IN_PLACE;
     else if (buffers_overlap(call->send, send_bytes, call->recv, recv_bytes)) {
         if (!(r->stage = malloc(send_bytes)))
@@ -904,19 +904,10 @@ static int send_buffer(loom_comm_request *r, const comm_call *call, int rank, in
     return LOOM_OK;
 }
 
-/* The MPI call that posts each op, for messages. */
-static const char *const mpi_call_name[LOOM_OP_COUNT] = {
-    "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ireduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
-    "MPI_Ialltoall",  "MPI_Isend",  "MPI_Irecv",   "MPI_Ibarrier"};
-
 /* Every op (common/call.h): one MPI non-blocking call on the group's
  * communicator. */
 int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
 {
-    if (req)
-        *req = NULL;
-    if (!c)
-        return LOOM_ERR_INVALID;
     const char *name = loom_comm_op_name(call->op);
     int collective = !call_is_p2p(call), rank = c->group.rank;
     uint64_t seq;
@@ -1300,10 +1291,12 @@ static int subgroup_handshake(loom_comm *parent, const int *ranks, int n, int me
     int k = 0, rc = MPI_SUCCESS;
     for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
         if (i != me)
-            rc = MPI_Irecv(&got[i], 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &hs.reqs[k++]);
+            rc = MPI_Irecv(&got[i], 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl,
+                           &hs.reqs[k++]);
     for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
         if (i != me)
-            rc = MPI_Isend(&hash, 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &hs.reqs[k++]);
+            rc = MPI_Isend(&hash, 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl,
+                           &hs.reqs[k++]);
     if (rc == MPI_SUCCESS) {
         clock_poll(handshake_poll, &hs, parent->set.timeout_s, parent->set.yield);
         rc = hs.rc;
@@ -1388,7 +1381,8 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_create_group(parent->mpi, g, (int)(hash % 32768u), &mc);
     if (rc != MPI_SUCCESS) {
-        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_create_group failed", parent->group.desc);
+        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_create_group failed",
+                      parent->group.desc);
         comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
     }
 
@@ -1426,8 +1420,8 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
 
     int nth = group_count_subgroup(&parent->group, hash);
     char id[160];
-    snprintf(id, sizeof id, "%s.%llx.%d", parent->group.id, (unsigned long long)(hash & 0xffffffffu),
-             nth > 0 ? nth : 0);
+    snprintf(id, sizeof id, "%s.%llx.%d", parent->group.id,
+             (unsigned long long)(hash & 0xffffffffu), nth > 0 ? nth : 0);
     copy_text(c->group.id, sizeof c->group.id, id);
     pthread_mutex_lock(&proc.lock);
     proc.refs++;
@@ -1447,12 +1441,9 @@ static int mpi_destroy(loom_comm *c)
      * cleanly) and treat MPI as unclean, since their operations still run. */
     pthread_mutex_lock(&c->lock);
     int orphans = 0;
-    for (loom_comm_request *r = c->inflight; r; r = r->next) {
-        r->comm = NULL;
-        r->prev = NULL;
-        orphans++;
-    }
-    c->inflight = NULL;
+    for (comm_pending *p = c->group.pending; p; p = p->next, orphans++)
+        p->request->comm = NULL;
+    c->group.pending = NULL;
     int failed = c->group.failed;
     pthread_mutex_unlock(&c->lock);
     if (orphans) {
@@ -1479,9 +1470,6 @@ static int mpi_destroy(loom_comm *c)
     return st;
 }
 
-static int mpi_rank(const loom_comm *c) { return c->group.rank; }
-static int mpi_size(const loom_comm *c) { return c->group.size; }
-
 /* MPI_Abort would take the whole job down; instead the group is marked
  * failed, so in-flight waits return and destroy skips MPI_Finalize. */
 static int mpi_abort(loom_comm *c)
@@ -1499,17 +1487,7 @@ LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .create_world = mpi_create_world,
     .create_subgroup = mpi_create_subgroup,
     .destroy = mpi_destroy,
-    .rank = mpi_rank,
-    .size = mpi_size,
-    .allreduce = comm_allreduce,
-    .broadcast = comm_broadcast,
-    .reduce = comm_reduce,
-    .allgather = comm_allgather,
-    .reducescatter = comm_reducescatter,
-    .alltoall = comm_alltoall,
-    .send = comm_send,
-    .recv = comm_recv,
-    .barrier = comm_barrier,
+    COMM_COMMON_OPS,
     .test = mpi_test,
     .wait = mpi_wait,
     .abort = mpi_abort,

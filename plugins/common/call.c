@@ -5,6 +5,10 @@ static int post(loom_comm *comm, loom_comm_op op, const void *send, void *recv, 
                 loom_dtype dtype, loom_redop redop, int root, int peer, int tag,
                 loom_comm_request **req)
 {
+    if (req)
+        *req = NULL;
+    if (!comm || !req)
+        return LOOM_ERR_INVALID;
     comm_call call = {op, send, recv, count, dtype, redop, root, peer, tag};
     return comm_post(comm, &call, req);
 }
@@ -61,6 +65,9 @@ int comm_barrier(loom_comm *comm, loom_comm_request **req)
 {
     return post(comm, LOOM_OP_BARRIER, NULL, NULL, 0, LOOM_U8, LOOM_SUM, -1, -1, 0, req);
 }
+
+int comm_rank(const loom_comm *comm) { return ((const comm_group *)(const void *)comm)->rank; }
+int comm_size(const loom_comm *comm) { return ((const comm_group *)(const void *)comm)->size; }
 
 int call_is_p2p(const comm_call *call)
 {

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "common/group.h"
 #include "loom/comm.h"
 
 typedef struct comm_call {
@@ -23,7 +24,8 @@ typedef struct comm_call {
     int peer, tag;    /* send and recv; -1 and 0 otherwise */
 } comm_call;
 
-/* Defined by the backend: post one call, as the op's ABI entry would. */
+/* Defined by the backend: post one call, as the op's ABI entry would
+ * (*req is NULL already, and comm and req are not). */
 int comm_post(loom_comm *comm, const comm_call *call, loom_comm_request **req);
 
 /* The ABI's ops (comm.h), each handing its arguments to comm_post. */
@@ -44,6 +46,19 @@ int comm_send(loom_comm *comm, const void *buf, size_t count, loom_dtype dtype, 
 int comm_recv(loom_comm *comm, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
               loom_comm_request **req);
 int comm_barrier(loom_comm *comm, loom_comm_request **req);
+
+/* A backend's struct loom_comm starts with its comm_group (common/group.h),
+ * so these serve every backend. */
+int comm_rank(const loom_comm *comm);
+int comm_size(const loom_comm *comm);
+
+/* The ops of a plugin struct that plugins/common implements, for its
+ * initializer: { ..., COMM_COMMON_OPS, ... }. */
+#define COMM_COMMON_OPS                                                                  \
+    .rank = comm_rank, .size = comm_size, .allreduce = comm_allreduce,                   \
+    .broadcast = comm_broadcast, .reduce = comm_reduce, .allgather = comm_allgather,     \
+    .reducescatter = comm_reducescatter, .alltoall = comm_alltoall, .send = comm_send,   \
+    .recv = comm_recv, .barrier = comm_barrier
 
 /* A send or a receive (numbered apart from the collectives). */
 int call_is_p2p(const comm_call *call);

@@ -132,6 +132,27 @@ int group_no_memory(const comm_group *g, const char *name, uint64_t seq)
                           g->backend, name, (unsigned long long)seq, g->desc);
 }
 
+void group_track(comm_group *g, comm_pending *p, loom_comm_request *r)
+{
+    p->request = r;
+    p->prev = NULL;
+    p->next = g->pending;
+    if (g->pending)
+        g->pending->prev = p;
+    g->pending = p;
+}
+
+void group_untrack(comm_group *g, comm_pending *p)
+{
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (g->pending == p)
+        g->pending = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    p->prev = p->next = NULL;
+}
+
 int group_count_subgroup(comm_group *parent, uint64_t list_hash)
 {
     struct subgroup_count *sc = parent->subgroups;

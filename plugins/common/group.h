@@ -17,6 +17,13 @@
 
 struct subgroup_count;
 
+/* A request's place in its group's list of requests in flight, newest
+ * first: destroy walks it to orphan the ones left behind. */
+typedef struct comm_pending {
+    struct comm_pending *prev, *next;
+    loom_comm_request *request;
+} comm_pending;
+
 typedef struct comm_group {
     const loom_host *host;
     const char *backend;     /* "comm-mpi": how its messages start */
@@ -32,6 +39,7 @@ typedef struct comm_group {
     int failed, fail_status; /* after a timeout, a transport error or an abort */
     char failure[512];
     struct subgroup_count *subgroups; /* per rank list: subgroups made from this one */
+    comm_pending *pending;   /* requests in flight; with lock held */
 } comm_group;
 
 /* A group of `size` ranks with this rank at `rank`; world_ranks is zeroed
@@ -65,6 +73,11 @@ int group_failure(comm_group *g, char *why, size_t cap);
 int group_fail(comm_group *g, int status, const char *why);
 /* Reports "<backend>: <name> #<seq> on <group>: out of memory". */
 int group_no_memory(const comm_group *g, const char *name, uint64_t seq);
+
+/* Put a request on the group's list of requests in flight, or take it
+ * off. With g->lock held, where there is one. */
+void group_track(comm_group *g, comm_pending *p, loom_comm_request *r);
+void group_untrack(comm_group *g, comm_pending *p);
 
 /* How many subgroups with this rank list (rank_list_hash) this rank made
  * from parent before: the same on every member, so it tells repeated
