@@ -20,7 +20,7 @@
  * non-blocking sends before MPI_Comm_create_group; each joining rank puts a
  * store key before the others accept it), so a missing rank is named
  * instead of hanging everyone. On a timeout the ranks that did not arrive
- * are found through the bootstrap store (diagnose_collective). Errors come
+ * are found through the bootstrap store (common/arrival.h). Errors come
  * back as loom statuses (MPI_ERRORS_RETURN on every communicator);
  * MPI_Abort is never called.
  *
@@ -49,6 +49,7 @@
 
 #include <mpi.h>
 
+#include "common/arrival.h"
 #include "common/call.h"
 #include "common/clock.h"
 #include "common/group.h"
@@ -1013,135 +1014,6 @@ static int req_poll(void *arg)
 
 static int mpi_test(loom_comm_request *r) { return r ? req_poll(r) : LOOM_OK; }
 
-static void late_key(const loom_comm *c, int world_rank, char *key, size_t cap)
-{
-    snprintf(key, cap, "late/%s/%d", c->group.id, world_rank);
-}
-
-/* Who did not arrive at collective #seq? MPI cannot tell, so every rank
- * that times out on this group says how far it got in the bootstrap store:
- * key late/<group id>/<world rank> holds the number of collectives it posted
- * here, counting the group's creation (so 0 means "never reported"). A rank
- * counts as arrived once its number covers seq. We wait late_grace_s for
- * the others to time out too — ranks that posted the op but started waiting
- * on it more than the grace later are named although they arrived. */
-static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t cap)
-{
-    const loom_host *h = c->group.host;
-    char key[160];
-    int64_t cur = 0;
-    if (!h->kv_add) {
-        snprintf(why, cap, "no bootstrap store to ask which ranks arrived");
-        return;
-    }
-    late_key(c, c->group.world_ranks[c->group.rank], key, sizeof key);
-    int64_t mine = (int64_t)c->group.seq + 1;
-    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
-                           "arrive are unknown");
-        return;
-    }
-
-    int n = c->group.size;
-    int64_t *got = calloc((size_t)n, sizeof *got);
-    if (!got) {
-        snprintf(why, cap, "out of memory while asking which ranks arrived");
-        return;
-    }
-    double deadline = clock_now_s() + c->set.grace_s;
-    int missing = 0, rounds = 0, lost = 0;
-    for (;;) {
-        int now_missing = 0;
-        for (int m = 0; m < n && !lost; m++) {
-            if (m == c->group.rank || got[m] >= (int64_t)seq + 1)
-                continue;
-            late_key(c, c->group.world_ranks[m], key, sizeof key);
-            int64_t v = 0;
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
-                lost = 1;
-            else if ((got[m] = v) < (int64_t)seq + 1)
-                now_missing++;
-        }
-        if (lost) /* keep what the earlier rounds found */
-            break;
-        missing = now_missing;
-        rounds++;
-        if (missing == 0 || clock_now_s() >= deadline)
-            break;
-        clock_sleep_s(0.05);
-    }
-
-    if (lost && rounds == 0) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-    } else if (missing == 0) {
-        snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
-                           "operations, counts, dtypes or roots at this point");
-    } else {
-        /* Silent ranks are the suspects; ranks that reported an earlier op
-         * are alive but stuck behind (often waiting on the silent ones). */
-        size_t len = 0;
-        int silent = 0, behind = 0;
-        for (int m = 0; m < n; m++)
-            if (m != c->group.rank && got[m] < (int64_t)seq + 1) {
-                if (got[m] > 0)
-                    behind++;
-                else
-                    silent++;
-            }
-        for (int pass = 0; pass < 2 && len < cap; pass++) {
-            int count = pass == 0 ? silent : behind, k = 0;
-            if (count == 0)
-                continue;
-            if (len > 0 && len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "; ");
-            if (len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "rank%s ", count > 1 ? "s" : "");
-            for (int m = 0; m < n && len < cap; m++) {
-                if (m == c->group.rank || got[m] >= (int64_t)seq + 1 || (got[m] > 0) != pass)
-                    continue;
-                char nm[64];
-                group_name_rank(&c->group, m, nm, sizeof nm);
-                len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
-                if (pass == 1 && len < cap)
-                    len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m] - 1);
-            }
-            if (len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "%s",
-                                        pass == 0 ? " did not arrive"
-                                                  : count > 1 ? " are still in earlier operations of this group"
-                                                              : " is still in an earlier operation of this group");
-        }
-        if (lost && len < cap)
-            snprintf(why + len, cap - len, " (rank 0, the bootstrap store, went away while the ranks reported)");
-    }
-    free(got);
-}
-
-/* A send or recv: the peer is the only one that matters. We still report
- * how far we got, so a peer stuck in a collective of this group can tell. */
-static void diagnose_p2p(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
-{
-    const loom_host *h = c->group.host;
-    char key[160], nm[64];
-    int64_t cur = 0, peer = 0;
-    int is_send = strcmp(r->name, "send") == 0;
-    group_name_rank(&c->group, r->peer, nm, sizeof nm);
-    int64_t mine = (int64_t)c->group.seq + 1;
-    late_key(c, c->group.world_ranks[c->group.rank], key, sizeof key);
-    int ok = h->kv_add && h->kv_add(h, key, 0, &cur) == LOOM_OK &&
-             (cur >= mine || h->kv_add(h, key, mine - cur, &cur) == LOOM_OK);
-    late_key(c, c->group.world_ranks[r->peer], key, sizeof key);
-    ok = ok && h->kv_add(h, key, 0, &peer) == LOOM_OK;
-    if (h->kv_add && !ok) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-        return;
-    }
-    snprintf(why, cap, "rank %s %s%s", nm,
-             is_send ? "did not post the matching recv" : "did not send the matching message",
-             peer > 0 ? " (it timed out on this group too: mismatched sends and recvs?)" : "");
-}
-
 /* Poll until done or timeout_s. Waits yield the CPU: sched_yield while the
  * op is young (MPI's non-blocking collectives progress only inside MPI
  * calls, so polling must stay frequent), then short sleeps. */
@@ -1159,9 +1031,9 @@ static int mpi_wait(loom_comm_request *r)
     char what[400], why[1024], detail[1536];
     req_describe(r, what, sizeof what);
     if (r->collective)
-        diagnose_collective(c, r->seq, why, sizeof why);
+        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
     else
-        diagnose_p2p(c, r, why, sizeof why);
+        arrival_diagnose_p2p(&c->group, r->peer, !strcmp(r->name, "send"), why, sizeof why);
     snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
     /* The MPI operation stays posted and may still touch its buffers; the
      * group cannot be used again and MPI_Finalize is skipped. */
@@ -1178,15 +1050,14 @@ static int mpi_create_world(const loom_host *host, loom_comm **out)
     if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
-        return host ? host->error(host, LOOM_ERR_INVALID, "comm-mpi: bad rank %d of %d", host->rank,
-                                  host->world_size)
-                    : LOOM_ERR_INVALID;
+    int st = group_check_world(host, "comm-mpi");
+    if (st != LOOM_OK)
+        return st;
     mpi_settings_t s;
     read_settings(host, &s);
 
     pthread_mutex_lock(&proc.lock);
-    int st = process_start(host, &s);
+    st = process_start(host, &s);
     if (st != LOOM_OK) {
         proc.failed = 1;
         if (proc.refs == 0)

@@ -39,6 +39,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "common/arrival.h"
 #include "common/call.h"
 #include "common/clock.h"
 #include "common/group.h"
@@ -428,13 +429,15 @@ static int select_device(const loom_host *host, const nccl_settings_t *s, int *d
 
 static int nccl_create_world(const loom_host *host, loom_comm **out)
 {
-    if (!out || !host)
+    if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
+    int device = -1, st = group_check_world(host, "comm-nccl");
+    if (st != LOOM_OK)
+        return st;
     nccl_settings_t s;
     read_settings(host, &s);
-    int device = -1, st = select_device(host, &s, &device);
-    if (st != LOOM_OK)
+    if ((st = select_device(host, &s, &device)) != LOOM_OK)
         return st;
 
     loom_comm *c = comm_alloc(host, host->rank, host->world_size, &s);
@@ -951,67 +954,6 @@ static int nccl_group_end(loom_comm *c)
 
 /* ------------------------------------------------------ completion */
 
-/* Who did not arrive at collective #seq? NCCL cannot tell, so every rank
- * that times out on this group says how far it got in the bootstrap store
- * (key late/<group id>/<world rank>: collectives posted here + 1) and reads
- * the others' for late_grace_s. Ranks without a report did not arrive or
- * are stuck elsewhere. */
-static void diagnose(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
-{
-    const loom_host *h = c->group.host;
-    char key[160];
-    int64_t cur = 0, mine = (int64_t)c->group.seq + 1;
-    snprintf(key, sizeof key, "late/%s/%d", c->group.id, c->group.world_ranks[c->group.rank]);
-    if (!h->kv_add || h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
-                           "arrive are unknown");
-        return;
-    }
-    if (!r->collective) {
-        snprintf(why, cap, "rank %d %s", r->call.peer,
-                 r->call.op == LOOM_OP_SEND ? "did not post the matching recv"
-                                   : "did not send the matching message");
-        return;
-    }
-    int64_t want = (int64_t)r->seq + 1;
-    double deadline = clock_now_s() + c->set.grace_s;
-    int missing = 0;
-    size_t len = 0;
-    for (;;) {
-        missing = 0;
-        len = 0;
-        why[0] = '\0';
-        for (int m = 0; m < c->group.size; m++) {
-            if (m == c->group.rank)
-                continue;
-            int64_t v = 0;
-            snprintf(key, sizeof key, "late/%s/%d", c->group.id, c->group.world_ranks[m]);
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK) {
-                snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-                return;
-            }
-            if (v < want) {
-                if (len < cap)
-                    len += (size_t)snprintf(why + len, cap - len, "%s%d", missing ? ", " : "", m);
-                missing++;
-            }
-        }
-        if (missing == 0 || clock_now_s() >= deadline)
-            break;
-        struct timespec t = {0, 50000000};
-        nanosleep(&t, NULL);
-    }
-    if (missing == 0) {
-        snprintf(why, cap, "every rank reached it and waits too: the ranks called different "
-                           "operations, counts, dtypes or roots at this point");
-    } else {
-        char names[256];
-        copy_text(names, sizeof names, why);
-        snprintf(why, cap, "rank%s %s did not arrive", missing > 1 ? "s" : "", names);
-    }
-}
-
 /* One look at a request (a clock_poll callback): LOOM_OK (done),
  * LOOM_IN_PROGRESS, or an error; the request is released unless in
  * progress. */
@@ -1093,9 +1035,12 @@ static int nccl_wait(loom_comm_request *r)
         return st;
     loom_comm *c = r->comm;
     const loom_host *h = c->group.host;
-    char what[400], why[512], detail[1024];
+    char what[400], why[1024], detail[1536];
     req_describe(r, c, what, sizeof what);
-    diagnose(c, r, why, sizeof why);
+    if (r->collective)
+        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
+    else
+        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, why, sizeof why);
     snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
     comm_fail(c, LOOM_ERR_TIMEOUT, detail);
     req_release(r);

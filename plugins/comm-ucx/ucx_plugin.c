@@ -27,6 +27,7 @@
 #include <poll.h>
 #include <time.h>
 
+#include "common/arrival.h"
 #include "common/clock.h"
 #include "ucx_internal.h"
 
@@ -529,103 +530,6 @@ static int ucx_test(loom_comm_request *r)
     return st == LOOM_IN_PROGRESS ? LOOM_IN_PROGRESS : finish(r);
 }
 
-/* Say in the store how many collectives this rank posted on c (key
- * late/<group id>/<world rank>), so a rank that times out can tell who
- * never arrived. Done by every wait that is slow, well before any times
- * out. Returns LOOM_OK or the store's error. */
-static int report_arrival(loom_comm *c, uint64_t posted)
-{
-    const loom_host *h = c->group.host;
-    char key[160];
-    if (!h->kv_add)
-        return LOOM_ERR_NOT_SUPPORTED;
-    snprintf(key, sizeof key, "late/%s/%d", c->group.id, c->group.world_ranks[c->group.rank]);
-    int64_t cur = 0, mine = (int64_t)posted;
-    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK))
-        return LOOM_ERR_REMOTE;
-    return LOOM_OK;
-}
-
-/* The ranks of c that did not reach collective #seq: those that never
- * reported reaching it (see report_arrival), after giving them
- * late_grace_s to report. */
-static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why, size_t cap)
-{
-    const loom_host *h = c->group.host;
-    char key[160];
-    why[0] = '\0';
-    if (!h->kv_add)
-        return;
-    if (report_arrival(c, posted) != LOOM_OK) {
-        snprintf(why, cap, "; rank 0 (the bootstrap store) is unreachable");
-        return;
-    }
-    int n = c->group.size;
-    int64_t *got = calloc((size_t)n, sizeof *got);
-    if (!got)
-        return;
-    double grace = c->set.late_grace_s, quarter = c->set.timeout_s / 4;
-    double deadline = clock_now_s() + (grace < quarter ? grace : quarter);
-    int missing = 0, lost = 0, rounds = 0;
-    for (;; rounds++) {
-        int now_missing = 0;
-        for (int m = 0; m < n && !lost; m++) {
-            int64_t v = 0;
-            if (m == c->group.rank || got[m] >= (int64_t)seq)
-                continue;
-            snprintf(key, sizeof key, "late/%s/%d", c->group.id, c->group.world_ranks[m]);
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
-                lost = 1;
-            else if ((got[m] = v) < (int64_t)seq)
-                now_missing++;
-        }
-        if (lost) /* keep what the earlier rounds found */
-            break;
-        missing = now_missing;
-        if (missing == 0 || clock_now_s() >= deadline)
-            break;
-        struct timespec t = {0, 50 * 1000 * 1000};
-        nanosleep(&t, NULL);
-    }
-    if (lost && rounds == 0) {
-        snprintf(why, cap, "; which ranks did not arrive is unknown: rank 0, which serves the "
-                           "bootstrap store, has gone");
-        free(got);
-        return;
-    }
-    if (missing == 0) {
-        snprintf(why, cap, "; every rank reached it, so they disagree on what it is (ops, counts, "
-                           "dtypes or roots in a different order?)");
-        free(got);
-        return;
-    }
-    size_t len = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int k = 0, count = 0;
-        for (int m = 0; m < n; m++)
-            count += m != c->group.rank && got[m] < (int64_t)seq && (got[m] > 0) == pass;
-        if (count == 0)
-            continue;
-        len += (size_t)snprintf(why + len, len < cap ? cap - len : 0, "; rank%s ", count > 1 ? "s" : "");
-        for (int m = 0; m < n && len < cap; m++) {
-            if (m == c->group.rank || got[m] >= (int64_t)seq || (got[m] > 0) != pass)
-                continue;
-            char nm[64];
-            group_name_rank(&c->group, m, nm, sizeof nm);
-            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
-            if (pass == 1 && len < cap)
-                len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m]);
-        }
-        if (len < cap)
-            len += (size_t)snprintf(why + len, cap - len, "%s",
-                                    pass == 0 ? " did not arrive"
-                                    : count > 1 ? " are still in earlier operations of the group"
-                                                : " is still in an earlier operation of the group");
-    }
-    free(got);
-}
-
 /* "waiting for rank 2 (step 1 of ring)": the peers whose messages (or, for
  * a rendezvous send, whose receives) this rank still needs. */
 static void pending_peers(const loom_comm_request *r, char *buf, size_t cap)
@@ -685,11 +589,10 @@ static int ucx_wait(loom_comm_request *r)
         if (!reported && t >= report_at && r->comm) {
             /* slow: tell the store we got here, in case someone times out */
             pthread_mutex_lock(&ucx.lock);
-            uint64_t posted = r->comm ? r->comm->group.seq : 0;
             loom_comm *c = r->comm;
             pthread_mutex_unlock(&ucx.lock);
             if (c)
-                report_arrival(c, posted);
+                arrival_report(&c->group);
             reported = 1;
         }
         pthread_mutex_lock(&ucx.lock);
@@ -705,22 +608,22 @@ static int ucx_wait(loom_comm_request *r)
     /* Timed out: say what we wait for, then who did not come. */
     pthread_mutex_lock(&ucx.lock);
     loom_comm *c = r->comm;
-    char what[400], peers[400], late[512] = "";
+    char what[400], peers[400], late[512];
     ucx_req_describe(r, what, sizeof what);
     pending_peers(r, peers, sizeof peers);
-    uint64_t posted = c->group.seq;
     pthread_mutex_unlock(&ucx.lock);
+    /* who did not come, given at most a quarter of the timeout to report */
+    double grace = c->set.late_grace_s < timeout / 4 ? c->set.late_grace_s : timeout / 4;
     if (r->collective)
-        diagnose_late(c, r->seq, posted, late, sizeof late);
+        arrival_diagnose(&c->group, r->seq, grace, late, sizeof late);
     else
-        snprintf(late, sizeof late, "; rank %d %s", c->group.world_ranks[r->call.peer],
-                 r->call.op == LOOM_OP_SEND ? "did not post the matching recv"
-                                       : "did not send the matching message");
+        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, late,
+                             sizeof late);
     pthread_mutex_lock(&ucx.lock);
     int events;
     if (poll_req(r, &events, 1) == LOOM_IN_PROGRESS) { /* else it finished meanwhile */
-        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s%s", what, timeout,
-                   peers, late);
+        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s; %s", what,
+                   timeout, peers, late);
         /* Its messages may still arrive later, so the group cannot be trusted. */
         if (r->collective && r->comm)
             ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);

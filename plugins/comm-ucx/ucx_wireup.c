@@ -467,16 +467,15 @@ int ucx_create_world(const loom_host *host, loom_comm **out)
     if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
-        return host ? host->error(host, LOOM_ERR_INVALID, "comm-ucx: bad rank %d of %d", host->rank,
-                                  host->world_size)
-                    : LOOM_ERR_INVALID;
+    int st = group_check_world(host, "comm-ucx");
+    if (st != LOOM_OK)
+        return st;
     if (host->world_size > 65536)
         return host->error(host, LOOM_ERR_NOT_SUPPORTED,
                            "comm-ucx: %d ranks is more than the 65536 its tags can address",
                            host->world_size);
     ucx_settings s;
-    int st = ucx_settings_read(host, &s);
+    st = ucx_settings_read(host, &s);
     if (st != LOOM_OK)
         return st;
 

@@ -11,6 +11,16 @@ struct subgroup_count {
     struct subgroup_count *next;
 };
 
+int group_check_world(const loom_host *host, const char *backend)
+{
+    if (!host)
+        return LOOM_ERR_INVALID;
+    if (host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
+        return host->error(host, LOOM_ERR_INVALID, "%s: bad rank %d of %d", backend, host->rank,
+                           host->world_size);
+    return LOOM_OK;
+}
+
 int group_init(comm_group *g, const loom_host *host, const char *backend, int rank, int size)
 {
     memset(g, 0, sizeof *g);

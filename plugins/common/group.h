@@ -42,6 +42,9 @@ typedef struct comm_group {
     comm_pending *pending;   /* requests in flight; with lock held */
 } comm_group;
 
+/* create_world's first check: a host that places this rank in its world.
+ * LOOM_OK, or the error (reported where there is a host to report it). */
+int group_check_world(const loom_host *host, const char *backend);
 /* A group of `size` ranks with this rank at `rank`; world_ranks is zeroed
  * for the caller to fill. LOOM_OK or LOOM_ERR_NO_MEMORY (not reported). */
 int group_init(comm_group *g, const loom_host *host, const char *backend, int rank, int size);
