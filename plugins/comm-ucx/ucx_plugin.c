@@ -342,7 +342,7 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
     int n = c->group.size, small = bytes < s->small_bytes[uop];
     switch (uop) {
     case UOP_ALLREDUCE:
-        return small                                        ? AR_RECURSIVE_DOUBLING
+        return small                                           ? AR_RECURSIVE_DOUBLING
                : is_pow2(n) || bytes < s->allreduce_ring_bytes ? AR_RABENSEIFNER
                                                                : AR_RING;
     case UOP_ALLGATHER:
@@ -351,10 +351,10 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                           : AG_RING;
     case UOP_REDUCESCATTER: return small ? RS_RECURSIVE_HALVING : RS_RING;
     case UOP_BROADCAST:
-        return small || n == 2                      ? BC_BINOMIAL
-               : c->local                           ? BC_DIRECT
+        return small || n == 2                    ? BC_BINOMIAL
+               : c->local                         ? BC_DIRECT
                : bytes < s->broadcast_large_bytes ? BC_BINOMIAL
-                                                    : BC_SCATTER_ALLGATHER;
+                                                  : BC_SCATTER_ALLGATHER;
     case UOP_REDUCE: return small ? RD_BINOMIAL : RD_CHAIN;
     case UOP_ALLTOALL: return small ? A2A_POSTED : A2A_PAIRWISE;
     default: return BAR_DISSEMINATION;

@@ -1,6 +1,8 @@
 /* plugins/common — the comm ABI's ops as one call each (call.h). */
 #include "common/call.h"
 
+#include "common/group.h"
+
 static int post(loom_comm *comm, loom_comm_op op, const void *send, void *recv, size_t count,
                 loom_dtype dtype, loom_redop redop, int root, int peer, int tag,
                 loom_comm_request **req)

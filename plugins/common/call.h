@@ -1,16 +1,14 @@
 /* plugins/common — the comm ABI's ops as one call each.
  *
- * A backend that includes this points its plugin struct's ops (allreduce
- * ... barrier) at the comm_<op> functions below and defines comm_post: every
- * op reaches it as a comm_call, so the prologue every op shares (numbering,
- * the count, in-place forms and overlapping buffers) is written once per
- * backend instead of once per op. */
+ * A backend that includes this puts COMM_COMMON_OPS in its plugin struct
+ * and defines comm_post: every op reaches it as a comm_call, so the
+ * prologue every op shares (numbering, the count, in-place forms and
+ * overlapping buffers) is written once per backend instead of once per op. */
 #ifndef LOOM_PLUGIN_COMMON_CALL_H
 #define LOOM_PLUGIN_COMMON_CALL_H
 
 #include <stddef.h>
 
-#include "common/group.h"
 #include "loom/comm.h"
 
 typedef struct comm_call {
