@@ -20,7 +20,7 @@
  * non-blocking sends before MPI_Comm_create_group; each joining rank puts a
  * store key before the others accept it), so a missing rank is named
  * instead of hanging everyone. On a timeout the ranks that did not arrive
- * are found through the bootstrap store (diagnose_collective). Errors come
+ * are found through the bootstrap store (common/arrival.h). Errors come
  * back as loom statuses (MPI_ERRORS_RETURN on every communicator);
  * MPI_Abort is never called.
  *
@@ -35,9 +35,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,11 +45,15 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
 
+#include "common/arrival.h"
+#include "common/call.h"
+#include "common/clock.h"
+#include "common/group.h"
+#include "common/reduce.h"
 #include "loom/comm.h"
 
 /* ------------------------------------------------------------ settings */
@@ -132,19 +136,6 @@ static mpi_process proc = {.lock = PTHREAD_MUTEX_INITIALIZER, .base = MPI_COMM_N
 
 /* --------------------------------------------------------- small helpers */
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&t, NULL);
-}
-
 /* The status class of an MPI error: argument errors are the caller's,
  * everything else most likely means a peer or the transport went away. */
 static int mpi_status(int rc)
@@ -184,17 +175,6 @@ __attribute__((format(printf, 3, 4))) static int mpi_fail(const loom_host *host,
     return host->error(host, mpi_status(rc), "comm-mpi: %s: %s", what, text);
 }
 
-/* snprintf("%s") without the compiler's truncation warning: cutting a long
- * message short is fine here. */
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n = strlen(src);
-    if (n >= cap)
-        n = cap - 1;
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
 static int kv_put_str(const loom_host *host, const char *key, const char *value)
 {
     return host->kv_put(host, key, value, strlen(value) + 1);
@@ -214,35 +194,22 @@ static int kv_get_str(const loom_host *host, const char *key, char *buf, size_t 
 /* ------------------------------------------------ bf16 / f16 reductions */
 
 /* bf16 and f16 have no MPI type: they travel as two opaque bytes and reduce
- * through these user ops, which widen each element to f32. Each pairwise
- * combine rounds back to 16 bits once, so over n ranks a sum is rounded up to
- * n-1 times, in the order MPI's algorithm combines — not once, as an f32
- * accumulator over all ranks would. Max and min pick an input unchanged. */
-static float half_to_f32(uint16_t h, int is_f16)
-{
-    return is_f16 ? loom_f16_to_f32(h) : loom_bf16_to_f32(h);
-}
-
-static void half_reduce(const void *in_, void *inout_, int n, int is_f16, loom_redop op)
-{
-    const uint16_t *in = in_;
-    uint16_t *inout = inout_;
-    for (int i = 0; i < n; i++) {
-        float a = half_to_f32(in[i], is_f16);
-        float b = half_to_f32(inout[i], is_f16);
-        if (op == LOOM_SUM)
-            inout[i] = is_f16 ? loom_f32_to_f16(a + b) : loom_f32_to_bf16(a + b);
-        else if (op == LOOM_MAX ? a > b : a < b)
-            inout[i] = in[i];
+ * through these user ops (inout = in op inout, common/reduce.h). Each
+ * pairwise combine rounds back to 16 bits once, so over n ranks a sum is
+ * rounded up to n-1 times, in the order MPI's algorithm combines — not once,
+ * as an f32 accumulator over all ranks would. */
+#define HALF_OP(NAME, DTYPE, OP)                                                         \
+    static void NAME(void *in, void *inout, int *n, MPI_Datatype *t)                     \
+    {                                                                                    \
+        (void)t;                                                                         \
+        reduce_elements(inout, in, inout, (size_t)*n, DTYPE, OP);                        \
     }
-}
-
-static void bf16_sum(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_SUM); }
-static void bf16_max(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_MAX); }
-static void bf16_min(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 0, LOOM_MIN); }
-static void f16_sum(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_SUM); }
-static void f16_max(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_MAX); }
-static void f16_min(void *in, void *inout, int *n, MPI_Datatype *t) { (void)t; half_reduce(in, inout, *n, 1, LOOM_MIN); }
+HALF_OP(bf16_sum, LOOM_BF16, LOOM_SUM)
+HALF_OP(bf16_max, LOOM_BF16, LOOM_MAX)
+HALF_OP(bf16_min, LOOM_BF16, LOOM_MIN)
+HALF_OP(f16_sum, LOOM_F16, LOOM_SUM)
+HALF_OP(f16_max, LOOM_F16, LOOM_MAX)
+HALF_OP(f16_min, LOOM_F16, LOOM_MIN)
 
 static int half_types_create(const loom_host *host)
 {
@@ -284,6 +251,11 @@ static MPI_Datatype mpi_dtype(loom_dtype t)
     }
 }
 
+/* The MPI call that posts each op, for messages. */
+static const char *const mpi_call_name[LOOM_OP_COUNT] = {
+    "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ireduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
+    "MPI_Ialltoall",  "MPI_Isend",  "MPI_Irecv",   "MPI_Ibarrier"};
+
 /* AVG is a SUM here; the division happens when the request completes. */
 static MPI_Op mpi_op(loom_dtype t, loom_redop op)
 {
@@ -291,31 +263,6 @@ static MPI_Op mpi_op(loom_dtype t, loom_redop op)
     if (t == LOOM_BF16 || t == LOOM_F16)
         return proc.half_ops[t == LOOM_F16][o];
     return o == 1 ? MPI_MAX : o == 2 ? MPI_MIN : MPI_SUM;
-}
-
-/* Integer averages truncate toward zero, as C division does. */
-static void divide_by(void *buf, size_t n, loom_dtype t, int by)
-{
-    for (size_t i = 0; i < n; i++) {
-        switch (t) {
-        case LOOM_F32: ((float *)buf)[i] /= (float)by; break;
-        case LOOM_F64: ((double *)buf)[i] /= (double)by; break;
-        case LOOM_I32: ((int32_t *)buf)[i] /= by; break;
-        case LOOM_I64: ((int64_t *)buf)[i] /= by; break;
-        case LOOM_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / by); break;
-        case LOOM_BF16: {
-            uint16_t *h = buf;
-            h[i] = loom_f32_to_bf16(loom_bf16_to_f32(h[i]) / (float)by);
-            break;
-        }
-        case LOOM_F16: {
-            uint16_t *h = buf;
-            h[i] = loom_f32_to_f16(loom_f16_to_f32(h[i]) / (float)by);
-            break;
-        }
-        default: break;
-        }
-    }
 }
 
 /* ----------------------------------------------------------- ompi-server */
@@ -367,7 +314,7 @@ static void server_stop(void)
             pid_t r = waitpid(pid, NULL, WNOHANG);
             reaped = r == pid || (r < 0 && errno == ECHILD);
             if (!reaped)
-                sleep_s(0.01);
+                clock_sleep_s(0.01);
         }
         if (!reaped) {
             kill(-pid, SIGKILL);
@@ -444,7 +391,7 @@ static int server_start(const loom_host *host, const mpi_settings_t *s, char *ur
     setpgid(pid, pid); /* also from here, so a kill(-pid) right away finds the group */
     proc.server = pid;
 
-    double deadline = now_s() + s->connect_timeout_s;
+    double deadline = clock_now_s() + s->connect_timeout_s;
     for (;;) {
         FILE *f = fopen(urifile, "r");
         if (f) { /* complete once the line has its newline */
@@ -475,14 +422,14 @@ static int server_start(const loom_host *host, const mpi_settings_t *s, char *ur
             server_stop();
             return st;
         }
-        if (now_s() > deadline) {
+        if (clock_now_s() > deadline) {
             server_stop();
             return host->error(host, LOOM_ERR_TIMEOUT,
                                "comm-mpi: %s did not report its address within %.1f s "
                                "(raise comm.mpi.connect_timeout_s, or run the job under mpirun)",
                                path, s->connect_timeout_s);
         }
-        sleep_s(0.01);
+        clock_sleep_s(0.01);
     }
 }
 
@@ -698,11 +645,11 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
         if ((st = init_mpi(host)) != LOOM_OK)
             return st;
         proc.joined = 1;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         if ((st = join_world(host, s, &proc.base)) != LOOM_OK)
             return st;
         host->log(host, LOOM_LOG_DEBUG, "%d singletons joined through ompi-server in %.2f s",
-                  host->world_size, now_s() - t0);
+                  host->world_size, clock_now_s() - t0);
     } else {
         if ((st = init_mpi(host)) != LOOM_OK)
             return st;
@@ -751,10 +698,10 @@ static void process_stop(const loom_host *host, double timeout_s)
          * server harms no one. */
         int64_t done = 0;
         int st = host->kv_add(host, "finalized", 1, &done);
-        double deadline = now_s() + (timeout_s < 10 ? timeout_s : 10);
+        double deadline = clock_now_s() + (timeout_s < 10 ? timeout_s : 10);
         while (st == LOOM_OK && proc.server > 0 && !proc.failed && done < host->world_size &&
-               now_s() < deadline) {
-            sleep_s(0.005);
+               clock_now_s() < deadline) {
+            clock_sleep_s(0.005);
             st = host->kv_add(host, "finalized", 0, &done);
         }
         if (proc.server > 0 && !proc.failed && done < host->world_size)
@@ -767,37 +714,16 @@ static void process_stop(const loom_host *host, double timeout_s)
 
 /* ------------------------------------------------------- communicators */
 
-typedef struct loom_comm_request loom_comm_request;
-
-/* How often this rank made a subgroup with a given rank list from one
- * parent. The members of a subgroup all made it equally often, so the count
- * tells repeated subgroups of the same ranks apart in their ids. */
-struct sub_count {
-    uint64_t hash;
-    int count;
-    struct sub_count *next;
-};
-
 struct loom_comm {
-    const loom_host *host;
+    comm_group group;     /* ranks, id, messages, sequence numbers; its failure under lock */
     MPI_Comm mpi;
-    int rank, size;
-    int *world_ranks;  /* world rank of each rank of this group, for messages */
-    char id[96];       /* the same on every member and unique in the job: names store keys */
-    char desc[256];    /* "group of 4 (world ranks 0,1,2,3)" */
-    uint64_t seq;      /* collectives posted here; the next one is seq + 1 */
-    uint64_t p2p_seq;  /* sends and recvs posted here */
-    MPI_Comm ctl;      /* a twin of mpi for our own handshakes, never seen by user messages */
-    struct sub_count *subs; /* subgroups made from this one, per rank list: part of their ids */
+    MPI_Comm ctl;         /* a twin of mpi for our own handshakes, never seen by user messages */
     int tag_ub;
-    int is_world;      /* rank r is world rank r: messages need not say so */
     mpi_settings_t set;
-    pthread_mutex_t lock; /* the fields below */
-    int failed;           /* after a timeout, an MPI error or abort: no more MPI calls on it */
-    int fail_status;
-    char failure[512];
-    loom_comm_request *inflight;
+    pthread_mutex_t lock; /* the group's failure and its requests in flight */
 };
+/* First: plugins/common reads the group there (comm_rank, comm_size). */
+_Static_assert(offsetof(struct loom_comm, group) == 0, "comm_group first");
 
 struct loom_comm_request {
     MPI_Request mpi;
@@ -812,35 +738,19 @@ struct loom_comm_request {
     void *avg_buf;        /* AVG: divide these avg_count elements at completion */
     size_t avg_count;
     void *stage;          /* a copy of a send buffer that overlaps recv */
-    loom_comm_request *prev, *next;
+    comm_pending pending; /* on the group's list while in flight */
 };
-
-static void comm_describe(loom_comm *c)
-{
-    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
-    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
-        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world_ranks[i]);
-    if (n >= (int)sizeof c->desc - 16)
-        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
-    else
-        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
-}
 
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const mpi_settings_t *s)
 {
     loom_comm *c = calloc(1, sizeof *c);
-    int *wr = calloc((size_t)size, sizeof *wr);
-    if (!c || !wr) {
+    if (!c || group_init(&c->group, host, "comm-mpi", rank, size) != LOOM_OK) {
         free(c);
-        free(wr);
         return NULL;
     }
-    c->host = host;
+    c->group.lock = &c->lock;
     c->mpi = MPI_COMM_NULL;
     c->ctl = MPI_COMM_NULL;
-    c->rank = rank;
-    c->size = size;
-    c->world_ranks = wr;
     c->tag_ub = 32767; /* MPI's guaranteed minimum */
     c->set = *s;
     pthread_mutex_init(&c->lock, NULL);
@@ -852,11 +762,7 @@ static void comm_free(loom_comm *c)
     if (!c)
         return;
     pthread_mutex_destroy(&c->lock);
-    for (struct sub_count *sc = c->subs, *next; sc; sc = next) {
-        next = sc->next;
-        free(sc);
-    }
-    free(c->world_ranks);
+    group_release(&c->group);
     free(c);
 }
 
@@ -864,11 +770,7 @@ static void comm_free(loom_comm *c)
 static void comm_mark_failed(loom_comm *c, int status, const char *why)
 {
     pthread_mutex_lock(&c->lock);
-    if (!c->failed) {
-        c->failed = 1;
-        c->fail_status = status;
-        copy_str(c->failure, sizeof c->failure, why);
-    }
+    group_fail(&c->group, status, why);
     pthread_mutex_unlock(&c->lock);
     pthread_mutex_lock(&proc.lock);
     proc.failed = 1;
@@ -883,7 +785,7 @@ static int comm_set_mpi(loom_comm *c, MPI_Comm mc)
     MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
     int rc = MPI_Comm_dup(mc, &c->ctl);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(c->host, rc, "MPI_Comm_dup for %s", c->desc);
+        return mpi_fail(c->group.host, rc, "MPI_Comm_dup for %s", c->group.desc);
     MPI_Comm_set_errhandler(c->ctl, MPI_ERRORS_RETURN);
     int *ub = NULL, flag = 0;
     if (MPI_Comm_get_attr(mc, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub)
@@ -900,7 +802,7 @@ static loom_comm_request *req_new(loom_comm *c, const char *name, int collective
         return NULL;
     r->mpi = MPI_REQUEST_NULL;
     r->comm = c;
-    r->host = c->host;
+    r->host = c->group.host;
     r->name = name;
     r->collective = collective;
     r->seq = seq;
@@ -916,80 +818,17 @@ static void req_release(loom_comm_request *r)
     loom_comm *c = r->comm;
     if (c) {
         pthread_mutex_lock(&c->lock);
-        if (r->prev)
-            r->prev->next = r->next;
-        else if (c->inflight == r)
-            c->inflight = r->next;
-        if (r->next)
-            r->next->prev = r->prev;
+        group_untrack(&c->group, &r->pending);
         pthread_mutex_unlock(&c->lock);
     }
     free(r->stage);
     free(r);
 }
 
-/* "allreduce #17 on group of 4 (world ranks 0,1,2,3)" or
- * "send #3 to rank 2 (tag 7) on group of ..." */
 static void req_describe(const loom_comm_request *r, char *buf, size_t cap)
 {
-    const loom_comm *c = r->comm;
-    if (r->collective)
-        snprintf(buf, cap, "%s #%llu on %s", r->name, (unsigned long long)r->seq, c->desc);
-    else
-        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d) on %s", r->name,
-                 (unsigned long long)r->seq, strcmp(r->name, "send") ? "from" : "to", r->peer,
-                 r->tag, c->desc);
-}
-
-/* Begin an op: number it and refuse it on a failed group. */
-static int op_begin(loom_comm *c, const char *name, int collective, uint64_t *seq,
-                    loom_comm_request **req)
-{
-    if (req)
-        *req = NULL;
-    if (!c)
-        return LOOM_ERR_INVALID;
-    *seq = collective ? ++c->seq : ++c->p2p_seq;
-    pthread_mutex_lock(&c->lock);
-    int failed = c->failed, status = c->fail_status;
-    char why[512];
-    snprintf(why, sizeof why, "%s", c->failure);
-    pthread_mutex_unlock(&c->lock);
-    if (failed)
-        return c->host->error(c->host, status, "comm-mpi: %s #%llu on %s: the group failed earlier: %s",
-                              name, (unsigned long long)*seq, c->desc, why);
-    return LOOM_OK;
-}
-
-/* The core checked the arguments (comm.h); what is left is MPI's own limit. */
-static int check_count(loom_comm *c, const char *name, uint64_t seq, size_t count, size_t blocks,
-                       loom_dtype dtype)
-{
-    const loom_host *h = c->host;
-    /* MPI counts are ints, and some of Open MPI's algorithms compute the
-     * whole buffer's element count (blocks * count) in an int too. */
-    if (count > (size_t)INT_MAX || blocks * count > (size_t)INT_MAX)
-        return h->error(h, LOOM_ERR_NOT_SUPPORTED,
-                        "comm-mpi: %s #%llu: %zu elements of %s is more than MPI's int counts "
-                        "allow; split the operation",
-                        name, (unsigned long long)seq, count, loom_dtype_name(dtype));
-    return LOOM_OK;
-}
-
-static int overlap(const void *a, size_t alen, const void *b, size_t blen)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return alen && blen && x < y + blen && y < x + alen;
-}
-
-/* A private copy of a send buffer that overlaps the receive buffer in a way
- * MPI_IN_PLACE does not express (MPI forbids aliased arguments). */
-static const void *stage_send(loom_comm_request *r, const void *send, size_t bytes)
-{
-    r->stage = malloc(bytes);
-    if (r->stage)
-        memcpy(r->stage, send, bytes);
-    return r->stage;
+    group_describe_op(r->comm ? &r->comm->group : NULL, r->name, r->seq, r->peer, r->tag, buf,
+                      cap);
 }
 
 /* After the MPI_I* call: track the request, or turn the MPI error into ours. */
@@ -999,17 +838,14 @@ static int op_posted(loom_comm *c, loom_comm_request *r, int rc, const char *fn,
     if (rc != MPI_SUCCESS) {
         char what[400];
         req_describe(r, what, sizeof what);
-        int st = mpi_fail(c->host, rc, "%s: %s failed", what, fn);
+        int st = mpi_fail(c->group.host, rc, "%s: %s failed", what, fn);
         comm_mark_failed(c, st, "an earlier MPI call failed");
         r->comm = NULL; /* never linked */
         req_release(r);
         return st;
     }
     pthread_mutex_lock(&c->lock);
-    r->next = c->inflight;
-    if (c->inflight)
-        c->inflight->prev = r;
-    c->inflight = r;
+    group_track(&c->group, &r->pending, r);
     pthread_mutex_unlock(&c->lock);
     *out = r;
     return LOOM_OK;
@@ -1021,228 +857,110 @@ static int no_memory(loom_comm *c, const char *name, uint64_t seq, loom_comm_req
         free(r->stage);
         free(r);
     }
-    return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-mpi: %s #%llu: out of memory", name,
-                          (unsigned long long)seq);
+    return group_no_memory(&c->group, name, seq);
 }
 
-/* --------------------------------------------------------- collectives */
+/* ---------------------------------------------------------------- ops */
 
-static int mpi_allreduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                         loom_redop op, loom_comm_request **req)
+/* The core checked the arguments (comm.h); what is left is MPI's limits. */
+static int check_limits(const loom_comm *c, const comm_call *call, const char *name, uint64_t seq)
 {
-    const char *name = "allreduce";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, 1, dtype);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    const void *sb = send;
-    if (send == recv)
-        sb = MPI_IN_PLACE;
-    else if (overlap(send, bytes, recv, bytes) && !(sb = stage_send(r, send, bytes)))
-        return no_memory(c, name, seq, r);
-    if (op == LOOM_AVG) {
-        r->avg_buf = recv;
-        r->avg_count = count;
-        r->dtype = dtype;
+    const loom_host *h = c->group.host;
+    size_t send_bytes, recv_bytes, es = loom_dtype_size(call->dtype);
+    call_extents(call, c->group.rank, c->group.size, &send_bytes, &recv_bytes);
+    size_t elements = (send_bytes > recv_bytes ? send_bytes : recv_bytes) / (es ? es : 1);
+    /* MPI counts are ints, and some of Open MPI's algorithms compute the
+     * whole buffer's element count (blocks * count) in an int too. */
+    if (call->count > (size_t)INT_MAX || elements > (size_t)INT_MAX)
+        return h->error(h, LOOM_ERR_NOT_SUPPORTED,
+                        "comm-mpi: %s #%llu: %zu elements of %s is more than MPI's int counts "
+                        "allow; split the operation",
+                        name, (unsigned long long)seq, call->count, loom_dtype_name(call->dtype));
+    if (call_is_p2p(call) && (call->tag < 0 || call->tag > c->tag_ub))
+        return h->error(h, LOOM_ERR_INVALID, "comm-mpi: %s #%llu on %s: tag %d is outside 0..%d",
+                        name, (unsigned long long)seq, c->group.desc, call->tag, c->tag_ub);
+    return LOOM_OK;
+}
+
+/* The send buffer MPI gets: MPI_IN_PLACE for an in-place call, a private
+ * copy of a send buffer that overlaps recv otherwise (MPI forbids aliased
+ * arguments), else send itself. LOOM_OK or LOOM_ERR_NO_MEMORY. */
+static int send_buffer(loom_comm_request *r, const comm_call *call, int rank, int size,
+                       const void **out)
+{
+    size_t send_bytes, recv_bytes;
+    call_extents(call, rank, size, &send_bytes, &recv_bytes);
+    *out = call->send;
+    /* MPI's in-place reducescatter: the whole input in recv, this rank's
+     * result left in its first block. */
+    if (call_in_place(call, rank) ||
+        (call->op == LOOM_OP_REDUCESCATTER && call->send == call->recv))
+        *out = MPI_IN_PLACE;
+    else if (buffers_overlap(call->send, send_bytes, call->recv, recv_bytes)) {
+        if (!(r->stage = malloc(send_bytes)))
+            return LOOM_ERR_NO_MEMORY;
+        memcpy(r->stage, call->send, send_bytes);
+        *out = r->stage;
     }
-    int rc = MPI_Iallreduce(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op), c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Iallreduce", req);
+    return LOOM_OK;
 }
 
-static int mpi_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
-                         loom_comm_request **req)
+/* Every op (common/call.h): one MPI non-blocking call on the group's
+ * communicator. */
+int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
 {
-    const char *name = "broadcast";
+    const char *name = loom_comm_op_name(call->op);
+    int collective = !call_is_p2p(call), rank = c->group.rank;
     uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
+    int st = group_begin(&c->group, name, collective, &seq);
     if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, 1, dtype);
-    if (st != LOOM_OK || count == 0)
+        st = check_limits(c, call, name, seq);
+    if (st != LOOM_OK || call_is_empty(call))
         return st;
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    int rc = MPI_Ibcast(buf, (int)count, mpi_dtype(dtype), root, c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Ibcast", req);
-}
-
-static int mpi_reduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                      loom_redop op, int root, loom_comm_request **req)
-{
-    const char *name = "reduce";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, 1, dtype);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    const void *sb = send;
-    if (c->rank == root) {
-        if (send == recv)
-            sb = MPI_IN_PLACE;
-        else if (overlap(send, bytes, recv, bytes) && !(sb = stage_send(r, send, bytes)))
-            return no_memory(c, name, seq, r);
-        if (op == LOOM_AVG) {
-            r->avg_buf = recv;
-            r->avg_count = count;
-            r->dtype = dtype;
-        }
-    } else {
-        recv = NULL; /* significant at the root only */
+    loom_comm_request *r = req_new(c, name, collective, seq);
+    const void *sb = NULL;
+    if (!r || send_buffer(r, call, rank, c->group.size, &sb) != LOOM_OK)
+        return no_memory(c, name, seq, r);
+    r->peer = call->peer;
+    r->tag = call->tag;
+    r->expect = call->count;
+    r->dtype = call->dtype;
+    /* AVG is a SUM here; the division happens when the request completes. */
+    if (call->redop == LOOM_AVG && (call->op != LOOM_OP_REDUCE || rank == call->root)) {
+        r->avg_buf = call->recv;
+        r->avg_count = call->count;
     }
-    int rc = MPI_Ireduce(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op), root, c->mpi,
-                         &r->mpi);
-    return op_posted(c, r, rc, "MPI_Ireduce", req);
-}
-
-static int mpi_allgather(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                         loom_comm_request **req)
-{
-    const char *name = "allgather";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    const void *sb = send;
-    if ((const char *)send == (const char *)recv + (size_t)c->rank * bytes)
-        sb = MPI_IN_PLACE;
-    else if (overlap(send, bytes, recv, bytes * (size_t)c->size) && !(sb = stage_send(r, send, bytes)))
-        return no_memory(c, name, seq, r);
-    MPI_Datatype t = mpi_dtype(dtype);
-    int rc = MPI_Iallgather(sb, (int)count, t, recv, (int)count, t, c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Iallgather", req);
-}
-
-static int mpi_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
-                             loom_dtype dtype, loom_redop op, loom_comm_request **req)
-{
-    const char *name = "reducescatter";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    const void *sb = send;
-    /* send == recv is MPI's in-place form: the whole input in recv, this
-     * rank's result left in its first block. */
-    if (send == recv)
-        sb = MPI_IN_PLACE;
-    else if (overlap(send, bytes * (size_t)c->size, recv, bytes) &&
-             !(sb = stage_send(r, send, bytes * (size_t)c->size)))
-        return no_memory(c, name, seq, r);
-    if (op == LOOM_AVG) {
-        r->avg_buf = recv;
-        r->avg_count = count;
-        r->dtype = dtype;
+    int n = (int)call->count, root = call->root, rc;
+    MPI_Datatype t = mpi_dtype(call->dtype);
+    MPI_Op op = mpi_op(call->dtype, call->redop);
+    void *rb = call->recv;
+    switch (call->op) {
+    case LOOM_OP_ALLREDUCE: rc = MPI_Iallreduce(sb, rb, n, t, op, c->mpi, &r->mpi); break;
+    case LOOM_OP_BROADCAST: rc = MPI_Ibcast(rb, n, t, root, c->mpi, &r->mpi); break;
+    case LOOM_OP_REDUCE: /* recv is significant at the root only */
+        rc = MPI_Ireduce(sb, rank == root ? rb : NULL, n, t, op, root, c->mpi, &r->mpi);
+        break;
+    case LOOM_OP_ALLGATHER: rc = MPI_Iallgather(sb, n, t, rb, n, t, c->mpi, &r->mpi); break;
+    case LOOM_OP_REDUCESCATTER:
+        rc = MPI_Ireduce_scatter_block(sb, rb, n, t, op, c->mpi, &r->mpi);
+        break;
+    case LOOM_OP_ALLTOALL: rc = MPI_Ialltoall(sb, n, t, rb, n, t, c->mpi, &r->mpi); break;
+    case LOOM_OP_SEND: rc = MPI_Isend(sb, n, t, call->peer, call->tag, c->mpi, &r->mpi); break;
+    case LOOM_OP_RECV: rc = MPI_Irecv(rb, n, t, call->peer, call->tag, c->mpi, &r->mpi); break;
+    default: rc = MPI_Ibarrier(c->mpi, &r->mpi); break;
     }
-    int rc = MPI_Ireduce_scatter_block(sb, recv, (int)count, mpi_dtype(dtype), mpi_op(dtype, op),
-                                       c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Ireduce_scatter_block", req);
-}
-
-static int mpi_alltoall(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                        loom_comm_request **req)
-{
-    const char *name = "alltoall";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, (size_t)c->size, dtype);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    const void *sb = send;
-    if (overlap(send, total, recv, total) && !(sb = stage_send(r, send, total)))
-        return no_memory(c, name, seq, r);
-    MPI_Datatype t = mpi_dtype(dtype);
-    int rc = MPI_Ialltoall(sb, (int)count, t, recv, (int)count, t, c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Ialltoall", req);
-}
-
-static int p2p_post(loom_comm *c, int is_send, void *buf, size_t count, loom_dtype dtype, int peer,
-                    int tag, loom_comm_request **req)
-{
-    const char *name = is_send ? "send" : "recv";
-    uint64_t seq;
-    int st = op_begin(c, name, 0, &seq, req);
-    if (st == LOOM_OK)
-        st = check_count(c, name, seq, count, 1, dtype);
-    if (st == LOOM_OK && (tag < 0 || tag > c->tag_ub))
-        st = c->host->error(c->host, LOOM_ERR_INVALID,
-                            "comm-mpi: %s #%llu on %s: tag %d is outside 0..%d", name,
-                            (unsigned long long)seq, c->desc, tag, c->tag_ub);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    loom_comm_request *r = req_new(c, name, 0, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    r->peer = peer;
-    r->tag = tag;
-    r->expect = count;
-    r->dtype = dtype;
-    int rc = is_send ? MPI_Isend(buf, (int)count, mpi_dtype(dtype), peer, tag, c->mpi, &r->mpi)
-                     : MPI_Irecv(buf, (int)count, mpi_dtype(dtype), peer, tag, c->mpi, &r->mpi);
-    return op_posted(c, r, rc, is_send ? "MPI_Isend" : "MPI_Irecv", req);
-}
-
-static int mpi_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer, int tag,
-                    loom_comm_request **req)
-{
-    return p2p_post(c, 1, (void *)buf, count, dtype, peer, tag, req);
-}
-
-static int mpi_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
-                    loom_comm_request **req)
-{
-    return p2p_post(c, 0, buf, count, dtype, peer, tag, req);
-}
-
-static int mpi_barrier(loom_comm *c, loom_comm_request **req)
-{
-    const char *name = "barrier";
-    uint64_t seq;
-    int st = op_begin(c, name, 1, &seq, req);
-    if (st != LOOM_OK)
-        return st;
-    loom_comm_request *r = req_new(c, name, 1, seq);
-    if (!r)
-        return no_memory(c, name, seq, NULL);
-    int rc = MPI_Ibarrier(c->mpi, &r->mpi);
-    return op_posted(c, r, rc, "MPI_Ibarrier", req);
+    return op_posted(c, r, rc, mpi_call_name[call->op], req);
 }
 
 /* ------------------------------------------------------ completion */
 
-/* One MPI_Test. Returns LOOM_OK with *done, or an error (request released). */
-static int req_poll(loom_comm_request *r, int *done)
+/* One MPI_Test (a clock_poll callback): LOOM_OK (done), LOOM_IN_PROGRESS,
+ * or an error; the request is released unless in progress. */
+static int req_poll(void *arg)
 {
+    loom_comm_request *r = arg;
     loom_comm *c = r->comm;
     const loom_host *h = r->host;
-    *done = 0;
     if (!c) {
         int st = h->error(h, LOOM_ERR_INVALID,
                           "comm-mpi: %s #%llu: its group was destroyed while it was in flight",
@@ -1250,15 +968,12 @@ static int req_poll(loom_comm_request *r, int *done)
         req_release(r);
         return st;
     }
-    pthread_mutex_lock(&c->lock);
-    int failed = c->failed, status = c->fail_status;
     char why[512];
-    snprintf(why, sizeof why, "%s", c->failure);
-    pthread_mutex_unlock(&c->lock);
+    int failed = group_failure(&c->group, why, sizeof why);
     if (failed) {
         char what[400];
         req_describe(r, what, sizeof what);
-        int st = h->error(h, status, "comm-mpi: %s abandoned: the group failed: %s", what, why);
+        int st = h->error(h, failed, "comm-mpi: %s abandoned: the group failed: %s", what, why);
         req_release(r);
         return st;
     }
@@ -1275,10 +990,9 @@ static int req_poll(loom_comm_request *r, int *done)
         return st;
     }
     if (!flag)
-        return LOOM_OK;
-    *done = 1;
+        return LOOM_IN_PROGRESS;
     if (r->avg_buf)
-        divide_by(r->avg_buf, r->avg_count, r->dtype, c->size);
+        divide_elements(r->avg_buf, r->avg_count, r->dtype, c->group.size);
     if (!r->collective && strcmp(r->name, "recv") == 0) {
         /* MPI accepts a shorter message silently; a pipeline stage would
          * then read stale data. */
@@ -1298,152 +1012,7 @@ static int req_poll(loom_comm_request *r, int *done)
     return LOOM_OK;
 }
 
-static int mpi_test(loom_comm_request *r)
-{
-    if (!r)
-        return LOOM_OK;
-    int done, st = req_poll(r, &done);
-    if (st != LOOM_OK)
-        return st;
-    return done ? LOOM_OK : LOOM_IN_PROGRESS;
-}
-
-static void late_key(const loom_comm *c, int world_rank, char *key, size_t cap)
-{
-    snprintf(key, cap, "late/%s/%d", c->id, world_rank);
-}
-
-/* "rank 2" in the world, "rank 1 (world rank 5)" in a subgroup. */
-static int name_rank(const loom_comm *c, int r, char *buf, size_t cap)
-{
-    if (c->is_world)
-        return snprintf(buf, cap, "%d", r);
-    return snprintf(buf, cap, "%d (world rank %d)", r, c->world_ranks[r]);
-}
-
-/* Who did not arrive at collective #seq? MPI cannot tell, so every rank
- * that times out on this group says how far it got in the bootstrap store:
- * key late/<group id>/<world rank> holds the number of collectives it posted
- * here, counting the group's creation (so 0 means "never reported"). A rank
- * counts as arrived once its number covers seq. We wait late_grace_s for
- * the others to time out too — ranks that posted the op but started waiting
- * on it more than the grace later are named although they arrived. */
-static void diagnose_collective(loom_comm *c, uint64_t seq, char *why, size_t cap)
-{
-    const loom_host *h = c->host;
-    char key[160];
-    int64_t cur = 0;
-    if (!h->kv_add) {
-        snprintf(why, cap, "no bootstrap store to ask which ranks arrived");
-        return;
-    }
-    late_key(c, c->world_ranks[c->rank], key, sizeof key);
-    int64_t mine = (int64_t)c->seq + 1;
-    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
-                           "arrive are unknown");
-        return;
-    }
-
-    int n = c->size;
-    int64_t *got = calloc((size_t)n, sizeof *got);
-    if (!got) {
-        snprintf(why, cap, "out of memory while asking which ranks arrived");
-        return;
-    }
-    double deadline = now_s() + c->set.grace_s;
-    int missing = 0, rounds = 0, lost = 0;
-    for (;;) {
-        int now_missing = 0;
-        for (int m = 0; m < n && !lost; m++) {
-            if (m == c->rank || got[m] >= (int64_t)seq + 1)
-                continue;
-            late_key(c, c->world_ranks[m], key, sizeof key);
-            int64_t v = 0;
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
-                lost = 1;
-            else if ((got[m] = v) < (int64_t)seq + 1)
-                now_missing++;
-        }
-        if (lost) /* keep what the earlier rounds found */
-            break;
-        missing = now_missing;
-        rounds++;
-        if (missing == 0 || now_s() >= deadline)
-            break;
-        sleep_s(0.05);
-    }
-
-    if (lost && rounds == 0) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-    } else if (missing == 0) {
-        snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
-                           "operations, counts, dtypes or roots at this point");
-    } else {
-        /* Silent ranks are the suspects; ranks that reported an earlier op
-         * are alive but stuck behind (often waiting on the silent ones). */
-        size_t len = 0;
-        int silent = 0, behind = 0;
-        for (int m = 0; m < n; m++)
-            if (m != c->rank && got[m] < (int64_t)seq + 1) {
-                if (got[m] > 0)
-                    behind++;
-                else
-                    silent++;
-            }
-        for (int pass = 0; pass < 2 && len < cap; pass++) {
-            int count = pass == 0 ? silent : behind, k = 0;
-            if (count == 0)
-                continue;
-            if (len > 0 && len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "; ");
-            if (len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "rank%s ", count > 1 ? "s" : "");
-            for (int m = 0; m < n && len < cap; m++) {
-                if (m == c->rank || got[m] >= (int64_t)seq + 1 || (got[m] > 0) != pass)
-                    continue;
-                char nm[64];
-                name_rank(c, m, nm, sizeof nm);
-                len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
-                if (pass == 1 && len < cap)
-                    len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m] - 1);
-            }
-            if (len < cap)
-                len += (size_t)snprintf(why + len, cap - len, "%s",
-                                        pass == 0 ? " did not arrive"
-                                                  : count > 1 ? " are still in earlier operations of this group"
-                                                              : " is still in an earlier operation of this group");
-        }
-        if (lost && len < cap)
-            snprintf(why + len, cap - len, " (rank 0, the bootstrap store, went away while the ranks reported)");
-    }
-    free(got);
-}
-
-/* A send or recv: the peer is the only one that matters. We still report
- * how far we got, so a peer stuck in a collective of this group can tell. */
-static void diagnose_p2p(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
-{
-    const loom_host *h = c->host;
-    char key[160], nm[64];
-    int64_t cur = 0, peer = 0;
-    int is_send = strcmp(r->name, "send") == 0;
-    name_rank(c, r->peer, nm, sizeof nm);
-    int64_t mine = (int64_t)c->seq + 1;
-    late_key(c, c->world_ranks[c->rank], key, sizeof key);
-    int ok = h->kv_add && h->kv_add(h, key, 0, &cur) == LOOM_OK &&
-             (cur >= mine || h->kv_add(h, key, mine - cur, &cur) == LOOM_OK);
-    late_key(c, c->world_ranks[r->peer], key, sizeof key);
-    ok = ok && h->kv_add(h, key, 0, &peer) == LOOM_OK;
-    if (h->kv_add && !ok) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-        return;
-    }
-    snprintf(why, cap, "rank %s %s%s", nm,
-             is_send ? "did not post the matching recv" : "did not send the matching message",
-             peer > 0 ? " (it timed out on this group too: mismatched sends and recvs?)" : "");
-}
+static int mpi_test(loom_comm_request *r) { return r ? req_poll(r) : LOOM_OK; }
 
 /* Poll until done or timeout_s. Waits yield the CPU: sched_yield while the
  * op is young (MPI's non-blocking collectives progress only inside MPI
@@ -1452,31 +1021,19 @@ static int mpi_wait(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
-    double t0 = now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0;
-    int yield = r->comm ? r->comm->set.yield : 1;
-    for (;;) {
-        int done, st = req_poll(r, &done);
-        if (st != LOOM_OK)
-            return st;
-        if (done)
-            return LOOM_OK;
-        double waited = now_s() - t0;
-        if (waited > timeout)
-            break;
-        if (!yield || waited < 0.002)
-            sched_yield();
-        else
-            sleep_s(waited < 1.0 ? 20e-6 : 1e-3);
-    }
+    double timeout = r->comm ? r->comm->set.timeout_s : 0;
+    int st = clock_poll(req_poll, r, timeout, r->comm ? r->comm->set.yield : 1);
+    if (st != LOOM_IN_PROGRESS)
+        return st;
 
     loom_comm *c = r->comm;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     char what[400], why[1024], detail[1536];
     req_describe(r, what, sizeof what);
     if (r->collective)
-        diagnose_collective(c, r->seq, why, sizeof why);
+        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
     else
-        diagnose_p2p(c, r, why, sizeof why);
+        arrival_diagnose_p2p(&c->group, r->peer, !strcmp(r->name, "send"), why, sizeof why);
     snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
     /* The MPI operation stays posted and may still touch its buffers; the
      * group cannot be used again and MPI_Finalize is skipped. */
@@ -1485,6 +1042,7 @@ static int mpi_wait(loom_comm_request *r)
     return h->error(h, LOOM_ERR_TIMEOUT, "comm-mpi: %s", detail);
 }
 
+
 /* ------------------------------------------------- lifetime operations */
 
 static int mpi_create_world(const loom_host *host, loom_comm **out)
@@ -1492,15 +1050,14 @@ static int mpi_create_world(const loom_host *host, loom_comm **out)
     if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
-        return host ? host->error(host, LOOM_ERR_INVALID, "comm-mpi: bad rank %d of %d", host->rank,
-                                  host->world_size)
-                    : LOOM_ERR_INVALID;
+    int st = group_check_world(host, "comm-mpi");
+    if (st != LOOM_OK)
+        return st;
     mpi_settings_t s;
     read_settings(host, &s);
 
     pthread_mutex_lock(&proc.lock);
-    int st = process_start(host, &s);
+    st = process_start(host, &s);
     if (st != LOOM_OK) {
         proc.failed = 1;
         if (proc.refs == 0)
@@ -1513,11 +1070,8 @@ static int mpi_create_world(const loom_host *host, loom_comm **out)
         pthread_mutex_unlock(&proc.lock);
         return host->error(host, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
     }
-    snprintf(c->id, sizeof c->id, "w%d", proc.nworlds++);
-    c->is_world = 1;
-    for (int i = 0; i < c->size; i++)
-        c->world_ranks[i] = i;
-    comm_describe(c);
+    snprintf(c->group.id, sizeof c->group.id, "w%d", proc.nworlds++);
+    group_set_world(&c->group);
     proc.refs++;
     MPI_Comm base = proc.base;
     pthread_mutex_unlock(&proc.lock);
@@ -1560,31 +1114,29 @@ static int mpi_create_world(const loom_host *host, loom_comm **out)
     return LOOM_OK;
 }
 
-static uint64_t list_hash(const int *ranks, int n)
+#define TAG_SUBGROUP 1 /* on ctl */
+
+/* The handshake's messages in flight (a clock_poll callback tests them). */
+typedef struct handshake {
+    MPI_Request *reqs;
+    int *done;
+    int nreq, left;
+    int rc; /* the first MPI error */
+} handshake;
+
+static int handshake_poll(void *arg)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (int i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ranks[i];
-        for (int k = 0; k < 4; k++) {
-            h ^= (v >> (8 * k)) & 0xffu;
-            h *= 1099511628211ull;
+    handshake *hs = arg;
+    for (int j = 0; j < hs->nreq && hs->rc == MPI_SUCCESS; j++) {
+        int flag = 0;
+        if (!hs->done[j] &&
+            (hs->rc = MPI_Test(&hs->reqs[j], &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && flag) {
+            hs->done[j] = 1;
+            hs->left--;
         }
     }
-    return h ^ (uint64_t)n;
+    return hs->rc != MPI_SUCCESS || hs->left == 0 ? LOOM_OK : LOOM_IN_PROGRESS;
 }
-
-/* "0,2" for messages */
-static void list_text(const int *ranks, int n, char *buf, size_t cap)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && len + 16 < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", ranks[i]);
-    if (n > 0 && len + 16 >= cap)
-        snprintf(buf + len, cap - len, ",...");
-}
-
-#define TAG_SUBGROUP 1 /* on ctl */
 
 /* Before MPI_Comm_create_group, which blocks with no timeout, the members
  * meet on the parent's ctl: each sends every other member the hash of its
@@ -1592,60 +1144,40 @@ static void list_text(const int *ranks, int n, char *buf, size_t cap)
  * never comes is named; one with a different list is caught. */
 static int subgroup_handshake(loom_comm *parent, const int *ranks, int n, int me, uint64_t hash)
 {
-    const loom_host *h = parent->host;
+    const comm_group *pg = &parent->group;
+    const loom_host *h = pg->host;
     int nreq = 2 * (n - 1), st = LOOM_OK;
-    MPI_Request *reqs = malloc((size_t)(nreq > 0 ? nreq : 1) * sizeof *reqs);
+    handshake hs = {.nreq = nreq, .left = nreq, .rc = MPI_SUCCESS};
+    hs.reqs = malloc((size_t)(nreq > 0 ? nreq : 1) * sizeof *hs.reqs);
+    hs.done = calloc((size_t)(nreq > 0 ? nreq : 1), sizeof *hs.done);
     uint64_t *got = calloc((size_t)n, sizeof *got);
-    int *done = calloc((size_t)(nreq > 0 ? nreq : 1), sizeof *done);
-    if (!reqs || !got || !done) {
-        free(reqs);
+    if (!hs.reqs || !got || !hs.done) {
+        free(hs.reqs);
         free(got);
-        free(done);
+        free(hs.done);
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-mpi: out of memory");
     }
     char list[128];
-    list_text(ranks, n, list, sizeof list);
+    rank_list_text(ranks, n, list, sizeof list);
     int k = 0, rc = MPI_SUCCESS;
     for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
         if (i != me)
-            rc = MPI_Irecv(&got[i], 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &reqs[k++]);
+            rc = MPI_Irecv(&got[i], 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl,
+                           &hs.reqs[k++]);
     for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
         if (i != me)
-            rc = MPI_Isend(&hash, 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl, &reqs[k++]);
-    if (rc != MPI_SUCCESS) {
-        st = mpi_fail(h, rc, "create_subgroup of ranks %s on %s: handshake", list, parent->desc);
-        comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
-        free(reqs);
-        free(got);
-        free(done);
-        return st; /* posted requests are dropped with the failed group */
-    }
-
-    double t0 = now_s();
-    int left = nreq;
-    while (left > 0) {
-        for (int j = 0; j < nreq && rc == MPI_SUCCESS; j++) {
-            int flag = 0;
-            if (!done[j] && (rc = MPI_Test(&reqs[j], &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && flag) {
-                done[j] = 1;
-                left--;
-            }
-        }
-        if (rc != MPI_SUCCESS || left == 0)
-            break;
-        double waited = now_s() - t0;
-        if (waited > parent->set.timeout_s)
-            break;
-        if (!parent->set.yield || waited < 0.002)
-            sched_yield();
-        else
-            sleep_s(waited < 1.0 ? 20e-6 : 1e-3);
+            rc = MPI_Isend(&hash, 1, MPI_UINT64_T, ranks[i], TAG_SUBGROUP, parent->ctl,
+                           &hs.reqs[k++]);
+    if (rc == MPI_SUCCESS) {
+        clock_poll(handshake_poll, &hs, parent->set.timeout_s, parent->set.yield);
+        rc = hs.rc;
     }
 
     if (rc != MPI_SUCCESS) {
-        st = mpi_fail(h, rc, "create_subgroup of ranks %s on %s: handshake", list, parent->desc);
+        /* requests posted before the error are dropped with the failed group */
+        st = mpi_fail(h, rc, "create_subgroup of ranks %s on %s: handshake", list, pg->desc);
         comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
-    } else if (left > 0) {
+    } else if (hs.left > 0) {
         /* the receives not done name the members that did not come */
         char why[512], nm[64];
         size_t len = 0;
@@ -1653,25 +1185,25 @@ static int subgroup_handshake(loom_comm *parent, const int *ranks, int n, int me
         for (int i = 0, j = 0; i < n; i++) {
             if (i == me)
                 continue;
-            if (!done[j] && len < sizeof why) {
-                name_rank(parent, ranks[i], nm, sizeof nm);
+            if (!hs.done[j] && len < sizeof why) {
+                group_name_rank(pg, ranks[i], nm, sizeof nm);
                 len += (size_t)snprintf(why + len, sizeof why - len, "%s%s", missing++ ? ", " : "", nm);
             }
             j++;
         }
         for (int j = 0; j < nreq; j++) /* drop ours, so the parent stays usable */
-            if (!done[j]) {
-                MPI_Cancel(&reqs[j]);
-                MPI_Request_free(&reqs[j]);
+            if (!hs.done[j]) {
+                MPI_Cancel(&hs.reqs[j]);
+                MPI_Request_free(&hs.reqs[j]);
             }
         char detail[1024];
         if (missing > 0)
             snprintf(detail, sizeof detail,
                      "create_subgroup of ranks %s on %s timed out after %.1f s: rank%s %s did not arrive",
-                     list, parent->desc, parent->set.timeout_s, missing > 1 ? "s" : "", why);
+                     list, pg->desc, parent->set.timeout_s, missing > 1 ? "s" : "", why);
         else /* only our sends were stuck: should not happen */
             snprintf(detail, sizeof detail, "create_subgroup of ranks %s on %s timed out after %.1f s",
-                     list, parent->desc, parent->set.timeout_s);
+                     list, pg->desc, parent->set.timeout_s);
         /* Like any timeout, this leaves the group broken (our cancelled
          * messages may still land at a late member). */
         comm_mark_failed(parent, LOOM_ERR_TIMEOUT, detail);
@@ -1680,17 +1212,17 @@ static int subgroup_handshake(loom_comm *parent, const int *ranks, int n, int me
         for (int i = 0; i < n; i++)
             if (i != me && got[i] != hash) {
                 char nm[64];
-                name_rank(parent, ranks[i], nm, sizeof nm);
+                group_name_rank(pg, ranks[i], nm, sizeof nm);
                 st = h->error(h, LOOM_ERR_INVALID,
                               "comm-mpi: create_subgroup on %s: rank %s passed a different rank "
                               "list than this rank's [%s]; every member must pass the same list",
-                              parent->desc, nm, list);
+                              pg->desc, nm, list);
                 break;
             }
     }
-    free(reqs);
+    free(hs.reqs);
     free(got);
-    free(done);
+    free(hs.done);
     return st;
 }
 
@@ -1702,23 +1234,14 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
     if (!out || !parent)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    const loom_host *h = parent->host;
-    /* The core checked the list (comm.h); find this rank's place in it. */
-    int me = 0;
-    while (ranks[me] != parent->rank)
-        me++;
-    pthread_mutex_lock(&parent->lock);
-    int failed = parent->failed;
-    char why[512];
-    copy_str(why, sizeof why, parent->failure);
-    pthread_mutex_unlock(&parent->lock);
-    if (failed)
-        return h->error(h, LOOM_ERR_REMOTE, "comm-mpi: create_subgroup on %s: the group failed earlier: %s",
-                        parent->desc, why);
-
-    uint64_t hash = list_hash(ranks, nranks);
-    int st = subgroup_handshake(parent, ranks, nranks, me, hash);
+    const loom_host *h = parent->group.host;
+    int me = rank_list_index(ranks, parent->group.rank);
+    int st = group_refuse_failed(&parent->group, "create_subgroup", LOOM_ERR_REMOTE);
     if (st != LOOM_OK)
+        return st;
+
+    uint64_t hash = rank_list_hash(ranks, nranks);
+    if ((st = subgroup_handshake(parent, ranks, nranks, me, hash)) != LOOM_OK)
         return st;
 
     MPI_Group pg = MPI_GROUP_NULL, g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
@@ -1729,7 +1252,8 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_create_group(parent->mpi, g, (int)(hash % 32768u), &mc);
     if (rc != MPI_SUCCESS) {
-        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_create_group failed", parent->desc);
+        st = mpi_fail(h, rc, "create_subgroup on %s: MPI_Comm_create_group failed",
+                      parent->group.desc);
         comm_mark_failed(parent, st, "an earlier create_subgroup failed in MPI");
     }
 
@@ -1743,13 +1267,13 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
         for (int i = 0; idx && i < nranks; i++)
             idx[i] = i;
         if (rc == MPI_SUCCESS)
-            rc = MPI_Group_translate_ranks(g, nranks, idx, wg, c->world_ranks);
+            rc = MPI_Group_translate_ranks(g, nranks, idx, wg, c->group.world_ranks);
         free(idx);
         if (rc != MPI_SUCCESS)
-            st = mpi_fail(h, rc, "create_subgroup on %s: translating ranks", parent->desc);
+            st = mpi_fail(h, rc, "create_subgroup on %s: translating ranks", parent->group.desc);
     }
     if (st == LOOM_OK) {
-        comm_describe(c);
+        group_describe(&c->group);
         st = comm_set_mpi(c, mc);
     }
     if (pg != MPI_GROUP_NULL)
@@ -1765,18 +1289,11 @@ static int mpi_create_subgroup(loom_comm *parent, const int *ranks, int nranks, 
         return st;
     }
 
-    struct sub_count *sc = parent->subs;
-    while (sc && sc->hash != hash)
-        sc = sc->next;
-    if (!sc && (sc = calloc(1, sizeof *sc))) {
-        sc->hash = hash;
-        sc->next = parent->subs;
-        parent->subs = sc;
-    }
+    int nth = group_count_subgroup(&parent->group, hash);
     char id[160];
-    snprintf(id, sizeof id, "%s.%llx.%d", parent->id, (unsigned long long)(hash & 0xffffffffu),
-             sc ? sc->count++ : 0);
-    copy_str(c->id, sizeof c->id, id);
+    snprintf(id, sizeof id, "%s.%llx.%d", parent->group.id,
+             (unsigned long long)(hash & 0xffffffffu), nth > 0 ? nth : 0);
+    copy_text(c->group.id, sizeof c->group.id, id);
     pthread_mutex_lock(&proc.lock);
     proc.refs++;
     pthread_mutex_unlock(&proc.lock);
@@ -1788,24 +1305,21 @@ static int mpi_destroy(loom_comm *c)
 {
     if (!c)
         return LOOM_OK;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     int st = LOOM_OK;
 
     /* Requests never completed: detach them (test/wait on them then fail
      * cleanly) and treat MPI as unclean, since their operations still run. */
     pthread_mutex_lock(&c->lock);
     int orphans = 0;
-    for (loom_comm_request *r = c->inflight; r; r = r->next) {
-        r->comm = NULL;
-        r->prev = NULL;
-        orphans++;
-    }
-    c->inflight = NULL;
-    int failed = c->failed;
+    for (comm_pending *p = c->group.pending; p; p = p->next, orphans++)
+        p->request->comm = NULL;
+    c->group.pending = NULL;
+    int failed = c->group.failed;
     pthread_mutex_unlock(&c->lock);
     if (orphans) {
         h->log(h, LOOM_LOG_WARN, "comm-mpi: %s destroyed with %d operation(s) still in flight",
-               c->desc, orphans);
+               c->group.desc, orphans);
         pthread_mutex_lock(&proc.lock);
         proc.failed = 1;
         pthread_mutex_unlock(&proc.lock);
@@ -1816,7 +1330,7 @@ static int mpi_destroy(loom_comm *c)
     if (!failed && c->mpi != MPI_COMM_NULL) {
         int rc = MPI_Comm_free(&c->mpi);
         if (rc != MPI_SUCCESS)
-            st = mpi_fail(h, rc, "destroying %s", c->desc);
+            st = mpi_fail(h, rc, "destroying %s", c->group.desc);
     }
 
     pthread_mutex_lock(&proc.lock);
@@ -1826,9 +1340,6 @@ static int mpi_destroy(loom_comm *c)
     comm_free(c);
     return st;
 }
-
-static int mpi_rank(const loom_comm *c) { return c->rank; }
-static int mpi_size(const loom_comm *c) { return c->size; }
 
 /* MPI_Abort would take the whole job down; instead the group is marked
  * failed, so in-flight waits return and destroy skips MPI_Finalize. */
@@ -1847,17 +1358,7 @@ LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .create_world = mpi_create_world,
     .create_subgroup = mpi_create_subgroup,
     .destroy = mpi_destroy,
-    .rank = mpi_rank,
-    .size = mpi_size,
-    .allreduce = mpi_allreduce,
-    .broadcast = mpi_broadcast,
-    .reduce = mpi_reduce,
-    .allgather = mpi_allgather,
-    .reducescatter = mpi_reducescatter,
-    .alltoall = mpi_alltoall,
-    .send = mpi_send,
-    .recv = mpi_recv,
-    .barrier = mpi_barrier,
+    COMM_COMMON_OPS,
     .test = mpi_test,
     .wait = mpi_wait,
     .abort = mpi_abort,

@@ -30,16 +30,19 @@
  *
  * A loom communicator is used from one thread at a time (NCCL requires the
  * same of its communicators), so it has no lock. */
-#include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "common/arrival.h"
+#include "common/call.h"
+#include "common/clock.h"
+#include "common/group.h"
 #include "loom/comm.h"
 
 /* ------------------------------------------------------------ settings */
@@ -73,34 +76,6 @@ static void read_settings(const loom_host *host, nccl_settings_t *s)
 }
 
 /* --------------------------------------------------------- small helpers */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* Give the CPU away while polling: yield while the wait is young (small
- * collectives end in microseconds), then sleep, since cores may be shared. */
-static void idle(double waited)
-{
-    if (waited < 0.002) {
-        sched_yield();
-        return;
-    }
-    struct timespec t = {0, waited < 1.0 ? 20000 : 1000000};
-    nanosleep(&t, NULL);
-}
-
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n = strlen(src);
-    if (n >= cap)
-        n = cap - 1;
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
 
 static int nccl_status(ncclResult_t r)
 {
@@ -138,43 +113,30 @@ static ncclRedOp_t nccl_op(loom_redop op)
     }
 }
 
+/* The NCCL call that posts each op, for messages. */
+static const char *const nccl_call_name[LOOM_OP_COUNT] = {
+    "ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
+    "ncclSend/ncclRecv", "ncclSend", "ncclRecv", "ncclAllReduce"};
+
 /* ------------------------------------------------------- communicators */
 
-typedef enum op_kind {
-    K_ALLREDUCE,
-    K_BROADCAST,
-    K_REDUCE,
-    K_ALLGATHER,
-    K_REDUCESCATTER,
-    K_ALLTOALL,
-    K_SEND,
-    K_RECV,
-} op_kind;
-
 struct loom_comm {
-    const loom_host *host;
+    comm_group group;     /* ranks, id, messages, sequence numbers, failure */
     ncclComm_t nccl;      /* NULL once aborted or destroyed */
     cudaStream_t stream;  /* every op of this communicator, in posting order */
     int device;
-    int rank, size;
-    int *world_ranks;     /* world rank of each rank of this group, for messages */
-    char id[96];          /* the same on every member, unique in the job: names store keys */
-    char desc[256];       /* "group of 4 (world ranks 0,1,2,3)" */
-    uint64_t seq;         /* collectives posted here; the next one is seq + 1 */
-    uint64_t p2p_seq;     /* sends and receives posted here */
     int nsubs;            /* subgroups split from this one: part of their ids */
     nccl_settings_t set;
     int grouping;         /* depth of group_start brackets */
-    int failed, fail_status;
-    char failure[512];
     void *barrier_buf;    /* one device float: barrier is a 1-element allreduce */
-    loom_comm_request *inflight; /* every live request, newest first */
     struct deferred_free *deferred; /* stages the device may still use (see defer_stage) */
     /* Where a non-blocking ncclCommSplit of this group writes the child
      * communicator. NCCL fills it from its own thread when the split ends,
      * possibly after create_subgroup gave up, so it must outlive that call. */
     ncclComm_t split_out;
 };
+/* First: plugins/common reads the group there (comm_rank, comm_size). */
+_Static_assert(offsetof(struct loom_comm, group) == 0, "comm_group first");
 
 /* A staging buffer released before the device was known to be done with it,
  * and the event after its last use. */
@@ -190,32 +152,14 @@ struct loom_comm_request {
     const char *name;
     int collective;
     uint64_t seq;
-    /* the call, kept so a bracket can post it at group_end */
-    op_kind kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    loom_dtype dtype;
-    loom_redop op;
-    int root, peer, tag;
+    comm_call call;  /* kept so a bracket can post it at group_end; send is the stage if any */
     void *stage;     /* device copy of a send buffer that overlaps recv */
     int posted;      /* handed to NCCL */
     int recorded;    /* its completion event is on the stream */
     int complete;    /* the event reported the op done on a healthy group */
     cudaEvent_t done;
-    loom_comm_request *prev, *next;
+    comm_pending pending; /* on the group's list until released */
 };
-
-static void comm_describe(loom_comm *c)
-{
-    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
-    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
-        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world_ranks[i]);
-    if (n >= (int)sizeof c->desc - 16)
-        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
-    else
-        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
-}
 
 /* host->error with NCCL's own texts: "comm-nccl: <what>: <result> (<last error>)". */
 __attribute__((format(printf, 4, 5))) static int nccl_fail(const loom_host *host, ncclComm_t comm,
@@ -244,11 +188,7 @@ static int cuda_fail(const loom_host *host, cudaError_t e, const char *what)
  * assumption holds about ops already enqueued), so that happens here. */
 static void comm_fail(loom_comm *c, int status, const char *why)
 {
-    if (!c->failed) {
-        c->failed = 1;
-        c->fail_status = status;
-        copy_str(c->failure, sizeof c->failure, why);
-    }
+    group_fail(&c->group, status, why);
     if (c->nccl) {
         /* ncclCommAbort frees the communicator and stops its kernels without
          * waiting for the peers; the handle is gone after it. */
@@ -262,21 +202,26 @@ static void comm_fail(loom_comm *c, int status, const char *why)
  * that communicator until it leaves ncclInProgress before any other NCCL
  * call on it, and not to enqueue other work on its streams meanwhile.
  * Returns NCCL's final state, or ncclInProgress if the deadline passed. */
+typedef struct settling {
+    ncclComm_t comm;
+    ncclResult_t state;
+} settling;
+
+static int settle_poll(void *arg)
+{
+    settling *s = arg;
+    ncclResult_t q = ncclCommGetAsyncError(s->comm, &s->state);
+    if (q != ncclSuccess)
+        s->state = q;
+    return s->state == ncclInProgress ? LOOM_IN_PROGRESS : LOOM_OK;
+}
+
 static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double deadline)
 {
-    double t0 = now_s();
-    while (r == ncclInProgress) {
-        ncclResult_t q = ncclCommGetAsyncError(comm, &r);
-        if (q != ncclSuccess)
-            return q;
-        if (r != ncclInProgress)
-            break;
-        double t = now_s();
-        if (t > deadline)
-            return ncclInProgress;
-        idle(t - t0);
-    }
-    return r;
+    settling s = {comm, r};
+    if (r == ncclInProgress)
+        clock_poll(settle_poll, &s, deadline - clock_now_s(), 1);
+    return s.state;
 }
 
 /* A non-blocking communicator may keep the error of a failed call as its
@@ -291,16 +236,10 @@ static int still_usable(ncclComm_t comm)
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const nccl_settings_t *s)
 {
     loom_comm *c = calloc(1, sizeof *c);
-    int *wr = calloc((size_t)size, sizeof *wr);
-    if (!c || !wr) {
+    if (!c || group_init(&c->group, host, "comm-nccl", rank, size) != LOOM_OK) {
         free(c);
-        free(wr);
         return NULL;
     }
-    c->host = host;
-    c->rank = rank;
-    c->size = size;
-    c->world_ranks = wr;
     c->set = *s;
     return c;
 }
@@ -311,7 +250,7 @@ static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const nc
  * accounting sees it. */
 static int comm_finish_setup(loom_comm *c)
 {
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         c->stream = NULL;
@@ -331,7 +270,7 @@ static void sweep_deferred(loom_comm *c)
         deferred_free *d = *p;
         if (d->after && cudaEventQuery(d->after) == cudaSuccess) {
             *p = d->next;
-            c->host->mem_free(c->host, d->ptr);
+            c->group.host->mem_free(c->group.host, d->ptr);
             cudaEventDestroy(d->after);
             free(d);
         } else {
@@ -355,9 +294,9 @@ static void defer_stage(loom_comm *c, loom_comm_request *r)
         d = NULL;
     }
     if (!d) {
-        c->host->log(c->host, LOOM_LOG_WARN,
+        c->group.host->log(c->group.host, LOOM_LOG_WARN,
                      "comm-nccl: %s: a staging buffer is not freed: the device may still use it",
-                     c->desc);
+                     c->group.desc);
     } else {
         d->ptr = r->stage;
         d->after = r->done; /* the event now belongs to the list */
@@ -368,19 +307,18 @@ static void defer_stage(loom_comm *c, loom_comm_request *r)
     r->stage = NULL;
 }
 
+static int stream_poll(void *stream)
+{
+    cudaError_t e = cudaStreamQuery(stream);
+    return e == cudaErrorNotReady ? LOOM_IN_PROGRESS
+           : e == cudaSuccess     ? LOOM_OK
+                                  : LOOM_ERR_INTERNAL;
+}
+
 /* Whether every op of this stream ended, waiting at most wait_s. */
 static int stream_idle(cudaStream_t s, double wait_s)
 {
-    double t0 = now_s();
-    for (;;) {
-        cudaError_t e = cudaStreamQuery(s);
-        if (e == cudaSuccess)
-            return 1;
-        double waited = now_s() - t0;
-        if (e != cudaErrorNotReady || waited > wait_s)
-            return 0;
-        idle(waited);
-    }
+    return clock_poll(stream_poll, s, wait_s, 1) == LOOM_OK;
 }
 
 /* Device memory of the group goes back only once its stream is idle (see
@@ -390,7 +328,7 @@ static void comm_free(loom_comm *c, double wait_s)
 {
     if (!c)
         return;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     if (c->stream && (c->deferred || c->barrier_buf) && !stream_idle(c->stream, wait_s)) {
         int n = !!c->barrier_buf;
         for (deferred_free *d = c->deferred; d; d = d->next)
@@ -398,7 +336,7 @@ static void comm_free(loom_comm *c, double wait_s)
         h->log(h, LOOM_LOG_WARN,
                "comm-nccl: destroying %s: %d device buffer(s) are not freed: the GPU still runs "
                "work of this group",
-               c->desc, n);
+               c->group.desc, n);
         while (c->deferred) {
             deferred_free *d = c->deferred;
             c->deferred = d->next;
@@ -420,7 +358,7 @@ static void comm_free(loom_comm *c, double wait_s)
         h->mem_free(h, c->barrier_buf);
     if (c->stream)
         cudaStreamDestroy(c->stream); /* returns at once; queued work ends first */
-    free(c->world_ranks);
+    group_release(&c->group);
     free(c);
 }
 
@@ -434,7 +372,7 @@ static int use_device(const loom_comm *c)
     if (e == cudaSuccess && cur == c->device)
         return LOOM_OK;
     if ((e = cudaSetDevice(c->device)) != cudaSuccess)
-        return cuda_fail(c->host, e, "cudaSetDevice");
+        return cuda_fail(c->group.host, e, "cudaSetDevice");
     return LOOM_OK;
 }
 
@@ -445,7 +383,7 @@ static ncclConfig_t comm_config(const loom_comm *c)
      * error, and unset fields keep NCCL's defaults. */
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    config.commName = c->id;
+    config.commName = c->group.id;
     return config;
 }
 
@@ -491,22 +429,22 @@ static int select_device(const loom_host *host, const nccl_settings_t *s, int *d
 
 static int nccl_create_world(const loom_host *host, loom_comm **out)
 {
-    if (!out || !host)
+    if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
+    int device = -1, st = group_check_world(host, "comm-nccl");
+    if (st != LOOM_OK)
+        return st;
     nccl_settings_t s;
     read_settings(host, &s);
-    int device = -1, st = select_device(host, &s, &device);
-    if (st != LOOM_OK)
+    if ((st = select_device(host, &s, &device)) != LOOM_OK)
         return st;
 
     loom_comm *c = comm_alloc(host, host->rank, host->world_size, &s);
     if (!c)
         return host->error(host, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
     c->device = device;
-    for (int i = 0; i < c->size; i++)
-        c->world_ranks[i] = i;
-    comm_describe(c);
+    group_set_world(&c->group);
 
     /* Every rank counts the worlds it made in the store: the same count on
      * every rank names this world's unique id without a process global. */
@@ -517,12 +455,12 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
         comm_free(c, 0);
         return st;
     }
-    snprintf(c->id, sizeof c->id, "w%lld", (long long)nth);
+    snprintf(c->group.id, sizeof c->group.id, "w%lld", (long long)nth);
 
     /* ncclGetUniqueId is called once, by one rank, and the id reaches every
      * rank before ncclCommInitRank* (NCCL's documented order). */
     ncclUniqueId uid;
-    snprintf(key, sizeof key, "%s/uid", c->id);
+    snprintf(key, sizeof key, "%s/uid", c->group.id);
     if (host->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&uid);
         if (r != ncclSuccess) {
@@ -545,11 +483,11 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
     }
 
     ncclConfig_t config = comm_config(c);
-    double deadline = now_s() + s.timeout_s;
+    double deadline = clock_now_s() + s.timeout_s;
     ncclComm_t nc = NULL;
     /* Non-blocking, the call returns ncclInProgress with the handle already
      * filled in, and the new communicator's state says when it is ready. */
-    ncclResult_t r = ncclCommInitRankConfig(&nc, c->size, uid, c->rank, &config);
+    ncclResult_t r = ncclCommInitRankConfig(&nc, c->group.size, uid, c->group.rank, &config);
     if (r == ncclInProgress && !nc)
         r = ncclInternalError; /* nothing to poll: NCCL broke its own contract */
     if (nc)
@@ -559,9 +497,10 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
             st = host->error(host, LOOM_ERR_TIMEOUT,
                              "comm-nccl: create_world on %s timed out after %.1f s: not every "
                              "rank reached ncclCommInitRankConfig (NCCL_DEBUG=INFO shows which)",
-                             c->desc, s.timeout_s);
+                             c->group.desc, s.timeout_s);
         else
-            st = nccl_fail(host, nc, r, "create_world on %s: ncclCommInitRankConfig", c->desc);
+            st = nccl_fail(host, nc, r, "create_world on %s: ncclCommInitRankConfig",
+                           c->group.desc);
         if (nc)
             ncclCommAbort(nc);
         comm_free(c, 0);
@@ -576,8 +515,8 @@ static int nccl_create_world(const loom_host *host, loom_comm **out)
     }
     int version = 0;
     ncclGetVersion(&version);
-    host->log(host, LOOM_LOG_DEBUG, "NCCL %d: rank %d of %d on CUDA device %d", version, c->rank,
-              c->size, device);
+    host->log(host, LOOM_LOG_DEBUG, "NCCL %d: rank %d of %d on CUDA device %d", version,
+              c->group.rank, c->group.size, device);
     *out = c;
     return LOOM_OK;
 }
@@ -589,19 +528,13 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
     if (!out || !parent)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    const loom_host *h = parent->host;
-    /* The core checked the list (comm.h); find this rank's place in it. */
-    int me = 0, color = ranks[0];
-    while (ranks[me] != parent->rank)
-        me++;
+    const loom_host *h = parent->group.host;
+    int me = rank_list_index(ranks, parent->group.rank), color = ranks[0];
     for (int i = 1; i < nranks; i++)
         color = ranks[i] < color ? ranks[i] : color;
-    if (parent->failed || !parent->nccl)
-        return h->error(h, LOOM_ERR_REMOTE,
-                        "comm-nccl: create_subgroup on %s: the group failed earlier: %s",
-                        parent->desc, parent->failure);
-
-    int st = use_device(parent);
+    int st = group_refuse_failed(&parent->group, "create_subgroup", LOOM_ERR_REMOTE);
+    if (st == LOOM_OK)
+        st = use_device(parent);
     if (st != LOOM_OK)
         return st;
     /* NCCL's ncclCommSplit page: no NCCL operation may be outstanding on
@@ -613,28 +546,28 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
         return h->error(h, LOOM_ERR_INVALID,
                         "comm-nccl: create_subgroup on %s inside group_start/group_end; end the "
                         "group first",
-                        parent->desc);
-    if (parent->inflight && !stream_idle(parent->stream, parent->set.timeout_s))
+                        parent->group.desc);
+    if (parent->group.pending && !stream_idle(parent->stream, parent->set.timeout_s))
         return h->error(h, LOOM_ERR_TIMEOUT,
                         "comm-nccl: create_subgroup on %s: operations posted on the group did not "
                         "finish within %.1f s, and ncclCommSplit needs none outstanding",
-                        parent->desc, parent->set.timeout_s);
+                        parent->group.desc, parent->set.timeout_s);
     loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
     if (!c)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
     c->device = parent->device;
     for (int i = 0; i < nranks; i++)
-        c->world_ranks[i] = parent->world_ranks[ranks[i]];
-    comm_describe(c);
+        c->group.world_ranks[i] = parent->group.world_ranks[ranks[i]];
+    group_describe(&c->group);
     /* ncclCommSplit is collective over the whole parent, so every parent
      * rank numbers its splits alike. */
-    snprintf(c->id, sizeof c->id, "%.60s.s%d", parent->id, parent->nsubs++);
+    snprintf(c->group.id, sizeof c->group.id, "%.60s.s%d", parent->group.id, parent->nsubs++);
 
     /* Members of one list share a color (its smallest parent rank, distinct
      * between disjoint lists); key = place in the list orders the new ranks
      * as the list does (NCCL orders by key, ties by parent rank). */
     ncclConfig_t config = comm_config(c);
-    double deadline = now_s() + c->set.timeout_s;
+    double deadline = clock_now_s() + c->set.timeout_s;
     ncclComm_t nc = NULL;
     parent->split_out = NULL;
     ncclResult_t r = ncclCommSplit(parent->nccl, color, me, &parent->split_out, &config);
@@ -649,7 +582,7 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
         snprintf(why, sizeof why,
                  "create_subgroup on %s timed out after %.1f s in ncclCommSplit, which every rank "
                  "of the parent must call (a rank alone in its subgroup must call it too)",
-                 parent->desc, c->set.timeout_s);
+                 parent->group.desc, c->set.timeout_s);
         /* Aborting the parent stops the split's thread and waits for it
          * (NCCL's abort completes the parent's pending group job); a child
          * it made by then is aborted too. */
@@ -658,7 +591,8 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
         st = h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s", why);
     } else if (r != ncclSuccess) {
         nc = parent->split_out; /* a child whose setup failed is handed back too */
-        st = nccl_fail(h, parent->nccl, r, "create_subgroup on %s: ncclCommSplit", parent->desc);
+        st = nccl_fail(h, parent->nccl, r, "create_subgroup on %s: ncclCommSplit",
+                       parent->group.desc);
         if (!still_usable(parent->nccl))
             comm_fail(parent, st, "ncclCommSplit failed and left the group unusable");
     } else {
@@ -667,16 +601,16 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
             st = h->error(h, LOOM_ERR_INTERNAL,
                           "comm-nccl: create_subgroup on %s: ncclCommSplit succeeded but made no "
                           "communicator",
-                          parent->desc);
+                          parent->group.desc);
         else if ((r = settle(nc, ncclInProgress, deadline)) != ncclSuccess)
             /* the child's own state: ready once the parent is (NVIDIA/nccl#1472) */
             st = r == ncclInProgress
                      ? h->error(h, LOOM_ERR_TIMEOUT,
                                 "comm-nccl: create_subgroup on %s: the new communicator was not "
                                 "ready within %.1f s",
-                                parent->desc, c->set.timeout_s)
+                                parent->group.desc, c->set.timeout_s)
                      : nccl_fail(h, nc, r, "create_subgroup on %s: the new communicator",
-                                 parent->desc);
+                                 parent->group.desc);
     }
     parent->split_out = NULL;
     if (st == LOOM_OK) {
@@ -686,12 +620,12 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
         if ((r = ncclCommCount(nc, &count)) != ncclSuccess ||
             (r = ncclCommUserRank(nc, &rank)) != ncclSuccess)
             st = nccl_fail(h, nc, r, "create_subgroup on %s: ncclCommCount/ncclCommUserRank",
-                           parent->desc);
+                           parent->group.desc);
         else if (count != nranks || rank != me)
             st = h->error(h, LOOM_ERR_INVALID,
                           "comm-nccl: create_subgroup on %s: NCCL made rank %d of %d, this rank's "
                           "list says %d of %d; every member must pass the same list",
-                          parent->desc, rank, count, me, nranks);
+                          parent->group.desc, rank, count, me, nranks);
     }
     if (st == LOOM_OK) {
         c->nccl = nc;
@@ -712,23 +646,14 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
 
 static void req_link(loom_comm *c, loom_comm_request *r)
 {
-    r->next = c->inflight;
-    if (c->inflight)
-        c->inflight->prev = r;
-    c->inflight = r;
+    group_track(&c->group, &r->pending, r);
 }
 
 static void req_release(loom_comm_request *r)
 {
     loom_comm *c = r->comm;
-    if (c) {
-        if (r->prev)
-            r->prev->next = r->next;
-        else if (c->inflight == r)
-            c->inflight = r->next;
-        if (r->next)
-            r->next->prev = r->prev;
-    }
+    if (c)
+        group_untrack(&c->group, &r->pending);
     /* The stage of an op the device may not be done with waits on the
      * group's list; an orphan's stage was taken over by destroy. */
     if (r->stage && !r->complete && c)
@@ -742,57 +667,41 @@ static void req_release(loom_comm_request *r)
     free(r);
 }
 
-/* "allreduce #17 on group of 4 (world ranks 0,1,2,3)" or
- * "send #3 to rank 2 (tag 7) on group of ..." */
 static void req_describe(const loom_comm_request *r, const loom_comm *c, char *buf, size_t cap)
 {
-    const char *desc = c ? c->desc : "a destroyed group";
-    if (r->collective)
-        snprintf(buf, cap, "%s #%llu on %s", r->name, (unsigned long long)r->seq, desc);
-    else
-        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d) on %s", r->name,
-                 (unsigned long long)r->seq, r->kind == K_SEND ? "to" : "from", r->peer, r->tag,
-                 desc);
+    group_describe_op(c ? &c->group : NULL, r->name, r->seq, r->call.peer, r->call.tag, buf, cap);
 }
 
 /* Begin an op: number it, refuse it on a failed group, make its request
  * (NULL with LOOM_OK for an op of no elements, complete at issue). */
-static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective, size_t count,
-                    loom_dtype dtype, loom_comm_request **req, loom_comm_request **out)
+static int op_begin(loom_comm *c, const comm_call *call, loom_comm_request **out)
 {
     *out = NULL;
-    if (req)
-        *req = NULL;
-    if (!c)
-        return LOOM_ERR_INVALID;
-    const loom_host *h = c->host;
-    uint64_t seq = collective ? ++c->seq : ++c->p2p_seq;
+    const loom_host *h = c->group.host;
+    const char *name = loom_comm_op_name(call->op);
+    int collective = !call_is_p2p(call);
+    uint64_t seq;
     if (c->deferred)
         sweep_deferred(c);
-    if (c->failed || !c->nccl)
-        return h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
-                        "comm-nccl: %s #%llu on %s: the group failed earlier: %s", name,
-                        (unsigned long long)seq, c->desc, c->failure);
-    if (nccl_dtype(dtype) == ncclNumTypes)
-        return h->error(h, LOOM_ERR_NOT_SUPPORTED, "comm-nccl: %s #%llu: dtype %s is not supported",
-                        name, (unsigned long long)seq, loom_dtype_name(dtype));
-    if (count == 0) /* complete at issue, on every rank alike */
-        return LOOM_OK;
-    int st = use_device(c);
+    int st = group_begin(&c->group, name, collective, &seq);
     if (st != LOOM_OK)
+        return st;
+    if (nccl_dtype(call->dtype) == ncclNumTypes)
+        return h->error(h, LOOM_ERR_NOT_SUPPORTED, "comm-nccl: %s #%llu: dtype %s is not supported",
+                        name, (unsigned long long)seq, loom_dtype_name(call->dtype));
+    if (call_is_empty(call)) /* complete at issue, on every rank alike */
+        return LOOM_OK;
+    if ((st = use_device(c)) != LOOM_OK)
         return st;
     loom_comm_request *r = calloc(1, sizeof *r);
     if (!r)
-        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
+        return group_no_memory(&c->group, name, seq);
     r->comm = c;
     r->host = h;
     r->name = name;
     r->collective = collective;
     r->seq = seq;
-    r->kind = kind;
-    r->count = count;
-    r->dtype = dtype;
-    r->root = r->peer = -1;
+    r->call = *call;
     /* cudaEventDisableTiming: we only query the event, which is what the
      * flag is for (the cheapest events). */
     cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
@@ -804,28 +713,23 @@ static int op_begin(loom_comm *c, op_kind kind, const char *name, int collective
     return LOOM_OK;
 }
 
-static int overlap(const void *a, size_t alen, const void *b, size_t blen)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return alen && blen && x < y + blen && y < x + alen;
-}
-
 /* NCCL's in-place forms are exact pointer relations; any other overlap of
  * send and recv is a race inside NCCL, so such a send buffer is copied to a
  * device stage first, on the op's own stream (ordered before the op). */
 static int stage_send(loom_comm_request *r, size_t bytes)
 {
     loom_comm *c = r->comm;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     int st = h->mem_alloc(h, LOOM_TIER_DEVICE, LOOM_PURPOSE_COMM, bytes, &r->stage);
     if (st != LOOM_OK) {
         r->stage = NULL;
         return st;
     }
-    cudaError_t e = cudaMemcpyAsync(r->stage, r->send, bytes, cudaMemcpyDeviceToDevice, c->stream);
+    cudaError_t e =
+        cudaMemcpyAsync(r->stage, r->call.send, bytes, cudaMemcpyDeviceToDevice, c->stream);
     if (e != cudaSuccess)
         return cuda_fail(h, e, "staging an overlapping send buffer (cudaMemcpyAsync)");
-    r->send = r->stage;
+    r->call.send = r->stage;
     return LOOM_OK;
 }
 
@@ -833,40 +737,41 @@ static int stage_send(loom_comm_request *r, size_t bytes)
  * ncclGroupEnd). Collectives return once enqueued on the stream. */
 static ncclResult_t issue(loom_comm_request *r)
 {
+    const comm_call *a = &r->call;
     loom_comm *c = r->comm;
-    ncclDataType_t t = nccl_dtype(r->dtype);
+    ncclDataType_t t = nccl_dtype(a->dtype);
+    ncclRedOp_t op = nccl_op(a->redop);
     ncclComm_t nc = c->nccl;
     cudaStream_t s = c->stream;
     r->posted = 1;
-    switch (r->kind) {
-    case K_ALLREDUCE: return ncclAllReduce(r->send, r->recv, r->count, t, nccl_op(r->op), nc, s);
-    case K_BROADCAST: return ncclBroadcast(r->recv, r->recv, r->count, t, r->root, nc, s);
-    case K_REDUCE:
-        /* recvbuff may be NULL except on the root */
-        return ncclReduce(r->send, c->rank == r->root ? r->recv : NULL, r->count, t,
-                          nccl_op(r->op), r->root, nc, s);
-    case K_ALLGATHER: return ncclAllGather(r->send, r->recv, r->count, t, nc, s);
-    case K_REDUCESCATTER:
-        return ncclReduceScatter(r->send, r->recv, r->count, t, nccl_op(r->op), nc, s);
-    case K_ALLTOALL: {
+    switch (a->op) {
+    case LOOM_OP_ALLREDUCE:
+    case LOOM_OP_BARRIER: return ncclAllReduce(a->send, a->recv, a->count, t, op, nc, s);
+    case LOOM_OP_BROADCAST: return ncclBroadcast(a->recv, a->recv, a->count, t, a->root, nc, s);
+    case LOOM_OP_REDUCE: /* recvbuff may be NULL except on the root */
+        return ncclReduce(a->send, c->group.rank == a->root ? a->recv : NULL, a->count, t, op,
+                          a->root, nc, s);
+    case LOOM_OP_ALLGATHER: return ncclAllGather(a->send, a->recv, a->count, t, nc, s);
+    case LOOM_OP_REDUCESCATTER: return ncclReduceScatter(a->send, a->recv, a->count, t, op, nc, s);
+    case LOOM_OP_ALLTOALL: {
         /* One fused group of a send and a receive per peer (self included):
          * NCCL runs the sends and receives of one group concurrently, so
          * the pairwise exchange cannot deadlock. Groups nest, so this is
          * right inside a user's bracket too. */
-        size_t block = r->count * loom_dtype_size(r->dtype);
+        size_t block = a->count * loom_dtype_size(a->dtype);
         ncclResult_t res = ncclGroupStart();
-        for (int j = 0; j < c->size && res == ncclSuccess; j++) {
-            res = ncclSend((const char *)r->send + (size_t)j * block, r->count, t, j, nc, s);
+        for (int j = 0; j < c->group.size && res == ncclSuccess; j++) {
+            res = ncclSend((const char *)a->send + (size_t)j * block, a->count, t, j, nc, s);
             if (res == ncclSuccess)
-                res = ncclRecv((char *)r->recv + (size_t)j * block, r->count, t, j, nc, s);
+                res = ncclRecv((char *)a->recv + (size_t)j * block, a->count, t, j, nc, s);
         }
         ncclResult_t end = ncclGroupEnd();
         return res != ncclSuccess ? res : end;
     }
-    case K_SEND: return ncclSend(r->send, r->count, t, r->peer, nc, s);
-    case K_RECV: return ncclRecv(r->recv, r->count, t, r->peer, nc, s);
+    case LOOM_OP_SEND: return ncclSend(a->send, a->count, t, a->peer, nc, s);
+    case LOOM_OP_RECV: return ncclRecv(a->recv, a->count, t, a->peer, nc, s);
+    default: return ncclInvalidArgument;
     }
-    return ncclInvalidArgument;
 }
 
 /* Outside a bracket: issue now, wait (bounded) until NCCL has it enqueued,
@@ -874,13 +779,13 @@ static ncclResult_t issue(loom_comm_request *r)
  * group_end. */
 static int op_post(loom_comm *c, loom_comm_request *r, const char *fn, loom_comm_request **out)
 {
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     req_link(c, r);
     if (c->grouping > 0) {
         *out = r;
         return LOOM_OK;
     }
-    ncclResult_t res = settle(c->nccl, issue(r), now_s() + c->set.timeout_s);
+    ncclResult_t res = settle(c->nccl, issue(r), clock_now_s() + c->set.timeout_s);
     char what[400];
     if (res != ncclSuccess) {
         req_describe(r, c, what, sizeof what);
@@ -916,155 +821,37 @@ static int op_post(loom_comm *c, loom_comm_request *r, const char *fn, loom_comm
     return LOOM_OK;
 }
 
-/* --------------------------------------------------------- collectives */
+/* ---------------------------------------------------------------- ops */
 
-static int nccl_allreduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                          loom_redop op, loom_comm_request **req)
+/* Every op (common/call.h). A barrier is an allreduce of one float: NCCL
+ * has no barrier, and the allreduce completes on no rank before every rank
+ * has joined it. */
+int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
 {
+    comm_call a = *call;
+    if (a.op == LOOM_OP_BARRIER) {
+        a.send = a.recv = c->barrier_buf;
+        a.count = 1;
+        a.dtype = LOOM_F32;
+    }
     loom_comm_request *r;
-    int st = op_begin(c, K_ALLREDUCE, "allreduce", 1, count, dtype, req, &r);
+    int st = op_begin(c, &a, &r), rank = c->group.rank;
     if (st != LOOM_OK || !r)
         return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    r->send = send;
-    r->recv = recv;
-    r->op = op;
-    if (send != recv && overlap(send, bytes, recv, bytes) && (st = stage_send(r, bytes)) != LOOM_OK) {
+    size_t send_bytes, recv_bytes;
+    call_extents(&a, rank, c->group.size, &send_bytes, &recv_bytes);
+    /* NCCL's in-place reducescatter is recv == send + rank * count; any
+     * other overlap (send == recv on a rank other than 0, say) goes through
+     * a stage. */
+    int in_place = call_in_place(&a, rank) ||
+                   (a.op == LOOM_OP_REDUCESCATTER &&
+                    (const char *)a.recv == (const char *)a.send + (size_t)rank * recv_bytes);
+    if (!in_place && buffers_overlap(a.send, send_bytes, a.recv, recv_bytes) &&
+        (st = stage_send(r, send_bytes)) != LOOM_OK) {
         req_release(r);
         return st;
     }
-    return op_post(c, r, "ncclAllReduce", req);
-}
-
-static int nccl_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
-                          loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_BROADCAST, "broadcast", 1, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    r->recv = buf;
-    r->root = root;
-    return op_post(c, r, "ncclBroadcast", req);
-}
-
-static int nccl_reduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                       loom_redop op, int root, loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_REDUCE, "reduce", 1, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    r->send = send;
-    r->recv = recv;
-    r->op = op;
-    r->root = root;
-    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes) &&
-        (st = stage_send(r, bytes)) != LOOM_OK) {
-        req_release(r);
-        return st;
-    }
-    return op_post(c, r, "ncclReduce", req);
-}
-
-static int nccl_allgather(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                          loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_ALLGATHER, "allgather", 1, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    r->send = send;
-    r->recv = recv;
-    /* in place: send == recv + rank * count, loom's and NCCL's form alike */
-    int in_place = (const char *)send == (const char *)recv + (size_t)c->rank * bytes;
-    if (!in_place && overlap(send, bytes, recv, bytes * (size_t)c->size) &&
-        (st = stage_send(r, bytes)) != LOOM_OK) {
-        req_release(r);
-        return st;
-    }
-    return op_post(c, r, "ncclAllGather", req);
-}
-
-static int nccl_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
-                              loom_dtype dtype, loom_redop op, loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_REDUCESCATTER, "reducescatter", 1, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    r->send = send;
-    r->recv = recv;
-    r->op = op;
-    /* NCCL's in-place form is recv == send + rank * count; any other overlap
-     * (send == recv on a rank other than 0, say) goes through a stage. */
-    int in_place = (const char *)recv == (const char *)send + (size_t)c->rank * bytes;
-    if (!in_place && overlap(send, bytes * (size_t)c->size, recv, bytes) &&
-        (st = stage_send(r, bytes * (size_t)c->size)) != LOOM_OK) {
-        req_release(r);
-        return st;
-    }
-    return op_post(c, r, "ncclReduceScatter", req);
-}
-
-static int nccl_alltoall(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
-                         loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_ALLTOALL, "alltoall", 1, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
-    r->send = send;
-    r->recv = recv;
-    if (overlap(send, total, recv, total) && (st = stage_send(r, total)) != LOOM_OK) {
-        req_release(r);
-        return st;
-    }
-    return op_post(c, r, "ncclSend/ncclRecv", req);
-}
-
-static int nccl_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer, int tag,
-                     loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_SEND, "send", 0, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    r->send = buf;
-    r->peer = peer;
-    r->tag = tag;
-    return op_post(c, r, "ncclSend", req);
-}
-
-static int nccl_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
-                     loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_RECV, "recv", 0, count, dtype, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    r->recv = buf;
-    r->peer = peer;
-    r->tag = tag;
-    return op_post(c, r, "ncclRecv", req);
-}
-
-/* A barrier is an allreduce of one float: NCCL has no barrier, and the
- * allreduce completes on no rank before every rank has joined it. */
-static int nccl_barrier(loom_comm *c, loom_comm_request **req)
-{
-    loom_comm_request *r;
-    int st = op_begin(c, K_ALLREDUCE, "barrier", 1, 1, LOOM_F32, req, &r);
-    if (st != LOOM_OK || !r)
-        return st;
-    r->send = c->barrier_buf;
-    r->recv = c->barrier_buf;
-    r->op = LOOM_SUM;
-    return op_post(c, r, "ncclAllReduce", req);
+    return op_post(c, r, nccl_call_name[a.op], req);
 }
 
 /* ------------------------------------------------- group brackets */
@@ -1090,12 +877,12 @@ static int bracket_order(const void *a_, const void *b_)
         return a->collective ? -1 : 1;
     if (a->collective)
         return a->seq < b->seq ? -1 : a->seq > b->seq;
-    if (a->peer != b->peer)
-        return a->peer < b->peer ? -1 : 1;
-    if (a->kind != b->kind)
-        return a->kind < b->kind ? -1 : 1;
-    if (a->tag != b->tag)
-        return a->tag < b->tag ? -1 : 1;
+    if (a->call.peer != b->call.peer)
+        return a->call.peer < b->call.peer ? -1 : 1;
+    if (a->call.op != b->call.op)
+        return a->call.op < b->call.op ? -1 : 1;
+    if (a->call.tag != b->call.tag)
+        return a->call.tag < b->call.tag ? -1 : 1;
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
@@ -1103,28 +890,27 @@ static int nccl_group_end(loom_comm *c)
 {
     if (!c)
         return LOOM_ERR_INVALID;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     if (c->grouping <= 0)
         return h->error(h, LOOM_ERR_INVALID, "comm-nccl: group_end on %s without group_start",
-                        c->desc);
+                        c->group.desc);
     if (--c->grouping > 0)
         return LOOM_OK;
     int n = 0;
-    for (loom_comm_request *r = c->inflight; r; r = r->next)
-        n += !r->posted;
+    for (comm_pending *p = c->group.pending; p; p = p->next)
+        n += !p->request->posted;
     if (n == 0)
         return LOOM_OK;
-    if (c->failed || !c->nccl)
-        return h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
-                        "comm-nccl: group_end on %s: the group failed earlier: %s", c->desc,
-                        c->failure);
+    int st = group_refuse_failed(&c->group, "group_end", 0);
+    if (st != LOOM_OK)
+        return st;
     loom_comm_request **list = malloc((size_t)n * sizeof *list);
     if (!list)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-nccl: out of memory");
     int k = 0;
-    for (loom_comm_request *r = c->inflight; r; r = r->next)
-        if (!r->posted)
-            list[k++] = r;
+    for (comm_pending *p = c->group.pending; p; p = p->next)
+        if (!p->request->posted)
+            list[k++] = p->request;
     qsort(list, (size_t)n, sizeof *list, bracket_order);
 
     /* Nothing starts on the stream until ncclGroupEnd, which enqueues the
@@ -1135,8 +921,7 @@ static int nccl_group_end(loom_comm *c)
         res = issue(list[i]);
     ncclResult_t end = ncclGroupEnd();
     if (res == ncclSuccess)
-        res = settle(c->nccl, end, now_s() + c->set.timeout_s);
-    int st = LOOM_OK;
+        res = settle(c->nccl, end, clock_now_s() + c->set.timeout_s);
     if (res != ncclSuccess) {
         char what[400];
         req_describe(list[0], c, what, sizeof what);
@@ -1169,71 +954,12 @@ static int nccl_group_end(loom_comm *c)
 
 /* ------------------------------------------------------ completion */
 
-/* Who did not arrive at collective #seq? NCCL cannot tell, so every rank
- * that times out on this group says how far it got in the bootstrap store
- * (key late/<group id>/<world rank>: collectives posted here + 1) and reads
- * the others' for late_grace_s. Ranks without a report did not arrive or
- * are stuck elsewhere. */
-static void diagnose(loom_comm *c, const loom_comm_request *r, char *why, size_t cap)
+/* One look at a request (a clock_poll callback): LOOM_OK (done),
+ * LOOM_IN_PROGRESS, or an error; the request is released unless in
+ * progress. */
+static int req_poll(void *arg)
 {
-    const loom_host *h = c->host;
-    char key[160];
-    int64_t cur = 0, mine = (int64_t)c->seq + 1;
-    snprintf(key, sizeof key, "late/%s/%d", c->id, c->world_ranks[c->rank]);
-    if (!h->kv_add || h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK)) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
-                           "arrive are unknown");
-        return;
-    }
-    if (!r->collective) {
-        snprintf(why, cap, "rank %d %s", r->peer,
-                 r->kind == K_SEND ? "did not post the matching recv"
-                                   : "did not send the matching message");
-        return;
-    }
-    int64_t want = (int64_t)r->seq + 1;
-    double deadline = now_s() + c->set.grace_s;
-    int missing = 0;
-    size_t len = 0;
-    for (;;) {
-        missing = 0;
-        len = 0;
-        why[0] = '\0';
-        for (int m = 0; m < c->size; m++) {
-            if (m == c->rank)
-                continue;
-            int64_t v = 0;
-            snprintf(key, sizeof key, "late/%s/%d", c->id, c->world_ranks[m]);
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK) {
-                snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
-                return;
-            }
-            if (v < want) {
-                if (len < cap)
-                    len += (size_t)snprintf(why + len, cap - len, "%s%d", missing ? ", " : "", m);
-                missing++;
-            }
-        }
-        if (missing == 0 || now_s() >= deadline)
-            break;
-        struct timespec t = {0, 50000000};
-        nanosleep(&t, NULL);
-    }
-    if (missing == 0) {
-        snprintf(why, cap, "every rank reached it and waits too: the ranks called different "
-                           "operations, counts, dtypes or roots at this point");
-    } else {
-        char names[256];
-        copy_str(names, sizeof names, why);
-        snprintf(why, cap, "rank%s %s did not arrive", missing > 1 ? "s" : "", names);
-    }
-}
-
-/* One look at a request: LOOM_OK (done), LOOM_IN_PROGRESS, or an error;
- * the request is released unless in progress. */
-static int req_poll(loom_comm_request *r)
-{
+    loom_comm_request *r = arg;
     loom_comm *c = r->comm;
     const loom_host *h = r->host;
     char what[400];
@@ -1244,17 +970,17 @@ static int req_poll(loom_comm_request *r)
         req_release(r);
         return st;
     }
-    if (!r->posted && c->grouping > 0 && !c->failed) {
+    if (!r->posted && c->grouping > 0 && !c->group.failed) {
         req_describe(r, c, what, sizeof what);
         return h->error(h, LOOM_ERR_INVALID,
                         "comm-nccl: %s was posted inside group_start and is tested before "
                         "group_end; end the group first (the request stays valid)",
                         what);
     }
-    if (c->failed || !c->nccl || !r->recorded) {
+    if (c->group.failed || !c->nccl || !r->recorded) {
         req_describe(r, c, what, sizeof what);
-        int st = h->error(h, c->fail_status ? c->fail_status : LOOM_ERR_REMOTE,
-                          "comm-nccl: %s abandoned: the group failed: %s", what, c->failure);
+        int st = h->error(h, c->group.fail_status ? c->group.fail_status : LOOM_ERR_REMOTE,
+                          "comm-nccl: %s abandoned: the group failed: %s", what, c->group.failure);
         req_release(r);
         return st;
     }
@@ -1303,22 +1029,18 @@ static int nccl_wait(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
-    double t0 = now_s();
     double timeout = r->comm ? r->comm->set.timeout_s : 0;
-    for (;;) {
-        int st = req_poll(r);
-        if (st != LOOM_IN_PROGRESS)
-            return st;
-        double waited = now_s() - t0;
-        if (waited > timeout)
-            break;
-        idle(waited);
-    }
+    int st = clock_poll(req_poll, r, timeout, 1);
+    if (st != LOOM_IN_PROGRESS)
+        return st;
     loom_comm *c = r->comm;
-    const loom_host *h = c->host;
-    char what[400], why[512], detail[1024];
+    const loom_host *h = c->group.host;
+    char what[400], why[1024], detail[1536];
     req_describe(r, c, what, sizeof what);
-    diagnose(c, r, why, sizeof why);
+    if (r->collective)
+        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
+    else
+        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, why, sizeof why);
     snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
     comm_fail(c, LOOM_ERR_TIMEOUT, detail);
     req_release(r);
@@ -1331,12 +1053,12 @@ static int nccl_destroy(loom_comm *c)
 {
     if (!c)
         return LOOM_OK;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     use_device(c); /* for the frees below; a failure here shows in them */
     int st = LOOM_OK, orphans = 0;
-    for (loom_comm_request *r = c->inflight; r; r = r->next) {
+    for (comm_pending *p = c->group.pending; p; p = p->next) {
+        loom_comm_request *r = p->request;
         r->comm = NULL;
-        r->prev = NULL;
         orphans++;
         /* The group keeps an orphan's stage until its stream is idle. */
         deferred_free *d = r->stage ? malloc(sizeof *d) : NULL;
@@ -1348,10 +1070,10 @@ static int nccl_destroy(loom_comm *c)
         }
         r->stage = NULL;
     }
-    c->inflight = NULL;
+    c->group.pending = NULL;
     if (orphans) {
         h->log(h, LOOM_LOG_WARN, "comm-nccl: %s destroyed with %d operation(s) still in flight",
-               c->desc, orphans);
+               c->group.desc, orphans);
         comm_fail(c, LOOM_ERR_INVALID, "destroyed with operations in flight");
     }
     if (c->nccl) {
@@ -1360,29 +1082,27 @@ static int nccl_destroy(loom_comm *c)
          * the communicator is quiescent everywhere; once it is ncclSuccess,
          * ncclCommDestroy frees the rest without blocking. A peer that never
          * gets there turns the finalize into an abort after the timeout. */
-        ncclResult_t r = settle(c->nccl, ncclCommFinalize(c->nccl), now_s() + c->set.timeout_s);
+        ncclResult_t r =
+            settle(c->nccl, ncclCommFinalize(c->nccl), clock_now_s() + c->set.timeout_s);
         if (r == ncclSuccess) {
             if ((r = ncclCommDestroy(c->nccl)) != ncclSuccess)
-                st = nccl_fail(h, NULL, r, "destroying %s: ncclCommDestroy", c->desc);
+                st = nccl_fail(h, NULL, r, "destroying %s: ncclCommDestroy", c->group.desc);
             c->nccl = NULL;
         } else {
             st = r == ncclInProgress
                      ? h->error(h, LOOM_ERR_TIMEOUT,
                                 "comm-nccl: destroying %s: ncclCommFinalize did not finish within "
                                 "%.1f s; aborted instead",
-                                c->desc, c->set.timeout_s)
-                     : nccl_fail(h, c->nccl, r, "destroying %s: ncclCommFinalize", c->desc);
+                                c->group.desc, c->set.timeout_s)
+                     : nccl_fail(h, c->nccl, r, "destroying %s: ncclCommFinalize", c->group.desc);
             comm_fail(c, st, "destroy failed");
         }
     }
     /* A healthy group's last events follow work NCCL just flushed; after an
      * abort, give the stopped kernels a short grace. */
-    comm_free(c, c->failed ? c->set.grace_s : c->set.timeout_s);
+    comm_free(c, c->group.failed ? c->set.grace_s : c->set.timeout_s);
     return st;
 }
-
-static int nccl_rank(const loom_comm *c) { return c->rank; }
-static int nccl_size(const loom_comm *c) { return c->size; }
 
 static int nccl_abort(loom_comm *c)
 {
@@ -1400,17 +1120,7 @@ LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .create_world = nccl_create_world,
     .create_subgroup = nccl_create_subgroup,
     .destroy = nccl_destroy,
-    .rank = nccl_rank,
-    .size = nccl_size,
-    .allreduce = nccl_allreduce,
-    .broadcast = nccl_broadcast,
-    .reduce = nccl_reduce,
-    .allgather = nccl_allgather,
-    .reducescatter = nccl_reducescatter,
-    .alltoall = nccl_alltoall,
-    .send = nccl_send,
-    .recv = nccl_recv,
-    .barrier = nccl_barrier,
+    COMM_COMMON_OPS,
     .test = nccl_test,
     .wait = nccl_wait,
     .group_start = nccl_group_start,

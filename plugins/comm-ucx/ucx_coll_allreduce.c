@@ -25,21 +25,19 @@
 
 #include "ucx_internal.h"
 
-
-void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size_t count)
+void build_allreduce_rd(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
-    size_t es = loom_dtype_size(r->dtype), bytes = count * es;
-    char *acc = recv;
-    r->algo = "recursive doubling";
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    int p = pow2_floor(n), extra = n - p, lg = log2_ceil(p), v = fold_virtual(me, extra);
+    size_t count = r->call.count, bytes = block_bytes(r);
+    const void *send = r->call.send;
+    char *acc = r->call.recv;
     /* one receive buffer per step, so every receive is posted at once */
     char *tmp = sched_scratch(r, bytes * (size_t)(lg + 1));
     if (!tmp)
         return;
-    int last = send != recv ? sched_copy(r, recv, send, bytes) : -1;
-    int v;
-    if (me < 2 * extra && me % 2 == 0) {
+    int last = send != acc ? sched_copy(r, acc, send, bytes) : -1;
+    if (v < 0) {
         int s = sched_send(r, me + 1, send, bytes, 0, 0);
         int back = sched_recv(r, me + 1, acc, bytes, lg + 1, 0);
         sched_after(r, back, s);
@@ -52,9 +50,6 @@ void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size
         sched_after(r, rd, rv);
         sched_after(r, rd, last);
         last = rd;
-        v = me / 2;
-    } else {
-        v = me - extra;
     }
     for (int mask = 1, step = 1; mask < p; mask <<= 1, step++) {
         int peer = real_rank(v ^ mask, extra);
@@ -67,7 +62,7 @@ void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size
         sched_after(r, rd, s);
         last = rd;
     }
-    if (r->redop == LOOM_AVG) {
+    if (r->call.redop == LOOM_AVG) {
         int d = sched_divide(r, acc, count);
         sched_after(r, d, last);
         last = d;
@@ -78,18 +73,80 @@ void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size
     }
 }
 
-void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, size_t count)
+/* Virtual block i of Rabenseifner: the vector split evenly in p. */
+static size_t balanced_start(const loom_comm_request *r, int i)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, next = mod(me + 1, n), prev = mod(me - 1, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
-    const char *sb = send;
-    char *rb = recv;
-    r->algo = "ring";
-    size_t maxblk = blk_len(count, n, 0);
-    int maxch = nchunks(maxblk, ce);
+    return blk_off(r->call.count, pow2_floor(r->comm->group.size), i);
+}
+
+void build_allreduce_rabenseifner(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    int p = pow2_floor(n), extra = n - p, v = fold_virtual(me, extra);
+    int final_step = 2 * log2_ceil(p) + 1;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0);
+    const char *src = r->call.send;
+    char *rb = r->call.recv;
     slot_ring sl;
-    if (slots_init(r, &sl, (maxblk < ce ? maxblk : ce) * es, c->set.pipeline_depth) != LOOM_OK)
+    if (slots_init(r, &sl, count < ce ? count : ce) != LOOM_OK)
+        return;
+
+    if (v < 0) {
+        int first = r->nops;
+        send_chunks(r, me + 1, src, es, 0, count, ce, 0, -1);
+        int j = join_since(r, first);
+        recv_chunks(r, me + 1, rb, es, 0, count, ce, final_step, j);
+        return;
+    }
+    int join = -1;
+    if (me < 2 * extra) {
+        int first = r->nops;
+        recv_reduce_chunks(r, me - 1, &sl, rb, src, es, 0, count, ce, 0, -1);
+        join = join_since(r, first);
+        src = rb;
+    }
+
+    /* reduce-scatter by recursive halving over virtual blocks [lo, hi) */
+    int lo = 0, hi = p, step = 1;
+    for (int mask = p / 2; mask >= 1; mask >>= 1, step++) {
+        int peer = real_rank(v ^ mask, extra), give_lo, give_hi;
+        halving_split(v, mask, lo, hi, &lo, &hi, &give_lo, &give_hi);
+        size_t go = blk_off(count, p, give_lo), gl = blk_off(count, p, give_hi) - go;
+        size_t ko = blk_off(count, p, lo), kl = blk_off(count, p, hi) - ko;
+        int first = r->nops;
+        recv_reduce_chunks(r, peer, &sl, rb, src, es, ko, kl, ce, step, join);
+        send_chunks(r, peer, src, es, go, gl, ce, step, join);
+        join = join_since(r, first);
+        src = rb;
+    }
+    if (r->call.redop == LOOM_AVG) {
+        size_t o = blk_off(count, p, v), l = blk_len(count, p, v);
+        int first = r->nops;
+        for (int k = 0; k < nchunks(l, ce); k++) {
+            size_t co = o + (size_t)k * ce, cl = chunk_len(l, k, ce);
+            int d = sched_divide(r, rb + co * es, cl);
+            sched_after(r, d, join);
+        }
+        join = join_since(r, first);
+    }
+    /* allgather by recursive doubling: the range doubles each step */
+    join = doubling_gather(r, rb, balanced_start, ce, v, step, join);
+    if (me < 2 * extra)
+        send_chunks(r, me - 1, rb, es, 0, count, ce, final_step, join);
+}
+
+void build_allreduce_ring(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    int next = mod(me + 1, n), prev = mod(me - 1, n);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0), maxblk = blk_len(count, n, 0);
+    const char *sb = r->call.send;
+    char *rb = r->call.recv;
+    int maxch = nchunks(maxblk, ce);
+    slot_ring slots;
+    if (slots_init(r, &slots, maxblk < ce ? maxblk : ce) != LOOM_OK)
         return;
     /* prod[k]: the op after which chunk k of the block sent next is ready;
      * rs_send[s][k]: the reduce-scatter send of step s, which the allgather
@@ -103,28 +160,26 @@ void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, si
     for (int k = 0; k < maxch; k++)
         prod[k] = -1;
 
+    /* reduce-scatter: block me-s goes on, block me-s-1 comes in and is
+     * reduced into recv */
     for (int s = 0; s < n - 1; s++) {
-        int sblk = mod(me - s, n), rblk = mod(me - s - 1, n);
-        size_t soff = blk_off(count, n, sblk), slen = blk_len(count, n, sblk);
-        size_t roff = blk_off(count, n, rblk), rlen = blk_len(count, n, rblk);
-        int ns = nchunks(slen, ce), nr = nchunks(rlen, ce);
-        for (int k = 0; k < (ns > nr ? ns : nr); k++) {
-            if (k < nr) {
-                size_t o = roff + (size_t)k * ce, l = rlen - (size_t)k * ce < ce ? rlen - (size_t)k * ce : ce;
+        for (int k = 0; k < maxch; k++) {
+            size_t rl, ro = blk_chunk(count, n, mod(me - s - 1, n), k, ce, &rl);
+            size_t sl, so = blk_chunk(count, n, mod(me - s, n), k, ce, &sl);
+            if (rl) {
                 int free_dep;
-                char *t = slots_take(&sl, &free_dep);
-                int rv = sched_recv(r, prev, t, l * es, s, k);
+                char *t = slots_take(&slots, &free_dep);
+                int rv = sched_recv(r, prev, t, rl * es, s, k);
                 sched_after(r, rv, free_dep);
-                int rd = sched_reduce(r, rb + o * es, t, sb + o * es, l);
+                int rd = sched_reduce(r, rb + ro * es, t, sb + ro * es, rl);
                 sched_after(r, rd, rv);
-                slots_used(&sl, rd);
+                slots_used(&slots, rd);
                 next_prod[k] = rd;
             }
-            if (k < ns) {
-                size_t o = soff + (size_t)k * ce, l = slen - (size_t)k * ce < ce ? slen - (size_t)k * ce : ce;
-                int so = sched_send(r, next, (s == 0 ? sb : rb) + o * es, l * es, s, k);
-                sched_after(r, so, s == 0 ? -1 : prod[k]);
-                rs_send[s * maxch + k] = so;
+            if (sl) {
+                int op = sched_send(r, next, (s == 0 ? sb : rb) + so * es, sl * es, s, k);
+                sched_after(r, op, s == 0 ? -1 : prod[k]);
+                rs_send[s * maxch + k] = op;
             }
         }
         int *swap = prod;
@@ -132,32 +187,27 @@ void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, si
         next_prod = swap;
     }
     /* This rank owns block me+1 now. */
-    if (r->redop == LOOM_AVG) {
-        int ob = mod(me + 1, n);
-        size_t off = blk_off(count, n, ob), len = blk_len(count, n, ob);
-        for (int k = 0; k < nchunks(len, ce); k++) {
-            size_t o = off + (size_t)k * ce, l = len - (size_t)k * ce < ce ? len - (size_t)k * ce : ce;
+    for (int k = 0; r->call.redop == LOOM_AVG && k < maxch; k++) {
+        size_t l, o = blk_chunk(count, n, mod(me + 1, n), k, ce, &l);
+        if (l) {
             int d = sched_divide(r, rb + o * es, l);
             sched_after(r, d, prod[k]);
             prod[k] = d;
         }
     }
+    /* allgather: the final blocks travel the ring, straight into recv */
     for (int s = 0; s < n - 1; s++) {
-        int sblk = mod(me + 1 - s, n), rblk = mod(me - s, n), step = n - 1 + s;
-        size_t soff = blk_off(count, n, sblk), slen = blk_len(count, n, sblk);
-        size_t roff = blk_off(count, n, rblk), rlen = blk_len(count, n, rblk);
-        int ns = nchunks(slen, ce), nr = nchunks(rlen, ce);
-        for (int k = 0; k < (ns > nr ? ns : nr); k++) {
-            if (k < nr) {
-                size_t o = roff + (size_t)k * ce, l = rlen - (size_t)k * ce < ce ? rlen - (size_t)k * ce : ce;
-                int rv = sched_recv(r, prev, rb + o * es, l * es, step, k);
-                sched_after(r, rv, rs_send[s * maxch + k]);
-                next_prod[k] = rv;
+        int step = n - 1 + s;
+        for (int k = 0; k < maxch; k++) {
+            size_t rl, ro = blk_chunk(count, n, mod(me - s, n), k, ce, &rl);
+            size_t sl, so = blk_chunk(count, n, mod(me + 1 - s, n), k, ce, &sl);
+            if (rl) {
+                next_prod[k] = sched_recv(r, prev, rb + ro * es, rl * es, step, k);
+                sched_after(r, next_prod[k], rs_send[s * maxch + k]);
             }
-            if (k < ns) {
-                size_t o = soff + (size_t)k * ce, l = slen - (size_t)k * ce < ce ? slen - (size_t)k * ce : ce;
-                int so = sched_send(r, next, rb + o * es, l * es, step, k);
-                sched_after(r, so, prod[k]);
+            if (sl) {
+                int op = sched_send(r, next, rb + so * es, sl * es, step, k);
+                sched_after(r, op, prod[k]);
             }
         }
         int *swap = prod;
@@ -165,79 +215,4 @@ void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, si
         next_prod = swap;
     }
     free(prod < next_prod ? prod : next_prod);
-}
-
-void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *recv,
-                                  size_t count)
-{
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, p = pow2_floor(n), extra = n - p, lg = log2_ceil(p);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
-    const char *src = send;
-    char *rb = recv;
-    r->algo = "rabenseifner";
-    int final_step = 2 * lg + 1;
-    slot_ring sl;
-    if (slots_init(r, &sl, (count < ce ? count : ce) * es, c->set.pipeline_depth) != LOOM_OK)
-        return;
-
-    if (me < 2 * extra && me % 2 == 0) {
-        int first = r->nops;
-        send_chunks(r, me + 1, send, es, 0, count, ce, 0, -1);
-        int j = join_since(r, first);
-        recv_chunks(r, me + 1, rb, es, 0, count, ce, final_step, j);
-        return;
-    }
-    int join = -1, v;
-    if (me < 2 * extra) {
-        int first = r->nops;
-        recv_reduce_chunks(r, me - 1, &sl, rb, src, es, 0, count, ce, 0, -1);
-        join = join_since(r, first);
-        src = rb;
-        v = me / 2;
-    } else {
-        v = me - extra;
-    }
-
-    /* reduce-scatter by recursive halving over virtual blocks [lo, hi) */
-    int lo = 0, hi = p, step = 1;
-    for (int mask = p / 2; mask >= 1; mask >>= 1, step++) {
-        int pv = v ^ mask, peer = real_rank(pv, extra), mid = lo + mask;
-        int klo = v < pv ? lo : mid, khi = v < pv ? mid : hi;
-        int slo = v < pv ? mid : lo, shi = v < pv ? hi : mid;
-        size_t so = blk_off(count, p, slo), sl_len = blk_off(count, p, shi) - so;
-        size_t ko = blk_off(count, p, klo), kl_len = blk_off(count, p, khi) - ko;
-        int first = r->nops;
-        recv_reduce_chunks(r, peer, &sl, rb, src, es, ko, kl_len, ce, step, join);
-        send_chunks(r, peer, src, es, so, sl_len, ce, step, join);
-        join = join_since(r, first);
-        src = rb;
-        lo = klo;
-        hi = khi;
-    }
-    if (r->redop == LOOM_AVG) {
-        size_t o = blk_off(count, p, v), l = blk_len(count, p, v);
-        int first = r->nops;
-        for (int k = 0; k < nchunks(l, ce); k++) {
-            size_t co = o + (size_t)k * ce, cl = l - (size_t)k * ce < ce ? l - (size_t)k * ce : ce;
-            int d = sched_divide(r, rb + co * es, cl);
-            sched_after(r, d, join);
-        }
-        join = join_since(r, first);
-    }
-    /* allgather by recursive doubling: the range doubles each step */
-    for (int mask = 1; mask < p; mask <<= 1, step++) {
-        int pv = v ^ mask, peer = real_rank(pv, extra);
-        int plo = v < pv ? hi : lo - mask, phi = plo + mask;
-        size_t mo = blk_off(count, p, lo), ml = blk_off(count, p, hi) - mo;
-        size_t po = blk_off(count, p, plo), pl = blk_off(count, p, phi) - po;
-        int first = r->nops;
-        recv_chunks(r, peer, rb, es, po, pl, ce, step, join);
-        send_chunks(r, peer, rb, es, mo, ml, ce, step, join);
-        join = join_since(r, first);
-        lo = lo < plo ? lo : plo;
-        hi = hi > phi ? hi : phi;
-    }
-    if (me < 2 * extra)
-        send_chunks(r, me - 1, rb, es, 0, count, ce, final_step, join);
 }

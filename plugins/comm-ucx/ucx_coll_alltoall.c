@@ -4,7 +4,7 @@
  *                      receives from r-s, straight between the user's
  *                      buffers, with two steps in flight at a time.
  *  alltoall posted     every send and receive posted at once: the fewest
- *                      round trips for small blocks.
+ *                      round trips for small blocks (allgather direct too).
  *  alltoall bruck      ceil(log2 n) steps of packed blocks (Bruck et al.):
  *                      fewer messages than there are ranks, for many small
  *                      blocks; extra local copies.
@@ -16,57 +16,48 @@
 
 #define PAIRWISE_WINDOW 2
 
-void build_alltoall_pairwise(loom_comm_request *r, const void *send, void *recv, size_t count)
+void build_alltoall_pairwise(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank;
-    size_t bytes = count * loom_dtype_size(r->dtype);
-    const char *sb = send;
-    char *rb = recv;
-    r->algo = "pairwise exchange";
-    sched_copy(r, rb + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    size_t bytes = block_bytes(r);
+    sched_copy(r, recv_block(r, me), send_block(r, me), bytes);
     int joins[PAIRWISE_WINDOW];
     for (int i = 0; i < PAIRWISE_WINDOW; i++)
         joins[i] = -1;
     for (int s = 1; s < n; s++) {
         int to = mod(me + s, n), from = mod(me - s, n), first = r->nops;
         int dep = joins[s % PAIRWISE_WINDOW];
-        int rv = sched_recv(r, from, rb + (size_t)from * bytes, bytes, s, 0);
+        int rv = sched_recv(r, from, recv_block(r, from), bytes, s, 0);
         sched_after(r, rv, dep);
-        int so = sched_send(r, to, sb + (size_t)to * bytes, bytes, s, 0);
+        int so = sched_send(r, to, send_block(r, to), bytes, s, 0);
         sched_after(r, so, dep);
         joins[s % PAIRWISE_WINDOW] = join_since(r, first);
     }
 }
 
-void build_alltoall_posted(loom_comm_request *r, const void *send, void *recv, size_t count)
+/* Also allgather's direct algorithm: there the block sent to every peer
+ * is this rank's one (send_block). */
+void build_exchange_posted(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank;
-    size_t bytes = count * loom_dtype_size(r->dtype);
-    const char *sb = send;
-    char *rb = recv;
-    r->algo = "posted";
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    size_t bytes = block_bytes(r);
     for (int s = 1; s < n; s++) {
         int from = mod(me - s, n);
-        sched_recv(r, from, rb + (size_t)from * bytes, bytes, 0, 0);
+        sched_recv(r, from, recv_block(r, from), bytes, 0, 0);
     }
     for (int s = 1; s < n; s++) {
         int to = mod(me + s, n);
-        sched_send(r, to, sb + (size_t)to * bytes, bytes, 0, 0);
+        sched_send(r, to, send_block(r, to), bytes, 0, 0);
     }
-    sched_copy(r, rb + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
+    if (send_block(r, me) != recv_block(r, me))
+        sched_copy(r, recv_block(r, me), send_block(r, me), bytes);
 }
 
-void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, size_t count)
+void build_alltoall_bruck(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank;
-    size_t bytes = count * loom_dtype_size(r->dtype);
-    const char *sb = send;
-    char *rb = recv;
-    r->algo = "bruck";
-    int half = (n + 1) / 2;
+    int n = r->comm->group.size, me = r->comm->group.rank, half = (n + 1) / 2;
+    size_t bytes = block_bytes(r);
+    const char *sb = r->call.send;
     /* tmp[i]: first the block for rank me+i; after the steps, the block
      * from rank me-i. pack/unpack: the blocks of one step. */
     char *tmp = sched_scratch(r, (size_t)n * bytes);
@@ -102,16 +93,14 @@ void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, si
         join = join_since(r, first);
     }
     for (int j = 0; j < n; j++) {
-        int cp = sched_copy(r, rb + (size_t)j * bytes, tmp + (size_t)mod(me - j, n) * bytes, bytes);
+        int cp = sched_copy(r, recv_block(r, j), tmp + (size_t)mod(me - j, n) * bytes, bytes);
         sched_after(r, cp, join);
     }
 }
 
 void build_barrier_dissemination(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, me = c->rank, last = -1, step = 0;
-    r->algo = "dissemination";
+    int n = r->comm->group.size, me = r->comm->group.rank, last = -1, step = 0;
     for (int d = 1; d < n; d <<= 1, step++) {
         int rv = sched_recv(r, mod(me - d, n), NULL, 0, step, 0);
         int so = sched_send(r, mod(me + d, n), NULL, 0, step, 0);

@@ -25,17 +25,15 @@
 /* Virtual rank c, which receives at bit m, forwards to nobody. */
 static int bcast_leaf(int c, int m, int n) { return m == 1 || c + 1 >= n; }
 
-void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root)
+void build_broadcast_binomial(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
-    char *b = buf;
-    r->algo = "binomial tree";
-    int mask = 1;
+    int n = r->comm->group.size, v = root_virtual(r), mask = 1;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 1);
+    char *b = r->call.recv;
     while (mask < n && !(v & mask))
         mask <<= 1;
-    int parent = mask < n ? mod(v - mask + root, n) : -1;
+    int parent = mask < n ? root_real(r, v - mask) : -1;
     /* Chunks only pay where a rank forwards them as they come; a leaf gets
      * the message in one piece. */
     int got = -1;
@@ -50,7 +48,7 @@ void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int
     for (int m = mask >> 1; m > 0; m >>= 1) { /* bigger subtrees first */
         if (v + m >= n)
             continue;
-        int child = mod(v + m + root, n), step = log2_floor(m);
+        int child = root_real(r, v + m), step = log2_floor(m);
         if (bcast_leaf(v + m, m, n)) {
             if (nrecv > 0 && got < 0) { /* the whole message is in */
                 got = sched_join(r);
@@ -62,53 +60,48 @@ void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int
             continue;
         }
         for (int k = 0; k < nchunks(count, ce); k++) {
-            size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+            size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
             int s = sched_send(r, child, b + o * es, l * es, step, k);
             sched_after(r, s, nrecv > 0 ? first + k : -1);
         }
     }
 }
 
-void build_broadcast_direct(loom_comm_request *r, void *buf, size_t count, int root)
+void build_broadcast_direct(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size;
-    size_t bytes = count * loom_dtype_size(r->dtype);
-    r->algo = "direct";
-    if (c->rank != root) {
-        sched_recv(r, root, buf, bytes, 0, 0);
+    size_t bytes = block_bytes(r);
+    if (root_virtual(r) != 0) {
+        sched_recv(r, r->call.root, r->call.recv, bytes, 0, 0);
         return;
     }
-    for (int s = 1; s < n; s++)
-        sched_send(r, mod(root + s, n), buf, bytes, 0, 0);
+    for (int v = 1; v < r->comm->group.size; v++)
+        sched_send(r, root_real(r, v), r->call.recv, bytes, 0, 0);
 }
 
-void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root)
+void build_broadcast_chain(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
-    char *b = buf;
-    r->algo = "chain";
+    int n = r->comm->group.size, v = root_virtual(r);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 1);
+    char *b = r->call.recv;
     for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
+        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
         int rv = -1;
         if (v > 0)
-            rv = sched_recv(r, mod(v - 1 + root, n), b + o * es, l * es, v - 1, k);
+            rv = sched_recv(r, root_real(r, v - 1), b + o * es, l * es, v - 1, k);
         if (v < n - 1) {
-            int s = sched_send(r, mod(v + 1 + root, n), b + o * es, l * es, v, k);
+            int s = sched_send(r, root_real(r, v + 1), b + o * es, l * es, v, k);
             sched_after(r, s, rv);
         }
     }
 }
 
-void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t count, int root)
+void build_broadcast_scatter_allgather(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 1);
-    char *b = buf;
-    r->algo = "scatter-allgather";
+    int n = r->comm->group.size, v = root_virtual(r);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 1);
+    char *b = r->call.recv;
     size_t maxch = (size_t)nchunks(blk_len(count, n, 0), ce);
     int *prod = malloc(sizeof(int) * 2 * (maxch ? maxch : 1));
     if (!prod) {
@@ -121,19 +114,19 @@ void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t c
     /* scatter (step 0): block j goes to virtual rank j */
     if (v == 0) {
         for (int j = 1; j < n; j++)
-            send_chunks(r, mod(j + root, n), b, es, blk_off(count, n, j), blk_len(count, n, j),
+            send_chunks(r, root_real(r, j), b, es, blk_off(count, n, j), blk_len(count, n, j),
                         ce, 0, -1);
     } else {
         size_t off = blk_off(count, n, v), len = blk_len(count, n, v);
         for (int k = 0; k < nchunks(len, ce); k++) {
-            size_t o = off + (size_t)k * ce, l = len - (size_t)k * ce < ce ? len - (size_t)k * ce : ce;
-            prod[k] = sched_recv(r, root, b + o * es, l * es, 0, k);
+            size_t o = off + (size_t)k * ce, l = chunk_len(len, k, ce);
+            prod[k] = sched_recv(r, r->call.root, b + o * es, l * es, 0, k);
         }
     }
     /* ring allgather (steps 1..n-1): at step s rank v forwards block v-s+1
      * to v+1; the root needs nothing and the rank before it sends it
      * nothing. */
-    int next = mod(v + 1 + root, n), prev = mod(v - 1 + root, n);
+    int next = root_real(r, v + 1), prev = root_real(r, v - 1);
     for (int s = 0; s < n - 1; s++) {
         int sblk = mod(v - s, n), rblk = mod(v - s - 1, n);
         size_t soff = blk_off(count, n, sblk), slen = blk_len(count, n, sblk);
@@ -141,11 +134,11 @@ void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t c
         for (size_t k = 0; k < maxch; k++)
             next_prod[k] = -1;
         for (int k = 0; k < nchunks(rlen, ce) && v != 0; k++) {
-            size_t o = roff + (size_t)k * ce, l = rlen - (size_t)k * ce < ce ? rlen - (size_t)k * ce : ce;
+            size_t o = roff + (size_t)k * ce, l = chunk_len(rlen, k, ce);
             next_prod[k] = sched_recv(r, prev, b + o * es, l * es, s + 1, k);
         }
         for (int k = 0; k < nchunks(slen, ce) && v != n - 1; k++) {
-            size_t o = soff + (size_t)k * ce, l = slen - (size_t)k * ce < ce ? slen - (size_t)k * ce : ce;
+            size_t o = soff + (size_t)k * ce, l = chunk_len(slen, k, ce);
             int so = sched_send(r, next, b + o * es, l * es, s + 1, k);
             sched_after(r, so, v == 0 ? -1 : prod[k]);
         }
@@ -156,13 +149,11 @@ void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t c
     free(prod < next_prod ? prod : next_prod);
 }
 
-void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, size_t count,
-                           int root)
+void build_reduce_binomial(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
-    r->algo = "binomial tree";
+    int n = r->comm->group.size, v = root_virtual(r);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0);
     /* children v + m for m = 1, 2, 4, ... below the lowest set bit of v */
     int top = 1;
     while (top < n && !(v & top))
@@ -170,23 +161,22 @@ void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, s
     int children = 0;
     for (int m = 1; m < top; m <<= 1)
         children += v + m < n;
-    char *acc = recv; /* the root's */
+    char *acc = r->call.recv; /* the root's */
     if (v != 0 && children > 0 && !(acc = sched_scratch(r, count * es)))
         return;
     slot_ring sl;
-    if (children > 0 &&
-        slots_init(r, &sl, (count < ce ? count : ce) * es, c->set.pipeline_depth) != LOOM_OK)
+    if (children > 0 && slots_init(r, &sl, count < ce ? count : ce) != LOOM_OK)
         return;
     for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
-        const char *cur = (const char *)send + o * es;
+        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
+        const char *cur = (const char *)r->call.send + o * es;
         int last = -1;
         for (int m = 1; m < top; m <<= 1) {
             if (v + m >= n)
                 continue;
             int free_dep;
             char *t = slots_take(&sl, &free_dep);
-            int rv = sched_recv(r, mod(v + m + root, n), t, l * es, log2_floor(m), k);
+            int rv = sched_recv(r, root_real(r, v + m), t, l * es, log2_floor(m), k);
             sched_after(r, rv, free_dep);
             int rd = sched_reduce(r, acc + o * es, t, cur, l);
             sched_after(r, rd, rv);
@@ -196,32 +186,29 @@ void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, s
             last = rd;
         }
         if (v != 0) {
-            int s = sched_send(r, mod(v - top + root, n), cur, l * es, log2_floor(top), k);
+            int s = sched_send(r, root_real(r, v - top), cur, l * es, log2_floor(top), k);
             sched_after(r, s, last);
-        } else if (r->redop == LOOM_AVG) {
+        } else if (r->call.redop == LOOM_AVG) {
             int d = sched_divide(r, acc + o * es, l);
             sched_after(r, d, last);
         }
     }
 }
 
-void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size_t count,
-                        int root)
+void build_reduce_chain(loom_comm_request *r)
 {
-    loom_comm *c = r->comm;
-    int n = c->size, v = mod(c->rank - root, n);
-    size_t es = loom_dtype_size(r->dtype), ce = ucx_chunk_elems(c, r->dtype, count, 0);
-    r->algo = "chain";
-    size_t slot = (count < ce ? count : ce) * es;
+    int n = r->comm->group.size, v = root_virtual(r);
+    int up = root_real(r, v - 1), down = root_real(r, v + 1);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0), slot = count < ce ? count : ce;
     slot_ring tmp, acc;
-    if (v < n - 1 && slots_init(r, &tmp, slot, c->set.pipeline_depth) != LOOM_OK)
+    if (v < n - 1 && slots_init(r, &tmp, slot) != LOOM_OK)
         return;
-    if (v > 0 && v < n - 1 && slots_init(r, &acc, slot, c->set.pipeline_depth) != LOOM_OK)
+    if (v > 0 && v < n - 1 && slots_init(r, &acc, slot) != LOOM_OK)
         return;
-    int up = mod(v - 1 + root, n), down = mod(v + 1 + root, n);
     for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = count - o < ce ? count - o : ce;
-        const char *mine = (const char *)send + o * es;
+        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
+        const char *mine = (const char *)r->call.send + o * es;
         if (v == n - 1) { /* the far end only sends */
             sched_send(r, up, mine, l * es, v - 1, k);
             continue;
@@ -230,7 +217,7 @@ void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size
         char *t = slots_take(&tmp, &free_dep);
         int rv = sched_recv(r, down, t, l * es, v, k);
         sched_after(r, rv, free_dep);
-        char *dst = v == 0 ? (char *)recv + o * es : slots_take(&acc, &acc_dep);
+        char *dst = v == 0 ? (char *)r->call.recv + o * es : slots_take(&acc, &acc_dep);
         int rd = sched_reduce(r, dst, t, mine, l);
         sched_after(r, rd, rv);
         sched_after(r, rd, acc_dep);
@@ -239,7 +226,7 @@ void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size
             int s = sched_send(r, up, dst, l * es, v - 1, k);
             sched_after(r, s, rd);
             slots_used(&acc, s);
-        } else if (r->redop == LOOM_AVG) {
+        } else if (r->call.redop == LOOM_AVG) {
             int d = sched_divide(r, dst, l);
             sched_after(r, d, rd);
         }

@@ -8,8 +8,8 @@
  *                   test/wait (and the progress thread) until all are done;
  *  - ucx_plugin.c   the vtable: argument checks, algorithm choice, test/wait,
  *                   timeouts and the messages that name the missing rank;
- *  - ucx_coll_*.c   one schedule builder per algorithm;
- *  - ucx_reduce.c   the reductions of every dtype and op.
+ *  - ucx_coll_*.c   one schedule builder per algorithm.
+ * The reductions are plugins/common's (common/reduce.h).
  *
  * Locking: one process-wide mutex (ucx.lock) guards the worker, every
  * request and communicator field that changes after creation, and the
@@ -25,6 +25,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "common/call.h"
+#include "common/group.h"
 #include "loom/comm.h"
 
 /* ------------------------------------------------------------- settings */
@@ -88,8 +90,6 @@ typedef struct ucx_settings {
     double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
 } ucx_settings;
 
-/* The algorithm names of op `uop`, index = its ALG_ value; NULL-terminated. */
-extern const char *const *const ucx_algo_names[UOP_COUNT];
 extern const loom_setting_spec ucx_settings_spec[];
 int ucx_settings_read(const loom_host *host, ucx_settings *s);
 
@@ -134,22 +134,15 @@ extern ucx_proc ucx;
 /* --------------------------------------------------------- communicator */
 
 struct loom_comm {
-    const loom_host *host;
+    comm_group group;      /* ranks, messages ("group of 4" for the world), sequence
+                              numbers, failure; under ucx.lock */
     ucx_settings set;
-    int rank, size;
-    int *world;            /* world rank of each rank of the group */
-    int is_world;
     int local;             /* every member on this host: cma reaches all of them */
-    int64_t uid;           /* unique in the job (the store's counter) */
+    int64_t uid;           /* unique in the job (the store's counter); group.id is its text */
     uint64_t tag_id;       /* uid in the tag's communicator field */
-    uint64_t seq;          /* collectives posted; the next is seq + 1 */
-    uint64_t p2p_seq;
-    char desc[192];        /* "group of 4" or "group of 2 (world ranks 1,3)" */
-    struct sub_count *subs;
-    int failed, fail_status;
-    char failure[512];
-    struct loom_comm_request *reqs; /* every request not yet released */
 };
+/* First: plugins/common reads the group there (comm_rank, comm_size). */
+_Static_assert(offsetof(struct loom_comm, group) == 0, "comm_group first");
 
 /* ------------------------------------------------------------- schedule */
 
@@ -179,14 +172,12 @@ typedef struct sop {
 struct loom_comm_request {
     loom_comm *comm;     /* NULL once the group was destroyed under it */
     const loom_host *host;
-    loom_comm_op op;
+    comm_call call;      /* as posted, but send set aside where it overlapped recv, and
+                            recv NULL off the root of a reduce */
     const char *algo;    /* "ring", ... for messages; NULL for send/recv */
     uint64_t seq;
     int collective;
-    int peer, tag;       /* send / recv */
     int dead_world;      /* world rank of the peer whose failure failed it, or -1 */
-    loom_dtype dtype;
-    loom_redop redop;
     sop *ops;
     int nops, cap_ops, low;
     struct sdep {
@@ -202,7 +193,7 @@ struct loom_comm_request {
     char error[640];     /* the detail of a failure found while advancing */
     int active;          /* on ucx.active_* */
     struct loom_comm_request *anext, *aprev; /* ucx.active_* */
-    struct loom_comm_request *cnext, *cprev; /* comm->reqs */
+    comm_pending pending; /* on the group's list until released */
 };
 
 /* ucx_sched.c: building (no lock needed: the request is not active yet) */
@@ -228,7 +219,9 @@ typedef struct slot_ring {
     int last_use[SLOTS_MAX];
     int taken;           /* index of the slot handed out last */
 } slot_ring;
-int slots_init(loom_comm_request *r, slot_ring *s, size_t slot_bytes, int count);
+/* Slots of `elems` elements of the call's dtype, as many as the group's
+ * pipeline_depth. */
+int slots_init(loom_comm_request *r, slot_ring *s, size_t elems);
 /* The next slot; *dep is the op to wait for before writing it. Its index
  * is s->taken until the next take. */
 char *slots_take(slot_ring *s, int *dep);
@@ -261,17 +254,12 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap);
 /* Waiting without hogging a core: yield for spin_us, then sleep on UCX's
  * event fd until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
 } ucx_idle_state;
 void ucx_idle(ucx_idle_state *s, int events, double spin_us);
-
-/* ucx_reduce.c */
-void ucx_reduce(void *dst, const void *a, const void *b, size_t n, loom_dtype t, loom_redop op);
-void ucx_divide(void *buf, size_t n, loom_dtype t, int by);
 
 /* ----------------------------------------------------------- algorithms */
 
@@ -313,12 +301,77 @@ static inline int log2_floor(int n)
  * hands its data to the odd one after it and sits out; the p ranks left
  * run the algorithm as virtual ranks 0..p-1. The real rank of virtual v: */
 static inline int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
-/* Elements per pipeline chunk for an op over `count` elements: chunk_bytes
- * for ops that reduce, forward_chunk_bytes for ops that only pass data on
- * (forward = 1), grown so that no range has more chunks than the tag's
- * chunk field holds. */
-size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count, int forward);
+/* The virtual rank of real rank me, or -1 for one that sits out. */
+static inline int fold_virtual(int me, int extra)
+{
+    return me >= 2 * extra ? me - extra : me % 2 ? me / 2 : -1;
+}
+/* Recursive halving: at the step of `mask`, virtual rank v and its partner
+ * v ^ mask split their range [lo, hi) of virtual blocks in two; v keeps
+ * one half, [*keep_lo, *keep_hi), and sends the other, [*give_lo, *give_hi). */
+static inline void halving_split(int v, int mask, int lo, int hi, int *keep_lo, int *keep_hi,
+                                 int *give_lo, int *give_hi)
+{
+    int mid = lo + mask, low_half = v < (v ^ mask);
+    *keep_lo = low_half ? lo : mid;
+    *keep_hi = low_half ? mid : hi;
+    *give_lo = low_half ? mid : lo;
+    *give_hi = low_half ? hi : mid;
+}
+/* Recursive doubling: at the step of `mask`, virtual rank v holding [lo, hi)
+ * gets its partner's range of the same size next to it; returns its start. */
+static inline int doubling_partner_lo(int v, int mask, int lo, int hi)
+{
+    return v < (v ^ mask) ? hi : lo - mask;
+}
+/* Elements per pipeline chunk for the request's op over `count` elements:
+ * chunk_bytes for ops that reduce, forward_chunk_bytes for ops that only
+ * pass data on (forward = 1), grown so that no range has more chunks than
+ * the tag's chunk field holds. */
+size_t ucx_chunk_elems(const loom_comm_request *r, size_t count, int forward);
 static inline int nchunks(size_t len, size_t ce) { return (int)((len + ce - 1) / ce); }
+/* Elements in chunk k of a range of len elements cut into chunks of ce. */
+static inline size_t chunk_len(size_t len, int k, size_t ce)
+{
+    size_t left = len - (size_t)k * ce;
+    return left < ce ? left : ce;
+}
+/* Chunk k of block b of count elements split into n (blk_off): its offset,
+ * and its length in *len, 0 past the block's last chunk. */
+static inline size_t blk_chunk(size_t count, int n, int b, int k, size_t ce, size_t *len)
+{
+    size_t off = blk_off(count, n, b), blen = blk_len(count, n, b);
+    *len = (size_t)k * ce < blen ? chunk_len(blen, k, ce) : 0;
+    return off + (size_t)k * ce;
+}
+
+/* The call's blocks: count elements each, rank i's at i * block_bytes. */
+static inline size_t block_bytes(const loom_comm_request *r)
+{
+    return r->call.count * loom_dtype_size(r->call.dtype);
+}
+static inline char *recv_block(const loom_comm_request *r, int i)
+{
+    return (char *)r->call.recv + (size_t)i * block_bytes(r);
+}
+/* The block this rank sends rank i: block i of send in an alltoall, its
+ * one block in an allgather. */
+static inline const char *send_block(const loom_comm_request *r, int i)
+{
+    const char *send = r->call.send;
+    return r->call.op == LOOM_OP_ALLTOALL ? send + (size_t)i * block_bytes(r) : send;
+}
+/* Broadcast and reduce run on ranks renumbered so that the root is
+ * virtual rank 0: this rank's virtual rank, and the group rank of virtual
+ * rank v. */
+static inline int root_virtual(const loom_comm_request *r)
+{
+    return mod(r->comm->group.rank - r->call.root, r->comm->group.size);
+}
+static inline int root_real(const loom_comm_request *r, int v)
+{
+    return mod(v + r->call.root, r->comm->group.size);
+}
 
 /* Chunked transfers of elements [off, off + len) of buf (element size es,
  * chunk ce elements), chunk k tagged (step, k); each op waits for dep. */
@@ -334,27 +387,34 @@ void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst
 /* A join op that waits for every op created from index `first` on. */
 int join_since(loom_comm_request *r, int first);
 
-void build_allreduce_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_allreduce_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_allreduce_rabenseifner(loom_comm_request *r, const void *send, void *recv,
-                                  size_t count);
-void build_allgather_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_allgather_rd(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_allgather_direct(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_allgather_bruck(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_reducescatter_ring(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_reducescatter_rh(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_broadcast_binomial(loom_comm_request *r, void *buf, size_t count, int root);
-void build_broadcast_direct(loom_comm_request *r, void *buf, size_t count, int root);
-void build_broadcast_chain(loom_comm_request *r, void *buf, size_t count, int root);
-void build_broadcast_scatter_allgather(loom_comm_request *r, void *buf, size_t count, int root);
-void build_reduce_binomial(loom_comm_request *r, const void *send, void *recv, size_t count,
-                           int root);
-void build_reduce_chain(loom_comm_request *r, const void *send, void *recv, size_t count,
-                        int root);
-void build_alltoall_pairwise(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_alltoall_posted(loom_comm_request *r, const void *send, void *recv, size_t count);
-void build_alltoall_bruck(loom_comm_request *r, const void *send, void *recv, size_t count);
+/* Where virtual block i of buf starts, in elements (i == p: the end). */
+typedef size_t (*block_start_fn)(const loom_comm_request *r, int i);
+/* The gathering half of recursive doubling (ucx_coll_gather.c): virtual
+ * rank v, holding its block of buf, swaps all it holds with its partner,
+ * in chunks of ce elements, at each step from `step` on until it holds
+ * every block; the first step waits for join. Returns the last step's join. */
+int doubling_gather(loom_comm_request *r, char *buf, block_start_fn start, size_t ce, int v,
+                    int step, int join);
+
+/* The schedule builders: each lays out the request's call (r->call) as its
+ * algorithm runs it on this rank. */
+void build_allreduce_rd(loom_comm_request *r);
+void build_allreduce_ring(loom_comm_request *r);
+void build_allreduce_rabenseifner(loom_comm_request *r);
+void build_allgather_ring(loom_comm_request *r);
+void build_allgather_rd(loom_comm_request *r);
+void build_allgather_bruck(loom_comm_request *r);
+void build_reducescatter_ring(loom_comm_request *r);
+void build_reducescatter_rh(loom_comm_request *r);
+void build_broadcast_binomial(loom_comm_request *r);
+void build_broadcast_direct(loom_comm_request *r);
+void build_broadcast_chain(loom_comm_request *r);
+void build_broadcast_scatter_allgather(loom_comm_request *r);
+void build_reduce_binomial(loom_comm_request *r);
+void build_reduce_chain(loom_comm_request *r);
+void build_alltoall_pairwise(loom_comm_request *r);
+void build_exchange_posted(loom_comm_request *r); /* alltoall posted, allgather direct */
+void build_alltoall_bruck(loom_comm_request *r);
 void build_barrier_dissemination(loom_comm_request *r);
 
 #endif

@@ -27,20 +27,51 @@
 #include <poll.h>
 #include <time.h>
 
+#include "common/arrival.h"
+#include "common/clock.h"
 #include "ucx_internal.h"
 
 /* ------------------------------------------------------------- settings */
 
-static const char *const ar_names[] = {"auto", "recursive_doubling", "ring", "rabenseifner", NULL};
-static const char *const ag_names[] = {"auto", "ring", "recursive_doubling", "bruck", "direct", NULL};
-static const char *const rs_names[] = {"auto", "ring", "recursive_halving", NULL};
-static const char *const bc_names[] = {"auto", "binomial", "chain", "scatter_allgather", "direct", NULL};
-static const char *const rd_names[] = {"auto", "binomial", "chain", NULL};
-static const char *const a2a_names[] = {"auto", "pairwise", "bruck", "posted", NULL};
-static const char *const bar_names[] = {"auto", "dissemination", NULL};
+/* An algorithm: its name in the settings, its name in messages ("step 2
+ * of ring") and the builder that lays out its schedule. */
+typedef struct ucx_algorithm {
+    const char *setting;
+    const char *title;
+    void (*build)(loom_comm_request *r);
+} ucx_algorithm;
 
-const char *const *const ucx_algo_names[UOP_COUNT] = {ar_names, ag_names, rs_names, bc_names,
-                                                       rd_names, a2a_names, bar_names};
+#define ALGS_MAX 6 /* "auto", at most four algorithms, the end */
+
+/* The algorithms of each op, index = its ALG_ value; "auto" first, an
+ * empty setting last. */
+static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
+    [UOP_ALLREDUCE] = {{"auto"},
+                       {"recursive_doubling", "recursive doubling", build_allreduce_rd},
+                       {"ring", "ring", build_allreduce_ring},
+                       {"rabenseifner", "rabenseifner", build_allreduce_rabenseifner}},
+    [UOP_ALLGATHER] = {{"auto"},
+                       {"ring", "ring", build_allgather_ring},
+                       {"recursive_doubling", "recursive doubling", build_allgather_rd},
+                       {"bruck", "bruck", build_allgather_bruck},
+                       {"direct", "direct", build_exchange_posted}},
+    [UOP_REDUCESCATTER] = {{"auto"},
+                           {"ring", "ring", build_reducescatter_ring},
+                           {"recursive_halving", "recursive halving", build_reducescatter_rh}},
+    [UOP_BROADCAST] = {{"auto"},
+                       {"binomial", "binomial tree", build_broadcast_binomial},
+                       {"chain", "chain", build_broadcast_chain},
+                       {"scatter_allgather", "scatter-allgather", build_broadcast_scatter_allgather},
+                       {"direct", "direct", build_broadcast_direct}},
+    [UOP_REDUCE] = {{"auto"},
+                    {"binomial", "binomial tree", build_reduce_binomial},
+                    {"chain", "chain", build_reduce_chain}},
+    [UOP_ALLTOALL] = {{"auto"},
+                      {"pairwise", "pairwise exchange", build_alltoall_pairwise},
+                      {"bruck", "bruck", build_alltoall_bruck},
+                      {"posted", "posted", build_exchange_posted}},
+    [UOP_BARRIER] = {{"auto"}, {"dissemination", "dissemination", build_barrier_dissemination}},
+};
 static const char *const uop_setting[UOP_COUNT] = {"allreduce", "allgather", "reducescatter",
                                                    "broadcast", "reduce",    "alltoall",
                                                    "barrier"};
@@ -137,18 +168,18 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
         s->algo[u] = ALG_AUTO;
         if (!h->config_string || h->config_string(h, uop_setting[u], &str) != LOOM_OK || !str)
             continue;
-        const char *const *names = ucx_algo_names[u];
+        const ucx_algorithm *algs = algorithms[u];
         int found = -1;
-        for (int a = 0; names[a]; a++)
-            if (!strcmp(names[a], str))
+        for (int a = 0; algs[a].setting; a++)
+            if (!strcmp(algs[a].setting, str))
                 found = a;
         if (found < 0) {
             char list[256];
             size_t len = 0;
             list[0] = '\0';
-            for (int a = 0; names[a] && len < sizeof list; a++)
+            for (int a = 0; algs[a].setting && len < sizeof list; a++)
                 len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", a ? ", " : "",
-                                        names[a]);
+                                        algs[a].setting);
             return h->error(h, LOOM_ERR_INVALID,
                             "comm-ucx: comm.ucx.%s = \"%s\": unknown algorithm (one of %s)",
                             uop_setting[u], str, list);
@@ -193,23 +224,17 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     return LOOM_OK;
 }
 
-size_t ucx_chunk_elems(const loom_comm *c, loom_dtype t, size_t count, int forward)
+size_t ucx_chunk_elems(const loom_comm_request *r, size_t count, int forward)
 {
-    size_t bytes = forward ? c->set.forward_chunk_bytes : c->set.chunk_bytes;
-    size_t ce = bytes / loom_dtype_size(t), most = (count + 4095) / 4096;
+    const ucx_settings *s = &r->comm->set;
+    size_t bytes = forward ? s->forward_chunk_bytes : s->chunk_bytes;
+    size_t ce = bytes / loom_dtype_size(r->call.dtype), most = (count + 4095) / 4096;
     if (ce < most)
         ce = most;
     return ce ? ce : 1;
 }
 
 /* ------------------------------------------------------------- helpers */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static uint64_t now_ns(void)
 {
@@ -246,62 +271,20 @@ void ucx_idle(ucx_idle_state *s, int events, double spin_us)
     }
 }
 
-/* "2" in the world, "1 (world rank 3)" in a subgroup. */
-void ucx_name_rank(const loom_comm *c, int r, char *buf, size_t cap)
-{
-    if (!c || r < 0 || r >= c->size)
-        snprintf(buf, cap, "%d", r);
-    else if (c->is_world)
-        snprintf(buf, cap, "%d", r);
-    else
-        snprintf(buf, cap, "%d (world rank %d)", r, c->world[r]);
-}
-
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-static int overlap(const void *a, size_t alen, const void *b, size_t blen)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return alen && blen && x < y + blen && y < x + alen;
-}
 
 /* ------------------------------------------------------------ requests */
 
-/* Number the op and refuse it on a failed group. */
-static int op_begin(loom_comm *c, loom_comm_op op, int collective, uint64_t *seq,
-                    loom_comm_request **req)
-{
-    if (req)
-        *req = NULL;
-    if (!c || !req)
-        return LOOM_ERR_INVALID;
-    pthread_mutex_lock(&ucx.lock);
-    *seq = collective ? ++c->seq : ++c->p2p_seq;
-    int failed = c->failed, status = c->fail_status;
-    char why[512];
-    snprintf(why, sizeof why, "%s", c->failure);
-    pthread_mutex_unlock(&ucx.lock);
-    if (failed)
-        return c->host->error(c->host, status ? status : LOOM_ERR_REMOTE,
-                              "comm-ucx: %s #%llu on %s: the group failed earlier: %s",
-                              loom_comm_op_name(op), (unsigned long long)*seq, c->desc, why);
-    return LOOM_OK;
-}
-
-static loom_comm_request *req_new(loom_comm *c, loom_comm_op op, int collective, uint64_t seq,
-                                  loom_dtype dtype, loom_redop redop)
+static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t seq)
 {
     loom_comm_request *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
     r->comm = c;
-    r->host = c->host;
-    r->op = op;
-    r->collective = collective;
+    r->host = c->group.host;
+    r->call = *call;
+    r->collective = !call_is_p2p(call);
     r->seq = seq;
-    r->dtype = dtype;
-    r->redop = redop;
-    r->peer = -1;
     r->dead_world = -1;
     r->status = LOOM_IN_PROGRESS;
     return r;
@@ -312,14 +295,8 @@ static void req_release(loom_comm_request *r)
 {
     sched_free(r);
     loom_comm *c = r->comm;
-    if (c) {
-        if (r->cprev)
-            r->cprev->cnext = r->cnext;
-        else if (c->reqs == r)
-            c->reqs = r->cnext;
-        if (r->cnext)
-            r->cnext->cprev = r->cprev;
-    }
+    if (c)
+        group_untrack(&c->group, &r->pending);
     free(r);
 }
 
@@ -328,19 +305,17 @@ static void req_release(loom_comm_request *r)
 static int req_start(loom_comm_request *r, loom_comm_request **out)
 {
     loom_comm *c = r->comm;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     if (r->build_failed) {
+        const char *name = loom_comm_op_name(r->call.op);
+        uint64_t seq = r->seq;
         pthread_mutex_lock(&ucx.lock);
         req_release(r);
         pthread_mutex_unlock(&ucx.lock);
-        return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: %s #%llu on %s: out of memory",
-                        loom_comm_op_name(r->op), (unsigned long long)r->seq, c->desc);
+        return group_no_memory(&c->group, name, seq);
     }
     pthread_mutex_lock(&ucx.lock);
-    r->cnext = c->reqs;
-    if (c->reqs)
-        c->reqs->cprev = r;
-    c->reqs = r;
+    group_track(&c->group, &r->pending, r);
     sched_activate(r);
     int st = r->status;
     if (st == LOOM_IN_PROGRESS) {
@@ -356,251 +331,108 @@ static int req_start(loom_comm_request *r, loom_comm_request **out)
     return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
 }
 
-/* ---------------------------------------------------------- collectives */
+/* ------------------------------------------------------------------ ops */
 
-static int ucx_allreduce(loom_comm *c, const void *send, void *recv, size_t count,
-                         loom_dtype dtype, loom_redop op, loom_comm_request **req)
+/* The algorithm "auto" picks for op uop over `bytes` (the size loom bench
+ * reports: the gathered buffer for allgather, the whole send buffer for
+ * reducescatter and alltoall). */
+static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
 {
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_ALLREDUCE, 1, &seq, req);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    if (send != recv && overlap(send, bytes, recv, bytes))
-        return c->host->error(c->host, LOOM_ERR_INVALID,
-                              "comm-ucx: allreduce #%llu on %s: send and recv overlap without "
-                              "being the same buffer", (unsigned long long)seq, c->desc);
-    if (c->size == 1) {
-        if (send != recv)
-            memcpy(recv, send, bytes);
-        return LOOM_OK;
-    }
-    loom_comm_request *r = req_new(c, LOOM_OP_ALLREDUCE, 1, seq, dtype, op);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    int algo = c->set.algo[UOP_ALLREDUCE];
-    if (algo == ALG_AUTO)
-        algo = bytes < c->set.small_bytes[UOP_ALLREDUCE]                     ? AR_RECURSIVE_DOUBLING
-               : is_pow2(c->size) || bytes < c->set.allreduce_ring_bytes ? AR_RABENSEIFNER
-                                                                             : AR_RING;
-    if (algo == AR_RING)
-        build_allreduce_ring(r, send, recv, count);
-    else if (algo == AR_RABENSEIFNER)
-        build_allreduce_rabenseifner(r, send, recv, count);
-    else
-        build_allreduce_rd(r, send, recv, count);
-    return req_start(r, req);
-}
-
-static int ucx_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int root,
-                         loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_BROADCAST, 1, &seq, req);
-    if (st != LOOM_OK || count == 0 || c->size == 1)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    loom_comm_request *r = req_new(c, LOOM_OP_BROADCAST, 1, seq, dtype, LOOM_SUM);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    int algo = c->set.algo[UOP_BROADCAST];
-    if (algo == ALG_AUTO)
-        algo = bytes < c->set.small_bytes[UOP_BROADCAST] || c->size == 2 ? BC_BINOMIAL
-               : c->local                                 ? BC_DIRECT
-               : bytes < c->set.broadcast_large_bytes     ? BC_BINOMIAL
-                                                          : BC_SCATTER_ALLGATHER;
-    if (algo == BC_CHAIN)
-        build_broadcast_chain(r, buf, count, root);
-    else if (algo == BC_DIRECT)
-        build_broadcast_direct(r, buf, count, root);
-    else if (algo == BC_SCATTER_ALLGATHER)
-        build_broadcast_scatter_allgather(r, buf, count, root);
-    else
-        build_broadcast_binomial(r, buf, count, root);
-    return req_start(r, req);
-}
-
-static int ucx_reduce_op(loom_comm *c, const void *send, void *recv, size_t count,
-                         loom_dtype dtype, loom_redop op, int root, loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_REDUCE, 1, &seq, req);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype);
-    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes))
-        return c->host->error(c->host, LOOM_ERR_INVALID,
-                              "comm-ucx: reduce #%llu on %s: send and recv overlap without being "
-                              "the same buffer", (unsigned long long)seq, c->desc);
-    if (c->size == 1) {
-        if (send != recv)
-            memcpy(recv, send, bytes);
-        return LOOM_OK;
-    }
-    loom_comm_request *r = req_new(c, LOOM_OP_REDUCE, 1, seq, dtype, op);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    int algo = c->set.algo[UOP_REDUCE];
-    if (algo == ALG_AUTO)
-        algo = bytes < c->set.small_bytes[UOP_REDUCE] ? RD_BINOMIAL : RD_CHAIN;
-    if (algo == RD_CHAIN)
-        build_reduce_chain(r, send, c->rank == root ? recv : NULL, count, root);
-    else
-        build_reduce_binomial(r, send, c->rank == root ? recv : NULL, count, root);
-    return req_start(r, req);
-}
-
-static int ucx_allgather(loom_comm *c, const void *send, void *recv, size_t count,
-                         loom_dtype dtype, loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_ALLGATHER, 1, &seq, req);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
-    const char *mine = (const char *)recv + (size_t)c->rank * bytes;
-    if ((const char *)send != mine && overlap(send, bytes, recv, total))
-        return c->host->error(c->host, LOOM_ERR_INVALID,
-                              "comm-ucx: allgather #%llu on %s: send overlaps recv without being "
-                              "this rank's block of it", (unsigned long long)seq, c->desc);
-    if (c->size == 1) {
-        if (send != recv)
-            memcpy(recv, send, bytes);
-        return LOOM_OK;
-    }
-    loom_comm_request *r = req_new(c, LOOM_OP_ALLGATHER, 1, seq, dtype, LOOM_SUM);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    int algo = c->set.algo[UOP_ALLGATHER];
-    if (algo == ALG_AUTO)
-        algo = total < c->set.small_bytes[UOP_ALLGATHER] ? (is_pow2(c->size) ? AG_RECURSIVE_DOUBLING
-                                                                               : AG_BRUCK)
+    const ucx_settings *s = &c->set;
+    int n = c->group.size, small = bytes < s->small_bytes[uop];
+    switch (uop) {
+    case UOP_ALLREDUCE:
+        return small                                           ? AR_RECURSIVE_DOUBLING
+               : is_pow2(n) || bytes < s->allreduce_ring_bytes ? AR_RABENSEIFNER
+                                                               : AR_RING;
+    case UOP_ALLGATHER:
+        return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
-    if (algo == AG_RING)
-        build_allgather_ring(r, send, recv, count);
-    else if (algo == AG_DIRECT)
-        build_allgather_direct(r, send, recv, count);
-    else if (algo == AG_BRUCK)
-        build_allgather_bruck(r, send, recv, count);
-    else
-        build_allgather_rd(r, send, recv, count);
-    return req_start(r, req);
+    case UOP_REDUCESCATTER: return small ? RS_RECURSIVE_HALVING : RS_RING;
+    case UOP_BROADCAST:
+        return small || n == 2                    ? BC_BINOMIAL
+               : c->local                         ? BC_DIRECT
+               : bytes < s->broadcast_large_bytes ? BC_BINOMIAL
+                                                  : BC_SCATTER_ALLGATHER;
+    case UOP_REDUCE: return small ? RD_BINOMIAL : RD_CHAIN;
+    case UOP_ALLTOALL: return small ? A2A_POSTED : A2A_PAIRWISE;
+    default: return BAR_DISSEMINATION;
+    }
 }
 
-static int ucx_reducescatter(loom_comm *c, const void *send, void *recv, size_t count,
-                             loom_dtype dtype, loom_redop op, loom_comm_request **req)
+/* The collectives with a choice of algorithm, by loom_comm_op. */
+static const int uop_of[LOOM_OP_COUNT] = {
+    [LOOM_OP_ALLREDUCE] = UOP_ALLREDUCE, [LOOM_OP_BROADCAST] = UOP_BROADCAST,
+    [LOOM_OP_REDUCE] = UOP_REDUCE,       [LOOM_OP_ALLGATHER] = UOP_ALLGATHER,
+    [LOOM_OP_REDUCESCATTER] = UOP_REDUCESCATTER, [LOOM_OP_ALLTOALL] = UOP_ALLTOALL,
+    [LOOM_OP_BARRIER] = UOP_BARRIER};
+
+/* Lay out the request's schedule: a send or receive is one op; a
+ * collective runs the algorithm comm.ucx.<op> forces, or the one "auto"
+ * picks by size. */
+static void build(loom_comm_request *r, size_t bytes)
 {
+    const comm_call *call = &r->call;
+    if (call_is_p2p(call)) {
+        size_t len = call->count * loom_dtype_size(call->dtype);
+        if (call->op == LOOM_OP_SEND)
+            sched_send(r, call->peer, call->send, len, 0, 0);
+        else
+            sched_recv(r, call->peer, call->recv, len, 0, 0);
+        return;
+    }
+    int uop = uop_of[call->op], algo = r->comm->set.algo[uop];
+    if (algo == ALG_AUTO)
+        algo = auto_algorithm(r->comm, uop, bytes);
+    r->algo = algorithms[uop][algo].title;
+    algorithms[uop][algo].build(r);
+}
+
+/* Every op (common/call.h). Buffers that overlap other than in comm.h's
+ * in-place forms: reducescatter and alltoall copy their input aside first
+ * (reducescatter's send == recv then leaves the result at the start of
+ * recv, as MPI_IN_PLACE does); the other ops refuse. */
+int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
+{
+    const char *name = loom_comm_op_name(call->op);
+    int collective = !call_is_p2p(call), rank = c->group.rank;
     uint64_t seq;
-    int st = op_begin(c, LOOM_OP_REDUCESCATTER, 1, &seq, req);
-    if (st != LOOM_OK || count == 0)
+    int st = group_begin(&c->group, name, collective, &seq);
+    if (st != LOOM_OK || call_is_empty(call))
         return st;
-    size_t bytes = count * loom_dtype_size(dtype), total = bytes * (size_t)c->size;
-    if (c->size == 1) {
-        if (send != recv)
-            memmove(recv, send, bytes);
+    size_t send_bytes, recv_bytes;
+    call_extents(call, rank, c->group.size, &send_bytes, &recv_bytes);
+    int copy_aside = 0;
+    if (!call_in_place(call, rank) &&
+        buffers_overlap(call->send, send_bytes, call->recv, recv_bytes)) {
+        copy_aside = call->op == LOOM_OP_REDUCESCATTER || call->op == LOOM_OP_ALLTOALL;
+        if (!copy_aside)
+            return c->group.host->error(
+                c->group.host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: %s", name,
+                (unsigned long long)seq, c->group.desc,
+                call->op == LOOM_OP_ALLGATHER
+                    ? "send overlaps recv without being this rank's block of it"
+                    : "send and recv overlap without being the same buffer");
+    }
+    if (collective && c->group.size == 1) { /* the result is the input */
+        if (call->send != call->recv && recv_bytes)
+            memmove(call->recv, call->send, recv_bytes);
         return LOOM_OK;
     }
-    loom_comm_request *r = req_new(c, LOOM_OP_REDUCESCATTER, 1, seq, dtype, op);
+    loom_comm_request *r = req_new(c, call, seq);
     if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    /* send == recv (or any overlap): the input is copied aside first, and
-     * the result lands at the start of recv, as MPI_IN_PLACE does. */
-    if (overlap(send, total, recv, bytes)) {
-        void *copy = sched_scratch(r, total);
+        return group_no_memory(&c->group, name, seq);
+    if (copy_aside) {
+        void *copy = sched_scratch(r, send_bytes);
         if (copy)
-            memcpy(copy, send, total);
-        send = copy;
+            memcpy(copy, call->send, send_bytes);
+        r->call.send = copy;
     }
-    int algo = c->set.algo[UOP_REDUCESCATTER];
-    if (algo == ALG_AUTO)
-        algo = total < c->set.small_bytes[UOP_REDUCESCATTER] ? RS_RECURSIVE_HALVING : RS_RING;
-    if (algo == RS_RECURSIVE_HALVING)
-        build_reducescatter_rh(r, send, recv, count);
-    else
-        build_reducescatter_ring(r, send, recv, count);
+    if (call->op == LOOM_OP_REDUCE && rank != call->root)
+        r->call.recv = NULL; /* significant at the root only */
+    build(r, send_bytes > recv_bytes ? send_bytes : recv_bytes);
     return req_start(r, req);
-}
-
-static int ucx_alltoall(loom_comm *c, const void *send, void *recv, size_t count,
-                        loom_dtype dtype, loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_ALLTOALL, 1, &seq, req);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    size_t total = count * loom_dtype_size(dtype) * (size_t)c->size;
-    if (c->size == 1) {
-        if (send != recv)
-            memmove(recv, send, total);
-        return LOOM_OK;
-    }
-    loom_comm_request *r = req_new(c, LOOM_OP_ALLTOALL, 1, seq, dtype, LOOM_SUM);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    if (overlap(send, total, recv, total)) {
-        void *copy = sched_scratch(r, total);
-        if (copy)
-            memcpy(copy, send, total);
-        send = copy;
-    }
-    int algo = c->set.algo[UOP_ALLTOALL];
-    if (algo == ALG_AUTO)
-        algo = total < c->set.small_bytes[UOP_ALLTOALL] ? A2A_POSTED : A2A_PAIRWISE;
-    if (algo == A2A_BRUCK)
-        build_alltoall_bruck(r, send, recv, count);
-    else if (algo == A2A_POSTED)
-        build_alltoall_posted(r, send, recv, count);
-    else
-        build_alltoall_pairwise(r, send, recv, count);
-    return req_start(r, req);
-}
-
-static int ucx_barrier(loom_comm *c, loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, LOOM_OP_BARRIER, 1, &seq, req);
-    if (st != LOOM_OK || c->size == 1)
-        return st;
-    loom_comm_request *r = req_new(c, LOOM_OP_BARRIER, 1, seq, LOOM_U8, LOOM_SUM);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    build_barrier_dissemination(r);
-    return req_start(r, req);
-}
-
-/* ------------------------------------------------------ point-to-point */
-
-static int p2p_post(loom_comm *c, loom_comm_op op, void *buf, size_t count, loom_dtype dtype,
-                    int peer, int tag, loom_comm_request **req)
-{
-    uint64_t seq;
-    int st = op_begin(c, op, 0, &seq, req);
-    if (st != LOOM_OK || count == 0)
-        return st;
-    loom_comm_request *r = req_new(c, op, 0, seq, dtype, LOOM_SUM);
-    if (!r)
-        return c->host->error(c->host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-    r->peer = peer;
-    r->tag = tag;
-    size_t bytes = count * loom_dtype_size(dtype);
-    if (op == LOOM_OP_SEND)
-        sched_send(r, peer, buf, bytes, 0, 0);
-    else
-        sched_recv(r, peer, buf, bytes, 0, 0);
-    return req_start(r, req);
-}
-
-static int ucx_send(loom_comm *c, const void *buf, size_t count, loom_dtype dtype, int peer,
-                    int tag, loom_comm_request **req)
-{
-    return p2p_post(c, LOOM_OP_SEND, (void *)buf, count, dtype, peer, tag, req);
-}
-
-static int ucx_recv(loom_comm *c, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
-                    loom_comm_request **req)
-{
-    return p2p_post(c, LOOM_OP_RECV, buf, count, dtype, peer, tag, req);
 }
 
 /* ------------------------------------------------------------ completion */
@@ -611,7 +443,7 @@ static int poll_req(loom_comm_request *r, int *events, int check_peers)
 {
     if (r->status == LOOM_IN_PROGRESS && !r->comm)
         sched_fail(r, LOOM_ERR_INVALID, "comm-ucx: %s #%llu: its group was destroyed while it was "
-                                        "in flight", loom_comm_op_name(r->op), (unsigned long long)r->seq);
+                                        "in flight", loom_comm_op_name(r->call.op), (unsigned long long)r->seq);
     if (r->status == LOOM_IN_PROGRESS) {
         *events = sched_progress_all();
         if (check_peers)
@@ -627,9 +459,9 @@ static int poll_req(loom_comm_request *r, int *events, int check_peers)
  * for. */
 static void last_words_put(loom_comm *c, int status, const char *err)
 {
-    const loom_host *h = c->host;
-    char key[96], text[1600];
-    snprintf(key, sizeof key, "fail/%lld/%d", (long long)c->uid, c->world[c->rank]);
+    const loom_host *h = c->group.host;
+    char key[160], text[1600];
+    snprintf(key, sizeof key, "fail/%s/%d", c->group.id, c->group.world_ranks[c->group.rank]);
     int n = snprintf(text, sizeof text, "%d|%s", status, err);
     if (h->kv_put && n > 0)
         h->kv_put(h, key, text, strlen(text) + 1);
@@ -637,10 +469,10 @@ static void last_words_put(loom_comm *c, int status, const char *err)
 
 static int last_words_get(loom_comm *c, int world, int *status, char *buf, size_t cap)
 {
-    const loom_host *h = c->host;
-    char key[96], text[1600];
+    const loom_host *h = c->group.host;
+    char key[160], text[1600];
     size_t len = 0;
-    snprintf(key, sizeof key, "fail/%lld/%d", (long long)c->uid, world);
+    snprintf(key, sizeof key, "fail/%s/%d", c->group.id, world);
     /* put before the rank went, so either there now or never */
     if (!h->kv_get || h->kv_get(h, key, text, sizeof text - 1, &len, 0.2) != LOOM_OK)
         return LOOM_ERR_NOT_FOUND;
@@ -689,110 +521,13 @@ static int ucx_test(loom_comm_request *r)
         return LOOM_OK;
     int events = 0;
     pthread_mutex_lock(&ucx.lock);
-    double t = now_s();
+    double t = clock_now_s();
     int check = t >= r->next_check;
     if (check)
         r->next_check = t + 0.1;
     int st = poll_req(r, &events, check);
     pthread_mutex_unlock(&ucx.lock);
     return st == LOOM_IN_PROGRESS ? LOOM_IN_PROGRESS : finish(r);
-}
-
-/* Say in the store how many collectives this rank posted on c (key
- * late/<group id>/<world rank>), so a rank that times out can tell who
- * never arrived. Done by every wait that is slow, well before any times
- * out. Returns LOOM_OK or the store's error. */
-static int report_arrival(loom_comm *c, uint64_t posted)
-{
-    const loom_host *h = c->host;
-    char key[96];
-    if (!h->kv_add)
-        return LOOM_ERR_NOT_SUPPORTED;
-    snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[c->rank]);
-    int64_t cur = 0, mine = (int64_t)posted;
-    if (h->kv_add(h, key, 0, &cur) != LOOM_OK ||
-        (cur < mine && h->kv_add(h, key, mine - cur, &cur) != LOOM_OK))
-        return LOOM_ERR_REMOTE;
-    return LOOM_OK;
-}
-
-/* The ranks of c that did not reach collective #seq: those that never
- * reported reaching it (see report_arrival), after giving them
- * late_grace_s to report. */
-static void diagnose_late(loom_comm *c, uint64_t seq, uint64_t posted, char *why, size_t cap)
-{
-    const loom_host *h = c->host;
-    char key[96];
-    why[0] = '\0';
-    if (!h->kv_add)
-        return;
-    if (report_arrival(c, posted) != LOOM_OK) {
-        snprintf(why, cap, "; rank 0 (the bootstrap store) is unreachable");
-        return;
-    }
-    int n = c->size;
-    int64_t *got = calloc((size_t)n, sizeof *got);
-    if (!got)
-        return;
-    double grace = c->set.late_grace_s, quarter = c->set.timeout_s / 4;
-    double deadline = now_s() + (grace < quarter ? grace : quarter);
-    int missing = 0, lost = 0, rounds = 0;
-    for (;; rounds++) {
-        int now_missing = 0;
-        for (int m = 0; m < n && !lost; m++) {
-            int64_t v = 0;
-            if (m == c->rank || got[m] >= (int64_t)seq)
-                continue;
-            snprintf(key, sizeof key, "late/%lld/%d", (long long)c->uid, c->world[m]);
-            if (h->kv_add(h, key, 0, &v) != LOOM_OK)
-                lost = 1;
-            else if ((got[m] = v) < (int64_t)seq)
-                now_missing++;
-        }
-        if (lost) /* keep what the earlier rounds found */
-            break;
-        missing = now_missing;
-        if (missing == 0 || now_s() >= deadline)
-            break;
-        struct timespec t = {0, 50 * 1000 * 1000};
-        nanosleep(&t, NULL);
-    }
-    if (lost && rounds == 0) {
-        snprintf(why, cap, "; which ranks did not arrive is unknown: rank 0, which serves the "
-                           "bootstrap store, has gone");
-        free(got);
-        return;
-    }
-    if (missing == 0) {
-        snprintf(why, cap, "; every rank reached it, so they disagree on what it is (ops, counts, "
-                           "dtypes or roots in a different order?)");
-        free(got);
-        return;
-    }
-    size_t len = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int k = 0, count = 0;
-        for (int m = 0; m < n; m++)
-            count += m != c->rank && got[m] < (int64_t)seq && (got[m] > 0) == pass;
-        if (count == 0)
-            continue;
-        len += (size_t)snprintf(why + len, len < cap ? cap - len : 0, "; rank%s ", count > 1 ? "s" : "");
-        for (int m = 0; m < n && len < cap; m++) {
-            if (m == c->rank || got[m] >= (int64_t)seq || (got[m] > 0) != pass)
-                continue;
-            char nm[64];
-            ucx_name_rank(c, m, nm, sizeof nm);
-            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
-            if (pass == 1 && len < cap)
-                len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m]);
-        }
-        if (len < cap)
-            len += (size_t)snprintf(why + len, cap - len, "%s",
-                                    pass == 0 ? " did not arrive"
-                                    : count > 1 ? " are still in earlier operations of the group"
-                                                : " is still in an earlier operation of the group");
-    }
-    free(got);
 }
 
 /* "waiting for rank 2 (step 1 of ring)": the peers whose messages (or, for
@@ -817,7 +552,7 @@ static void pending_peers(const loom_comm_request *r, char *buf, size_t cap)
             if (first < 0)
                 first = i;
             char nm[64];
-            ucx_name_rank(c, o->peer, nm, sizeof nm);
+            group_name_rank(&c->group, o->peer, nm, sizeof nm);
             if (len < sizeof list)
                 len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", count ? ", " : "", nm);
             count++;
@@ -842,23 +577,22 @@ static int ucx_wait(loom_comm_request *r)
     if (!r)
         return LOOM_OK;
     ucx_idle_state idle = {0};
-    double t0 = now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
+    double t0 = clock_now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
     double report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
     int reported = !r->collective;
     for (;;) {
         int events = 0;
-        double t = now_s();
+        double t = clock_now_s();
         int check = t >= next_check;
         if (check)
             next_check = t + 0.1;
         if (!reported && t >= report_at && r->comm) {
             /* slow: tell the store we got here, in case someone times out */
             pthread_mutex_lock(&ucx.lock);
-            uint64_t posted = r->comm ? r->comm->seq : 0;
             loom_comm *c = r->comm;
             pthread_mutex_unlock(&ucx.lock);
             if (c)
-                report_arrival(c, posted);
+                arrival_report(&c->group);
             reported = 1;
         }
         pthread_mutex_lock(&ucx.lock);
@@ -874,22 +608,22 @@ static int ucx_wait(loom_comm_request *r)
     /* Timed out: say what we wait for, then who did not come. */
     pthread_mutex_lock(&ucx.lock);
     loom_comm *c = r->comm;
-    char what[400], peers[400], late[512] = "";
+    char what[400], peers[400], late[512];
     ucx_req_describe(r, what, sizeof what);
     pending_peers(r, peers, sizeof peers);
-    uint64_t posted = c->seq;
     pthread_mutex_unlock(&ucx.lock);
+    /* who did not come, given at most a quarter of the timeout to report */
+    double grace = c->set.late_grace_s < timeout / 4 ? c->set.late_grace_s : timeout / 4;
     if (r->collective)
-        diagnose_late(c, r->seq, posted, late, sizeof late);
+        arrival_diagnose(&c->group, r->seq, grace, late, sizeof late);
     else
-        snprintf(late, sizeof late, "; rank %d %s", c->world[r->peer],
-                 r->op == LOOM_OP_SEND ? "did not post the matching recv"
-                                       : "did not send the matching message");
+        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, late,
+                             sizeof late);
     pthread_mutex_lock(&ucx.lock);
     int events;
     if (poll_req(r, &events, 1) == LOOM_IN_PROGRESS) { /* else it finished meanwhile */
-        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s%s", what, timeout,
-                   peers, late);
+        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s; %s", what,
+                   timeout, peers, late);
         /* Its messages may still arrive later, so the group cannot be trusted. */
         if (r->collective && r->comm)
             ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);
@@ -900,9 +634,6 @@ static int ucx_wait(loom_comm_request *r)
 
 /* -------------------------------------------------------------- export */
 
-static int ucx_rank(const loom_comm *c) { return c->rank; }
-static int ucx_size(const loom_comm *c) { return c->size; }
-
 LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMM, loom_comm_plugin_v1_t, "ucx",
                                  "loom's own collectives over UCX (UCP tag matching): shared "
@@ -912,17 +643,7 @@ LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .create_world = ucx_create_world,
     .create_subgroup = ucx_create_subgroup,
     .destroy = ucx_destroy,
-    .rank = ucx_rank,
-    .size = ucx_size,
-    .allreduce = ucx_allreduce,
-    .broadcast = ucx_broadcast,
-    .reduce = ucx_reduce_op,
-    .allgather = ucx_allgather,
-    .reducescatter = ucx_reducescatter,
-    .alltoall = ucx_alltoall,
-    .send = ucx_send,
-    .recv = ucx_recv,
-    .barrier = ucx_barrier,
+    COMM_COMMON_OPS,
     .test = ucx_test,
     .wait = ucx_wait,
     .abort = ucx_abort,

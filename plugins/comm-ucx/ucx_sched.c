@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/reduce.h"
 #include "ucx_internal.h"
 
 #define TAG_COMM_SHIFT 50
@@ -42,7 +43,7 @@ static uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
     uint64_t t = (c->tag_id & 0x3fffull) << TAG_COMM_SHIFT;
     t |= ((uint64_t)src & 0xffffull) << TAG_SRC_SHIFT;
     if (!r->collective)
-        return t | ((uint64_t)r->tag & 0x1ffffffffull);
+        return t | ((uint64_t)r->call.tag & 0x1ffffffffull);
     return t | TAG_COLL_BIT | ((r->seq & 0xfffull) << TAG_SEQ_SHIFT) |
            (((uint64_t)o->step & 0x1ffull) << TAG_STEP_SHIFT) | ((uint64_t)o->chunk & 0xfffull);
 }
@@ -229,8 +230,10 @@ int sched_divide(loom_comm_request *r, void *buf, size_t count)
 
 int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
 
-int slots_init(loom_comm_request *r, slot_ring *s, size_t slot_bytes, int count)
+int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
 {
+    size_t slot_bytes = elems * loom_dtype_size(r->call.dtype);
+    int count = r->comm->set.pipeline_depth;
     if (count < 1)
         count = 1;
     if (count > SLOTS_MAX)
@@ -313,19 +316,8 @@ int join_since(loom_comm_request *r, int first)
 
 void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap)
 {
-    const loom_comm *c = r->comm;
-    const char *desc = c ? c->desc : "a destroyed group";
-    if (r->collective) {
-        snprintf(buf, cap, "%s #%llu on %s", loom_comm_op_name(r->op),
-                 (unsigned long long)r->seq, desc);
-    } else {
-        char nm[64] = "?";
-        if (c)
-            ucx_name_rank(c, r->peer, nm, sizeof nm);
-        snprintf(buf, cap, "%s #%llu %s rank %s (tag %d) on %s", loom_comm_op_name(r->op),
-                 (unsigned long long)r->seq, r->op == LOOM_OP_SEND ? "to" : "from", nm, r->tag,
-                 desc);
-    }
+    group_describe_op(r->comm ? &r->comm->group : NULL, loom_comm_op_name(r->call.op), r->seq,
+                      r->call.peer, r->call.tag, buf, cap);
 }
 
 static void active_unlink(loom_comm_request *r)
@@ -396,7 +388,7 @@ static void op_failed(loom_comm_request *r, const sop *o, ucs_status_t s, size_t
 {
     char what[400], nm[64], step[96];
     ucx_req_describe(r, what, sizeof what);
-    ucx_name_rank(r->comm, o->peer, nm, sizeof nm);
+    group_name_rank(&r->comm->group, o->peer, nm, sizeof nm);
     step_text(r, o, step, sizeof step);
     int is_send = o->kind == SOP_SEND;
     if (s == UCS_ERR_MESSAGE_TRUNCATED || (s == UCS_OK && got != o->n)) {
@@ -410,7 +402,7 @@ static void op_failed(loom_comm_request *r, const sop *o, ucs_status_t s, size_t
                        "comm-ucx: %s: expected %zu bytes, rank %s sent %s", what, o->n, nm,
                        s == UCS_OK ? "fewer" : "more");
     } else {
-        r->dead_world = r->comm->world[o->peer];
+        r->dead_world = r->comm->group.world_ranks[o->peer];
         sched_fail(r, ucx_to_loom(s), "comm-ucx: %s: %s rank %s failed%s: %s", what,
                    is_send ? "sending to" : "receiving from", nm, step, ucs_status_string(s));
     }
@@ -438,9 +430,9 @@ static void op_start(loom_comm_request *r, sop *o)
     loom_comm *c = r->comm;
     switch (o->kind) {
     case SOP_SEND: {
-        ucx_peer *p = &ucx.peers[c->world[o->peer]];
+        ucx_peer *p = &ucx.peers[c->group.world_ranks[o->peer]];
         ucp_request_param_t prm = {0};
-        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->rank, o), &prm);
+        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->group.rank, o), &prm);
         if (st == NULL) {
             o->state = SOP_DONE;
         } else if (UCS_PTR_IS_ERR(st)) {
@@ -468,7 +460,7 @@ static void op_start(loom_comm_request *r, sop *o)
         break;
     }
     case SOP_REDUCE:
-        ucx_reduce(o->dst, o->a, o->b, o->n, r->dtype, r->redop);
+        reduce_elements(o->dst, o->a, o->b, o->n, r->call.dtype, r->call.redop);
         o->state = SOP_DONE;
         break;
     case SOP_COPY:
@@ -477,7 +469,7 @@ static void op_start(loom_comm_request *r, sop *o)
         o->state = SOP_DONE;
         break;
     case SOP_DIVIDE:
-        ucx_divide(o->dst, o->n, r->dtype, c->size);
+        divide_elements(o->dst, o->n, r->call.dtype, c->group.size);
         o->state = SOP_DONE;
         break;
     default:
@@ -574,13 +566,13 @@ void sched_check_peers(loom_comm_request *r)
         if ((o->kind != SOP_RECV && o->kind != SOP_SEND) || o->state != SOP_POSTED)
             continue;
         char why[160];
-        if (!ucx_peer_dead(r->comm->world[o->peer], why, sizeof why))
+        if (!ucx_peer_dead(r->comm->group.world_ranks[o->peer], why, sizeof why))
             continue;
         char what[400], nm[64], step[96];
         ucx_req_describe(r, what, sizeof what);
-        ucx_name_rank(r->comm, o->peer, nm, sizeof nm);
+        group_name_rank(&r->comm->group, o->peer, nm, sizeof nm);
         step_text(r, o, step, sizeof step);
-        r->dead_world = r->comm->world[o->peer];
+        r->dead_world = r->comm->group.world_ranks[o->peer];
         sched_fail(r, LOOM_ERR_REMOTE, "comm-ucx: %s: rank %s failed while this rank was %s it%s: %s",
                    what, nm, o->kind == SOP_RECV ? "waiting for a message from" : "sending to",
                    step, why);

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "ucx_internal.h"
 
 ucx_proc ucx = {
@@ -32,21 +33,6 @@ ucx_proc ucx = {
     .work = PTHREAD_COND_INITIALIZER,
     .efd = -1,
 };
-
-/* How often this rank made a subgroup with a given rank list from one
- * parent: part of the subgroup's store key, the same on every member. */
-struct sub_count {
-    uint64_t hash;
-    int count;
-    struct sub_count *next;
-};
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------- peer liveness */
 
@@ -132,9 +118,9 @@ static void process_teardown(const loom_host *host)
          * waiting for our last eager message or rendezvous reply. */
         ucp_request_param_t prm = {0};
         ucs_status_ptr_t fr = ucp_worker_flush_nbx(ucx.worker, &prm);
-        double t0 = now_s();
+        double t0 = clock_now_s();
         if (UCS_PTR_IS_PTR(fr)) {
-            while (ucp_request_check_status(fr) == UCS_INPROGRESS && now_s() - t0 < limit) {
+            while (ucp_request_check_status(fr) == UCS_INPROGRESS && clock_now_s() - t0 < limit) {
                 if (!ucp_worker_progress(ucx.worker))
                     sched_yield();
             }
@@ -161,10 +147,10 @@ static void process_teardown(const loom_host *host)
             }
             ucx.peers[w].ep = NULL;
         }
-        double t0 = now_s();
+        double t0 = clock_now_s();
         for (int w = 0; closing && w < ucx.world_size; w++) {
             while (closing[w] && ucp_request_check_status(closing[w]) == UCS_INPROGRESS &&
-                   now_s() - t0 < limit) {
+                   clock_now_s() - t0 < limit) {
                 if (!ucp_worker_progress(ucx.worker))
                     sched_yield();
             }
@@ -388,57 +374,71 @@ static void progress_stop(void)
 
 /* ------------------------------------------------------- communicators */
 
+/* The world is "group of 4": its ranks are the world's. */
 static void comm_describe(loom_comm *c)
 {
-    if (c->is_world) {
-        snprintf(c->desc, sizeof c->desc, "group of %d", c->size);
-        return;
-    }
-    int n = snprintf(c->desc, sizeof c->desc, "group of %d (world ranks ", c->size);
-    for (int i = 0; i < c->size && n < (int)sizeof c->desc - 16; i++)
-        n += snprintf(c->desc + n, sizeof c->desc - (size_t)n, "%s%d", i ? "," : "", c->world[i]);
-    if (n >= (int)sizeof c->desc - 16)
-        snprintf(c->desc + sizeof c->desc - 16, 16, ",...)");
+    if (c->group.is_world)
+        snprintf(c->group.desc, sizeof c->group.desc, "group of %d", c->group.size);
     else
-        snprintf(c->desc + n, sizeof c->desc - (size_t)n, ")");
+        group_describe(&c->group);
 }
 
 static void comm_set_local(loom_comm *c)
 {
     c->local = 1;
     pthread_mutex_lock(&ucx.lock);
-    for (int i = 0; i < c->size && ucx.peers; i++)
-        if (c->world[i] != ucx.world_rank && !ucx.peers[c->world[i]].local)
+    for (int i = 0; i < c->group.size && ucx.peers; i++) {
+        int w = c->group.world_ranks[i];
+        if (w != ucx.world_rank && !ucx.peers[w].local)
             c->local = 0;
+    }
     pthread_mutex_unlock(&ucx.lock);
 }
 
+/* A communicator whose world ranks the caller fills in, then calls
+ * comm_finish. */
 static loom_comm *comm_alloc(const loom_host *host, int rank, int size, const ucx_settings *s)
 {
     loom_comm *c = calloc(1, sizeof *c);
-    int *w = calloc((size_t)size, sizeof *w);
-    if (!c || !w) {
+    if (!c || group_init(&c->group, host, "comm-ucx", rank, size) != LOOM_OK) {
         free(c);
-        free(w);
         return NULL;
     }
-    c->host = host;
+    c->group.lock = &ucx.lock;
     c->set = *s;
-    c->rank = rank;
-    c->size = size;
-    c->world = w;
     return c;
+}
+
+static void comm_finish(loom_comm *c)
+{
+    comm_set_local(c);
+    comm_describe(c);
+}
+
+/* The communicator's id, the same on every member: the leader takes the
+ * store's next "uid" and puts it under key, the others read it there
+ * (waiting up to timeout_s). It separates the tags of communicators and
+ * names their store keys. LOOM_OK or the store's status. */
+static int comm_agree_uid(loom_comm *c, const char *key, int leader, double timeout_s)
+{
+    const loom_host *h = c->group.host;
+    int64_t uid = 0;
+    size_t len = 0;
+    int st = leader ? h->kv_add(h, "uid", 1, &uid)
+                    : h->kv_get(h, key, &uid, sizeof uid, &len, timeout_s);
+    if (st == LOOM_OK && leader)
+        st = h->kv_put(h, key, &uid, sizeof uid);
+    c->uid = uid;
+    c->tag_id = (uint64_t)uid;
+    snprintf(c->group.id, sizeof c->group.id, "%lld", (long long)uid);
+    return st;
 }
 
 static void comm_free(loom_comm *c)
 {
     if (!c)
         return;
-    for (struct sub_count *sc = c->subs, *next; sc; sc = next) {
-        next = sc->next;
-        free(sc);
-    }
-    free(c->world);
+    group_release(&c->group);
     free(c);
 }
 
@@ -448,20 +448,17 @@ static void comm_free(loom_comm *c)
  * with ucx.lock held. */
 void ucx_comm_fail(loom_comm *c, int status, const char *why)
 {
-    if (c->failed)
+    if (!group_fail(&c->group, status, why))
         return;
-    c->failed = 1;
-    c->fail_status = status;
-    if (!strncmp(why, "comm-ucx: ", 10))
-        why += 10;
-    snprintf(c->failure, sizeof c->failure, "%s", why);
     ucx.failed = 1;
-    for (loom_comm_request *r = c->reqs; r; r = r->cnext) {
+    for (comm_pending *p = c->group.pending; p; p = p->next) {
+        loom_comm_request *r = p->request;
         if (r->status != LOOM_IN_PROGRESS)
             continue;
         char what[400];
         ucx_req_describe(r, what, sizeof what);
-        sched_fail(r, status, "comm-ucx: %s abandoned: the group failed: %s", what, c->failure);
+        sched_fail(r, status, "comm-ucx: %s abandoned: the group failed: %s", what,
+                   c->group.failure);
     }
 }
 
@@ -470,16 +467,15 @@ int ucx_create_world(const loom_host *host, loom_comm **out)
     if (!out)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    if (!host || host->world_size < 1 || host->rank < 0 || host->rank >= host->world_size)
-        return host ? host->error(host, LOOM_ERR_INVALID, "comm-ucx: bad rank %d of %d", host->rank,
-                                  host->world_size)
-                    : LOOM_ERR_INVALID;
+    int st = group_check_world(host, "comm-ucx");
+    if (st != LOOM_OK)
+        return st;
     if (host->world_size > 65536)
         return host->error(host, LOOM_ERR_NOT_SUPPORTED,
                            "comm-ucx: %d ranks is more than the 65536 its tags can address",
                            host->world_size);
     ucx_settings s;
-    int st = ucx_settings_read(host, &s);
+    st = ucx_settings_read(host, &s);
     if (st != LOOM_OK)
         return st;
 
@@ -503,27 +499,16 @@ int ucx_create_world(const loom_host *host, loom_comm **out)
     if (!c) {
         st = host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     } else {
-        c->is_world = 1;
-        for (int i = 0; i < c->size; i++)
-            c->world[i] = i;
-        comm_set_local(c);
-        comm_describe(c);
+        group_set_world(&c->group);
+        comm_finish(c);
         char key[64];
         snprintf(key, sizeof key, "world/%d", k);
-        if (host->rank == 0) {
-            st = host->kv_add(host, "uid", 1, &c->uid);
-            if (st == LOOM_OK)
-                st = host->kv_put(host, key, &c->uid, sizeof c->uid);
-        } else {
-            size_t len = 0;
-            st = host->kv_get(host, key, &c->uid, sizeof c->uid, &len, s.timeout_s);
-            if (st != LOOM_OK)
-                st = host->error(host, st,
-                                 "comm-ucx: rank 0 did not publish the id of world communicator "
-                                 "#%d within %.1f s",
-                                 k, s.timeout_s);
-        }
-        c->tag_id = (uint64_t)c->uid;
+        st = comm_agree_uid(c, key, host->rank == 0, s.timeout_s);
+        if (st != LOOM_OK && host->rank != 0)
+            st = host->error(host, st,
+                             "comm-ucx: rank 0 did not publish the id of world communicator "
+                             "#%d within %.1f s",
+                             k, s.timeout_s);
     }
     if (st != LOOM_OK) {
         comm_free(c);
@@ -539,19 +524,6 @@ int ucx_create_world(const loom_host *host, loom_comm **out)
     return LOOM_OK;
 }
 
-static uint64_t list_hash(const int *ranks, int n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (int i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ranks[i];
-        for (int k = 0; k < 4; k++) {
-            h ^= (v >> (8 * k)) & 0xffu;
-            h *= 1099511628211ull;
-        }
-    }
-    return h ^ (uint64_t)n;
-}
-
 /* Collective over the listed ranks only: subgroup rank 0 takes an id from
  * the store and the others read it, so disjoint subgroups form at once. */
 int ucx_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
@@ -559,64 +531,35 @@ int ucx_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_co
     if (!out || !parent)
         return LOOM_ERR_INVALID;
     *out = NULL;
-    const loom_host *h = parent->host;
-    /* The core checked the list (comm.h); find this rank's place in it. */
-    int me = 0;
-    while (ranks[me] != parent->rank)
-        me++;
-    pthread_mutex_lock(&ucx.lock);
-    int failed = parent->failed;
-    char why[512];
-    snprintf(why, sizeof why, "%s", parent->failure);
-    pthread_mutex_unlock(&ucx.lock);
-    if (failed)
-        return h->error(h, LOOM_ERR_REMOTE, "comm-ucx: create_subgroup on %s: the group failed earlier: %s",
-                        parent->desc, why);
+    const comm_group *pg = &parent->group;
+    const loom_host *h = pg->host;
+    int me = rank_list_index(ranks, pg->rank);
+    int st = group_refuse_failed(&parent->group, "create_subgroup", LOOM_ERR_REMOTE);
+    if (st != LOOM_OK)
+        return st;
 
-    uint64_t hash = list_hash(ranks, nranks);
-    struct sub_count *sc = parent->subs;
-    while (sc && sc->hash != hash)
-        sc = sc->next;
-    if (!sc) {
-        if (!(sc = calloc(1, sizeof *sc)))
-            return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
-        sc->hash = hash;
-        sc->next = parent->subs;
-        parent->subs = sc;
-    }
-    char key[128];
-    snprintf(key, sizeof key, "sub/%lld/%016llx/%d", (long long)parent->uid,
-             (unsigned long long)hash, sc->count++);
-
-    loom_comm *c = comm_alloc(h, me, nranks, &parent->set);
+    uint64_t hash = rank_list_hash(ranks, nranks);
+    int nth = group_count_subgroup(&parent->group, hash);
+    loom_comm *c = nth < 0 ? NULL : comm_alloc(h, me, nranks, &parent->set);
     if (!c)
         return h->error(h, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     for (int i = 0; i < nranks; i++)
-        c->world[i] = parent->world[ranks[i]];
-    comm_set_local(c);
-    comm_describe(c);
-    int st;
-    if (me == 0) {
-        st = h->kv_add(h, "uid", 1, &c->uid);
-        if (st == LOOM_OK)
-            st = h->kv_put(h, key, &c->uid, sizeof c->uid);
-    } else {
-        size_t len = 0;
-        st = h->kv_get(h, key, &c->uid, sizeof c->uid, &len, parent->set.timeout_s);
-        if (st != LOOM_OK) {
-            char nm[64];
-            ucx_name_rank(parent, ranks[0], nm, sizeof nm);
-            st = h->error(h, st,
-                          "comm-ucx: create_subgroup of %s on %s: rank %s (the subgroup's rank 0) "
-                          "did not create it within %.1f s (did it pass the same rank list?)",
-                          c->desc, parent->desc, nm, parent->set.timeout_s);
-        }
+        c->group.world_ranks[i] = pg->world_ranks[ranks[i]];
+    comm_finish(c);
+    char key[128];
+    snprintf(key, sizeof key, "sub/%s/%016llx/%d", pg->id, (unsigned long long)hash, nth);
+    if ((st = comm_agree_uid(c, key, me == 0, parent->set.timeout_s)) != LOOM_OK && me != 0) {
+        char nm[64];
+        group_name_rank(pg, ranks[0], nm, sizeof nm);
+        st = h->error(h, st,
+                      "comm-ucx: create_subgroup of %s on %s: rank %s (the subgroup's rank 0) "
+                      "did not create it within %.1f s (did it pass the same rank list?)",
+                      c->group.desc, pg->desc, nm, parent->set.timeout_s);
     }
     if (st != LOOM_OK) {
         comm_free(c);
         return st;
     }
-    c->tag_id = (uint64_t)c->uid;
     pthread_mutex_lock(&ucx.lock);
     ucx.refs++;
     pthread_mutex_unlock(&ucx.lock);
@@ -628,25 +571,24 @@ int ucx_destroy(loom_comm *c)
 {
     if (!c)
         return LOOM_OK;
-    const loom_host *h = c->host;
+    const loom_host *h = c->group.host;
     pthread_mutex_lock(&ucx.lock);
     /* Requests not released: unhook them (test/wait on them then fail
      * cleanly); ones still running leave UCX unclean. */
     int orphans = 0;
-    for (loom_comm_request *r = c->reqs, *next; r; r = next) {
-        next = r->cnext;
+    for (comm_pending *p = c->group.pending; p; p = p->next) {
+        loom_comm_request *r = p->request;
         if (r->status == LOOM_IN_PROGRESS) {
             orphans++;
             sched_fail(r, LOOM_ERR_INVALID, "comm-ucx: %s #%llu: its group was destroyed while it was in flight",
-                       loom_comm_op_name(r->op), (unsigned long long)r->seq);
+                       loom_comm_op_name(r->call.op), (unsigned long long)r->seq);
         }
         r->comm = NULL;
-        r->cnext = r->cprev = NULL;
     }
-    c->reqs = NULL;
+    c->group.pending = NULL;
     if (orphans) {
         h->log(h, LOOM_LOG_WARN, "comm-ucx: %s destroyed with %d operation(s) still in flight",
-               c->desc, orphans);
+               c->group.desc, orphans);
         ucx.failed = 1;
     }
     if (--ucx.refs == 0)
@@ -663,9 +605,11 @@ int ucx_abort(loom_comm *c)
         return LOOM_OK;
     pthread_mutex_lock(&ucx.lock);
     ucx_comm_fail(c, LOOM_ERR_REMOTE, "aborted after a failure");
-    for (loom_comm_request *r = c->reqs; r; r = r->cnext)
+    for (comm_pending *p = c->group.pending; p; p = p->next) {
+        loom_comm_request *r = p->request;
         sched_fail(r, LOOM_ERR_REMOTE, "comm-ucx: %s #%llu on %s: aborted after a failure",
-                   loom_comm_op_name(r->op), (unsigned long long)r->seq, c->desc);
+                   loom_comm_op_name(r->call.op), (unsigned long long)r->seq, c->group.desc);
+    }
     pthread_mutex_unlock(&ucx.lock);
     return LOOM_OK;
 }
