@@ -146,10 +146,16 @@ static int atomic_commit(atomic_file *af)
     return LOOM_OK;
 }
 
-/* Open path and read its 256-int header. kind is "GPT-2 checkpoint" or
- * "token shard", for the messages. *size is the file's size in bytes. */
-static int read_header(const char *path, const char *kind, int32_t want_magic, FILE **out,
-                       int32_t header[HEADER_INTS], long long *size)
+/* An llm.c file, open past its 256-int header. */
+typedef struct llmc_file {
+    FILE *f;
+    int32_t header[HEADER_INTS];
+    long long body; /* bytes after the header */
+} llmc_file;
+
+/* Open path and read its header. kind is "GPT-2 checkpoint" or "token
+ * shard", for the messages. */
+static int llmc_open(llmc_file *file, const char *path, const char *kind, int32_t want_magic)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -165,7 +171,7 @@ static int read_header(const char *path, const char *kind, int32_t want_magic, F
         fclose(f);
         return loom_fail(LOOM_ERR_INVALID, "%s: not a regular file", path);
     }
-    *size = (long long)st.st_size;
+    int32_t *header = file->header;
     memset(header, 0, HEADER_BYTES);
     size_t got = fread(header, 1, HEADER_BYTES, f);
     if (got < HEADER_BYTES && ferror(f)) {
@@ -192,8 +198,23 @@ static int read_header(const char *path, const char *kind, int32_t want_magic, F
                          "%s",
                          path, got, HEADER_BYTES, kind);
     }
-    *out = f;
+    file->f = f;
+    file->body = (long long)st.st_size - HEADER_BYTES;
     return LOOM_OK;
+}
+
+/* The body after the header, count elements of size bytes (what: the
+ * parameters, the tokens), into dst. */
+static int read_body(llmc_file *file, const char *path, const char *what, void *dst, size_t size,
+                     size_t count)
+{
+    size_t got = fread(dst, size, count, file->f);
+    int err = errno;
+    if (got == count)
+        return LOOM_OK;
+    /* The size was right a moment ago: a read error or a file shrinking under us. */
+    return loom_fail(LOOM_ERR_INVALID, "%s: cannot read the %s: %s", path, what,
+                     err ? strerror(err) : "the file changed while reading");
 }
 
 /* --------------------------------------------------------- checkpoint */
@@ -244,64 +265,60 @@ static int check_expected(const char *path, const loom_gpt2_shape *got,
     return LOOM_OK;
 }
 
-int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_gpt2_shape *shape,
-                         float **params)
+/* A checkpoint past its magic: the version, the shape (matching expect,
+ * when given), the size, and the parameters into a malloc'd *params. */
+static int read_checkpoint_body(llmc_file *file, const char *path, const loom_gpt2_shape *expect,
+                                loom_gpt2_shape *s, float **params)
 {
-    *params = NULL;
-    int32_t header[HEADER_INTS];
-    long long size = 0;
-    FILE *f = NULL;
-    int rc = read_header(path, "GPT-2 checkpoint", CHECKPOINT_MAGIC, &f, header, &size);
-    if (rc)
-        return rc;
-    if (header[1] != CHECKPOINT_VERSION_FP32) {
-        fclose(f);
-        if (header[1] == CHECKPOINT_VERSION_BF16)
-            return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                             "%s: checkpoint version 5 holds bf16 parameters; loom reads only "
-                             "llm.c's fp32 version 3 (use the fp32 file, e.g. gpt2_124M.bin "
-                             "rather than gpt2_124M_bf16.bin)",
-                             path);
+    const int32_t *header = file->header;
+    if (header[1] == CHECKPOINT_VERSION_BF16)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: checkpoint version 5 holds bf16 parameters; loom reads only "
+                         "llm.c's fp32 version 3 (use the fp32 file, e.g. gpt2_124M.bin "
+                         "rather than gpt2_124M_bf16.bin)",
+                         path);
+    if (header[1] != CHECKPOINT_VERSION_FP32)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: checkpoint version %d; loom reads only llm.c's fp32 version 3", path,
                          (int)header[1]);
-    }
-    loom_gpt2_shape s = {.max_seq = header[2], .vocab = header[3], .layers = header[4],
-                         .heads = header[5], .channels = header[6], .padded_vocab = header[7]};
-    if ((rc = check_shape(path, &s)) || (expect && (rc = check_expected(path, &s, expect)))) {
-        fclose(f);
+    *s = (loom_gpt2_shape){.max_seq = header[2], .vocab = header[3], .layers = header[4],
+                           .heads = header[5], .channels = header[6], .padded_vocab = header[7]};
+    int rc;
+    if ((rc = check_shape(path, s)) || (expect && (rc = check_expected(path, s, expect))))
         return rc;
-    }
-    long long want = (long long)param_bytes_checked(&s), have = size - HEADER_BYTES;
+    long long want = (long long)param_bytes_checked(s), have = file->body;
     char shape_text[128];
-    shape_string(&s, shape_text, sizeof shape_text);
-    if (have < want) {
-        fclose(f);
+    shape_string(s, shape_text, sizeof shape_text);
+    if (have < want)
         return loom_fail(LOOM_ERR_INVALID, "%s: truncated: %lld bytes of parameters, want %lld for %s",
                          path, have, want, shape_text);
-    }
-    if (have > want) {
-        fclose(f);
+    if (have > want)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %lld bytes of trailing garbage after the %lld bytes of parameters "
                          "for %s",
                          path, have - want, want, shape_text);
-    }
-    size_t count = loom_gpt2_param_count(&s);
-    float *p = malloc(count * sizeof(float));
-    if (!p) {
-        fclose(f);
+    size_t count = loom_gpt2_param_count(s);
+    if (!(*params = malloc(count * sizeof(float))))
         return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory for %lld bytes of parameters", path,
                          want);
-    }
-    size_t got = fread(p, sizeof(float), count, f);
-    int err = errno;
-    fclose(f);
-    if (got != count) {
+    return read_body(file, path, "parameters", *params, sizeof(float), count);
+}
+
+int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_gpt2_shape *shape,
+                         float **params)
+{
+    *params = NULL;
+    llmc_file file;
+    int rc = llmc_open(&file, path, "GPT-2 checkpoint", CHECKPOINT_MAGIC);
+    if (rc)
+        return rc;
+    loom_gpt2_shape s;
+    float *p = NULL;
+    rc = read_checkpoint_body(&file, path, expect, &s, &p);
+    fclose(file.f);
+    if (rc) {
         free(p);
-        /* The size was right a moment ago: a read error or a file shrinking under us. */
-        return loom_fail(LOOM_ERR_INVALID, "%s: cannot read the parameters: %s", path,
-                         got < count && err ? strerror(err) : "the file changed while reading");
+        return rc;
     }
     if (shape)
         *shape = s;
@@ -463,74 +480,62 @@ void loom_gpt2_init_random(const loom_gpt2_shape *s, uint64_t seed, float *param
 
 /* -------------------------------------------------------- token shard */
 
-int loom_shard_open(const char *path, int vocab, loom_token_shard *out)
+/* A token shard past its magic: the version, the count, the size, and the
+ * tokens into out (its buffers to free, whatever the outcome). */
+static int read_shard_body(llmc_file *file, const char *path, loom_token_shard *out)
 {
-    memset(out, 0, sizeof *out);
-    int32_t header[HEADER_INTS];
-    long long size = 0;
-    FILE *f = NULL;
-    int rc = read_header(path, "token shard", SHARD_MAGIC, &f, header, &size);
-    if (rc)
-        return rc;
-    if (header[1] != SHARD_VERSION) {
-        fclose(f);
+    const int32_t *header = file->header;
+    if (header[1] != SHARD_VERSION)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: token shard version %d; loom reads only llm.c's version 1 (uint16 "
                          "tokens)",
                          path, (int)header[1]);
-    }
-    if (header[2] < 0) {
-        fclose(f);
+    if (header[2] < 0)
         return loom_fail(LOOM_ERR_INVALID, "%s: bad header: token count %d", path,
                          (int)header[2]);
-    }
     size_t count = (size_t)header[2];
-    long long want = (long long)count * 2, have = size - HEADER_BYTES;
-    if (have < want) {
-        fclose(f);
+    long long want = (long long)count * 2, have = file->body;
+    if (have < want)
         return loom_fail(LOOM_ERR_INVALID, "%s: truncated: %lld bytes of tokens, want %lld for the "
                          "%zu tokens of the header", path, have, want, count);
-    }
-    if (have > want) {
-        fclose(f);
+    if (have > want)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %lld bytes of trailing garbage after the %zu tokens of the header",
                          path, have - want, count);
-    }
-    uint16_t *tokens = malloc(count ? count * sizeof(uint16_t) : 1);
-    char *name = strdup(path);
-    if (!tokens || !name) {
-        free(tokens);
-        free(name);
-        fclose(f);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory for %zu tokens", path, count);
-    }
-    size_t got = fread(tokens, sizeof(uint16_t), count, f);
-    int err = errno;
-    fclose(f);
-    if (got != count) {
-        free(tokens);
-        free(name);
-        return loom_fail(LOOM_ERR_INVALID, "%s: cannot read the tokens: %s", path,
-                         err ? strerror(err) : "the file changed while reading");
-    }
-    if (vocab > 0) {
-        for (size_t i = 0; i < count; i++) {
-            if (tokens[i] >= vocab) {
-                rc = loom_fail(LOOM_ERR_INVALID,
-                               "%s: token %u at position %zu is >= the vocabulary size %d "
-                               "(model.vocab)",
-                               path, (unsigned)tokens[i], i, vocab);
-                free(tokens);
-                free(name);
-                return rc;
-            }
-        }
-    }
-    out->tokens = tokens;
+    out->tokens = malloc(count ? count * sizeof(uint16_t) : 1);
+    out->path = strdup(path);
     out->count = count;
-    out->path = name;
+    if (!out->tokens || !out->path)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory for %zu tokens", path, count);
+    return read_body(file, path, "tokens", out->tokens, sizeof(uint16_t), count);
+}
+
+/* Every token is < vocab. */
+static int check_tokens(const loom_token_shard *shard, const char *path, int vocab)
+{
+    for (size_t i = 0; i < shard->count; i++)
+        if (shard->tokens[i] >= vocab)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: token %u at position %zu is >= the vocabulary size %d "
+                             "(model.vocab)",
+                             path, (unsigned)shard->tokens[i], i, vocab);
     return LOOM_OK;
+}
+
+int loom_shard_open(const char *path, int vocab, loom_token_shard *out)
+{
+    memset(out, 0, sizeof *out);
+    llmc_file file;
+    int rc = llmc_open(&file, path, "token shard", SHARD_MAGIC);
+    if (rc)
+        return rc;
+    rc = read_shard_body(&file, path, out);
+    fclose(file.f);
+    if (rc == LOOM_OK && vocab > 0)
+        rc = check_tokens(out, path, vocab);
+    if (rc)
+        loom_shard_close(out);
+    return rc;
 }
 
 void loom_shard_close(loom_token_shard *shard)

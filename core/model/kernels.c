@@ -139,19 +139,15 @@ static inline float dot_f32(const float *restrict a, const float *restrict b, in
     return s;
 }
 
-static inline uint32_t as_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float as_float(uint32_t u)
-{
+/* A float's bits and back (C11 reads a union through its other member). */
+typedef union float_bits {
     float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+    uint32_t u;
+} float_bits;
+
+static inline uint32_t as_bits(float f) { return ((float_bits){.f = f}).u; }
+
+static inline float as_float(uint32_t u) { return ((float_bits){.u = u}).f; }
 
 /* exp(x) within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial),
  * branch-free so loops of it vectorise. x < -87 gives 0, x > 88 +inf, NaN
@@ -524,37 +520,45 @@ static void bf16_to_f32_span(float *restrict d, const uint16_t *restrict s, size
         d[i] = loom_bf16_to_f32(s[i]);
 }
 
+static void f32_to_f16_span(uint16_t *restrict d, const float *restrict s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = loom_f32_to_f16(s[i]);
+}
+
+static void f16_to_f32_span(float *restrict d, const uint16_t *restrict s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = loom_f16_to_f32(s[i]);
+}
+
 void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n)
 {
     if (dst_type == src_type) {
         memmove(dst, src, n * loom_dtype_size(src_type));
         return;
     }
-    if (src_type == LOOM_F32 && dst_type == LOOM_BF16) {
+    const int wide_src = src_type == LOOM_F32, wide_dst = dst_type == LOOM_F32;
+    const int half_src = src_type == LOOM_BF16 || src_type == LOOM_F16;
+    const int half_dst = dst_type == LOOM_BF16 || dst_type == LOOM_F16;
+    if (wide_src && dst_type == LOOM_BF16) {
         f32_to_bf16_span(dst, src, n);
-    } else if (src_type == LOOM_F32 && dst_type == LOOM_F16) {
-        const float *restrict s = src;
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_f16(s[i]);
-    } else if (src_type == LOOM_BF16 && dst_type == LOOM_F32) {
+    } else if (wide_src && dst_type == LOOM_F16) {
+        f32_to_f16_span(dst, src, n);
+    } else if (src_type == LOOM_BF16 && wide_dst) {
         bf16_to_f32_span(dst, src, n);
-    } else if (src_type == LOOM_F16 && dst_type == LOOM_F32) {
-        const uint16_t *restrict s = src;
-        float *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f16_to_f32(s[i]);
-    } else if (src_type == LOOM_BF16 && dst_type == LOOM_F16) {
-        /* exact through f32: every bf16 is an f32 */
-        const uint16_t *restrict s = src;
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_f16(loom_bf16_to_f32(s[i]));
-    } else if (src_type == LOOM_F16 && dst_type == LOOM_BF16) {
-        const uint16_t *restrict s = src;
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_bf16(loom_f16_to_f32(s[i]));
+    } else if (src_type == LOOM_F16 && wide_dst) {
+        f16_to_f32_span(dst, src, n);
+    } else if (half_src && half_dst) {
+        /* exact through f32, which holds every bf16 and f16 */
+        float chunk[256];
+        const uint16_t *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i += LOOM_ARRAY_LEN(chunk)) {
+            size_t k = n - i < LOOM_ARRAY_LEN(chunk) ? n - i : LOOM_ARRAY_LEN(chunk);
+            loom_convert(chunk, LOOM_F32, s + i, src_type, k);
+            loom_convert(d + i, dst_type, chunk, LOOM_F32, k);
+        }
     } else {
         loom_fail(LOOM_ERR_NOT_SUPPORTED, "loom_convert: %s to %s is not a conversion loom has",
                   loom_dtype_name(src_type), loom_dtype_name(dst_type));
@@ -758,6 +762,27 @@ typedef struct attn_scratch {
     float *row_sum;  /* ATTN_QT; D_i = dout_i·out_i in backward */
 } attn_scratch;
 
+/* The next chunk of keys, from *c0 on, that some query of the tile [i0,
+ * i0 + nq) (at positions <= qmax) can see: its keys [*j0, *j0 + nk) and
+ * their scores scale·q·kᵀ in w->s (nq x nk). Returns nk, 0 when no chunk
+ * is left. */
+static int next_chunk_scores(head_rows q, int i0, int nq, int qmax, head_rows k,
+                             const int *k_pos, int tk, int HS, float scale,
+                             const attn_scratch *w, int *c0, int *j0)
+{
+    for (; *c0 < tk; *c0 += ATTN_KT) {
+        int j1;
+        if (!chunk_visible(k_pos, *c0, *c0 + ATTN_KT < tk ? *c0 + ATTN_KT : tk, qmax, j0, &j1))
+            continue;
+        const int nk = j1 - *j0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale, head_row(q, i0),
+                    q.ld, head_row(k, *j0), k.ld, 0.0f, w->s, nk);
+        *c0 += ATTN_KT;
+        return nk;
+    }
+    return 0;
+}
+
 static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
                          const int *k_pos, int tk, int HS, float scale, head_rows o, float *lse,
                          int first_block, const attn_scratch *w)
@@ -770,13 +795,8 @@ static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, hea
     for (int i0 = 0; i0 < tq; i0 += ATTN_QT) {
         const int nq = tq - i0 < ATTN_QT ? tq - i0 : ATTN_QT;
         const int qmax = tile_max(q_pos + i0, nq);
-        for (int c0 = 0; c0 < tk; c0 += ATTN_KT) {
-            int j0, j1;
-            if (!chunk_visible(k_pos, c0, c0 + ATTN_KT < tk ? c0 + ATTN_KT : tk, qmax, &j0, &j1))
-                continue;
-            const int nk = j1 - j0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale,
-                        head_row(q, i0), q.ld, head_row(k, j0), k.ld, 0.0f, w->s, nk);
+        int c0 = 0, j0, nk;
+        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
             for (int r = 0; r < nq; r++) {
                 float *s = w->s + (size_t)r * nk;
                 const int qp = q_pos[i0 + r];
@@ -821,14 +841,9 @@ static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, he
         float *D = w->row_sum;
         for (int r = 0; r < nq; r++)
             D[r] = dot_f32(head_row(dout, i0 + r), head_row(o, i0 + r), HS);
-        for (int c0 = 0; c0 < tk; c0 += ATTN_KT) {
-            int j0, j1;
-            if (!chunk_visible(k_pos, c0, c0 + ATTN_KT < tk ? c0 + ATTN_KT : tk, qmax, &j0, &j1))
-                continue;
-            const int nk = j1 - j0;
+        int c0 = 0, j0, nk;
+        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
             /* P = exp(scale·Q·Kᵀ - lse), masked */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale,
-                        head_row(q, i0), q.ld, head_row(k, j0), k.ld, 0.0f, w->s, nk);
             for (int r = 0; r < nq; r++) {
                 float *p = w->s + (size_t)r * nk;
                 const float L = lse[i0 + r];
@@ -854,24 +869,96 @@ static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, he
     }
 }
 
-/* Scratch for one call: the tile buffers, then for 16-bit types the packed
- * f32 heads (npacked_q rows of tq, npacked_k of tk). */
-static float *attn_alloc(attn_scratch *w, int HS, int tq, int tk, int npacked_q, int npacked_k,
-                         float **packed)
+/* One (B, rows, NH, HS) buffer of a call, as the per-head loop uses it:
+ * read before each head (in) and/or written after it (out). A 16-bit
+ * buffer goes through its packed f32 copy of one head (rows x HS). */
+typedef struct head_buf {
+    const void *in; /* NULL: not read */
+    void *out;      /* NULL: not written */
+    int rows;
+    float *packed;
+} head_buf;
+
+/* One call of the attention kernels: its shape, its buffers, and the
+ * scratch it runs in. */
+typedef struct attn_call {
+    int B, NH, HS;
+    loom_dtype dtype;
+    head_buf *bufs;
+    int nbufs;
+    float scale;
+    attn_scratch w;
+    attn_positions pos;
+    float *mem;
+} attn_call;
+
+/* The scratch: the tile buffers, then for 16-bit types the packed heads;
+ * and the positions as arrays. Out of memory: -1, why recorded, and the
+ * buffers the call writes poisoned. */
+static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, const int *k_pos,
+                      int tk)
 {
     const size_t tile = (size_t)ATTN_QT * ATTN_KT;
-    const size_t n = 2 * tile + (size_t)ATTN_QT * HS + 2 * (size_t)ATTN_QT +
-                     (size_t)HS * ((size_t)npacked_q * tq + (size_t)npacked_k * tk);
-    float *buf = malloc(n * sizeof(float));
-    if (!buf)
-        return NULL;
-    w->s = buf;
+    const int packed = c->dtype != LOOM_F32;
+    size_t floats = 2 * tile + (size_t)ATTN_QT * c->HS + 2 * (size_t)ATTN_QT;
+    for (int i = 0; packed && i < c->nbufs; i++)
+        floats += (size_t)c->bufs[i].rows * c->HS;
+    c->mem = malloc(floats * sizeof(float));
+    if (!c->mem || positions_init(&c->pos, q_pos, tq, k_pos, tk) != 0) {
+        free(c->mem);
+        loom_fail(LOOM_ERR_NO_MEMORY, "attention %s: out of memory for the scratch of "
+                                      "%d queries and %d keys",
+                  what, tq, tk);
+        for (int i = 0; i < c->nbufs; i++)
+            if (c->bufs[i].out)
+                poison(c->bufs[i].out, c->dtype, (size_t)c->B * c->bufs[i].rows * c->NH * c->HS);
+        return -1;
+    }
+    c->scale = 1.0f / sqrtf((float)c->HS);
+    attn_scratch *w = &c->w;
+    w->s = c->mem;
     w->ds = w->s + tile;
     w->acc = w->ds + tile;
-    w->row_max = w->acc + (size_t)ATTN_QT * HS;
+    w->row_max = w->acc + (size_t)ATTN_QT * c->HS;
     w->row_sum = w->row_max + ATTN_QT;
-    *packed = w->row_sum + ATTN_QT;
-    return buf;
+    float *next = w->row_sum + ATTN_QT;
+    for (int i = 0; packed && i < c->nbufs; i++) {
+        c->bufs[i].packed = next;
+        next += (size_t)c->bufs[i].rows * c->HS;
+    }
+    return 0;
+}
+
+static void attn_end(attn_call *c)
+{
+    free(c->pos.owned);
+    free(c->mem);
+}
+
+/* Head h of batch b of each buffer: in place for f32, else its packed
+ * copy, read in when the buffer is. */
+static void open_heads(const attn_call *c, int b, int h, head_rows *heads)
+{
+    for (int i = 0; i < c->nbufs; i++) {
+        const head_buf *t = &c->bufs[i];
+        if (c->dtype == LOOM_F32) {
+            heads[i] = f32_head(t->out ? t->out : t->in, b, h, t->rows, c->NH, c->HS);
+            continue;
+        }
+        if (t->in)
+            gather_head(t->packed, t->in, c->dtype, b, h, t->rows, c->NH, c->HS);
+        heads[i] = packed_head(t->packed, c->HS);
+    }
+}
+
+/* ... and written back, rounded, where the buffer is written. */
+static void close_heads(const attn_call *c, int b, int h)
+{
+    for (int i = 0; c->dtype != LOOM_F32 && i < c->nbufs; i++) {
+        const head_buf *t = &c->bufs[i];
+        if (t->out)
+            scatter_head(t->out, c->dtype, t->packed, b, h, t->rows, c->NH, c->HS);
+    }
 }
 
 static void attention_block_forward(const void *q, const int *q_pos, int tq, const void *k,
@@ -879,51 +966,25 @@ static void attention_block_forward(const void *q, const int *q_pos, int tq, con
                                     int HS, loom_dtype dtype, void *out, float *lse,
                                     int first_block)
 {
-    const float scale = 1.0f / sqrtf((float)HS);
-    const int wide = dtype == LOOM_F32;
-    attn_scratch w;
-    attn_positions pos;
-    float *packed = NULL;
-    float *buf = attn_alloc(&w, HS, tq, tk, wide ? 0 : 2, wide ? 0 : 2, &packed);
-    if (!buf || positions_init(&pos, q_pos, tq, k_pos, tk) != 0) {
-        free(buf);
-        loom_fail(LOOM_ERR_NO_MEMORY, "attention forward: out of memory for the scratch of "
-                                      "%d queries and %d keys",
-                  tq, tk);
-        poison(out, dtype, (size_t)B * tq * NH * HS);
+    enum { Q, K, V, OUT, NBUFS };
+    /* a first block overwrites out */
+    head_buf bufs[NBUFS] = {{q, NULL, tq, NULL}, {k, NULL, tk, NULL}, {v, NULL, tk, NULL},
+                            {first_block ? NULL : out, out, tq, NULL}};
+    attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
+    if (attn_begin(&c, "forward", q_pos, tq, k_pos, tk) != 0) {
         poison(lse, LOOM_F32, (size_t)B * NH * tq);
         return;
     }
-    float *qs = packed, *os = qs + (size_t)tq * HS; /* 16-bit only */
-    float *ks = os + (size_t)tq * HS, *vs = ks + (size_t)tk * HS;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            float *lse_bh = lse + ((size_t)b * NH + h) * tq;
-            head_rows qh, kh, vh, oh;
-            if (wide) {
-                qh = f32_head(q, b, h, tq, NH, HS);
-                kh = f32_head(k, b, h, tk, NH, HS);
-                vh = f32_head(v, b, h, tk, NH, HS);
-                oh = f32_head(out, b, h, tq, NH, HS);
-            } else {
-                gather_head(qs, q, dtype, b, h, tq, NH, HS);
-                gather_head(ks, k, dtype, b, h, tk, NH, HS);
-                gather_head(vs, v, dtype, b, h, tk, NH, HS);
-                if (!first_block)
-                    gather_head(os, out, dtype, b, h, tq, NH, HS);
-                qh = packed_head(qs, HS);
-                kh = packed_head(ks, HS);
-                vh = packed_head(vs, HS);
-                oh = packed_head(os, HS);
-            }
-            forward_head(qh, pos.q, tq, kh, vh, pos.k, tk, HS, scale, oh, lse_bh, first_block,
-                         &w);
-            if (!wide)
-                scatter_head(out, dtype, os, b, h, tq, NH, HS);
+            head_rows r[NBUFS];
+            open_heads(&c, b, h, r);
+            forward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
+                         lse + ((size_t)b * NH + h) * tq, first_block, &c.w);
+            close_heads(&c, b, h);
         }
     }
-    free(pos.owned);
-    free(buf);
+    attn_end(&c);
 }
 
 static void attention_block_backward(const void *q, const int *q_pos, int tq, const void *k,
@@ -931,68 +992,24 @@ static void attention_block_backward(const void *q, const int *q_pos, int tq, co
                                      int HS, loom_dtype dtype, const void *out, const void *dout,
                                      const float *lse, void *dq, void *dk, void *dv)
 {
-    const float scale = 1.0f / sqrtf((float)HS);
-    const int wide = dtype == LOOM_F32;
-    attn_scratch w;
-    attn_positions pos;
-    float *packed = NULL;
-    float *buf = attn_alloc(&w, HS, tq, tk, wide ? 0 : 4, wide ? 0 : 4, &packed);
-    if (!buf || positions_init(&pos, q_pos, tq, k_pos, tk) != 0) {
-        free(buf);
-        loom_fail(LOOM_ERR_NO_MEMORY, "attention backward: out of memory for the scratch of "
-                                      "%d queries and %d keys",
-                  tq, tk);
-        poison(dq, dtype, (size_t)B * tq * NH * HS);
-        poison(dk, dtype, (size_t)B * tk * NH * HS);
-        poison(dv, dtype, (size_t)B * tk * NH * HS);
+    enum { Q, OUT, DOUT, DQ, K, V, DK, DV, NBUFS };
+    /* dq, dk and dv accumulate */
+    head_buf bufs[NBUFS] = {{q, NULL, tq, NULL},  {out, NULL, tq, NULL}, {dout, NULL, tq, NULL},
+                            {dq, dq, tq, NULL},   {k, NULL, tk, NULL},   {v, NULL, tk, NULL},
+                            {dk, dk, tk, NULL},   {dv, dv, tk, NULL}};
+    attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
+    if (attn_begin(&c, "backward", q_pos, tq, k_pos, tk) != 0)
         return;
-    }
-    /* 16-bit only: q, out, dout, dq (tq rows), k, v, dk, dv (tk rows) */
-    float *qs = packed, *os = qs + (size_t)tq * HS, *dos = os + (size_t)tq * HS;
-    float *dqs = dos + (size_t)tq * HS, *ks = dqs + (size_t)tq * HS;
-    float *vs = ks + (size_t)tk * HS, *dks = vs + (size_t)tk * HS, *dvs = dks + (size_t)tk * HS;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float *lse_bh = lse + ((size_t)b * NH + h) * tq;
-            head_rows qh, kh, vh, oh, doh, dqh, dkh, dvh;
-            if (wide) {
-                qh = f32_head(q, b, h, tq, NH, HS);
-                kh = f32_head(k, b, h, tk, NH, HS);
-                vh = f32_head(v, b, h, tk, NH, HS);
-                oh = f32_head(out, b, h, tq, NH, HS);
-                doh = f32_head(dout, b, h, tq, NH, HS);
-                dqh = f32_head(dq, b, h, tq, NH, HS);
-                dkh = f32_head(dk, b, h, tk, NH, HS);
-                dvh = f32_head(dv, b, h, tk, NH, HS);
-            } else {
-                gather_head(qs, q, dtype, b, h, tq, NH, HS);
-                gather_head(os, out, dtype, b, h, tq, NH, HS);
-                gather_head(dos, dout, dtype, b, h, tq, NH, HS);
-                gather_head(dqs, dq, dtype, b, h, tq, NH, HS);
-                gather_head(ks, k, dtype, b, h, tk, NH, HS);
-                gather_head(vs, v, dtype, b, h, tk, NH, HS);
-                gather_head(dks, dk, dtype, b, h, tk, NH, HS);
-                gather_head(dvs, dv, dtype, b, h, tk, NH, HS);
-                qh = packed_head(qs, HS);
-                oh = packed_head(os, HS);
-                doh = packed_head(dos, HS);
-                dqh = packed_head(dqs, HS);
-                kh = packed_head(ks, HS);
-                vh = packed_head(vs, HS);
-                dkh = packed_head(dks, HS);
-                dvh = packed_head(dvs, HS);
-            }
-            backward_head(qh, pos.q, tq, kh, vh, pos.k, tk, HS, scale, oh, doh, lse_bh, dqh, dkh,
-                          dvh, &w);
-            if (!wide) {
-                scatter_head(dq, dtype, dqs, b, h, tq, NH, HS);
-                scatter_head(dk, dtype, dks, b, h, tk, NH, HS);
-                scatter_head(dv, dtype, dvs, b, h, tk, NH, HS);
-            }
+            head_rows r[NBUFS];
+            open_heads(&c, b, h, r);
+            backward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
+                          r[DOUT], lse + ((size_t)b * NH + h) * tq, r[DQ], r[DK], r[DV], &c.w);
+            close_heads(&c, b, h);
         }
     }
-    free(pos.owned);
-    free(buf);
+    attn_end(&c);
 }
 
 const loom_attention_kernels loom_attention_kernels_cpu = {

@@ -46,17 +46,20 @@ typedef struct head_acts {
     float *losses;              /* (N) */
 } head_acts;
 
-/* What backward_input of one unit leaves for its backward_weight (the
- * split backward of zero-bubble schedules), in one allocation. Blocks: the
- * gradient at the output of each weight, after the tensor-parallel
- * borders (the rows before them too for the row-parallel biases, tp > 1),
- * and with recomputation the recomputed activations the weight gradients
- * read. The head: the final LayerNorm's output gradient and dloss (its
- * logits' gradient is computed again from the saved probabilities, the
- * same bits). The embedding: its output's gradient. */
+/* What a unit's input half of backward leaves for its weight half. Blocks:
+ * the gradient at the output of each weight, after the tensor-parallel
+ * borders, the row-parallel biases' gradients (tp > 1: summed over the
+ * rows before the border, which are gone by the weight half), and with
+ * recomputation the recomputed activations the weight gradients read. The
+ * head: the final LayerNorm's output gradient and dloss (its logits'
+ * gradient is computed again from the saved probabilities, the same bits).
+ * The embedding: its output's gradient. A split backward (zero-bubble
+ * schedules) keeps one in its slot, in one allocation; the whole backward
+ * uses the model's own (whole), which points into the shared scratch. */
 typedef struct deferred {
-    void *mem; /* NULL: no split backward in flight */
-    float *dmlp_rows, *dmlp, *dfch, *dln2, *datt_rows, *datt, *dqkv, *dln1;
+    void *mem; /* a split backward's allocation; NULL: none in flight */
+    float *dfcprojb, *dattprojb;
+    float *dmlp, *dfch, *dln2, *datt, *dqkv, *dln1;
     float *ln1, *ln2, *res2, *atty, *fch_gelu, *mean1, *rstd1, *mean2, *rstd2;
     float *dlnf, dloss;
     float *dresid;
@@ -109,6 +112,7 @@ struct loom_model {
     float *dresid, *dtmp_a, *dtmp_b, *dwide_a, *dwide_b; /* backward scratch */
     float *gathered, *dfull, *dsmall; /* sequence parallelism's row-gathered and -scattered */
     float *dlosses;
+    deferred whole;               /* the whole backward's, in the scratch above */
 
     /* fp32 copies of 16-bit parameters/gradients while a unit computes */
     float *param32, *grad32, *emb_param32, *emb_grad32;
@@ -144,29 +148,35 @@ static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
 
 static float *f32(loom_model *m, size_t n) { return model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, n * 4); }
 
-static int alloc_block_f32(loom_model *m, block_acts *a, int with_x)
+/* A block's fp32 activations but its input and output, with their
+ * lengths, in the order a slot lays them out. */
+enum { BLOCK_F32 = 14 };
+typedef struct f32_field {
+    float **at;
+    size_t n;
+} f32_field;
+
+static void block_f32_fields(const loom_model *m, block_acts *a, f32_field f[BLOCK_F32])
 {
-    size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C;
-    size_t Cq = (size_t)m->Cq, F = (size_t)m->F;
-    if (with_x)
-        a->x = f32(m, R * C);
-    a->ln1 = f32(m, R * C);
-    a->mean1 = f32(m, R);
-    a->rstd1 = f32(m, R);
-    a->q = f32(m, N * Cq);
-    a->k = f32(m, N * Cq);
-    a->v = f32(m, N * Cq);
-    a->atty = f32(m, N * Cq);
-    a->lse = f32(m, (size_t)m->s.batch * m->NHl * m->T);
-    a->res2 = f32(m, R * C);
-    a->ln2 = f32(m, R * C);
-    a->mean2 = f32(m, R);
-    a->rstd2 = f32(m, R);
-    a->fch = f32(m, N * F);
-    a->fch_gelu = f32(m, N * F);
-    return a->ln1 && a->mean1 && a->rstd1 && a->q && a->k && a->v && a->atty && a->lse &&
-           a->res2 && a->ln2 && a->mean2 && a->rstd2 && a->fch && a->fch_gelu &&
-           (!with_x || a->x);
+    size_t N = (size_t)m->N, R = (size_t)m->R, RC = R * m->C;
+    size_t NCq = N * m->Cq, NF = N * m->F, lse = (size_t)m->s.batch * m->NHl * m->T;
+    const f32_field fields[BLOCK_F32] = {
+        {&a->ln1, RC},  {&a->mean1, R}, {&a->rstd1, R}, {&a->q, NCq},     {&a->k, NCq},
+        {&a->v, NCq},   {&a->atty, NCq}, {&a->lse, lse}, {&a->res2, RC},  {&a->ln2, RC},
+        {&a->mean2, R}, {&a->rstd2, R}, {&a->fch, NF},  {&a->fch_gelu, NF}};
+    memcpy(f, fields, sizeof fields);
+}
+
+/* The scratch set 16-bit and recomputing blocks borrow, one allocation a
+ * buffer; 0 when out of memory. */
+static int alloc_block_f32(loom_model *m, block_acts *a)
+{
+    f32_field f[BLOCK_F32];
+    block_f32_fields(m, a, f);
+    int ok = (a->x = f32(m, (size_t)m->R * m->C)) != NULL;
+    for (int i = 0; ok && i < BLOCK_F32; i++)
+        ok = (*f[i].at = f32(m, f[i].n)) != NULL;
+    return ok;
 }
 
 /* ---- slots: one allocation each, carved into buffers ---- */
@@ -222,22 +232,12 @@ static void layout_slot(const loom_model *m, carver *c, model_slot *s)
             continue;
         if (m->inplace) {
             block_acts *a = &s->acts[l];
+            f32_field f[BLOCK_F32];
+            block_f32_fields(m, a, f);
             a->x = s->stream[l + 1];
             a->out = s->stream[l + 2];
-            a->ln1 = carve_f32(c, RC);
-            a->mean1 = carve_f32(c, R);
-            a->rstd1 = carve_f32(c, R);
-            a->q = carve_f32(c, N * Cq);
-            a->k = carve_f32(c, N * Cq);
-            a->v = carve_f32(c, N * Cq);
-            a->atty = carve_f32(c, N * Cq);
-            a->lse = carve_f32(c, lse);
-            a->res2 = carve_f32(c, RC);
-            a->ln2 = carve_f32(c, RC);
-            a->mean2 = carve_f32(c, R);
-            a->rstd2 = carve_f32(c, R);
-            a->fch = carve_f32(c, N * F);
-            a->fch_gelu = carve_f32(c, N * F);
+            for (int i = 0; i < BLOCK_F32; i++)
+                *f[i].at = carve_f32(c, f[i].n);
             continue;
         }
         block_saved *sv = &s->saved[l];
@@ -285,8 +285,8 @@ static void layout_deferred(const loom_model *m, carver *c, deferred *d, int uni
         return;
     }
     if (m->tp > 1) {
-        d->dmlp_rows = carve_f32(c, RC);
-        d->datt_rows = carve_f32(c, RC);
+        d->dfcprojb = carve_f32(c, C);
+        d->dattprojb = carve_f32(c, C);
     }
     d->dmlp = carve_f32(c, N * C);
     d->dfch = carve_f32(c, N * F);
@@ -547,13 +547,12 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     return loom_model_create_parallel(setup, NULL, out);
 }
 
-int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
-                               loom_model **out)
+/* Why a setup and layout cannot make a model, or LOOM_OK. */
+static int check_setup(const loom_model_setup *setup, const loom_model_layout *lay)
 {
     const loom_gpt2_shape *sh = &setup->shape;
-    loom_model_layout single;
-    memset(&single, 0, sizeof single);
-    const loom_model_layout *lay = layout ? layout : &single;
+    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
+    int T = lay->positions ? lay->npositions : setup->seq;
     if (setup->dtype != LOOM_F32 && setup->dtype != LOOM_BF16 && setup->dtype != LOOM_F16)
         return loom_fail(LOOM_ERR_INVALID, "model: compute dtype must be f32, bf16 or f16");
     if (sh->channels % sh->heads != 0)
@@ -562,8 +561,6 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
     if (setup->seq > sh->max_seq)
         return loom_fail(LOOM_ERR_INVALID, "model: train.seq %d exceeds model.max_seq %d",
                          setup->seq, sh->max_seq);
-    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
-    int T = lay->positions ? lay->npositions : setup->seq;
     if (lay->tp_rank < 0 || lay->tp_rank >= tp)
         return loom_fail(LOOM_ERR_INVALID, "model: tp rank %d outside 0..%d", lay->tp_rank,
                          tp - 1);
@@ -579,16 +576,22 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
                          "model: sequence parallelism splits the %d token rows of a micro-batch "
                          "(%d sequences x %d positions) %d ways, which does not divide",
                          setup->batch * T, setup->batch, T, tp);
-    loom_model *m = calloc(1, sizeof *m);
-    if (!m)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    return LOOM_OK;
+}
+
+/* The model's dimensions, this rank's share of them, and how it keeps its
+ * activations. */
+static void set_dims(loom_model *m, const loom_model_setup *setup, const loom_model_layout *lay)
+{
+    const loom_gpt2_shape *sh = &setup->shape;
+    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
     m->s = *setup;
     m->lay = *lay;
     m->tp = tp;
     m->tp_rank = lay->tp_rank;
     m->seqpar = tp > 1 && lay->sequence_parallel;
-    m->T = T;
-    m->N = setup->batch * T;
+    m->T = lay->positions ? lay->npositions : setup->seq;
+    m->N = setup->batch * m->T;
     m->R = m->seqpar ? m->N / tp : m->N;
     m->row0 = m->seqpar ? m->tp_rank * m->R : 0;
     m->C = sh->channels;
@@ -599,35 +602,42 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
     m->maxT = sh->max_seq;
     m->inplace = setup->dtype == LOOM_F32 && !setup->recompute;
     m->scratch_grads = setup->dtype != LOOM_F32 || tp > 1 || lay->sp_size > 1;
-    int rc = build_units(m);
-    if (rc != LOOM_OK) {
-        loom_model_destroy(m);
-        return rc;
-    }
-    int nunits = m->L + 2, nrun = 0;
-    if (!(m->runs = malloc((size_t)nunits))) {
-        loom_model_destroy(m);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
-    }
-    for (int u = 0; u < nunits; u++)
-        nrun += m->runs[u] = !lay->runs_unit || lay->runs_unit[u];
-    if (nrun == 0) {
-        loom_model_destroy(m);
-        return loom_fail(LOOM_ERR_INVALID, "model: layout.runs_unit names none of the %d units; a rank "
-                         "computes at least one", nunits);
-    }
+}
 
+/* The units this rank computes (layout.runs_unit), and the global
+ * position of each row of a sequence (layout.positions). */
+static int set_runs(loom_model *m)
+{
+    int nunits = m->L + 2, nrun = 0;
+    m->runs = malloc((size_t)nunits);
+    m->positions = calloc((size_t)m->T, sizeof *m->positions);
+    if (!m->runs || !m->positions)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    for (int u = 0; u < nunits; u++)
+        nrun += m->runs[u] = !m->lay.runs_unit || m->lay.runs_unit[u];
+    if (nrun == 0)
+        return loom_fail(LOOM_ERR_INVALID, "model: layout.runs_unit names none of the %d units; "
+                         "a rank computes at least one", nunits);
+    for (int t = 0; t < m->T; t++)
+        m->positions[t] = m->lay.positions ? m->lay.positions[t] : t;
+    return LOOM_OK;
+}
+
+/* What every slot shares, for the units this rank runs: the fp32 scratch
+ * set that 16-bit and recomputing blocks borrow, the backward's scratch
+ * (the whole backward's deferred set points into it), and the fp32 copies
+ * of 16-bit or parallel parameters and gradients. */
+static int alloc_shared(loom_model *m)
+{
     size_t N = (size_t)m->N, R = (size_t)m->R, C = (size_t)m->C, L = (size_t)m->L;
     size_t F = (size_t)m->F, wide = 3 * (size_t)m->Cq > F ? 3 * (size_t)m->Cq : F;
     int blocks = 0, embedding = m->runs[0], head = m->runs[L + 1];
     for (size_t u = 1; u <= L; u++)
         blocks |= m->runs[u];
-    /* What every slot shares: the fp32 scratch set that 16-bit and
-     * recomputing blocks borrow, and the backward's scratch. */
     int ok = 1;
     if (!m->inplace) {
         if (blocks)
-            ok = alloc_block_f32(m, &m->scratch, 1);
+            ok = alloc_block_f32(m, &m->scratch);
         if (ok && (blocks || embedding))
             ok = (m->scratch.out = f32(m, R * C)) != NULL;
         m->scratch_own = m->scratch;
@@ -636,25 +646,21 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
          (m->dtmp_b = f32(m, N * C));
     if (ok && blocks)
         ok = (m->dwide_a = f32(m, N * wide)) && (m->dwide_b = f32(m, N * F));
+    if (ok && blocks && m->tp > 1)
+        ok = (m->whole.dfcprojb = f32(m, C)) != NULL;
     if (ok && head)
         ok = (m->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dlosses = f32(m, N));
-    if (ok && head && tp > 1)
+    if (ok && head && m->tp > 1)
         ok = (m->rowstat = f32(m, 3 * N)) != NULL;
     if (ok && m->seqpar)
         ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
              (m->dsmall = f32(m, R * C));
-    if (ok) {
-        m->positions = calloc((size_t)T, sizeof *m->positions);
-        ok = m->positions != NULL;
-        for (int t = 0; ok && t < T; t++)
-            m->positions[t] = lay->positions ? lay->positions[t] : t;
-    }
     if (ok && m->scratch_grads) {
         /* the head reads unit 0's wte, so it needs the embedding's copies too */
         size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
                                                                    : m->units[L + 1].numel;
         size_t emb = m->units[0].numel;
-        if (setup->dtype != LOOM_F32) {
+        if (m->s.dtype != LOOM_F32) {
             if (blocks || head)
                 ok = (m->param32 = model_alloc(m, LOOM_PURPOSE_OTHER, biggest * 4)) != NULL;
             if (ok && (embedding || head))
@@ -665,13 +671,48 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
         if (ok && (embedding || head))
             ok = (m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
     }
-    if (!ok) {
-        loom_model_destroy(m);
+    if (!ok)
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate activations for B=%d T=%d",
-                         setup->batch, setup->seq);
+                         m->s.batch, m->s.seq);
+    return LOOM_OK;
+}
+
+/* The whole backward's deferred set, in the shared scratch: a region's
+ * gradients after the border in dtmp_a (or sequence parallelism's dfull),
+ * its LayerNorm's output gradient in dtmp_b (dsmall), the MLP's and the
+ * attention's inner gradients in the wide buffers. The two regions take
+ * turns in them, as in the one bias sum. */
+static void point_whole(loom_model *m)
+{
+    deferred *w = &m->whole;
+    w->dmlp = w->datt = m->seqpar ? m->dfull : m->dtmp_a;
+    w->dln2 = w->dln1 = m->seqpar ? m->dsmall : m->dtmp_b;
+    w->dfch = m->dwide_b;
+    w->dqkv = m->dwide_a;
+    w->dattprojb = w->dfcprojb;
+    w->dlnf = m->seqpar ? m->dsmall : m->dtmp_a;
+}
+
+int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
+                               loom_model **out)
+{
+    loom_model_layout single;
+    memset(&single, 0, sizeof single);
+    const loom_model_layout *lay = layout ? layout : &single;
+    int rc = check_setup(setup, lay);
+    if (rc != LOOM_OK)
+        return rc;
+    loom_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    set_dims(m, setup, lay);
+    if ((rc = build_units(m)) == LOOM_OK && (rc = set_runs(m)) == LOOM_OK &&
+        (rc = alloc_shared(m)) == LOOM_OK) {
+        point_whole(m);
+        /* slot 0 from the start: callers that never name a slot use it */
+        rc = loom_model_use_slot(m, 0);
     }
-    /* slot 0 from the start: callers that never name a slot use it */
-    if ((rc = loom_model_use_slot(m, 0)) != LOOM_OK) {
+    if (rc != LOOM_OK) {
         loom_model_destroy(m);
         return rc;
     }
@@ -721,31 +762,25 @@ const loom_param_shard *loom_model_shards(const loom_model *m, int unit)
     return m->shards + first_desc(m, unit);
 }
 
-/* One tensor between its whole layout and a slice (to_local: whole ->
- * slice). Rows of a part are contiguous; columns are strided. */
-static void copy_slice(const loom_param_desc *d, const loom_param_shard *sh, float *whole,
-                       float *local, int to_local)
+/* One tensor's slice out of its whole layout. Rows of a part are
+ * contiguous; columns are strided. */
+static void slice_tensor(const loom_param_desc *d, const loom_param_shard *sh, const float *whole,
+                         float *local)
 {
     int64_t d0 = d->shape[0], d1 = d->ndim > 1 ? d->shape[1] : 1;
     if (d->split == LOOM_SPLIT_ROWS) {
         int parts = d->split_parts > 1 ? d->split_parts : 1;
         int64_t per = d0 / parts;
-        for (int p = 0; p < parts; p++) {
-            float *w = whole + (size_t)(p * per + sh->begin) * (size_t)d1;
-            float *l = local + (size_t)(p * sh->count) * (size_t)d1;
-            size_t bytes = (size_t)(sh->count * d1) * sizeof(float);
-            memcpy(to_local ? l : w, to_local ? w : l, bytes);
-        }
+        for (int p = 0; p < parts; p++)
+            memcpy(local + (size_t)(p * sh->count) * (size_t)d1,
+                   whole + (size_t)(p * per + sh->begin) * (size_t)d1,
+                   (size_t)(sh->count * d1) * sizeof(float));
     } else if (d->split == LOOM_SPLIT_COLUMNS) {
-        for (int64_t r = 0; r < d0; r++) {
-            float *w = whole + (size_t)(r * d1 + sh->begin);
-            float *l = local + (size_t)(r * sh->count);
-            size_t bytes = (size_t)sh->count * sizeof(float);
-            memcpy(to_local ? l : w, to_local ? w : l, bytes);
-        }
+        for (int64_t r = 0; r < d0; r++)
+            memcpy(local + (size_t)(r * sh->count), whole + (size_t)(r * d1 + sh->begin),
+                   (size_t)sh->count * sizeof(float));
     } else {
-        size_t bytes = (size_t)(d0 * d1) * sizeof(float);
-        memcpy(to_local ? local : whole, to_local ? whole : local, bytes);
+        memcpy(local, whole, (size_t)(d0 * d1) * sizeof(float));
     }
 }
 
@@ -754,19 +789,8 @@ void loom_model_slice(const loom_model *m, int unit, const float *full, float *l
     const loom_unit *u = &m->units[unit];
     size_t first = first_desc(m, unit);
     for (int i = 0; i < u->ntensors; i++)
-        copy_slice(&u->tensors[i], &m->shards[first + i],
-                   (float *)(uintptr_t)full + m->full_offsets[first + i],
-                   local + u->tensors[i].offset, 1);
-}
-
-void loom_model_unslice(const loom_model *m, int unit, const loom_param_shard *shards,
-                        const float *local, float *full)
-{
-    const loom_unit *u = &m->units[unit];
-    size_t first = first_desc(m, unit);
-    for (int i = 0; i < u->ntensors; i++)
-        copy_slice(&u->tensors[i], &shards[i], full + m->full_offsets[first + i],
-                   (float *)(uintptr_t)local + u->tensors[i].offset, 0);
+        slice_tensor(&u->tensors[i], &m->shards[first + i], full + m->full_offsets[first + i],
+                     local + u->tensors[i].offset);
 }
 
 /* Walk every tensor of llm.c's order with its place in the whole units. */
@@ -997,132 +1021,130 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     loom_residual_forward(a->out, a->res2, y, R * C);
 }
 
-/* Which half of a unit's backward runs: both (loom_model_backward), the
- * input gradient alone, or the weight gradients alone. The halves do the
- * same operations per element as both together, so the split backward
- * gives the same bits. */
-enum { PART_BOTH, PART_INPUT, PART_WEIGHT };
+/* ---- a block's backward, region by region ----
+ *
+ * Each region of a block (the MLP, then attention) goes back in two
+ * halves. The input half takes m->dresid, the gradient of the region's
+ * output (the residual stream's), to that of its input, and leaves in a
+ * deferred set what the weight half reads; the weight half adds the
+ * region's parameter gradients. The whole backward runs each region's
+ * halves back to back through the shared scratch (m->whole): a whole
+ * block's deferred gradients would need one (N, C) buffer more than the
+ * scratch has. The split backward runs both input halves into the slot's
+ * own set and both weight halves later. The same operations on the same
+ * values either way, so the same bits. */
 
-/* dresid: gradient of the block's output in, of its input out (input
- * part). d: the deferred set the input part fills for the weight part
- * (split backward only). The weight part reads a's fch_gelu, ln2, res2,
- * atty, ln1, x and statistics. */
-static void block_backward(loom_model *m, int unit, const float *p, float *g, block_acts *a,
-                           deferred *d, int part)
+/* g's conjugate: the gradient of a region's output, m->dresid (left as it
+ * is: the residual path needs it too), -> dy (N rows). With tp > 1 the
+ * row-parallel bias was added after g: its gradient sums the rows before
+ * the border, taken here into dbias while they are at hand. */
+static void region_out_backward(loom_model *m, loom_region region, float *dbias, float *dy)
 {
-    int N = m->N, R = m->R, C = m->C, Cq = m->Cq, F = m->F;
-    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C, RC = (size_t)R * C, NC = (size_t)N * C;
-    size_t NF = (size_t)N * F;
+    int R = m->R, C = m->C;
+    if (m->tp > 1) {
+        memset(dbias, 0, (size_t)C * sizeof(float));
+        bias_grad(dbias, m->dresid, R, C);
+    }
+    if (!m->seqpar) /* the border works in place */
+        memcpy(dy, m->dresid, (size_t)R * C * sizeof(float));
+    border(m, m->ops.region_exit_backward, region, m->seqpar ? m->dresid : dy, R, dy, m->N, C);
+}
+
+/* f's conjugate: the gradient of a region's input (N rows in din, which is
+ * dln without sequence parallelism) -> of the LayerNorm's output (this
+ * rank's rows, dln), then through the LayerNorm added into m->dresid. */
+static void layernorm_in_backward(loom_model *m, loom_region region, float *din, float *dln,
+                                  const float *x, const float *weight, const float *mean,
+                                  const float *rstd)
+{
+    border(m, m->ops.region_enter_backward, region, din, m->N, dln, m->R, m->C);
+    loom_layernorm_backward_input(m->dresid, dln, x, weight, mean, rstd, m->R, m->C);
+}
+
+/* A region's output projection (weight w, bias b, K inputs per row): its
+ * weight gradient, and its bias's, which with tp > 1 the input half summed. */
+static void projection_backward_weight(loom_model *m, int unit, float *g, int w, int b,
+                                       const float *dbias, const float *dy, const float *in,
+                                       int K)
+{
     int split = m->tp > 1;
-    int input = part != PART_WEIGHT, weight = part != PART_INPUT, keep = part == PART_INPUT;
-    float *dres2 = m->dtmp_a, *dtmp = m->dtmp_b, *dfch_gelu = m->dwide_a;
-    float *dfch = part == PART_BOTH ? m->dwide_b : d->dfch;
-    float *dqkv = part == PART_BOTH ? m->dwide_a : d->dqkv;
-    const float *in = NULL;
-    float *dy, *dln2, *dln1;
-    /* out = res2 + fcproj(...): both get dresid; the row-parallel bias
-     * takes it before the border */
-    if (input)
-        memcpy(dres2, m->dresid, RC * sizeof(float));
-    if (weight && split)
-        bias_grad(gtensor(m, unit, g, FCPROJB), input ? m->dresid : d->dmlp_rows, R, C);
-    if (keep && split)
-        memcpy(d->dmlp_rows, m->dresid, RC * sizeof(float));
-    if (input) {
-        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_MLP, m->dresid, R, m->dfull, N,
-                    C);
-        if (keep)
-            memcpy(d->dmlp, dy, NC * sizeof(float));
-        memset(dfch_gelu, 0, NF * sizeof(float));
-        loom_matmul_backward_input(dfch_gelu, dy, tensor(m, unit, p, FCPROJW), N, F, C);
-    } else {
-        dy = d->dmlp;
-    }
-    if (weight)
-        loom_matmul_backward_weight(gtensor(m, unit, g, FCPROJW),
-                                    split ? NULL : gtensor(m, unit, g, FCPROJB), dy, a->fch_gelu,
-                                    N, F, C);
-    if (input) {
-        memset(dfch, 0, NF * sizeof(float));
-        loom_gelu_backward(dfch, a->fch, dfch_gelu, N * F);
-    }
-    if (weight)
-        in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    if (input) {
-        memset(dtmp, 0, NC * sizeof(float));
-        loom_matmul_backward_input(dtmp, dfch, tensor(m, unit, p, FCW), N, C, F);
-    }
-    if (weight)
-        loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), dfch, in,
-                                    N, C, F);
-    if (input) {
-        dln2 = border(m, m->ops.region_enter_backward, LOOM_REGION_MLP, dtmp, N, m->dsmall, R, C);
-        if (keep)
-            memcpy(d->dln2, dln2, RC * sizeof(float));
-        loom_layernorm_backward_input(dres2, dln2, a->res2, tensor(m, unit, p, LN2W), a->mean2,
-                                      a->rstd2, R, C);
-    } else {
-        dln2 = d->dln2;
-    }
-    if (weight)
-        loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), dln2,
-                                       a->res2, a->mean2, a->rstd2, R, C);
-    /* res2 = x + attproj(atty): x gets dres2, attention the rest */
-    if (input)
-        memcpy(m->dresid, dres2, RC * sizeof(float));
-    if (weight && split)
-        bias_grad(gtensor(m, unit, g, ATTPROJB), input ? dres2 : d->datt_rows, R, C);
-    if (keep && split)
-        memcpy(d->datt_rows, dres2, RC * sizeof(float));
-    float *datty = dtmp;
-    if (input) {
-        dy = border(m, m->ops.region_exit_backward, LOOM_REGION_ATTENTION, dres2, R, m->dfull, N,
-                    C);
-        if (keep)
-            memcpy(d->datt, dy, NC * sizeof(float));
-        memset(datty, 0, NCq * sizeof(float));
-        loom_matmul_backward_input(datty, dy, tensor(m, unit, p, ATTPROJW), N, Cq, C);
-    } else {
-        dy = d->datt;
-    }
-    if (weight)
-        loom_matmul_backward_weight(gtensor(m, unit, g, ATTPROJW),
-                                    split ? NULL : gtensor(m, unit, g, ATTPROJB), dy, a->atty, N,
-                                    Cq, C);
-    float *dq = dqkv, *dk = dqkv + NCq, *dv = dqkv + 2 * NCq;
-    if (input) {
-        memset(dqkv, 0, 3 * NCq * sizeof(float));
-        attention(m, a, datty, dq, dk, dv);
-    }
-    if (weight)
-        in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
-    if (input) {
-        const float *qkvw = tensor(m, unit, p, QKVW);
-        dln1 = dres2; /* free: copied into dresid, and dy is consumed */
-        memset(dln1, 0, NC * sizeof(float));
-        loom_matmul_backward_input(dln1, dq, qkvw, N, C, Cq);
-        loom_matmul_backward_input(dln1, dk, qkvw + CqC, N, C, Cq);
-        loom_matmul_backward_input(dln1, dv, qkvw + 2 * CqC, N, C, Cq);
-    }
-    if (weight) {
-        float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
-        loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq);
-        loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq);
-        loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, N, C, Cq);
-    }
-    if (input) {
-        dln1 = border(m, m->ops.region_enter_backward, LOOM_REGION_ATTENTION, dres2, N, m->dsmall,
-                      R, C);
-        if (keep)
-            memcpy(d->dln1, dln1, RC * sizeof(float));
-        loom_layernorm_backward_input(m->dresid, dln1, a->x, tensor(m, unit, p, LN1W), a->mean1,
-                                      a->rstd1, R, C);
-    } else {
-        dln1 = d->dln1;
-    }
-    if (weight)
-        loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), dln1,
-                                       a->x, a->mean1, a->rstd1, R, C);
+    if (split)
+        bias_grad(gtensor(m, unit, g, b), dbias, 1, m->C);
+    loom_matmul_backward_weight(gtensor(m, unit, g, w), split ? NULL : gtensor(m, unit, g, b), dy,
+                                in, m->N, K, m->C);
+}
+
+/* out = res2 + fcproj(gelu(fc(ln2(res2)))): m->dresid gains the gradient
+ * through the MLP. */
+static void mlp_backward_input(loom_model *m, int unit, const float *p, const block_acts *a,
+                               deferred *d)
+{
+    int N = m->N, C = m->C, F = m->F;
+    size_t NF = (size_t)N * F;
+    float *dfch_gelu = m->dwide_a;
+    float *din = m->seqpar ? m->dtmp_b : d->dln2;
+    region_out_backward(m, LOOM_REGION_MLP, d->dfcprojb, d->dmlp);
+    memset(dfch_gelu, 0, NF * sizeof(float));
+    loom_matmul_backward_input(dfch_gelu, d->dmlp, tensor(m, unit, p, FCPROJW), N, F, C);
+    memset(d->dfch, 0, NF * sizeof(float));
+    loom_gelu_backward(d->dfch, a->fch, dfch_gelu, N * F);
+    memset(din, 0, (size_t)N * C * sizeof(float));
+    loom_matmul_backward_input(din, d->dfch, tensor(m, unit, p, FCW), N, C, F);
+    layernorm_in_backward(m, LOOM_REGION_MLP, din, d->dln2, a->res2, tensor(m, unit, p, LN2W),
+                          a->mean2, a->rstd2);
+}
+
+static void mlp_backward_weight(loom_model *m, int unit, float *g, const block_acts *a,
+                                const deferred *d)
+{
+    projection_backward_weight(m, unit, g, FCPROJW, FCPROJB, d->dfcprojb, d->dmlp, a->fch_gelu,
+                               m->F);
+    const float *in = region_in(m, LOOM_REGION_MLP, a->ln2);
+    loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), d->dfch, in,
+                                m->N, m->C, m->F);
+    loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), d->dln2,
+                                   a->res2, a->mean2, a->rstd2, m->R, m->C);
+}
+
+/* res2 = x + attproj(attention(qkv(ln1(x)))): m->dresid gains the
+ * gradient through attention. */
+static void attention_backward_input(loom_model *m, int unit, const float *p, block_acts *a,
+                                     deferred *d)
+{
+    int N = m->N, C = m->C, Cq = m->Cq;
+    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C;
+    float *datty = m->dtmp_b;
+    float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
+    region_out_backward(m, LOOM_REGION_ATTENTION, d->dattprojb, d->datt);
+    memset(datty, 0, NCq * sizeof(float));
+    loom_matmul_backward_input(datty, d->datt, tensor(m, unit, p, ATTPROJW), N, Cq, C);
+    memset(d->dqkv, 0, 3 * NCq * sizeof(float));
+    attention(m, a, datty, dq, dk, dv);
+    const float *qkvw = tensor(m, unit, p, QKVW);
+    float *din = m->seqpar ? m->dtmp_b : d->dln1; /* datty is spent */
+    memset(din, 0, (size_t)N * C * sizeof(float));
+    loom_matmul_backward_input(din, dq, qkvw, N, C, Cq);
+    loom_matmul_backward_input(din, dk, qkvw + CqC, N, C, Cq);
+    loom_matmul_backward_input(din, dv, qkvw + 2 * CqC, N, C, Cq);
+    layernorm_in_backward(m, LOOM_REGION_ATTENTION, din, d->dln1, a->x,
+                          tensor(m, unit, p, LN1W), a->mean1, a->rstd1);
+}
+
+static void attention_backward_weight(loom_model *m, int unit, float *g, const block_acts *a,
+                                      const deferred *d)
+{
+    int N = m->N, C = m->C, Cq = m->Cq;
+    size_t NCq = (size_t)N * Cq, CqC = (size_t)Cq * C;
+    projection_backward_weight(m, unit, g, ATTPROJW, ATTPROJB, d->dattprojb, d->datt, a->atty,
+                               Cq);
+    const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
+    const float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
+    float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
+    loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq);
+    loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq);
+    loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, N, C, Cq);
+    loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), d->dln1,
+                                   a->x, a->mean1, a->rstd1, m->R, C);
 }
 
 /* Saved 16-bit tensors of layer l <-> the fp32 scratch set (save: scratch
@@ -1287,6 +1309,15 @@ static void parallel_loss_backward(loom_model *m)
     }
 }
 
+/* The head's input, fp32: in place, or converted into dtmp_b. */
+static const float *head_input32(loom_model *m)
+{
+    if (m->inplace)
+        return m->slots[m->slot].stream[m->L + 1];
+    block_input32(m, m->L, m->dtmp_b);
+    return m->dtmp_b;
+}
+
 static int model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                          float *loss)
 {
@@ -1324,13 +1355,7 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     /* head: final LayerNorm, tied LM head (wte of unit 0), loss */
     head_acts *h = &s->head;
     memcpy(s->targets, targets, (size_t)N * sizeof(int));
-    const float *x;
-    if (m->inplace) {
-        x = s->stream[L + 1];
-    } else {
-        block_input32(m, L, m->dtmp_b);
-        x = m->dtmp_b;
-    }
+    const float *x = head_input32(m);
     loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
                            tensor(m, unit, p, 1), R, C);
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
@@ -1351,81 +1376,65 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     return LOOM_OK;
 }
 
-/* The head: the loss's gradient, the tied LM head and the final LayerNorm.
- * The weight part alone computes the logits' gradient again from the
- * slot's probabilities (the same bits as the input part's). */
-static void head_backward(loom_model *m, float dloss, deferred *d, int part)
+/* ---- backward, unit by unit ---- */
+
+/* The logits' gradient, into m->dlogits, from the slot's probabilities,
+ * for a gradient of dloss on each token's loss. */
+static void loss_backward(loom_model *m, float dloss)
 {
-    int N = m->N, R = m->R, C = m->C, L = m->L, unit = L + 1;
-    size_t RC = (size_t)R * C;
-    int input = part != PART_WEIGHT, weight = part != PART_INPUT;
-    model_slot *s = &m->slots[m->slot];
-    const head_acts *h = &s->head;
-    if (part == PART_INPUT)
-        d->dloss = dloss;
-    else if (part == PART_WEIGHT)
-        dloss = d->dloss;
+    const model_slot *s = &m->slots[m->slot];
+    int N = m->N;
     for (int i = 0; i < N; i++)
         m->dlosses[i] = dloss;
     memset(m->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
     if (m->tp > 1)
         parallel_loss_backward(m);
     else
-        loom_crossentropy_softmax_backward(m->dlogits, m->dlosses, h->probs, s->targets, N, m->V,
-                                           m->Vp);
-    const float *p = input ? unit_params32(m, unit) : NULL;
-    const float *in = weight ? region_in(m, LOOM_REGION_VOCAB, h->lnf) : NULL;
-    float *dlnf = m->dtmp_a;
-    if (input) {
-        memset(dlnf, 0, (size_t)N * C * sizeof(float));
-        loom_matmul_backward_input(dlnf, m->dlogits, tensor(m, 0, unit_params32(m, 0), 0), N, C,
-                                   m->Vl);
-    }
-    if (weight)
-        loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL, m->dlogits, in, N,
-                                    C, m->Vl);
-    if (input) {
-        dlnf = border(m, m->ops.region_enter_backward, LOOM_REGION_VOCAB, dlnf, N, m->dsmall, R,
-                      C);
-        if (part == PART_INPUT)
-            memcpy(d->dlnf, dlnf, RC * sizeof(float));
-    } else {
-        dlnf = d->dlnf;
-    }
-    const float *x;
-    if (m->inplace) {
-        x = s->stream[L + 1];
-    } else {
-        block_input32(m, L, m->dtmp_b);
-        x = m->dtmp_b;
-    }
-    if (input) {
-        memset(m->dresid, 0, RC * sizeof(float));
-        loom_layernorm_backward_input(m->dresid, dlnf, x, tensor(m, unit, p, 0), h->meanf,
-                                      h->rstdf, R, C);
-    }
-    if (weight) {
-        float *g = unit_grads32(m, unit);
-        loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), dlnf, x,
-                                       h->meanf, h->rstdf, R, C);
-        commit_grads(m, unit);
-        /* wte's share goes to unit 0's grads now when this rank does not
-         * run the embedding (the pipeline's copy of unit 0 on the last
-         * stage); else the embedding's backward commits both shares */
-        if (!m->runs[0])
-            commit_grads(m, 0);
-    }
+        loom_crossentropy_softmax_backward(m->dlogits, m->dlosses, s->head.probs, s->targets, N,
+                                           m->V, m->Vp);
 }
 
-static void embedding_backward(loom_model *m, deferred *d, int part)
+/* The head's input half, x its input: through the tied LM head and the
+ * final LayerNorm, which starts the stream gradient. */
+static void head_backward_input(loom_model *m, const float *x, deferred *d)
 {
-    model_slot *s = &m->slots[m->slot];
-    size_t RC = (size_t)m->R * m->C;
-    if (part == PART_INPUT) { /* nothing flows further back: keep the gradient */
-        memcpy(d->dresid, m->dresid, RC * sizeof(float));
-        return;
-    }
-    float *dout = part == PART_BOTH ? m->dresid : d->dresid;
+    int N = m->N, C = m->C, unit = m->L + 1;
+    const head_acts *h = &m->slots[m->slot].head;
+    const float *p = unit_params32(m, unit);
+    float *din = m->seqpar ? m->dtmp_a : d->dlnf;
+    memset(din, 0, (size_t)N * C * sizeof(float));
+    loom_matmul_backward_input(din, m->dlogits, tensor(m, 0, unit_params32(m, 0), 0), N, C,
+                               m->Vl);
+    memset(m->dresid, 0, (size_t)m->R * C * sizeof(float));
+    layernorm_in_backward(m, LOOM_REGION_VOCAB, din, d->dlnf, x, tensor(m, unit, p, 0), h->meanf,
+                          h->rstdf);
+}
+
+/* The head's weight half: the tied wte's share of unit 0's gradient, and
+ * the final LayerNorm's. */
+static void head_backward_weight(loom_model *m, const float *x, const deferred *d)
+{
+    int N = m->N, C = m->C, unit = m->L + 1;
+    const head_acts *h = &m->slots[m->slot].head;
+    const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
+    loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL, m->dlogits, in, N, C,
+                                m->Vl);
+    float *g = unit_grads32(m, unit);
+    loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), d->dlnf, x,
+                                   h->meanf, h->rstdf, m->R, C);
+    commit_grads(m, unit);
+    /* wte's share goes to unit 0's grads now when this rank does not run
+     * the embedding (the pipeline's copy of unit 0 on the last stage);
+     * else the embedding's backward commits both shares */
+    if (!m->runs[0])
+        commit_grads(m, 0);
+}
+
+/* The embedding has only a weight half: wte and wpe from dout, the
+ * gradient of its output. */
+static void embedding_backward_weight(loom_model *m, float *dout)
+{
+    const model_slot *s = &m->slots[m->slot];
     float *g = unit_grads32(m, 0);
     if (m->tp > 1)
         embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout);
@@ -1435,49 +1444,114 @@ static void embedding_backward(loom_model *m, deferred *d, int part)
     commit_grads(m, 0);
 }
 
-static void block_unit_backward(loom_model *m, int unit, deferred *d, int part)
+/* The activations a block's backward reads: in place, or in the borrowed
+ * scratch set, recomputed (p: the block's parameters) or loaded from the
+ * slot's saved copies. */
+static block_acts *backward_acts(loom_model *m, int unit, const float *p)
 {
     int l = unit - 1;
-    model_slot *s = &m->slots[m->slot];
-    const float *p = part != PART_WEIGHT ? unit_params32(m, unit) : NULL;
-    float *g = unit_grads32(m, unit);
-    block_acts *a, kept;
-    if (m->inplace) {
-        a = &s->acts[l];
-    } else if (part == PART_WEIGHT && m->s.recompute) {
-        /* the activations the input part recomputed, and the block's input */
-        a = &kept;
-        memset(&kept, 0, sizeof kept);
-        kept.x = m->scratch.x;
-        block_input32(m, l, kept.x);
-        kept.ln1 = d->ln1, kept.ln2 = d->ln2, kept.res2 = d->res2, kept.atty = d->atty;
-        kept.fch_gelu = d->fch_gelu, kept.mean1 = d->mean1, kept.rstd1 = d->rstd1;
-        kept.mean2 = d->mean2, kept.rstd2 = d->rstd2;
-    } else {
-        a = &m->scratch;
-        block_input32(m, l, a->x);
-        lend_saved(m, l);
-        if (m->s.recompute)
-            block_forward(m, unit, p, a);
-        else
-            transfer_block(m, l, 0);
-    }
-    block_backward(m, unit, p, g, a, d, part);
-    if (part == PART_INPUT && m->s.recompute) {
-        size_t R = (size_t)m->R, RC = R * m->C, NCq = (size_t)m->N * m->Cq;
-        size_t NF = (size_t)m->N * m->F;
-        memcpy(d->ln1, a->ln1, RC * sizeof(float));
-        memcpy(d->ln2, a->ln2, RC * sizeof(float));
-        memcpy(d->res2, a->res2, RC * sizeof(float));
-        memcpy(d->atty, a->atty, NCq * sizeof(float));
-        memcpy(d->fch_gelu, a->fch_gelu, NF * sizeof(float));
-        memcpy(d->mean1, a->mean1, R * sizeof(float));
-        memcpy(d->rstd1, a->rstd1, R * sizeof(float));
-        memcpy(d->mean2, a->mean2, R * sizeof(float));
-        memcpy(d->rstd2, a->rstd2, R * sizeof(float));
-    }
-    if (part != PART_INPUT)
+    if (m->inplace)
+        return &m->slots[m->slot].acts[l];
+    block_acts *a = &m->scratch;
+    block_input32(m, l, a->x);
+    lend_saved(m, l);
+    if (m->s.recompute)
+        block_forward(m, unit, p, a);
+    else
+        transfer_block(m, l, 0);
+    return a;
+}
+
+/* With recomputation the scratch set is another unit's by the weight
+ * half: the input half keeps what the weight half reads of it. */
+static void keep_recomputed(loom_model *m, const block_acts *a, deferred *d)
+{
+    size_t R = (size_t)m->R, RC = R * m->C, NCq = (size_t)m->N * m->Cq;
+    size_t NF = (size_t)m->N * m->F;
+    memcpy(d->ln1, a->ln1, RC * sizeof(float));
+    memcpy(d->ln2, a->ln2, RC * sizeof(float));
+    memcpy(d->res2, a->res2, RC * sizeof(float));
+    memcpy(d->atty, a->atty, NCq * sizeof(float));
+    memcpy(d->fch_gelu, a->fch_gelu, NF * sizeof(float));
+    memcpy(d->mean1, a->mean1, R * sizeof(float));
+    memcpy(d->rstd1, a->rstd1, R * sizeof(float));
+    memcpy(d->mean2, a->mean2, R * sizeof(float));
+    memcpy(d->rstd2, a->rstd2, R * sizeof(float));
+}
+
+/* ... and the weight half reads those, and the block's input. */
+static block_acts *kept_acts(loom_model *m, int unit, const deferred *d, block_acts *kept)
+{
+    memset(kept, 0, sizeof *kept);
+    kept->x = m->scratch.x;
+    block_input32(m, unit - 1, kept->x);
+    kept->ln1 = d->ln1, kept->ln2 = d->ln2, kept->res2 = d->res2, kept->atty = d->atty;
+    kept->fch_gelu = d->fch_gelu, kept->mean1 = d->mean1, kept->rstd1 = d->rstd1;
+    kept->mean2 = d->mean2, kept->rstd2 = d->rstd2;
+    return kept;
+}
+
+/* The whole backward of a unit: its halves back to back (a block's region
+ * by region) through the model's own deferred set. */
+static void unit_backward(loom_model *m, int unit, float dloss)
+{
+    deferred *w = &m->whole;
+    if (unit == m->L + 1) {
+        loss_backward(m, dloss);
+        const float *x = head_input32(m);
+        head_backward_input(m, x, w);
+        head_backward_weight(m, x, w);
+    } else if (unit >= 1) {
+        const float *p = unit_params32(m, unit);
+        block_acts *a = backward_acts(m, unit, p);
+        float *g = unit_grads32(m, unit);
+        mlp_backward_input(m, unit, p, a, w);
+        mlp_backward_weight(m, unit, g, a, w);
+        attention_backward_input(m, unit, p, a, w);
+        attention_backward_weight(m, unit, g, a, w);
         commit_grads(m, unit);
+    } else {
+        embedding_backward_weight(m, m->dresid);
+    }
+}
+
+/* The input half of a split backward, into the slot's deferred set d. */
+static void unit_backward_input(loom_model *m, int unit, float dloss, deferred *d)
+{
+    if (unit == m->L + 1) {
+        loss_backward(m, dloss);
+        head_backward_input(m, head_input32(m), d);
+        d->dloss = dloss;
+    } else if (unit >= 1) {
+        const float *p = unit_params32(m, unit);
+        block_acts *a = backward_acts(m, unit, p);
+        mlp_backward_input(m, unit, p, a, d);
+        attention_backward_input(m, unit, p, a, d);
+        if (m->s.recompute)
+            keep_recomputed(m, a, d);
+    } else { /* nothing flows further back: keep the gradient */
+        memcpy(d->dresid, m->dresid, (size_t)m->R * m->C * sizeof(float));
+    }
+}
+
+/* Its weight half. What other slots' units may have overwritten since is
+ * got again: the logits' gradient, the head's input, a block's activations. */
+static void unit_backward_weight(loom_model *m, int unit, const deferred *d)
+{
+    if (unit == m->L + 1) {
+        loss_backward(m, d->dloss);
+        head_backward_weight(m, head_input32(m), d);
+    } else if (unit >= 1) {
+        block_acts kept;
+        block_acts *a = m->s.recompute ? kept_acts(m, unit, d, &kept)
+                                       : backward_acts(m, unit, NULL);
+        float *g = unit_grads32(m, unit);
+        mlp_backward_weight(m, unit, g, a, d);
+        attention_backward_weight(m, unit, g, a, d);
+        commit_grads(m, unit);
+    } else {
+        embedding_backward_weight(m, d->dresid);
+    }
 }
 
 /* Why a unit cannot run now, or LOOM_OK. */
@@ -1501,43 +1575,6 @@ static int check_unit(const loom_model *m, int unit, const char *what)
     return LOOM_OK;
 }
 
-static int model_backward(loom_model *m, int unit, float dloss, int part)
-{
-    static const char *const names[] = {"backward", "backward_input", "backward_weight"};
-    int rc = check_unit(m, unit, names[part]);
-    if (rc != LOOM_OK)
-        return rc;
-    deferred *d = part == PART_BOTH ? NULL : &m->slots[m->slot].deferred[unit];
-    if (part == PART_INPUT) {
-        if (d->mem)
-            return loom_fail(LOOM_ERR_INVALID,
-                             "model: backward_input of unit %d in slot %d twice without its "
-                             "backward_weight", unit, m->slot);
-        carver c = {NULL, 0};
-        layout_deferred(m, &c, d, unit);
-        if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used, &d->mem)) !=
-            LOOM_OK)
-            return rc;
-        carver real = {d->mem, 0};
-        layout_deferred(m, &real, d, unit);
-    } else if (part == PART_WEIGHT && !d->mem) {
-        return loom_fail(LOOM_ERR_INVALID,
-                         "model: backward_weight of unit %d in slot %d without its "
-                         "backward_input first", unit, m->slot);
-    }
-    if (unit == m->L + 1)
-        head_backward(m, dloss, d, part);
-    else if (unit >= 1)
-        block_unit_backward(m, unit, d, part);
-    else
-        embedding_backward(m, d, part);
-    if (part == PART_WEIGHT) {
-        loom_mem_free(d->mem);
-        memset(d, 0, sizeof *d);
-    }
-    return m->status;
-}
-
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss)
 {
@@ -1549,17 +1586,46 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
 
 int loom_model_backward(loom_model *m, int unit, float dloss)
 {
-    return model_backward(m, unit, dloss, PART_BOTH);
+    int rc = check_unit(m, unit, "backward");
+    if (rc == LOOM_OK)
+        unit_backward(m, unit, dloss);
+    return rc != LOOM_OK ? rc : m->status;
 }
 
 int loom_model_backward_input(loom_model *m, int unit, float dloss)
 {
-    return model_backward(m, unit, dloss, PART_INPUT);
+    int rc = check_unit(m, unit, "backward_input");
+    if (rc != LOOM_OK)
+        return rc;
+    deferred *d = &m->slots[m->slot].deferred[unit];
+    if (d->mem)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: backward_input of unit %d in slot %d twice without its "
+                         "backward_weight", unit, m->slot);
+    rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS,
+                        loom_model_deferred_bytes(m, unit), &d->mem);
+    if (rc != LOOM_OK)
+        return rc;
+    carver c = {d->mem, 0};
+    layout_deferred(m, &c, d, unit);
+    unit_backward_input(m, unit, dloss, d);
+    return m->status;
 }
 
 int loom_model_backward_weight(loom_model *m, int unit)
 {
-    return model_backward(m, unit, 0.0f, PART_WEIGHT);
+    int rc = check_unit(m, unit, "backward_weight");
+    if (rc != LOOM_OK)
+        return rc;
+    deferred *d = &m->slots[m->slot].deferred[unit];
+    if (!d->mem)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: backward_weight of unit %d in slot %d without its "
+                         "backward_input first", unit, m->slot);
+    unit_backward_weight(m, unit, d);
+    loom_mem_free(d->mem);
+    memset(d, 0, sizeof *d);
+    return m->status;
 }
 
 /* ---- micro-batch slots and stage borders ---- */

@@ -76,11 +76,6 @@ size_t loom_model_full_numel(const loom_model *m, int unit);
 const loom_param_shard *loom_model_shards(const loom_model *m, int unit);
 /* A whole unit buffer -> this rank's (units[unit].numel elements). */
 void loom_model_slice(const loom_model *m, int unit, const float *full, float *local);
-/* The slices a tp rank holds (its shards; a rank with this rank's local
- * layout) -> their places in the whole unit buffer. Replicated tensors
- * are copied whole. */
-void loom_model_unslice(const loom_model *m, int unit, const loom_param_shard *shards,
-                        const float *local, float *full);
 
 /* One unit forward for the current micro-batch (the slot in use). The
  * embedding reads tokens, the head reads targets and leaves the per-token
