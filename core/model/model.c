@@ -547,12 +547,38 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out)
     return loom_model_create_parallel(setup, NULL, out);
 }
 
-/* Why a setup and layout cannot make a model, or LOOM_OK. */
-static int check_setup(const loom_model_setup *setup, const loom_model_layout *lay)
+/* The model's dimensions, this rank's share of them, and how it keeps its
+ * activations. */
+static void set_dims(loom_model *m, const loom_model_setup *setup, const loom_model_layout *lay)
 {
     const loom_gpt2_shape *sh = &setup->shape;
     int tp = lay->tp_size > 0 ? lay->tp_size : 1;
-    int T = lay->positions ? lay->npositions : setup->seq;
+    m->s = *setup;
+    m->lay = *lay;
+    m->tp = tp;
+    m->tp_rank = lay->tp_rank;
+    m->seqpar = tp > 1 && lay->sequence_parallel;
+    m->T = lay->positions ? lay->npositions : setup->seq;
+    m->N = setup->batch * m->T;
+    m->R = m->seqpar ? m->N / tp : m->N;
+    m->row0 = m->seqpar ? m->tp_rank * m->R : 0;
+    m->C = sh->channels;
+    m->L = sh->layers;
+    m->NH = sh->heads;
+    m->V = sh->vocab;
+    m->Vp = sh->padded_vocab;
+    m->maxT = sh->max_seq;
+    m->inplace = setup->dtype == LOOM_F32 && !setup->recompute;
+    m->scratch_grads = setup->dtype != LOOM_F32 || tp > 1 || lay->sp_size > 1;
+}
+
+/* Why the setup and layout set_dims took cannot make a model, or LOOM_OK. */
+static int check_setup(const loom_model *m)
+{
+    const loom_model_setup *setup = &m->s;
+    const loom_model_layout *lay = &m->lay;
+    const loom_gpt2_shape *sh = &setup->shape;
+    int tp = m->tp, T = m->T;
     if (setup->dtype != LOOM_F32 && setup->dtype != LOOM_BF16 && setup->dtype != LOOM_F16)
         return loom_fail(LOOM_ERR_INVALID, "model: compute dtype must be f32, bf16 or f16");
     if (sh->channels % sh->heads != 0)
@@ -577,31 +603,6 @@ static int check_setup(const loom_model_setup *setup, const loom_model_layout *l
                          "(%d sequences x %d positions) %d ways, which does not divide",
                          setup->batch * T, setup->batch, T, tp);
     return LOOM_OK;
-}
-
-/* The model's dimensions, this rank's share of them, and how it keeps its
- * activations. */
-static void set_dims(loom_model *m, const loom_model_setup *setup, const loom_model_layout *lay)
-{
-    const loom_gpt2_shape *sh = &setup->shape;
-    int tp = lay->tp_size > 0 ? lay->tp_size : 1;
-    m->s = *setup;
-    m->lay = *lay;
-    m->tp = tp;
-    m->tp_rank = lay->tp_rank;
-    m->seqpar = tp > 1 && lay->sequence_parallel;
-    m->T = lay->positions ? lay->npositions : setup->seq;
-    m->N = setup->batch * m->T;
-    m->R = m->seqpar ? m->N / tp : m->N;
-    m->row0 = m->seqpar ? m->tp_rank * m->R : 0;
-    m->C = sh->channels;
-    m->L = sh->layers;
-    m->NH = sh->heads;
-    m->V = sh->vocab;
-    m->Vp = sh->padded_vocab;
-    m->maxT = sh->max_seq;
-    m->inplace = setup->dtype == LOOM_F32 && !setup->recompute;
-    m->scratch_grads = setup->dtype != LOOM_F32 || tp > 1 || lay->sp_size > 1;
 }
 
 /* The units this rank computes (layout.runs_unit), and the global
@@ -699,15 +700,13 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
     loom_model_layout single;
     memset(&single, 0, sizeof single);
     const loom_model_layout *lay = layout ? layout : &single;
-    int rc = check_setup(setup, lay);
-    if (rc != LOOM_OK)
-        return rc;
     loom_model *m = calloc(1, sizeof *m);
     if (!m)
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     set_dims(m, setup, lay);
-    if ((rc = build_units(m)) == LOOM_OK && (rc = set_runs(m)) == LOOM_OK &&
-        (rc = alloc_shared(m)) == LOOM_OK) {
+    int rc;
+    if ((rc = check_setup(m)) == LOOM_OK && (rc = build_units(m)) == LOOM_OK &&
+        (rc = set_runs(m)) == LOOM_OK && (rc = alloc_shared(m)) == LOOM_OK) {
         point_whole(m);
         /* slot 0 from the start: callers that never name a slot use it */
         rc = loom_model_use_slot(m, 0);
