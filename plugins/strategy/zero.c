@@ -51,51 +51,46 @@
  * all-gather each (N-1)/N Ψ, so 2Ψ(N-1)/N for zero1 and zero2 and
  * 3Ψ(N-1)/N for zero3. With k micro-batches zero2 reduce-scatters k times
  * and zero3 gathers 2k times. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strategy_common.h"
 #include "loom/strategy.h"
 
 #ifndef ZERO_STAGE
 #error "build with -DZERO_STAGE=1, 2 or 3"
 #endif
-#if ZERO_STAGE < 1 || ZERO_STAGE > 3
-#error "ZERO_STAGE must be 1, 2 or 3"
-#endif
+_Static_assert(ZERO_STAGE >= 1 && ZERO_STAGE <= 3, "ZERO_STAGE must be 1, 2 or 3");
+
+/* The build's one input. Every stage's code is compiled, and so checked, in
+ * every build; the branches of the other stages fold away. */
+static const int zero_stage = ZERO_STAGE;
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define NAME "zero" STR(ZERO_STAGE)
-#define MIB (1024.0 * 1024.0)
 
 /* Shard boundaries fall on multiples of this many elements, so every shard
  * starts 64-byte aligned in 16-bit runs (128 in fp32). */
 #define ALIGN 32
 
-#if ZERO_STAGE == 3
-static const loom_setting_spec zero_settings[] = {
+static const loom_setting_spec zero3_settings[] = {
     {"prefetch", LOOM_SETTING_INT, "1",
      "units whose all-gather is posted ahead of use, in forward and in backward order "
      "(0: gather each unit when it is needed)"},
     {NULL, 0, NULL, NULL},
 };
-#define SETTINGS zero_settings
-#define DESCRIPTION                                                                            \
-    "ZeRO-3 / FSDP: parameters, gradients and optimizer state sharded; units all-gathered "   \
-    "around forward and backward with prefetch"
-#elif ZERO_STAGE == 2
-#define SETTINGS NULL
-#define DESCRIPTION                                                                            \
-    "ZeRO-2: gradients and optimizer state sharded; gradients reduce-scattered unit by unit " \
-    "during backward"
-#else
-#define SETTINGS NULL
-#define DESCRIPTION                                                                            \
+
+#define ZERO1_DESCRIPTION                                                                      \
     "ZeRO-1: optimizer state sharded; gradients reduce-scattered, parameters all-gathered "   \
     "after the step"
-#endif
+#define ZERO2_DESCRIPTION                                                                      \
+    "ZeRO-2: gradients and optimizer state sharded; gradients reduce-scattered unit by unit " \
+    "during backward"
+#define ZERO3_DESCRIPTION                                                                      \
+    "ZeRO-3 / FSDP: parameters, gradients and optimizer state sharded; units all-gathered "   \
+    "around forward and backward with prefetch"
 
 /* One collective in flight. */
 typedef struct zero_op {
@@ -173,18 +168,6 @@ struct loom_strategy {
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-static int find_unit(const loom_strategy *s, const loom_unit *unit)
-{
-    for (int i = 0; i < s->nunits; i++)
-        if (&s->units[i] == unit)
-            return i;
-    /* A copy of the unit struct: match by index. */
-    for (int i = 0; i < s->nunits; i++)
-        if (s->units[i].index == unit->index)
-            return i;
-    return -1;
-}
-
 static const char *unit_label(const loom_unit *u, char *buf, size_t cap)
 {
     if (u->kind == LOOM_UNIT_BLOCK)
@@ -194,44 +177,35 @@ static const char *unit_label(const loom_unit *u, char *buf, size_t cap)
     return buf;
 }
 
-
-#if ZERO_STAGE >= 2
-/* acc += x, elementwise in the compute dtype (one rounding per element). */
-static void accumulate(void *acc, const void *x, loom_dtype t, size_t n)
-{
-    if (t == LOOM_F32) {
-        float *a = acc;
-        const float *b = x;
-        for (size_t i = 0; i < n; i++)
-            a[i] += b[i];
-        return;
-    }
-    uint16_t *a = acc;
-    for (size_t i = 0; i < n; i++) {
-        float sum = loom_load_f32(acc, t, i) + loom_load_f32(x, t, i);
-        a[i] = t == LOOM_BF16 ? loom_f32_to_bf16(sum) : loom_f32_to_f16(sum);
-    }
-}
-#endif
-
 static char *at(void *base, size_t elems, size_t esize) { return (char *)base + elems * esize; }
 
-/* The owned shard's fp32 master weights. */
+/* The owned shard of the parameters in the compute dtype: zero3's shard
+ * buffer, or zero1/2's range of the full parameters. */
+static void *owned_params(loom_strategy *s, zero_unit *z)
+{
+    if (zero_stage == 3)
+        return at(s->param_shard, z->shard_off, s->esize);
+    return at(z->params, z->own_begin, s->esize);
+}
+
+/* The owned shard's fp32 master weights: fp32 parameters are their own. */
 static float *master_of(loom_strategy *s, zero_unit *z)
 {
     if (s->master)
         return s->master + z->shard_off;
-#if ZERO_STAGE == 3
-    return (float *)s->param_shard + z->shard_off;
-#else
-    return (float *)at(s->params_all, z->flat_off + z->own_begin, s->esize);
-#endif
+    return owned_params(s, z);
 }
 
 /* The owned shard's averaged gradient. */
 static void *grad_shard_of(loom_strategy *s, zero_unit *z)
 {
     return at(s->grad_shard, z->shard_off, s->esize);
+}
+
+static void free_if(const loom_host *h, void *p)
+{
+    if (p)
+        h->mem_free(h, p);
 }
 
 /* ------------------------------------------------------ collectives */
@@ -312,18 +286,26 @@ static int wait_op(loom_strategy *s, zero_unit *z, zero_op *op, const char *what
     return rc == LOOM_OK ? LOOM_OK : op_failed(s, rc);
 }
 
+/* A collective was just posted (rc and req as the comm layer returned
+ * them): track it until it completes, which it may have already. */
+static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, int rc,
+                 loom_request *req)
+{
+    if (rc != LOOM_OK)
+        return op_failed(s, rc);
+    op->req = req;
+    op->active = 1;
+    if (!req)
+        op_done(s, z, op, what, unit_bytes(s, z));
+    return LOOM_OK;
+}
+
 static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
 {
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
     int rc = s->host->comm->reducescatter(s->dp, z->grads, recv, z->shard, s->dtype, LOOM_AVG, &req);
-    if (rc != LOOM_OK)
-        return op_failed(s, rc);
-    z->reduce.req = req;
-    z->reduce.active = 1;
-    if (!req)
-        op_done(s, z, &z->reduce, "reducescatter", unit_bytes(s, z));
-    return LOOM_OK;
+    return track(s, z, &z->reduce, "reducescatter", rc, req);
 }
 
 /* send: the owned shard (zero1/2: in place inside recv). */
@@ -332,18 +314,11 @@ static int post_gather(loom_strategy *s, zero_unit *z, const void *send, void *r
     z->gather.start_ns = s->host->now_ns();
     loom_request *req = NULL;
     int rc = s->host->comm->allgather(s->dp, send, recv, z->shard, s->dtype, &req);
-    if (rc != LOOM_OK)
-        return op_failed(s, rc);
-    z->gather.req = req;
-    z->gather.active = 1;
-    if (!req)
-        op_done(s, z, &z->gather, "allgather", unit_bytes(s, z));
-    return LOOM_OK;
+    return track(s, z, &z->gather, "allgather", rc, req);
 }
 
 /* ---------------------------------------------- zero2/3 gradient shards */
 
-#if ZERO_STAGE >= 2
 /* The one reduce-scatter in flight completes: its result joins the owned
  * shard and the unit's full gradients are freed. */
 static int finish_reduce(loom_strategy *s)
@@ -354,7 +329,7 @@ static int finish_reduce(loom_strategy *s)
     int rc = wait_op(s, z, &z->reduce, "reducescatter");
     if (rc != LOOM_OK)
         return rc;
-    accumulate(grad_shard_of(s, z), s->recv, s->dtype, z->shard);
+    strategy_add_into(grad_shard_of(s, z), s->recv, z->shard, s->dtype);
     s->host->mem_free(s->host, z->grads);
     z->grads = NULL;
     z->reducing = 0;
@@ -370,20 +345,15 @@ static int open_grads(loom_strategy *s, zero_unit *z)
     int rc;
     if (z->reducing && (rc = finish_reduce(s)) != LOOM_OK)
         return rc;
-    void *g = NULL;
-    if ((rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS,
-                                 z->padded * s->esize, &g)) != LOOM_OK)
+    if ((rc = strategy_alloc_zeroed(s->host, LOOM_PURPOSE_GRADS, z->padded * s->esize,
+                                    &z->grads)) != LOOM_OK)
         return rc;
-    memset(g, 0, z->padded * s->esize);
-    z->grads = g;
-    z->unit->grads = g;
+    z->unit->grads = z->grads;
     return LOOM_OK;
 }
-#endif
 
 /* ------------------------------------------------ zero3 parameter life */
 
-#if ZERO_STAGE == 3
 static int start_gather(loom_strategy *s, zero_unit *z)
 {
     if (z->params)
@@ -394,7 +364,7 @@ static int start_gather(loom_strategy *s, zero_unit *z)
     if (rc != LOOM_OK)
         return rc;
     z->params = full;
-    rc = post_gather(s, z, at(s->param_shard, z->shard_off, s->esize), full);
+    rc = post_gather(s, z, owned_params(s, z), full);
     if (rc != LOOM_OK) {
         s->host->mem_free(s->host, full); /* never posted */
         z->params = NULL;
@@ -469,31 +439,25 @@ static int drop_all_params(loom_strategy *s)
     }
     return LOOM_OK;
 }
-#endif
 
 /* ------------------------------------------------------------- common */
 
 static int zero_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
 {
-    if (!setup || setup->axis != LOOM_AXIS_DP)
-        return host->error(host, LOOM_ERR_INVALID,
-                           NAME ": serves the dp axis, but was created for axis %s "
-                                "(set parallel.<axis>.strategy to a strategy of that axis)",
-                           setup ? loom_axis_name(setup->axis) : "?");
-    loom_group *dp = setup->groups[LOOM_AXIS_DP];
-    if (!dp)
-        return host->error(host, LOOM_ERR_INVALID, NAME ": the setup has no dp group (a core bug)");
-    int64_t prefetch = 0;
-#if ZERO_STAGE == 3
-    int rc = host->config_int(host, "prefetch", &prefetch);
+    loom_group *dp = NULL;
+    int rc = strategy_axis_group(host, setup, NAME, LOOM_AXIS_DP, &dp);
     if (rc != LOOM_OK)
         return rc;
-    if (prefetch < 0 || prefetch > 64)
-        return host->error(host, LOOM_ERR_INVALID,
-                           NAME ": parallel.dp.prefetch = %lld must be between 0 (no prefetch) "
-                                "and 64 units",
-                           (long long)prefetch);
-#endif
+    int64_t prefetch = 0;
+    if (zero_stage == 3) {
+        if ((rc = host->config_int(host, "prefetch", &prefetch)) != LOOM_OK)
+            return rc;
+        if (prefetch < 0 || prefetch > 64)
+            return host->error(host, LOOM_ERR_INVALID,
+                               NAME ": parallel.dp.prefetch = %lld must be between 0 (no "
+                                    "prefetch) and 64 units",
+                               (long long)prefetch);
+    }
     loom_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
@@ -508,23 +472,15 @@ static int zero_create(const loom_host *host, const loom_strategy_setup *setup, 
     return LOOM_OK;
 }
 
-static void free_if(const loom_host *h, void *p)
-{
-    if (p)
-        h->mem_free(h, p);
-}
-
 static void free_buffers(loom_strategy *s)
 {
     const loom_host *h = s->host;
     for (int i = 0; s->zu && i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
-#if ZERO_STAGE >= 2
-        free_if(h, z->grads);
-#endif
-#if ZERO_STAGE == 3
-        free_if(h, z->params);
-#endif
+        if (zero_stage >= 2)
+            free_if(h, z->grads);
+        if (zero_stage == 3)
+            free_if(h, z->params);
         z->params = z->grads = NULL;
     }
     free_if(h, s->params_all);
@@ -557,10 +513,7 @@ static int quiesce(loom_strategy *s)
 {
     if (s->failed)
         return broken(s);
-    int rc = LOOM_OK;
-#if ZERO_STAGE >= 2
-    rc = finish_reduce(s);
-#endif
+    int rc = zero_stage >= 2 ? finish_reduce(s) : LOOM_OK;
     for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
         rc = wait_op(s, z, &z->reduce, "reducescatter");
@@ -585,13 +538,13 @@ static int zero_destroy(loom_strategy *s)
         for (int i = 0; s->zu && i < s->nunits; i++) {
             zero_unit *z = &s->zu[i];
             if (z->gather.active) {
-                if (ZERO_STAGE == 3)
+                if (zero_stage == 3)
                     z->params = NULL;
                 else
                     s->params_all = NULL;
             }
             if (z->reduce.active) {
-                if (ZERO_STAGE == 1) {
+                if (zero_stage == 1) {
                     s->grads_all = NULL;
                     s->grad_shard = NULL;
                 } else {
@@ -608,70 +561,29 @@ static int zero_destroy(loom_strategy *s)
 
 static int zero_describe(const loom_strategy *s, char *buf, size_t cap)
 {
-    char extra[160] = "";
+    char prefetch[32] = "", sizes[160] = "";
+    if (zero_stage == 3)
+        snprintf(prefetch, sizeof prefetch, ", prefetch %d", s->prefetch);
     if (s->zu)
-        snprintf(extra, sizeof extra, ", %zu parameters padded to %zu, %zu owned per rank",
+        snprintf(sizes, sizeof sizes, ", %zu parameters padded to %zu, %zu owned per rank",
                  s->numel, s->padded, s->shard_total);
-#if ZERO_STAGE == 3
-    snprintf(buf, cap, NAME " over %d rank%s, prefetch %d%s", s->dp_size,
-             s->dp_size == 1 ? "" : "s", s->prefetch, extra);
-#else
-    snprintf(buf, cap, NAME " over %d rank%s%s", s->dp_size, s->dp_size == 1 ? "" : "s", extra);
-#endif
+    snprintf(buf, cap, NAME " over %d rank%s%s%s", s->dp_size, s->dp_size == 1 ? "" : "s",
+             prefetch, sizes);
     return LOOM_OK;
 }
 
 /* ----------------------------------------------------------- data axis */
 
-static int alloc(loom_strategy *s, loom_purpose purpose, size_t bytes, void **out)
+/* Pads each unit to a multiple of ALIGN x dp_size elements and cuts it into
+ * dp_size equal shards, of which this rank owns shard dp_rank; the units lie
+ * one after the other in the full buffers and in the shard buffers. */
+static void lay_out_shards(loom_strategy *s)
 {
-    int rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, purpose, bytes ? bytes : 1, out);
-    if (rc == LOOM_OK)
-        memset(*out, 0, bytes);
-    return rc;
-}
-
-static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
-{
-    const loom_host *h = s->host;
-    if (s->zu)
-        return h->error(h, LOOM_ERR_INVALID, NAME ": data_setup called twice");
-    if (nunits <= 0 || !units || !init)
-        return h->error(h, LOOM_ERR_INVALID, NAME ": data_setup needs at least one unit");
-    loom_dtype dtype = units[0].compute_dtype;
-    if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
-        return h->error(h, LOOM_ERR_INVALID,
-                        NAME ": unit '%s' computes in %s; " NAME " supports f32, bf16 and f16",
-                        units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
-    for (int i = 1; i < nunits; i++)
-        if (units[i].compute_dtype != dtype)
-            return h->error(h, LOOM_ERR_INVALID,
-                            NAME ": unit '%s' computes in %s but unit '%s' in %s; "
-                                 "the shards need a single dtype",
-                            units[i].name ? units[i].name : "?",
-                            loom_dtype_name(units[i].compute_dtype),
-                            units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
-    for (int i = 0; i < nunits; i++)
-        if (units[i].numel && !init[i])
-            return h->error(h, LOOM_ERR_INVALID, NAME ": no initial parameters for unit '%s'",
-                            units[i].name ? units[i].name : "?");
-    s->dtype = dtype;
-    s->esize = loom_dtype_size(dtype);
-    s->units = units;
-    s->nunits = nunits;
-    s->zu = calloc((size_t)nunits, sizeof *s->zu);
-    s->fsteps = calloc((size_t)nunits, sizeof *s->fsteps);
-    s->bsteps = calloc((size_t)nunits, sizeof *s->bsteps);
-    if (!s->zu || !s->fsteps || !s->bsteps) {
-        free_buffers(s);
-        return h->error(h, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
-    }
-
     size_t N = (size_t)s->dp_size, flat = 0, shards = 0;
-    for (int i = 0; i < nunits; i++) {
+    for (int i = 0; i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
-        z->unit = &units[i];
-        z->numel = units[i].numel;
+        z->unit = &s->units[i];
+        z->numel = z->unit->numel;
         z->padded = round_up(z->numel ? z->numel : 1, ALIGN * N);
         z->shard = z->padded / N;
         z->own_begin = (size_t)s->dp_rank * z->shard;
@@ -688,72 +600,114 @@ static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float
     }
     s->padded = flat;
     s->shard_total = shards;
+}
+
+/* zero3's prefetch order: the units as the trainer's forward and backward
+ * hooks meet them. The tied embedding rides along with the head's. */
+static void plan_hook_steps(loom_strategy *s)
+{
+    int n = s->nunits;
+    int tied = n >= 2 && s->units[0].kind == LOOM_UNIT_EMBEDDING &&
+               s->units[n - 1].kind == LOOM_UNIT_HEAD;
+    for (int i = 0; i < n; i++) {
+        s->fsteps[i] = (zero_step){i, tied && i == n - 1 ? 0 : -1};
+        s->bsteps[i] = (zero_step){n - 1 - i, tied && i == 0 ? 0 : -1};
+    }
+}
+
+/* A zeroed fp32 array over the owned shards, for optimizer state. */
+static int alloc_shard_floats(loom_strategy *s, float **out)
+{
+    void *p = NULL;
+    int rc = strategy_alloc_zeroed(s->host, LOOM_PURPOSE_OPTIMIZER, s->shard_total * sizeof(float),
+                                   &p);
+    *out = p;
+    return rc;
+}
+
+/* The buffers that persist, as the header comment counts them. */
+static int alloc_model_state(loom_strategy *s)
+{
+    const loom_host *h = s->host;
+    size_t full = s->padded * s->esize, owned = s->shard_total * s->esize;
+    int rc;
+    if (zero_stage == 3)
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_PARAMS, owned, &s->param_shard);
+    else
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_PARAMS, full, &s->params_all);
+    if (rc == LOOM_OK && zero_stage == 1) {
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_GRADS, full, &s->grads_all);
+        if (rc == LOOM_OK)
+            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, owned, &s->grad_shard);
+    } else if (rc == LOOM_OK) {
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_GRADS, owned, &s->grad_shard);
+        if (rc == LOOM_OK)
+            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, s->max_shard * s->esize, &s->recv);
+    }
+    if (rc == LOOM_OK && s->dtype != LOOM_F32)
+        rc = alloc_shard_floats(s, &s->master);
+    if (rc == LOOM_OK)
+        rc = alloc_shard_floats(s, &s->m);
+    if (rc == LOOM_OK)
+        rc = alloc_shard_floats(s, &s->v);
+    return rc;
+}
+
+/* The initial parameters into what each stage keeps: every rank has them
+ * whole, so nothing is gathered. zero1/2 keep the full parameters in the
+ * compute dtype, zero3 only its shard; each rank copies its shard into the
+ * master weights. */
+static void place_initial_params(loom_strategy *s, float *const *init)
+{
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        if (zero_stage < 3) {
+            z->params = at(s->params_all, z->flat_off, s->esize);
+            loom_from_f32(z->params, s->dtype, init[i], z->numel);
+        }
+        if (zero_stage == 1)
+            z->grads = at(s->grads_all, z->flat_off, s->esize);
+        float *master = master_of(s, z);
+        if (z->own_count)
+            memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
+        if (zero_stage == 3)
+            loom_from_f32(owned_params(s, z), s->dtype, master, z->own_count);
+        z->unit->params = z->params;
+        z->unit->grads = z->grads;
+        z->unit->strategy_data = z;
+    }
+}
+
+static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
+{
+    const loom_host *h = s->host;
+    if (s->zu)
+        return h->error(h, LOOM_ERR_INVALID, NAME ": data_setup called twice");
+    int rc = strategy_check_units(h, NAME, units, nunits, init, "the shards need a single dtype");
+    if (rc != LOOM_OK)
+        return rc;
+    s->dtype = units[0].compute_dtype;
+    s->esize = loom_dtype_size(s->dtype);
+    s->units = units;
+    s->nunits = nunits;
+    s->zu = calloc((size_t)nunits, sizeof *s->zu);
+    s->fsteps = calloc((size_t)nunits, sizeof *s->fsteps);
+    s->bsteps = calloc((size_t)nunits, sizeof *s->bsteps);
+    if (!s->zu || !s->fsteps || !s->bsteps) {
+        free_buffers(s);
+        return h->error(h, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
+    }
+    lay_out_shards(s);
     if (s->numel == 0) {
         free_buffers(s);
         return h->error(h, LOOM_ERR_INVALID, NAME ": the model has no parameters");
     }
-
-    /* The tied embedding rides along with the head's hooks. */
-    int tied = nunits >= 2 && units[0].kind == LOOM_UNIT_EMBEDDING &&
-               units[nunits - 1].kind == LOOM_UNIT_HEAD;
-    for (int i = 0; i < nunits; i++) {
-        s->fsteps[i] = (zero_step){i, tied && i == nunits - 1 ? 0 : -1};
-        s->bsteps[i] = (zero_step){nunits - 1 - i, tied && i == 0 ? 0 : -1};
-    }
-
-    size_t e = s->esize, S = s->shard_total;
-    int rc = LOOM_OK;
-    void *p;
-#define ALLOC(purpose, bytes, dst)                                                          \
-    do {                                                                                    \
-        if (rc == LOOM_OK && (rc = alloc(s, (purpose), (bytes), &p)) == LOOM_OK)             \
-            (dst) = p;                                                                      \
-    } while (0)
-#if ZERO_STAGE == 3
-    ALLOC(LOOM_PURPOSE_PARAMS, S * e, s->param_shard);
-#else
-    ALLOC(LOOM_PURPOSE_PARAMS, s->padded * e, s->params_all);
-#endif
-#if ZERO_STAGE == 1
-    ALLOC(LOOM_PURPOSE_GRADS, s->padded * e, s->grads_all);
-    ALLOC(LOOM_PURPOSE_COMM, S * e, s->grad_shard);
-#else
-    ALLOC(LOOM_PURPOSE_GRADS, S * e, s->grad_shard);
-    ALLOC(LOOM_PURPOSE_COMM, s->max_shard * e, s->recv);
-#endif
-    if (dtype != LOOM_F32)
-        ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->master);
-    ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->m);
-    ALLOC(LOOM_PURPOSE_OPTIMIZER, S * sizeof(float), s->v);
-#undef ALLOC
-    if (rc != LOOM_OK) {
+    plan_hook_steps(s);
+    if ((rc = alloc_model_state(s)) != LOOM_OK) {
         free_buffers(s);
         return rc; /* mem_alloc said what it could not get */
     }
-
-    for (int i = 0; i < nunits; i++) {
-        zero_unit *z = &s->zu[i];
-        float *master = master_of(s, z);
-        if (z->own_count)
-            memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
-#if ZERO_STAGE == 3
-        loom_from_f32(at(s->param_shard, z->shard_off, e), dtype, master, z->own_count);
-        units[i].params = NULL;
-        units[i].grads = NULL;
-#else
-        /* Every rank has the full initial parameters: no gather needed. */
-        z->params = at(s->params_all, z->flat_off, e);
-        loom_from_f32(z->params, dtype, init[i], z->numel);
-        units[i].params = z->params;
-#if ZERO_STAGE == 1
-        z->grads = at(s->grads_all, z->flat_off, e);
-        units[i].grads = z->grads;
-#else
-        units[i].grads = NULL;
-#endif
-#endif
-        units[i].strategy_data = z;
-    }
+    place_initial_params(s, init);
     return LOOM_OK;
 }
 
@@ -763,17 +717,17 @@ static zero_unit *hook_unit(loom_strategy *s, loom_unit *unit, const char *hook)
         s->host->error(s->host, LOOM_ERR_INVALID, NAME ": %s before data_setup", hook);
         return NULL;
     }
-    int i = unit ? find_unit(s, unit) : -1;
+    int i = unit ? strategy_find_unit(s->units, s->nunits, unit) : -1;
     if (i < 0) {
         s->host->error(s->host, LOOM_ERR_INVALID,
                        NAME ": %s for unit %d ('%s'), which data_setup was not given", hook,
-                       unit ? unit->index : -1, unit && unit->name ? unit->name : "?");
+                       unit ? unit->index : -1, strategy_unit_name(unit));
         return NULL;
     }
     return &s->zu[i];
 }
 
-#if ZERO_STAGE == 3
+/* zero3 only: zero1/2 keep the full parameters. */
 static int zero_data_before_forward(loom_strategy *s, loom_unit *unit)
 {
     zero_unit *z = hook_unit(s, unit, "data_before_forward");
@@ -795,6 +749,7 @@ static int zero_data_before_forward(loom_strategy *s, loom_unit *unit)
     return LOOM_OK;
 }
 
+/* zero3 only. */
 static int zero_data_after_forward(loom_strategy *s, loom_unit *unit)
 {
     zero_unit *z = hook_unit(s, unit, "data_after_forward");
@@ -805,7 +760,6 @@ static int zero_data_after_forward(loom_strategy *s, loom_unit *unit)
     int rc = maybe_drop(s, z);
     return rc == LOOM_OK ? progress(s) : rc;
 }
-#endif
 
 static int zero_data_before_backward(loom_strategy *s, loom_unit *unit)
 {
@@ -813,29 +767,22 @@ static int zero_data_before_backward(loom_strategy *s, loom_unit *unit)
     if (!z)
         return LOOM_ERR_INVALID;
     int rc = progress(s);
-#if ZERO_STAGE >= 2
-    if (rc != LOOM_OK)
-        return rc;
+    if (rc != LOOM_OK || zero_stage == 1)
+        return rc; /* zero1's full gradients are always there */
     int occurrence = z->bwd_entries++;
     if (!z->bwd_open) {
         z->bwd_open = 1;
-#if ZERO_STAGE == 3
-        if ((rc = start_gather(s, z)) != LOOM_OK)
+        if (zero_stage == 3 && (rc = start_gather(s, z)) != LOOM_OK)
             return rc;
-#endif
         if ((rc = open_grads(s, z)) != LOOM_OK)
             return rc;
     }
-#if ZERO_STAGE == 3
+    if (zero_stage == 2)
+        return LOOM_OK;
     int i = (int)(z - s->zu);
-    if ((rc = prefetch_after(s, s->bsteps, find_step(s->bsteps, s->nunits, i, occurrence))) != LOOM_OK ||
-        (rc = ensure_params(s, z)) != LOOM_OK)
+    if ((rc = prefetch_after(s, s->bsteps, find_step(s->bsteps, s->nunits, i, occurrence))) != LOOM_OK)
         return rc;
-#else
-    (void)occurrence;
-#endif
-#endif
-    return rc;
+    return ensure_params(s, z);
 }
 
 static int zero_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micro)
@@ -848,25 +795,25 @@ static int zero_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_mic
     int rc = progress(s);
     if (rc != LOOM_OK)
         return rc;
-#if ZERO_STAGE == 1
-    /* Accumulating micro-batches stay local, like PyTorch's no_sync. */
-    if (!last_micro)
-        return LOOM_OK;
-    s->saw_last_micro = 1;
-    if (z->reduced)
-        return h->error(h, LOOM_ERR_INVALID,
-                        NAME ": unit '%s' reported its gradients twice on the last micro-batch",
-                        unit->name ? unit->name : "?");
-    z->reduced = 1;
-    return post_reduce(s, z, grad_shard_of(s, z));
-#else
+    if (zero_stage == 1) {
+        /* Accumulating micro-batches stay local, like PyTorch's no_sync. */
+        if (!last_micro)
+            return LOOM_OK;
+        s->saw_last_micro = 1;
+        if (z->reduced)
+            return h->error(h, LOOM_ERR_INVALID,
+                            NAME ": unit '%s' reported its gradients twice on the last micro-batch",
+                            strategy_unit_name(unit));
+        z->reduced = 1;
+        return post_reduce(s, z, grad_shard_of(s, z));
+    }
     if (last_micro)
         s->saw_last_micro = 1;
     if (!z->bwd_open || !z->grads || z->reducing)
         return h->error(h, LOOM_ERR_INVALID,
                         NAME ": data_grads_ready for unit '%s' without data_before_backward "
                              "(no gradient buffer is open)",
-                        unit->name ? unit->name : "?");
+                        strategy_unit_name(unit));
     /* One reduce-scatter at a time: the previous one has overlapped this
      * unit's backward; now its result is due. */
     if ((rc = finish_reduce(s)) != LOOM_OK)
@@ -880,12 +827,7 @@ static int zero_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_mic
     z->held = 0;
     z->fwd_entries = 0;
     z->bwd_entries = 0;
-#if ZERO_STAGE == 3
-    return maybe_drop(s, z);
-#else
-    return LOOM_OK;
-#endif
-#endif
+    return zero_stage == 3 ? maybe_drop(s, z) : LOOM_OK;
 }
 
 static void reset_step(loom_strategy *s)
@@ -907,15 +849,15 @@ static int zero_data_finish_backward(loom_strategy *s)
     if (s->failed)
         return broken(s);
     int rc = LOOM_OK;
-#if ZERO_STAGE == 1
-    /* Units that never reported still get reduced, in the same order on
-     * every rank. */
-    for (int i = s->nunits - 1; rc == LOOM_OK && i >= 0; i--)
-        if (!s->zu[i].reduced) {
-            s->zu[i].reduced = 1;
-            rc = post_reduce(s, &s->zu[i], grad_shard_of(s, &s->zu[i]));
-        }
-#endif
+    if (zero_stage == 1) {
+        /* Units that never reported still get reduced, in the same order on
+         * every rank. */
+        for (int i = s->nunits - 1; rc == LOOM_OK && i >= 0; i--)
+            if (!s->zu[i].reduced) {
+                s->zu[i].reduced = 1;
+                rc = post_reduce(s, &s->zu[i], grad_shard_of(s, &s->zu[i]));
+            }
+    }
     if (rc == LOOM_OK)
         rc = quiesce(s);
     if (rc != LOOM_OK)
@@ -946,20 +888,9 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
         return rc;
     /* Each rank sums its owned shard; the shards partition the model. */
     double local = 0.0;
-    for (int i = 0; i < s->nunits; i++) {
-        zero_unit *z = &s->zu[i];
-        const void *g = grad_shard_of(s, z);
-        if (s->dtype == LOOM_F32) {
-            const float *f = g;
-            for (size_t j = 0; j < z->own_count; j++)
-                local += (double)f[j] * (double)f[j];
-        } else {
-            for (size_t j = 0; j < z->own_count; j++) {
-                double x = loom_load_f32(g, s->dtype, j);
-                local += x * x;
-            }
-        }
-    }
+    for (int i = 0; i < s->nunits; i++)
+        local = strategy_add_squares(local, grad_shard_of(s, &s->zu[i]), s->dtype,
+                                     s->zu[i].own_count);
     double global = local;
     loom_request *req = NULL;
     rc = s->host->comm->allreduce(s->dp, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
@@ -973,9 +904,8 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
 
 static void clear_grads(loom_strategy *s)
 {
-#if ZERO_STAGE == 1
-    memset(s->grads_all, 0, s->padded * s->esize);
-#endif
+    if (zero_stage == 1)
+        memset(s->grads_all, 0, s->padded * s->esize);
     memset(s->grad_shard, 0, s->shard_total * s->esize);
 }
 
@@ -985,15 +915,27 @@ static int zero_data_zero_grads(loom_strategy *s)
         return LOOM_OK;
     /* Never clear memory the backend may still be writing. */
     int rc = quiesce(s);
-#if ZERO_STAGE == 3
-    if (rc == LOOM_OK)
+    if (rc == LOOM_OK && zero_stage == 3)
         rc = drop_all_params(s);
-#endif
     if (rc != LOOM_OK)
         return rc;
     reset_step(s);
     clear_grads(s);
     return LOOM_OK;
+}
+
+/* zero1/2 after the step: every rank's new shard to every rank, in place,
+ * all units at once. */
+static int gather_stepped_params(loom_strategy *s)
+{
+    int rc = LOOM_OK;
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        rc = post_gather(s, z, owned_params(s, z), z->params);
+    }
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
+        rc = wait_op(s, &s->zu[i], &s->zu[i].gather, "allgather");
+    return rc;
 }
 
 static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step)
@@ -1006,30 +948,18 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
         return h->error(h, LOOM_ERR_INVALID, NAME ": data_optimizer_step without an update function");
     if ((rc = quiesce(s)) != LOOM_OK)
         return rc;
-    size_t e = s->esize;
     for (int i = 0; i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
         float *master = master_of(s, z);
         if (z->own_count)
             step->update(step, master, grad_shard_of(s, z), s->dtype, s->m + z->shard_off,
                          s->v + z->shard_off, z->own_count);
-#if ZERO_STAGE == 3
-        loom_from_f32(at(s->param_shard, z->shard_off, e), s->dtype, master, z->own_count);
-#else
-        loom_from_f32(at(z->params, z->own_begin, e), s->dtype, master, z->own_count);
-#endif
+        loom_from_f32(owned_params(s, z), s->dtype, master, z->own_count);
     }
-#if ZERO_STAGE == 3
-    rc = drop_all_params(s); /* gathered copies are stale now */
-#else
-    /* Every rank's new shard to every rank, in place, all units at once. */
-    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
-        zero_unit *z = &s->zu[i];
-        rc = post_gather(s, z, at(z->params, z->own_begin, e), z->params);
-    }
-    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
-        rc = wait_op(s, &s->zu[i], &s->zu[i].gather, "allgather");
-#endif
+    if (zero_stage == 3)
+        rc = drop_all_params(s); /* gathered copies are stale now */
+    else
+        rc = gather_stepped_params(s);
     if (rc != LOOM_OK)
         return rc;
     clear_grads(s);
@@ -1087,13 +1017,10 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
             memcpy(dst[k], src[k] + z->own_begin, z->own_count * sizeof(float));
     if (!params)
         return LOOM_OK;
-#if ZERO_STAGE == 3
-    loom_from_f32(at(s->param_shard, z->shard_off, s->esize), s->dtype, dst[0], z->own_count);
-    if (z->params) /* gathered right now: keep it current */
+    if (zero_stage == 3)
+        loom_from_f32(owned_params(s, z), s->dtype, dst[0], z->own_count);
+    if (z->params) /* zero1/2 always; zero3 while gathered: keep it current */
         loom_from_f32(z->params, s->dtype, params, z->numel);
-#else
-    loom_from_f32(z->params, s->dtype, params, z->numel);
-#endif
     return LOOM_OK;
 }
 
@@ -1116,18 +1043,22 @@ static int zero_data_get_shard(loom_strategy *s, loom_unit *unit, size_t *begin,
     return LOOM_OK;
 }
 
+/* Initializers must be constant expressions: here the stage is spelled as
+ * the macro. zero1/2 keep the full parameters, so they leave the forward
+ * hooks to the core's no-ops. */
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, NAME,
-                                 DESCRIPTION, SETTINGS),
+                                 ZERO_STAGE == 3   ? ZERO3_DESCRIPTION
+                                 : ZERO_STAGE == 2 ? ZERO2_DESCRIPTION
+                                                   : ZERO1_DESCRIPTION,
+                                 ZERO_STAGE == 3 ? zero3_settings : NULL),
     .axis = LOOM_AXIS_DP,
     .create = zero_create,
     .destroy = zero_destroy,
     .describe = zero_describe,
     .data_setup = zero_data_setup,
-#if ZERO_STAGE == 3
-    .data_before_forward = zero_data_before_forward,
-    .data_after_forward = zero_data_after_forward,
-#endif
+    .data_before_forward = ZERO_STAGE == 3 ? zero_data_before_forward : NULL,
+    .data_after_forward = ZERO_STAGE == 3 ? zero_data_after_forward : NULL,
     .data_before_backward = zero_data_before_backward,
     .data_grads_ready = zero_data_grads_ready,
     .data_finish_backward = zero_data_finish_backward,

@@ -1,0 +1,136 @@
+/* What several strategy plugins (plugins/strategy) do alike. Header-only
+ * and built on the ABI headers alone: each plugin is a .so of its own that
+ * links no loom library, so each gets its own copy. */
+#ifndef LOOM_PLUGINS_STRATEGY_COMMON_H
+#define LOOM_PLUGINS_STRATEGY_COMMON_H
+
+#include <string.h>
+
+#include "loom/strategy.h"
+
+/* For messages: a unit's name, or "?" when it has none. */
+static inline const char *strategy_unit_name(const loom_unit *unit)
+{
+    return unit && unit->name ? unit->name : "?";
+}
+
+/* The group of the axis a strategy serves, after checking the core created
+ * it for that axis. name: the plugin's, to start the messages. */
+static inline int strategy_axis_group(const loom_host *host, const loom_strategy_setup *setup,
+                                      const char *name, loom_axis axis, loom_group **out)
+{
+    if (!setup || setup->axis != axis)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "%s: serves the %s axis, but was created for axis %s "
+                           "(set parallel.<axis>.strategy to a strategy of that axis)",
+                           name, loom_axis_name(axis), setup ? loom_axis_name(setup->axis) : "?");
+    if (!setup->groups[axis])
+        return host->error(host, LOOM_ERR_INVALID, "%s: the setup has no %s group (a core bug)",
+                           name, loom_axis_name(axis));
+    *out = setup->groups[axis];
+    return LOOM_OK;
+}
+
+/* What a data strategy's data_setup needs of its arguments: units, all of
+ * one compute dtype that is f32, bf16 or f16, and initial parameters for
+ * each unit that has any. single_dtype_reason: why the strategy needs one
+ * dtype, for the message. */
+static inline int strategy_check_units(const loom_host *h, const char *name, const loom_unit *units,
+                                       int nunits, float *const *init,
+                                       const char *single_dtype_reason)
+{
+    if (nunits <= 0 || !units || !init)
+        return h->error(h, LOOM_ERR_INVALID, "%s: data_setup needs at least one unit", name);
+    loom_dtype dtype = units[0].compute_dtype;
+    if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
+        return h->error(h, LOOM_ERR_INVALID, "%s: unit '%s' computes in %s; %s supports f32, bf16 and f16",
+                        name, strategy_unit_name(&units[0]), loom_dtype_name(dtype), name);
+    for (int i = 1; i < nunits; i++)
+        if (units[i].compute_dtype != dtype)
+            return h->error(h, LOOM_ERR_INVALID, "%s: unit '%s' computes in %s but unit '%s' in %s; %s",
+                            name, strategy_unit_name(&units[i]),
+                            loom_dtype_name(units[i].compute_dtype), strategy_unit_name(&units[0]),
+                            loom_dtype_name(dtype), single_dtype_reason);
+    for (int i = 0; i < nunits; i++)
+        if (units[i].numel && !init[i])
+            return h->error(h, LOOM_ERR_INVALID, "%s: no initial parameters for unit '%s'", name,
+                            strategy_unit_name(&units[i]));
+    return LOOM_OK;
+}
+
+/* Where unit sits in the units data_setup was given: the same struct, or a
+ * copy of it (matched by index). -1 when neither. */
+static inline int strategy_find_unit(const loom_unit *units, int nunits, const loom_unit *unit)
+{
+    for (int i = 0; i < nunits; i++)
+        if (&units[i] == unit)
+            return i;
+    for (int i = 0; i < nunits; i++)
+        if (units[i].index == unit->index)
+            return i;
+    return -1;
+}
+
+/* sum plus the squares of n elements of g (dtype t), added one by one in
+ * order, so summing several buffers in turn gives what one loop over them
+ * would. */
+static inline double strategy_add_squares(double sum, const void *g, loom_dtype t, size_t n)
+{
+    if (t == LOOM_F32) {
+        const float *f = g;
+        for (size_t i = 0; i < n; i++)
+            sum += (double)f[i] * (double)f[i];
+        return sum;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double x = loom_load_f32(g, t, i);
+        sum += x * x;
+    }
+    return sum;
+}
+
+/* dst += src, n elements of dtype t (f32, bf16 or f16), each sum rounded
+ * once to t. */
+static inline void strategy_add_into(void *dst, const void *src, size_t n, loom_dtype t)
+{
+    if (t == LOOM_F32) {
+        float *d = dst;
+        const float *s = src;
+        for (size_t i = 0; i < n; i++)
+            d[i] += s[i];
+        return;
+    }
+    uint16_t *d = dst;
+    const uint16_t *s = src;
+    if (t == LOOM_BF16)
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f32_to_bf16(loom_bf16_to_f32(d[i]) + loom_bf16_to_f32(s[i]));
+    else
+        for (size_t i = 0; i < n; i++)
+            d[i] = loom_f32_to_f16(loom_f16_to_f32(d[i]) + loom_f16_to_f32(s[i]));
+}
+
+/* A zeroed host buffer, accounted under purpose; *out is set only on
+ * success. A byte is asked for even when bytes is 0, so an empty unit still
+ * has an address. */
+static inline int strategy_alloc_zeroed(const loom_host *h, loom_purpose purpose, size_t bytes,
+                                        void **out)
+{
+    void *p = NULL;
+    int rc = h->mem_alloc(h, LOOM_TIER_HOST, purpose, bytes ? bytes : 1, &p);
+    if (rc != LOOM_OK)
+        return rc;
+    memset(p, 0, bytes);
+    *out = p;
+    return LOOM_OK;
+}
+
+/* Frees an accounted buffer, if any, and forgets it. */
+static inline void strategy_release(const loom_host *h, void **buffer)
+{
+    if (*buffer)
+        h->mem_free(h, *buffer);
+    *buffer = NULL;
+}
+
+#endif
