@@ -4,6 +4,7 @@
 #ifndef LOOM_PLUGINS_STRATEGY_COMMON_H
 #define LOOM_PLUGINS_STRATEGY_COMMON_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/strategy.h"
@@ -43,12 +44,14 @@ static inline int strategy_check_units(const loom_host *h, const char *name, con
         return h->error(h, LOOM_ERR_INVALID, "%s: data_setup needs at least one unit", name);
     loom_dtype dtype = units[0].compute_dtype;
     if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
-        return h->error(h, LOOM_ERR_INVALID, "%s: unit '%s' computes in %s; %s supports f32, bf16 and f16",
-                        name, strategy_unit_name(&units[0]), loom_dtype_name(dtype), name);
+        return h->error(h, LOOM_ERR_INVALID,
+                        "%s: unit '%s' computes in %s; %s supports f32, bf16 and f16", name,
+                        strategy_unit_name(&units[0]), loom_dtype_name(dtype), name);
     for (int i = 1; i < nunits; i++)
         if (units[i].compute_dtype != dtype)
-            return h->error(h, LOOM_ERR_INVALID, "%s: unit '%s' computes in %s but unit '%s' in %s; %s",
-                            name, strategy_unit_name(&units[i]),
+            return h->error(h, LOOM_ERR_INVALID,
+                            "%s: unit '%s' computes in %s but unit '%s' in %s; %s", name,
+                            strategy_unit_name(&units[i]),
                             loom_dtype_name(units[i].compute_dtype), strategy_unit_name(&units[0]),
                             loom_dtype_name(dtype), single_dtype_reason);
     for (int i = 0; i < nunits; i++)
@@ -69,6 +72,23 @@ static inline int strategy_find_unit(const loom_unit *units, int nunits, const l
         if (units[i].index == unit->index)
             return i;
     return -1;
+}
+
+/* The hooks that read a step's gradients (grad_norm_sq, optimizer_step)
+ * need them reduced over the dp group: data_setup done (set_up), and
+ * data_finish_backward called after the last micro-batch (saw_last_micro:
+ * not yet). reduced: how the strategy reduces, for the message. */
+static inline int strategy_need_finished(const loom_host *h, const char *name, const char *hook,
+                                         int set_up, int saw_last_micro, const char *reduced)
+{
+    if (!set_up)
+        return h->error(h, LOOM_ERR_INVALID, "%s: %s before data_setup", name, hook);
+    if (saw_last_micro)
+        return h->error(h, LOOM_ERR_INVALID,
+                        "%s: %s before data_finish_backward: the gradients of the last "
+                        "micro-batch are not %s yet",
+                        name, hook, reduced);
+    return LOOM_OK;
 }
 
 /* sum plus the squares of n elements of g (dtype t), added one by one in
@@ -131,6 +151,67 @@ static inline void strategy_release(const loom_host *h, void **buffer)
     if (*buffer)
         h->mem_free(h, *buffer);
     *buffer = NULL;
+}
+
+/* ---- sequence strategies ---- */
+
+/* The sizes of a sequence strategy's attention calls: those of the first
+ * call, which no later call may change. */
+typedef struct strategy_attention_shape {
+    int B, T, NH, HS;
+    loom_dtype dtype;
+} strategy_attention_shape;
+
+/* Elements of each of the call's q, k, v and out, and their bytes. */
+static inline size_t strategy_attention_elems(const strategy_attention_shape *shape)
+{
+    return (size_t)shape->B * shape->T * shape->NH * shape->HS;
+}
+
+static inline size_t strategy_attention_bytes(const strategy_attention_shape *shape)
+{
+    return strategy_attention_elems(shape) * loom_dtype_size(shape->dtype);
+}
+
+/* The first attention call: it must bring the host's kernels; its shape is
+ * kept in *shape. */
+static inline int strategy_first_attention(const loom_host *h, const char *name,
+                                           const loom_attention *a, strategy_attention_shape *shape)
+{
+    if (!a->kernels || !a->kernels->block_forward || !a->kernels->block_backward)
+        return h->error(h, LOOM_ERR_INVALID, "%s: the attention op came without kernels", name);
+    *shape = (strategy_attention_shape){a->B, a->T, a->NH, a->HS, a->dtype};
+    return LOOM_OK;
+}
+
+/* A later attention call has the first one's shape. */
+static inline int strategy_check_attention_shape(const loom_host *h, const char *name,
+                                                 const strategy_attention_shape *first,
+                                                 const loom_attention *a)
+{
+    if (a->B == first->B && a->T == first->T && a->NH == first->NH && a->HS == first->HS &&
+        a->dtype == first->dtype)
+        return LOOM_OK;
+    return h->error(h, LOOM_ERR_INVALID,
+                    "%s: attention of (B %d, T %d, heads %d, size %d) after (B %d, T %d, heads "
+                    "%d, size %d); the shapes must not change",
+                    name, a->B, a->T, a->NH, a->HS, first->B, first->T, first->NH, first->HS);
+}
+
+/* Every rank's positions of the sequence, ranks x a->T and rank-major,
+ * all-gathered over the sp group. *out is allocated here (malloc) and is the
+ * caller's even when the gather fails; NULL: out of memory. */
+static inline int strategy_gather_positions(const loom_host *h, const char *name, loom_group *sp,
+                                            int ranks, const loom_attention *a, int **out)
+{
+    *out = malloc((size_t)ranks * a->T * sizeof(int));
+    if (!*out)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "%s: out of memory", name);
+    loom_request *req = NULL;
+    int rc = h->comm->allgather(sp, a->positions, *out, (size_t)a->T, LOOM_I32, &req);
+    if (rc == LOOM_OK && req)
+        rc = h->comm->wait(req);
+    return rc;
 }
 
 #endif

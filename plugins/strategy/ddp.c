@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strategy_common.h"
 #include "loom/strategy.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -73,19 +74,6 @@ struct loom_strategy {
     int failed; /* a reduction failed: in-flight requests are no longer waited for */
 };
 
-static int find_slot(const loom_strategy *s, const loom_unit *unit)
-{
-    for (int i = 0; i < s->nunits; i++)
-        if (&s->units[i] == unit)
-            return i;
-    /* A copy of the unit struct: match by index. */
-    for (int i = 0; i < s->nunits; i++)
-        if (s->units[i].index == unit->index)
-            return i;
-    return -1;
-}
-
-
 /* ---------------------------------------------------------- reductions */
 
 static void bucket_completed(loom_strategy *s, int b)
@@ -140,8 +128,12 @@ static int broken(loom_strategy *s)
                           "the run cannot continue");
 }
 
-/* MPI moves data only inside its calls: test what is in flight. */
-static int progress(loom_strategy *s)
+/* Notes which posted buckets have completed: those the backend has
+ * finished (test), or all of them (wait). After a failure the rest is left
+ * alone: each wait could take the whole timeout again, and a test on the
+ * failed group would replace the comm layer's detail of the first failure
+ * (op, sequence number, the ranks that did not arrive) with a vaguer one. */
+static int complete_posted(loom_strategy *s, int wait)
 {
     if (s->failed)
         return broken(s);
@@ -149,10 +141,10 @@ static int progress(loom_strategy *s)
         ddp_bucket *bk = &s->buckets[b];
         if (!bk->posted || bk->done)
             continue;
-        int rc = s->host->comm->test(bk->req);
-        if (rc == LOOM_IN_PROGRESS)
+        int rc = wait ? s->host->comm->wait(bk->req) : s->host->comm->test(bk->req);
+        if (!wait && rc == LOOM_IN_PROGRESS)
             continue;
-        bucket_completed(s, b); /* test released the request either way */
+        bucket_completed(s, b); /* test and wait release the request either way */
         if (rc != LOOM_OK) {
             s->failed = 1;
             return rc; /* the comm layer's detail names the op and the missing ranks */
@@ -161,27 +153,10 @@ static int progress(loom_strategy *s)
     return LOOM_OK;
 }
 
-/* Wait for everything posted. After a failure the rest is left alone: each
- * wait could take the whole timeout again, and a test on the failed group
- * would replace the comm layer's detail of the first failure (op, sequence
- * number, the ranks that did not arrive) with a vaguer one. */
-static int wait_posted(loom_strategy *s)
-{
-    if (s->failed)
-        return broken(s);
-    for (int b = 0; b < s->next_post; b++) {
-        ddp_bucket *bk = &s->buckets[b];
-        if (!bk->posted || bk->done)
-            continue;
-        int rc = s->host->comm->wait(bk->req);
-        bucket_completed(s, b); /* released either way */
-        if (rc != LOOM_OK) {
-            s->failed = 1;
-            return rc;
-        }
-    }
-    return LOOM_OK;
-}
+/* MPI moves data only inside its calls: test what is in flight. */
+static int progress(loom_strategy *s) { return complete_posted(s, 0); }
+
+static int wait_posted(loom_strategy *s) { return complete_posted(s, 1); }
 
 static int in_flight(const loom_strategy *s)
 {
@@ -210,17 +185,13 @@ static void reset_step(loom_strategy *s)
 
 static int ddp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
 {
-    if (!setup || setup->axis != LOOM_AXIS_DP)
-        return host->error(host, LOOM_ERR_INVALID,
-                           "ddp: serves the dp axis, but was created for axis %s "
-                           "(set parallel.<axis>.strategy to a strategy of that axis)",
-                           setup ? loom_axis_name(setup->axis) : "?");
-    loom_group *dp = setup->groups[LOOM_AXIS_DP];
-    if (!dp)
-        return host->error(host, LOOM_ERR_INVALID, "ddp: the setup has no dp group (a core bug)");
+    loom_group *dp = NULL;
+    int rc = strategy_axis_group(host, setup, "ddp", LOOM_AXIS_DP, &dp);
+    if (rc != LOOM_OK)
+        return rc;
     double bucket_mb = 25.0;
     int overlap = 1;
-    int rc = host->config_float(host, "bucket_mb", &bucket_mb);
+    rc = host->config_float(host, "bucket_mb", &bucket_mb);
     if (rc == LOOM_OK)
         rc = host->config_bool(host, "overlap", &overlap);
     if (rc != LOOM_OK)
@@ -230,15 +201,11 @@ static int ddp_create(const loom_host *host, const loom_strategy_setup *setup, l
                            "ddp: parallel.dp.bucket_mb = %g must be a size in MiB >= 0 "
                            "(0 puts every unit in its own bucket)",
                            bucket_mb);
-    loom_strategy *s = calloc(1, sizeof *s);
+    loom_strategy *s = malloc(sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, "ddp: out of memory");
-    s->host = host;
-    s->setup = *setup;
-    s->dp = dp;
-    s->dp_size = host->comm->size(dp);
-    s->bucket_mb = bucket_mb;
-    s->overlap = overlap;
+    *s = (loom_strategy){.host = host, .setup = *setup, .dp = dp, .dp_size = host->comm->size(dp),
+                         .bucket_mb = bucket_mb, .overlap = overlap};
     *out = s;
     return LOOM_OK;
 }
@@ -308,20 +275,11 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
     const loom_host *h = s->host;
     if (s->buckets)
         return h->error(h, LOOM_ERR_INVALID, "ddp: data_setup called twice");
-    if (nunits <= 0 || !units || !init)
-        return h->error(h, LOOM_ERR_INVALID, "ddp: data_setup needs at least one unit");
+    int rc = strategy_check_units(h, "ddp", units, nunits, init,
+                                  "one flat gradient buffer needs a single dtype");
+    if (rc != LOOM_OK)
+        return rc;
     loom_dtype dtype = units[0].compute_dtype;
-    if (dtype != LOOM_F32 && dtype != LOOM_BF16 && dtype != LOOM_F16)
-        return h->error(h, LOOM_ERR_INVALID,
-                        "ddp: unit '%s' computes in %s; ddp supports f32, bf16 and f16",
-                        units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
-    for (int i = 1; i < nunits; i++)
-        if (units[i].compute_dtype != dtype)
-            return h->error(h, LOOM_ERR_INVALID,
-                            "ddp: unit '%s' computes in %s but unit '%s' in %s; "
-                            "one flat gradient buffer needs a single dtype",
-                            units[i].name ? units[i].name : "?", loom_dtype_name(units[i].compute_dtype),
-                            units[0].name ? units[0].name : "?", loom_dtype_name(dtype));
     s->dtype = dtype;
     s->esize = loom_dtype_size(dtype);
     s->units = units;
@@ -359,7 +317,7 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
 
     size_t n = s->numel;
     void *params = NULL, *grads = NULL, *master = NULL, *m = NULL, *v = NULL;
-    int rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params);
+    rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params);
     s->params = params;
     if (rc == LOOM_OK)
         rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, n * s->esize, &grads);
@@ -383,11 +341,6 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
 
     for (int i = 0; i < nunits; i++) {
         size_t off = s->slots[i].offset, cnt = units[i].numel;
-        if (cnt && !init[i]) {
-            free_buffers(s);
-            return h->error(h, LOOM_ERR_INVALID, "ddp: no initial parameters for unit '%s'",
-                            units[i].name ? units[i].name : "?");
-        }
         if (cnt)
             memcpy(s->master + off, init[i], cnt * sizeof(float));
         if (dtype != LOOM_F32)
@@ -411,11 +364,10 @@ static int ddp_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micr
     const loom_host *h = s->host;
     if (!s->buckets)
         return h->error(h, LOOM_ERR_INVALID, "ddp: data_grads_ready before data_setup");
-    int i = find_slot(s, unit);
+    int i = strategy_find_unit(s->units, s->nunits, unit);
     if (i < 0)
         return h->error(h, LOOM_ERR_INVALID, "ddp: data_grads_ready for unit %d ('%s'), "
-                        "which data_setup was not given", unit->index,
-                        unit->name ? unit->name : "?");
+                        "which data_setup was not given", unit->index, strategy_unit_name(unit));
     s->saw_micro = 1;
     /* Accumulating micro-batches stay local, like PyTorch's no_sync. */
     if (!last_micro)
@@ -425,7 +377,7 @@ static int ddp_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micr
     if (slot->ready)
         return h->error(h, LOOM_ERR_INVALID,
                         "ddp: unit '%s' reported its gradients twice on the last micro-batch",
-                        unit->name ? unit->name : "?");
+                        strategy_unit_name(unit));
     slot->ready = 1;
     s->buckets[slot->bucket].ready++;
     int rc = progress(s);
@@ -457,14 +409,8 @@ static int ddp_data_finish_backward(loom_strategy *s)
 /* The hooks that read gradients need this step's average. */
 static int need_finished(loom_strategy *s, const char *hook)
 {
-    if (!s->buckets)
-        return s->host->error(s->host, LOOM_ERR_INVALID, "ddp: %s before data_setup", hook);
-    if (s->saw_last_micro)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "ddp: %s before data_finish_backward: the gradients of the last "
-                              "micro-batch are not averaged yet",
-                              hook);
-    return LOOM_OK;
+    return strategy_need_finished(s->host, "ddp", hook, s->buckets != NULL, s->saw_last_micro,
+                                  "averaged");
 }
 
 static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
@@ -473,18 +419,7 @@ static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
     if (rc != LOOM_OK)
         return rc;
     /* Gradients are replicated after the average: the local sum is the global one. */
-    double sum = 0.0;
-    if (s->dtype == LOOM_F32) {
-        const float *g = s->grads;
-        for (size_t i = 0; i < s->numel; i++)
-            sum += (double)g[i] * (double)g[i];
-    } else {
-        for (size_t i = 0; i < s->numel; i++) {
-            double x = loom_load_f32(s->grads, s->dtype, i);
-            sum += x * x;
-        }
-    }
-    *out = sum;
+    *out = strategy_add_squares(0.0, s->grads, s->dtype, s->numel);
     return LOOM_OK;
 }
 
@@ -529,11 +464,11 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
  * needs no communication. */
 static int state_slot(loom_strategy *s, const loom_unit *unit, const char *hook)
 {
-    int i = s->buckets ? find_slot(s, unit) : -1;
+    int i = s->buckets ? strategy_find_unit(s->units, s->nunits, unit) : -1;
     if (i < 0)
         return s->host->error(s->host, LOOM_ERR_INVALID,
                               "ddp: %s for unit %d ('%s'), which data_setup was not given", hook,
-                              unit->index, unit->name ? unit->name : "?");
+                              unit->index, strategy_unit_name(unit));
     return i;
 }
 

@@ -40,6 +40,10 @@
 #error "PP_SCHEDULE must name one schedule"
 #endif
 
+/* The build's one input. Every schedule is compiled, and so checked, in
+ * every build; the others fold away. */
+static const int schedule = PP_SCHEDULE;
+
 struct loom_strategy {
     const loom_host *host;
     int stages;
@@ -47,11 +51,10 @@ struct loom_strategy {
 
 static int pp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
 {
-    loom_strategy *s = calloc(1, sizeof *s);
+    loom_strategy *s = malloc(sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, SCHEDULE_NAME ": out of memory");
-    s->host = host;
-    s->stages = setup->sizes[LOOM_AXIS_PP];
+    *s = (loom_strategy){.host = host, .stages = setup->sizes[LOOM_AXIS_PP]};
     *out = s;
     return LOOM_OK;
 }
@@ -74,32 +77,30 @@ static int emit(const loom_pipeline_shape *shape, int rank, int kind, int vs, in
     return shape->emit(shape->builder, rank, a);
 }
 
-/* One compute action with the transfers it needs around it. */
+/* One compute action with the transfers it needs around it: a forward
+ * takes activations from the stage before and hands its own to the stage
+ * after, a backward (or backward-input) the gradients the other way; a
+ * backward-weight needs none. */
 static int emit_compute(const loom_pipeline_shape *shape, int rank, int kind, int vs, int mb)
 {
-    int p = shape->stages, S = p * shape->virtual_stages, stage = vs * p + rank, rc = LOOM_OK;
+    int p = shape->stages, S = p * shape->virtual_stages, stage = vs * p + rank;
     int first = stage == 0, last = stage == S - 1;
+    int recv = -1, send = -1; /* none */
     if (kind == LOOM_ACT_FORWARD) {
-        if (!first)
-            rc = emit(shape, rank, LOOM_ACT_RECV_ACTIVATION, vs, mb);
-        if (rc == LOOM_OK)
-            rc = emit(shape, rank, kind, vs, mb);
-        if (rc == LOOM_OK && !last)
-            rc = emit(shape, rank, LOOM_ACT_SEND_ACTIVATION, vs, mb);
+        recv = first ? -1 : LOOM_ACT_RECV_ACTIVATION;
+        send = last ? -1 : LOOM_ACT_SEND_ACTIVATION;
     } else if (kind == LOOM_ACT_BACKWARD || kind == LOOM_ACT_BACKWARD_INPUT) {
-        if (!last)
-            rc = emit(shape, rank, LOOM_ACT_RECV_GRADIENT, vs, mb);
-        if (rc == LOOM_OK)
-            rc = emit(shape, rank, kind, vs, mb);
-        if (rc == LOOM_OK && !first)
-            rc = emit(shape, rank, LOOM_ACT_SEND_GRADIENT, vs, mb);
-    } else {
-        rc = emit(shape, rank, kind, vs, mb);
+        recv = last ? -1 : LOOM_ACT_RECV_GRADIENT;
+        send = first ? -1 : LOOM_ACT_SEND_GRADIENT;
     }
+    int rc = recv < 0 ? LOOM_OK : emit(shape, rank, recv, vs, mb);
+    if (rc == LOOM_OK)
+        rc = emit(shape, rank, kind, vs, mb);
+    if (rc == LOOM_OK && send >= 0)
+        rc = emit(shape, rank, send, vs, mb);
     return rc;
 }
 
-#if PP_SCHEDULE == PP_1F1B || PP_SCHEDULE == PP_ZB_H1
 static int need_one_virtual_stage(loom_strategy *s, const loom_pipeline_shape *shape)
 {
     if (shape->virtual_stages == 1)
@@ -109,15 +110,11 @@ static int need_one_virtual_stage(loom_strategy *s, const loom_pipeline_shape *s
                           "virtual_stages = %d); the interleaved schedule takes more",
                           shape->virtual_stages);
 }
-#endif
 
-#if PP_SCHEDULE == PP_GPIPE
-
-/* Every virtual stage's forwards in micro-batch order, then the backwards
- * from the last virtual stage down, also in micro-batch order. */
-static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+/* GPipe: every virtual stage's forwards in micro-batch order, then the
+ * backwards from the last virtual stage down, also in micro-batch order. */
+static int schedule_gpipe(const loom_pipeline_shape *shape)
 {
-    (void)s;
     int p = shape->stages, v = shape->virtual_stages, m = shape->microbatches, rc = LOOM_OK;
     for (int r = 0; r < p && rc == LOOM_OK; r++) {
         for (int vs = 0; vs < v; vs++)
@@ -130,31 +127,47 @@ static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
     return rc;
 }
 
-#elif PP_SCHEDULE == PP_1F1B
-
-/* Megatron's non-interleaved schedule: rank r runs p−r−1 forwards to fill
- * the pipeline, then alternates one forward and one backward, then drains
- * the backwards left. At most p−r micro-batches are alive on rank r. */
-static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+/* Megatron's non-interleaved 1F1B: rank r runs p−r−1 forwards to fill the
+ * pipeline, then alternates one forward and one backward, then drains the
+ * backwards left. At most p−r micro-batches are alive on rank r.
+ *
+ * With split_backward, zero-bubble H1 (Qi et al., "Zero Bubble Pipeline
+ * Parallelism", 2023): the backward splits into backward-input (B, on the
+ * critical path: the previous stage waits for it) and backward-weight (W,
+ * which nobody waits for). Rank r runs 1F1B's order with B in place of the
+ * whole backward and delays its W's by r of the steady steps: the W of
+ * micro-batch i−r follows the B of micro-batch i. So every rank has p
+ * micro-batches alive at most (forward run, W not yet), rank 0's 1F1B peak;
+ * the B's reach rank 0 sooner because no W sits between them on the way,
+ * and the delayed W's fill the waits of the cool-down. With equal F, B and
+ * W costs each rank idles p−1 units against 1F1B's 3(p−1). */
+static int schedule_1f1b(loom_strategy *s, const loom_pipeline_shape *shape, int split_backward)
 {
     int rc = need_one_virtual_stage(s, shape);
     int p = shape->stages, m = shape->microbatches;
+    int backward = split_backward ? LOOM_ACT_BACKWARD_INPUT : LOOM_ACT_BACKWARD;
     for (int r = 0; r < p && rc == LOOM_OK; r++) {
-        int warmup = p - r - 1 < m ? p - r - 1 : m, steady = m - warmup;
+        int warmup = p - r - 1 < m ? p - r - 1 : m, steady = m - warmup, next_w = 0;
         for (int mb = 0; mb < warmup && rc == LOOM_OK; mb++)
             rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, mb);
         for (int i = 0; i < steady && rc == LOOM_OK; i++) {
             rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, warmup + i);
             if (rc == LOOM_OK)
-                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, 0, i);
+                rc = emit_compute(shape, r, backward, 0, i);
+            if (rc == LOOM_OK && split_backward && i >= r)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
         }
-        for (int mb = steady; mb < m && rc == LOOM_OK; mb++)
-            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD, 0, mb);
+        /* cool-down; ZB-H1 follows each B with the oldest W left, then the rest */
+        for (int mb = steady; mb < m && rc == LOOM_OK; mb++) {
+            rc = emit_compute(shape, r, backward, 0, mb);
+            if (rc == LOOM_OK && split_backward)
+                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
+        }
+        while (split_backward && next_w < m && rc == LOOM_OK)
+            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
     }
     return rc;
 }
-
-#elif PP_SCHEDULE == PP_INTERLEAVED
 
 /* Megatron's interleaved 1F1B. Each rank walks m·v "virtual micro-batches":
  * forwards go through the virtual stages in groups of p micro-batches
@@ -163,7 +176,7 @@ static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
  * warms up with 2(p−r−1) + (v−1)p forwards (all of them when m = p), then
  * alternates, then drains. The groups of p are why m must be a multiple of
  * p. */
-static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+static int schedule_interleaved(loom_strategy *s, const loom_pipeline_shape *shape)
 {
     int p = shape->stages, v = shape->virtual_stages, m = shape->microbatches, rc = LOOM_OK;
     if (v < 2)
@@ -212,47 +225,15 @@ static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
     return rc;
 }
 
-#elif PP_SCHEDULE == PP_ZB_H1
-
-/* Zero-bubble H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023):
- * the backward splits into backward-input (B, on the critical path: the
- * previous stage waits for it) and backward-weight (W, which nobody waits
- * for). Rank r runs 1F1B's order with B in place of the whole backward —
- * p−r−1 warm-up forwards, then one forward and one B — and delays its W's
- * by r of those steady steps: the W of micro-batch i−r follows the B of
- * micro-batch i. So every rank has p micro-batches alive at most (forward
- * run, W not yet), rank 0's 1F1B peak; the B's reach rank 0 sooner because
- * no W sits between them on the way, and the delayed W's fill the waits of
- * the cool-down. With equal F, B and W costs each rank idles p−1 units
- * against 1F1B's 3(p−1). */
 static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
 {
-    int rc = need_one_virtual_stage(s, shape);
-    int p = shape->stages, m = shape->microbatches;
-    for (int r = 0; r < p && rc == LOOM_OK; r++) {
-        int warmup = p - r - 1 < m ? p - r - 1 : m, steady = m - warmup, next_w = 0;
-        for (int mb = 0; mb < warmup && rc == LOOM_OK; mb++)
-            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, mb);
-        for (int i = 0; i < steady && rc == LOOM_OK; i++) {
-            rc = emit_compute(shape, r, LOOM_ACT_FORWARD, 0, warmup + i);
-            if (rc == LOOM_OK)
-                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_INPUT, 0, i);
-            if (rc == LOOM_OK && i >= r)
-                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
-        }
-        /* cool-down: each B followed by the oldest W left, then the rest */
-        for (int mb = steady; mb < m && rc == LOOM_OK; mb++) {
-            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_INPUT, 0, mb);
-            if (rc == LOOM_OK)
-                rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
-        }
-        while (next_w < m && rc == LOOM_OK)
-            rc = emit_compute(shape, r, LOOM_ACT_BACKWARD_WEIGHT, 0, next_w++);
+    switch (schedule) {
+    case PP_GPIPE: return schedule_gpipe(shape);
+    case PP_1F1B: return schedule_1f1b(s, shape, 0);
+    case PP_INTERLEAVED: return schedule_interleaved(s, shape);
+    default: return schedule_1f1b(s, shape, 1); /* PP_ZB_H1 */
     }
-    return rc;
 }
-
-#endif
 
 /* The bubble theory gives under the simulator's unit costs. GPipe and 1F1B
  * idle (p−1) forward+backward times per rank; interleaved a v-th of that;
@@ -260,17 +241,16 @@ static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
  * its steady state. */
 static double pp_bubble(int p, int v, int m, const char **formula)
 {
-#if PP_SCHEDULE == PP_INTERLEAVED
-    *formula = "(p-1)/(v·m+p-1)";
-    return (double)(p - 1) / ((double)v * m + p - 1);
-#elif PP_SCHEDULE == PP_ZB_H1
-    (void)v;
-    *formula = "(p-1)/(3m+p-1)";
-    return m >= p ? (double)(p - 1) / (3.0 * m + p - 1) : -1.0;
-#else
+    if (schedule == PP_INTERLEAVED) {
+        *formula = "(p-1)/(v·m+p-1)";
+        return (double)(p - 1) / ((double)v * m + p - 1);
+    }
+    if (schedule == PP_ZB_H1) {
+        *formula = "(p-1)/(3m+p-1)";
+        return m >= p ? (double)(p - 1) / (3.0 * m + p - 1) : -1.0;
+    }
     *formula = "(p-1)/(m+p-1)";
-    return PP_SCHEDULE == PP_GPIPE && v != 1 ? -1.0 : (double)(p - 1) / (m + p - 1);
-#endif
+    return schedule == PP_GPIPE && v != 1 ? -1.0 : (double)(p - 1) / (m + p - 1);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

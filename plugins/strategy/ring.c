@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strategy_common.h"
 #include "loom/strategy.h"
 
 static const loom_setting_spec ring_settings[] = {
@@ -38,9 +39,7 @@ struct loom_strategy {
     loom_group *sp;
     int size, rank, zigzag;
 
-    /* shapes of the first call; every later call must match */
-    int B, T, NH, HS;
-    loom_dtype dtype;
+    strategy_attention_shape shape; /* of the first call; every later call must match */
     int *positions;   /* s*T: every rank's positions, rank-major */
     int *first_pos;   /* s: the smallest position of each rank's block */
     void *kv[2];      /* K then V of the block held, and the next */
@@ -51,17 +50,12 @@ struct loom_strategy {
 
 static int ring_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
 {
-    if (!setup || setup->axis != LOOM_AXIS_SP)
-        return host->error(host, LOOM_ERR_INVALID,
-                           "ring: serves the sp axis, but was created for axis %s "
-                           "(set parallel.<axis>.strategy to a strategy of that axis)",
-                           setup ? loom_axis_name(setup->axis) : "?");
-    loom_group *g = setup->groups[LOOM_AXIS_SP];
-    if (!g)
-        return host->error(host, LOOM_ERR_INVALID, "ring: the setup has no sp group (a core bug)");
-    const char *balance = "contiguous";
-    int rc = host->config_string(host, "balance", &balance);
+    loom_group *g = NULL;
+    int rc = strategy_axis_group(host, setup, "ring", LOOM_AXIS_SP, &g);
     if (rc != LOOM_OK)
+        return rc;
+    const char *balance = "contiguous";
+    if ((rc = host->config_string(host, "balance", &balance)) != LOOM_OK)
         return rc;
     if (strcmp(balance, "contiguous") && strcmp(balance, "zigzag"))
         return host->error(host, LOOM_ERR_INVALID,
@@ -76,36 +70,28 @@ static int ring_create(const loom_host *host, const loom_strategy_setup *setup, 
                            "%d%s); make it a multiple of %d",
                            setup->seq, parts, zigzag ? "zigzag chunks" : "blocks", s,
                            zigzag ? ", balance = \"zigzag\"" : "", parts);
-    loom_strategy *r = calloc(1, sizeof *r);
+    loom_strategy *r = malloc(sizeof *r);
     if (!r)
         return host->error(host, LOOM_ERR_NO_MEMORY, "ring: out of memory");
-    r->host = host;
-    r->sp = g;
-    r->size = s;
-    r->rank = host->comm->rank(g);
-    r->zigzag = zigzag;
+    *r = (loom_strategy){.host = host, .sp = g, .size = s, .rank = host->comm->rank(g),
+                         .zigzag = zigzag};
     *out = r;
     return LOOM_OK;
 }
 
-static void release(loom_strategy *r, void **p)
+static void release_buffers(loom_strategy *r)
 {
-    if (*p)
-        r->host->mem_free(r->host, *p);
-    *p = NULL;
+    void **buffers[5] = {&r->kv[0], &r->kv[1], &r->dkv[0], &r->dkv[1], &r->dkv_in};
+    for (int i = 0; i < 5; i++)
+        strategy_release(r->host, buffers[i]);
 }
 
 static int ring_destroy(loom_strategy *r)
 {
     if (!r)
         return LOOM_OK;
-    if (!r->failed) { /* after a failure a transfer may still write: keep the buffers */
-        release(r, &r->kv[0]);
-        release(r, &r->kv[1]);
-        release(r, &r->dkv[0]);
-        release(r, &r->dkv[1]);
-        release(r, &r->dkv_in);
-    }
+    if (!r->failed) /* after a failure a transfer may still write: keep the buffers */
+        release_buffers(r);
     free(r->positions);
     free(r->first_pos);
     free(r);
@@ -137,52 +123,35 @@ static int ring_positions(loom_strategy *r, int seq, int *positions, int *count)
 
 /* ------------------------------------------------------------ buffers */
 
-static size_t block_elems(const loom_strategy *r) { return (size_t)r->B * r->T * r->NH * r->HS; }
-
 static int prepare(loom_strategy *r, const loom_attention *a)
 {
     const loom_host *h = r->host;
-    if (r->positions) {
-        if (a->B != r->B || a->T != r->T || a->NH != r->NH || a->HS != r->HS ||
-            a->dtype != r->dtype)
-            return h->error(h, LOOM_ERR_INVALID,
-                            "ring: attention of (B %d, T %d, heads %d, size %d) after "
-                            "(B %d, T %d, heads %d, size %d); the shapes must not change",
-                            a->B, a->T, a->NH, a->HS, r->B, r->T, r->NH, r->HS);
-        return LOOM_OK;
-    }
-    if (!a->kernels || !a->kernels->block_forward || !a->kernels->block_backward)
-        return h->error(h, LOOM_ERR_INVALID, "ring: the attention op came without kernels");
-    r->B = a->B;
-    r->T = a->T;
-    r->NH = a->NH;
-    r->HS = a->HS;
-    r->dtype = a->dtype;
-    r->positions = malloc((size_t)r->size * r->T * sizeof(int));
+    if (r->positions)
+        return strategy_check_attention_shape(h, "ring", &r->shape, a);
+    int rc = strategy_first_attention(h, "ring", a, &r->shape);
+    if (rc != LOOM_OK)
+        return rc;
     r->first_pos = malloc((size_t)r->size * sizeof(int));
-    if (!r->positions || !r->first_pos)
+    if (!r->first_pos)
         return h->error(h, LOOM_ERR_NO_MEMORY, "ring: out of memory");
-    loom_request *req = NULL;
-    int rc = h->comm->allgather(r->sp, a->positions, r->positions, (size_t)r->T, LOOM_I32, &req);
-    if (rc == LOOM_OK && req)
-        rc = h->comm->wait(req);
+    rc = strategy_gather_positions(h, "ring", r->sp, r->size, a, &r->positions);
     if (rc != LOOM_OK) {
-        r->failed = 1;
+        r->failed = r->positions != NULL; /* the gather failed, not the allocation */
         return rc;
     }
     for (int i = 0; i < r->size; i++) {
-        int lo = r->positions[(size_t)i * r->T];
-        for (int j = 1; j < r->T; j++)
-            lo = r->positions[(size_t)i * r->T + j] < lo ? r->positions[(size_t)i * r->T + j] : lo;
+        const int *pos = r->positions + (size_t)i * a->T;
+        int lo = pos[0];
+        for (int j = 1; j < a->T; j++)
+            lo = pos[j] < lo ? pos[j] : lo;
         r->first_pos[i] = lo;
     }
-    size_t bytes = 2 * block_elems(r) * loom_dtype_size(r->dtype);
+    size_t bytes = 2 * strategy_attention_bytes(&r->shape);
     void **bufs[5] = {&r->kv[0], &r->kv[1], &r->dkv[0], &r->dkv[1], &r->dkv_in};
     for (int i = 0; i < 5 && rc == LOOM_OK; i++)
         rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_COMM, bytes, bufs[i]);
     if (rc != LOOM_OK) {
-        for (int i = 0; i < 5; i++)
-            release(r, bufs[i]);
+        release_buffers(r);
         free(r->positions);
         r->positions = NULL;
     }
@@ -216,9 +185,9 @@ static int pass_on(loom_strategy *r, const void *buf, void *into, size_t count, 
     const loom_comm_api *C = r->host->comm;
     int next = (r->rank + 1) % r->size, prev = (r->rank + r->size - 1) % r->size;
     C->group_start(r->sp);
-    int rc = into ? C->recv(r->sp, into, count, r->dtype, prev, tag, recv) : LOOM_OK;
+    int rc = into ? C->recv(r->sp, into, count, r->shape.dtype, prev, tag, recv) : LOOM_OK;
     if (rc == LOOM_OK && buf)
-        rc = C->send(r->sp, buf, count, r->dtype, next, tag, send);
+        rc = C->send(r->sp, buf, count, r->shape.dtype, next, tag, send);
     int grc = C->group_end(r->sp);
     if (rc == LOOM_OK)
         rc = grc;
@@ -246,25 +215,21 @@ static int poke(loom_strategy *r, loom_request **req)
 static int visible(const loom_strategy *r, const int *q_pos, int src)
 {
     int top = q_pos[0];
-    for (int i = 1; i < r->T; i++)
+    for (int i = 1; i < r->shape.T; i++)
         top = q_pos[i] > top ? q_pos[i] : top;
     return r->first_pos[src] <= top;
 }
 
-static void add_into(void *dst, const void *src, size_t n, loom_dtype t)
+/* Both passes start from this rank's own K/V block. */
+static int hold_own_block(loom_strategy *r, const loom_attention *a)
 {
-    if (t == LOOM_F32) {
-        float *d = dst;
-        const float *s = src;
-        for (size_t i = 0; i < n; i++)
-            d[i] += s[i];
-        return;
-    }
-    uint16_t *d = dst;
-    const uint16_t *s = src;
-    for (size_t i = 0; i < n; i++)
-        d[i] = t == LOOM_BF16 ? loom_f32_to_bf16(loom_bf16_to_f32(d[i]) + loom_bf16_to_f32(s[i]))
-                              : loom_f32_to_f16(loom_f16_to_f32(d[i]) + loom_f16_to_f32(s[i]));
+    int rc = prepare(r, a);
+    if (rc != LOOM_OK)
+        return rc;
+    const size_t bytes = strategy_attention_bytes(&r->shape);
+    memcpy(r->kv[0], a->k, bytes);
+    memcpy((char *)r->kv[0] + bytes, a->v, bytes);
+    return LOOM_OK;
 }
 
 /* ------------------------------------------------------------ attention */
@@ -273,12 +238,10 @@ static int ring_forward(loom_strategy *r, const loom_attention *a)
 {
     if (r->failed)
         return broken(r);
-    int rc = prepare(r, a);
+    int rc = hold_own_block(r, a);
     if (rc != LOOM_OK)
         return rc;
-    const size_t E = block_elems(r), es = loom_dtype_size(r->dtype);
-    memcpy(r->kv[0], a->k, E * es);
-    memcpy((char *)r->kv[0] + E * es, a->v, E * es);
+    const size_t E = strategy_attention_elems(&r->shape), es = loom_dtype_size(a->dtype);
     int cur = 0, first = 1;
     for (int i = 0; i < r->size; i++) {
         int src = (r->rank - i + r->size) % r->size;
@@ -288,13 +251,13 @@ static int ring_forward(loom_strategy *r, const loom_attention *a)
             return rc;
         if (visible(r, a->positions, src)) {
             /* one sequence at a time, the transfers poked in between */
-            const size_t seq = (size_t)r->T * r->NH * r->HS * es, lse = (size_t)r->NH * r->T;
+            const size_t seq = (size_t)a->T * a->NH * a->HS * es, lse = (size_t)a->NH * a->T;
             const char *k = r->kv[cur];
-            for (int b = 0; b < r->B && rc == LOOM_OK; b++) {
-                a->kernels->block_forward((const char *)a->q + b * seq, a->positions, r->T,
+            for (int b = 0; b < a->B && rc == LOOM_OK; b++) {
+                a->kernels->block_forward((const char *)a->q + b * seq, a->positions, a->T,
                                           k + b * seq, k + E * es + b * seq,
-                                          r->positions + (size_t)src * r->T, r->T, 1, r->NH,
-                                          r->HS, r->dtype, (char *)a->out + b * seq,
+                                          r->positions + (size_t)src * a->T, a->T, 1, a->NH,
+                                          a->HS, a->dtype, (char *)a->out + b * seq,
                                           a->lse + b * lse, first);
                 if ((rc = poke(r, &send)) == LOOM_OK)
                     rc = poke(r, &recv);
@@ -317,12 +280,10 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if (!r->positions)
         return r->host->error(r->host, LOOM_ERR_INVALID,
                               "ring: attention backward before any forward");
-    int rc = prepare(r, a);
+    int rc = hold_own_block(r, a);
     if (rc != LOOM_OK)
         return rc;
-    const size_t E = block_elems(r), es = loom_dtype_size(r->dtype);
-    memcpy(r->kv[0], a->k, E * es);
-    memcpy((char *)r->kv[0] + E * es, a->v, E * es);
+    const size_t E = strategy_attention_elems(&r->shape), es = loom_dtype_size(a->dtype);
     int cur = 0;
     loom_request *dsend = NULL;
     for (int i = 0; i < r->size; i++) {
@@ -338,13 +299,13 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         char *mine = r->dkv[i % 2];
         memset(mine, 0, 2 * E * es);
         if (visible(r, a->positions, src)) {
-            const size_t seq = (size_t)r->T * r->NH * r->HS * es, lse = (size_t)r->NH * r->T;
+            const size_t seq = (size_t)a->T * a->NH * a->HS * es, lse = (size_t)a->NH * a->T;
             const char *k = r->kv[cur];
-            for (int b = 0; b < r->B && rc == LOOM_OK; b++) {
+            for (int b = 0; b < a->B && rc == LOOM_OK; b++) {
                 a->kernels->block_backward(
-                    (const char *)a->q + b * seq, a->positions, r->T, k + b * seq,
-                    k + E * es + b * seq, r->positions + (size_t)src * r->T, r->T, 1, r->NH, r->HS,
-                    r->dtype, (const char *)a->out + b * seq, (const char *)a->dout + b * seq,
+                    (const char *)a->q + b * seq, a->positions, a->T, k + b * seq,
+                    k + E * es + b * seq, r->positions + (size_t)src * a->T, a->T, 1, a->NH, a->HS,
+                    a->dtype, (const char *)a->out + b * seq, (const char *)a->dout + b * seq,
                     a->lse + b * lse, (char *)a->dq + b * seq, mine + b * seq,
                     mine + E * es + b * seq);
                 if ((rc = poke(r, &send)) == LOOM_OK && (rc = poke(r, &recv)) == LOOM_OK &&
@@ -357,7 +318,7 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)
                 return rc;
-            add_into(mine, r->dkv_in, 2 * E, r->dtype);
+            strategy_add_into(mine, r->dkv_in, 2 * E, a->dtype);
         }
         if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
             return rc;
@@ -372,8 +333,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
         (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
         return rc;
-    add_into(a->dk, r->dkv_in, E, r->dtype);
-    add_into(a->dv, (char *)r->dkv_in + E * es, E, r->dtype);
+    strategy_add_into(a->dk, r->dkv_in, E, a->dtype);
+    strategy_add_into(a->dv, (char *)r->dkv_in + E * es, E, a->dtype);
     return LOOM_OK;
 }
 

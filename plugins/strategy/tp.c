@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strategy_common.h"
 #include "loom/strategy.h"
 
 static const loom_setting_spec tp_settings[] = {
@@ -47,17 +48,12 @@ static const char *region_name(loom_region r)
 
 static int tp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
 {
-    if (!setup || setup->axis != LOOM_AXIS_TP)
-        return host->error(host, LOOM_ERR_INVALID,
-                           "tp: serves the tp axis, but was created for axis %s "
-                           "(set parallel.<axis>.strategy to a strategy of that axis)",
-                           setup ? loom_axis_name(setup->axis) : "?");
-    loom_group *g = setup->groups[LOOM_AXIS_TP];
-    if (!g)
-        return host->error(host, LOOM_ERR_INVALID, "tp: the setup has no tp group (a core bug)");
-    int sp = 0;
-    int rc = host->config_bool(host, "sequence_parallel", &sp);
+    loom_group *g = NULL;
+    int rc = strategy_axis_group(host, setup, "tp", LOOM_AXIS_TP, &g);
     if (rc != LOOM_OK)
+        return rc;
+    int sp = 0;
+    if ((rc = host->config_bool(host, "sequence_parallel", &sp)) != LOOM_OK)
         return rc;
     int t = host->comm->size(g);
     /* Megatron's requirements: whole heads per rank, and the MLP and the
@@ -74,14 +70,11 @@ static int tp_create(const loom_host *host, const loom_strategy_setup *setup, lo
         return host->error(host, LOOM_ERR_INVALID,
                            "tp: parallel.tp.size = %d does not divide model.padded_vocab = %d; "
                            "pad the vocabulary to a multiple of %d", t, setup->padded_vocab, t);
-    loom_strategy *s = calloc(1, sizeof *s);
+    loom_strategy *s = malloc(sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, "tp: out of memory");
-    s->host = host;
-    s->tp = g;
-    s->size = t;
-    s->rank = host->comm->rank(g);
-    s->sequence_parallel = sp;
+    *s = (loom_strategy){.host = host, .tp = g, .size = t, .rank = host->comm->rank(g),
+                         .sequence_parallel = sp};
     *out = s;
     return LOOM_OK;
 }
@@ -147,6 +140,13 @@ static int check_view(loom_strategy *s, const char *op, loom_region region, cons
     return LOOM_OK;
 }
 
+static int check_views(loom_strategy *s, const char *op, loom_region region,
+                       const loom_tensor *in, const loom_tensor *out)
+{
+    int rc = check_view(s, op, region, in);
+    return rc == LOOM_OK ? check_view(s, op, region, out) : rc;
+}
+
 static int finish(loom_strategy *s, int rc, loom_request *req)
 {
     if (rc == LOOM_OK && req)
@@ -172,9 +172,7 @@ static void copy_view(const loom_tensor *in, loom_tensor *out)
 static int all_reduce(loom_strategy *s, const char *op, loom_region region, const loom_tensor *in,
                       loom_tensor *out)
 {
-    int rc = check_view(s, op, region, in);
-    if (rc == LOOM_OK)
-        rc = check_view(s, op, region, out);
+    int rc = check_views(s, op, region, in, out);
     if (rc != LOOM_OK)
         return rc;
     if (loom_tensor_numel(out) != loom_tensor_numel(in))
@@ -188,91 +186,88 @@ static int all_reduce(loom_strategy *s, const char *op, loom_region region, cons
     return finish(s, rc, req);
 }
 
-/* rows R -> t*R: every rank's rows, in rank order */
-static int gather_rows(loom_strategy *s, const char *op, loom_region region,
-                       const loom_tensor *in, loom_tensor *out)
+/* Sequence parallelism's borders move token rows between this rank's R
+ * and all t*R of them, every rank's in rank order: gathered (R -> t*R), or
+ * reduce-scattered (t*R -> this rank's R, summed over the ranks). */
+static int exchange_rows(loom_strategy *s, const char *op, loom_region region, int gather,
+                         const loom_tensor *in, loom_tensor *out)
 {
-    int rc = check_view(s, op, region, in);
-    if (rc == LOOM_OK)
-        rc = check_view(s, op, region, out);
+    int rc = check_views(s, op, region, in, out);
     if (rc != LOOM_OK)
         return rc;
-    if (out->shape[0] != in->shape[0] * s->size || out->shape[1] != in->shape[1])
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "tp: %s (%s region) gathers %lld rows from each of %d ranks into "
-                              "%lld; want %lld", op, region_name(region),
-                              (long long)in->shape[0], s->size, (long long)out->shape[0],
-                              (long long)(in->shape[0] * s->size));
-    loom_request *req = NULL;
-    rc = s->host->comm->allgather(s->tp, in->data, out->data, (size_t)loom_tensor_numel(in),
-                                  in->dtype, &req);
-    return finish(s, rc, req);
-}
-
-/* rows t*R -> this rank's R, summed over the ranks */
-static int scatter_rows(loom_strategy *s, const char *op, loom_region region,
-                        const loom_tensor *in, loom_tensor *out)
-{
-    int rc = check_view(s, op, region, in);
-    if (rc == LOOM_OK)
-        rc = check_view(s, op, region, out);
-    if (rc != LOOM_OK)
-        return rc;
-    if (in->shape[0] != out->shape[0] * s->size || out->shape[1] != in->shape[1])
+    const loom_tensor *mine = gather ? in : out, *all = gather ? out : in;
+    long long rows = mine->shape[0], want = rows * s->size;
+    if (all->shape[0] != want || out->shape[1] != in->shape[1]) {
+        if (gather)
+            return s->host->error(s->host, LOOM_ERR_INVALID,
+                                  "tp: %s (%s region) gathers %lld rows from each of %d ranks "
+                                  "into %lld; want %lld", op, region_name(region), rows, s->size,
+                                  (long long)all->shape[0], want);
         return s->host->error(s->host, LOOM_ERR_INVALID,
                               "tp: %s (%s region) reduces %lld rows into %lld per rank over %d "
                               "ranks; want %lld", op, region_name(region),
-                              (long long)in->shape[0], (long long)out->shape[0], s->size,
-                              (long long)(out->shape[0] * s->size));
+                              (long long)all->shape[0], rows, s->size, want);
+    }
     loom_request *req = NULL;
-    rc = s->host->comm->reducescatter(s->tp, in->data, out->data, (size_t)loom_tensor_numel(out),
-                                      in->dtype, LOOM_SUM, &req);
+    size_t count = (size_t)loom_tensor_numel(mine);
+    if (gather)
+        rc = s->host->comm->allgather(s->tp, in->data, out->data, count, in->dtype, &req);
+    else
+        rc = s->host->comm->reducescatter(s->tp, in->data, out->data, count, in->dtype, LOOM_SUM,
+                                          &req);
     return finish(s, rc, req);
+}
+
+/* Megatron's operators come in two kinds, each the other's conjugate. The
+ * identity, or with sequence parallelism the gather of the rows: */
+static int replicate(loom_strategy *s, const char *op, loom_region region, const loom_tensor *in,
+                     loom_tensor *out)
+{
+    if (s->failed)
+        return broken(s);
+    if (s->sequence_parallel)
+        return exchange_rows(s, op, region, 1, in, out);
+    copy_view(in, out);
+    return LOOM_OK;
+}
+
+/* and the sum over the ranks: all-reduced, or with sequence parallelism
+ * reduce-scattered by rows. */
+static int sum_partials(loom_strategy *s, const char *op, loom_region region,
+                        const loom_tensor *in, loom_tensor *out)
+{
+    if (s->failed)
+        return broken(s);
+    if (s->sequence_parallel)
+        return exchange_rows(s, op, region, 0, in, out);
+    return all_reduce(s, op, region, in, out);
 }
 
 /* f: the region's input */
 static int tp_enter(loom_strategy *s, loom_region region, const loom_tensor *x, loom_tensor *out)
 {
-    if (s->failed)
-        return broken(s);
-    if (s->sequence_parallel)
-        return gather_rows(s, "tensor_enter", region, x, out);
-    copy_view(x, out);
-    return LOOM_OK;
+    return replicate(s, "tensor_enter", region, x, out);
 }
 
 /* g: partial sums -> the result */
 static int tp_exit(loom_strategy *s, loom_region region, const loom_tensor *partial,
                    loom_tensor *out)
 {
-    if (s->failed)
-        return broken(s);
-    if (s->sequence_parallel)
-        return scatter_rows(s, "tensor_exit", region, partial, out);
-    return all_reduce(s, "tensor_exit", region, partial, out);
+    return sum_partials(s, "tensor_exit", region, partial, out);
 }
 
 /* g's conjugate: every rank's partial sum had the whole result's gradient */
 static int tp_exit_backward(loom_strategy *s, loom_region region, const loom_tensor *dout,
                             loom_tensor *dpartial)
 {
-    if (s->failed)
-        return broken(s);
-    if (s->sequence_parallel)
-        return gather_rows(s, "tensor_exit_backward", region, dout, dpartial);
-    copy_view(dout, dpartial);
-    return LOOM_OK;
+    return replicate(s, "tensor_exit_backward", region, dout, dpartial);
 }
 
 /* f's conjugate: the input fed every rank, so its gradient sums theirs */
 static int tp_enter_backward(loom_strategy *s, loom_region region, const loom_tensor *dregion_in,
                              loom_tensor *dx)
 {
-    if (s->failed)
-        return broken(s);
-    if (s->sequence_parallel)
-        return scatter_rows(s, "tensor_enter_backward", region, dregion_in, dx);
-    return all_reduce(s, "tensor_enter_backward", region, dregion_in, dx);
+    return sum_partials(s, "tensor_enter_backward", region, dregion_in, dx);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

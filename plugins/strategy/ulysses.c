@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strategy_common.h"
 #include "loom/strategy.h"
 
 /* What one layer's forward leaves for its backward, head-sharded:
@@ -29,9 +30,7 @@ struct loom_strategy {
     int size, rank;
     int heads_per_tp; /* heads of each tensor-parallel rank */
 
-    /* shapes of the first call; every later call must match */
-    int B, T, NH, HS;
-    loom_dtype dtype;
+    strategy_attention_shape shape; /* of the first call; every later call must match */
     int *positions;        /* s*T: every rank's positions in rank order */
     void *send, *recv;     /* all-to-all staging, B*T*NH*HS elements each */
     void *dq, *dk, *dv, *dout; /* backward scratch, head-sharded */
@@ -45,14 +44,10 @@ static const loom_setting_spec ulysses_settings[] = {{NULL, 0, NULL, NULL}};
 static int ulysses_create(const loom_host *host, const loom_strategy_setup *setup,
                           loom_strategy **out)
 {
-    if (!setup || setup->axis != LOOM_AXIS_SP)
-        return host->error(host, LOOM_ERR_INVALID,
-                           "ulysses: serves the sp axis, but was created for axis %s "
-                           "(set parallel.<axis>.strategy to a strategy of that axis)",
-                           setup ? loom_axis_name(setup->axis) : "?");
-    loom_group *g = setup->groups[LOOM_AXIS_SP];
-    if (!g)
-        return host->error(host, LOOM_ERR_INVALID, "ulysses: the setup has no sp group (a core bug)");
+    loom_group *g = NULL;
+    int rc = strategy_axis_group(host, setup, "ulysses", LOOM_AXIS_SP, &g);
+    if (rc != LOOM_OK)
+        return rc;
     int s = host->comm->size(g);
     int tp = setup->sizes[LOOM_AXIS_TP] > 0 ? setup->sizes[LOOM_AXIS_TP] : 1;
     int heads = setup->heads / tp;
@@ -66,41 +61,32 @@ static int ulysses_create(const loom_host *host, const loom_strategy_setup *setu
         return host->error(host, LOOM_ERR_INVALID,
                            "ulysses: train.seq = %d does not divide by parallel.sp.size = %d",
                            setup->seq, s);
-    loom_strategy *u = calloc(1, sizeof *u);
+    loom_strategy *u = malloc(sizeof *u);
     if (!u)
         return host->error(host, LOOM_ERR_NO_MEMORY, "ulysses: out of memory");
-    u->host = host;
-    u->sp = g;
-    u->size = s;
-    u->rank = host->comm->rank(g);
-    u->heads_per_tp = heads;
+    *u = (loom_strategy){.host = host, .sp = g, .size = s, .rank = host->comm->rank(g),
+                         .heads_per_tp = heads};
     *out = u;
     return LOOM_OK;
 }
 
-static void release(loom_strategy *u, void **p)
+static void release_layer(loom_strategy *u, saved_layer *l)
 {
-    if (*p)
-        u->host->mem_free(u->host, *p);
-    *p = NULL;
+    void **buffers[4] = {&l->q, &l->k, &l->v, &l->out};
+    for (int i = 0; i < 4; i++)
+        strategy_release(u->host, buffers[i]);
+    if (l->lse)
+        u->host->mem_free(u->host, l->lse);
+    l->lse = NULL;
 }
 
 static void free_buffers(loom_strategy *u)
 {
-    release(u, &u->send);
-    release(u, &u->recv);
-    release(u, &u->dq);
-    release(u, &u->dk);
-    release(u, &u->dv);
-    release(u, &u->dout);
-    for (int i = 0; i < u->nlayers; i++) {
-        saved_layer *l = &u->layers[i];
-        release(u, &l->q);
-        release(u, &l->k);
-        release(u, &l->v);
-        release(u, &l->out);
-        release(u, (void **)&l->lse);
-    }
+    void **buffers[6] = {&u->send, &u->recv, &u->dq, &u->dk, &u->dv, &u->dout};
+    for (int i = 0; i < 6; i++)
+        strategy_release(u->host, buffers[i]);
+    for (int i = 0; i < u->nlayers; i++)
+        release_layer(u, &u->layers[i]);
     free(u->layers);
     u->layers = NULL;
     u->nlayers = u->caplayers = 0;
@@ -140,55 +126,30 @@ static int ulysses_positions(loom_strategy *u, int seq, int *positions, int *cou
 
 /* ------------------------------------------------------------ buffers */
 
-static int alloc(loom_strategy *u, loom_purpose purpose, size_t bytes, void **out)
-{
-    int rc = u->host->mem_alloc(u->host, LOOM_TIER_HOST, purpose, bytes ? bytes : 1, out);
-    if (rc == LOOM_OK)
-        memset(*out, 0, bytes);
-    return rc;
-}
-
-static size_t elems(const loom_strategy *u) { return (size_t)u->B * u->T * u->NH * u->HS; }
-
 /* First call: learn the shapes, gather every rank's positions. */
 static int prepare(loom_strategy *u, const loom_attention *a)
 {
     const loom_host *h = u->host;
-    if (u->positions) {
-        if (a->B != u->B || a->T != u->T || a->NH != u->NH || a->HS != u->HS ||
-            a->dtype != u->dtype)
-            return h->error(h, LOOM_ERR_INVALID,
-                            "ulysses: attention of (B %d, T %d, heads %d, size %d) after "
-                            "(B %d, T %d, heads %d, size %d); the shapes must not change",
-                            a->B, a->T, a->NH, a->HS, u->B, u->T, u->NH, u->HS);
-        return LOOM_OK;
-    }
+    if (u->positions)
+        return strategy_check_attention_shape(h, "ulysses", &u->shape, a);
     if (a->NH % u->size != 0)
         return h->error(h, LOOM_ERR_INVALID,
                         "ulysses: %d heads on this rank do not divide by parallel.sp.size = %d",
                         a->NH, u->size);
-    if (!a->kernels || !a->kernels->block_forward || !a->kernels->block_backward)
-        return h->error(h, LOOM_ERR_INVALID, "ulysses: the attention op came without kernels");
-    u->B = a->B;
-    u->T = a->T;
-    u->NH = a->NH;
-    u->HS = a->HS;
-    u->dtype = a->dtype;
-    u->positions = malloc((size_t)u->size * u->T * sizeof(int));
+    int rc = strategy_first_attention(h, "ulysses", a, &u->shape);
+    if (rc != LOOM_OK)
+        return rc;
+    rc = strategy_gather_positions(h, "ulysses", u->sp, u->size, a, &u->positions);
     if (!u->positions)
-        return h->error(h, LOOM_ERR_NO_MEMORY, "ulysses: out of memory");
-    loom_request *req = NULL;
-    int rc = h->comm->allgather(u->sp, a->positions, u->positions, (size_t)u->T, LOOM_I32, &req);
-    if (rc == LOOM_OK && req)
-        rc = h->comm->wait(req);
-    size_t bytes = elems(u) * loom_dtype_size(u->dtype);
+        return rc; /* out of memory */
+    size_t bytes = strategy_attention_bytes(&u->shape);
     if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_COMM, bytes, &u->send);
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, bytes, &u->send);
     if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_COMM, bytes, &u->recv);
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, bytes, &u->recv);
     void **scratch[4] = {&u->dq, &u->dk, &u->dv, &u->dout};
     for (int i = 0; i < 4 && rc == LOOM_OK; i++)
-        rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS, bytes, scratch[i]);
+        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_ACTIVATIONS, bytes, scratch[i]);
     if (rc != LOOM_OK) {
         free_buffers(u);
         u->failed = 1;
@@ -214,36 +175,40 @@ static saved_layer *layer_of(loom_strategy *u, const float *key, int create)
     saved_layer *l = &u->layers[u->nlayers];
     memset(l, 0, sizeof *l);
     l->key = key;
-    size_t bytes = elems(u) * loom_dtype_size(u->dtype);
-    int rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS, bytes, &l->q);
+    size_t bytes = strategy_attention_bytes(&u->shape);
+    void **buffers[4] = {&l->q, &l->k, &l->v, &l->out};
+    int rc = LOOM_OK;
+    for (int i = 0; i < 4 && rc == LOOM_OK; i++)
+        rc = strategy_alloc_zeroed(u->host, LOOM_PURPOSE_ACTIVATIONS, bytes, buffers[i]);
+    void *lse = NULL;
     if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS, bytes, &l->k);
-    if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS, bytes, &l->v);
-    if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS, bytes, &l->out);
-    if (rc == LOOM_OK)
-        rc = alloc(u, LOOM_PURPOSE_ACTIVATIONS,
-                   (size_t)u->B * (u->NH / u->size) * u->size * u->T * sizeof(float),
-                   (void **)&l->lse);
+        rc = strategy_alloc_zeroed(u->host, LOOM_PURPOSE_ACTIVATIONS,
+                                   (size_t)u->shape.B * (u->shape.NH / u->size) * u->size *
+                                       u->shape.T * sizeof(float),
+                                   &lse);
     if (rc != LOOM_OK) {
-        release(u, &l->q);
-        release(u, &l->k);
-        release(u, &l->v);
-        release(u, &l->out);
+        release_layer(u, l);
         return NULL;
     }
+    l->lse = lse;
     u->nlayers++;
     return l;
 }
 
 /* ---------------------------------------------------------- all-to-all */
 
+/* The all-to-all's blocks are cut in rows of one position's Hs heads. */
+static size_t head_row_bytes(const loom_strategy *u)
+{
+    return (size_t)(u->shape.NH / u->size) * u->shape.HS * loom_dtype_size(u->shape.dtype);
+}
+
 static int exchange(loom_strategy *u)
 {
     loom_request *req = NULL;
-    int rc = u->host->comm->alltoall(u->sp, u->send, u->recv, elems(u) / (size_t)u->size,
-                                     u->dtype, &req);
+    int rc = u->host->comm->alltoall(u->sp, u->send, u->recv,
+                                     strategy_attention_elems(&u->shape) / (size_t)u->size,
+                                     u->shape.dtype, &req);
     if (rc == LOOM_OK && req)
         rc = u->host->comm->wait(req);
     if (rc != LOOM_OK)
@@ -257,9 +222,8 @@ static int exchange(loom_strategy *u)
  * i*T.. of each sequence (u->positions says which positions those are). */
 static int to_heads(loom_strategy *u, const void *x, void *dst)
 {
-    const int s = u->size, B = u->B, T = u->T, Hs = u->NH / s;
-    const size_t es = loom_dtype_size(u->dtype), row = (size_t)Hs * u->HS * es;
-    const size_t C = (size_t)u->NH * u->HS * es;
+    const int s = u->size, B = u->shape.B, T = u->shape.T;
+    const size_t row = head_row_bytes(u), C = (size_t)s * row;
     char *send = u->send;
     for (int j = 0; j < s; j++)
         for (int b = 0; b < B; b++)
@@ -282,9 +246,8 @@ static int to_heads(loom_strategy *u, const void *x, void *dst)
  * dst, added to it when accumulate. */
 static int to_sequence(loom_strategy *u, const void *src, void *dst, int accumulate)
 {
-    const int s = u->size, B = u->B, T = u->T, Hs = u->NH / s;
-    const size_t es = loom_dtype_size(u->dtype), row = (size_t)Hs * u->HS * es;
-    const size_t C = (size_t)u->NH * u->HS * es;
+    const int s = u->size, B = u->shape.B, T = u->shape.T;
+    const size_t row = head_row_bytes(u), C = (size_t)s * row;
     char *send = u->send;
     for (int i = 0; i < s; i++)
         for (int b = 0; b < B; b++)
@@ -294,27 +257,16 @@ static int to_sequence(loom_strategy *u, const void *src, void *dst, int accumul
     if (rc != LOOM_OK)
         return rc;
     const char *recv = u->recv;
-    const size_t n = (size_t)Hs * u->HS;
+    const size_t row_elems = row / loom_dtype_size(u->shape.dtype);
     for (int j = 0; j < s; j++)
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
                 const char *from = recv + (((size_t)j * B + b) * T + t) * row;
                 char *to = (char *)dst + ((size_t)b * T + t) * C + (size_t)j * row;
-                if (!accumulate) {
+                if (accumulate)
+                    strategy_add_into(to, from, row_elems, u->shape.dtype);
+                else
                     memcpy(to, from, row);
-                } else if (u->dtype == LOOM_F32) {
-                    float *d = (float *)(void *)to;
-                    const float *f = (const float *)(const void *)from;
-                    for (size_t e = 0; e < n; e++)
-                        d[e] += f[e];
-                } else {
-                    uint16_t *d = (uint16_t *)(void *)to;
-                    const uint16_t *f = (const uint16_t *)(const void *)from;
-                    for (size_t e = 0; e < n; e++)
-                        d[e] = u->dtype == LOOM_BF16
-                                   ? loom_f32_to_bf16(loom_bf16_to_f32(d[e]) + loom_bf16_to_f32(f[e]))
-                                   : loom_f32_to_f16(loom_f16_to_f32(d[e]) + loom_f16_to_f32(f[e]));
-                }
             }
     return LOOM_OK;
 }
@@ -342,9 +294,10 @@ static int ulysses_forward(loom_strategy *u, const loom_attention *a)
     if ((rc = to_heads(u, a->q, l->q)) != LOOM_OK || (rc = to_heads(u, a->k, l->k)) != LOOM_OK ||
         (rc = to_heads(u, a->v, l->v)) != LOOM_OK)
         return rc;
-    const int Tf = u->size * u->T, Hs = u->NH / u->size;
-    a->kernels->block_forward(l->q, u->positions, Tf, l->k, l->v, u->positions, Tf, u->B, Hs,
-                              u->HS, u->dtype, l->out, l->lse, 1);
+    const strategy_attention_shape *sh = &u->shape;
+    const int Tf = u->size * sh->T, Hs = sh->NH / u->size;
+    a->kernels->block_forward(l->q, u->positions, Tf, l->k, l->v, u->positions, Tf, sh->B, Hs,
+                              sh->HS, sh->dtype, l->out, l->lse, 1);
     return to_sequence(u, l->out, a->out, 0);
 }
 
@@ -360,13 +313,14 @@ static int ulysses_backward(loom_strategy *u, const loom_attention *a)
     int rc = to_heads(u, a->dout, u->dout);
     if (rc != LOOM_OK)
         return rc;
-    size_t bytes = elems(u) * loom_dtype_size(u->dtype);
+    size_t bytes = strategy_attention_bytes(&u->shape);
     memset(u->dq, 0, bytes);
     memset(u->dk, 0, bytes);
     memset(u->dv, 0, bytes);
-    const int Tf = u->size * u->T, Hs = u->NH / u->size;
-    a->kernels->block_backward(l->q, u->positions, Tf, l->k, l->v, u->positions, Tf, u->B, Hs,
-                               u->HS, u->dtype, l->out, u->dout, l->lse, u->dq, u->dk, u->dv);
+    const strategy_attention_shape *sh = &u->shape;
+    const int Tf = u->size * sh->T, Hs = sh->NH / u->size;
+    a->kernels->block_backward(l->q, u->positions, Tf, l->k, l->v, u->positions, Tf, sh->B, Hs,
+                               sh->HS, sh->dtype, l->out, u->dout, l->lse, u->dq, u->dk, u->dv);
     if ((rc = to_sequence(u, u->dq, a->dq, 1)) != LOOM_OK ||
         (rc = to_sequence(u, u->dk, a->dk, 1)) != LOOM_OK)
         return rc;

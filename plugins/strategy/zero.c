@@ -458,16 +458,12 @@ static int zero_create(const loom_host *host, const loom_strategy_setup *setup, 
                                     "prefetch) and 64 units",
                                (long long)prefetch);
     }
-    loom_strategy *s = calloc(1, sizeof *s);
+    loom_strategy *s = malloc(sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
-    s->host = host;
-    s->setup = *setup;
-    s->dp = dp;
-    s->dp_size = host->comm->size(dp);
-    s->dp_rank = host->comm->rank(dp);
-    s->prefetch = (int)prefetch;
-    s->reducing_unit = -1;
+    *s = (loom_strategy){.host = host, .setup = *setup, .dp = dp, .dp_size = host->comm->size(dp),
+                         .dp_rank = host->comm->rank(dp), .prefetch = (int)prefetch,
+                         .reducing_unit = -1};
     *out = s;
     return LOOM_OK;
 }
@@ -731,9 +727,7 @@ static zero_unit *hook_unit(loom_strategy *s, loom_unit *unit, const char *hook)
 static int zero_data_before_forward(loom_strategy *s, loom_unit *unit)
 {
     zero_unit *z = hook_unit(s, unit, "data_before_forward");
-    if (!z)
-        return LOOM_ERR_INVALID;
-    int rc = progress(s);
+    int rc = z ? progress(s) : LOOM_ERR_INVALID;
     if (rc != LOOM_OK)
         return rc;
     int i = (int)(z - s->zu);
@@ -764,9 +758,7 @@ static int zero_data_after_forward(loom_strategy *s, loom_unit *unit)
 static int zero_data_before_backward(loom_strategy *s, loom_unit *unit)
 {
     zero_unit *z = hook_unit(s, unit, "data_before_backward");
-    if (!z)
-        return LOOM_ERR_INVALID;
-    int rc = progress(s);
+    int rc = z ? progress(s) : LOOM_ERR_INVALID;
     if (rc != LOOM_OK || zero_stage == 1)
         return rc; /* zero1's full gradients are always there */
     int occurrence = z->bwd_entries++;
@@ -869,16 +861,10 @@ static int zero_data_finish_backward(loom_strategy *s)
 /* The hooks that read gradients need this step's average. */
 static int need_finished(loom_strategy *s, const char *hook)
 {
-    if (!s->zu)
-        return s->host->error(s->host, LOOM_ERR_INVALID, NAME ": %s before data_setup", hook);
-    if (s->failed)
+    if (s->zu && s->failed)
         return broken(s);
-    if (s->saw_last_micro)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              NAME ": %s before data_finish_backward: the gradients of the last "
-                                   "micro-batch are not reduced yet",
-                              hook);
-    return LOOM_OK;
+    return strategy_need_finished(s->host, NAME, hook, s->zu != NULL, s->saw_last_micro,
+                                  "reduced");
 }
 
 static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
@@ -970,9 +956,7 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
 static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params, float *m, float *v)
 {
     zero_unit *z = hook_unit(s, unit, "data_get_state");
-    if (!z)
-        return LOOM_ERR_INVALID;
-    int rc = quiesce(s);
+    int rc = z ? quiesce(s) : LOOM_ERR_INVALID;
     if (rc != LOOM_OK)
         return rc;
     float *full = NULL;
@@ -1004,9 +988,7 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
                                const float *m, const float *v)
 {
     zero_unit *z = hook_unit(s, unit, "data_set_state");
-    if (!z)
-        return LOOM_ERR_INVALID;
-    int rc = quiesce(s);
+    int rc = z ? quiesce(s) : LOOM_ERR_INVALID;
     if (rc != LOOM_OK)
         return rc;
     /* Every rank holds the full arrays: keep the owned part, no communication. */
