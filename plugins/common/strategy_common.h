@@ -1,8 +1,8 @@
-/* What several strategy plugins (plugins/strategy) do alike. Header-only
- * and built on the ABI headers alone: each plugin is a .so of its own that
- * links no loom library, so each gets its own copy. */
-#ifndef LOOM_PLUGINS_STRATEGY_COMMON_H
-#define LOOM_PLUGINS_STRATEGY_COMMON_H
+/* plugins/common — what several strategy plugins (plugins/strategy) do
+ * alike. Header-only and built on the ABI headers alone: each plugin is a
+ * .so of its own that links no loom library, so each gets its own copy. */
+#ifndef LOOM_PLUGIN_COMMON_STRATEGY_H
+#define LOOM_PLUGIN_COMMON_STRATEGY_H
 
 #include <stdlib.h>
 #include <string.h>

@@ -140,9 +140,9 @@ static int prepare(loom_strategy *r, const loom_attention *a)
         return rc;
     }
     for (int i = 0; i < r->size; i++) {
-        const int *pos = r->positions + (size_t)i * a->T;
+        const int *pos = r->positions + (size_t)i * r->shape.T;
         int lo = pos[0];
-        for (int j = 1; j < a->T; j++)
+        for (int j = 1; j < r->shape.T; j++)
             lo = pos[j] < lo ? pos[j] : lo;
         r->first_pos[i] = lo;
     }
@@ -241,7 +241,8 @@ static int ring_forward(loom_strategy *r, const loom_attention *a)
     int rc = hold_own_block(r, a);
     if (rc != LOOM_OK)
         return rc;
-    const size_t E = strategy_attention_elems(&r->shape), es = loom_dtype_size(a->dtype);
+    const strategy_attention_shape *sh = &r->shape;
+    const size_t E = strategy_attention_elems(sh), es = loom_dtype_size(sh->dtype);
     int cur = 0, first = 1;
     for (int i = 0; i < r->size; i++) {
         int src = (r->rank - i + r->size) % r->size;
@@ -251,13 +252,13 @@ static int ring_forward(loom_strategy *r, const loom_attention *a)
             return rc;
         if (visible(r, a->positions, src)) {
             /* one sequence at a time, the transfers poked in between */
-            const size_t seq = (size_t)a->T * a->NH * a->HS * es, lse = (size_t)a->NH * a->T;
+            const size_t seq = (size_t)sh->T * sh->NH * sh->HS * es, lse = (size_t)sh->NH * sh->T;
             const char *k = r->kv[cur];
-            for (int b = 0; b < a->B && rc == LOOM_OK; b++) {
-                a->kernels->block_forward((const char *)a->q + b * seq, a->positions, a->T,
+            for (int b = 0; b < sh->B && rc == LOOM_OK; b++) {
+                a->kernels->block_forward((const char *)a->q + b * seq, a->positions, sh->T,
                                           k + b * seq, k + E * es + b * seq,
-                                          r->positions + (size_t)src * a->T, a->T, 1, a->NH,
-                                          a->HS, a->dtype, (char *)a->out + b * seq,
+                                          r->positions + (size_t)src * sh->T, sh->T, 1, sh->NH,
+                                          sh->HS, sh->dtype, (char *)a->out + b * seq,
                                           a->lse + b * lse, first);
                 if ((rc = poke(r, &send)) == LOOM_OK)
                     rc = poke(r, &recv);
@@ -283,7 +284,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     int rc = hold_own_block(r, a);
     if (rc != LOOM_OK)
         return rc;
-    const size_t E = strategy_attention_elems(&r->shape), es = loom_dtype_size(a->dtype);
+    const strategy_attention_shape *sh = &r->shape;
+    const size_t E = strategy_attention_elems(sh), es = loom_dtype_size(sh->dtype);
     int cur = 0;
     loom_request *dsend = NULL;
     for (int i = 0; i < r->size; i++) {
@@ -299,13 +301,13 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         char *mine = r->dkv[i % 2];
         memset(mine, 0, 2 * E * es);
         if (visible(r, a->positions, src)) {
-            const size_t seq = (size_t)a->T * a->NH * a->HS * es, lse = (size_t)a->NH * a->T;
+            const size_t seq = (size_t)sh->T * sh->NH * sh->HS * es, lse = (size_t)sh->NH * sh->T;
             const char *k = r->kv[cur];
-            for (int b = 0; b < a->B && rc == LOOM_OK; b++) {
+            for (int b = 0; b < sh->B && rc == LOOM_OK; b++) {
                 a->kernels->block_backward(
-                    (const char *)a->q + b * seq, a->positions, a->T, k + b * seq,
-                    k + E * es + b * seq, r->positions + (size_t)src * a->T, a->T, 1, a->NH, a->HS,
-                    a->dtype, (const char *)a->out + b * seq, (const char *)a->dout + b * seq,
+                    (const char *)a->q + b * seq, a->positions, sh->T, k + b * seq,
+                    k + E * es + b * seq, r->positions + (size_t)src * sh->T, sh->T, 1, sh->NH, sh->HS,
+                    sh->dtype, (const char *)a->out + b * seq, (const char *)a->dout + b * seq,
                     a->lse + b * lse, (char *)a->dq + b * seq, mine + b * seq,
                     mine + E * es + b * seq);
                 if ((rc = poke(r, &send)) == LOOM_OK && (rc = poke(r, &recv)) == LOOM_OK &&
@@ -318,7 +320,7 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)
                 return rc;
-            strategy_add_into(mine, r->dkv_in, 2 * E, a->dtype);
+            strategy_add_into(mine, r->dkv_in, 2 * E, sh->dtype);
         }
         if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
             return rc;
@@ -333,8 +335,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
         (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
         return rc;
-    strategy_add_into(a->dk, r->dkv_in, E, a->dtype);
-    strategy_add_into(a->dv, (char *)r->dkv_in + E * es, E, a->dtype);
+    strategy_add_into(a->dk, r->dkv_in, E, sh->dtype);
+    strategy_add_into(a->dv, (char *)r->dkv_in + E * es, E, sh->dtype);
     return LOOM_OK;
 }
 

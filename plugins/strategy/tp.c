@@ -186,6 +186,8 @@ static int all_reduce(loom_strategy *s, const char *op, loom_region region, cons
     return finish(s, rc, req);
 }
 
+enum { SCATTER_ROWS = 0, GATHER_ROWS = 1 };
+
 /* Sequence parallelism's borders move token rows between this rank's R
  * and all t*R of them, every rank's in rank order: gathered (R -> t*R), or
  * reduce-scattered (t*R -> this rank's R, summed over the ranks). */
@@ -226,7 +228,7 @@ static int replicate(loom_strategy *s, const char *op, loom_region region, const
     if (s->failed)
         return broken(s);
     if (s->sequence_parallel)
-        return exchange_rows(s, op, region, 1, in, out);
+        return exchange_rows(s, op, region, GATHER_ROWS, in, out);
     copy_view(in, out);
     return LOOM_OK;
 }
@@ -239,7 +241,7 @@ static int sum_partials(loom_strategy *s, const char *op, loom_region region,
     if (s->failed)
         return broken(s);
     if (s->sequence_parallel)
-        return exchange_rows(s, op, region, 0, in, out);
+        return exchange_rows(s, op, region, SCATTER_ROWS, in, out);
     return all_reduce(s, op, region, in, out);
 }
 
