@@ -109,27 +109,6 @@ static inline double strategy_add_squares(double sum, const void *g, loom_dtype 
     return sum;
 }
 
-/* dst += src, n elements of dtype t (f32, bf16 or f16), each sum rounded
- * once to t. */
-static inline void strategy_add_into(void *dst, const void *src, size_t n, loom_dtype t)
-{
-    if (t == LOOM_F32) {
-        float *d = dst;
-        const float *s = src;
-        for (size_t i = 0; i < n; i++)
-            d[i] += s[i];
-        return;
-    }
-    uint16_t *d = dst;
-    const uint16_t *s = src;
-    if (t == LOOM_BF16)
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_bf16(loom_bf16_to_f32(d[i]) + loom_bf16_to_f32(s[i]));
-    else
-        for (size_t i = 0; i < n; i++)
-            d[i] = loom_f32_to_f16(loom_f16_to_f32(d[i]) + loom_f16_to_f32(s[i]));
-}
-
 /* A zeroed host buffer, accounted under purpose; *out is set only on
  * success. A byte is asked for even when bytes is 0, so an empty unit still
  * has an address. */

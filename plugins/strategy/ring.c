@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -320,7 +321,7 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)
                 return rc;
-            strategy_add_into(mine, r->dkv_in, 2 * E, sh->dtype);
+            reduce_elements(mine, mine, r->dkv_in, 2 * E, sh->dtype, LOOM_SUM);
         }
         if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
             return rc;
@@ -335,8 +336,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
         (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
         return rc;
-    strategy_add_into(a->dk, r->dkv_in, E, sh->dtype);
-    strategy_add_into(a->dv, (char *)r->dkv_in + E * es, E, sh->dtype);
+    reduce_elements(a->dk, a->dk, r->dkv_in, E, sh->dtype, LOOM_SUM);
+    reduce_elements(a->dv, a->dv, (char *)r->dkv_in + E * es, E, sh->dtype, LOOM_SUM);
     return LOOM_OK;
 }
 

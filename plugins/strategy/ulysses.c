@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -264,7 +265,7 @@ static int to_sequence(loom_strategy *u, const void *src, void *dst, int accumul
                 const char *from = recv + (((size_t)j * B + b) * T + t) * row;
                 char *to = (char *)dst + ((size_t)b * T + t) * C + (size_t)j * row;
                 if (accumulate)
-                    strategy_add_into(to, from, row_elems, u->shape.dtype);
+                    reduce_elements(to, to, from, row_elems, u->shape.dtype, LOOM_SUM);
                 else
                     memcpy(to, from, row);
             }

@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -329,7 +330,8 @@ static int finish_reduce(loom_strategy *s)
     int rc = wait_op(s, z, &z->reduce, "reducescatter");
     if (rc != LOOM_OK)
         return rc;
-    strategy_add_into(grad_shard_of(s, z), s->recv, z->shard, s->dtype);
+    void *owned = grad_shard_of(s, z);
+    reduce_elements(owned, owned, s->recv, z->shard, s->dtype, LOOM_SUM);
     s->host->mem_free(s->host, z->grads);
     z->grads = NULL;
     z->reducing = 0;
