@@ -1,13 +1,11 @@
 /* `loom plugins [CONFIG]`: every plugin on the search path and whether it
  * loads. `loom plugins --check FILE`: the conformance checks for plugin
  * authors, one line per check, exit 1 on any failure. */
-#include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "loom/comm.h"
 #include "loom/memtier.h"
@@ -16,6 +14,7 @@
 #include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "cli/commands.h"
+#include "cli/plugin_rows.h"
 #include "runtime/bootstrap.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
@@ -26,182 +25,6 @@ static void plugins_usage(FILE *f)
 {
     fprintf(f, "usage: loom plugins [CONFIG] [--set path=value ...]\n"
                "       loom plugins --check FILE\n");
-}
-
-static const char *abi_text(uint32_t v, char *buf, size_t cap)
-{
-    if (!v)
-        snprintf(buf, cap, "-");
-    else
-        snprintf(buf, cap, "%u.%u", LOOM_ABI_VERSION_MAJOR(v), LOOM_ABI_VERSION_MINOR(v));
-    return buf;
-}
-
-/* --------------------------------------------------------------- listing */
-
-typedef struct plugin_row {
-    char kind[32];
-    char name[128];
-    char abi[16];
-    char *path;
-    char *status;
-} plugin_row;
-
-typedef struct row_list {
-    plugin_row *rows;
-    int count, cap;
-} row_list;
-
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static plugin_row *add_row(row_list *l)
-{
-    if (l->count == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        plugin_row *rows = realloc(l->rows, (size_t)cap * sizeof *rows);
-        if (!rows)
-            return NULL;
-        l->rows = rows;
-        l->cap = cap;
-    }
-    plugin_row *r = &l->rows[l->count++];
-    memset(r, 0, sizeof *r);
-    return r;
-}
-
-/* Load one file the way the core would and keep what happened. */
-static int list_file(row_list *l, const char *dir, const char *file)
-{
-    plugin_row *r = add_row(l);
-    if (!r)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
-    loom_plugin_parse_file_name(file, r->kind, sizeof r->kind, r->name, sizeof r->name);
-    size_t plen = strlen(dir) + strlen(file) + 2;
-    r->path = malloc(plen);
-    if (!r->path)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
-    snprintf(r->path, plen, "%s/%s", dir, file);
-    snprintf(r->abi, sizeof r->abi, "-");
-
-    char status[1024];
-    uint32_t kind = loom_plugin_kind_of(r->kind);
-    if (!kind) {
-        snprintf(status, sizeof status,
-                 "refused: unknown kind '%s' (loom knows comm, strategy and memtier)", r->kind);
-    } else {
-        loom_plugin_checks checks = {0};
-        loom_plugin *p = NULL;
-        if (loom_plugin_load_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
-            abi_text(p->header->abi_version, r->abi, sizeof r->abi);
-            snprintf(status, sizeof status, "ok");
-            loom_plugin_unload(p);
-        } else {
-            abi_text(checks.abi_version, r->abi, sizeof r->abi);
-            snprintf(status, sizeof status, "refused: %s", checks.reason);
-        }
-        loom_clear_error();
-        /* The loader takes the first file of a name; later ones never load. */
-        for (int i = 0; i < l->count - 1; i++) {
-            if (!strcmp(l->rows[i].kind, r->kind) && !strcmp(l->rows[i].name, r->name)) {
-                size_t used = strlen(status);
-                snprintf(status + used, sizeof status - used, " (shadowed by %s)",
-                         l->rows[i].path);
-                break;
-            }
-        }
-    }
-    r->status = strdup(status);
-    return r->status ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
-}
-
-static int list_dir(row_list *l, const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return LOOM_OK;
-    char **files = NULL;
-    int n = 0, cap = 0, rc = LOOM_OK;
-    for (struct dirent *e; (e = readdir(d));) {
-        char kind[32], name[128];
-        if (!loom_plugin_parse_file_name(e->d_name, kind, sizeof kind, name, sizeof name))
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **more = realloc(files, (size_t)cap * sizeof *more);
-            if (!more) {
-                rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
-                break;
-            }
-            files = more;
-        }
-        if (!(files[n] = strdup(e->d_name))) {
-            rc = loom_fail(LOOM_ERR_NO_MEMORY, "loom plugins: out of memory");
-            break;
-        }
-        n++;
-    }
-    closedir(d);
-    if (files)
-        qsort(files, (size_t)n, sizeof *files, cmp_names);
-    for (int i = 0; i < n; i++) {
-        if (rc == LOOM_OK)
-            rc = list_file(l, dir, files[i]);
-        free(files[i]);
-    }
-    free(files);
-    return rc;
-}
-
-static void print_rows(const row_list *l)
-{
-    int wk = 4, wn = 4, wa = 3, wp = 4;
-    for (int i = 0; i < l->count; i++) {
-        const plugin_row *r = &l->rows[i];
-        if ((int)strlen(r->kind) > wk) wk = (int)strlen(r->kind);
-        if ((int)strlen(r->name) > wn) wn = (int)strlen(r->name);
-        if ((int)strlen(r->abi) > wa) wa = (int)strlen(r->abi);
-        if ((int)strlen(r->path) > wp) wp = (int)strlen(r->path);
-    }
-    printf("%-*s  %-*s  %-*s  %-*s  %s\n", wk, "kind", wn, "name", wa, "abi", wp, "path",
-           "status");
-    for (int i = 0; i < l->count; i++) {
-        const plugin_row *r = &l->rows[i];
-        printf("%-*s  %-*s  %-*s  %-*s  %s\n", wk, r->kind, wn, r->name, wa, r->abi, wp,
-               r->path, r->status);
-    }
-}
-
-static void free_rows(row_list *l)
-{
-    for (int i = 0; i < l->count; i++) {
-        free(l->rows[i].path);
-        free(l->rows[i].status);
-    }
-    free(l->rows);
-}
-
-static int list_search_path(const loom_search_path *sp, row_list *l)
-{
-    int rc = LOOM_OK;
-    for (int i = 0; i < sp->count && rc == LOOM_OK; i++)
-        rc = list_dir(l, sp->dirs[i]);
-    return rc;
-}
-
-static void print_search_path(const loom_search_path *sp)
-{
-    printf("search path (first match wins):\n");
-    for (int i = 0; i < sp->count; i++) {
-        struct stat st;
-        int exists = stat(sp->dirs[i], &st) == 0 && S_ISDIR(st.st_mode);
-        printf("  %s%s%s\n", sp->dirs[i],
-               sp->dirs[i][0] == '/' ? "" : "  (relative to the current directory)",
-               exists ? "" : "  (no such directory)");
-    }
-    printf("\n");
 }
 
 static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)
@@ -219,103 +42,16 @@ static int list_plugins(const char *config_path, const char *const *overrides, i
         loom_config_free(cfg);
         return 2;
     }
-    print_search_path(&sp);
+    plugin_rows_print_search_path(&sp);
     row_list rows = {0};
-    int rc = list_search_path(&sp, &rows);
+    int rc = plugin_rows_list(&sp, &rows);
     if (rc != LOOM_OK)
         loom_log(LOOM_LOG_ERROR, "%s", loom_last_error());
     else if (rows.count == 0)
         printf("no plugin files (libloom-<kind>-<name>.so) in the search path\n");
     else
-        print_rows(&rows);
-    free_rows(&rows);
-    loom_search_path_free(&sp);
-    loom_config_free(cfg);
-    return rc == LOOM_OK ? 0 : 2;
-}
-
-/* ------------------------------------------------------ loom settings */
-
-static const char *setting_type_name(loom_setting_type t)
-{
-    switch (t) {
-    case LOOM_SETTING_INT: return "int";
-    case LOOM_SETTING_FLOAT: return "float";
-    case LOOM_SETTING_BOOL: return "bool";
-    case LOOM_SETTING_STRING: return "string";
-    }
-    return "?";
-}
-
-/* Where a plugin's own settings live in the config. */
-static void settings_path(const loom_plugin *p, char *buf, size_t cap)
-{
-    if (p->kind == LOOM_PLUGIN_COMM)
-        snprintf(buf, cap, "comm.%s", p->header->name);
-    else if (p->kind == LOOM_PLUGIN_STRATEGY)
-        snprintf(buf, cap, "parallel.%s",
-                 loom_axis_name((loom_axis)p->ops.strategy.axis));
-    else
-        snprintf(buf, cap, "memory.offload");
-}
-
-/* Each plugin that loads from the search path, with the settings it takes. */
-static void print_plugin_settings(const row_list *rows)
-{
-    for (int i = 0; i < rows->count; i++) {
-        const plugin_row *r = &rows->rows[i];
-        loom_plugin *p = NULL;
-        if (strcmp(r->status, "ok") != 0 ||
-            loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
-                                  NULL, &p) != LOOM_OK)
-            continue;
-        char settings[160];
-        settings_path(p, settings, sizeof settings);
-        const loom_setting_spec *spec = p->header->settings;
-        const char *later = loom_config_not_implemented(settings);
-        printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
-        if (!spec || !spec->name)
-            printf("no settings of its own\n");
-        else if (later)
-            printf("settings in %s = { ... } (not implemented yet: %s)\n", settings, later);
-        else
-            printf("settings in %s = { ... }\n", settings);
-        for (; spec && spec->name; spec++) {
-            char path[256];
-            snprintf(path, sizeof path, "%s.%s", settings, spec->name);
-            printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
-                   spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
-                   spec->help ? spec->help : "");
-        }
-        loom_plugin_unload(p);
-    }
-    loom_clear_error();
-}
-
-/* `loom settings [CONFIG]`: the core's settings, then each plugin's. */
-int loom_cmd_settings(int argc, char **argv)
-{
-    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
-        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: for its plugins.path)\n");
-        return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
-    }
-    loom_config *cfg = NULL;
-    if (argc == 2 && loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK) {
-        fprintf(stderr, "loom settings: %s\n", loom_last_error());
-        return 2;
-    }
-    printf("core settings (any of them: --set path=value):\n\n");
-    loom_config_print_schema(stdout);
-    loom_search_path sp;
-    row_list rows = {0};
-    int rc = loom_search_path_init(&sp, cfg);
-    if (rc == LOOM_OK)
-        rc = list_search_path(&sp, &rows);
-    if (rc == LOOM_OK)
-        print_plugin_settings(&rows);
-    else
-        fprintf(stderr, "loom settings: %s\n", loom_last_error());
-    free_rows(&rows);
+        plugin_rows_print(&rows);
+    plugin_rows_free(&rows);
     loom_search_path_free(&sp);
     loom_config_free(cfg);
     return rc == LOOM_OK ? 0 : 2;
@@ -690,7 +426,7 @@ static void check_functional(checker *c, const loom_plugin *p)
     loom_runtime *rt = NULL;
     const loom_host *host = NULL;
     char settings[192];
-    settings_path(p, settings, sizeof settings);
+    plugin_settings_path(p, settings, sizeof settings);
     if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK) {
         fail_check(c, "host", "cannot make a default config: %s", loom_last_error());
         return;

@@ -15,6 +15,7 @@
 #include "loom/tensor.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/schedule_svg.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"

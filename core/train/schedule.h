@@ -106,14 +106,4 @@ int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KI
                            loom_schedule_timeline *out);
 void loom_schedule_timeline_free(const loom_schedule *s, loom_schedule_timeline *tl);
 
-/* An SVG of the timeline: one row per pp rank, time to the right; forward,
- * backward, backward-input and backward-weight in distinct colours with
- * their micro-batch numbers, idle time hatched; the title names the
- * schedule, p, v, m and the bubble fraction. Every compute box is a <rect>
- * with class "forward", "backward", "backward-input" or "backward-weight",
- * every idle gap one with class "idle". */
-int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, FILE *out);
-
-/* `loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]`. */
-
 #endif

@@ -19,6 +19,7 @@
 #include "runtime/loader.h"
 #include "runtime/log.h"
 #include "runtime/runtime.h"
+#include "cli/schedule_svg.h"
 #include "train/schedule.h"
 
 static int failures;

@@ -1,0 +1,85 @@
+/* `loom settings [CONFIG]`: every core setting (type, default, help,
+ * allowed values), then each plugin's own from the search path. */
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "cli/commands.h"
+#include "cli/plugin_rows.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
+
+static const char *setting_type_name(loom_setting_type t)
+{
+    switch (t) {
+    case LOOM_SETTING_INT: return "int";
+    case LOOM_SETTING_FLOAT: return "float";
+    case LOOM_SETTING_BOOL: return "bool";
+    case LOOM_SETTING_STRING: return "string";
+    }
+    return "?";
+}
+
+/* Each plugin that loads from the search path, with the settings it takes. */
+static void print_plugin_settings(const row_list *rows)
+{
+    for (int i = 0; i < rows->count; i++) {
+        const plugin_row *r = &rows->rows[i];
+        loom_plugin *p = NULL;
+        if (strcmp(r->status, "ok") != 0 ||
+            loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
+                                  NULL, &p) != LOOM_OK)
+            continue;
+        char settings[160];
+        plugin_settings_path(p, settings, sizeof settings);
+        const loom_setting_spec *spec = p->header->settings;
+        const char *later = loom_config_not_implemented(settings);
+        printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
+        if (!spec || !spec->name)
+            printf("no settings of its own\n");
+        else if (later)
+            printf("settings in %s = { ... } (not implemented yet: %s)\n", settings, later);
+        else
+            printf("settings in %s = { ... }\n", settings);
+        for (; spec && spec->name; spec++) {
+            char path[256];
+            snprintf(path, sizeof path, "%s.%s", settings, spec->name);
+            printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
+                   spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
+                   spec->help ? spec->help : "");
+        }
+        loom_plugin_unload(p);
+    }
+    loom_clear_error();
+}
+
+/* `loom settings [CONFIG]`: the core's settings, then each plugin's. */
+int loom_cmd_settings(int argc, char **argv)
+{
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: for its plugins.path)\n");
+        return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
+    }
+    loom_config *cfg = NULL;
+    if (argc == 2 && loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK) {
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+        return 2;
+    }
+    printf("core settings (any of them: --set path=value):\n\n");
+    loom_config_print_schema(stdout);
+    loom_search_path sp;
+    row_list rows = {0};
+    int rc = loom_search_path_init(&sp, cfg);
+    if (rc == LOOM_OK)
+        rc = plugin_rows_list(&sp, &rows);
+    if (rc == LOOM_OK)
+        print_plugin_settings(&rows);
+    else
+        fprintf(stderr, "loom settings: %s\n", loom_last_error());
+    plugin_rows_free(&rows);
+    loom_search_path_free(&sp);
+    loom_config_free(cfg);
+    return rc == LOOM_OK ? 0 : 2;
+}
+
