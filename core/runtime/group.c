@@ -1,14 +1,18 @@
 /* Groups: the core's handle on a communicator. Every call goes through here
  * so bytes are counted per op and spans traced, whatever the backend. The
  * built-in `self` communicator serves groups of one rank. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loom/comm.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
+#include "runtime/bootstrap.h"
 #include "runtime/group.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"
@@ -26,6 +30,14 @@ typedef struct self_message {
     struct self_message *next;
 } self_message;
 
+/* How many subgroups of one rank list a group made: the same on every
+ * member, so it tells repeated subgroups of the same ranks apart. */
+typedef struct subgroup_count {
+    uint64_t list_hash;
+    int count;
+    struct subgroup_count *next;
+} subgroup_count;
+
 struct loom_group {
     loom_runtime *rt;
     const char *backend;
@@ -33,8 +45,19 @@ struct loom_group {
     const loom_comm_ops *ops;          /* NULL for self */
     loom_comm *comm;
     int rank, size;
+    int *world_ranks;                  /* world rank of each member; NULL for self */
+    int is_world;                      /* rank r is world rank r: messages need not say so */
+    char id[96];                       /* the same on every member: names its store keys */
+    /* Ops posted here, numbered as the backends number them in messages;
+     * a backend may report arrival from another thread (comm_waiting). */
+    atomic_uint_least64_t collectives, sends_recvs;
+    double grace_s;                    /* for the ranks that came to report, on a timeout */
+    atomic_int reports_while_waiting;  /* the backend calls comm_waiting on long waits */
+    char timeout_why[512];             /* the first collective timeout's diagnosis */
+    subgroup_count *subgroups;
     loom_comm_counters counters;
     self_message *unmatched_sends, *pending_recvs;
+    struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
 };
 
 struct loom_request {
@@ -42,8 +65,16 @@ struct loom_request {
     loom_comm_request *inner; /* NULL: complete (self) */
     loom_comm_op op;
     uint64_t start_ns, bytes;
+    uint64_t seq;             /* its number among the collectives, or the sends and receives */
+    int peer;                 /* sends and receives */
     int *self_done;           /* self recv: set when matched */
 };
+
+/* The groups over a backend, so the core finds the group of a loom_comm a
+ * backend hands back (comm_waiting) from any thread. */
+static pthread_mutex_t backed_lock = PTHREAD_MUTEX_INITIALIZER;
+static loom_group *backed_groups;
+static int worlds_made; /* names world groups apart: every rank makes them in one order */
 
 static int make_group(loom_runtime *rt, const char *backend, const loom_plugin *plugin,
                       loom_comm *comm, loom_group **out)
@@ -58,8 +89,70 @@ static int make_group(loom_runtime *rt, const char *backend, const loom_plugin *
     g->comm = comm;
     g->rank = g->ops ? g->ops->rank(comm) : 0;
     g->size = g->ops ? g->ops->size(comm) : 1;
+    if (g->ops && !(g->world_ranks = calloc((size_t)g->size, sizeof *g->world_ranks))) {
+        free(g);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
+    }
     *out = g;
     return LOOM_OK;
+}
+
+/* From here on comm_waiting finds g by its loom_comm. */
+static void add_backed(loom_group *g)
+{
+    pthread_mutex_lock(&backed_lock);
+    g->next_backed = backed_groups;
+    backed_groups = g;
+    pthread_mutex_unlock(&backed_lock);
+}
+
+static void remove_backed(loom_group *g)
+{
+    pthread_mutex_lock(&backed_lock);
+    for (loom_group **p = &backed_groups; *p; p = &(*p)->next_backed)
+        if (*p == g) {
+            *p = g->next_backed;
+            break;
+        }
+    pthread_mutex_unlock(&backed_lock);
+}
+
+/* The backend's late_grace_s setting, where it has one. */
+static double grace_setting(const loom_host *host)
+{
+    double grace_s = 2.0;
+    if (host->config_float && host->config_float(host, "late_grace_s", &grace_s) != LOOM_OK)
+        grace_s = 2.0;
+    return grace_s > 0 ? grace_s : 0;
+}
+
+static uint64_t rank_list_hash(const int *ranks, int n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ranks[i];
+        for (int k = 0; k < 4; k++) {
+            h ^= (v >> (8 * k)) & 0xffu;
+            h *= 1099511628211ull;
+        }
+    }
+    return h ^ (uint64_t)n;
+}
+
+/* How many subgroups of this rank list parent made before; -1: out of memory. */
+static int count_subgroup(loom_group *parent, uint64_t list_hash)
+{
+    subgroup_count *sc = parent->subgroups;
+    while (sc && sc->list_hash != list_hash)
+        sc = sc->next;
+    if (!sc) {
+        if (!(sc = calloc(1, sizeof *sc)))
+            return -1;
+        sc->list_hash = list_hash;
+        sc->next = parent->subgroups;
+        parent->subgroups = sc;
+    }
+    return sc->count++;
 }
 
 int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
@@ -91,9 +184,18 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
     if (rc != LOOM_OK)
         return rc;
     rc = make_group(rt, plugin->header->name, plugin, comm, out);
-    if (rc != LOOM_OK)
+    if (rc != LOOM_OK) {
         ops->destroy(comm);
-    return rc;
+        return rc;
+    }
+    loom_group *g = *out;
+    g->is_world = 1;
+    for (int r = 0; r < g->size; r++)
+        g->world_ranks[r] = r;
+    snprintf(g->id, sizeof g->id, "%s.w%d", g->backend, worlds_made++);
+    g->grace_s = grace_setting(host);
+    add_backed(g);
+    return LOOM_OK;
 }
 
 int loom_group_self(loom_runtime *rt, loom_group **out)
@@ -121,22 +223,42 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
                          parent->rank);
     if (nranks == 1 || !parent->ops)
         return make_group(parent->rt, "self", NULL, NULL, out);
+    uint64_t list_hash = rank_list_hash(ranks, nranks);
+    int made_before = count_subgroup(parent, list_hash);
+    if (made_before < 0)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
     loom_comm *comm = NULL;
     int rc = parent->ops->create_subgroup(parent->comm, ranks, nranks, &comm);
     if (rc != LOOM_OK)
         return rc;
     rc = make_group(parent->rt, parent->backend, parent->plugin, comm, out);
-    if (rc != LOOM_OK)
+    if (rc != LOOM_OK) {
         parent->ops->destroy(comm);
-    return rc;
+        return rc;
+    }
+    loom_group *g = *out;
+    for (int r = 0; r < nranks; r++)
+        g->world_ranks[r] = parent->world_ranks[ranks[r]];
+    snprintf(g->id, sizeof g->id, "%.60s.%llx.%d", parent->id, (unsigned long long)list_hash,
+             made_before);
+    g->grace_s = parent->grace_s;
+    add_backed(g);
+    return LOOM_OK;
 }
 
 void loom_group_destroy(loom_group *g)
 {
     if (!g)
         return;
-    if (g->ops)
+    if (g->ops) {
+        remove_backed(g);
         g->ops->destroy(g->comm);
+    }
+    for (subgroup_count *sc = g->subgroups, *next; sc; sc = next) {
+        next = sc->next;
+        free(sc);
+    }
+    free(g->world_ranks);
     for (self_message *m = g->unmatched_sends, *next; m; m = next) {
         next = m->next;
         free(m->data);
@@ -156,8 +278,8 @@ static int g_size(const loom_group *g) { return g->size; }
 static const char *g_backend(const loom_group *g) { return g->backend; }
 
 /* Wrap a backend request (or immediate completion) and count the op. */
-static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start,
-                  loom_comm_request *inner, loom_request **req)
+static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start, uint64_t seq,
+                  int peer, loom_comm_request *inner, loom_request **req)
 {
     g->counters.calls[op]++;
     g->counters.bytes[op] += bytes;
@@ -176,9 +298,22 @@ static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start
     r->op = op;
     r->start_ns = start;
     r->bytes = bytes;
+    r->seq = seq;
+    r->peer = peer;
     r->self_done = NULL;
     *req = r;
     return LOOM_OK;
+}
+
+static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
+
+/* The op's number on g, counted as every backend counts it (collectives
+ * and sends and receives separately), so a timeout names the same op. */
+static uint64_t number_op(loom_group *g, loom_comm_op op)
+{
+    if (!g->ops)
+        return 0;
+    return atomic_fetch_add(is_p2p(op) ? &g->sends_recvs : &g->collectives, 1) + 1;
 }
 
 /* The arguments every backend may rely on (comm.h), checked once here:
@@ -212,6 +347,7 @@ static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count
     int rc = check_call(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_ALLREDUCE);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
@@ -220,7 +356,7 @@ static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count
     } else {
         self_copy(send, recv, bytes); /* sum, max, min and avg of one value */
     }
-    return issued(g, LOOM_OP_ALLREDUCE, bytes, t0, inner, req);
+    return issued(g, LOOM_OP_ALLREDUCE, bytes, t0, seq, -1, inner, req);
 }
 
 static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype, int root,
@@ -230,13 +366,14 @@ static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype,
     int rc = check_call(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_BROADCAST);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
         if (rc != LOOM_OK)
             return rc;
     }
-    return issued(g, LOOM_OP_BROADCAST, bytes, t0, inner, req);
+    return issued(g, LOOM_OP_BROADCAST, bytes, t0, seq, -1, inner, req);
 }
 
 static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, loom_dtype dtype,
@@ -246,6 +383,7 @@ static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, l
     int rc = check_call(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_REDUCE);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
@@ -254,7 +392,7 @@ static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, l
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_REDUCE, bytes, t0, inner, req);
+    return issued(g, LOOM_OP_REDUCE, bytes, t0, seq, -1, inner, req);
 }
 
 static int g_allgather(loom_group *g, const void *send, void *recv, size_t count,
@@ -264,6 +402,7 @@ static int g_allgather(loom_group *g, const void *send, void *recv, size_t count
     int rc = check_call(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_ALLGATHER);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
@@ -272,7 +411,7 @@ static int g_allgather(loom_group *g, const void *send, void *recv, size_t count
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_ALLGATHER, bytes * (uint64_t)g->size, t0, inner, req);
+    return issued(g, LOOM_OP_ALLGATHER, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
 }
 
 static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t count,
@@ -282,6 +421,7 @@ static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t c
     int rc = check_call(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_REDUCESCATTER);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
@@ -290,7 +430,7 @@ static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t c
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_REDUCESCATTER, bytes * (uint64_t)g->size, t0, inner, req);
+    return issued(g, LOOM_OP_REDUCESCATTER, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
 }
 
 static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
@@ -300,6 +440,7 @@ static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
     int rc = check_call(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_ALLTOALL);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
@@ -308,7 +449,7 @@ static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_ALLTOALL, bytes * (uint64_t)g->size, t0, inner, req);
+    return issued(g, LOOM_OP_ALLTOALL, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
 }
 
 /* Self: match a send with the first pending receive of its tag, else keep
@@ -351,6 +492,7 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
     int rc = check_call(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_SEND);
     loom_comm_request *inner = NULL;
     if (g->ops)
         rc = g->ops->send(g->comm, buf, count, dtype, peer, tag, &inner);
@@ -358,7 +500,7 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
         rc = self_send(g, buf, bytes, tag);
     if (rc != LOOM_OK)
         return rc;
-    return issued(g, LOOM_OP_SEND, bytes, t0, inner, req);
+    return issued(g, LOOM_OP_SEND, bytes, t0, seq, peer, inner, req);
 }
 
 static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
@@ -368,12 +510,13 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
     int rc = check_call(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag);
     if (rc != LOOM_OK)
         return rc;
+    uint64_t seq = number_op(g, LOOM_OP_RECV);
     if (g->ops) {
         loom_comm_request *inner = NULL;
         rc = g->ops->recv(g->comm, buf, count, dtype, peer, tag, &inner);
         if (rc != LOOM_OK)
             return rc;
-        return issued(g, LOOM_OP_RECV, bytes, t0, inner, req);
+        return issued(g, LOOM_OP_RECV, bytes, t0, seq, peer, inner, req);
     }
     for (self_message **p = &g->unmatched_sends; *p; p = &(*p)->next) {
         self_message *m = *p;
@@ -387,7 +530,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
         *p = m->next;
         free(m->data);
         free(m);
-        return issued(g, LOOM_OP_RECV, bytes, t0, NULL, req);
+        return issued(g, LOOM_OP_RECV, bytes, t0, seq, peer, NULL, req);
     }
     /* No send yet: the request completes when one arrives. */
     loom_request *r = calloc(1, sizeof *r);
@@ -420,14 +563,14 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
 
 static int g_barrier(loom_group *g, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns();
+    uint64_t t0 = loom_now_ns(), seq = number_op(g, LOOM_OP_BARRIER);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         int rc = g->ops->barrier(g->comm, &inner);
         if (rc != LOOM_OK)
             return rc;
     }
-    return issued(g, LOOM_OP_BARRIER, 0, t0, inner, req);
+    return issued(g, LOOM_OP_BARRIER, 0, t0, seq, -1, inner, req);
 }
 
 static int g_group_start(loom_group *g)
@@ -442,6 +585,223 @@ static int g_group_end(loom_group *g)
     if (g->ops)
         return g->ops->group_end(g->comm);
     return LOOM_OK;
+}
+
+/* ------------------------------------------- which ranks did not arrive
+ *
+ * No transport can tell which ranks never reached an op, so a rank that
+ * waits long on one says in the bootstrap store how far it got on the
+ * group: key late/<group id>/<world rank> holds how many collectives it
+ * posted there plus one (0: it never reported). The rank whose wait times
+ * out reads the others' and names the ranks that did not arrive, the same
+ * way whatever the backend. */
+
+static void late_key(const loom_group *g, int member, char *key, size_t cap)
+{
+    snprintf(key, cap, "late/%s/%d", g->id, g->world_ranks[member]);
+}
+
+/* LOOM_OK, LOOM_ERR_NOT_SUPPORTED without a store (a world of one), or
+ * LOOM_ERR_REMOTE when it is unreachable. */
+static int report_arrival(loom_group *g)
+{
+    loom_store *store = loom_runtime_store(g->rt);
+    if (!store)
+        return LOOM_ERR_NOT_SUPPORTED;
+    int64_t mine = (int64_t)atomic_load(&g->collectives) + 1, cur = 0;
+    char key[160];
+    late_key(g, g->rank, key, sizeof key);
+    if (loom_store_add(store, key, 0, &cur) != LOOM_OK ||
+        (cur < mine && loom_store_add(store, key, mine - cur, &cur) != LOOM_OK))
+        return LOOM_ERR_REMOTE;
+    return LOOM_OK;
+}
+
+void loom_group_comm_waiting(const loom_host *host, loom_comm *comm)
+{
+    (void)host;
+    pthread_mutex_lock(&backed_lock);
+    loom_group *g = backed_groups;
+    while (g && g->comm != comm)
+        g = g->next_backed;
+    if (g)
+        atomic_store(&g->reports_while_waiting, 1);
+    pthread_mutex_unlock(&backed_lock);
+    /* a group is destroyed only once no wait on it runs */
+    if (g)
+        report_arrival(g);
+}
+
+static void name_member(const loom_group *g, int member, char *buf, size_t cap)
+{
+    if (g->is_world)
+        snprintf(buf, cap, "%d", member);
+    else
+        snprintf(buf, cap, "%d (world rank %d)", member, g->world_ranks[member]);
+}
+
+/* One round of reading the reports of the members not yet known to have
+ * reached collective #seq into got[]. Returns how many are still short, or
+ * -1 if the store could not be read. */
+static int read_reports(const loom_group *g, uint64_t seq, int64_t *got)
+{
+    loom_store *store = loom_runtime_store(g->rt);
+    int missing = 0;
+    for (int m = 0; m < g->size; m++) {
+        if (m == g->rank || got[m] >= (int64_t)seq + 1)
+            continue;
+        char key[160];
+        late_key(g, m, key, sizeof key);
+        int64_t v = 0;
+        if (loom_store_add(store, key, 0, &v) != LOOM_OK)
+            return -1;
+        if ((got[m] = v) < (int64_t)seq + 1)
+            missing++;
+    }
+    return missing;
+}
+
+/* "rank 1 did not arrive; ranks 2, 3 (at #4) are still in earlier
+ * operations of this group": silent ranks are the suspects; ranks that
+ * reported an earlier op are alive but stuck behind (often waiting on the
+ * silent ones). */
+static void name_missing(const loom_group *g, uint64_t seq, const int64_t *got, char *why,
+                         size_t cap)
+{
+    size_t len = 0;
+    int silent = 0, behind = 0;
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank && got[m] < (int64_t)seq + 1) {
+            if (got[m] > 0)
+                behind++;
+            else
+                silent++;
+        }
+    for (int pass = 0; pass < 2 && len < cap; pass++) {
+        int count = pass == 0 ? silent : behind, k = 0;
+        if (count == 0)
+            continue;
+        if (len > 0 && len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "; ");
+        if (len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "rank%s ", count > 1 ? "s" : "");
+        for (int m = 0; m < g->size && len < cap; m++) {
+            if (m == g->rank || got[m] >= (int64_t)seq + 1 || (got[m] > 0) != pass)
+                continue;
+            char nm[64];
+            name_member(g, m, nm, sizeof nm);
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", k++ ? ", " : "", nm);
+            if (pass == 1 && len < cap)
+                len += (size_t)snprintf(why + len, cap - len, " (at #%lld)", (long long)got[m] - 1);
+        }
+        if (len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s",
+                                    pass == 0   ? " did not arrive"
+                                    : count > 1 ? " are still in earlier operations of this group"
+                                                : " is still in an earlier operation of this group");
+    }
+}
+
+static double now_s(void) { return (double)loom_now_ns() / 1e9; }
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Why collective #seq of g timed out. Reports this rank's arrival first,
+ * then gives the others the grace to report too: a rank that posted the op
+ * but started waiting on it more than the grace later is named although it
+ * arrived. A backend that reports while it waits has its ranks' reports in
+ * long before anyone times out, so a quarter of the timeout is enough. */
+static void diagnose_collective(loom_group *g, uint64_t seq, char *why, size_t cap)
+{
+    int st = report_arrival(g);
+    if (st == LOOM_ERR_NOT_SUPPORTED) {
+        snprintf(why, cap, "no bootstrap store to ask which ranks arrived");
+        return;
+    }
+    if (st != LOOM_OK) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
+                           "arrive are unknown");
+        return;
+    }
+    int64_t *got = calloc((size_t)g->size, sizeof *got);
+    if (!got) {
+        snprintf(why, cap, "out of memory while asking which ranks arrived");
+        return;
+    }
+    double grace_s = g->grace_s, quarter = loom_runtime_timeout(g->rt) / 4;
+    if (atomic_load(&g->reports_while_waiting) && grace_s > quarter)
+        grace_s = quarter;
+    double deadline = now_s() + grace_s;
+    int missing = 0, rounds = 0, lost = 0;
+    for (;; rounds++) {
+        int now_missing = read_reports(g, seq, got);
+        lost = now_missing < 0;
+        if (lost) /* keep what the earlier rounds found */
+            break;
+        missing = now_missing;
+        if (missing == 0 || now_s() >= deadline)
+            break;
+        sleep_s(0.05);
+    }
+    if (lost && rounds == 0) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+    } else if (missing == 0) {
+        snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
+                           "operations, counts, dtypes or roots at this point");
+    } else {
+        name_missing(g, seq, got, why, cap);
+        size_t len = strnlen(why, cap);
+        if (lost && len < cap)
+            snprintf(why + len, cap - len,
+                     " (rank 0, the bootstrap store, went away while the ranks reported)");
+    }
+    free(got);
+}
+
+/* Why a send or a receive to or from peer on g timed out: the peer did not
+ * post its side. Reports this rank's arrival first, so a peer stuck in a
+ * collective of g can tell. */
+static void diagnose_p2p(loom_group *g, int peer, int is_send, char *why, size_t cap)
+{
+    char key[160], nm[64];
+    int64_t theirs = 0;
+    int st = report_arrival(g);
+    if (st == LOOM_OK) {
+        late_key(g, peer, key, sizeof key);
+        if (loom_store_add(loom_runtime_store(g->rt), key, 0, &theirs) != LOOM_OK)
+            st = LOOM_ERR_REMOTE;
+    }
+    if (st == LOOM_ERR_REMOTE) {
+        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+        return;
+    }
+    name_member(g, peer, nm, sizeof nm);
+    snprintf(why, cap, "rank %s %s%s", nm,
+             is_send ? "did not post the matching recv" : "did not send the matching message",
+             theirs > 0 ? " (it timed out on this group too: mismatched sends and recvs?)" : "");
+}
+
+/* A backend's wait or test said the op timed out: add which ranks did not
+ * arrive to its message. Once a collective timed out the group is failed
+ * and the requests still in flight fail with it, for the same reason. */
+static int timed_out(loom_request *r)
+{
+    loom_group *g = r->group;
+    char said[2048], why[sizeof g->timeout_why];
+    snprintf(said, sizeof said, "%s", loom_last_error());
+    if (g->timeout_why[0]) {
+        snprintf(why, sizeof why, "%s", g->timeout_why);
+    } else if (is_p2p(r->op)) {
+        diagnose_p2p(g, r->peer, r->op == LOOM_OP_SEND, why, sizeof why);
+    } else {
+        diagnose_collective(g, r->seq, why, sizeof why);
+        snprintf(g->timeout_why, sizeof g->timeout_why, "%s", why);
+    }
+    return loom_fail(LOOM_ERR_TIMEOUT, "%s: %s", said, why);
 }
 
 static void finished(loom_request *r)
@@ -459,8 +819,8 @@ static int g_test(loom_request *r)
     int rc;
     if (r->self_done)
         rc = *r->self_done ? LOOM_OK : LOOM_IN_PROGRESS;
-    else
-        rc = r->group->ops->test(r->inner);
+    else if ((rc = r->group->ops->test(r->inner)) == LOOM_ERR_TIMEOUT)
+        rc = timed_out(r);
     if (rc != LOOM_IN_PROGRESS)
         finished(r);
     return rc;
@@ -475,8 +835,8 @@ static int g_wait(loom_request *r)
         rc = *r->self_done ? LOOM_OK
                            : loom_fail(LOOM_ERR_TIMEOUT,
                                        "comm: self recv waits for a send this rank never posted");
-    else
-        rc = r->group->ops->wait(r->inner);
+    else if ((rc = r->group->ops->wait(r->inner)) == LOOM_ERR_TIMEOUT)
+        rc = timed_out(r);
     finished(r);
     return rc;
 }

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include "loom/comm.h"
+#include "loom/plugin.h"
 #include "runtime/runtime.h"
 
 /* The world group over backend `name` ("mpi", "ucx", "nccl", "self"). */
@@ -15,6 +16,10 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
 int loom_group_self(loom_runtime *rt, loom_group **out);
 void loom_group_destroy(loom_group *g);
 extern const loom_comm_api loom_core_comm_api;
+/* The host table's comm_waiting: the backend of comm waits long on an op,
+ * so this rank's arrival on its group goes to the store now, for a rank
+ * whose wait times out to read. */
+void loom_group_comm_waiting(const loom_host *host, loom_comm *comm);
 
 /* Bytes this rank sent per op since the group was made (payload bytes the
  * algorithm-independent way: what the op's definition moves). */

@@ -360,6 +360,7 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->now_ns = loom_now_ns;
     h->trace = host_trace;
     h->comm = &loom_core_comm_api;
+    h->comm_waiting = loom_group_comm_waiting;
     s->next = rt->hosts;
     rt->hosts = s;
     *out = h;

@@ -20,7 +20,7 @@
  * non-blocking sends before MPI_Comm_create_group; each joining rank puts a
  * store key before the others accept it), so a missing rank is named
  * instead of hanging everyone. On a timeout the ranks that did not arrive
- * are found through the bootstrap store (common/arrival.h). Errors come
+ * are named by the core's group layer (runtime/group.c). Errors come
  * back as loom statuses (MPI_ERRORS_RETURN on every communicator);
  * MPI_Abort is never called.
  *
@@ -49,7 +49,6 @@
 
 #include <mpi.h>
 
-#include "common/arrival.h"
 #include "common/call.h"
 #include "common/clock.h"
 #include "common/group.h"
@@ -1028,13 +1027,9 @@ static int mpi_wait(loom_comm_request *r)
 
     loom_comm *c = r->comm;
     const loom_host *h = c->group.host;
-    char what[400], why[1024], detail[1536];
+    char what[400], detail[1536];
     req_describe(r, what, sizeof what);
-    if (r->collective)
-        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
-    else
-        arrival_diagnose_p2p(&c->group, r->peer, !strcmp(r->name, "send"), why, sizeof why);
-    snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
+    snprintf(detail, sizeof detail, "%s timed out after %.1f s", what, timeout);
     /* The MPI operation stays posted and may still touch its buffers; the
      * group cannot be used again and MPI_Finalize is skipped. */
     comm_mark_failed(c, LOOM_ERR_TIMEOUT, detail);

@@ -39,7 +39,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "common/arrival.h"
 #include "common/call.h"
 #include "common/clock.h"
 #include "common/group.h"
@@ -1035,16 +1034,12 @@ static int nccl_wait(loom_comm_request *r)
         return st;
     loom_comm *c = r->comm;
     const loom_host *h = c->group.host;
-    char what[400], why[1024], detail[1536];
+    char what[400], detail[1536];
     req_describe(r, c, what, sizeof what);
-    if (r->collective)
-        arrival_diagnose(&c->group, r->seq, c->set.grace_s, why, sizeof why);
-    else
-        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, why, sizeof why);
-    snprintf(detail, sizeof detail, "%s timed out after %.1f s: %s", what, timeout, why);
+    snprintf(detail, sizeof detail, "%s timed out after %.1f s", what, timeout);
     comm_fail(c, LOOM_ERR_TIMEOUT, detail);
     req_release(r);
-    return h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: %s; the communicator was aborted", detail);
+    return h->error(h, LOOM_ERR_TIMEOUT, "comm-nccl: aborted the communicator: %s", detail);
 }
 
 /* ------------------------------------------------- lifetime */

@@ -27,7 +27,6 @@
 #include <poll.h>
 #include <time.h>
 
-#include "common/arrival.h"
 #include "common/clock.h"
 #include "ucx_internal.h"
 
@@ -591,8 +590,9 @@ static int ucx_wait(loom_comm_request *r)
             pthread_mutex_lock(&ucx.lock);
             loom_comm *c = r->comm;
             pthread_mutex_unlock(&ucx.lock);
-            if (c)
-                arrival_report(&c->group);
+            const loom_host *h = c ? c->group.host : NULL;
+            if (h && h->struct_size > offsetof(loom_host, comm_waiting) && h->comm_waiting)
+                h->comm_waiting(h, c);
             reported = 1;
         }
         pthread_mutex_lock(&ucx.lock);
@@ -605,25 +605,15 @@ static int ucx_wait(loom_comm_request *r)
         ucx_idle(&idle, events, r->comm ? r->comm->set.spin_us : 50);
     }
 
-    /* Timed out: say what we wait for, then who did not come. */
+    /* Timed out: say what we wait for; the core adds who did not come. */
     pthread_mutex_lock(&ucx.lock);
-    loom_comm *c = r->comm;
-    char what[400], peers[400], late[512];
+    char what[400], peers[400];
     ucx_req_describe(r, what, sizeof what);
     pending_peers(r, peers, sizeof peers);
-    pthread_mutex_unlock(&ucx.lock);
-    /* who did not come, given at most a quarter of the timeout to report */
-    double grace = c->set.late_grace_s < timeout / 4 ? c->set.late_grace_s : timeout / 4;
-    if (r->collective)
-        arrival_diagnose(&c->group, r->seq, grace, late, sizeof late);
-    else
-        arrival_diagnose_p2p(&c->group, r->call.peer, r->call.op == LOOM_OP_SEND, late,
-                             sizeof late);
-    pthread_mutex_lock(&ucx.lock);
     int events;
     if (poll_req(r, &events, 1) == LOOM_IN_PROGRESS) { /* else it finished meanwhile */
-        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s; %s", what,
-                   timeout, peers, late);
+        sched_fail(r, LOOM_ERR_TIMEOUT, "comm-ucx: %s timed out after %.1f s%s", what, timeout,
+                   peers);
         /* Its messages may still arrive later, so the group cannot be trusted. */
         if (r->collective && r->comm)
             ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);

@@ -28,7 +28,7 @@ PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 1);
+PIN_VALUE(LOOM_HOST_VERSION, 2);
 PIN_VALUE(LOOM_OK, 0);
 PIN_VALUE(LOOM_IN_PROGRESS, 1);
 PIN_VALUE(LOOM_ERR_NOT_SUPPORTED, -1);
@@ -153,7 +153,7 @@ PIN(loom_strategy_plugin_v1_t, capabilities, 240);
 PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
 PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
-PIN_SIZE(loom_host, 152);
+PIN_SIZE(loom_host, 160);
 PIN(loom_host, struct_size, 0);
 PIN(loom_host, version, 4);
 PIN(loom_host, rank, 8);
@@ -176,6 +176,7 @@ PIN(loom_host, mem_free, 120);
 PIN(loom_host, now_ns, 128);
 PIN(loom_host, trace, 136);
 PIN(loom_host, comm, 144);
+PIN(loom_host, comm_waiting, 152);
 
 PIN_SIZE(loom_comm_api, 136);
 PIN(loom_comm_api, struct_size, 0);

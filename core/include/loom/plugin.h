@@ -133,8 +133,9 @@ typedef enum loom_trace_lane {
 } loom_trace_lane;
 
 struct loom_comm_api;
+struct loom_comm;
 
-#define LOOM_HOST_VERSION 1
+#define LOOM_HOST_VERSION 2
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;
@@ -191,6 +192,12 @@ typedef struct loom_host {
     /* Collectives on the core's groups (with byte accounting and tracing);
      * strategies reach other ranks through this and nothing else. */
     const struct loom_comm_api *comm;
+
+    /* Since LOOM_HOST_VERSION 2. A comm backend blocked long on an op of
+     * comm calls it so the core reports this rank's arrival on the group:
+     * the rank whose wait times out then names the ranks that did not
+     * arrive without waiting for the others to time out too. */
+    void (*comm_waiting)(const struct loom_host *host, struct loom_comm *comm);
 } loom_host;
 
 #endif
