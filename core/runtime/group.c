@@ -126,19 +126,6 @@ static double grace_setting(const loom_host *host)
     return grace_s > 0 ? grace_s : 0;
 }
 
-static uint64_t rank_list_hash(const int *ranks, int n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (int i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ranks[i];
-        for (int k = 0; k < 4; k++) {
-            h ^= (v >> (8 * k)) & 0xffu;
-            h *= 1099511628211ull;
-        }
-    }
-    return h ^ (uint64_t)n;
-}
-
 /* How many subgroups of this rank list parent made before; -1: out of memory. */
 static int count_subgroup(loom_group *parent, uint64_t list_hash)
 {
@@ -223,7 +210,7 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
                          parent->rank);
     if (nranks == 1 || !parent->ops)
         return make_group(parent->rt, "self", NULL, NULL, out);
-    uint64_t list_hash = rank_list_hash(ranks, nranks);
+    uint64_t list_hash = loom_rank_list_hash(ranks, nranks);
     int made_before = count_subgroup(parent, list_hash);
     if (made_before < 0)
         return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
@@ -793,13 +780,16 @@ static int timed_out(loom_request *r)
     loom_group *g = r->group;
     char said[2048], why[sizeof g->timeout_why];
     snprintf(said, sizeof said, "%s", loom_last_error());
-    if (g->timeout_why[0]) {
-        snprintf(why, sizeof why, "%s", g->timeout_why);
-    } else if (is_p2p(r->op)) {
+    pthread_mutex_lock(&backed_lock); /* requests of g may be waited on from several threads */
+    snprintf(why, sizeof why, "%s", g->timeout_why);
+    pthread_mutex_unlock(&backed_lock);
+    if (!why[0] && is_p2p(r->op)) {
         diagnose_p2p(g, r->peer, r->op == LOOM_OP_SEND, why, sizeof why);
-    } else {
+    } else if (!why[0]) {
         diagnose_collective(g, r->seq, why, sizeof why);
+        pthread_mutex_lock(&backed_lock);
         snprintf(g->timeout_why, sizeof g->timeout_why, "%s", why);
+        pthread_mutex_unlock(&backed_lock);
     }
     return loom_fail(LOOM_ERR_TIMEOUT, "%s: %s", said, why);
 }

@@ -178,18 +178,7 @@ int group_count_subgroup(comm_group *parent, uint64_t list_hash)
     return sc->count++;
 }
 
-uint64_t rank_list_hash(const int *ranks, int n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (int i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ranks[i];
-        for (int k = 0; k < 4; k++) {
-            h ^= (v >> (8 * k)) & 0xffu;
-            h *= 1099511628211ull;
-        }
-    }
-    return h ^ (uint64_t)n;
-}
+uint64_t rank_list_hash(const int *ranks, int n) { return loom_rank_list_hash(ranks, n); }
 
 void rank_list_text(const int *ranks, int n, char *buf, size_t cap)
 {

@@ -153,4 +153,21 @@ typedef struct loom_comm_api {
     int (*wait)(loom_request *req);
 } loom_comm_api;
 
+/* A hash of a rank list as create_subgroup takes it (FNV-1a over the
+ * ranks, then the count): with the parent's id and how many subgroups of
+ * that list the parent made, it names a subgroup the same on every member,
+ * in the core and in a backend. */
+static inline uint64_t loom_rank_list_hash(const int *ranks, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ranks[i];
+        for (int k = 0; k < 4; k++) {
+            h ^= (v >> (8 * k)) & 0xffu;
+            h *= 1099511628211ull;
+        }
+    }
+    return h ^ (uint64_t)n;
+}
+
 #endif
