@@ -65,8 +65,8 @@ static const loom_setting_spec mpi_settings[] = {
      "bound on starting ompi-server and on each rank's turn to join under loom launch; "
      "0 means comm.timeout_s"},
     {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
-     "after a timeout, how long to collect the other ranks' reports before naming the ranks "
-     "that did not arrive"},
+     "after a timeout, how long the core collects the other ranks' reports before naming the "
+     "ranks that did not arrive"},
     {"ompi_server", LOOM_SETTING_STRING, "\"ompi-server\"",
      "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
     {"tcp_interface", LOOM_SETTING_STRING, "\"lo\"",
@@ -78,7 +78,6 @@ typedef struct mpi_settings_t {
     int yield;
     double timeout_s;
     double connect_timeout_s;
-    double grace_s;
     const char *ompi_server;
     const char *tcp_interface;
 } mpi_settings_t;
@@ -88,7 +87,6 @@ static void read_settings(const loom_host *host, mpi_settings_t *s)
     s->yield = 1;
     s->timeout_s = host->timeout_s > 0 ? host->timeout_s : 60.0;
     s->connect_timeout_s = 0.0;
-    s->grace_s = 2.0;
     s->ompi_server = "ompi-server";
     s->tcp_interface = "lo";
     /* The core has validated the group and filled in defaults; the fallbacks
@@ -99,16 +97,12 @@ static void read_settings(const loom_host *host, mpi_settings_t *s)
         s->yield = 1;
     if (host->config_float && host->config_float(host, "connect_timeout_s", &d) == LOOM_OK)
         s->connect_timeout_s = d;
-    if (host->config_float && host->config_float(host, "late_grace_s", &d) == LOOM_OK)
-        s->grace_s = d;
     if (host->config_string && host->config_string(host, "ompi_server", &str) == LOOM_OK && str && *str)
         s->ompi_server = str;
     if (host->config_string && host->config_string(host, "tcp_interface", &str) == LOOM_OK && str && *str)
         s->tcp_interface = str;
     if (s->connect_timeout_s <= 0)
         s->connect_timeout_s = s->timeout_s;
-    if (s->grace_s < 0)
-        s->grace_s = 0;
 }
 
 /* ------------------------------------------------- the process's MPI state */

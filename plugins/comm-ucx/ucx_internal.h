@@ -86,7 +86,6 @@ typedef struct ucx_settings {
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
-    double late_grace_s;
     double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
 } ucx_settings;
 

@@ -135,8 +135,8 @@ const loom_setting_spec ucx_settings_spec[] = {
      "a wait polls (yielding the core) this many microseconds before sleeping until UCX has an "
      "event: lower frees the cores sooner for other ranks, higher answers small messages faster"},
     {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
-     "after a timeout, how long to collect the other ranks' reports before naming the ranks that "
-     "did not arrive (at most a quarter of comm.timeout_s)"},
+     "after a timeout, how long the core collects the other ranks' reports before naming the "
+     "ranks that did not arrive (at most a quarter of comm.timeout_s)"},
     {NULL, 0, NULL, NULL},
 };
 
@@ -217,9 +217,6 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     s->spin_us = 50;
     if (h->config_float && h->config_float(h, "spin_us", &d) == LOOM_OK && d >= 0)
         s->spin_us = d;
-    s->late_grace_s = 2.0;
-    if (h->config_float && h->config_float(h, "late_grace_s", &d) == LOOM_OK && d >= 0)
-        s->late_grace_s = d;
     return LOOM_OK;
 }
 
