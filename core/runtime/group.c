@@ -304,9 +304,10 @@ static uint64_t number_op(loom_group *g, loom_comm_op op)
 }
 
 /* The arguments every backend may rely on (comm.h), checked once here:
- * a known dtype and reduction, a root or peer inside the group, a tag >= 0. */
-static int check_call(const loom_group *g, loom_comm_op op, loom_dtype dtype, int reduces,
-                      loom_redop redop, int rank, int tag)
+ * a known dtype and reduction, a root or peer inside the group, a tag >= 0;
+ * then the op gets its number on g. */
+static int begin_op(loom_group *g, loom_comm_op op, loom_dtype dtype, int reduces, loom_redop redop,
+                    int rank, int tag, uint64_t *seq)
 {
     const char *name = loom_comm_op_name(op);
     if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
@@ -318,6 +319,7 @@ static int check_call(const loom_group *g, loom_comm_op op, loom_dtype dtype, in
                          op == LOOM_OP_SEND || op == LOOM_OP_RECV ? "peer" : "root", rank, g->size);
     if (tag < 0)
         return loom_fail(LOOM_ERR_INVALID, "comm: %s tag %d is negative", name, tag);
+    *seq = number_op(g, op);
     return LOOM_OK;
 }
 
@@ -331,10 +333,10 @@ static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count
                        loom_dtype dtype, loom_redop op, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_ALLREDUCE);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
@@ -350,10 +352,10 @@ static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype,
                        loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_BROADCAST);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
@@ -367,10 +369,10 @@ static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, l
                     loom_redop op, int root, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_REDUCE);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
@@ -386,10 +388,10 @@ static int g_allgather(loom_group *g, const void *send, void *recv, size_t count
                        loom_dtype dtype, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_ALLGATHER);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
@@ -405,10 +407,10 @@ static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t c
                            loom_dtype dtype, loom_redop op, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_REDUCESCATTER);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
@@ -424,10 +426,10 @@ static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
                       loom_dtype dtype, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_ALLTOALL);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
@@ -476,10 +478,10 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
                   int tag, loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_SEND);
     loom_comm_request *inner = NULL;
     if (g->ops)
         rc = g->ops->send(g->comm, buf, count, dtype, peer, tag, &inner);
@@ -494,10 +496,10 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
                   loom_request **req)
 {
     uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    int rc = check_call(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag);
+    uint64_t seq = 0;
+    int rc = begin_op(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag, &seq);
     if (rc != LOOM_OK)
         return rc;
-    uint64_t seq = number_op(g, LOOM_OP_RECV);
     if (g->ops) {
         loom_comm_request *inner = NULL;
         rc = g->ops->recv(g->comm, buf, count, dtype, peer, tag, &inner);
