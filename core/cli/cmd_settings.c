@@ -32,7 +32,7 @@ static void print_plugin_settings(const row_list *rows)
                                   NULL, &p) != LOOM_OK)
             continue;
         char settings[160];
-        plugin_settings_path(p, settings, sizeof settings);
+        loom_plugin_settings_group(p, settings, sizeof settings);
         const loom_setting_spec *spec = p->header->settings;
         const char *later = loom_config_not_implemented(settings);
         printf("\n%s %s (%s): ", r->kind, r->name, p->header->description);
@@ -45,9 +45,12 @@ static void print_plugin_settings(const row_list *rows)
         for (; spec && spec->name; spec++) {
             char path[256];
             snprintf(path, sizeof path, "%s.%s", settings, spec->name);
-            printf("  %-34s %-8s %-12s %s\n", path, setting_type_name(spec->type),
-                   spec->default_value && spec->default_value[0] ? spec->default_value : "\"\"",
-                   spec->help ? spec->help : "");
+            char rules[256];
+            loom_config_spec_rules(spec, rules, sizeof rules);
+            printf("  %-34s %-8s %-12s %s%s%s%s\n", path, setting_type_name(spec->type),
+                   !spec->default_value ? "(required)"
+                   : spec->default_value[0] ? spec->default_value : "\"\"",
+                   spec->help ? spec->help : "", rules[0] ? " (" : "", rules, rules[0] ? ")" : "");
         }
         loom_plugin_unload(p);
     }

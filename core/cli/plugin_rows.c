@@ -173,15 +173,3 @@ void plugin_rows_print_search_path(const loom_search_path *sp)
     printf("\n");
 }
 
-/* Where a plugin's own settings live in the config. */
-void plugin_settings_path(const loom_plugin *p, char *buf, size_t cap)
-{
-    if (p->kind == LOOM_PLUGIN_COMM)
-        snprintf(buf, cap, "comm.%s", p->header->name);
-    else if (p->kind == LOOM_PLUGIN_STRATEGY)
-        snprintf(buf, cap, "parallel.%s",
-                 loom_axis_name((loom_axis)p->ops.strategy.axis));
-    else
-        snprintf(buf, cap, "memory.offload");
-}
-

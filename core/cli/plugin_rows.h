@@ -26,7 +26,5 @@ int plugin_rows_list(const loom_search_path *sp, row_list *l);
 void plugin_rows_print_search_path(const loom_search_path *sp);
 void plugin_rows_print(const row_list *l);
 void plugin_rows_free(row_list *l);
-/* Where a plugin's own settings live in the config ("comm.mpi"). */
-void plugin_settings_path(const loom_plugin *p, char *buf, size_t cap);
 
 #endif

@@ -691,12 +691,21 @@ static int check_value(const loom_config *cfg, const config_setting_t *s, const 
         if (!e->choices)
             return LOOM_OK;
         char list[512] = "";
+        int best = -1, best_dist = INT_MAX;
         for (int i = 0; e->choices[i]; i++) {
             if (!strcmp(v, e->choices[i]))
                 return LOOM_OK;
             size_t len = strlen(list);
             snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", e->choices[i]);
+            int d = edit_distance(v, e->choices[i]);
+            if (d < best_dist && close_enough(v, d)) {
+                best = i;
+                best_dist = d;
+            }
         }
+        if (best >= 0)
+            return fail_at(cfg, s, path, "expected one of %s; found \"%s\" (did you mean \"%s\"?)",
+                           list, v, e->choices[best]);
         return fail_at(cfg, s, path, "expected one of %s; found \"%s\"", list, v);
     }
     case V_STRINGS:
@@ -1489,6 +1498,18 @@ static value_type spec_type(loom_setting_type t)
     return 0;
 }
 
+/* A plugin's setting as a schema entry: its type and rules. */
+static schema_entry spec_entry(const char *path, const loom_setting_spec *sp)
+{
+    schema_entry e = {.path = path, .type = spec_type(sp->type), .choices = sp->allowed,
+                      .lo = sp->min, .hi = sp->max};
+    e.flags = ((sp->bounds & LOOM_SETTING_MIN) ? GE : 0) |
+              ((sp->bounds & LOOM_SETTING_ABOVE_MIN) ? GT : 0) |
+              ((sp->bounds & LOOM_SETTING_MAX) ? LE : 0) |
+              ((sp->bounds & LOOM_SETTING_BELOW_MAX) ? LT : 0);
+    return e;
+}
+
 static const loom_setting_spec *spec_find(const loom_setting_spec *specs, const char *name)
 {
     for (const loom_setting_spec *sp = specs; sp && sp->name; sp++)
@@ -1545,7 +1566,7 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
          * default, strings read from it may be held. */
         if (!sp->default_value || find_setting(&cfg->defaults, path, &blocked))
             continue;
-        schema_entry e = {.path = path, .type = spec_type(sp->type)};
+        schema_entry e = spec_entry(path, sp);
         int rc = set_from_text(&cfg->defaults, path, sp->default_value, (int)e.type, NULL, err,
                                sizeof err);
         const config_setting_t *d = rc ? NULL : find_setting(&cfg->defaults, path, &blocked);
@@ -1594,7 +1615,7 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
         join_path(path, sizeof path, group_path, config_setting_name(s));
         if (!sp || in_list(skip, sp->name) || schema_find(path))
             continue;
-        schema_entry e = {.path = path, .type = spec_type(sp->type)};
+        schema_entry e = spec_entry(path, sp);
         int rc = check_value(cfg, s, path, &e);
         if (rc)
             return rc;
@@ -1626,10 +1647,40 @@ static const char *type_name(value_type t)
     return "?";
 }
 
+int loom_config_core_owns(const char *path)
+{
+    return schema_find(path) || schema_is_group(path);
+}
+
 const char *loom_config_not_implemented(const char *path)
 {
     const unimplemented *u = path ? not_yet_find(path) : NULL;
     return u ? u->why : NULL;
+}
+
+/* "a | b | c", "0 <= x < 1", ">= 1", or "" when anything goes. */
+static void rules_text(const schema_entry *e, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int k = 0; e->choices && e->choices[k] && n < cap; k++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", k ? " | " : "", e->choices[k]);
+    if (e->choices)
+        return;
+    int has_lo = e->flags & (GE | GT), has_hi = e->flags & (LE | LT);
+    if (has_lo && has_hi)
+        snprintf(buf, cap, "%g %s x %s %g", e->lo, e->flags & GE ? "<=" : "<",
+                 e->flags & LE ? "<=" : "<", e->hi);
+    else if (has_lo)
+        snprintf(buf, cap, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
+    else if (has_hi)
+        snprintf(buf, cap, "%s %g", e->flags & LE ? "<=" : "<", e->hi);
+}
+
+void loom_config_spec_rules(const loom_setting_spec *spec, char *buf, size_t cap)
+{
+    schema_entry e = spec_entry(spec->name, spec);
+    rules_text(&e, buf, cap);
 }
 
 void loom_config_print_schema(FILE *f)
@@ -1637,16 +1688,8 @@ void loom_config_print_schema(FILE *f)
     fprintf(f, "%-30s %-8s %-12s %s\n", "setting", "type", "default", "what (allowed)");
     for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
         const schema_entry *e = &schema[i];
-        char allowed[256] = "";
-        size_t n = 0;
-        for (int k = 0; e->choices && e->choices[k] && n < sizeof allowed; k++)
-            n += (size_t)snprintf(allowed + n, sizeof allowed - n, "%s%s", k ? " | " : "",
-                                  e->choices[k]);
-        if (!e->choices && (e->flags & (GE | GT)) && (e->flags & (LE | LT)))
-            snprintf(allowed, sizeof allowed, "%g %s x %s %g", e->lo, e->flags & GE ? "<=" : "<",
-                     e->flags & LE ? "<=" : "<", e->hi);
-        else if (!e->choices && (e->flags & (GE | GT)))
-            snprintf(allowed, sizeof allowed, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
+        char allowed[256];
+        rules_text(e, allowed, sizeof allowed);
         const char *def = e->def ? (e->def[0] ? e->def : "\"\"") : "(required)";
         const unimplemented *later = not_yet_find(e->path);
         fprintf(f, "%-30s %-8s %-12s %s%s%s%s%s%s%s\n", e->path, type_name(e->type), def,

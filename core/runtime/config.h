@@ -44,6 +44,13 @@ const char *loom_config_not_implemented(const char *path);
 const char *loom_config_where(const loom_config *cfg, const char *path);
 const char *loom_config_file(const loom_config *cfg); /* NULL without a file */
 
+/* A plugin setting's rules as `loom settings` prints them: "a | b",
+ * ">= 1", "0 <= x < 1"; "" when it has none. */
+void loom_config_spec_rules(const loom_setting_spec *spec, char *buf, size_t cap);
+/* Whether path (a setting or a group) is the core's own, so that no plugin
+ * may declare a setting of that name. */
+int loom_config_core_owns(const char *path);
+
 /* Validate the group at group_path against a plugin's settings (unknown
  * names, types; "did you mean"), remembering specs so the typed reads below
  * return the defaults of unset settings. An absent group is all defaults.

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <libgen.h>
+#include <math.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -277,8 +278,6 @@ static int no_grads_hook(loom_strategy *s, loom_unit *unit, int last_micro)
     return LOOM_OK;
 }
 static int no_step_hook(loom_strategy *s) { (void)s; return LOOM_OK; }
-/* A strategy that says nothing of the norm holds no gradient of its own. */
-static int zero_norm_sq(loom_strategy *s, double *out) { (void)s; *out = 0; return LOOM_OK; }
 static int no_bracket(loom_comm *comm) { (void)comm; return LOOM_OK; }
 
 #define DEFAULT_OP(ops, member, fn) ((ops)->member ? (void)0 : (void)((ops)->member = (fn)))
@@ -296,6 +295,10 @@ static void fill_ops(loom_plugin *p, const loom_plugin_header *exported)
     memcpy(&p->ops, exported, exported->struct_size < size ? exported->struct_size : size);
     p->exported = exported;
     p->header = (const loom_plugin_header *)&p->ops;
+    /* Readers of the settings see this loom's spec, whatever the plugin's. */
+    loom_plugin_header *normalised = (loom_plugin_header *)&p->ops;
+    normalised->settings = p->settings;
+    normalised->settings_stride = sizeof(loom_setting_spec);
     if (p->kind == LOOM_PLUGIN_COMM) {
         DEFAULT_OP(&p->ops.comm, group_start, no_bracket);
         DEFAULT_OP(&p->ops.comm, group_end, no_bracket);
@@ -306,12 +309,55 @@ static void fill_ops(loom_plugin *p, const loom_plugin_header *exported)
         DEFAULT_OP(s, data_before_backward, no_unit_hook);
         DEFAULT_OP(s, data_grads_ready, no_grads_hook);
         DEFAULT_OP(s, data_finish_backward, no_step_hook);
-        DEFAULT_OP(s, data_zero_grads, no_step_hook);
-        DEFAULT_OP(s, data_grad_norm_sq, zero_norm_sq);
     }
 }
 
 /* ------------------------------------------------------------ settings */
+
+/* Reading a plugin's settings list must not crash the core when the list
+ * has lost its {0} end or holds a wild pointer: every byte is first handed
+ * to the kernel (a write into a pipe), which answers EFAULT where a direct
+ * read would fault. */
+typedef struct probe {
+    int fds[2];
+} probe;
+
+static int probe_open(probe *pr)
+{
+    return pipe(pr->fds) == 0 ? 0 : -1;
+}
+
+static void probe_close(probe *pr)
+{
+    close(pr->fds[0]);
+    close(pr->fds[1]);
+}
+
+static int readable(probe *pr, const void *p, size_t n)
+{
+    const char *c = p;
+    char sink[512];
+    while (n) {
+        ssize_t w = write(pr->fds[1], c, n < sizeof sink ? n : sizeof sink);
+        if (w <= 0 || read(pr->fds[0], sink, (size_t)w) != w)
+            return 0;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 1;
+}
+
+/* A readable NUL-ended string of at most max bytes. */
+static int readable_string(probe *pr, const char *s, size_t max)
+{
+    for (size_t i = 0; i <= max; i++) {
+        if (!readable(pr, s + i, 1))
+            return 0;
+        if (!s[i])
+            return 1;
+    }
+    return 0;
+}
 
 /* A name the config file can spell: libconfig's [A-Za-z*][-A-Za-z0-9_*]*. */
 static int valid_setting_name(const char *s)
@@ -325,14 +371,16 @@ static int valid_setting_name(const char *s)
     return 1;
 }
 
-/* Whether text is a value of type as the config file would write it. */
-static int default_parses(loom_setting_type type, const char *text)
+/* Whether text is a value of type as the config file would write it; the
+ * number it says in *value. */
+static int default_parses(loom_setting_type type, const char *text, double *value)
 {
     char *end;
+    *value = 0;
     switch (type) {
     case LOOM_SETTING_INT:
         errno = 0;
-        (void)strtoll(text, &end, 0);
+        *value = (double)strtoll(text, &end, 0);
         if (end == text || errno)
             return 0;
         if (*end == 'L') /* libconfig's 64-bit suffix */
@@ -340,7 +388,7 @@ static int default_parses(loom_setting_type type, const char *text)
         return *end == '\0';
     case LOOM_SETTING_FLOAT:
         errno = 0;
-        (void)strtod(text, &end);
+        *value = strtod(text, &end);
         return end != text && *end == '\0' && !errno;
     case LOOM_SETTING_BOOL: return !strcasecmp(text, "true") || !strcasecmp(text, "false");
     case LOOM_SETTING_STRING: return 1;
@@ -359,49 +407,241 @@ static const char *setting_type_name(loom_setting_type type)
     }
 }
 
-/* 0 when the list is valid, else -1 with the problem in why. */
-static int check_settings(const loom_setting_spec *specs, char *why, size_t cap)
+#define SETTING_TEXT_MAX 1024 /* longest default or help text */
+#define ALLOWED_MAX 64        /* values in one allowed list */
+
+/* Whether a default as written in the config ("zigzag" or "\"zigzag\"")
+ * says value. */
+static int same_unquoted(const char *written, const char *value)
 {
-    if (!specs)
+    size_t n = strlen(written);
+    if (n >= 2 && written[0] == '"' && written[n - 1] == '"')
+        return n - 2 == strlen(value) && !strncmp(written + 1, value, n - 2);
+    return !strcmp(written, value);
+}
+
+/* The allowed list of a string setting: readable, NULL-ended, names a
+ * config file can hold, the default among them. */
+static int check_allowed(probe *pr, const loom_setting_spec *s, int i, char *why, size_t cap)
+{
+    const char *const *a = s->allowed;
+    int has_default = !s->default_value;
+    for (int k = 0;; k++) {
+        if (k > ALLOWED_MAX || !readable(pr, &a[k], sizeof a[k])) {
+            snprintf(why, cap, "settings[%d] '%s': the allowed list has no NULL end; end it "
+                     "with NULL", i, s->name);
+            return -1;
+        }
+        if (!a[k])
+            break;
+        if (!readable_string(pr, a[k], SETTING_TEXT_MAX) || !a[k][0]) {
+            snprintf(why, cap, "settings[%d] '%s': allowed[%d] is not a non-empty string", i,
+                     s->name, k);
+            return -1;
+        }
+        has_default |= same_unquoted(s->default_value, a[k]);
+    }
+    if (a[0] == NULL) {
+        snprintf(why, cap, "settings[%d] '%s': the allowed list is empty; leave .allowed NULL "
+                 "for any value", i, s->name);
+        return -1;
+    }
+    if (!has_default) {
+        snprintf(why, cap, "settings[%d] '%s': the default \"%s\" is not among its allowed "
+                 "values", i, s->name, s->default_value);
+        return -1;
+    }
+    return 0;
+}
+
+static int within_bounds(const loom_setting_spec *s, double v)
+{
+    return !(((s->bounds & LOOM_SETTING_MIN) && !(v >= s->min)) ||
+             ((s->bounds & LOOM_SETTING_ABOVE_MIN) && !(v > s->min)) ||
+             ((s->bounds & LOOM_SETTING_MAX) && !(v <= s->max)) ||
+             ((s->bounds & LOOM_SETTING_BELOW_MAX) && !(v < s->max)));
+}
+
+/* The rules of ABI 1.3 on one entry: allowed values for strings, bounds for
+ * numbers, each consistent and satisfied by the default. */
+static int check_rules(probe *pr, const loom_setting_spec *s, int i, double def, char *why,
+                       size_t cap)
+{
+    const uint32_t all = LOOM_SETTING_MIN | LOOM_SETTING_ABOVE_MIN | LOOM_SETTING_MAX |
+                         LOOM_SETTING_BELOW_MAX;
+    int number = s->type == LOOM_SETTING_INT || s->type == LOOM_SETTING_FLOAT;
+    if (s->allowed && s->type != LOOM_SETTING_STRING) {
+        snprintf(why, cap, "settings[%d] '%s': an allowed list is for string settings; a %s "
+                 "takes bounds", i, s->name, setting_type_name(s->type));
+        return -1;
+    }
+    if (s->allowed && check_allowed(pr, s, i, why, cap))
+        return -1;
+    if (!s->bounds)
         return 0;
-    for (int i = 0;; i++) {
-        if (i >= MAX_SETTINGS) {
-            snprintf(why, cap, "settings list has no end: more than %d entries without the "
-                     "{NULL} that must close it", MAX_SETTINGS);
-            return -1;
-        }
-        const loom_setting_spec *s = &specs[i];
-        if (!s->name)
-            return 0;
-        if (!s->name[0]) {
-            snprintf(why, cap, "settings[%d] has an empty name", i);
-            return -1;
-        }
-        if (!valid_setting_name(s->name)) {
-            snprintf(why, cap, "settings[%d] '%s' is not a name a config file can spell "
-                     "(letters, digits, '-' and '_', starting with a letter)", i, s->name);
-            return -1;
-        }
-        for (int j = 0; j < i; j++) {
-            if (!strcmp(specs[j].name, s->name)) {
-                snprintf(why, cap, "settings[%d] '%s' repeats settings[%d]", i, s->name, j);
-                return -1;
+    if (!number || (s->bounds & ~all) ||
+        ((s->bounds & LOOM_SETTING_MIN) && (s->bounds & LOOM_SETTING_ABOVE_MIN)) ||
+        ((s->bounds & LOOM_SETTING_MAX) && (s->bounds & LOOM_SETTING_BELOW_MAX))) {
+        snprintf(why, cap, "settings[%d] '%s': bounds 0x%x are not valid for a %s (at most one "
+                 "of LOOM_SETTING_MIN/_ABOVE_MIN and one of _MAX/_BELOW_MAX, on int or float)",
+                 i, s->name, s->bounds, setting_type_name(s->type));
+        return -1;
+    }
+    int has_min = s->bounds & (LOOM_SETTING_MIN | LOOM_SETTING_ABOVE_MIN);
+    int has_max = s->bounds & (LOOM_SETTING_MAX | LOOM_SETTING_BELOW_MAX);
+    if ((has_min && !isfinite(s->min)) || (has_max && !isfinite(s->max)) ||
+        (has_min && has_max && s->min > s->max)) {
+        snprintf(why, cap, "settings[%d] '%s': bounds min %g, max %g are not a range", i,
+                 s->name, s->min, s->max);
+        return -1;
+    }
+    if (s->default_value && !within_bounds(s, def)) {
+        snprintf(why, cap, "settings[%d] '%s': the default %s is outside its bounds", i, s->name,
+                 s->default_value);
+        return -1;
+    }
+    return 0;
+}
+
+/* One entry, already copied out of the plugin: its name, type, texts and
+ * rules. */
+static int check_setting(probe *pr, const loom_setting_spec *s, int i, char *why, size_t cap)
+{
+    if (!readable_string(pr, s->name, 64)) {
+        snprintf(why, cap, "settings[%d] has no readable name: the list is not ended by {0}, "
+                 "or the entry is corrupt", i);
+        return -1;
+    }
+    if (!s->name[0]) {
+        snprintf(why, cap, "settings[%d] has an empty name", i);
+        return -1;
+    }
+    if (!valid_setting_name(s->name)) {
+        snprintf(why, cap, "settings[%d] '%s' is not a name a config file can spell "
+                 "(letters, digits, '-' and '_', starting with a letter); if the list should "
+                 "have ended before it, end it with {0}", i, s->name);
+        return -1;
+    }
+    if (s->type < LOOM_SETTING_INT || s->type > LOOM_SETTING_STRING) {
+        snprintf(why, cap, "settings[%d] '%s' has unknown type %d (want LOOM_SETTING_INT, "
+                 "_FLOAT, _BOOL or _STRING)", i, s->name, (int)s->type);
+        return -1;
+    }
+    if ((s->default_value && !readable_string(pr, s->default_value, SETTING_TEXT_MAX)) ||
+        (s->help && !readable_string(pr, s->help, SETTING_TEXT_MAX))) {
+        snprintf(why, cap, "settings[%d] '%s': its default or help is not a readable string",
+                 i, s->name);
+        return -1;
+    }
+    double def = 0;
+    if (s->default_value && !default_parses(s->type, s->default_value, &def)) {
+        snprintf(why, cap, "settings[%d] '%s': default \"%s\" is not a valid %s", i, s->name,
+                 s->default_value, setting_type_name(s->type));
+        return -1;
+    }
+    return check_rules(pr, s, i, def, why, cap);
+}
+
+/* The stride of the plugin's settings list: the spec as its ABI minor had
+ * it. */
+static int settings_stride(const loom_plugin_header *h, size_t *stride, char *why, size_t cap)
+{
+    const size_t v12 = offsetof(loom_setting_spec, allowed);
+    if (LOOM_ABI_VERSION_MINOR(h->abi_version) < 3) {
+        *stride = v12;
+        return 0;
+    }
+    if (h->settings_stride < v12 || h->settings_stride % sizeof(void *)) {
+        snprintf(why, cap, "header.settings_stride is %u, not the size of a loom_setting_spec; "
+                 "initialise the header with LOOM_PLUGIN_HEADER", h->settings_stride);
+        return -1;
+    }
+    *stride = h->settings_stride;
+    return 0;
+}
+
+/* Check the plugin's settings list and copy it into *out as this loom's
+ * loom_setting_spec array (members past an older plugin's stride zero),
+ * ended by {0}. group is the config group the settings live in: a name the
+ * core owns there is refused. 0, or -1 with the problem in why. */
+static int load_settings(const loom_plugin_header *h, const char *group,
+                         loom_setting_spec **out, char *why, size_t cap)
+{
+    *out = NULL;
+    size_t stride;
+    probe pr;
+    if (settings_stride(h, &stride, why, cap))
+        return -1;
+    if (probe_open(&pr)) {
+        snprintf(why, cap, "cannot check the settings list: pipe: %s", strerror(errno));
+        return -1;
+    }
+    loom_setting_spec *list = calloc(MAX_SETTINGS + 1, sizeof *list);
+    int rc = list ? 0 : -1;
+    if (!list)
+        snprintf(why, cap, "out of memory");
+    const char *at = (const char *)h->settings;
+    for (int i = 0; rc == 0 && at; i++, at += stride) {
+        if (i == MAX_SETTINGS) {
+            snprintf(why, cap, "settings list has no end: more than %d entries without the {0} "
+                     "that must close it", MAX_SETTINGS);
+            rc = -1;
+        } else if (!readable(&pr, at, stride)) {
+            snprintf(why, cap, "settings[%d] cannot be read: the list is not ended by {0}", i);
+            rc = -1;
+        } else {
+            memcpy(&list[i], at, stride < sizeof *list ? stride : sizeof *list);
+            if (!list[i].name)
+                break;
+            rc = check_setting(&pr, &list[i], i, why, cap);
+            for (int j = 0; rc == 0 && j < i; j++)
+                if (!strcmp(list[j].name, list[i].name)) {
+                    snprintf(why, cap, "settings[%d] '%s' repeats settings[%d]", i,
+                             list[i].name, j);
+                    rc = -1;
+                }
+            char path[256];
+            if (rc == 0 && snprintf(path, sizeof path, "%s.%s", group, list[i].name) > 0 &&
+                loom_config_core_owns(path)) {
+                snprintf(why, cap, "settings[%d] '%s' collides with the core's own %s; give "
+                         "the plugin's setting another name", i, list[i].name, path);
+                rc = -1;
             }
         }
-        if (s->type < LOOM_SETTING_INT || s->type > LOOM_SETTING_STRING) {
-            snprintf(why, cap, "settings[%d] '%s' has unknown type %d (want LOOM_SETTING_INT, "
-                     "_FLOAT, _BOOL or _STRING)", i, s->name, (int)s->type);
-            return -1;
-        }
-        if (s->default_value && !default_parses(s->type, s->default_value)) {
-            snprintf(why, cap, "settings[%d] '%s': default \"%s\" is not a valid %s", i, s->name,
-                     s->default_value, setting_type_name(s->type));
-            return -1;
-        }
     }
+    probe_close(&pr);
+    if (rc) {
+        free(list);
+        return -1;
+    }
+    *out = list;
+    return 0;
+}
+
+static int check_description(const loom_plugin_header *h, char *why, size_t cap)
+{
+    probe pr;
+    if (probe_open(&pr)) {
+        snprintf(why, cap, "cannot check the description: pipe: %s", strerror(errno));
+        return -1;
+    }
+    int ok = h->description && readable_string(&pr, h->description, SETTING_TEXT_MAX);
+    probe_close(&pr);
+    if (!ok || !h->description[0])
+        snprintf(why, cap, "header.description is %s; give it one line saying what the plugin "
+                 "does", !h->description ? "NULL" : ok ? "empty" : "not a readable string");
+    else if (strchr(h->description, '\n'))
+        snprintf(why, cap, "header.description has a newline; keep it one line");
+    else
+        return 0;
+    return -1;
 }
 
 /* --------------------------------------------------------------- loading */
+
+/* The config group of a plugin's settings: comm.<name>, parallel.<axis>,
+ * memory.offload. */
+static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf, size_t cap);
 
 /* One load in progress: the file, what we know of it so far, and where its
  * checks are reported. */
@@ -489,7 +729,8 @@ static const char *dl_cause(const char *err, const char *path)
 }
 
 /* Every check in order; on success *dl and *header are the plugin's. */
-static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out)
+static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out,
+                      loom_setting_spec **settings_out)
 {
     struct stat st;
     if (stat(r->path, &st) != 0)
@@ -596,8 +837,26 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
                       nmissing > 1 ? "them" : "it");
     passed(r, "required ops");
 
+    if (r->kind == LOOM_PLUGIN_STRATEGY &&
+        h->struct_size >= offsetof(loom_strategy_plugin_v1_t, capabilities) + sizeof(uint64_t)) {
+        uint64_t unknown = ((const loom_strategy_plugin_v1_t *)h)->capabilities &
+                           ~(uint64_t)LOOM_STRATEGY_KNOWN_CAPABILITIES;
+        if (unknown)
+            return refuse(r, LOOM_ERR_NOT_SUPPORTED, "capabilities",
+                          "capabilities has bits 0x%llx this loom does not know, so it cannot "
+                          "honour what they require; use a loom as new as the plugin's headers",
+                          (unsigned long long)unknown);
+        passed(r, "capabilities");
+    }
+
     char why[512];
-    if (check_settings(h->settings, why, sizeof why))
+    if (check_description(h, why, sizeof why))
+        return refuse(r, LOOM_ERR_INVALID, "description", "%s", why);
+    passed(r, "description");
+
+    char group[192];
+    settings_group(r->kind, h, group, sizeof group);
+    if (load_settings(h, group, settings_out, why, sizeof why))
         return refuse(r, LOOM_ERR_INVALID, "settings", "bad settings spec: %s", why);
     passed(r, "settings");
 
@@ -641,7 +900,8 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
     load_run run = {path, kind, kind_name, expect_name, checks};
     void *dl = NULL;
     const loom_plugin_header *header = NULL;
-    int rc = check_file(&run, &dl, &header);
+    loom_setting_spec *settings = NULL;
+    int rc = check_file(&run, &dl, &header, &settings);
     loom_plugin *p = NULL;
     if (rc == LOOM_OK) {
         p = calloc(1, sizeof *p);
@@ -656,9 +916,12 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
             p->dl = dl;
             p->path = copy;
             p->kind = kind;
+            p->settings = settings;
             fill_ops(p, header);
+            settings = NULL;
         }
     }
+    free(settings);
     if (rc != LOOM_OK) {
         if (dl)
             dlclose(dl);
@@ -712,6 +975,49 @@ int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const ch
                      ndirs ? dirs : "(an empty search path)", note);
 }
 
+/* The data hooks whose core default (no communication) is right only for a
+ * dp group of one, as alternatives: one of each row must be implemented. */
+static const struct {
+    op_slot ops[2];
+    const char *why;
+} dp_group_hooks[] = {
+    {{OP(loom_strategy_plugin_v1_t, data_grads_ready),
+      OP(loom_strategy_plugin_v1_t, data_finish_backward)},
+     "nothing would average the gradients over the dp group"},
+    {{OP(loom_strategy_plugin_v1_t, data_grad_norm_sq)},
+     "the core would sum this rank's unit gradients without communication, and clipping would "
+     "see a wrong norm"},
+    {{OP(loom_strategy_plugin_v1_t, data_zero_grads)},
+     "the core would clear the units' gradients only, not the strategy's own buffers"},
+    {{OP(loom_strategy_plugin_v1_t, data_set_state)}, "checkpoints could not be restored"},
+    {{OP(loom_strategy_plugin_v1_t, data_get_state),
+      OP(loom_strategy_plugin_v1_t, data_get_shard)},
+     "checkpoints could not be written"},
+};
+
+int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size)
+{
+    if (p->kind != LOOM_PLUGIN_STRATEGY || p->ops.strategy.axis != LOOM_AXIS_DP || dp_size <= 1)
+        return LOOM_OK;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(dp_group_hooks); i++) {
+        const op_slot *ops = dp_group_hooks[i].ops;
+        if (op_present(p->exported, ops[0].offset) ||
+            (ops[1].name && op_present(p->exported, ops[1].offset)))
+            continue;
+        char hooks[96];
+        if (ops[1].name)
+            snprintf(hooks, sizeof hooks, "%s and %s are NULL", ops[0].name, ops[1].name);
+        else
+            snprintf(hooks, sizeof hooks, "%s is NULL", ops[0].name);
+        return loom_fail(LOOM_ERR_INVALID,
+                         "strategy '%s' cannot serve a dp group of %d ranks: %s, so %s; implement "
+                         "%s%s%s (the core's defaults are right for a dp group of one only)",
+                         p->header->name, dp_size, hooks, dp_group_hooks[i].why, ops[0].name,
+                         ops[1].name ? " or " : "", ops[1].name ? ops[1].name : "");
+    }
+    return LOOM_OK;
+}
+
 void loom_plugin_unload(loom_plugin *p)
 {
     if (!p)
@@ -719,5 +1025,22 @@ void loom_plugin_unload(loom_plugin *p)
     if (p->dl)
         dlclose(p->dl);
     free(p->path);
+    free(p->settings);
     free(p);
+}
+
+static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf, size_t cap)
+{
+    if (kind == LOOM_PLUGIN_COMM)
+        snprintf(buf, cap, "comm.%s", h->name);
+    else if (kind == LOOM_PLUGIN_STRATEGY)
+        snprintf(buf, cap, "parallel.%s",
+                 loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)h)->axis));
+    else
+        snprintf(buf, cap, "memory.offload");
+}
+
+void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap)
+{
+    settings_group(p->kind, p->header, buf, cap);
 }

@@ -11,7 +11,9 @@
  * filled at load from whatever minor the plugin was built for. Members past
  * an older plugin's struct_size are zero (an absent optional op is NULL),
  * and optional ops whose absence means "nothing to do" hold the core's
- * no-op, so callers call them unconditionally. Only the loader names the
+ * no-op, so callers call them unconditionally. A strategy's
+ * data_grad_norm_sq and data_zero_grads stay NULL when absent: their
+ * default works on the units, which only the trainer has. Only the loader names the
  * versioned types; a new major adds an adapter here and nowhere else (as
  * NCCL's ncclNet_t stands for its newest ncclNet_vN_t). */
 #include "loom/comm.h"
@@ -30,6 +32,9 @@ typedef struct loom_plugin {
     const loom_plugin_header *exported;
     /* The normalised copy; header is &ops.<kind>.header. */
     const loom_plugin_header *header;
+    /* The settings list, checked and copied as this loom's loom_setting_spec
+     * array ended by {0} (header->settings points here). */
+    loom_setting_spec *settings;
     union {
         loom_comm_ops comm;
         loom_strategy_ops strategy;
@@ -77,5 +82,12 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
 int loom_plugin_parse_file_name(const char *path, char *kind, size_t kind_cap, char *name,
                                 size_t name_cap);
 uint32_t loom_plugin_kind_of(const char *kind_name);
+/* A data strategy serving dp_size > 1 ranks must implement every hook whose
+ * core default (no communication) would be wrong there; the refusal names
+ * the hook. LOOM_OK for any other plugin or a group of one. */
+int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size);
+/* The config group a plugin's settings live in: comm.<name> for a
+ * communicator, parallel.<axis> for a strategy, memory.offload for a tier. */
+void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap);
 
 #endif

@@ -135,6 +135,38 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
     setup->compute_dtype = t->dtype;
 }
 
+/* What a data strategy's capabilities require of the job (strategy.h),
+ * against what this job does. */
+static int check_requirements(const trainer *t, const char *name)
+{
+    int pp = t->mesh->sizes[LOOM_AXIS_PP];
+    const struct {
+        uint64_t bit;
+        const char *bit_name, *requires;
+        int broken;          /* the job cannot honour it */
+        const char *setting; /* where the job says so */
+        const char *what;
+    } rules[] = {
+        {LOOM_STRATEGY_PARAMS_SHARDED, "LOOM_STRATEGY_PARAMS_SHARDED",
+         "parameters complete only between its forward and backward hooks", pp > 1,
+         "parallel.pp.size", "a pipeline keeps each stage's parameters whole at rest"},
+        {LOOM_STRATEGY_ONE_MICROBATCH, "LOOM_STRATEGY_ONE_MICROBATCH",
+         "one micro-batch per step", t->micro_batches > 1,
+         pp > 1 ? "parallel.pp.microbatches" : "train.grad_accum",
+         "this job accumulates several micro-batches per step"},
+        {LOOM_STRATEGY_GRADS_IN_ORDER, "LOOM_STRATEGY_GRADS_IN_ORDER",
+         "gradients reported unit by unit in reverse order, one micro-batch at a time", pp > 1,
+         "parallel.pp.size", "a pipeline interleaves micro-batches and splits the backward"},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(rules); i++)
+        if ((t->dp->capabilities & rules[i].bit) && rules[i].broken)
+            return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                             "%s: strategy %s requires %s (it declares %s), but %s; change the "
+                             "setting or the strategy", loom_config_where(t->cfg, rules[i].setting),
+                             name, rules[i].requires, rules[i].bit_name, rules[i].what);
+    return LOOM_OK;
+}
+
 static int create_strategy(trainer *t)
 {
     const char *name = NULL;
@@ -148,13 +180,10 @@ static int create_strategy(trainer *t)
                          "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
                          loom_config_where(t->cfg, "parallel.dp.strategy"), name,
                          loom_axis_name((loom_axis)t->dp->axis));
-    int pp = t->mesh->sizes[LOOM_AXIS_PP];
-    if (pp > 1 && (t->dp->capabilities & LOOM_STRATEGY_PARAMS_SHARDED))
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "%s: a pipeline (parallel.pp.size = %d) composes with the data "
-                         "strategies that keep a stage's parameters whole at rest; %s keeps them "
-                         "sharded between steps",
-                         loom_config_where(t->cfg, "parallel.dp.strategy"), pp, name);
+    if ((rc = loom_plugin_check_dp_size(t->dp_plugin, t->mesh->sizes[LOOM_AXIS_DP])) != LOOM_OK)
+        return trainer_fail_at(t, rc, "parallel.dp.size");
+    if ((rc = check_requirements(t, name)) != LOOM_OK)
+        return rc;
     const loom_host *host;
     if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;

@@ -133,6 +133,37 @@ static int pipeline_totals(trainer *t, float *loss)
     return rc;
 }
 
+/* The strategy's norm and zeroing, or the core's for a strategy that
+ * leaves them to it (a dp group of one, loom_plugin_check_dp_size): the
+ * units' own gradients. */
+static int grads_norm_sq(trainer *t, double *out)
+{
+    if (t->dp->data_grad_norm_sq)
+        return t->dp->data_grad_norm_sq(t->strategy, out);
+    double sum = 0;
+    for (int i = 0; i < t->ndp_units; i++) {
+        const loom_unit *u = &t->dp_units[i];
+        for (size_t k = 0; u->grads && k < u->numel; k++) {
+            double g = loom_load_f32(u->grads, u->compute_dtype, k);
+            sum += g * g;
+        }
+    }
+    *out = sum;
+    return LOOM_OK;
+}
+
+static int zero_grads(trainer *t)
+{
+    if (t->dp->data_zero_grads)
+        return t->dp->data_zero_grads(t->strategy);
+    for (int i = 0; i < t->ndp_units; i++) {
+        const loom_unit *u = &t->dp_units[i];
+        if (u->grads)
+            memset(u->grads, 0, u->numel * loom_dtype_size(u->compute_dtype));
+    }
+    return LOOM_OK;
+}
+
 int trainer_step(trainer *t, step_result *r)
 {
     uint64_t t0 = loom_now_ns();
@@ -172,7 +203,7 @@ int trainer_step(trainer *t, step_result *r)
         (rc = C->wait(req)) != LOOM_OK)
         return rc;
     double norm_sq = 0;
-    if ((rc = t->dp->data_grad_norm_sq(t->strategy, &norm_sq)) != LOOM_OK)
+    if ((rc = grads_norm_sq(t, &norm_sq)) != LOOM_OK)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);
@@ -198,7 +229,7 @@ int trainer_step(trainer *t, step_result *r)
         if (t->dtype == LOOM_F16)
             t->loss_scale /= 2;
         t->good_steps = 0;
-        if ((rc = t->dp->data_zero_grads(t->strategy)) != LOOM_OK)
+        if ((rc = zero_grads(t)) != LOOM_OK)
             return rc;
         trainer_sync_units(t);
     } else {

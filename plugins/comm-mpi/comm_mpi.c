@@ -58,20 +58,20 @@
 /* ------------------------------------------------------------ settings */
 
 static const loom_setting_spec mpi_settings[] = {
-    {"yield_when_idle", LOOM_SETTING_BOOL, "true",
-     "give the CPU away while waiting (MPI's mpi_yield_when_idle, and waits that sleep); "
+    {.name = "yield_when_idle", .type = LOOM_SETTING_BOOL, .default_value = "true",
+     .help = "give the CPU away while waiting (MPI's mpi_yield_when_idle, and waits that sleep); "
      "false polls without sleeping, for dedicated cores"},
-    {"connect_timeout_s", LOOM_SETTING_FLOAT, "0.0",
-     "bound on starting ompi-server and on each rank's turn to join under loom launch; "
+    {.name = "connect_timeout_s", .type = LOOM_SETTING_FLOAT, .default_value = "0.0",
+     .help = "bound on starting ompi-server and on each rank's turn to join under loom launch; "
      "0 means comm.timeout_s"},
-    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+    {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long the core collects the other ranks' reports before naming the "
      "ranks that did not arrive"},
-    {"ompi_server", LOOM_SETTING_STRING, "\"ompi-server\"",
-     "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
-    {"tcp_interface", LOOM_SETTING_STRING, "\"lo\"",
-     "network interface for MPI's TCP traffic between ranks joined under loom launch"},
-    {NULL, 0, NULL, NULL},
+    {.name = "ompi_server", .type = LOOM_SETTING_STRING, .default_value = "\"ompi-server\"",
+     .help = "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
+    {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "\"lo\"",
+     .help = "network interface for MPI's TCP traffic between ranks joined under loom launch"},
+    {0},
 };
 
 typedef struct mpi_settings_t {

@@ -47,12 +47,12 @@
 /* ------------------------------------------------------------ settings */
 
 static const loom_setting_spec nccl_settings[] = {
-    {"device", LOOM_SETTING_INT, "-1",
-     "CUDA device of this rank; -1 means its local rank on the machine"},
-    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+    {.name = "device", .type = LOOM_SETTING_INT, .default_value = "-1",
+     .help = "CUDA device of this rank; -1 means its local rank on the machine"},
+    {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long to collect the other ranks' reports before naming the ranks "
      "that did not arrive"},
-    {NULL, 0, NULL, NULL},
+    {0},
 };
 
 typedef struct nccl_settings_t {

@@ -87,57 +87,62 @@ static const char *const small_setting[UOP_COUNT] = {
  * bench reports for the op (allgather: the gathered buffer; reducescatter
  * and alltoall: the whole send buffer). */
 const loom_setting_spec ucx_settings_spec[] = {
-    {"tls", LOOM_SETTING_STRING, "\"\"",
+    {.name = "tls", .type = LOOM_SETTING_STRING, .default_value = "\"\"", .help =
      "UCX_TLS for the process's UCX context, e.g. \"shm,self\" or \"tcp\"; \"\" lets UCX choose "
      "(shared memory on one host, TCP or verbs across hosts)"},
-    {"progress_thread", LOOM_SETTING_BOOL, "false",
+    {.name = "progress_thread", .type = LOOM_SETTING_BOOL, .default_value = "false", .help =
      "a thread drives UCX while collectives are in flight, so they complete while the caller "
      "computes"},
-    {"peer_errors", LOOM_SETTING_BOOL, "false",
+    {.name = "peer_errors", .type = LOOM_SETTING_BOOL, .default_value = "false", .help =
      "UCX reports failed peers itself (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 then cannot use "
      "shared memory or cma, so this is much slower on one host"},
-    {"allreduce", LOOM_SETTING_STRING, "\"auto\"",
-     "auto, recursive_doubling, ring or rabenseifner"},
-    {"allgather", LOOM_SETTING_STRING, "\"auto\"", "auto, ring, recursive_doubling, bruck or direct"},
-    {"reducescatter", LOOM_SETTING_STRING, "\"auto\"", "auto, ring or recursive_halving"},
-    {"broadcast", LOOM_SETTING_STRING, "\"auto\"",
-     "auto, binomial, chain, scatter_allgather or direct"},
-    {"reduce", LOOM_SETTING_STRING, "\"auto\"", "auto, binomial or chain"},
-    {"alltoall", LOOM_SETTING_STRING, "\"auto\"", "auto, pairwise, bruck or posted"},
-    {"barrier", LOOM_SETTING_STRING, "\"dissemination\"", "dissemination (the only one)"},
-    {"allreduce_small_bytes", LOOM_SETTING_INT, "16384",
-     "auto allreduce below this: recursive doubling"},
-    {"allreduce_ring_bytes", LOOM_SETTING_INT, "1048576",
-     "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
+    {.name = "allreduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, recursive_doubling, ring or rabenseifner"},
+    {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, ring, recursive_doubling, bruck or direct"},
+    {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, ring or recursive_halving"},
+    {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, binomial, chain, scatter_allgather or direct"},
+    {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, binomial or chain"},
+    {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+     .help = "auto, pairwise, bruck or posted"},
+    {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
+     .help = "dissemination (the only one)"},
+    {.name = "allreduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
+     .help = "auto allreduce below this: recursive doubling"},
+    {.name = "allreduce_ring_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
+     .help = "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
      "Rabenseifner, whose fold-in step costs a whole-vector transfer there)"},
-    {"allgather_small_bytes", LOOM_SETTING_INT, "1024",
+    {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
      "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
      "when the group is on one host, ring across hosts"},
-    {"reducescatter_small_bytes", LOOM_SETTING_INT, "1024",
-     "auto reducescatter below this: recursive halving; else ring"},
-    {"broadcast_small_bytes", LOOM_SETTING_INT, "32768",
-     "auto broadcast below this: binomial tree; else direct when the group is on one host"},
-    {"broadcast_large_bytes", LOOM_SETTING_INT, "4194304",
-     "auto broadcast across hosts: binomial tree below this, scatter+allgather from it on"},
-    {"reduce_small_bytes", LOOM_SETTING_INT, "1048576",
-     "auto reduce below this: binomial tree; else pipelined chain"},
-    {"alltoall_small_bytes", LOOM_SETTING_INT, "262144",
-     "auto alltoall below this: all sends and receives posted at once; else pairwise"},
-    {"chunk_bytes", LOOM_SETTING_INT, "262144",
+    {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
+     .help = "auto reducescatter below this: recursive halving; else ring"},
+    {.name = "broadcast_small_bytes", .type = LOOM_SETTING_INT, .default_value = "32768",
+     .help = "auto broadcast below this: binomial tree; else direct when the group is on one host"},
+    {.name = "broadcast_large_bytes", .type = LOOM_SETTING_INT, .default_value = "4194304",
+     .help = "auto broadcast across hosts: binomial tree below this, scatter+allgather from it on"},
+    {.name = "reduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
+     .help = "auto reduce below this: binomial tree; else pipelined chain"},
+    {.name = "alltoall_small_bytes", .type = LOOM_SETTING_INT, .default_value = "262144",
+     .help = "auto alltoall below this: all sends and receives posted at once; else pairwise"},
+    {.name = "chunk_bytes", .type = LOOM_SETTING_INT, .default_value = "262144", .help =
      "ops that reduce move large messages in chunks of this size: each is reduced from cache "
      "as soon as it is in, while the next moves"},
-    {"forward_chunk_bytes", LOOM_SETTING_INT, "2097152",
+    {.name = "forward_chunk_bytes", .type = LOOM_SETTING_INT, .default_value = "2097152", .help =
      "broadcast and allgather pipeline large messages through the ranks in chunks of this size "
      "(bigger than chunk_bytes: each chunk costs a rendezvous)"},
-    {"pipeline_depth", LOOM_SETTING_INT, "4",
-     "receive buffers per pipelined transfer (1-16)"},
-    {"spin_us", LOOM_SETTING_FLOAT, "50",
+    {.name = "pipeline_depth", .type = LOOM_SETTING_INT, .default_value = "4",
+     .help = "receive buffers per pipelined transfer (1-16)"},
+    {.name = "spin_us", .type = LOOM_SETTING_FLOAT, .default_value = "50", .help =
      "a wait polls (yielding the core) this many microseconds before sleeping until UCX has an "
      "event: lower frees the cores sooner for other ranks, higher answers small messages faster"},
-    {"late_grace_s", LOOM_SETTING_FLOAT, "2.0",
+    {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long the core collects the other ranks' reports before naming the "
      "ranks that did not arrive (at most a quarter of comm.timeout_s)"},
-    {NULL, 0, NULL, NULL},
+    {0},
 };
 
 static void read_int(const loom_host *h, const char *name, int64_t dflt, int64_t *out)

@@ -19,11 +19,11 @@
 #define MIB (1024.0 * 1024.0)
 
 static const loom_setting_spec ddp_settings[] = {
-    {"bucket_mb", LOOM_SETTING_FLOAT, "25",
-     "gradient bytes per all-reduce bucket, in MiB (a bucket closes once it reaches this)"},
-    {"overlap", LOOM_SETTING_BOOL, "true",
+    {.name = "bucket_mb", .type = LOOM_SETTING_FLOAT, .default_value = "25",
+     .help = "gradient bytes per all-reduce bucket, in MiB (a bucket closes once it reaches this)"},
+    {.name = "overlap", .type = LOOM_SETTING_BOOL, .default_value = "true", .help =
      "all-reduce each bucket as soon as it is complete during backward (false: all at the end)"},
-    {NULL, 0, NULL, NULL},
+    {0},
 };
 
 /* A run of consecutive units in backward order, reduced by one all-reduce. */

@@ -27,10 +27,11 @@
 #include "loom/strategy.h"
 
 static const loom_setting_spec ring_settings[] = {
-    {"balance", LOOM_SETTING_STRING, "\"contiguous\"",
-     "how the sequence is cut: \"contiguous\" (rank r holds block r) or \"zigzag\" (chunks r "
-     "and 2s-1-r of 2s, even causal work)"},
-    {NULL, 0, NULL, NULL},
+    {.name = "balance", .type = LOOM_SETTING_STRING, .default_value = "contiguous",
+     .help = "how the sequence is cut: \"contiguous\" (rank r holds block r) or \"zigzag\" "
+             "(chunks r and 2s-1-r of 2s, even causal work)",
+     .allowed = (const char *const[]){"contiguous", "zigzag", NULL}},
+    {0},
 };
 
 enum { TAG_KV = 1, TAG_KV_BACK = 2, TAG_DKV = 3 };
@@ -58,10 +59,6 @@ static int ring_create(const loom_host *host, const loom_strategy_setup *setup, 
     const char *balance = "contiguous";
     if ((rc = host->config_string(host, "balance", &balance)) != LOOM_OK)
         return rc;
-    if (strcmp(balance, "contiguous") && strcmp(balance, "zigzag"))
-        return host->error(host, LOOM_ERR_INVALID,
-                           "ring: parallel.sp.balance = \"%s\"; use \"contiguous\" or \"zigzag\"",
-                           balance);
     int s = host->comm->size(g);
     int zigzag = !strcmp(balance, "zigzag");
     int parts = zigzag ? 2 * s : s;

@@ -22,10 +22,10 @@
 #include "loom/strategy.h"
 
 static const loom_setting_spec tp_settings[] = {
-    {"sequence_parallel", LOOM_SETTING_BOOL, "false",
-     "split the LayerNorm/residual regions along the token rows (Megatron sequence "
+    {.name = "sequence_parallel", .type = LOOM_SETTING_BOOL, .default_value = "false",
+     .help = "split the LayerNorm/residual regions along the token rows (Megatron sequence "
      "parallelism): all-gather and reduce-scatter at the borders instead of all-reduce"},
-    {NULL, 0, NULL, NULL},
+    {0},
 };
 
 struct loom_strategy {

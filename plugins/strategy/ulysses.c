@@ -40,7 +40,7 @@ struct loom_strategy {
     int failed;
 };
 
-static const loom_setting_spec ulysses_settings[] = {{NULL, 0, NULL, NULL}};
+static const loom_setting_spec ulysses_settings[] = {{0}};
 
 static int ulysses_create(const loom_host *host, const loom_strategy_setup *setup,
                           loom_strategy **out)

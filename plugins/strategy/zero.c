@@ -77,10 +77,10 @@ static const int zero_stage = ZERO_STAGE;
 #define ALIGN 32
 
 static const loom_setting_spec zero3_settings[] = {
-    {"prefetch", LOOM_SETTING_INT, "1",
-     "units whose all-gather is posted ahead of use, in forward and in backward order "
+    {.name = "prefetch", .type = LOOM_SETTING_INT, .default_value = "1",
+     .help = "units whose all-gather is posted ahead of use, in forward and in backward order "
      "(0: gather each unit when it is needed)"},
-    {NULL, 0, NULL, NULL},
+    {0},
 };
 
 #define ZERO1_DESCRIPTION                                                                      \

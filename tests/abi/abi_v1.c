@@ -68,16 +68,25 @@ PIN_SIZE(loom_plugin_header, 40);
 PIN(loom_plugin_header, abi_version, 0);
 PIN(loom_plugin_header, struct_size, 4);
 PIN(loom_plugin_header, kind, 8);
-PIN(loom_plugin_header, reserved, 12);
+PIN(loom_plugin_header, settings_stride, 12); /* 'reserved' (0) before 1.3 */
 PIN(loom_plugin_header, name, 16);
 PIN(loom_plugin_header, description, 24);
 PIN(loom_plugin_header, settings, 32);
 
-PIN_SIZE(loom_setting_spec, 32);
+/* 32 bytes up to 1.2, the stride of older plugins' lists */
+PIN_SIZE(loom_setting_spec, 64);
 PIN(loom_setting_spec, name, 0);
 PIN(loom_setting_spec, type, 8);
 PIN(loom_setting_spec, default_value, 16);
 PIN(loom_setting_spec, help, 24);
+PIN(loom_setting_spec, allowed, 32);
+PIN(loom_setting_spec, bounds, 40);
+PIN(loom_setting_spec, min, 48);
+PIN(loom_setting_spec, max, 56);
+PIN_VALUE(LOOM_SETTING_MIN, 1);
+PIN_VALUE(LOOM_SETTING_ABOVE_MIN, 2);
+PIN_VALUE(LOOM_SETTING_MAX, 4);
+PIN_VALUE(LOOM_SETTING_BELOW_MAX, 8);
 
 PIN_SIZE(loom_comm_plugin_v1_t, 216);
 PIN(loom_comm_plugin_v1_t, header, 0);

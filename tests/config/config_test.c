@@ -254,9 +254,9 @@ static void case_bad_enum(void)
                  5, "train.precision: expected one of fp32, bf16, fp16; found \"fp8\"");
     expect_error("enum2.cfg", "bench = { ops = [ \"allreduce\", \"allredcue\" ]; };\n", NULL, 0, 1,
                  "bench.ops[1]: expected one of allreduce, broadcast, reduce, allgather, "
-                 "reducescatter, alltoall, sendrecv; found \"allredcue\"");
+                 "reducescatter, alltoall, sendrecv; found \"allredcue\" (did you mean \"allreduce\"?)");
     expect_error("enum3.cfg", "bench = { dtype = \"f128\"; };\n", NULL, 0, 1,
-                 "bench.dtype: expected one of f32, bf16, f16, f64, i32, i64, u8; found \"f128\"");
+                 "bench.dtype: expected one of f32, bf16, f16, f64, i32, i64, u8; found \"f128\" (did you mean \"f32\"?)");
     /* Strategies are plugin names: anything non-empty passes here. */
     loom_config *cfg =
         load_ok("strategy.cfg", "parallel = { dp = { strategy = \"my-zero\"; }; };\n", NULL, 0);
@@ -465,11 +465,24 @@ static void case_lists(void)
 }
 
 static const loom_setting_spec ucx_specs[] = {
-    {"progress_thread", LOOM_SETTING_BOOL, "false", "poll the worker from a thread"},
-    {"tls", LOOM_SETTING_STRING, "all", "UCX_TLS"},
-    {"rndv_thresh", LOOM_SETTING_INT, "8192", "rendezvous threshold, bytes"},
-    {"alpha", LOOM_SETTING_FLOAT, "0.5", "a float"},
-    {NULL, 0, NULL, NULL},
+    {.name = "progress_thread", .type = LOOM_SETTING_BOOL, .default_value = "false",
+     .help = "poll the worker from a thread"},
+    {.name = "tls", .type = LOOM_SETTING_STRING, .default_value = "all", .help = "UCX_TLS"},
+    {.name = "rndv_thresh", .type = LOOM_SETTING_INT, .default_value = "8192",
+     .help = "rendezvous threshold, bytes"},
+    {.name = "alpha", .type = LOOM_SETTING_FLOAT, .default_value = "0.5", .help = "a float"},
+    {0},
+};
+
+/* A plugin's rules (ABI 1.3). */
+static const loom_setting_spec ruled[] = {
+    {.name = "servers", .type = LOOM_SETTING_STRING, .default_value = "one", .help = "",
+     .allowed = (const char *const[]){"one", "sharded", NULL}},
+    {.name = "buckets", .type = LOOM_SETTING_INT, .default_value = "4", .help = "",
+     .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 1, .max = 64},
+    {.name = "ratio", .type = LOOM_SETTING_FLOAT, .default_value = "0.5", .help = "",
+     .bounds = LOOM_SETTING_ABOVE_MIN, .min = 0},
+    {0},
 };
 
 static void case_plugin_group(void)
@@ -511,6 +524,34 @@ static void case_plugin_group(void)
              "%s:3: comm.ucx.rndv_thresh: expected an integer, found a string (\"big\")", path);
     CHECK_STR(loom_last_error(), want);
     loom_config_free(cfg);
+
+    /* Allowed values with a suggestion, bounds, both with the file and line. */
+    path = write_cfg("rules.cfg", "parallel = {\n  dp = {\n    servers = \"shardid\";\n  };\n};\n");
+    CHECK(loom_config_load(path, NULL, 0, &cfg) == LOOM_OK);
+    CHECK(loom_config_check_group(cfg, "parallel.dp", ruled, NULL) == LOOM_ERR_INVALID);
+    snprintf(want, sizeof want,
+             "%s:3: parallel.dp.servers: expected one of one, sharded; found \"shardid\" (did "
+             "you mean \"sharded\"?)", path);
+    CHECK_STR(loom_last_error(), want);
+    loom_config_free(cfg);
+    path = write_cfg("rules2.cfg", "parallel = { dp = { buckets = 65; }; };\n");
+    CHECK(loom_config_load(path, NULL, 0, &cfg) == LOOM_OK);
+    CHECK(loom_config_check_group(cfg, "parallel.dp", ruled, NULL) == LOOM_ERR_INVALID);
+    snprintf(want, sizeof want, "%s:1: parallel.dp.buckets: expected an integer in [1, 64], found 65",
+             path);
+    CHECK_STR(loom_last_error(), want);
+    loom_config_free(cfg);
+    const char *zero_ratio[] = {"parallel.dp.ratio=0"};
+    CHECK(loom_config_load(NULL, zero_ratio, 1, &cfg) == LOOM_OK);
+    CHECK(loom_config_check_group(cfg, "parallel.dp", ruled, NULL) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(),
+              "--set parallel.dp.ratio=0: parallel.dp.ratio: expected a number > 0, found 0");
+    loom_config_free(cfg);
+    char rules[64];
+    loom_config_spec_rules(&ruled[0], rules, sizeof rules);
+    CHECK_STR(rules, "one | sharded");
+    loom_config_spec_rules(&ruled[1], rules, sizeof rules);
+    CHECK_STR(rules, "1 <= x <= 64");
 
     /* Set values and defaults; int for float is fine. */
     path = write_cfg("ucx4.cfg", "comm = { ucx = { progress_thread = true; alpha = 2; }; };\n");
@@ -557,8 +598,9 @@ static void case_plugin_group(void)
 
     /* A strategy's settings share parallel.dp with the core's. */
     static const loom_setting_spec zero_specs[] = {
-        {"prefetch", LOOM_SETTING_INT, "1", "layers gathered ahead"},
-        {NULL, 0, NULL, NULL},
+        {.name = "prefetch", .type = LOOM_SETTING_INT, .default_value = "1",
+         .help = "layers gathered ahead"},
+        {0},
     };
     static const char *const skip[] = {"size", "strategy", NULL};
     path = write_cfg("zero.cfg",
@@ -579,8 +621,9 @@ static void case_plugin_group(void)
     /* A setting without a default is required; a bad default is the
      * plugin's bug and says so. */
     static const loom_setting_spec req_specs[] = {
-        {"device", LOOM_SETTING_STRING, NULL, "the device to use"},
-        {NULL, 0, NULL, NULL},
+        {.name = "device", .type = LOOM_SETTING_STRING, .default_value = NULL,
+         .help = "the device to use"},
+        {0},
     };
     path = write_cfg("req.cfg", "comm = { default = \"mpi\"; };\n");
     CHECK(loom_config_load(path, NULL, 0, &cfg) == LOOM_OK);
@@ -591,8 +634,8 @@ static void case_plugin_group(void)
              path);
     CHECK_STR(loom_last_error(), want);
     static const loom_setting_spec bad_specs[] = {
-        {"n", LOOM_SETTING_INT, "lots", "a count"},
-        {NULL, 0, NULL, NULL},
+        {.name = "n", .type = LOOM_SETTING_INT, .default_value = "lots", .help = "a count"},
+        {0},
     };
     CHECK(loom_config_check_group(cfg, "comm.bad", bad_specs, NULL) == LOOM_ERR_INVALID);
     CHECK_STR(loom_last_error(),
@@ -742,12 +785,15 @@ static void case_examples(const char *dir)
             CHECK_STR(get_str(cfg, "parallel.dp.strategy"), "ddp");
             /* Its plugin groups pass their plugins' checks too. */
             static const loom_setting_spec ucx[] = {
-                {"progress_thread", LOOM_SETTING_BOOL, "false", ""}, {NULL, 0, NULL, NULL}};
-            static const loom_setting_spec ddp[] = {{"bucket_mb", LOOM_SETTING_FLOAT, "25", ""},
-                                                    {"overlap", LOOM_SETTING_BOOL, "true", ""},
-                                                    {NULL, 0, NULL, NULL}};
+                {.name = "progress_thread", .type = LOOM_SETTING_BOOL, .default_value = "false",
+                 .help = ""}, {0}};
+            static const loom_setting_spec ddp[] = {
+                {.name = "bucket_mb", .type = LOOM_SETTING_FLOAT, .default_value = "25", .help = ""},
+                {.name = "overlap", .type = LOOM_SETTING_BOOL, .default_value = "true", .help = ""},
+                {0}};
             static const loom_setting_spec tp[] = {
-                {"sequence_parallel", LOOM_SETTING_BOOL, "false", ""}, {NULL, 0, NULL, NULL}};
+                {.name = "sequence_parallel", .type = LOOM_SETTING_BOOL, .default_value = "false",
+                 .help = ""}, {0}};
             static const char *const skip[] = {"size", "strategy", NULL};
             CHECK(loom_config_check_group(cfg, "comm.ucx", ucx, NULL) == LOOM_OK);
             CHECK(loom_config_check_group(cfg, "parallel.dp", ddp, skip) == LOOM_OK);

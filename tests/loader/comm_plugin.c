@@ -272,34 +272,87 @@ static int group_end(loom_comm *comm)
 
 #if defined(VARIANT_SETTINGS_DUP)
 static const loom_setting_spec settings[] = {
-    {"eager_limit", LOOM_SETTING_INT, "4096", "bytes sent eagerly"},
-    {"eager_limit", LOOM_SETTING_INT, "8192", "the same name again"},
-    {NULL, 0, NULL, NULL},
+    {.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "4096",
+     .help = "bytes sent eagerly"},
+    {.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "8192",
+     .help = "the same name again"},
+    {0},
 };
 #elif defined(VARIANT_SETTINGS_DEFAULT)
 static const loom_setting_spec settings[] = {
-    {"eager_limit", LOOM_SETTING_INT, "4096", "bytes sent eagerly"},
-    {"factor", LOOM_SETTING_FLOAT, "fast", "not a float"},
-    {NULL, 0, NULL, NULL},
+    {.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "4096",
+     .help = "bytes sent eagerly"},
+    {.name = "factor", .type = LOOM_SETTING_FLOAT, .default_value = "fast", .help = "not a float"},
+    {0},
 };
 #elif defined(VARIANT_SETTINGS_TYPE)
 static const loom_setting_spec settings[] = {
-    {"eager_limit", (loom_setting_type)9, "4096", "no such type"},
-    {NULL, 0, NULL, NULL},
+    {.name = "eager_limit", .type = (loom_setting_type)9, .default_value = "4096",
+     .help = "no such type"},
+    {0},
 };
 #elif defined(VARIANT_SETTINGS_EMPTY)
 static const loom_setting_spec settings[] = {
-    {"", LOOM_SETTING_BOOL, "true", "no name"},
-    {NULL, 0, NULL, NULL},
+    {.name = "", .type = LOOM_SETTING_BOOL, .default_value = "true", .help = "no name"},
+    {0},
 };
-#else
+#elif defined(VARIANT_SETTINGS_UNENDED)
+/* A list that lost its {0}: what follows it in memory is not a setting
+ * (here a pointer to an unmapped page where the next name would be). */
+static const struct {
+    loom_setting_spec first;
+    const char *after;
+} unended = {{.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "4096",
+              .help = "bytes sent eagerly"},
+             (const char *)16};
+#define settings (&unended.first)
+#elif defined(VARIANT_SETTINGS_RULES)
 static const loom_setting_spec settings[] = {
+    {.name = "mode", .type = LOOM_SETTING_STRING, .default_value = "slow", .help = "a mode",
+     .allowed = (const char *const[]){"fast", "safe", NULL}},
+    {0},
+};
+#elif defined(VARIANT_SETTINGS_BOUNDS)
+static const loom_setting_spec settings[] = {
+    {.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "4096",
+     .help = "bytes sent eagerly", .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 64,
+     .max = 1024},
+    {0},
+};
+#elif defined(VARIANT_OLDMINOR)
+/* Built before ABI 1.3: the 4-member spec, header.settings_stride 0. */
+typedef struct setting_spec_v1_2 {
+    const char *name;
+    loom_setting_type type;
+    const char *default_value, *help;
+} setting_spec_v1_2;
+static const setting_spec_v1_2 old_settings[] = {
     {"eager_limit", LOOM_SETTING_INT, "4096", "bytes sent eagerly"},
-    {"factor", LOOM_SETTING_FLOAT, "1.5", "a float"},
-    {"verbose", LOOM_SETTING_BOOL, "false", "a bool"},
     {"mode", LOOM_SETTING_STRING, "fast", "a string"},
     {NULL, 0, NULL, NULL},
 };
+#define settings ((const loom_setting_spec *)old_settings)
+#define SETTINGS_STRIDE 0
+#else
+static const loom_setting_spec settings[] = {
+    {.name = "eager_limit", .type = LOOM_SETTING_INT, .default_value = "4096",
+     .help = "bytes sent eagerly", .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "factor", .type = LOOM_SETTING_FLOAT, .default_value = "1.5", .help = "a float",
+     .bounds = LOOM_SETTING_ABOVE_MIN | LOOM_SETTING_MAX, .min = 0, .max = 8},
+    {.name = "verbose", .type = LOOM_SETTING_BOOL, .default_value = "false", .help = "a bool"},
+    {.name = "mode", .type = LOOM_SETTING_STRING, .default_value = "fast", .help = "a string",
+     .allowed = (const char *const[]){"fast", "safe", NULL}},
+    {0},
+};
+#endif
+#ifndef SETTINGS_STRIDE
+#define SETTINGS_STRIDE sizeof(loom_setting_spec)
+#endif
+
+#if defined(VARIANT_NODESC)
+#define DESCRIPTION ""
+#else
+#define DESCRIPTION "a communicator for a world of one (loader tests)"
 #endif
 
 #if defined(VARIANT_ABI2SYM) || defined(VARIANT_ABI2HDR)
@@ -344,8 +397,7 @@ static const loom_setting_spec settings[] = {
 #define SYMBOL_NAME_(sym) __asm__(#sym)
 
 #define HEADER(size_)                                                                   \
-    {ABI, (uint32_t)(size_), KIND, 0, HEADER_NAME,                                      \
-     "a communicator for a world of one (loader tests)", settings}
+    {ABI, (uint32_t)(size_), KIND, (uint32_t)SETTINGS_STRIDE, HEADER_NAME, DESCRIPTION, settings}
 
 #if defined(VARIANT_OLDMINOR)
 /* The v1 comm struct as an older minor would have had it, ending at wait:

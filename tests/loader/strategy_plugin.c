@@ -87,9 +87,20 @@ static int data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step
 
 #define SYMBOL_NAME(sym) __asm__(#sym)
 
+#if defined(VARIANT_SETTINGS_COLLIDE)
+/* parallel.dp.size is the core's: a plugin setting of that name would be
+ * read by neither side as its author meant. */
+static const loom_setting_spec settings[] = {
+    {.name = "size", .type = LOOM_SETTING_INT, .default_value = "2", .help = "servers"},
+    {0},
+};
+#else
+#define settings NULL
+#endif
+
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t plugin SYMBOL_NAME(loom_strategy_plugin_v1) = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, PLUGIN_NAME,
-                                 "everything replicated (loader tests)", NULL),
+                                 "everything replicated (loader tests)", settings),
     .axis = AXIS,
     .create = strategy_create,
     .destroy = strategy_destroy,

@@ -93,6 +93,18 @@ static const refusal refusals[] = {
      {"bad settings spec: settings[0] 'eager_limit' has unknown type 9"}},
     {"settings-empty", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
      {"bad settings spec: settings[0] has an empty name"}},
+    {"settings-unended", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[1] has no readable name: the list is not ended by {0}"}},
+    {"settings-rules", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[0] 'mode': the default \"slow\" is not among its allowed "
+      "values"}},
+    {"settings-bounds", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[0] 'eager_limit': the default 4096 is outside its bounds"}},
+    {"nodesc", LOOM_PLUGIN_COMM, LOOM_ERR_INVALID,
+     {"header.description is empty; give it one line saying what the plugin does"}},
+    {"collide", LOOM_PLUGIN_STRATEGY, LOOM_ERR_INVALID,
+     {"bad settings spec: settings[0] 'size' collides with the core's own parallel.dp.size; "
+      "give the plugin's setting another name"}},
     {"noread", LOOM_PLUGIN_MEMTIER, LOOM_ERR_INVALID,
      {"REQUIRED op read is NULL; a memtier plugin must implement it"}},
     {"badaxis", LOOM_PLUGIN_STRATEGY, LOOM_ERR_INVALID,

@@ -20,7 +20,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 2
+#define LOOM_ABI_MINOR 3
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -49,10 +49,13 @@ static inline const char *loom_plugin_kind_name(uint32_t kind)
     }
 }
 
-/* A setting a plugin accepts in its own config group (comm.ucx = { ... }).
- * The core validates the group against this list before create: unknown
- * names are errors with a suggestion, values are type-checked, and missing
- * ones take default_value. */
+/* A setting a plugin accepts in its own config group (comm.ucx = { ... },
+ * parallel.dp = { ... } for a data strategy). The core validates the group
+ * against this list before create: unknown names are errors with a
+ * suggestion, values are type-checked and held to the rules below (the
+ * error names the config file and line), and missing ones take
+ * default_value. A name the core itself uses in that group (parallel.dp's
+ * size and strategy, say) is refused at load. */
 typedef enum loom_setting_type {
     LOOM_SETTING_INT = 1,
     LOOM_SETTING_FLOAT = 2,
@@ -60,11 +63,32 @@ typedef enum loom_setting_type {
     LOOM_SETTING_STRING = 4,
 } loom_setting_type;
 
+/* loom_setting_spec.bounds: which of min and max hold, and how. */
+#define LOOM_SETTING_MIN 1u       /* value >= min */
+#define LOOM_SETTING_ABOVE_MIN 2u /* value > min */
+#define LOOM_SETTING_MAX 4u       /* value <= max */
+#define LOOM_SETTING_BELOW_MAX 8u /* value < max */
+
+/* Write entries with designated initializers and end the list with {0}:
+ *   {.name = "servers", .type = LOOM_SETTING_STRING, .default_value = "one",
+ *    .help = "who serves the parameters",
+ *    .allowed = (const char *const[]){"one", "sharded", NULL}},
+ *   {.name = "buckets", .type = LOOM_SETTING_INT, .default_value = "4",
+ *    .help = "gradient buckets", .bounds = LOOM_SETTING_MIN, .min = 1},
+ *   {0}
+ * The struct grows at its end; the header's settings_stride (set by
+ * LOOM_PLUGIN_HEADER) tells the core how big it was when the plugin was
+ * built, so older plugins keep loading. */
 typedef struct loom_setting_spec {
     const char *name;          /* NULL ends the list */
     loom_setting_type type;
-    const char *default_value; /* as it would be written in the config */
+    const char *default_value; /* as it would be written in the config; NULL: required */
     const char *help;          /* one line */
+    /* ---- since ABI 1.3: rules the core checks ---- */
+    const char *const *allowed; /* STRING: the values allowed, NULL-ended; NULL: any */
+    uint32_t bounds;            /* INT, FLOAT: LOOM_SETTING_MIN | ..., 0: any */
+    uint32_t reserved;
+    double min, max;            /* the bounds' values */
 } loom_setting_spec;
 
 /* The first member of every plugin struct. */
@@ -72,16 +96,19 @@ typedef struct loom_plugin_header {
     uint32_t abi_version;  /* LOOM_ABI_VERSION(MAJOR, MINOR) the plugin was built with */
     uint32_t struct_size;  /* sizeof the whole plugin struct at build time */
     uint32_t kind;         /* loom_plugin_kind */
-    uint32_t reserved;
+    /* Since ABI 1.3: sizeof(loom_setting_spec) as built, the stride of the
+     * settings list. 0 (older plugins): the 4-member spec of ABI 1.0-1.2. */
+    uint32_t settings_stride;
     const char *name;        /* must match the file: libloom-<kind>-<name>.so */
-    const char *description; /* one line */
+    const char *description; /* one line, required */
     const loom_setting_spec *settings; /* NULL or a list ended by a NULL name */
 } loom_plugin_header;
 
 #define LOOM_PLUGIN_HEADER(kind_, struct_type, name_, description_, settings_)      \
     {                                                                                \
         LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR), (uint32_t)sizeof(struct_type), \
-            (uint32_t)(kind_), 0, (name_), (description_), (settings_)               \
+            (uint32_t)(kind_), (uint32_t)sizeof(loom_setting_spec), (name_), (description_), \
+            (settings_)                                                              \
     }
 
 typedef enum loom_log_level {

@@ -4,7 +4,13 @@
  * has a common part and one set of hooks per axis; a plugin fills the common
  * part and the hooks of its axis. Hooks left NULL take the core's default:
  *   data axis:     parameters, gradients and optimizer state replicated, no
- *                  communication (right for a dp group of one);
+ *                  communication: the unit hooks do nothing, the norm is the
+ *                  sum of squares of every unit's grads, zeroing clears them.
+ *                  That is right for a dp group of one only: serving a larger
+ *                  group, a strategy must implement data_grad_norm_sq,
+ *                  data_zero_grads, data_set_state, data_get_state or
+ *                  data_get_shard, and data_grads_ready or
+ *                  data_finish_backward, or the core refuses it;
  *   tensor axis:   parameters replicated, border operators identity;
  *   sequence axis: the whole sequence on each rank, local attention;
  *   pipeline axis: one stage holds every unit.
@@ -307,9 +313,26 @@ typedef struct loom_strategy_plugin_v1_t {
                               const char **formula);
 } loom_strategy_plugin_v1_t;
 
-/* Data axis: parameters stay sharded across the dp group between steps
- * (ZeRO-3, FSDP). A pipeline stage needs its parameters whole at rest, so
- * the core refuses such a strategy when parallel.pp.size > 1. */
+/* Each bit is a requirement the strategy puts on the rest of the job; the
+ * core refuses a composition that cannot honour one, naming the bit, and
+ * refuses a bit it does not know (a plugin newer than the core).
+ *
+ * Data axis: parameters are complete only between my before and after
+ * hooks, sharded across the dp group the rest of the time (ZeRO-3, FSDP). A
+ * pipeline stage needs its parameters whole at rest: refused when
+ * parallel.pp.size > 1. */
 #define LOOM_STRATEGY_PARAMS_SHARDED (1u << 0)
+/* Since 1.3. Data axis: my hooks assume one micro-batch per step
+ * (data_grads_ready's last_micro always 1): refused with
+ * train.grad_accum > 1 or a pipeline. */
+#define LOOM_STRATEGY_ONE_MICROBATCH (1u << 1)
+/* Since 1.3. Data axis: data_grads_ready comes once per unit per
+ * micro-batch in reverse unit order (the embedding last), each micro-batch's
+ * backward complete before the next begins. Pipeline schedules interleave
+ * micro-batches and split the backward: refused when parallel.pp.size > 1. */
+#define LOOM_STRATEGY_GRADS_IN_ORDER (1u << 2)
+/* The bits this header knows. */
+#define LOOM_STRATEGY_KNOWN_CAPABILITIES                                              \
+    (LOOM_STRATEGY_PARAMS_SHARDED | LOOM_STRATEGY_ONE_MICROBATCH | LOOM_STRATEGY_GRADS_IN_ORDER)
 
 #endif

@@ -1,0 +1,62 @@
+#!/bin/sh
+# A data strategy's contract with the core, through `loom train`:
+#   clip_default   the minimal strategy (REQUIRED hooks only) at dp=1 gets the
+#                  core's norm over its units: clipped runs match ddp's
+#   dp_refused     the same at dp=2 is refused, naming the missing hooks
+#   one_microbatch LOOM_STRATEGY_ONE_MICROBATCH refused with grad_accum = 2
+#   in_order       LOOM_STRATEGY_GRADS_IN_ORDER refused with a pipeline
+#   unknown_bit    a capability bit the core does not know is refused at load
+#   usage: contract_test.sh LOOM SOURCE_DIR PLUGIN_DIR CASE
+set -eu
+LOOM=$1
+SRC=$2
+PLUGINS=$3
+CASE=$4
+CFG=$SRC/tests/zero/tiny.cfg
+DATA=$SRC/examples/data/corpus.bin
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+
+train() { "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=6 "$@"; }
+losses() { sed 's/.*"loss": \([^,]*\),.*/\1/' "$1"; }
+# expect_refusal TEXT CMD...: CMD fails and prints TEXT
+expect_refusal() {
+    want=$1; shift
+    if "$@" > out.log 2>&1; then cat out.log; echo "contract_test: accepted, want a refusal"; exit 1; fi
+    grep -F -- "$want" out.log > /dev/null || { cat out.log; echo "contract_test: want: $want"; exit 1; }
+    echo "refused as it should be: $want"
+}
+
+case "$CASE" in
+clip_default)
+    # A clip far below the gradients' norm changes every step, so a norm of
+    # 0 (clipping off) or a wrong one shows.
+    train --set train.clip=0.05 --metrics ddp.jsonl > ddp.log 2>&1 || { cat ddp.log; exit 1; }
+    train --set train.clip=0.05 --set parallel.dp.strategy="$PLUGINS/libloom-strategy-minimal.so" \
+        --metrics minimal.jsonl > minimal.log 2>&1 || { cat minimal.log; exit 1; }
+    train --metrics unclipped.jsonl > unclipped.log 2>&1 || { cat unclipped.log; exit 1; }
+    losses ddp.jsonl > a.txt; losses minimal.jsonl > b.txt; losses unclipped.jsonl > c.txt
+    cmp -s a.txt c.txt && { echo "contract_test: clipping changed nothing; the test cannot tell"; exit 1; }
+    paste a.txt b.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * ($1 < 0 ? -$1 : $1)) { print "step " NR ": ddp " $1 ", minimal " $2; bad = 1 } }
+        END { exit bad }' || { echo "contract_test: the core's default norm differs from ddp's"; exit 1; }
+    grep -o '"grad_norm": [^,]*' minimal.jsonl | head -1
+    echo "minimal strategy with the core's norm: clipped losses equal ddp's over $(wc -l < a.txt) steps" ;;
+dp_refused)
+    expect_refusal "parallel.dp.size=2: strategy 'minimal' cannot serve a dp group of 2 ranks: data_grads_ready and data_finish_backward are NULL, so nothing would average the gradients over the dp group; implement data_grads_ready or data_finish_backward (the core's defaults are right for a dp group of one only)" \
+        "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+        --set parallel.dp.strategy="$PLUGINS/libloom-strategy-minimal.so" ;;
+one_microbatch)
+    expect_refusal "train.grad_accum=2: strategy $PLUGINS/libloom-strategy-onemicro.so requires one micro-batch per step (it declares LOOM_STRATEGY_ONE_MICROBATCH), but this job accumulates several micro-batches per step; change the setting or the strategy" \
+        train --set parallel.dp.strategy="$PLUGINS/libloom-strategy-onemicro.so" --set train.grad_accum=2
+    train --set parallel.dp.strategy="$PLUGINS/libloom-strategy-onemicro.so" > ok.log 2>&1 || { cat ok.log; exit 1; }
+    echo "one micro-batch per step: accepted" ;;
+in_order)
+    expect_refusal "parallel.pp.size=2: strategy $PLUGINS/libloom-strategy-inorder.so requires gradients reported unit by unit in reverse order, one micro-batch at a time (it declares LOOM_STRATEGY_GRADS_IN_ORDER), but a pipeline interleaves micro-batches and splits the backward" \
+        "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.pp.size=2 \
+        --set parallel.pp.microbatches=2 --set parallel.dp.strategy="$PLUGINS/libloom-strategy-inorder.so" ;;
+unknown_bit)
+    expect_refusal "FAIL capabilities: capabilities has bits 0x10000000000 this loom does not know" \
+        "$LOOM" plugins --check "$PLUGINS/libloom-strategy-future.so" ;;
+*) echo "contract_test: unknown case $CASE"; exit 2 ;;
+esac
