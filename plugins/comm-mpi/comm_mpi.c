@@ -63,10 +63,12 @@ static const loom_setting_spec mpi_settings[] = {
      "false polls without sleeping, for dedicated cores"},
     {.name = "connect_timeout_s", .type = LOOM_SETTING_FLOAT, .default_value = "0.0",
      .help = "bound on starting ompi-server and on each rank's turn to join under loom launch; "
-     "0 means comm.timeout_s"},
+     "0 means comm.timeout_s",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long the core collects the other ranks' reports before naming the "
-     "ranks that did not arrive"},
+     "ranks that did not arrive",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "ompi_server", .type = LOOM_SETTING_STRING, .default_value = "\"ompi-server\"",
      .help = "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
     {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "\"lo\"",

@@ -48,10 +48,12 @@
 
 static const loom_setting_spec nccl_settings[] = {
     {.name = "device", .type = LOOM_SETTING_INT, .default_value = "-1",
-     .help = "CUDA device of this rank; -1 means its local rank on the machine"},
+     .help = "CUDA device of this rank; -1 means its local rank on the machine",
+     .bounds = LOOM_SETTING_MIN, .min = -1},
     {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long to collect the other ranks' reports before naming the ranks "
-     "that did not arrive"},
+     "that did not arrive",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {0},
 };
 

@@ -111,37 +111,50 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
      .help = "dissemination (the only one)"},
     {.name = "allreduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
-     .help = "auto allreduce below this: recursive doubling"},
+     .help = "auto allreduce below this: recursive doubling",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allreduce_ring_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
      .help = "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
-     "Rabenseifner, whose fold-in step costs a whole-vector transfer there)"},
+     "Rabenseifner, whose fold-in step costs a whole-vector transfer there)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
      "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
-     "when the group is on one host, ring across hosts"},
+     "when the group is on one host, ring across hosts",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
-     .help = "auto reducescatter below this: recursive halving; else ring"},
+     .help = "auto reducescatter below this: recursive halving; else ring",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "broadcast_small_bytes", .type = LOOM_SETTING_INT, .default_value = "32768",
-     .help = "auto broadcast below this: binomial tree; else direct when the group is on one host"},
+     .help = "auto broadcast below this: binomial tree; else direct when the group is on one host",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "broadcast_large_bytes", .type = LOOM_SETTING_INT, .default_value = "4194304",
-     .help = "auto broadcast across hosts: binomial tree below this, scatter+allgather from it on"},
+     .help = "auto broadcast across hosts: binomial tree below this, scatter+allgather from it on",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
-     .help = "auto reduce below this: binomial tree; else pipelined chain"},
+     .help = "auto reduce below this: binomial tree; else pipelined chain",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "alltoall_small_bytes", .type = LOOM_SETTING_INT, .default_value = "262144",
-     .help = "auto alltoall below this: all sends and receives posted at once; else pairwise"},
+     .help = "auto alltoall below this: all sends and receives posted at once; else pairwise",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "chunk_bytes", .type = LOOM_SETTING_INT, .default_value = "262144", .help =
      "ops that reduce move large messages in chunks of this size: each is reduced from cache "
-     "as soon as it is in, while the next moves"},
+     "as soon as it is in, while the next moves",
+     .bounds = LOOM_SETTING_MIN, .min = 64},
     {.name = "forward_chunk_bytes", .type = LOOM_SETTING_INT, .default_value = "2097152", .help =
      "broadcast and allgather pipeline large messages through the ranks in chunks of this size "
-     "(bigger than chunk_bytes: each chunk costs a rendezvous)"},
+     "(bigger than chunk_bytes: each chunk costs a rendezvous)",
+     .bounds = LOOM_SETTING_MIN, .min = 64},
     {.name = "pipeline_depth", .type = LOOM_SETTING_INT, .default_value = "4",
-     .help = "receive buffers per pipelined transfer (1-16)"},
+     .help = "receive buffers per pipelined transfer (1-16)",
+     .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 1, .max = SLOTS_MAX},
     {.name = "spin_us", .type = LOOM_SETTING_FLOAT, .default_value = "50", .help =
      "a wait polls (yielding the core) this many microseconds before sleeping until UCX has an "
-     "event: lower frees the cores sooner for other ranks, higher answers small messages faster"},
+     "event: lower frees the cores sooner for other ranks, higher answers small messages faster",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long the core collects the other ranks' reports before naming the "
-     "ranks that did not arrive (at most a quarter of comm.timeout_s)"},
+     "ranks that did not arrive (at most a quarter of comm.timeout_s)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {0},
 };
 

@@ -20,7 +20,8 @@
 
 static const loom_setting_spec ddp_settings[] = {
     {.name = "bucket_mb", .type = LOOM_SETTING_FLOAT, .default_value = "25",
-     .help = "gradient bytes per all-reduce bucket, in MiB (a bucket closes once it reaches this)"},
+     .help = "gradient bytes per all-reduce bucket, in MiB (a bucket closes once it reaches this)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "overlap", .type = LOOM_SETTING_BOOL, .default_value = "true", .help =
      "all-reduce each bucket as soon as it is complete during backward (false: all at the end)"},
     {0},
