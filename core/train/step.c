@@ -140,6 +140,7 @@ static int grads_norm_sq(trainer *t, double *out)
 {
     if (t->dp->data_grad_norm_sq)
         return t->dp->data_grad_norm_sq(t->strategy, out);
+    /* (a dp group of one: the units' gradients are the whole) */
     double sum = 0;
     for (int i = 0; i < t->ndp_units; i++) {
         const loom_unit *u = &t->dp_units[i];
@@ -149,6 +150,30 @@ static int grads_norm_sq(trainer *t, double *out)
         }
     }
     *out = sum;
+    return LOOM_OK;
+}
+
+/* Every dp rank must clip by one norm, or the replicas drift apart
+ * silently: a strategy whose data_grad_norm_sq returns a rank's own share
+ * is stopped at the first step of a run. Once per run, not per step, so a
+ * step's traffic stays the strategy's own. Ranks may differ by the rounding
+ * of their reductions only. */
+static int check_norm_agrees(trainer *t, double norm_sq)
+{
+    if (t->mesh->sizes[LOOM_AXIS_DP] == 1 || t->norm_checked)
+        return LOOM_OK;
+    t->norm_checked = 1;
+    double spread[2] = {norm_sq, -norm_sq};
+    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_DP], spread, 2, LOOM_F64, LOOM_MAX);
+    if (rc != LOOM_OK)
+        return rc;
+    double hi = spread[0], lo = -spread[1];
+    if (!(hi - lo <= 1e-5 * hi) && isfinite(hi) && isfinite(lo))
+        return loom_fail(LOOM_ERR_INTERNAL,
+                         "strategy %s: data_grad_norm_sq differs across the dp group at step %lld "
+                         "(from %.9g to %.9g); it must return the sum of squares over the whole "
+                         "group, the same on every dp rank", t->dp_plugin->header->name,
+                         (long long)t->step + 1, lo, hi);
     return LOOM_OK;
 }
 
@@ -203,7 +228,7 @@ int trainer_step(trainer *t, step_result *r)
         (rc = C->wait(req)) != LOOM_OK)
         return rc;
     double norm_sq = 0;
-    if ((rc = grads_norm_sq(t, &norm_sq)) != LOOM_OK)
+    if ((rc = grads_norm_sq(t, &norm_sq)) != LOOM_OK || (rc = check_norm_agrees(t, norm_sq)) != LOOM_OK)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);

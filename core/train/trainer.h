@@ -48,6 +48,7 @@ typedef struct trainer {
     float beta1, beta2, eps, weight_decay, clip;
     float loss_scale;    /* fp16 only; 1 otherwise */
     int64_t good_steps, scale_window;
+    int norm_checked; /* the dp ranks' norms were compared once (step.c) */
     double peak_flops;   /* per rank */
     int *inputs, *targets;
     /* The tensor and sequence axes (loaded when their size is > 1). */

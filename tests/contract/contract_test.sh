@@ -6,6 +6,8 @@
 #   one_microbatch LOOM_STRATEGY_ONE_MICROBATCH refused with grad_accum = 2
 #   in_order       LOOM_STRATEGY_GRADS_IN_ORDER refused with a pipeline
 #   unknown_bit    a capability bit the core does not know is refused at load
+#   group          with the hooks a dp group needs, it trains at dp=3 as one rank
+#   norm_differs   a norm of the rank's own share is stopped at the first step
 #   usage: contract_test.sh LOOM SOURCE_DIR PLUGIN_DIR CASE
 set -eu
 LOOM=$1
@@ -58,5 +60,18 @@ in_order)
 unknown_bit)
     expect_refusal "FAIL capabilities: capabilities has bits 0x10000000000 this loom does not know" \
         "$LOOM" plugins --check "$PLUGINS/libloom-strategy-future.so" ;;
+group)
+    train --set train.clip=0.05 --metrics one.jsonl > one.log 2>&1 || { cat one.log; exit 1; }
+    "$LOOM" launch -n 3 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=6 \
+        --set train.clip=0.05 --set parallel.dp.size=3 --set parallel.dp.strategy="$PLUGINS/libloom-strategy-group.so" \
+        --metrics three.jsonl > three.log 2>&1 || { cat three.log; exit 1; }
+    losses one.jsonl > a.txt; losses three.jsonl > b.txt
+    paste a.txt b.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1)) { print "step " NR ": one rank " $1 ", dp=3 " $2; bad = 1 } }
+        END { exit bad }' || { echo "contract_test: dp=3 left the single-rank trajectory"; exit 1; }
+    echo "group strategy at dp=3: the single-rank losses over $(wc -l < a.txt) steps" ;;
+norm_differs)
+    expect_refusal "strategy sharenorm: data_grad_norm_sq differs across the dp group at step 1" \
+        "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+        --set parallel.dp.strategy="$PLUGINS/libloom-strategy-sharenorm.so" ;;
 *) echo "contract_test: unknown case $CASE"; exit 2 ;;
 esac
