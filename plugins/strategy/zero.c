@@ -111,6 +111,7 @@ static const loom_setting_spec zero3_settings[] = {
 typedef struct zero_op {
     loom_request *req; /* while active */
     int active;        /* posted and not yet seen complete */
+    const char *what;  /* "allgather", "reducescatter", "allreduce" */
     uint64_t start_ns, bytes;
 } zero_op;
 
@@ -129,6 +130,7 @@ typedef struct zero_unit {
     void *grads;      /* full, compute dtype: zero1 always; zero2/3 open or being reduced */
     int reduced;      /* zero1: reduce-scatter posted this step */
     int reducing;     /* zero2/3: reduce-scatter posted, result not yet accumulated */
+    int averaging;    /* HSDP: the reduce op is now the replica all-reduce */
     zero_op gather;   /* zero3 gather, zero1/2 post-step all-gather */
     zero_op reduce;   /* reduce-scatter of grads, then HSDP's replica all-reduce */
 
@@ -253,9 +255,12 @@ static int op_failed(loom_strategy *s, int rc)
     return rc; /* the comm layer's detail names the op, its sequence number and who is missing */
 }
 
+static int post_average(loom_strategy *s, zero_unit *z);
+
 /* MPI moves data only inside its calls: test what is in flight. Completion
  * is noted (and traced) here, but buffers change hands only at the fixed
- * points below, so memory use is the same on every run. */
+ * points below, so memory use is the same on every run. Under HSDP a
+ * finished reduce-scatter's replica all-reduce is posted at once. */
 static int progress(loom_strategy *s)
 {
     if (s->failed)
@@ -269,9 +274,11 @@ static int progress(loom_strategy *s)
             int rc = s->host->comm->test(ops[k]->req);
             if (rc == LOOM_IN_PROGRESS)
                 continue;
-            op_done(s, z, ops[k], k ? "reducescatter" : "allgather");
+            op_done(s, z, ops[k], ops[k]->what);
             if (rc != LOOM_OK)
                 return op_failed(s, rc);
+            if (k == 1 && s->replica && !z->averaging && (rc = post_average(s, z)) != LOOM_OK)
+                return rc;
         }
     }
     return LOOM_OK;
@@ -310,6 +317,7 @@ static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, 
         return op_failed(s, rc);
     op->req = req;
     op->active = 1;
+    op->what = what;
     op->bytes = (uint64_t)(elems * s->esize);
     if (!req)
         op_done(s, z, op, what);
@@ -334,16 +342,16 @@ static int post_gather(loom_strategy *s, zero_unit *z, const void *send, void *r
     return track(s, z, &z->gather, "allgather", z->padded, rc, req);
 }
 
-/* HSDP: the shard group's average of a gradient shard, averaged again over
- * the replicas, is the average over the whole dp group. */
-static int average_replicas(loom_strategy *s, zero_unit *z, void *shard)
+/* HSDP: the shard group's average of a gradient shard (in recv), averaged
+ * again over the replicas, in place, is the average over the dp group. */
+static int post_average(loom_strategy *s, zero_unit *z)
 {
+    z->averaging = 1;
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    int rc = s->host->comm->allreduce(s->replica, shard, shard, z->shard, s->dtype, LOOM_AVG, &req);
-    if ((rc = track(s, z, &z->reduce, "allreduce", z->shard, rc, req)) != LOOM_OK)
-        return rc;
-    return wait_op(s, z, &z->reduce, "allreduce");
+    int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, LOOM_AVG,
+                                      &req);
+    return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
 }
 
 /* ---------------------------------------------- zero2/3 gradient shards */
@@ -355,11 +363,12 @@ static int finish_reduce(loom_strategy *s)
     if (s->reducing_unit < 0)
         return LOOM_OK;
     zero_unit *z = &s->zu[s->reducing_unit];
-    int rc = wait_op(s, z, &z->reduce, "reducescatter");
-    if (rc == LOOM_OK && s->replica)
-        rc = average_replicas(s, z, s->recv);
+    int rc = wait_op(s, z, &z->reduce, z->averaging ? "allreduce" : "reducescatter");
+    if (rc == LOOM_OK && s->replica && !z->averaging && (rc = post_average(s, z)) == LOOM_OK)
+        rc = wait_op(s, z, &z->reduce, "allreduce");
     if (rc != LOOM_OK)
         return rc;
+    z->averaging = 0;
     void *owned = grad_shard_of(s, z);
     reduce_elements(owned, owned, s->recv, z->shard, s->dtype, LOOM_SUM);
     s->host->mem_free(s->host, z->grads);

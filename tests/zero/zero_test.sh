@@ -79,7 +79,12 @@ hsdp)
     # zero3 in shard groups of 2, two replicas, at 4 ranks
     backend=$1
     run single 1
-    run hsdp 4 --set parallel.dp.strategy=zero3 --set parallel.dp.shard_size=2 --set comm.default="$backend"
+    run hsdp 4 --set parallel.dp.strategy=zero3 --set parallel.dp.shard_size=2 --set comm.default="$backend" \
+        --trace "$TMP/trace.json"
+    # each unit's gradient shard crosses the replicas: a span per unit
+    for want in '"name":"zero3 allreduce block 0"' '"name":"zero3 allreduce embedding"' '"name":"zero3 reducescatter head"'; do
+        grep -q "$want" "$TMP/trace.json" || { echo "zero_test: trace lacks $want"; exit 1; }
+    done
     grep -q "zero3 over 4 ranks, shard groups of 2 (HSDP: 2 replicas)" hsdp.log || { cat hsdp.log; echo "zero_test: header does not name HSDP"; exit 1; }
     grep -q "dp over $backend" hsdp.log || { cat hsdp.log; echo "zero_test: not over $backend"; exit 1; }
     compare single hsdp 1e-5
