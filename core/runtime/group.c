@@ -56,6 +56,9 @@ struct loom_group {
     char timeout_why[512];             /* the first collective timeout's diagnosis */
     subgroup_count *subgroups;
     loom_comm_counters counters;
+    /* Groups made by split: g owns them (destroyed with it) and their
+     * traffic counts in g's counters too, so an axis's totals hold it. */
+    struct loom_group *split_children, *next_split_child, *split_parent;
     self_message *unmatched_sends, *pending_recvs;
     struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
 };
@@ -237,6 +240,18 @@ void loom_group_destroy(loom_group *g)
 {
     if (!g)
         return;
+    for (loom_group *c = g->split_children, *next; c; c = next) {
+        next = c->next_split_child;
+        c->split_parent = NULL; /* nothing to unlink from */
+        loom_group_destroy(c);
+    }
+    if (g->split_parent) {
+        loom_group **p = &g->split_parent->split_children;
+        while (*p && *p != g)
+            p = &(*p)->next_split_child;
+        if (*p)
+            *p = g->next_split_child;
+    }
     if (g->ops) {
         remove_backed(g);
         g->ops->destroy(g->comm);
@@ -265,11 +280,18 @@ static int g_size(const loom_group *g) { return g->size; }
 static const char *g_backend(const loom_group *g) { return g->backend; }
 
 /* Wrap a backend request (or immediate completion) and count the op. */
+static void count_op(loom_group *g, loom_comm_op op, uint64_t bytes)
+{
+    for (; g; g = g->split_parent) {
+        g->counters.calls[op]++;
+        g->counters.bytes[op] += bytes;
+    }
+}
+
 static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start, uint64_t seq,
                   int peer, loom_comm_request *inner, loom_request **req)
 {
-    g->counters.calls[op]++;
-    g->counters.bytes[op] += bytes;
+    count_op(g, op, bytes);
     if (!inner) {
         loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(op), start, loom_now_ns(), bytes);
         *req = NULL;
@@ -539,8 +561,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
     while (*tail)
         tail = &(*tail)->next;
     *tail = m;
-    g->counters.calls[LOOM_OP_RECV]++;
-    g->counters.bytes[LOOM_OP_RECV] += bytes;
+    count_op(g, LOOM_OP_RECV, bytes);
     r->group = g;
     r->op = LOOM_OP_RECV;
     r->start_ns = t0;
@@ -833,6 +854,56 @@ static int g_wait(loom_request *r)
     return rc;
 }
 
+/* Split: every rank's (colour, key) over the parent, then each rank's own
+ * list: its colour's members by key, ties by parent rank, so every member
+ * computes the same list and the parent's subgroup creation does the rest
+ * on any backend. The exchange is counted like any allgather of parent. */
+static int g_split(loom_group *parent, int colour, int key, loom_group **out)
+{
+    if (!parent || !out)
+        return loom_fail(LOOM_ERR_INVALID, "comm: split needs a parent group and an out pointer");
+    *out = NULL;
+    int n = parent->size, mine[2] = {colour, key};
+    int *all = malloc((size_t)n * 2 * sizeof *all), *list = malloc((size_t)n * sizeof *list);
+    if (!all || !list) {
+        free(all);
+        free(list);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
+    }
+    loom_request *req = NULL;
+    int rc = g_allgather(parent, mine, all, 2, LOOM_I32, &req);
+    if (rc == LOOM_OK)
+        rc = g_wait(req);
+    /* Every rank sees every colour, so all refuse a negative one alike. */
+    for (int r = 0; rc == LOOM_OK && r < n; r++)
+        if (all[2 * r] < 0)
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "comm: split: rank %d of the group passed colour %d; colours must be "
+                           ">= 0 (every rank joins one subgroup)",
+                           r, all[2 * r]);
+    int count = 0;
+    for (int r = 0; rc == LOOM_OK && r < n; r++) {
+        if (all[2 * r] != colour)
+            continue;
+        int at = count++; /* insertion sort by (key, parent rank): r only grows */
+        while (at > 0 && all[2 * list[at - 1] + 1] > all[2 * r + 1]) {
+            list[at] = list[at - 1];
+            at--;
+        }
+        list[at] = r;
+    }
+    if (rc == LOOM_OK)
+        rc = loom_group_subgroup(parent, list, count, out);
+    free(all);
+    free(list);
+    if (rc != LOOM_OK)
+        return rc;
+    (*out)->split_parent = parent;
+    (*out)->next_split_child = parent->split_children;
+    parent->split_children = *out;
+    return LOOM_OK;
+}
+
 const loom_comm_api loom_core_comm_api = {
     .struct_size = sizeof(loom_comm_api),
     .rank = g_rank,
@@ -851,4 +922,5 @@ const loom_comm_api loom_core_comm_api = {
     .group_end = g_group_end,
     .test = g_test,
     .wait = g_wait,
+    .split = g_split,
 };

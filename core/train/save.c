@@ -49,7 +49,7 @@ static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *
         if (t->mesh->coords[LOOM_AXIS_DP] != 0)
             return rc;
     }
-    if (rc != LOOM_OK)
+    if (rc != LOOM_OK || count == 0) /* owns nothing of it: another rank writes it */
         return rc;
     return loom_ckpt_shard_put(w, i, tp_rank, begin, count, buf, buf + count, buf + 2 * count);
 }

@@ -4,10 +4,17 @@
  * ZERO_STAGE = 1, 2 or 3.
  *
  * Flat shards. A unit's parameters are one flat buffer, padded with zeros to
- * a multiple of ALIGN x dp_size elements so it splits evenly: dp rank r owns
- * shard r, elements [r * shard, (r + 1) * shard). fp32 master weights (for
- * 16-bit runs) and Adam's m and v exist only for the owned shard; fp32
- * parameters are their own master weights.
+ * a multiple of ALIGN x S elements so it splits evenly over the S ranks of
+ * a shard group: shard rank r owns shard r, elements [r * shard, (r + 1) *
+ * shard). fp32 master weights (for 16-bit runs) and Adam's m and v exist
+ * only for the owned shard; fp32 parameters are their own master weights.
+ * The shard group is the whole dp group (S = N), except under zero3's
+ * hybrid sharding (HSDP, FSDP's HYBRID_SHARD): parallel.dp.shard_size = S
+ * < N splits the dp group into N/S shard groups of S consecutive dp ranks,
+ * each holding the whole model state sharded, and S replica groups (the
+ * ranks of equal shard rank, one per shard group). Gathers and
+ * reduce-scatters stay inside the shard group; each reduce-scattered
+ * gradient shard is then all-reduced (averaged) over the replica group.
  *
  *  zero1  every rank keeps the full parameters and gradients. On the last
  *         micro-batch each unit's gradients are reduce-scattered (averaged)
@@ -30,7 +37,7 @@
  *         gathered exactly twice per micro-batch.
  *
  * Model-state bytes per rank (accounted PARAMS + GRADS + OPTIMIZER), Ψ the
- * padded parameter count, N the dp size, e the compute dtype's size, w = 4
+ * padded parameter count, N the dp size (the shard size S under HSDP), e the compute dtype's size, w = 4
  * for 16-bit runs (fp32 master weights) and 0 for fp32 (none):
  *   zero1   2eΨ + (w + 8)Ψ/N          bf16 4Ψ + 12Ψ/N   fp32 8Ψ + 8Ψ/N
  *   zero2    eΨ + (e + w + 8)Ψ/N      bf16 2Ψ + 14Ψ/N   fp32 4Ψ + 12Ψ/N
@@ -50,7 +57,10 @@
  * compute dtype as the ring algorithms move them: reduce-scatter and
  * all-gather each (N-1)/N Ψ, so 2Ψ(N-1)/N for zero1 and zero2 and
  * 3Ψ(N-1)/N for zero3. With k micro-batches zero2 reduce-scatters k times
- * and zero3 gathers 2k times. */
+ * and zero3 gathers 2k times. HSDP (R = N/S replicas): 3Ψ(S-1)/S in the
+ * shard group plus the replica all-reduce of each shard, 2(Ψ/S)(R-1)/R,
+ * per micro-batch. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +90,10 @@ static const loom_setting_spec zero3_settings[] = {
     {.name = "prefetch", .type = LOOM_SETTING_INT, .default_value = "1",
      .help = "units whose all-gather is posted ahead of use, in forward and in backward order "
      "(0: gather each unit when it is needed)"},
+    {.name = "shard_size", .type = LOOM_SETTING_INT, .default_value = "0",
+     .help = "ranks each unit is sharded over, a divisor of parallel.dp.size; smaller: "
+     "dp.size / shard_size replicas of the shards (hybrid sharding, HSDP); 0: the whole dp group",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {0},
 };
 
@@ -97,16 +111,17 @@ static const loom_setting_spec zero3_settings[] = {
 typedef struct zero_op {
     loom_request *req; /* while active */
     int active;        /* posted and not yet seen complete */
-    uint64_t start_ns;
+    const char *what;  /* "allgather", "reducescatter", "allreduce" */
+    uint64_t start_ns, bytes;
 } zero_op;
 
 /* A unit as this strategy keeps it. */
 typedef struct zero_unit {
     loom_unit *unit;
     size_t numel;     /* the model's elements */
-    size_t padded;    /* numel rounded up to ALIGN x dp_size */
-    size_t shard;     /* padded / dp_size */
-    size_t own_begin; /* dp_rank * shard */
+    size_t padded;    /* numel rounded up to ALIGN x shard_size */
+    size_t shard;     /* padded / shard_size */
+    size_t own_begin; /* shard_rank * shard */
     size_t own_count; /* elements of the owned shard that are not padding */
     size_t shard_off; /* into the per-rank shard buffers */
     size_t flat_off;  /* zero1/2: into the full parameter (and zero1 gradient) buffers */
@@ -115,8 +130,9 @@ typedef struct zero_unit {
     void *grads;      /* full, compute dtype: zero1 always; zero2/3 open or being reduced */
     int reduced;      /* zero1: reduce-scatter posted this step */
     int reducing;     /* zero2/3: reduce-scatter posted, result not yet accumulated */
+    int averaging;    /* HSDP: the reduce op is now the replica all-reduce */
     zero_op gather;   /* zero3 gather, zero1/2 post-step all-gather */
-    zero_op reduce;   /* reduce-scatter of grads */
+    zero_op reduce;   /* reduce-scatter of grads, then HSDP's replica all-reduce */
 
     /* zero3 lifetime of the gathered parameters */
     int fwd_refs;    /* before_forward calls not yet closed by after_forward */
@@ -135,8 +151,12 @@ typedef struct zero_step {
 struct loom_strategy {
     const loom_host *host;
     loom_strategy_setup setup;
-    loom_group *dp;
     int dp_size, dp_rank;
+    /* The ranks the units are sharded over: the dp group, or under HSDP a
+     * split of it (the core owns splits); replica: HSDP's group of the
+     * ranks with my shard, else NULL. */
+    loom_group *shard_group, *replica;
+    int shard_size, shard_rank;
     int prefetch;
 
     loom_unit *units;
@@ -148,7 +168,7 @@ struct loom_strategy {
     size_t esize;
     size_t numel;       /* Ψ the model's */
     size_t padded;      /* Ψ padded */
-    size_t shard_total; /* padded / dp_size */
+    size_t shard_total; /* padded / shard_size */
     size_t max_shard;
 
     void *params_all;  /* zero1/2: every unit's full parameters (PARAMS) */
@@ -211,18 +231,13 @@ static void free_if(const loom_host *h, void *p)
 
 /* ------------------------------------------------------ collectives */
 
-static void op_done(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, uint64_t bytes)
+static void op_done(loom_strategy *s, zero_unit *z, zero_op *op, const char *what)
 {
     op->active = 0;
     op->req = NULL;
     char label[48], name[80];
     snprintf(name, sizeof name, NAME " %s %s", what, unit_label(z->unit, label, sizeof label));
-    s->host->trace(s->host, LOOM_LANE_COMM, name, op->start_ns, s->host->now_ns(), bytes);
-}
-
-static uint64_t unit_bytes(const loom_strategy *s, const zero_unit *z)
-{
-    return (uint64_t)(z->padded * s->esize);
+    s->host->trace(s->host, LOOM_LANE_COMM, name, op->start_ns, s->host->now_ns(), op->bytes);
 }
 
 /* After a failed collective the dp group is broken and the shards are not
@@ -240,9 +255,12 @@ static int op_failed(loom_strategy *s, int rc)
     return rc; /* the comm layer's detail names the op, its sequence number and who is missing */
 }
 
+static int post_average(loom_strategy *s, zero_unit *z);
+
 /* MPI moves data only inside its calls: test what is in flight. Completion
  * is noted (and traced) here, but buffers change hands only at the fixed
- * points below, so memory use is the same on every run. */
+ * points below, so memory use is the same on every run. Under HSDP a
+ * finished reduce-scatter's replica all-reduce is posted at once. */
 static int progress(loom_strategy *s)
 {
     if (s->failed)
@@ -256,9 +274,11 @@ static int progress(loom_strategy *s)
             int rc = s->host->comm->test(ops[k]->req);
             if (rc == LOOM_IN_PROGRESS)
                 continue;
-            op_done(s, z, ops[k], k ? "reducescatter" : "allgather", unit_bytes(s, z));
+            op_done(s, z, ops[k], ops[k]->what);
             if (rc != LOOM_OK)
                 return op_failed(s, rc);
+            if (k == 1 && s->replica && !z->averaging && (rc = post_average(s, z)) != LOOM_OK)
+                return rc;
         }
     }
     return LOOM_OK;
@@ -283,21 +303,24 @@ static int wait_op(loom_strategy *s, zero_unit *z, zero_op *op, const char *what
         snprintf(name, sizeof name, NAME " wait %s %s", what, unit_label(z->unit, label, sizeof label));
         s->host->trace(s->host, LOOM_LANE_COMPUTE, name, t0, s->host->now_ns(), 0);
     }
-    op_done(s, z, op, what, unit_bytes(s, z)); /* released either way */
+    op_done(s, z, op, what); /* released either way */
     return rc == LOOM_OK ? LOOM_OK : op_failed(s, rc);
 }
 
-/* A collective was just posted (rc and req as the comm layer returned
- * them): track it until it completes, which it may have already. */
-static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, int rc,
-                 loom_request *req)
+/* A collective of `elems` elements was just posted (rc and req as the comm
+ * layer returned them): track it until it completes, which it may have
+ * already. */
+static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, size_t elems,
+                 int rc, loom_request *req)
 {
     if (rc != LOOM_OK)
         return op_failed(s, rc);
     op->req = req;
     op->active = 1;
+    op->what = what;
+    op->bytes = (uint64_t)(elems * s->esize);
     if (!req)
-        op_done(s, z, op, what, unit_bytes(s, z));
+        op_done(s, z, op, what);
     return LOOM_OK;
 }
 
@@ -305,8 +328,9 @@ static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
 {
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    int rc = s->host->comm->reducescatter(s->dp, z->grads, recv, z->shard, s->dtype, LOOM_AVG, &req);
-    return track(s, z, &z->reduce, "reducescatter", rc, req);
+    int rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
+                                          LOOM_AVG, &req);
+    return track(s, z, &z->reduce, "reducescatter", z->padded, rc, req);
 }
 
 /* send: the owned shard (zero1/2: in place inside recv). */
@@ -314,8 +338,20 @@ static int post_gather(loom_strategy *s, zero_unit *z, const void *send, void *r
 {
     z->gather.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    int rc = s->host->comm->allgather(s->dp, send, recv, z->shard, s->dtype, &req);
-    return track(s, z, &z->gather, "allgather", rc, req);
+    int rc = s->host->comm->allgather(s->shard_group, send, recv, z->shard, s->dtype, &req);
+    return track(s, z, &z->gather, "allgather", z->padded, rc, req);
+}
+
+/* HSDP: the shard group's average of a gradient shard (in recv), averaged
+ * again over the replicas, in place, is the average over the dp group. */
+static int post_average(loom_strategy *s, zero_unit *z)
+{
+    z->averaging = 1;
+    z->reduce.start_ns = s->host->now_ns();
+    loom_request *req = NULL;
+    int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, LOOM_AVG,
+                                      &req);
+    return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
 }
 
 /* ---------------------------------------------- zero2/3 gradient shards */
@@ -327,9 +363,12 @@ static int finish_reduce(loom_strategy *s)
     if (s->reducing_unit < 0)
         return LOOM_OK;
     zero_unit *z = &s->zu[s->reducing_unit];
-    int rc = wait_op(s, z, &z->reduce, "reducescatter");
+    int rc = wait_op(s, z, &z->reduce, z->averaging ? "allreduce" : "reducescatter");
+    if (rc == LOOM_OK && s->replica && !z->averaging && (rc = post_average(s, z)) == LOOM_OK)
+        rc = wait_op(s, z, &z->reduce, "allreduce");
     if (rc != LOOM_OK)
         return rc;
+    z->averaging = 0;
     void *owned = grad_shard_of(s, z);
     reduce_elements(owned, owned, s->recv, z->shard, s->dtype, LOOM_SUM);
     s->host->mem_free(s->host, z->grads);
@@ -450,21 +489,47 @@ static int zero_create(const loom_host *host, const loom_strategy_setup *setup, 
     int rc = strategy_axis_group(host, setup, NAME, LOOM_AXIS_DP, &dp);
     if (rc != LOOM_OK)
         return rc;
-    int64_t prefetch = 0;
+    int dp_size = host->comm->size(dp), dp_rank = host->comm->rank(dp);
+    int64_t prefetch = 0, shard_size = 0;
     if (zero_stage == 3) {
-        if ((rc = host->config_int(host, "prefetch", &prefetch)) != LOOM_OK)
+        if ((rc = host->config_int(host, "prefetch", &prefetch)) != LOOM_OK ||
+            (rc = host->config_int(host, "shard_size", &shard_size)) != LOOM_OK)
             return rc;
         if (prefetch < 0 || prefetch > 64)
             return host->error(host, LOOM_ERR_INVALID,
                                NAME ": parallel.dp.prefetch = %lld must be between 0 (no "
                                     "prefetch) and 64 units",
                                (long long)prefetch);
+        if (shard_size < 0 || (shard_size > 0 && dp_size % shard_size != 0))
+            return host->error(host, LOOM_ERR_INVALID,
+                               NAME ": parallel.dp.shard_size = %lld does not divide "
+                                    "parallel.dp.size = %d; set a divisor of %d (0: shard over "
+                                    "the whole dp group)",
+                               (long long)shard_size, dp_size, dp_size);
+    }
+    if (shard_size == 0)
+        shard_size = dp_size;
+    loom_group *shard_group = dp, *replica = NULL;
+    if (shard_size < dp_size) {
+        /* Shard groups of consecutive dp ranks; a replica group takes one
+         * rank of each. Collective over dp, and the core owns both. */
+        if (host->comm->struct_size < offsetof(loom_comm_api, split) + sizeof host->comm->split ||
+            !host->comm->split)
+            return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                               NAME ": parallel.dp.shard_size needs the comm API's split (ABI "
+                                    "1.3); this core has none");
+        int S = (int)shard_size;
+        if ((rc = host->comm->split(dp, dp_rank / S, dp_rank, &shard_group)) != LOOM_OK ||
+            (rc = host->comm->split(dp, dp_rank % S, dp_rank, &replica)) != LOOM_OK)
+            return rc;
     }
     loom_strategy *s = malloc(sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
-    *s = (loom_strategy){.host = host, .setup = *setup, .dp = dp, .dp_size = host->comm->size(dp),
-                         .dp_rank = host->comm->rank(dp), .prefetch = (int)prefetch,
+    *s = (loom_strategy){.host = host, .setup = *setup, .dp_size = dp_size, .dp_rank = dp_rank,
+                         .shard_group = shard_group, .replica = replica,
+                         .shard_size = (int)shard_size,
+                         .shard_rank = host->comm->rank(shard_group), .prefetch = (int)prefetch,
                          .reducing_unit = -1};
     *out = s;
     return LOOM_OK;
@@ -559,32 +624,36 @@ static int zero_destroy(loom_strategy *s)
 
 static int zero_describe(const loom_strategy *s, char *buf, size_t cap)
 {
-    char prefetch[32] = "", sizes[160] = "";
+    char prefetch[32] = "", hybrid[96] = "", sizes[160] = "";
     if (zero_stage == 3)
         snprintf(prefetch, sizeof prefetch, ", prefetch %d", s->prefetch);
+    if (s->replica)
+        snprintf(hybrid, sizeof hybrid, ", shard groups of %d (HSDP: %d replicas)", s->shard_size,
+                 s->dp_size / s->shard_size);
     if (s->zu)
         snprintf(sizes, sizeof sizes, ", %zu parameters padded to %zu, %zu owned per rank",
                  s->numel, s->padded, s->shard_total);
-    snprintf(buf, cap, NAME " over %d rank%s%s%s", s->dp_size, s->dp_size == 1 ? "" : "s",
-             prefetch, sizes);
+    snprintf(buf, cap, NAME " over %d rank%s%s%s%s", s->dp_size, s->dp_size == 1 ? "" : "s",
+             hybrid, prefetch, sizes);
     return LOOM_OK;
 }
 
 /* ----------------------------------------------------------- data axis */
 
-/* Pads each unit to a multiple of ALIGN x dp_size elements and cuts it into
- * dp_size equal shards, of which this rank owns shard dp_rank; the units lie
+/* Pads each unit to a multiple of ALIGN x shard_size elements and cuts it
+ * into shard_size equal shards, of which this rank owns shard shard_rank;
+ * the units lie
  * one after the other in the full buffers and in the shard buffers. */
 static void lay_out_shards(loom_strategy *s)
 {
-    size_t N = (size_t)s->dp_size, flat = 0, shards = 0;
+    size_t N = (size_t)s->shard_size, flat = 0, shards = 0;
     for (int i = 0; i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
         z->unit = &s->units[i];
         z->numel = z->unit->numel;
         z->padded = round_up(z->numel ? z->numel : 1, ALIGN * N);
         z->shard = z->padded / N;
-        z->own_begin = (size_t)s->dp_rank * z->shard;
+        z->own_begin = (size_t)s->shard_rank * z->shard;
         z->own_count = z->numel > z->own_begin ? z->numel - z->own_begin : 0;
         if (z->own_count > z->shard)
             z->own_count = z->shard;
@@ -874,14 +943,15 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
     int rc = need_finished(s, "data_grad_norm_sq");
     if (rc != LOOM_OK)
         return rc;
-    /* Each rank sums its owned shard; the shards partition the model. */
+    /* Each rank sums its owned shard; a shard group's shards partition the
+     * model (and under HSDP every shard group holds the same). */
     double local = 0.0;
     for (int i = 0; i < s->nunits; i++)
         local = strategy_add_squares(local, grad_shard_of(s, &s->zu[i]), s->dtype,
                                      s->zu[i].own_count);
     double global = local;
     loom_request *req = NULL;
-    rc = s->host->comm->allreduce(s->dp, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
+    rc = s->host->comm->allreduce(s->shard_group, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
     if (rc == LOOM_OK && req)
         rc = s->host->comm->wait(req);
     if (rc != LOOM_OK)
@@ -971,7 +1041,7 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
         if (!dst[k])
             continue;
         loom_request *req = NULL;
-        rc = s->host->comm->allgather(s->dp, shard[k], full, z->shard, LOOM_F32, &req);
+        rc = s->host->comm->allgather(s->shard_group, shard[k], full, z->shard, LOOM_F32, &req);
         if (rc == LOOM_OK && req)
             rc = s->host->comm->wait(req);
         if (rc != LOOM_OK) {
@@ -1008,13 +1078,19 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
     return LOOM_OK;
 }
 
-/* Sharded checkpoints: the owned shard as it is, no communication. */
+/* Sharded checkpoints: the owned shard as it is, no communication. Under
+ * HSDP the first shard group's ranks write the shards and the replicas
+ * nothing, so the ranges stay disjoint. */
 static int zero_data_get_shard(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
                                float *params, float *m, float *v)
 {
     zero_unit *z = hook_unit(s, unit, "data_get_shard");
     if (!z)
         return LOOM_ERR_INVALID;
+    if (s->dp_rank >= s->shard_size) {
+        *begin = *count = 0;
+        return LOOM_OK;
+    }
     *begin = z->own_count ? z->own_begin : 0;
     *count = z->own_count;
     size_t bytes = z->own_count * sizeof(float);

@@ -187,7 +187,7 @@ PIN(loom_host, trace, 136);
 PIN(loom_host, comm, 144);
 PIN(loom_host, comm_waiting, 152);
 
-PIN_SIZE(loom_comm_api, 136);
+PIN_SIZE(loom_comm_api, 144);
 PIN(loom_comm_api, struct_size, 0);
 PIN(loom_comm_api, rank, 8);
 PIN(loom_comm_api, size, 16);
@@ -205,6 +205,7 @@ PIN(loom_comm_api, group_start, 104);
 PIN(loom_comm_api, group_end, 112);
 PIN(loom_comm_api, test, 120);
 PIN(loom_comm_api, wait, 128);
+PIN(loom_comm_api, split, 136); /* since 1.3 */
 
 /* The types strategy hooks receive: their sizes are ABI too. */
 PIN_SIZE(loom_tensor, 88);

@@ -244,6 +244,93 @@ static void test_group(loom_group *g, const char *label)
         printf("%s: %d ranks checked\n", label, C->size(g));
 }
 
+/* One split of parent against its serial reference: the members of my
+ * colour ordered by (key, parent rank). The new group's all-gather of
+ * parent ranks proves its order, an all-reduce that it works, and parent's
+ * counters that its traffic counts there too. */
+static loom_group *check_split(loom_group *parent, const int *colours, const int *keys,
+                               const char *what)
+{
+    int n = C->size(parent), me = C->rank(parent), want[64], m = 0;
+    for (int r = 0; r < n; r++) {
+        if (colours[r] != colours[me])
+            continue;
+        int at = m++;
+        while (at > 0 && keys[want[at - 1]] > keys[r]) {
+            want[at] = want[at - 1];
+            at--;
+        }
+        want[at] = r;
+    }
+    loom_group *g = NULL;
+    OK(C->split(parent, colours[me], keys[me], &g));
+    CHECK(C->size(g) == m, "%s: size %d, want %d", what, C->size(g), m);
+    int got[64] = {0};
+    loom_comm_counters before, after;
+    loom_group_counters(parent, &before);
+    loom_request *req;
+    OK(C->allgather(g, &me, got, 1, LOOM_I32, &req));
+    run(req);
+    for (int i = 0; i < m; i++) {
+        CHECK(got[i] == want[i], "%s: member %d is parent rank %d, want %d", what, i, got[i],
+              want[i]);
+        if (want[i] == me)
+            CHECK(C->rank(g) == i, "%s: rank %d, want %d", what, C->rank(g), i);
+    }
+    loom_group_counters(parent, &after);
+    CHECK(after.bytes[LOOM_OP_ALLGATHER] - before.bytes[LOOM_OP_ALLGATHER] == (uint64_t)m * 4,
+          "%s: parent counted %llu all-gather bytes of the split's %d", what,
+          (unsigned long long)(after.bytes[LOOM_OP_ALLGATHER] - before.bytes[LOOM_OP_ALLGATHER]),
+          m * 4);
+    int sum = 0, want_sum = 0;
+    OK(C->allreduce(g, &me, &sum, 1, LOOM_I32, LOOM_SUM, &req));
+    run(req);
+    for (int i = 0; i < m; i++)
+        want_sum += want[i];
+    CHECK(sum == want_sum, "%s: all-reduce %d, want %d", what, sum, want_sum);
+    return g;
+}
+
+/* split: colourings with odd sizes, keys that reorder, ties, groups of
+ * one, a split of a split, and a negative colour refused on every rank.
+ * The splits are the world's: destroyed with it. */
+static void test_split(loom_group *world)
+{
+    int n = C->size(world), colours[64] = {0}, keys[64] = {0};
+    for (int r = 0; r < n; r++) { /* halves, reversed */
+        colours[r] = r % 2;
+        keys[r] = -r;
+    }
+    check_split(world, colours, keys, "split by parity, reversed");
+    for (int r = 0; r < n; r++) { /* pairs (the last alone at odd n), ties by rank */
+        colours[r] = r / 2;
+        keys[r] = 0;
+    }
+    loom_group *pair = check_split(world, colours, keys, "split in pairs");
+    for (int r = 0; r < n; r++) { /* rank 0 alone, the rest rotated */
+        colours[r] = r == 0 ? 5 : 9;
+        keys[r] = (r + 1) % n;
+    }
+    check_split(world, colours, keys, "split 1 + rest, rotated");
+    for (int r = 0; r < n; r++) { /* one group, the same twice: two distinct groups */
+        colours[r] = 3;
+        keys[r] = n - r;
+    }
+    loom_group *a = check_split(world, colours, keys, "one group, reversed");
+    loom_group *b = check_split(world, colours, keys, "one group again");
+    CHECK(a != b, "the same split twice gave one group");
+    int pn = C->size(pair), pc[64] = {0}, pk[64] = {0};
+    for (int r = 0; r < pn; r++) { /* a split of a split */
+        pc[r] = r;
+        pk[r] = 0;
+    }
+    check_split(pair, pc, pk, "split of a pair");
+    loom_group *none = NULL;
+    int rc = C->split(world, my_rank == n - 1 ? -1 : 0, 0, &none);
+    CHECK(rc == LOOM_ERR_INVALID && none == NULL && strstr(loom_last_error(), "colour -1"),
+          "a negative colour gave %s: %s", loom_status_string(rc), loom_last_error());
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -320,6 +407,7 @@ int main(int argc, char **argv)
             test_group(sub, "subgroup");
         loom_group_destroy(sub);
     }
+    test_split(world);
 
     loom_comm_counters counters;
     loom_group_counters(world, &counters);

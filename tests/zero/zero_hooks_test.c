@@ -5,7 +5,9 @@
  *   zero_hooks_test [path=value ...] [--expect-error TEXT] [--straggler R]
  *
  * The arguments are config overrides (parallel.dp.size=3,
- * parallel.dp.strategy=zero3, parallel.dp.prefetch=2, comm.default=mpi).
+ * parallel.dp.strategy=zero3, parallel.dp.prefetch=2, comm.default=mpi;
+ * zero3's parallel.dp.shard_size=S: hybrid sharding, where the formulas
+ * take S for N and add the replica all-reduce).
  * With --expect-error, creating the strategy must fail with a message
  * containing TEXT. With --straggler R (zero3), rank R never gets to the
  * forward: the others' first all-gather must time out naming it.
@@ -20,6 +22,7 @@
  *    is in flight (zero2/3 gradients, zero3 gathered units);
  *  - bytes moved on the dp group from the comm layer's counters:
  *    2Ψ(N-1)/N (ddp, zero1, zero2) and 3Ψ(N-1)/N (zero3) per micro-batch;
+ *    HSDP 3Ψ(S-1)/S + 2(Ψ/S)(R-1)/R over R = N/S replicas;
  *  - one comm-lane trace span per collective.
  *
  * Fake gradients are small multiples of 1/64, so sums over ranks are exact
@@ -62,6 +65,7 @@ typedef struct fixture {
     const loom_host *host;
     loom_group *dp;
     int dp_rank, dp_size;
+    int shard_size; /* zero3 under HSDP: the shard groups' size; else dp_size */
     kind kind;
     const char *name;
     int prefetch;
@@ -155,7 +159,8 @@ static void run(fixture *fx, const scenario *sc)
     loom_dtype dt = sc->dtype;
     size_t e = loom_dtype_size(dt);
     const char *dname = loom_dtype_name(dt);
-    int N = fx->dp_size, K = sc->grad_accum;
+    /* S: the ranks a unit is sharded over; R: the replicas of each shard */
+    int N = fx->dp_size, S = fx->shard_size, R = N / S, K = sc->grad_accum;
     kind kd = fx->kind;
 
     loom_strategy_setup setup = {.struct_size = sizeof setup, .axis = LOOM_AXIS_DP};
@@ -191,9 +196,9 @@ static void run(fixture *fx, const scenario *sc)
         for (size_t j = 0; j < NUMEL[u]; j++)
             init[u][j] = ref_master[u][j] = init_value(u, j);
         psi += NUMEL[u];
-        psi_pad += padded(NUMEL[u], N);
-        shard += padded(NUMEL[u], N) / (size_t)N;
-        max_shard = max_z(max_shard, padded(NUMEL[u], N) / (size_t)N);
+        psi_pad += padded(NUMEL[u], S);
+        shard += padded(NUMEL[u], S) / (size_t)S;
+        max_shard = max_z(max_shard, padded(NUMEL[u], S) / (size_t)S);
     }
 
     /* Model-state bytes by purpose: at rest, and the peaks of a step. w: the
@@ -233,16 +238,16 @@ static void run(fixture *fx, const scenario *sc)
     }
     memcpy(peak, rest, sizeof peak);
     if (kd == ZERO2 || kd == ZERO3)
-        peak[LOOM_PURPOSE_GRADS] += e * grads_in_flight_peak(N);
+        peak[LOOM_PURPOSE_GRADS] += e * grads_in_flight_peak(S);
     if (kd == ZERO3)
-        peak[LOOM_PURPOSE_PARAMS] += e * gathered_peak(fx->prefetch, N);
+        peak[LOOM_PURPOSE_PARAMS] += e * gathered_peak(fx->prefetch, S);
     uint64_t model_state = rest[0] + rest[1] + rest[2];
     /* The formula itself, per padded parameter (ddp does not pad). */
     double per_param = (double)model_state / (double)(kd == DDP ? psi : psi_pad);
     double want_per_param = kd == DDP     ? 16.0
-                            : kd == ZERO1 ? 2.0 * e + (w + 8.0) / N
-                            : kd == ZERO2 ? e + (e + w + 8.0) / N
-                                          : (2.0 * e + w + 8.0) / N;
+                            : kd == ZERO1 ? 2.0 * e + (w + 8.0) / S
+                            : kd == ZERO2 ? e + (e + w + 8.0) / S
+                                          : (2.0 * e + w + 8.0) / S;
     CHECK(fabs(per_param - want_per_param) < 1e-9, "%s: %.4f bytes per parameter, want %.4f", dname,
           per_param, want_per_param);
 
@@ -257,9 +262,9 @@ static void run(fixture *fx, const scenario *sc)
               (unsigned long long)rest[p]);
     }
     if (fx->dp_rank == 0 && my_rank == 0)
-        printf("%s %s N=%d: Ψ %zu padded to %zu; model state %s = %llu bytes per rank "
+        printf("%s %s N=%d S=%d: Ψ %zu padded to %zu; model state %s = %llu bytes per rank "
                "(params %llu, grads %llu, optimizer %llu); step peaks params %llu grads %llu comm %llu\n",
-               fx->name, dname, N, psi, psi_pad, formula, (unsigned long long)model_state,
+               fx->name, dname, N, S, psi, psi_pad, formula, (unsigned long long)model_state,
                (unsigned long long)rest[0], (unsigned long long)rest[1], (unsigned long long)rest[2],
                (unsigned long long)peak[0], (unsigned long long)peak[1],
                (unsigned long long)peak[LOOM_PURPOSE_COMM]);
@@ -284,6 +289,9 @@ static void run(fixture *fx, const scenario *sc)
     char want_desc[64];
     snprintf(want_desc, sizeof want_desc, "%s over %d rank", fx->name, N);
     CHECK(strstr(desc, want_desc), "describe says \"%s\", want \"%s...\"", desc, want_desc);
+    snprintf(want_desc, sizeof want_desc, "shard groups of %d (HSDP: %d replicas)", S, R);
+    CHECK((R > 1) == (strstr(desc, want_desc) != NULL), "describe says \"%s\" at %d replicas",
+          desc, R);
 
     loom_optimizer_step opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                .weight_decay = 0.01f, .grad_scale = sc->grad_scale, .update = adamw};
@@ -415,7 +423,8 @@ static void run(fixture *fx, const scenario *sc)
 
         /* Communication: the step's collectives (the norm's one f64
          * all-reduce aside), in payload bytes as the counters keep them,
-         * then as a ring moves them. */
+         * then as a ring moves them. HSDP's shard and replica groups count
+         * on the dp group; its all-reduces are the replicas'. */
         uint64_t ar = diff(&c0, &c1, LOOM_OP_ALLREDUCE, 0) + diff(&c2, &c3, LOOM_OP_ALLREDUCE, 0);
         uint64_t ag = diff(&c0, &c1, LOOM_OP_ALLGATHER, 0) + diff(&c2, &c3, LOOM_OP_ALLGATHER, 0);
         uint64_t rs = diff(&c0, &c1, LOOM_OP_REDUCESCATTER, 0) + diff(&c2, &c3, LOOM_OP_REDUCESCATTER, 0);
@@ -426,7 +435,11 @@ static void run(fixture *fx, const scenario *sc)
         case DDP: want_ar = e * psi; break;
         case ZERO1: want_rs = e * psi_pad; want_ag = (uint64_t)ag_per_step * e * psi_pad; break;
         case ZERO2: want_rs = (uint64_t)K * e * psi_pad; want_ag = (uint64_t)ag_per_step * e * psi_pad; break;
-        case ZERO3: want_rs = (uint64_t)K * e * psi_pad; want_ag = 2u * (uint64_t)K * e * psi_pad; break;
+        case ZERO3:
+            want_rs = (uint64_t)K * e * psi_pad;
+            want_ag = 2u * (uint64_t)K * e * psi_pad;
+            want_ar = R > 1 ? (uint64_t)K * e * shard : 0;
+            break;
         }
         CHECK(ar == want_ar && ag == want_ag && rs == want_rs,
               "%s %s step %d: allreduce %llu allgather %llu reducescatter %llu payload bytes, want %llu %llu %llu",
@@ -435,15 +448,19 @@ static void run(fixture *fx, const scenario *sc)
               (unsigned long long)want_rs);
         CHECK(norm_calls == (kd == DDP ? 0u : 1u), "%s: %llu all-reduces for the norm", fx->name,
               (unsigned long long)norm_calls);
-        double moved = (2.0 * (double)ar + (double)ag + (double)rs) * (N - 1) / N;
+        double moved = kd == DDP ? 2.0 * (double)ar * (N - 1) / N
+                                 : ((double)ag + (double)rs) * (S - 1) / S + 2.0 * (double)ar * (R - 1) / R;
         double times = kd == ZERO3 ? 3.0 * K : kd == DDP || kd == ZERO1 ? 2.0 : K + 1.0;
-        double want_moved = times * (double)e * (double)(kd == DDP ? psi : psi_pad) * (N - 1) / N;
+        double want_moved = times * (double)e * (double)(kd == DDP ? psi : psi_pad) * (S - 1) / S +
+                            2.0 * K * (double)e * (double)shard * (R - 1) / R;
         if (!skipped)
             CHECK(fabs(moved - want_moved) < 1e-6, "%s: moved %.1f bytes, want %.1f", fx->name, moved,
                   want_moved);
         if (!skipped && step == 1 && fx->dp_rank == 0 && my_rank == 0)
-            printf("%s %s N=%d, %d micro-batch%s: %.0f bytes moved per rank = %g x Ψ(N-1)/N x %zu bytes\n",
-                   fx->name, dname, N, K, K == 1 ? "" : "es", moved, times, e);
+            printf("%s %s N=%d, %d micro-batch%s: %.0f bytes moved per rank = %g x Ψ(N-1)/N%s x %zu "
+                   "bytes\n",
+                   fx->name, dname, N, K, K == 1 ? "" : "es", moved, times,
+                   R > 1 ? " with N = S, + 2K x (Ψ/S)(R-1)/R" : "", e);
         span_count += kd == DDP ? 0 : (uint64_t)(want_ag + want_rs) / (e * psi_pad) * NUNITS;
 
         /* The shards' updates cover the model once over the dp group. */
@@ -453,8 +470,8 @@ static void run(fixture *fx, const scenario *sc)
             OK(loom_core_comm_api.allreduce(fx->dp, &elems, &sum, 1, LOOM_I64, LOOM_SUM, &req));
             if (req)
                 OK(loom_core_comm_api.wait(req));
-            /* ddp steps the whole model on every rank */
-            int64_t want = (int64_t)psi * (kd == DDP ? N : 1);
+            /* ddp steps the whole model on every rank, HSDP in every replica */
+            int64_t want = (int64_t)psi * (kd == DDP ? N : R);
             CHECK(sum == want, "%s: updates over the dp group cover %lld elements, want %lld", dname,
                   (long long)sum, (long long)want);
         }
@@ -654,7 +671,13 @@ int main(int argc, char **argv)
     }
     fx.dp = fx.mesh->groups[LOOM_AXIS_DP];
     fx.dp_rank = fx.mesh->coords[LOOM_AXIS_DP];
-    fx.dp_size = fx.mesh->sizes[LOOM_AXIS_DP];
+    fx.dp_size = fx.shard_size = fx.mesh->sizes[LOOM_AXIS_DP];
+    if (fx.kind == ZERO3) {
+        int64_t shard_size = 0;
+        OK(loom_config_int(cfg, "parallel.dp.shard_size", &shard_size));
+        if (shard_size > 0)
+            fx.shard_size = (int)shard_size;
+    }
     if (straggler >= 0)
         return straggle(&fx, straggler);
 

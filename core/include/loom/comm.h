@@ -151,6 +151,20 @@ typedef struct loom_comm_api {
     int (*group_end)(loom_group *g);
     int (*test)(loom_request *req);
     int (*wait)(loom_request *req);
+
+    /* ---- since ABI 1.3 ---- */
+
+    /* Subgroups of parent, like MPI_Comm_split. Collective over every rank
+     * of parent: the ranks that pass the same colour form one group, ranked
+     * by key, ties by their parent rank. Colours are >= 0: every rank joins
+     * one group; a negative colour fails on every rank alike (there is no
+     * "no group"). Works on every backend (the core exchanges the colours
+     * over parent, then makes the subgroups). The core owns *out: it is
+     * destroyed with parent at teardown; never destroy it yourself. Its
+     * traffic is also counted as parent's, so a split of an axis group
+     * shows in that axis's metrics (comm_bytes "dp.allgather" holds the
+     * all-gathers of a split of the dp group). */
+    int (*split)(loom_group *parent, int colour, int key, loom_group **out);
 } loom_comm_api;
 
 /* A hash of a rank list as create_subgroup takes it (FNV-1a over the

@@ -290,7 +290,9 @@ typedef struct loom_strategy_plugin_v1_t {
      * tp rank, padding excluded) whose fp32 master parameters and Adam m and
      * v this rank owns — [*begin, *begin + *count) — and, when the arrays
      * are not NULL, those count elements of each. The dp ranks' ranges are
-     * disjoint and cover the unit. A strategy that replicates the state
+     * disjoint and cover the unit; a rank that repeats another's state
+     * (a replica under hybrid sharding) reports *count = 0 and writes
+     * nothing. A strategy that replicates the state
      * (ddp) leaves this NULL: the core then saves dp rank 0's full state. */
     int (*data_get_shard)(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
                           float *params, float *m, float *v);
