@@ -1,10 +1,12 @@
 /* The numerics harness for plugin authors (cli/plugin_harness.h).
  *
  * Every run is this program itself, `loom launch -n N -- loom train CONFIG`
- * with --metrics and --save, in a directory of its own: the reference has
- * every parallel.*.size = 1 and the config's strategies; each checked run
- * puts the plugin on its axis at N ranks. The runs' working directory is
- * ours, so relative paths in CONFIG mean what they mean to the author. */
+ * with --metrics and --save (llm.c weights, which the trainer consolidates
+ * from any layout), its files in a directory of its own. The reference has
+ * every parallel.*.size = 1 and the core's default plugin on the checked
+ * axis; each checked run puts the plugin there at N ranks. The runs work
+ * in our working directory, so relative paths in CONFIG mean what they
+ * mean to the author. */
 #include <errno.h>
 #include <ftw.h>
 #include <limits.h>
@@ -65,7 +67,8 @@ typedef struct harness {
     char self[PATH_MAX];   /* this program */
     char plugin[PATH_MAX]; /* the plugin file, absolute */
     char dir[PATH_MAX];    /* where the runs write */
-    const char *size_key, *strategy_key; /* the axis's settings; strategy_key NULL: none */
+    const char *size_key, *strategy_key; /* the axis's settings */
+    char reference[128];                 /* the core's own plugin for strategy_key */
     const char *label;                   /* "dp", "tp", ...: the line's "dp=2" */
     int ranks[MAX_RANK_COUNTS], nranks;
 } harness;
@@ -376,10 +379,22 @@ static int pick_axis(harness *h, const loom_plugin *p)
     return -1;
 }
 
-/* The config must load, and be fp32: the contract's bound is fp32's. */
-static int check_config(const loom_harness_options *o)
+/* The config must load, and be fp32: the contract's bound is fp32's. The
+ * reference run puts the core's default plugin on the axis (a config of
+ * defaults says which), so the plugin is never its own reference. */
+static int check_config(harness *h, const loom_harness_options *o)
 {
     loom_config *cfg = NULL;
+    const char *reference = NULL;
+    if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK ||
+        loom_config_string(cfg, h->strategy_key, &reference) != LOOM_OK) {
+        fprintf(stderr, "loom plugins: %s\n", loom_last_error());
+        loom_config_free(cfg);
+        return -1;
+    }
+    snprintf(h->reference, sizeof h->reference, "%s", reference);
+    loom_config_free(cfg);
+    cfg = NULL;
     if (loom_config_load(o->config, o->overrides, o->noverrides, &cfg) != LOOM_OK) {
         fprintf(stderr, "loom plugins: %s\n", loom_last_error());
         return -1;
@@ -431,7 +446,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 /* ---- the harness ---- */
 
 /* Every parallel size 1 but the checked axis's, so the run is that
- * plugin alone against the same job. */
+ * plugin alone against the same job; ranks 0: the reference. */
 static int run_sets(const harness *h, int ranks, char own[][PATH_MAX + 64], const char **sets)
 {
     static const char *const sizes[] = {"parallel.tp.size", "parallel.sp.size",
@@ -443,12 +458,9 @@ static int run_sets(const harness *h, int ranks, char own[][PATH_MAX + 64], cons
         sets[n] = own[n];
         n++;
     }
-    if (ranks) {
-        snprintf(own[n], sizeof own[n], "%s=%s", h->strategy_key, h->plugin);
-        sets[n] = own[n];
-        n++;
-    }
-    return n;
+    snprintf(own[n], sizeof own[n], "%s=%s", h->strategy_key, ranks ? h->plugin : h->reference);
+    sets[n] = own[n];
+    return n + 1;
 }
 
 static int failed_run(const harness *h, const char *who, const char *name)
@@ -468,7 +480,8 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
     harness h;
     memset(&h, 0, sizeof h);
     h.o = o;
-    if (parse_ranks(&h, o->ranks) != 0 || pick_axis(&h, plugin) != 0 || check_config(o) != 0)
+    if (parse_ranks(&h, o->ranks) != 0 || pick_axis(&h, plugin) != 0 ||
+        check_config(&h, o) != 0)
         return 2;
     if (!realpath("/proc/self/exe", h.self) || !realpath(plugin->path, h.plugin)) {
         fprintf(stderr, "loom plugins: cannot find this program or %s: %s\n", plugin->path,
@@ -477,10 +490,10 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
     }
     if (make_dir(&h) != 0)
         return 2;
-    printf("numerics: %s at %s sizes", plugin->header->name, h.size_key);
+    printf("numerics: %s as %s at %s", plugin->header->name, h.strategy_key, h.size_key);
     for (int i = 0; i < h.nranks; i++)
         printf("%s%d", i ? ", " : " ", h.ranks[i]);
-    printf(" against the single-rank run of %s\n", o->config);
+    printf(", against %s on one rank with %s = %s\n", o->config, h.strategy_key, h.reference);
 
     char own[8][PATH_MAX + 64];
     const char *sets[8];
