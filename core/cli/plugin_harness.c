@@ -190,20 +190,20 @@ static int read_metrics(const char *path, run_result *r)
     return 0;
 }
 
-static int read_result(const harness *h, const char *name, run_result *r)
+/* A finished run's metrics and weights; 1 (said) when they are not there. */
+static int read_result(const harness *h, const char *who, const char *name, run_result *r)
 {
     char path[PATH_MAX + 16];
-    memset(r, 0, sizeof *r);
     run_path(h, name, "jsonl", path, sizeof path);
     if (read_metrics(path, r) != 0 || r->nsteps == 0) {
-        printf("  %s: no steps in its metrics\n", path);
-        return -1;
+        printf("%s: the run exited 0 but wrote no step to its --metrics file\n", who);
+        return 1;
     }
     run_path(h, name, "bin", path, sizeof path);
     if (loom_checkpoint_read(path, NULL, &r->shape, &r->weights) != LOOM_OK) {
-        printf("  %s\n", loom_last_error());
+        printf("%s: its final weights: %s\n", who, loom_last_error());
         loom_clear_error();
-        return -1;
+        return 1;
     }
     return 0;
 }
@@ -475,6 +475,20 @@ static int failed_run(const harness *h, const char *who, const char *name)
     return 1;
 }
 
+/* One run, ranks 0 the reference, read back into r; 1 (said) when it
+ * fails or leaves nothing to compare. */
+static int run_once(const harness *h, const char *who, const char *name, int ranks,
+                    run_result *r)
+{
+    char own[8][PATH_MAX + 64];
+    const char *sets[8];
+    memset(r, 0, sizeof *r);
+    int nsets = run_sets(h, ranks, own, sets);
+    if (run_training(h, name, ranks ? ranks : 1, sets, nsets) != 0)
+        return failed_run(h, who, name);
+    return read_result(h, who, name, r);
+}
+
 int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o)
 {
     harness h;
@@ -495,14 +509,9 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
         printf("%s%d", i ? ", " : " ", h.ranks[i]);
     printf(", against %s on one rank with %s = %s\n", o->config, h.strategy_key, h.reference);
 
-    char own[8][PATH_MAX + 64];
-    const char *sets[8];
     int failures = 0;
     run_result ref;
-    memset(&ref, 0, sizeof ref);
-    if (run_training(&h, "single", 1, sets, run_sets(&h, 0, own, sets)) != 0 ||
-        read_result(&h, "single", &ref) != 0) {
-        failed_run(&h, "single-rank reference", "single");
+    if (run_once(&h, "single-rank reference", "single", 0, &ref)) {
         printf("no run checked: the reference itself fails (the config, not the plugin)\n");
         failures = -1;
     }
@@ -511,10 +520,8 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
         snprintf(who, sizeof who, "%s=%d", h.label, h.ranks[i]);
         snprintf(name, sizeof name, "%s%d", h.label, h.ranks[i]);
         run_result got;
-        memset(&got, 0, sizeof got);
-        if (run_training(&h, name, h.ranks[i], sets, run_sets(&h, h.ranks[i], own, sets)) != 0 ||
-            read_result(&h, name, &got) != 0) {
-            failures += failed_run(&h, who, name);
+        if (run_once(&h, who, name, h.ranks[i], &got)) {
+            failures++;
             free_result(&got);
             continue;
         }

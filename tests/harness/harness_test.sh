@@ -4,7 +4,8 @@
 #     pass PLUGIN      every run matches the single-rank run
 #     wrong PLUGIN     a summing ddp: dp=1 matches, dp=2 and dp=4 diverge at
 #                      step 1, each run on its own line, exit 1
-#     refusals PLUGIN  bad options, one line each, before any run
+#     refusals PLUGIN  bad options, one line each, before any run; a rank
+#                      count the config cannot split; a config that fails
 set -eu
 LOOM=$1
 SRC=$2
@@ -62,6 +63,12 @@ refusals)
     has "dp=5: the run failed; the end of $TMP/runs/dp5.log:"
     grep -q "train.batch" "$TMP/out" || fail "the failing run's own message is not shown"
     [ -f "$TMP/runs/single.jsonl" ] || fail "--keep kept nothing"
+    # A config that cannot train is the config's fault: no run is checked.
+    check --set data.train="$TMP/none.bin"
+    [ "$status" = 1 ] || fail "no data: exit status $status, want 1"
+    has "single-rank reference: the run failed; the end of its output (--keep DIR keeps it all):"
+    has "no run checked: the reference itself fails (the config, not the plugin)"
+    grep -q "none.bin" "$TMP/out" || fail "the reference's own message is not shown"
     cat "$TMP/out" ;;
 *)
     echo "harness_test: unknown case $CASE"; exit 2 ;;
