@@ -2,8 +2,10 @@
 # `loom plugins --check FILE --train CONFIG` end to end.
 #   usage: harness_test.sh LOOM SOURCE_DIR CASE PLUGIN
 #     pass PLUGIN      every run matches the single-rank run
-#     wrong PLUGIN     a summing ddp: dp=1 matches, dp=2 and dp=4 diverge at
+#     summing PLUGIN   a ddp that sums: dp=1 matches, dp=2 and dp=4 diverge at
 #                      step 1, each run on its own line, exit 1
+#     frozen PLUGIN    a ddp that leaves each unit's last element untrained:
+#                      every run diverges, and the weights name the element
 #     refusals PLUGIN  bad options, one line each, before any run; a rank
 #                      count the config cannot split; a config that fails
 set -eu
@@ -35,7 +37,7 @@ pass)
     done
     has "numerics hold at every rank count"
     cat "$TMP/out" ;;
-wrong)
+summing)
     check
     [ "$status" = 1 ] || fail "exit status $status, want 1"
     grep -q "^dp=1: 10 steps, losses match" "$TMP/out" || fail "one rank should match"
@@ -43,6 +45,18 @@ wrong)
     has "dp=2: step 1 grad_norm 5.84827 vs 2.924135 single-rank (relative 1.0e+00 > 0.0001)"
     has "dp=4: step 1 grad_norm 11.69654 vs 2.924135 single-rank (relative 3.0e+00 > 0.0001)"
     has "2 of 3 runs diverge from the single-rank run or fail"
+    cat "$TMP/out" ;;
+frozen)
+    check
+    [ "$status" = 1 ] || fail "exit status $status, want 1"
+    for n in 1 2 4; do
+        has "dp=$n: step 2 loss 5.345695 vs 5.345586 single-rank (relative 2.0e-05 > 1e-05)"
+    done
+    # the worst tensor is the one the bug is about: the block's last
+    # element (fcprojb's last) never moved from its initial 0
+    [ "$(grep -cF "  final weights: h.2.fcprojb differs, max |diff| 3.7e-03 at element 63 (0 vs 0.003695354 single-rank; 5.2e-01 of the tensor's scale > 0.01)" "$TMP/out")" = 3 ] ||
+        fail "the weights line does not name h.2.fcprojb element 63 for each run"
+    has "3 of 3 runs diverge from the single-rank run or fail"
     cat "$TMP/out" ;;
 refusals)
     check --set train.precision=bf16
