@@ -6,6 +6,8 @@
 #                      step 1, each run on its own line, exit 1
 #     frozen PLUGIN    a ddp that leaves each unit's last element untrained:
 #                      every run diverges, and the weights name the element
+#     settings PLUGIN  zero3 with a setting of its own (HSDP): the reference,
+#                      run with ddp, goes without it
 #     refusals PLUGIN  bad options, one line each, before any run; a rank
 #                      count the config cannot split; a config that fails
 set -eu
@@ -45,6 +47,11 @@ summing)
     has "dp=2: step 1 grad_norm 5.84827 vs 2.924135 single-rank (relative 1.0e+00 > 0.0001)"
     has "dp=4: step 1 grad_norm 11.69654 vs 2.924135 single-rank (relative 3.0e+00 > 0.0001)"
     has "2 of 3 runs diverge from the single-rank run or fail"
+    cat "$TMP/out" ;;
+settings)
+    check --ranks 4 --set parallel.dp.shard_size=2
+    [ "$status" = 0 ] || fail "exit status $status"
+    grep -q "^dp=4: 10 steps, losses match" "$TMP/out" || fail "HSDP does not match"
     cat "$TMP/out" ;;
 frozen)
     check
