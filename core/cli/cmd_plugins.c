@@ -409,8 +409,8 @@ out:
 static void check_functional(checker *c, const loom_plugin *p)
 {
     if (p->kind == LOOM_PLUGIN_STRATEGY) {
-        printf("note: strategy plugins get the load checks only (a functional check needs a "
-               "mesh and a model)\n");
+        printf("note: a strategy's functional check needs a mesh and a model: --train CONFIG "
+               "trains one with it at several rank counts\n");
         return;
     }
     if (p->kind == LOOM_PLUGIN_COMM &&
