@@ -1,6 +1,7 @@
 /* `loom plugins [CONFIG]`: every plugin on the search path and whether it
  * loads. `loom plugins --check FILE`: the conformance checks for plugin
- * authors, one line per check, exit 1 on any failure. */
+ * authors, one line per check, exit 1 on any failure; with --train CONFIG,
+ * then the numerics harness (cli/plugin_harness.c). */
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "cli/commands.h"
+#include "cli/plugin_harness.h"
 #include "cli/plugin_rows.h"
 #include "runtime/bootstrap.h"
 #include "runtime/config.h"
@@ -24,7 +26,9 @@
 static void plugins_usage(FILE *f)
 {
     fprintf(f, "usage: loom plugins [CONFIG] [--set path=value ...]\n"
-               "       loom plugins --check FILE\n");
+               "       loom plugins --check FILE [--train CONFIG [--ranks 1,2,4] "
+               "[--set path=value ...]\n"
+               "                                  [--keep DIR] [--timeout S]]\n");
 }
 
 static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)
@@ -405,8 +409,8 @@ out:
 static void check_functional(checker *c, const loom_plugin *p)
 {
     if (p->kind == LOOM_PLUGIN_STRATEGY) {
-        printf("note: strategy plugins get the load checks only (a functional check needs a "
-               "mesh and a model)\n");
+        printf("note: a strategy's functional check needs a mesh and a model: --train CONFIG "
+               "trains one with it at several rank counts\n");
         return;
     }
     if (p->kind == LOOM_PLUGIN_COMM &&
@@ -449,7 +453,8 @@ static void check_functional(checker *c, const loom_plugin *p)
     loom_config_free(cfg);
 }
 
-static int check_plugin_file(const char *file)
+/* harness: NULL for the conformance checks alone. */
+static int check_plugin_file(const char *file, const loom_harness_options *harness)
 {
     /* dlopen reads a bare name as a library to search for; we mean the file. */
     char path[PATH_MAX];
@@ -473,36 +478,55 @@ static int check_plugin_file(const char *file)
         return 1;
     }
     check_functional(&c, p);
-    loom_plugin_unload(p);
     if (c.failures)
         printf("%d check%s failed\n", c.failures, c.failures > 1 ? "s" : "");
     else
         printf("all checks passed\n");
-    return c.failures ? 1 : 0;
+    int rc = c.failures ? 1 : 0;
+    if (harness && c.failures)
+        printf("numerics not checked: the plugin must pass the checks above first\n");
+    else if (harness)
+        rc = loom_plugin_harness(p, harness);
+    loom_plugin_unload(p);
+    return rc;
+}
+
+/* The value of an option that takes one, or NULL after a usage line. */
+static const char *option_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 < argc)
+        return argv[++*i];
+    fprintf(stderr, "loom plugins: %s needs a value\n", argv[*i]);
+    plugins_usage(stderr);
+    return NULL;
 }
 
 int loom_cmd_plugins(int argc, char **argv)
 {
-    const char *config_path = NULL;
+    const char *config_path = NULL, *check = NULL, *timeout = NULL;
+    loom_harness_options harness = {0};
     const char **overrides = calloc((size_t)argc, sizeof *overrides);
     int noverrides = 0;
     if (!overrides)
         return 2;
     int rc = -1;
     for (int i = 1; i < argc && rc < 0; i++) {
-        const char *a = argv[i];
+        const char *a = argv[i], **value = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             plugins_usage(stdout);
             rc = 0;
         } else if (!strcmp(a, "--check")) {
-            if (i + 2 != argc) {
-                plugins_usage(stderr);
-                rc = 2;
-            } else {
-                rc = check_plugin_file(argv[i + 1]);
-            }
-        } else if (!strcmp(a, "--set") && i + 1 < argc) {
-            overrides[noverrides++] = argv[++i];
+            value = &check;
+        } else if (!strcmp(a, "--train")) {
+            value = &harness.config;
+        } else if (!strcmp(a, "--ranks")) {
+            value = &harness.ranks;
+        } else if (!strcmp(a, "--keep")) {
+            value = &harness.keep;
+        } else if (!strcmp(a, "--timeout")) {
+            value = &timeout;
+        } else if (!strcmp(a, "--set")) {
+            value = &overrides[noverrides++];
         } else if (!strncmp(a, "--set=", 6)) {
             overrides[noverrides++] = a + 6;
         } else if (a[0] == '-' || config_path) {
@@ -511,6 +535,37 @@ int loom_cmd_plugins(int argc, char **argv)
         } else {
             config_path = a;
         }
+        if (value && !(*value = option_value(argc, argv, &i)))
+            rc = 2;
+    }
+    if (rc < 0 && timeout) {
+        char *end;
+        harness.timeout_s = strtod(timeout, &end);
+        if (end == timeout || *end || !(harness.timeout_s > 0)) {
+            fprintf(stderr, "loom plugins: --timeout '%s': want seconds > 0 per run\n", timeout);
+            rc = 2;
+        }
+    }
+    int harness_only = harness.ranks || harness.keep || timeout;
+    if (rc < 0 && (config_path && check)) {
+        fprintf(stderr, "loom plugins: --check FILE takes its config as --train CONFIG\n");
+        rc = 2;
+    } else if (rc < 0 && (harness.config || harness_only) && !check) {
+        fprintf(stderr, "loom plugins: --train, --ranks, --keep and --timeout go with "
+                        "--check FILE\n");
+        rc = 2;
+    } else if (rc < 0 && harness_only && !harness.config) {
+        fprintf(stderr, "loom plugins: --ranks, --keep and --timeout go with --train CONFIG\n");
+        rc = 2;
+    } else if (rc < 0 && check && noverrides && !harness.config) {
+        fprintf(stderr, "loom plugins: --set goes with --train CONFIG (or with a CONFIG "
+                        "to list plugins)\n");
+        rc = 2;
+    }
+    if (rc < 0 && check) {
+        harness.overrides = overrides;
+        harness.noverrides = noverrides;
+        rc = check_plugin_file(check, harness.config ? &harness : NULL);
     }
     if (rc < 0)
         rc = list_plugins(config_path, overrides, noverrides);

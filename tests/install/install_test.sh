@@ -2,7 +2,8 @@
 # cmake --install gives a usable loom: the ABI headers, the loom program, the
 # plugins, loom.pc and the CMake package (loom::abi), and no loom library
 # (plugins link none); the out-of-tree example plugin builds against it alone
-# and passes `loom plugins --check`.
+# and passes `loom plugins --check`, the numerics harness too (the installed
+# loom launching itself).
 #   usage: install_test.sh BUILD_DIR SOURCE_DIR
 set -eu
 BUILD=$1
@@ -41,4 +42,12 @@ cmake --build "$TMP/plugin-build" >> "$TMP/plugin.log"
 "$PREFIX/bin/loom" plugins --check "$TMP/plugin-build/libloom-strategy-filldrain.so"
 LOOM_PLUGIN_PATH="$TMP/plugin-build" "$PREFIX/bin/loom" plugins | grep -E "filldrain.*ok" > /dev/null ||
     { echo "install_test: loom plugins does not list filldrain as ok"; exit 1; }
+# The harness: the installed loom trains with the plugin at 2 pipeline
+# stages, its own plugins from its prefix (harness.cfg's data is relative to
+# the source tree).
+(cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$TMP/plugin-build/libloom-strategy-filldrain.so" \
+    --train examples/harness.cfg --ranks 2) > "$TMP/harness.log" 2>&1 ||
+    { cat "$TMP/harness.log"; echo "install_test: the harness fails with the installed loom"; exit 1; }
+grep -q "^pp=2: 10 steps, losses match" "$TMP/harness.log" ||
+    { cat "$TMP/harness.log"; echo "install_test: no pp=2 line"; exit 1; }
 echo "install_test: ok"

@@ -1,0 +1,573 @@
+/* The numerics harness for plugin authors (cli/plugin_harness.h).
+ *
+ * Every run is this program itself, `loom launch -n N -- loom train CONFIG`
+ * with --metrics and --save (llm.c weights, which the trainer consolidates
+ * from any layout), its files in a directory of its own. The reference has
+ * every parallel.*.size = 1 and the core's default plugin on the checked
+ * axis; each checked run puts the plugin there at N ranks. The runs work
+ * in our working directory, so relative paths in CONFIG mean what they
+ * mean to the author. */
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loom/plugin.h"
+#include "loom/status.h"
+#include "loom/strategy.h"
+#include "cli/plugin_harness.h"
+#include "model/formats.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
+
+/* The numerics contract (DESIGN §7): an fp32 run at any rank count is the
+ * single-rank run up to the order of its reductions, 1e-5 relative per
+ * step in the loss. */
+#define LOSS_TOLERANCE 1e-5
+/* The gradient norm is a sum of squares of every gradient, more sensitive
+ * to that order than the loss: correct strategies drift to 2e-5 over 60
+ * steps of the tiny model. A strategy that sums instead of averaging, or
+ * loses a unit's gradient, moves it by a factor, so 1e-4 loses nothing. */
+#define NORM_TOLERANCE 1e-4
+
+/* Final weights, per tensor: max |diff| over the reference tensor's largest
+ * |value|. Where a gradient is zero in exact arithmetic (the attention key
+ * bias: softmax ignores a shift of every key) Adam steps on rounding noise
+ * alone, by up to lr |noise| / eps per step, so those elements differ
+ * between correct runs by far more than the rest: 9e-4 of the tensor's
+ * scale after 10 steps of the tiny model, 2.3e-3 after 60, everything else
+ * below 1e-5. A strategy that drops or mis-slices a unit's gradient moves
+ * whole tensors by about lr per step, tenths of their scale; 1e-2 tells
+ * the two apart over the short runs the harness is for. */
+#define WEIGHT_TOLERANCE 1e-2
+
+#define MAX_RANK_COUNTS 16
+#define RUN_ARGS (16 + 2 * 8) /* fixed words + --set pairs of our own */
+#define DEFAULT_TIMEOUT_S 600.0
+
+typedef struct step_record {
+    double loss, grad_norm;
+} step_record;
+
+typedef struct run_result {
+    step_record *steps;
+    int nsteps;
+    float *weights;
+    loom_gpt2_shape shape;
+} run_result;
+
+typedef struct harness {
+    const loom_harness_options *o;
+    char self[PATH_MAX];   /* this program */
+    char plugin[PATH_MAX]; /* the plugin file, absolute */
+    char dir[PATH_MAX];    /* where the runs write */
+    const char *size_key, *strategy_key; /* the axis's settings */
+    char reference[128];                 /* the core's own plugin for strategy_key */
+    char group[32];                      /* the axis's settings group: "parallel.dp" */
+    const char *label;                   /* "dp", "tp", ...: the line's "dp=2" */
+    int ranks[MAX_RANK_COUNTS], nranks;
+} harness;
+
+/* ---- the runs ---- */
+
+static void run_path(const harness *h, const char *name, const char *ext, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s.%s", h->dir, name, ext);
+}
+
+/* Print the last lines of a run's output, indented. */
+static void show_log_tail(const char *log_path, int lines)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return;
+    long starts[64];
+    int count = 0;
+    char line[1024];
+    long at = ftell(f);
+    while (fgets(line, sizeof line, f)) {
+        starts[count++ % 64] = at;
+        at = ftell(f);
+    }
+    int show = count < lines ? count : lines;
+    if (show == 0) {
+        printf("    (no output)\n");
+        fclose(f);
+        return;
+    }
+    fseek(f, starts[(count - show) % 64], SEEK_SET);
+    while (show-- > 0 && fgets(line, sizeof line, f))
+        printf("    %s%s", line, strchr(line, '\n') ? "" : "\n");
+    fclose(f);
+}
+
+/* A --set of the plugin's own settings ("parallel.dp.prefetch=2"), which
+ * the core's plugin in the reference run would refuse. */
+static int plugin_setting(const harness *h, const char *set)
+{
+    size_t g = strlen(h->group), n = strcspn(set, "=");
+    char path[256];
+    if (!g || n <= g || strncmp(set, h->group, g) != 0 || set[g] != '.' || n >= sizeof path)
+        return 0;
+    memcpy(path, set, n);
+    path[n] = '\0';
+    return !loom_config_core_owns(path);
+}
+
+/* One run of `loom launch -n ranks -- loom train`, its output in NAME.log.
+ * sets: "path=value" of our own, after the author's (less the plugin's own
+ * settings for the reference). 0 when it exited 0. */
+static int run_training(const harness *h, const char *name, int ranks, int reference,
+                        const char *const *sets, int nsets)
+{
+    char metrics[PATH_MAX + 16], weights[PATH_MAX + 16], log_path[PATH_MAX + 16];
+    char nranks[16], timeout[32];
+    run_path(h, name, "jsonl", metrics, sizeof metrics);
+    run_path(h, name, "bin", weights, sizeof weights);
+    run_path(h, name, "log", log_path, sizeof log_path);
+    snprintf(nranks, sizeof nranks, "%d", ranks);
+    snprintf(timeout, sizeof timeout, "%g",
+             h->o->timeout_s > 0 ? h->o->timeout_s : DEFAULT_TIMEOUT_S);
+
+    int cap = RUN_ARGS + 2 * h->o->noverrides + 2 * nsets;
+    char **argv = calloc((size_t)cap, sizeof *argv);
+    if (!argv)
+        return -1;
+    int n = 0;
+    const char *fixed[] = {h->self, "launch", "-n", nranks, "--timeout", timeout, "--",
+                           h->self, "train", h->o->config};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(fixed); i++)
+        argv[n++] = (char *)fixed[i];
+    for (int i = 0; i < h->o->noverrides; i++) {
+        if (reference && plugin_setting(h, h->o->overrides[i]))
+            continue;
+        argv[n++] = "--set";
+        argv[n++] = (char *)h->o->overrides[i];
+    }
+    for (int i = 0; i < nsets; i++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n++] = "--metrics";
+    argv[n++] = metrics;
+    argv[n++] = "--save";
+    argv[n++] = weights;
+    argv[n] = NULL;
+
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *log = fopen(log_path, "w");
+        if (!log || dup2(fileno(log), 1) < 0 || dup2(fileno(log), 2) < 0)
+            _exit(127);
+        execv(h->self, argv);
+        fprintf(stderr, "cannot run %s: %s\n", h->self, strerror(errno));
+        _exit(127);
+    }
+    free(argv);
+    int status = 0;
+    if (pid < 0) {
+        printf("  cannot start a run: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* The loss and grad norm of every line of a --metrics file. */
+static int read_metrics(const char *path, run_result *r)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[8192];
+    int cap = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *loss = strstr(line, "\"loss\": "), *norm = strstr(line, "\"grad_norm\": ");
+        if (!loss || !norm)
+            continue;
+        if (r->nsteps == cap) {
+            cap = cap ? 2 * cap : 64;
+            step_record *grown = realloc(r->steps, (size_t)cap * sizeof *grown);
+            if (!grown)
+                break;
+            r->steps = grown;
+        }
+        r->steps[r->nsteps++] = (step_record){strtod(loss + 8, NULL), strtod(norm + 13, NULL)};
+    }
+    fclose(f);
+    return 0;
+}
+
+/* A finished run's metrics and weights; 1 (said) when they are not there. */
+static int read_result(const harness *h, const char *who, const char *name, run_result *r)
+{
+    char path[PATH_MAX + 16];
+    run_path(h, name, "jsonl", path, sizeof path);
+    if (read_metrics(path, r) != 0 || r->nsteps == 0) {
+        printf("%s: the run exited 0 but wrote no step to its --metrics file\n", who);
+        return 1;
+    }
+    run_path(h, name, "bin", path, sizeof path);
+    if (loom_checkpoint_read(path, NULL, &r->shape, &r->weights) != LOOM_OK) {
+        printf("%s: its final weights: %s\n", who, loom_last_error());
+        loom_clear_error();
+        return 1;
+    }
+    return 0;
+}
+
+static void free_result(run_result *r)
+{
+    free(r->steps);
+    free(r->weights);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- comparing ---- */
+
+static double relative(double got, double want)
+{
+    double scale = fabs(want) > 0 ? fabs(want) : 1.0;
+    return fabs(got - want) / scale;
+}
+
+/* The first step whose loss or grad norm leaves the contract: printed, and
+ * 1; else the worst relative differences, and 0. */
+static int compare_steps(const char *who, const run_result *got, const run_result *ref,
+                         double *worst_loss, double *worst_norm)
+{
+    *worst_loss = *worst_norm = 0;
+    if (got->nsteps != ref->nsteps) {
+        printf("%s: %d steps, the single-rank run %d\n", who, got->nsteps, ref->nsteps);
+        return 1;
+    }
+    for (int s = 0; s < ref->nsteps; s++) {
+        const char *what[2] = {"loss", "grad_norm"};
+        double g[2] = {got->steps[s].loss, got->steps[s].grad_norm};
+        double w[2] = {ref->steps[s].loss, ref->steps[s].grad_norm};
+        double *worst[2] = {worst_loss, worst_norm};
+        const double tolerance[2] = {LOSS_TOLERANCE, NORM_TOLERANCE};
+        for (int k = 0; k < 2; k++) {
+            double r = relative(g[k], w[k]);
+            if (!(r <= tolerance[k])) { /* NaN too */
+                printf("%s: step %d %s %.7g vs %.7g single-rank (relative %.1e > %g)\n", who,
+                       s + 1, what[k], g[k], w[k], r, tolerance[k]);
+                return 1;
+            }
+            if (r > *worst[k])
+                *worst[k] = r;
+        }
+    }
+    return 0;
+}
+
+/* A tensor as the comparison names it: "wte", "lnfw", or one layer's
+ * slice of a stacked one, "h.3.qkvw". */
+typedef struct tensor_diff {
+    char name[32];
+    double relative; /* max |diff| / scale */
+    double max_diff;
+    size_t at;
+    float got, want;
+} tensor_diff;
+
+static void diff_tensor(const float *got, const float *want, size_t n, tensor_diff *d)
+{
+    double scale = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    d->max_diff = 0;
+    d->at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)got[i] - want[i]);
+        if (!(diff <= d->max_diff)) { /* the first NaN stays */
+            d->max_diff = diff;
+            d->at = i;
+            if (isnan(diff))
+                break;
+        }
+    }
+    d->got = n ? got[d->at] : 0;
+    d->want = n ? want[d->at] : 0;
+    d->relative = d->max_diff / (scale > 0 ? scale : 1.0);
+}
+
+/* llm.c's tensors, the stacked ones per layer: the worst is printed, as a
+ * divergence when it leaves the tolerance (1, with how many others do),
+ * else as the margin (0). The worst, not the first: one wrong tensor drags
+ * the rest a little, and the one it is about stands out by its size. */
+static int compare_weights(const char *indent, const run_result *got, const run_result *ref)
+{
+    if (memcmp(&got->shape, &ref->shape, sizeof got->shape) != 0) {
+        printf("%sfinal weights: the model's shape differs from the single-rank run's\n",
+               indent);
+        return 1;
+    }
+    size_t sizes[LOOM_GPT2_TENSORS], base = 0;
+    loom_gpt2_tensor_sizes(&ref->shape, sizes);
+    int layers = ref->shape.layers, differ = 0;
+    tensor_diff worst = {.relative = -1};
+    for (int t = 0; t < LOOM_GPT2_TENSORS; t++) {
+        /* wte, wpe and the final LayerNorm are whole; the rest hold a slice per layer */
+        int stacked = t >= 2 && t < LOOM_GPT2_TENSORS - 2;
+        int pieces = stacked ? layers : 1;
+        size_t n = sizes[t] / (size_t)pieces;
+        for (int l = 0; l < pieces; l++, base += n) {
+            tensor_diff d;
+            if (stacked)
+                snprintf(d.name, sizeof d.name, "h.%d.%s", l, loom_gpt2_tensor_names[t]);
+            else
+                snprintf(d.name, sizeof d.name, "%s", loom_gpt2_tensor_names[t]);
+            diff_tensor(got->weights + base, ref->weights + base, n, &d);
+            differ += !(d.relative <= WEIGHT_TOLERANCE);
+            if (!(d.relative <= worst.relative) && !isnan(worst.relative))
+                worst = d; /* NaN is the worst there is */
+        }
+    }
+    if (!differ) {
+        printf("%sweights match (worst %.1e in %s)\n", indent, worst.relative, worst.name);
+        return 0;
+    }
+    printf("%sfinal weights: %s differs, max |diff| %.1e at element %zu (%.7g vs %.7g "
+           "single-rank; %.1e of the tensor's scale > %g)", indent, worst.name, worst.max_diff,
+           worst.at, (double)worst.got, (double)worst.want, worst.relative, WEIGHT_TOLERANCE);
+    if (differ > 1)
+        printf("; %d other tensor%s differ%s too", differ - 1, differ > 2 ? "s" : "",
+               differ > 2 ? "" : "s");
+    printf("\n");
+    return 1;
+}
+
+/* ---- setting up ---- */
+
+static int parse_ranks(harness *h, const char *text)
+{
+    const char *p = text ? text : "1,2,4";
+    h->nranks = 0;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > 4096 || (*end && *end != ',') ||
+            h->nranks == MAX_RANK_COUNTS) {
+            fprintf(stderr, "loom plugins: --ranks '%s': want up to %d rank counts >= 1 "
+                            "separated by commas, e.g. 1,2,4\n", text, MAX_RANK_COUNTS);
+            return -1;
+        }
+        h->ranks[h->nranks++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!h->nranks) {
+        fprintf(stderr, "loom plugins: --ranks is empty; e.g. --ranks 1,2,4\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Which settings put the plugin on its axis. */
+static int pick_axis(harness *h, const loom_plugin *p)
+{
+    static const char *const strategy_keys[LOOM_AXIS_COUNT] = {
+        [LOOM_AXIS_TP] = "parallel.tp.strategy", [LOOM_AXIS_SP] = "parallel.sp.strategy",
+        [LOOM_AXIS_PP] = "parallel.pp.schedule", [LOOM_AXIS_DP] = "parallel.dp.strategy"};
+    static const char *const size_keys[LOOM_AXIS_COUNT] = {
+        [LOOM_AXIS_TP] = "parallel.tp.size", [LOOM_AXIS_SP] = "parallel.sp.size",
+        [LOOM_AXIS_PP] = "parallel.pp.size", [LOOM_AXIS_DP] = "parallel.dp.size"};
+    if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis < LOOM_AXIS_COUNT) {
+        loom_axis a = (loom_axis)p->ops.strategy.axis;
+        h->label = loom_axis_name(a);
+        h->size_key = size_keys[a];
+        h->strategy_key = strategy_keys[a];
+        snprintf(h->group, sizeof h->group, "parallel.%s", h->label);
+        return 0;
+    }
+    if (p->kind == LOOM_PLUGIN_COMM) {
+        /* a communicator carries the data axis, the one every config can widen */
+        h->label = "dp";
+        h->size_key = size_keys[LOOM_AXIS_DP];
+        h->strategy_key = "comm.default";
+        return 0;
+    }
+    fprintf(stderr, "loom plugins: --train drives strategy and comm plugins; a %s plugin gets "
+                    "the conformance checks only (drop --train)\n",
+            loom_plugin_kind_name(p->kind));
+    return -1;
+}
+
+/* The config must load, and be fp32: the contract's bound is fp32's. The
+ * reference run puts the core's default plugin on the axis (a config of
+ * defaults says which), so the plugin is never its own reference. */
+static int check_config(harness *h, const loom_harness_options *o)
+{
+    loom_config *cfg = NULL;
+    const char *reference = NULL;
+    if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK ||
+        loom_config_string(cfg, h->strategy_key, &reference) != LOOM_OK) {
+        fprintf(stderr, "loom plugins: %s\n", loom_last_error());
+        loom_config_free(cfg);
+        return -1;
+    }
+    snprintf(h->reference, sizeof h->reference, "%s", reference);
+    loom_config_free(cfg);
+    cfg = NULL;
+    if (loom_config_load(o->config, o->overrides, o->noverrides, &cfg) != LOOM_OK) {
+        fprintf(stderr, "loom plugins: %s\n", loom_last_error());
+        return -1;
+    }
+    const char *precision = "fp32";
+    loom_config_string(cfg, "train.precision", &precision);
+    int ok = !strcmp(precision, "fp32");
+    if (!ok)
+        fprintf(stderr, "loom plugins: %s: train.precision = %s; the harness holds runs to "
+                        "fp32's contract (1e-5 relative per step), which 16-bit rounding "
+                        "breaks by design: check with --set train.precision=fp32\n",
+                loom_config_where(cfg, "train.precision"), precision);
+    loom_config_free(cfg);
+    return ok ? 0 : -1;
+}
+
+static int make_dir(harness *h)
+{
+    if (h->o->keep) {
+        if (mkdir(h->o->keep, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "loom plugins: --keep %s: %s\n", h->o->keep, strerror(errno));
+            return -1;
+        }
+        if (!realpath(h->o->keep, h->dir)) {
+            fprintf(stderr, "loom plugins: --keep %s: %s\n", h->o->keep, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(h->dir, sizeof h->dir, "%s/loom-harness-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(h->dir)) {
+        fprintf(stderr, "loom plugins: cannot make a directory for the runs (%s): %s\n", h->dir,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* ---- the harness ---- */
+
+/* Every parallel size 1 but the checked axis's, so the run is that
+ * plugin alone against the same job; ranks 0: the reference. */
+static int run_sets(const harness *h, int ranks, char own[][PATH_MAX + 64], const char **sets)
+{
+    static const char *const sizes[] = {"parallel.tp.size", "parallel.sp.size",
+                                        "parallel.pp.size", "parallel.dp.size"};
+    int n = 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(sizes); i++) {
+        snprintf(own[n], sizeof own[n], "%s=%d", sizes[i],
+                 ranks && !strcmp(sizes[i], h->size_key) ? ranks : 1);
+        sets[n] = own[n];
+        n++;
+    }
+    snprintf(own[n], sizeof own[n], "%s=%s", h->strategy_key, ranks ? h->plugin : h->reference);
+    sets[n] = own[n];
+    return n + 1;
+}
+
+static int failed_run(const harness *h, const char *who, const char *name)
+{
+    char log_path[PATH_MAX + 16];
+    run_path(h, name, "log", log_path, sizeof log_path);
+    if (h->o->keep)
+        printf("%s: the run failed; the end of %s:\n", who, log_path);
+    else
+        printf("%s: the run failed; the end of its output (--keep DIR keeps it all):\n", who);
+    show_log_tail(log_path, 12);
+    return 1;
+}
+
+/* One run, ranks 0 the reference, read back into r; 1 (said) when it
+ * fails or leaves nothing to compare. */
+static int run_once(const harness *h, const char *who, const char *name, int ranks,
+                    run_result *r)
+{
+    char own[8][PATH_MAX + 64];
+    const char *sets[8];
+    memset(r, 0, sizeof *r);
+    int nsets = run_sets(h, ranks, own, sets);
+    if (run_training(h, name, ranks ? ranks : 1, !ranks, sets, nsets) != 0)
+        return failed_run(h, who, name);
+    return read_result(h, who, name, r);
+}
+
+int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o)
+{
+    harness h;
+    memset(&h, 0, sizeof h);
+    h.o = o;
+    if (parse_ranks(&h, o->ranks) != 0 || pick_axis(&h, plugin) != 0 ||
+        check_config(&h, o) != 0)
+        return 2;
+    if (!realpath("/proc/self/exe", h.self) || !realpath(plugin->path, h.plugin)) {
+        fprintf(stderr, "loom plugins: cannot find this program or %s: %s\n", plugin->path,
+                strerror(errno));
+        return 2;
+    }
+    if (make_dir(&h) != 0)
+        return 2;
+    printf("numerics: %s as %s at %s", plugin->header->name, h.strategy_key, h.size_key);
+    for (int i = 0; i < h.nranks; i++)
+        printf("%s%d", i ? ", " : " ", h.ranks[i]);
+    printf(", against %s on one rank with %s = %s\n", o->config, h.strategy_key, h.reference);
+
+    int failures = 0;
+    run_result ref;
+    if (run_once(&h, "single-rank reference", "single", 0, &ref)) {
+        printf("no run checked: the reference itself fails (the config, not the plugin)\n");
+        failures = -1;
+    }
+    for (int i = 0; failures >= 0 && i < h.nranks; i++) {
+        char who[32], name[32];
+        snprintf(who, sizeof who, "%s=%d", h.label, h.ranks[i]);
+        snprintf(name, sizeof name, "%s%d", h.label, h.ranks[i]);
+        run_result got;
+        if (run_once(&h, who, name, h.ranks[i], &got)) {
+            failures++;
+            free_result(&got);
+            continue;
+        }
+        double worst_loss, worst_norm;
+        if (compare_steps(who, &got, &ref, &worst_loss, &worst_norm)) {
+            failures++;
+            compare_weights("  ", &got, &ref);
+        } else {
+            printf("%s: %d steps, losses match (worst %.1e), grad norms match (worst %.1e), ",
+                   who, got.nsteps, worst_loss, worst_norm);
+            failures += compare_weights("", &got, &ref);
+        }
+        free_result(&got);
+    }
+    free_result(&ref);
+    if (o->keep)
+        printf("the runs' logs, metrics and weights are in %s\n", h.dir);
+    else
+        nftw(h.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (failures > 0)
+        printf("%d of %d runs diverge from the single-rank run or fail\n", failures, h.nranks);
+    else if (failures == 0)
+        printf("numerics hold at every rank count\n");
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,9 @@
+/* A deliberately wrong data strategy for the numerics harness: ddp with an
+ * off-by-one in its optimizer step, which leaves the last element of every
+ * unit untrained. The losses hardly notice; the final weights do. */
+#include "loom/strategy.h"
+
+/* After the headers, so only ddp's call of the optimizer changes; the
+ * macro's own name in its expansion is not expanded again. */
+#define update(step, params, grads, dtype, m, v, n) update(step, params, grads, dtype, m, v, (n) - 1)
+#include "../../plugins/strategy/ddp.c"
