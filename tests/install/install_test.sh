@@ -1,21 +1,28 @@
 #!/bin/sh
 # cmake --install gives a usable loom: the ABI headers, the loom program, the
-# plugins, loom.pc and the CMake package (loom::abi), and no loom library
-# (plugins link none); the out-of-tree example plugin builds against it alone
-# and passes `loom plugins --check`, the numerics harness too (the installed
-# loom launching itself).
-#   usage: install_test.sh BUILD_DIR SOURCE_DIR
+# plugins, loom.pc (compile flags only) and the CMake package (loom::abi and
+# loom_add_plugin), and no loom library (plugins link none); the out-of-tree
+# example plugins build against it alone with loom_add_plugin, export the
+# plugin struct and nothing else, and pass `loom plugins --check`, the
+# numerics harness too (the installed loom launching itself). The prefix
+# and the plugins' build stay in INSTALLED for the paramserver tests
+# (paramserver_test.sh).
+#   usage: install_test.sh BUILD_DIR SOURCE_DIR INSTALLED
 set -eu
 BUILD=$1
 SRC=$2
+INSTALLED=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-PREFIX=$TMP/prefix
+rm -rf "$INSTALLED"
+PREFIX=$INSTALLED/prefix
+PLUGINS=$INSTALLED/plugins
 
 cmake --install "$BUILD" --prefix "$PREFIX" > "$TMP/install.log"
 for f in include/loom/plugin.h include/loom/comm.h include/loom/strategy.h \
          include/loom/memtier.h include/loom/tensor.h include/loom/status.h \
-         bin/loom lib/loom/libloom-strategy-ddp.so lib/pkgconfig/loom.pc lib/cmake/loom/loomConfig.cmake; do
+         bin/loom lib/loom/libloom-strategy-ddp.so lib/pkgconfig/loom.pc lib/cmake/loom/loomConfig.cmake \
+         lib/cmake/loom/loomAddPlugin.cmake; do
     [ -e "$PREFIX/$f" ] || { echo "install_test: missing $f"; exit 1; }
 done
 
@@ -31,21 +38,33 @@ cat > "$TMP/consumer.c" <<'C'
 #include <stdio.h>
 int main(void) { printf("%s %s\n", loom_status_string(LOOM_ERR_TIMEOUT), loom_comm_op_name(LOOM_OP_ALLREDUCE)); return 0; }
 C
-flags=$(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" pkg-config --cflags --libs loom)
+# Plugins link no loom library, so loom.pc gives no -l at all.
+libs=$(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" pkg-config --libs loom)
+[ -z "$libs" ] || { echo "install_test: loom.pc gives link flags '$libs'; a plugin links no loom library"; exit 1; }
+flags=$(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" pkg-config --cflags loom)
 cc -std=c11 -Wall -Wextra -Werror "$TMP/consumer.c" $flags -o "$TMP/consumer"
 [ "$("$TMP/consumer")" = "timed out allreduce" ] || { echo "install_test: consumer printed the wrong thing"; exit 1; }
 
-# The CMake package: build the out-of-tree plugin with nothing from this tree.
+# The CMake package: build the out-of-tree plugins with nothing from this tree.
 cp -r "$SRC/examples/out-of-tree-plugin" "$TMP/plugin-src"
-cmake -S "$TMP/plugin-src" -B "$TMP/plugin-build" -DCMAKE_PREFIX_PATH="$PREFIX" > "$TMP/plugin.log"
-cmake --build "$TMP/plugin-build" >> "$TMP/plugin.log"
-"$PREFIX/bin/loom" plugins --check "$TMP/plugin-build/libloom-strategy-filldrain.so"
-LOOM_PLUGIN_PATH="$TMP/plugin-build" "$PREFIX/bin/loom" plugins | grep -E "filldrain.*ok" > /dev/null ||
-    { echo "install_test: loom plugins does not list filldrain as ok"; exit 1; }
+cmake -S "$TMP/plugin-src" -B "$PLUGINS" -DCMAKE_PREFIX_PATH="$PREFIX" > "$TMP/plugin.log" ||
+    { cat "$TMP/plugin.log"; exit 1; }
+cmake --build "$PLUGINS" >> "$TMP/plugin.log" || { cat "$TMP/plugin.log"; exit 1; }
+for name in filldrain paramserver; do
+    file=$PLUGINS/libloom-strategy-$name.so
+    # loom_add_plugin hides every symbol but the plugin struct (the linker's
+    # own markers aside).
+    extra=$(nm -D --defined-only "$file" | awk '{ print $3 }' |
+            grep -v -x -e loom_strategy_plugin_v1 -e _init -e _fini -e __bss_start -e _edata -e _end || true)
+    [ -z "$extra" ] || { echo "install_test: $name exports more than its plugin struct:" $extra; exit 1; }
+    "$PREFIX/bin/loom" plugins --check "$file"
+    LOOM_PLUGIN_PATH="$PLUGINS" "$PREFIX/bin/loom" plugins | grep -E "$name.*ok" > /dev/null ||
+        { echo "install_test: loom plugins does not list $name as ok"; exit 1; }
+done
 # The harness: the installed loom trains with the plugin at 2 pipeline
 # stages, its own plugins from its prefix (harness.cfg's data is relative to
 # the source tree).
-(cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$TMP/plugin-build/libloom-strategy-filldrain.so" \
+(cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$PLUGINS/libloom-strategy-filldrain.so" \
     --train examples/harness.cfg --ranks 2) > "$TMP/harness.log" 2>&1 ||
     { cat "$TMP/harness.log"; echo "install_test: the harness fails with the installed loom"; exit 1; }
 grep -q "^pp=2: 10 steps, losses match" "$TMP/harness.log" ||
