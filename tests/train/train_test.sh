@@ -12,33 +12,8 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cd "$TMP"
 
-# run NAME RANKS [--set ...]: metrics in NAME.jsonl
-run() {
-    name=$1; ranks=$2; shift 2
-    if [ "$ranks" = 1 ]; then
-        "$LOOM" train "$CFG" --set data.train="$DATA" --metrics "$name.jsonl" "$@" > "$name.log" 2>&1 ||
-            { cat "$name.log"; echo "train_test: run $name failed"; exit 1; }
-    else
-        "$LOOM" launch -n "$ranks" -- "$LOOM" train "$CFG" --set data.train="$DATA" \
-            --set parallel.dp.size="$ranks" --metrics "$name.jsonl" "$@" > "$name.log" 2>&1 ||
-            { cat "$name.log"; echo "train_test: run $name failed"; exit 1; }
-    fi
-}
-
-# losses NAME: one loss per line
-losses() { sed 's/.*"loss": \([^,]*\),.*/\1/' "$1.jsonl"; }
-
-# compare A B TOL [FIRST]: per-step relative difference <= TOL from step FIRST on
-compare() {
-    losses "$1" > a.txt
-    losses "$2" > b.txt
-    [ "$(wc -l < a.txt)" -gt 0 ] || { echo "train_test: $1 has no steps"; exit 1; }
-    paste a.txt b.txt | awk -v tol="$3" -v first="${4:-1}" -v a="$1" -v b="$2" '
-        NR >= first { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
-                      if (r > worst) worst = r;
-                      if (r > tol) { printf "step %d: %s %s, %s %s (relative %.3g > %g)\n", NR, a, $1, b, $2, r, tol; bad = 1 } }
-        END { printf "%s vs %s: worst relative difference %.3g over %d steps\n", a, b, worst, NR; exit bad }'
-}
+TEST=train_test
+. "$SRC/tests/common/train_runs.sh"
 
 case "$CASE" in
 ddp2|ddp3|ddp4)
@@ -77,15 +52,9 @@ resume)
     run first 2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
     [ -f "$TMP/ckpt/step-5/meta.loom" ] || { echo "train_test: no checkpoint written"; exit 1; }
     [ ! -e "$TMP/ckpt/step-5.tmp" ] || { echo "train_test: the checkpoint's .tmp directory was left behind"; exit 1; }
-    "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
-        --resume "$TMP/ckpt/step-5" --metrics resumed.jsonl > resumed.log 2>&1 ||
-        { cat resumed.log; exit 1; }
+    run resumed 2 --resume "$TMP/ckpt/step-5"
     # the resumed run's steps are 6..10; they must equal the whole run's exactly
-    tail -n 5 whole.jsonl | sed 's/.*"loss": \([^,]*\),.*/\1/' > w.txt
-    losses resumed > r.txt
-    [ "$(wc -l < r.txt)" = 5 ] || { echo "train_test: resumed run did $(wc -l < r.txt) steps, want 5"; exit 1; }
-    cmp w.txt r.txt || { paste w.txt r.txt; echo "train_test: resumed losses differ"; exit 1; }
-    echo "resume: steps 6-10 identical" ;;
+    same_tail whole resumed 5 ;;
 bf16|fp16)
     run fp32 1 --set train.steps=20
     run "$CASE" 1 --set train.steps=20 --set train.precision="$CASE"
