@@ -43,10 +43,10 @@ static const loom_setting_spec paramserver_settings[] = {
 };
 
 /* What this rank serves of one unit. */
-typedef struct served {
+typedef struct served_part {
     size_t begin, count;   /* elements of the unit's flat buffer */
     float *master, *m, *v; /* count each; master points into params for f32 */
-} served;
+} served_part;
 
 struct loom_strategy {
     const loom_host *host;
@@ -57,7 +57,7 @@ struct loom_strategy {
 
     loom_unit *units;
     int nunits;
-    served *served; /* per unit */
+    served_part *served; /* per unit */
     char *pushed;   /* per unit: pushed on this step's last micro-batch */
     loom_dtype dtype;
     size_t esize, numel; /* all units' elements */
@@ -98,6 +98,9 @@ static int post(loom_strategy *s, direction d, void *buf, size_t n, loom_dtype t
         range_of(s, n, r, &begin, &count);
         if (count == 0) /* legal, but it would only add calls */
             continue;
+        if (s->ninflight == s->capacity) /* a hook order data_setup did not plan for */
+            return s->host->error(s->host, LOOM_ERR_INTERNAL,
+                                  "paramserver: more than %d collectives in flight", s->capacity);
         void *range = (char *)buf + begin * loom_dtype_size(t);
         loom_request *req = NULL;
         int rc = d == PUSH ? s->comm->reduce(s->dp, range, range, count, t, LOOM_AVG, r, &req)
@@ -106,9 +109,6 @@ static int post(loom_strategy *s, direction d, void *buf, size_t n, loom_dtype t
             s->broken = 1;
             return rc; /* the core's detail names the op and the group */
         }
-        if (req && s->ninflight == s->capacity) /* a hook order data_setup did not plan for */
-            return s->host->error(s->host, LOOM_ERR_INTERNAL,
-                                  "paramserver: more than %d collectives in flight", s->capacity);
         if (req) /* NULL: already complete */
             s->inflight[s->ninflight++] = req;
     }
@@ -123,8 +123,6 @@ static int wait_all(loom_strategy *s)
             /* The rest may never complete: waiting for each would take the
              * whole timeout again. destroy keeps their buffers. */
             s->broken = 1;
-            s->ninflight -= k + 1;
-            memmove(s->inflight, s->inflight + k + 1, (size_t)s->ninflight * sizeof *s->inflight);
             return rc;
         }
     }
@@ -144,14 +142,14 @@ static int usable(loom_strategy *s, const char *hook)
 }
 
 /* The unit's position in what data_setup was given. The core may pass a
- * copy of the unit, so it is found by its strategy_data, not its address. */
+ * copy of the unit, so it is found by its index, not its address. */
 static int unit_index(loom_strategy *s, const loom_unit *unit, const char *hook)
 {
-    ptrdiff_t i = unit ? (served *)unit->strategy_data - s->served : -1;
-    if (i < 0 || i >= s->nunits)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "paramserver: %s for a unit data_setup was not given", hook);
-    return (int)i;
+    for (int i = 0; unit && i < s->nunits; i++)
+        if (s->units[i].index == unit->index)
+            return i;
+    return s->host->error(s->host, LOOM_ERR_INVALID,
+                          "paramserver: %s for a unit data_setup was not given", hook);
 }
 
 /* --------------------------------------------------------------- common */
@@ -187,10 +185,10 @@ static int paramserver_create(const loom_host *host, const loom_strategy_setup *
 static int paramserver_destroy(loom_strategy *s)
 {
     const loom_host *h = s->host;
-    if (s->broken && s->ninflight > 0) {
+    if (s->broken) {
         /* A backend may still write into these: leak rather than free. */
-        h->log(h, LOOM_LOG_WARN, "keeping the parameter and gradient buffers: %d collectives "
-               "may still be in flight after a failure", s->ninflight);
+        h->log(h, LOOM_LOG_WARN, "keeping the parameter and gradient buffers: collectives "
+               "may still be in flight after a failure");
     } else {
         if (s->params)
             h->mem_free(h, s->params);
@@ -271,10 +269,9 @@ static int paramserver_data_setup(loom_strategy *s, loom_unit *units, int nunits
     float *next = s->state;
     for (int i = 0; i < nunits; i++) {
         loom_unit *u = &units[i];
-        served *sv = &s->served[i];
+        served_part *sv = &s->served[i];
         u->params = (char *)s->params + offset * s->esize;
         u->grads = (char *)s->grads + offset * s->esize;
-        u->strategy_data = sv;
         offset += u->numel;
         if (u->numel)
             loom_from_f32(u->params, s->dtype, init[i], u->numel);
@@ -298,9 +295,12 @@ static int paramserver_data_setup(loom_strategy *s, loom_unit *units, int nunits
 
 static int paramserver_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_micro)
 {
+    /* The core reports a unit once its gradient is complete (the
+     * embedding last, after the tied LM head has added into it), so the
+     * push can start at once. Earlier micro-batches accumulate locally. */
     int rc = usable(s, "data_grads_ready"), i;
     if (rc != LOOM_OK || !last_micro)
-        return rc; /* earlier micro-batches accumulate locally */
+        return rc;
     if ((i = unit_index(s, unit, "data_grads_ready")) < 0)
         return i;
     if (s->pushed[i])
@@ -352,7 +352,7 @@ static int paramserver_data_optimizer_step(loom_strategy *s, const loom_optimize
     if (rc != LOOM_OK)
         return rc;
     for (int i = 0; i < s->nunits; i++) {
-        served *sv = &s->served[i];
+        served_part *sv = &s->served[i];
         if (sv->count == 0)
             continue;
         /* update applies step->grad_scale (clipping and the loss scale) to
@@ -392,7 +392,7 @@ static int paramserver_data_get_state(loom_strategy *s, loom_unit *unit, float *
         return rc;
     if ((i = unit_index(s, unit, "data_get_state")) < 0)
         return i;
-    served *sv = &s->served[i];
+    served_part *sv = &s->served[i];
     float *mine[3] = {sv->master, sv->m, sv->v}, *whole[3] = {params, m, v};
     for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
         if (!whole[k])
@@ -412,7 +412,7 @@ static int paramserver_data_set_state(loom_strategy *s, loom_unit *unit, const f
     int i = unit_index(s, unit, "data_set_state");
     if (i < 0)
         return i;
-    served *sv = &s->served[i];
+    served_part *sv = &s->served[i];
     size_t bytes = sv->count * sizeof(float);
     if (params) {
         loom_from_f32(s->units[i].params, s->dtype, params, s->units[i].numel);

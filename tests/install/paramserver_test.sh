@@ -5,7 +5,7 @@
 # with the optimizer state only where parameters are served, and through a
 # checkpoint.
 #   usage: paramserver_test.sh INSTALLED SOURCE_DIR CASE [ARGS...]
-#     contract SERVERS RANKS | accum | bf16 | checkpoint
+#     contract SERVERS RANKS | accum | bf16 | pipeline | checkpoint
 set -eu
 INSTALLED=$1
 SRC=$2
@@ -66,6 +66,14 @@ bf16)
     ps ps 2 sharded --set train.steps=20 --set train.precision=bf16
     compare bf16 ps 0.02
     falls ps ;;
+pipeline)
+    # dp 2 x pp 2: each stage's dp pair serves that stage's units; the
+    # micro-batches of the 1F1B schedule accumulate before the push
+    CFG=$SRC/tests/pipeline/pp.cfg
+    run single 1 --set parallel.pp.microbatches=4
+    ps ps 4 sharded --set parallel.pp.microbatches=4 --set parallel.pp.size=2 --set parallel.dp.size=2
+    grep -q "paramserver over 2 ranks.*1f1b schedule over 2 stages" ps.log || { cat ps.log; echo "$TEST: not dp 2 x pp 2"; exit 1; }
+    compare single ps 1e-5 ;;
 checkpoint)
     # sharded over 4 ranks, saved after step 5: resumed the same way it
     # repeats the last 5 steps exactly; resumed with one server on 2 ranks
