@@ -36,9 +36,12 @@
 
 #include <loom/strategy.h>
 
+/* The core checks the value against .allowed before create (and says
+ * where in the config a wrong one is), so create need not. */
 static const loom_setting_spec paramserver_settings[] = {
     {.name = "servers", .type = LOOM_SETTING_STRING, .default_value = "one",
-     .help = "who serves the parameters: one (dp rank 0) or sharded (every dp rank 1/N)"},
+     .help = "who serves the parameters: one (dp rank 0) or sharded (every dp rank 1/N)",
+     .allowed = (const char *const[]){"one", "sharded", NULL}},
     {0},
 };
 
@@ -165,10 +168,6 @@ static int paramserver_create(const loom_host *host, const loom_strategy_setup *
     int rc = host->config_string(host, "servers", &servers);
     if (rc != LOOM_OK)
         return rc;
-    if (strcmp(servers, "one") != 0 && strcmp(servers, "sharded") != 0)
-        return host->error(host, LOOM_ERR_INVALID,
-                           "paramserver: parallel.dp.servers = \"%s\"; use \"one\" or \"sharded\"",
-                           servers);
     loom_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return host->error(host, LOOM_ERR_NO_MEMORY, "paramserver: out of memory");

@@ -5,7 +5,7 @@
 # with the optimizer state only where parameters are served, and through a
 # checkpoint.
 #   usage: paramserver_test.sh INSTALLED SOURCE_DIR CASE [ARGS...]
-#     contract SERVERS RANKS | accum | bf16 | pipeline | checkpoint
+#     contract SERVERS RANKS | accum | bf16 | pipeline | checkpoint | bad
 set -eu
 INSTALLED=$1
 SRC=$2
@@ -88,6 +88,15 @@ checkpoint)
     compare tail one 1e-5
     run ddp 1 --resume "$ck"
     compare tail ddp 1e-5 ;;
+bad)
+    # the setting's allowed values, checked by the core from the plugin's spec
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.strategy="$PS" \
+           --set parallel.dp.servers=shardd > bad.log 2>&1; then
+        echo "$TEST: servers = shardd was accepted"; exit 1
+    fi
+    grep -q 'parallel.dp.servers: expected one of one, sharded; found "shardd" (did you mean "sharded"?)' bad.log ||
+        { cat bad.log; echo "$TEST: the refusal does not name the allowed values"; exit 1; }
+    cat bad.log ;;
 *)
     echo "$TEST: unknown case $CASE"; exit 2 ;;
 esac
