@@ -9,8 +9,9 @@
  * Only a server holds optimizer state — Adam's m and v and, in 16-bit runs,
  * fp32 master weights — and only for the ranges it serves: with "one" rank
  * 0 holds all of it and the other ranks none, with "sharded" each rank
- * 1/N. Memory comes from host->mem_alloc under its purpose, so the progress
- * line and --metrics show this.
+ * 1/N. Memory comes from host->mem_alloc under its purpose, so the
+ * accounting shows it: the progress line and --metrics give rank 0's
+ * bytes, LOOM_LOG=debug each rank's share.
  *
  * The hooks, in the order the core calls them in a step:
  *   data_grads_ready ...... on a step's last micro-batch, push: the unit's
@@ -227,9 +228,9 @@ static int paramserver_data_setup(loom_strategy *s, loom_unit *units, int nunits
         if (units[i].compute_dtype != s->dtype ||
             (s->dtype != LOOM_F32 && s->dtype != LOOM_BF16 && s->dtype != LOOM_F16))
             return h->error(h, LOOM_ERR_NOT_SUPPORTED,
-                            "paramserver: unit '%s' computes in %s; train.precision must be one "
-                            "of fp32, bf16, fp16 for every unit", units[i].name,
-                            loom_dtype_name(units[i].compute_dtype));
+                            "paramserver: unit %d ('%s') computes in %s; train.precision must "
+                            "be one of fp32, bf16, fp16 for every unit", units[i].index,
+                            units[i].name, loom_dtype_name(units[i].compute_dtype));
     s->units = units;
     s->nunits = nunits;
     s->capacity = (nunits + 3) * s->ranks; /* one phase's posts at most */
@@ -304,8 +305,8 @@ static int paramserver_data_grads_ready(loom_strategy *s, loom_unit *unit, int l
         return i;
     if (s->pushed[i])
         return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "paramserver: unit '%s' reported twice on the last micro-batch",
-                              unit->name);
+                              "paramserver: unit %d ('%s') reported twice on the last "
+                              "micro-batch", unit->index, unit->name);
     s->pushed[i] = 1;
     return post(s, PUSH, s->units[i].grads, s->units[i].numel, s->dtype);
 }
