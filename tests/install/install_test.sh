@@ -25,6 +25,7 @@ for f in include/loom/plugin.h include/loom/comm.h include/loom/strategy.h \
          lib/cmake/loom/loomAddPlugin.cmake; do
     [ -e "$PREFIX/$f" ] || { echo "install_test: missing $f"; exit 1; }
 done
+[ -s "$PREFIX/share/doc/loom/plugin-guide.md" ] || { echo "install_test: missing share/doc/loom/plugin-guide.md (the plugin guide)"; exit 1; }
 
 ls "$PREFIX"/lib/libloom* 2>/dev/null && { echo "install_test: a loom library was installed; plugins must not need one"; exit 1; }
 # The installed program finds the plugins beside it (this prefix is not the

@@ -89,7 +89,8 @@ typedef struct loom_comm_plugin_v1_t {
      * recv came from rank i. */
     int (*alltoall)(loom_comm *comm, const void *send, void *recv, size_t count,
                     loom_dtype dtype, loom_comm_request **req);
-    /* Point-to-point. tag >= 0; a (peer, tag) pair matches in posting order. */
+    /* Point-to-point. tag >= 0 (comm-mpi takes up to MPI_TAG_UB, at least
+     * 32767); a (peer, tag) pair matches in posting order. */
     int (*send)(loom_comm *comm, const void *buf, size_t count, loom_dtype dtype, int peer,
                 int tag, loom_comm_request **req);
     int (*recv)(loom_comm *comm, void *buf, size_t count, loom_dtype dtype, int peer,
@@ -99,7 +100,11 @@ typedef struct loom_comm_plugin_v1_t {
     /* LOOM_OK when done (the request is released), LOOM_IN_PROGRESS, or an
      * error (the request is released). Drives progress; never blocks. */
     int (*test)(loom_comm_request *req);
-    /* Until done or the timeout; releases the request either way. */
+    /* Until done or the timeout; releases the request either way. A
+     * released request is gone, but after an error the operation may still
+     * be posted in the transport and read or write its buffers: the caller
+     * must not free or reuse them (ddp keeps its gradient buffer), and the
+     * group fails every later op. */
     int (*wait)(loom_comm_request *req);
 
     /* ---- OPTIONAL ---- */
@@ -110,11 +115,12 @@ typedef struct loom_comm_plugin_v1_t {
     int (*group_start)(loom_comm *comm);
     int (*group_end)(loom_comm *comm);
     /* Register a buffer for reuse across calls (UCX memory handles, NCCL user
-     * buffers). NULL: nothing to register. */
+     * buffers). NULL: nothing to register. This core calls neither yet. */
     int (*mem_register)(loom_comm *comm, void *ptr, size_t bytes, loom_mem_kind kind,
                         void **handle);
     int (*mem_deregister)(loom_comm *comm, void *handle);
-    /* Give up on everything in flight after a failure so destroy cannot hang. */
+    /* Give up on everything in flight after a failure so destroy cannot
+     * hang. This core does not call it yet: destroy must not hang either. */
     int (*abort)(loom_comm *comm);
 } loom_comm_plugin_v1_t;
 

@@ -9,7 +9,11 @@
  * gets a new struct type and symbol name.
  *
  * Plugins link no loom library. Everything they need from the core arrives
- * through the loom_host table passed to their create op. */
+ * through the loom_host table passed to their create op.
+ *
+ * The plugin author's guide — the order of every hook in a step, lifetimes,
+ * progress and timeouts, testing and shipping — is docs/plugin-guide.md in
+ * the source tree, installed as share/doc/loom/plugin-guide.md. */
 #ifndef LOOM_PLUGIN_H
 #define LOOM_PLUGIN_H
 
@@ -206,7 +210,9 @@ typedef struct loom_host {
     int (*kv_barrier)(const struct loom_host *host, const char *name, double timeout_s);
 
     /* Accounted memory. tier is LOOM_TIER_HOST, LOOM_TIER_PINNED or
-     * LOOM_TIER_DEVICE (addressable tiers); alignment is at least 64. */
+     * LOOM_TIER_DEVICE (addressable tiers); alignment is at least 64. The
+     * memory is not zeroed. The core frees nothing a plugin allocated: free
+     * it with mem_free, at the latest in destroy. */
     int (*mem_alloc)(const struct loom_host *host, loom_tier tier, loom_purpose purpose,
                      size_t bytes, void **out);
     void (*mem_free)(const struct loom_host *host, void *ptr);

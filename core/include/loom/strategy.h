@@ -72,11 +72,15 @@ typedef enum loom_unit_kind {
 
 /* One unit as the data axis sees it. The strategy decides where the
  * buffers live (data_setup) and fills params/grads whenever a hook promises
- * them to the model. */
+ * them to the model; the core copies both pointers to the model after
+ * every hook, so a hook may move them. The array data_setup receives, and
+ * every unit a hook receives (a pointer into it), stays valid until
+ * destroy. The model adds each micro-batch's gradients into grads. */
 typedef struct loom_unit {
     int index;
     loom_unit_kind kind;
-    const char *name;            /* "embedding", "block.3", "head" */
+    const char *name;            /* "embedding", "block" (every block; index
+                                    tells them apart) or "head" */
     int ntensors;
     const loom_param_desc *tensors; /* views into the flat buffer */
     size_t numel;                /* elements of the flat buffer on this rank */
@@ -92,7 +96,8 @@ typedef struct loom_optimizer_step {
     int64_t step;       /* 1-based, for bias correction */
     float lr;
     float beta1, beta2, eps, weight_decay;
-    float grad_scale;   /* multiply gradients by this first (clipping, loss scale) */
+    float grad_scale;   /* multiply gradients by this first: 1 / loss scale (fp16;
+                           1 otherwise), times train.clip / norm when clipping */
     /* master, m, v: fp32, n elements. grad: n elements of grad_dtype. */
     void (*update)(const struct loom_optimizer_step *s, float *master, const void *grad,
                    loom_dtype grad_dtype, float *m, float *v, size_t n);
@@ -177,6 +182,8 @@ typedef struct loom_pipeline_shape {
 
 /* ---- what the core gives a strategy at create ---- */
 
+/* Valid during create only (copy what you keep); the groups it points to
+ * live until after destroy. */
 typedef struct loom_strategy_setup {
     uint32_t struct_size;
     loom_axis axis;
@@ -205,48 +212,61 @@ typedef struct loom_strategy_plugin_v1_t {
 
     /* Allocate (through host->mem_alloc) and place parameters, gradients,
      * master weights and optimizer state for every unit; initial fp32
-     * parameters are in init[i] (full, this tp rank's), to be copied or
-     * sharded. Purposes: params and grads in compute_dtype (PARAMS, GRADS);
-     * fp32 master weights when compute_dtype is not f32, and Adam's m and v
-     * (OPTIMIZER). Gradients start at zero. Every unit has the same
-     * compute_dtype. */
+     * parameters are in init[i] (full, this tp rank's; valid during this
+     * call only), to be copied or sharded. Purposes: params and grads in
+     * compute_dtype (PARAMS, GRADS); fp32 master weights when compute_dtype
+     * is not f32, and Adam's m and v (OPTIMIZER). Gradients and m and v
+     * start at zero: mem_alloc does not clear memory. Every unit has the
+     * same compute_dtype. On a pipeline, units are only those of this
+     * rank's stages. */
     int (*data_setup)(loom_strategy *s, loom_unit *units, int nunits, float *const *init);
     /* Before a unit's forward: its params must be materialised on return
      * (ZeRO-3 all-gathers, and may start prefetching the next unit). The
-     * LM head is tied to the embedding's wte, so the embedding unit's
-     * forward and backward hooks also bracket the head's: hooks must
-     * tolerate a unit being materialised when it already is. */
+     * LM head is tied to the embedding's wte, so without a pipeline the
+     * embedding unit's forward and backward hooks also bracket the head's:
+     * hooks must tolerate a unit being materialised when it already is.
+     * (On a pipeline the last stage keeps its own copy of wte.) */
     int (*data_before_forward)(loom_strategy *s, loom_unit *unit);
     int (*data_after_forward)(loom_strategy *s, loom_unit *unit);
     /* Before a unit's backward: params and a zeroed-or-accumulating grads
-     * buffer must be materialised on return. */
+     * buffer must be materialised on return. With a split backward (zb-h1)
+     * it comes before the backward-weight half only. */
     int (*data_before_backward)(loom_strategy *s, loom_unit *unit);
     /* A unit's gradients for this micro-batch are complete (DDP buckets and
      * all-reduces here; ZeRO-2/3 reduce-scatter). last_micro: the last
      * micro-batch of the step. Units come in reverse order, except the
      * embedding (unit 0), which is always reported last because the tied
-     * LM head adds into its gradient first. Each rank's gradients are those of its own
-     * mean loss (accumulated over micro-batches); the strategy averages
-     * them over the dp group. */
+     * LM head adds into its gradient first; on a pipeline unit 0 is
+     * reported once per step, last_micro = 1, after the head's share
+     * arrived from the last stage. Each rank's gradients are those of its
+     * own mean loss (accumulated over micro-batches; times the fp16 loss
+     * scale); the strategy averages them over the dp group. */
     int (*data_grads_ready)(loom_strategy *s, loom_unit *unit, int last_micro);
     /* After the whole backward of a step (once per step, after the last
      * micro-batch): complete every outstanding reduction. */
     int (*data_finish_backward)(loom_strategy *s);
     /* Sum of squared gradients over the units this rank was given, across
-     * the dp group (all data shards), for clipping by the global norm. The
-     * core adds the other axes' shares (tensor shards, pipeline stages). */
+     * the dp group (all data shards), for clipping by the global norm: the
+     * gradients as held (the core divides out the loss scale), the same
+     * value on every dp rank. Called on every rank once per step, after
+     * data_finish_backward. The core adds the other axes' shares (tensor
+     * shards, pipeline stages). */
     int (*data_grad_norm_sq)(loom_strategy *s, double *out);
     /* Step the owned master weights, re-materialise parameters as the
      * strategy keeps them (ZeRO-1/2 all-gather), and zero the gradients for
-     * the next step. A step the core skips (fp16 overflow) is not called;
-     * the core then calls data_zero_grads instead. */
+     * the next step. Not called for a step the core skips (a norm that is
+     * not finite: fp16 overflow, or a NaN); the core then calls
+     * data_zero_grads instead. */
     int (*data_optimizer_step)(loom_strategy *s, const loom_optimizer_step *step);
     /* Drop this step's gradients without stepping (a skipped step). */
     int (*data_zero_grads)(loom_strategy *s);
     /* Checkpointing, collective over the dp group: the unit's full fp32
      * master parameters and Adam m and v (each numel; m and v may be NULL)
      * written on every dp rank, and read back from full arrays (each rank
-     * keeping what it owns; params re-materialised in compute dtype). */
+     * keeping what it owns; params re-materialised in compute dtype). A
+     * NULL array is left alone: not written by get, kept as it is by set
+     * (the core passes all three today). set_state is called on every
+     * rank, between data_setup and the first step (--resume). */
     int (*data_get_state)(loom_strategy *s, loom_unit *unit, float *params, float *m, float *v);
     int (*data_set_state)(loom_strategy *s, loom_unit *unit, const float *params,
                           const float *m, const float *v);
@@ -272,7 +292,9 @@ typedef struct loom_strategy_plugin_v1_t {
     /* ---- sequence axis (attention_forward and _backward REQUIRED there) ---- */
 
     /* The global positions this rank holds out of seq (contiguous block, or
-     * zigzag for balanced causal work); positions has room for seq. */
+     * zigzag for balanced causal work); positions has room for seq. Every
+     * sp rank must hold seq / size of them and each position be held
+     * once; the core checks. NULL: contiguous blocks in rank order. */
     int (*sequence_positions)(loom_strategy *s, int seq, int *positions, int *count);
     int (*attention_forward)(loom_strategy *s, const loom_attention *a);
     int (*attention_backward)(loom_strategy *s, const loom_attention *a);
@@ -289,8 +311,9 @@ typedef struct loom_strategy_plugin_v1_t {
      * communication: the range of a unit's flat buffer (as stored on this
      * tp rank, padding excluded) whose fp32 master parameters and Adam m and
      * v this rank owns — [*begin, *begin + *count) — and, when the arrays
-     * are not NULL, those count elements of each. The dp ranks' ranges are
-     * disjoint and cover the unit; a rank that repeats another's state
+     * are not NULL, those count elements of each (the core asks first with
+     * NULL arrays, for the range). The dp ranks' ranges are disjoint and
+     * cover the unit, in any order; a rank that repeats another's state
      * (a replica under hybrid sharding) reports *count = 0 and writes
      * nothing. A strategy that replicates the state
      * (ddp) leaves this NULL: the core then saves dp rank 0's full state. */
