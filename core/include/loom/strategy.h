@@ -271,7 +271,7 @@ typedef struct loom_strategy_plugin_v1_t {
     int (*data_set_state)(loom_strategy *s, loom_unit *unit, const float *params,
                           const float *m, const float *v);
 
-    /* ---- tensor axis (all four REQUIRED there) ---- */
+    /* ---- tensor axis (all five REQUIRED there) ---- */
 
     /* This rank's slice of a parameter that may be split. */
     int (*tensor_shard)(loom_strategy *s, const loom_param_desc *param, loom_param_shard *out);
