@@ -313,9 +313,9 @@ typedef struct loom_strategy_plugin_v1_t {
      * v this rank owns — [*begin, *begin + *count) — and, when the arrays
      * are not NULL, those count elements of each (the core asks first with
      * NULL arrays, for the range). The dp ranks' ranges are disjoint and
-     * cover the unit, in any order; a rank that repeats another's state
-     * (a replica under hybrid sharding) reports *count = 0 and writes
-     * nothing. A strategy that replicates the state
+     * cover the unit, in any order; a rank that owns none of it (a replica
+     * under hybrid sharding) reports *count = 0 and writes nothing. A
+     * strategy that replicates the state
      * (ddp) leaves this NULL: the core then saves dp rank 0's full state. */
     int (*data_get_shard)(loom_strategy *s, loom_unit *unit, size_t *begin, size_t *count,
                           float *params, float *m, float *v);
