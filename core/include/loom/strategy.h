@@ -248,7 +248,8 @@ typedef struct loom_strategy_plugin_v1_t {
     /* Sum of squared gradients over the units this rank was given, across
      * the dp group (all data shards), for clipping by the global norm: the
      * gradients as held (the core divides out the loss scale), the same
-     * value on every dp rank. Called on every rank once per step, after
+     * value on every dp rank (checked at a run's first step). Called on
+     * every rank once per step, after
      * data_finish_backward. The core adds the other axes' shares (tensor
      * shards, pipeline stages). */
     int (*data_grad_norm_sq)(loom_strategy *s, double *out);
