@@ -1,9 +1,9 @@
 #!/bin/sh
 # The data strategy listed in docs/plugin-guide.md ("A complete data
-# strategy"): cut out, compiled with the installed headers' flags, checked by
-# `loom plugins --check`, then trained at 3 ranks (accumulation, clipping)
-# against the single-rank run to 1e-5 relative per step, and its checkpoint
-# resumed by zero2 at 2 ranks against the same run's later steps.
+# strategy"): cut out, compiled against the ABI headers alone, passed
+# through the conformance checks and the numerics harness (3 ranks, with
+# accumulation and clipping), and its checkpoint resumed by zero2 at 2 ranks
+# against the single-rank run's later steps (loss and norm, 1e-5 relative).
 #   usage: guide_test.sh LOOM SOURCE_DIR CC
 set -eu
 LOOM=$1
@@ -21,18 +21,18 @@ awk '/^### A complete data strategy/ { found = 1 }
 [ -s allavg.c ] || { echo "guide_test: no listing under 'A complete data strategy'"; exit 1; }
 "$CC" -std=c11 -Wall -Wextra -Werror -shared -fPIC -fvisibility=hidden -I"$SRC/core/include" \
     allavg.c -o libloom-strategy-allavg.so
-"$LOOM" plugins --check ./libloom-strategy-allavg.so > check.log ||
-    { cat check.log; echo "guide_test: the listing fails loom plugins --check"; exit 1; }
-
 CFG="$SRC/tests/zero/tiny.cfg"
 set -- --set data.train="$SRC/examples/data/corpus.bin" --set train.clip=1.0
+"$LOOM" plugins --check ./libloom-strategy-allavg.so --train "$CFG" --ranks 3 "$@" \
+    --set train.grad_accum=2 > check.log 2>&1 ||
+    { cat check.log; echo "guide_test: the listing fails loom plugins --check --train"; exit 1; }
+
 "$LOOM" train "$CFG" "$@" --metrics single.jsonl > single.log 2>&1 ||
     { cat single.log; exit 1; }
 "$LOOM" launch -n 3 -- "$LOOM" train "$CFG" "$@" --set parallel.dp.size=3 \
-    --set parallel.dp.strategy="$TMP/libloom-strategy-allavg.so" --set train.grad_accum=2 \
+    --set parallel.dp.strategy="$TMP/libloom-strategy-allavg.so" \
     --set train.checkpoint_every=5 --set train.checkpoint_dir="\"$TMP/ckpt\"" \
-    --metrics allavg.jsonl > allavg.log 2>&1 || { cat allavg.log; exit 1; }
-grep -q "allavg over 3 ranks" allavg.log || { cat allavg.log; echo "guide_test: header does not name allavg"; exit 1; }
+    > allavg.log 2>&1 || { cat allavg.log; exit 1; }
 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" "$@" --set parallel.dp.size=2 \
     --set parallel.dp.strategy=zero2 --resume "$TMP/ckpt/step-5" --metrics resumed.jsonl \
     > resumed.log 2>&1 || { cat resumed.log; exit 1; }
@@ -53,7 +53,6 @@ compare() {
         END { printf "%s: %s vs %s: worst relative difference %.3g\n", f, a, b, worst; exit bad }'
 }
 for f in loss grad_norm; do
-    compare $f single.jsonl allavg.jsonl 1
     compare $f single.jsonl resumed.jsonl 6
 done
 echo "guide_test: ok"
