@@ -37,8 +37,9 @@
  *         gathered exactly twice per micro-batch.
  *
  * Model-state bytes per rank (accounted PARAMS + GRADS + OPTIMIZER), Ψ the
- * padded parameter count, N the dp size (the shard size S under HSDP), e the compute dtype's size, w = 4
- * for 16-bit runs (fp32 master weights) and 0 for fp32 (none):
+ * padded parameter count, N the dp size (the shard size S under HSDP), e
+ * the compute dtype's size, w = 4 for 16-bit runs (fp32 master weights) and
+ * 0 for fp32 (none):
  *   zero1   2eΨ + (w + 8)Ψ/N          bf16 4Ψ + 12Ψ/N   fp32 8Ψ + 8Ψ/N
  *   zero2    eΨ + (e + w + 8)Ψ/N      bf16 2Ψ + 14Ψ/N   fp32 4Ψ + 12Ψ/N
  *   zero3   (2e + w + 8)Ψ/N           bf16 16Ψ/N        fp32 16Ψ/N

@@ -20,8 +20,9 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cd "$TMP"
 
+TEST=contract_test
+. "$SRC/tests/common/train_runs.sh"
 train() { "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=6 "$@"; }
-losses() { sed 's/.*"loss": \([^,]*\),.*/\1/' "$1"; }
 # expect_refusal TEXT CMD...: CMD fails and prints TEXT
 expect_refusal() {
     want=$1; shift
@@ -34,16 +35,14 @@ case "$CASE" in
 clip_default)
     # A clip far below the gradients' norm changes every step, so a norm of
     # 0 (clipping off) or a wrong one shows.
-    train --set train.clip=0.05 --metrics ddp.jsonl > ddp.log 2>&1 || { cat ddp.log; exit 1; }
-    train --set train.clip=0.05 --set parallel.dp.strategy="$PLUGINS/libloom-strategy-minimal.so" \
-        --metrics minimal.jsonl > minimal.log 2>&1 || { cat minimal.log; exit 1; }
-    train --metrics unclipped.jsonl > unclipped.log 2>&1 || { cat unclipped.log; exit 1; }
-    losses ddp.jsonl > a.txt; losses minimal.jsonl > b.txt; losses unclipped.jsonl > c.txt
+    run ddp 1 --set train.steps=6 --set train.clip=0.05
+    run minimal 1 --set train.steps=6 --set train.clip=0.05 \
+        --set parallel.dp.strategy="$PLUGINS/libloom-strategy-minimal.so"
+    run unclipped 1 --set train.steps=6
+    losses ddp > a.txt; losses unclipped > c.txt
     cmp -s a.txt c.txt && { echo "contract_test: clipping changed nothing; the test cannot tell"; exit 1; }
-    paste a.txt b.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * ($1 < 0 ? -$1 : $1)) { print "step " NR ": ddp " $1 ", minimal " $2; bad = 1 } }
-        END { exit bad }' || { echo "contract_test: the core's default norm differs from ddp's"; exit 1; }
-    grep -o '"grad_norm": [^,]*' minimal.jsonl | head -1
-    echo "minimal strategy with the core's norm: clipped losses equal ddp's over $(wc -l < a.txt) steps" ;;
+    compare ddp minimal 1e-6 || { echo "contract_test: the core's default norm differs from ddp's"; exit 1; }
+    grep -o '"grad_norm": [^,]*' minimal.jsonl | head -1 ;;
 dp_refused)
     expect_refusal "parallel.dp.size=2: strategy 'minimal' cannot serve a dp group of 2 ranks: data_grads_ready and data_finish_backward are NULL, so nothing would average the gradients over the dp group; implement data_grads_ready or data_finish_backward (the core's defaults are right for a dp group of one only)" \
         "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
@@ -61,14 +60,10 @@ unknown_bit)
     expect_refusal "FAIL capabilities: capabilities has bits 0x10000000000 this loom does not know" \
         "$LOOM" plugins --check "$PLUGINS/libloom-strategy-future.so" ;;
 group)
-    train --set train.clip=0.05 --metrics one.jsonl > one.log 2>&1 || { cat one.log; exit 1; }
-    "$LOOM" launch -n 3 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=6 \
-        --set train.clip=0.05 --set parallel.dp.size=3 --set parallel.dp.strategy="$PLUGINS/libloom-strategy-group.so" \
-        --metrics three.jsonl > three.log 2>&1 || { cat three.log; exit 1; }
-    losses one.jsonl > a.txt; losses three.jsonl > b.txt
-    paste a.txt b.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1)) { print "step " NR ": one rank " $1 ", dp=3 " $2; bad = 1 } }
-        END { exit bad }' || { echo "contract_test: dp=3 left the single-rank trajectory"; exit 1; }
-    echo "group strategy at dp=3: the single-rank losses over $(wc -l < a.txt) steps" ;;
+    run one 1 --set train.steps=6 --set train.clip=0.05
+    run three 3 --set train.steps=6 --set train.clip=0.05 \
+        --set parallel.dp.strategy="$PLUGINS/libloom-strategy-group.so"
+    compare one three 1e-5 || { echo "contract_test: dp=3 left the single-rank trajectory"; exit 1; } ;;
 norm_differs)
     expect_refusal "strategy sharenorm: data_grad_norm_sq differs across the dp group at step 1" \
         "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
