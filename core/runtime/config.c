@@ -63,7 +63,7 @@ static const char *const model_inits[] = {"random", "checkpoint", NULL};
 static const char *const lr_schedules[] = {"constant", "cosine", NULL};
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const recomputes[] = {"none", "block", NULL};
-static const char *const offload_targets[] = {"none", "nvme", NULL};
+static const char *const offload_targets[] = {"none", "host", "nvme", NULL};
 static const char *const bench_ops[] = {"allreduce",     "broadcast", "reduce",   "allgather",
                                         "reducescatter", "alltoall",  "sendrecv", NULL};
 static const char *const mem_kinds[] = {"host", "device", NULL};
@@ -158,11 +158,12 @@ static const schema_entry schema[] = {
     S("comm.dp", V_STRING, "", .help = "comm plugin of the dp axis; empty = comm.default"),
 
     S("memory.offload.optimizer", V_STRING, "none", .choices = offload_targets,
-      .help = "where optimizer state lives"),
+      .help = "tier of the fp32 master weights and Adam moments of each rank's shard "
+      "(ZeRO-Offload): none, host or nvme"),
     S("memory.offload.params", V_STRING, "none", .choices = offload_targets,
-      .help = "where parameters live"),
-    S("memory.offload.path", V_STRING, "/tmp/loom-nvme", .flags = NONEMPTY,
-      .help = "directory of the nvme tier's files"),
+      .help = "tier of zero3's parameter and gradient shards (ZeRO-Infinity): none, host or nvme"),
+    S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "host bytes per rank the accounting may hold; 0: no limit"),
 
     S("bench.comms", V_STRINGS, "mpi", .flags = NONEMPTY | SOME, .help = "comm plugins to compare"),
     S("bench.ops", V_STRINGS,
@@ -197,7 +198,6 @@ typedef struct unimplemented {
 } unimplemented;
 
 static const unimplemented not_yet[] = {
-    {"memory.offload", "offload-nvme is a later release"},
     {"data.val", "validation is a later release"},
 };
 

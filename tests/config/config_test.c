@@ -161,7 +161,7 @@ static void case_defaults(void)
     CHECK(get_float(cfg, "comm.timeout_s") == 60.0);
     CHECK_STR(get_str(cfg, "memory.offload.optimizer"), "none");
     CHECK_STR(get_str(cfg, "memory.offload.params"), "none");
-    CHECK_STR(get_str(cfg, "memory.offload.path"), "/tmp/loom-nvme");
+    CHECK(get_int(cfg, "memory.host_limit") == 0);
     CHECK(loom_config_list_len(cfg, "plugins.path") == 0);
     CHECK(loom_config_list_len(cfg, "bench.comms") == 1);
     CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "mpi");
@@ -684,29 +684,6 @@ static void case_checkpoint(void)
  * are set, never accepted and ignored; their defaults still read. */
 static void case_unimplemented(void)
 {
-    expect_error("offload.cfg",
-                 "train = { steps = 2; };\n"
-                 "memory = {\n"
-                 "  offload = {\n"
-                 "    params = \"nvme\";\n"
-                 "  };\n"
-                 "};\n",
-                 NULL, 0, 4,
-                 "memory.offload: not implemented yet (offload-nvme is a later release); "
-                 "remove it");
-    /* Names a memtier plugin would own are refused with the group. */
-    expect_error("offload2.cfg", "memory = { offload = { read_ahead = 4; }; };\n", NULL, 0, 1,
-                 "memory.offload: not implemented yet (offload-nvme is a later release); "
-                 "remove it");
-    /* Even the defaults, written out. */
-    expect_error("offload3.cfg",
-                 "memory = {\n  offload = {\n    optimizer = \"none\";\n  };\n};\n", NULL, 0, 3,
-                 "memory.offload: not implemented yet (offload-nvme is a later release); "
-                 "remove it");
-    const char *sets[] = {"memory.offload.path=/scratch"};
-    expect_error("offload4.cfg", "train = { steps = 2; };\n", sets, 1, -1,
-                 "--set memory.offload.path=/scratch: memory.offload: not implemented yet "
-                 "(offload-nvme is a later release); remove it");
     expect_error("val.cfg",
                  "data = {\n"
                  "  train = \"train.bin\";\n"

@@ -31,11 +31,14 @@ typedef struct loom_memtier_plugin_v1_t {
     int (*destroy)(loom_memtier *tier);
     /* total and still-available bytes of the tier on this rank */
     int (*capacity)(loom_memtier *tier, uint64_t *total, uint64_t *available);
+    /* A new block reads as zeros until written. */
     int (*alloc)(loom_memtier *tier, size_t bytes, size_t alignment, loom_tier_block **out);
     int (*free)(loom_memtier *tier, loom_tier_block *block);
     /* Copy bytes between a block and host memory, asynchronously; the source
-     * (write) or destination (read) must stay untouched until completion. A
-     * tier may set *req = NULL when the copy completed at issue. */
+     * (write) or destination (read) must stay untouched until completion.
+     * Any range of the block; a tier that moves fixed-size pieces (nvme)
+     * makes the partial ones whole itself. A tier may set *req = NULL when
+     * the copy completed at issue. */
     int (*write)(loom_memtier *tier, loom_tier_block *dst, size_t offset, const void *src,
                  size_t bytes, loom_tier_request **req);
     int (*read)(loom_memtier *tier, loom_tier_block *src, size_t offset, void *dst,
