@@ -1647,6 +1647,24 @@ static const char *type_name(value_type t)
     return "?";
 }
 
+int loom_config_refuse_unused_group(const loom_config *cfg, const char *group_path,
+                                    const char *why)
+{
+    int blocked;
+    const config_setting_t *g = find_setting(&cfg->tree, group_path, &blocked);
+    if (!g || !config_setting_is_group(g))
+        return LOOM_OK;
+    int n = config_setting_length(g);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        char path[PATH_MAX_LEN];
+        join_path(path, sizeof path, group_path, config_setting_name(s));
+        if (!schema_find(path))
+            return fail_at(cfg, s, path, "%s; remove it", why);
+    }
+    return LOOM_OK;
+}
+
 int loom_config_core_owns(const char *path)
 {
     return schema_find(path) || schema_is_group(path);

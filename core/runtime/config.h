@@ -10,7 +10,7 @@
  * has a schema entry (type, default, allowed values); groups owned by
  * plugins (comm.<backend>, the extra settings of parallel.<axis>) are
  * validated when the plugin loads, against its loom_setting_spec list.
- * Settings reserved for a later release (memory.offload, data.val) are
+ * Settings reserved for a later release (data.val) are
  * refused when a config sets them. Paths use dots: "parallel.dp.size". */
 typedef struct loom_config loom_config;
 
@@ -51,6 +51,11 @@ void loom_config_spec_rules(const loom_setting_spec *spec, char *buf, size_t cap
  * may declare a setting of that name. */
 int loom_config_core_owns(const char *path);
 
+/* Refuse the first setting of the group at group_path that the core does
+ * not own, for a plugin group whose plugin the job does not load: why says
+ * so ("only the nvme tier reads it, and nothing is offloaded to nvme"). */
+int loom_config_refuse_unused_group(const loom_config *cfg, const char *group_path,
+                                    const char *why);
 /* Validate the group at group_path against a plugin's settings (unknown
  * names, types; "did you mean"), remembering specs so the typed reads below
  * return the defaults of unset settings. An absent group is all defaults.

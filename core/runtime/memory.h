@@ -17,5 +17,37 @@ typedef struct loom_mem_usage {
 } loom_mem_usage;
 void loom_mem_usage_get(loom_mem_usage *out);
 void loom_mem_usage_reset_peak(void);
+/* Bytes a tier holds that no host pointer stands for (a memtier plugin's
+ * blocks), accounted like an allocation; delta < 0 gives them back. */
+void loom_mem_account(loom_tier tier, loom_purpose purpose, int64_t delta);
+/* Host and pinned bytes held now. */
+uint64_t loom_mem_host_bytes(void);
+/* "params 1.5 MiB, grads 1.5 MiB": host and pinned bytes held, by purpose. */
+void loom_mem_host_parts(char *buf, size_t cap);
+/* "1.5 MiB" */
+void loom_mem_format(uint64_t bytes, char *buf, size_t cap);
+
+/* memory.host_limit: host and pinned allocations that would hold more are
+ * refused, naming the purpose, the bytes asked and the budget, and what the
+ * advisor (the offload tiers) suggests. 0: no limit. */
+void loom_mem_set_host_limit(uint64_t bytes);
+uint64_t loom_mem_host_limit(void);
+typedef void (*loom_mem_advisor)(void *ctx, loom_purpose purpose, uint64_t asked, char *buf,
+                                 size_t cap);
+void loom_mem_set_advisor(loom_mem_advisor advisor, void *ctx);
+/* The refusal's text: asked more bytes of purpose with in_use held. */
+void loom_mem_budget_text(loom_purpose purpose, uint64_t asked, uint64_t in_use, char *buf,
+                          size_t cap);
+/* While deferred (the model state being placed), over-budget allocations
+ * pass as long as the machine has the memory, and the first is remembered,
+ * so that one refusal afterwards can weigh the whole state. */
+typedef struct loom_mem_overrun {
+    loom_purpose purpose; /* of the first allocation past the limit */
+    uint64_t bytes;       /* it asked; 0: none passed the limit */
+    uint64_t in_use;      /* host bytes held then */
+} loom_mem_overrun;
+void loom_mem_defer_limit(int on);
+/* 1 when the host now holds more than the limit; *out: the first overrun. */
+int loom_mem_overrun_get(loom_mem_overrun *out);
 
 #endif

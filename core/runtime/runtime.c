@@ -13,6 +13,7 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/runtime.h"
+#include "runtime/tier.h"
 #include "runtime/trace.h"
 
 /* One host table per plugin instance; the table is the first member so the
@@ -50,6 +51,7 @@ struct loom_runtime {
     host_slot *hosts;
     plugin_entry *plugins;
     local_kv *local;
+    loom_tiers *tiers; /* created at the first need */
 };
 
 static host_slot *slot_of(const loom_host *host) { return (host_slot *)(uintptr_t)host; }
@@ -213,6 +215,40 @@ static void host_mem_free(const loom_host *host, void *ptr)
     loom_mem_free(ptr);
 }
 
+static int host_tiered_alloc(const loom_host *host, loom_purpose purpose, const char *name,
+                             int nsegments, const size_t *segment_bytes, loom_tiered **out)
+{
+    loom_tiers *tiers = NULL;
+    int rc = loom_runtime_tiers(slot_of(host)->rt, &tiers);
+    return rc == LOOM_OK ? loom_tiers_alloc(tiers, purpose, name, nsegments, segment_bytes, out)
+                         : rc;
+}
+
+static void host_tiered_free(const loom_host *host, loom_tiered *t)
+{
+    (void)host;
+    loom_tiers_free(t);
+}
+
+static int host_tiered_fetch(const loom_host *host, loom_tiered *t, int segment)
+{
+    (void)host;
+    return loom_tiers_fetch(t, segment);
+}
+
+static int host_tiered_acquire(const loom_host *host, loom_tiered *t, int segment, unsigned mode,
+                               void **ptr)
+{
+    (void)host;
+    return loom_tiers_acquire(t, segment, mode, ptr);
+}
+
+static int host_tiered_release(const loom_host *host, loom_tiered *t, int segment, int dirty)
+{
+    (void)host;
+    return loom_tiers_release(t, segment, dirty);
+}
+
 static void host_trace(const loom_host *host, loom_trace_lane lane, const char *name,
                        uint64_t start_ns, uint64_t end_ns, uint64_t bytes)
 {
@@ -259,6 +295,7 @@ void loom_runtime_destroy(loom_runtime *rt)
 {
     if (!rt)
         return;
+    loom_tiers_destroy(rt->tiers); /* before the tier's plugin unloads */
     if (rt->store)
         loom_store_close(rt->store);
     for (host_slot *s = rt->hosts, *next; s; s = next) {
@@ -284,6 +321,13 @@ const loom_launch_env *loom_runtime_env(const loom_runtime *rt) { return &rt->en
 loom_config *loom_runtime_config(loom_runtime *rt) { return rt->cfg; }
 loom_store *loom_runtime_store(loom_runtime *rt) { return rt->store; }
 double loom_runtime_timeout(const loom_runtime *rt) { return rt->timeout_s; }
+
+int loom_runtime_tiers(loom_runtime *rt, loom_tiers **out)
+{
+    int rc = rt->tiers ? LOOM_OK : loom_tiers_create(rt, &rt->tiers);
+    *out = rt->tiers;
+    return rc;
+}
 
 int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
                         const loom_plugin **out)
@@ -361,6 +405,11 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->trace = host_trace;
     h->comm = &loom_core_comm_api;
     h->comm_waiting = loom_group_comm_waiting;
+    h->tiered_alloc = host_tiered_alloc;
+    h->tiered_free = host_tiered_free;
+    h->tiered_fetch = host_tiered_fetch;
+    h->tiered_acquire = host_tiered_acquire;
+    h->tiered_release = host_tiered_release;
     s->next = rt->hosts;
     rt->hosts = s;
     *out = h;

@@ -16,6 +16,10 @@ const loom_launch_env *loom_runtime_env(const loom_runtime *rt);
 loom_config *loom_runtime_config(loom_runtime *rt);
 loom_store *loom_runtime_store(loom_runtime *rt); /* NULL for a world of one */
 double loom_runtime_timeout(const loom_runtime *rt); /* comm.timeout_s */
+/* Where memory.offload puts model state (runtime/tier.h): made at the
+ * first call, which loads the nvme tier if a purpose goes there. */
+struct loom_tiers;
+int loom_runtime_tiers(loom_runtime *rt, struct loom_tiers **out);
 /* A host table for a plugin instance, its settings read from the config
  * group at settings_path, "comm.ucx" (validated there against the plugin's
  * specs). Owned by rt. */

@@ -9,6 +9,7 @@
 #include "loom/status.h"
 #include "model/kernels.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 #include "train/trainer.h"
 
 /* ---- set-up ---- */
@@ -322,8 +323,17 @@ static int place_initial_params(trainer *t)
             loom_model_slice(t->model, i, whole[i], init[i]);
         for (int i = 0; i < t->ndp_units; i++)
             held[i] = init[t->dp_units[i].index];
+        /* memory.host_limit weighs the whole model state once it is placed */
+        loom_mem_defer_limit(1);
         rc = t->dp->data_setup(t->strategy, t->dp_units, t->ndp_units, held);
+        loom_mem_defer_limit(0);
         trainer_sync_units(t);
+        const char *name = NULL;
+        loom_config_string(t->cfg, "parallel.dp.strategy", &name);
+        if (rc == LOOM_OK)
+            rc = loom_tiers_check_used(t->tiers, name);
+        if (rc == LOOM_OK)
+            rc = loom_tiers_settle_budget(t->tiers);
     }
     if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_PP] > 1)
         rc = trainer_setup_pipeline(t, init[0]);
@@ -347,6 +357,9 @@ int trainer_setup(trainer *t, const loom_train_options *o)
         return rc;
     t->rank = loom_runtime_env(t->rt)->rank;
     t->world = loom_runtime_env(t->rt)->world_size;
+    /* memory.offload and memory.host_limit hold from the first allocation */
+    if ((rc = loom_runtime_tiers(t->rt, &t->tiers)) != LOOM_OK)
+        return rc;
     if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
         return rc;
     load_shape(t);

@@ -31,7 +31,8 @@ int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int
 {
     int rc = hook(t->strategy, dp_unit(t, u));
     sync_unit(t, u);
-    return rc;
+    /* tier transfers that landed meanwhile end their trace spans now */
+    return rc == LOOM_OK ? loom_tiers_progress(t->tiers) : rc;
 }
 
 int trainer_grads_ready(trainer *t, int u, int last_micro)
@@ -95,18 +96,29 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
     return LOOM_OK;
 }
 
-static void count_comm(trainer *t, int end)
+static void count_traffic(trainer *t, int end)
 {
+    loom_tier_counters now;
+    loom_tiers_counters(t->tiers, &now);
+    if (!end) {
+        t->tier_start = now;
+    } else {
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+            t->tier_step.read[p] = now.read[p] - t->tier_start.read[p];
+            t->tier_step.written[p] = now.written[p] - t->tier_start.written[p];
+        }
+        t->tier_step.wait_ns = now.wait_ns - t->tier_start.wait_ns;
+    }
     for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
-        loom_comm_counters now;
-        loom_group_counters(t->mesh->groups[a], &now);
+        loom_comm_counters moved;
+        loom_group_counters(t->mesh->groups[a], &moved);
         if (!end) {
-            t->comm_start[a] = now;
+            t->comm_start[a] = moved;
             continue;
         }
         for (int op = 0; op < LOOM_OP_COUNT; op++) {
-            t->comm_step[a].calls[op] = now.calls[op] - t->comm_start[a].calls[op];
-            t->comm_step[a].bytes[op] = now.bytes[op] - t->comm_start[a].bytes[op];
+            t->comm_step[a].calls[op] = moved.calls[op] - t->comm_start[a].calls[op];
+            t->comm_step[a].bytes[op] = moved.bytes[op] - t->comm_start[a].bytes[op];
         }
     }
 }
@@ -193,7 +205,7 @@ int trainer_step(trainer *t, step_result *r)
 {
     uint64_t t0 = loom_now_ns();
     double loss_sum = 0;
-    count_comm(t, 0);
+    count_traffic(t, 0);
     int rc;
     if (t->pipeline) {
         for (int k = 0; k < t->micro_batches; k++)
@@ -264,6 +276,9 @@ int trainer_step(trainer *t, step_result *r)
             s.grad_scale *= t->clip / norm;
         if ((rc = t->dp->data_optimizer_step(t->strategy, &s)) != LOOM_OK)
             return rc;
+        /* the step's write-backs land within the step they belong to */
+        if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)
+            return rc;
         trainer_sync_units(t);
         if (t->pipeline && (rc = loom_pipeline_sync_tied(t->pipeline)) != LOOM_OK)
             return rc;
@@ -276,6 +291,6 @@ int trainer_step(trainer *t, step_result *r)
         }
     }
     r->seconds = (double)(loom_now_ns() - t0) / 1e9;
-    count_comm(t, 1);
+    count_traffic(t, 1);
     return LOOM_OK;
 }

@@ -17,6 +17,7 @@
 #include "runtime/loader.h"
 #include "runtime/mesh.h"
 #include "runtime/runtime.h"
+#include "runtime/tier.h"
 #include "train/pipeline.h"
 #include "train/schedule.h"
 #include "train/train.h"
@@ -61,6 +62,8 @@ typedef struct trainer {
     size_t *repl_offset;   /* per unit, into repl_grads */
     size_t repl_count;
     loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
+    loom_tiers *tiers;                      /* memory.offload (owned by rt) */
+    loom_tier_counters tier_start, tier_step; /* bytes moved to and from the tiers */
     /* The units the data strategy was given: the model's own, or on a
      * pipeline the copies of this rank's (dp_units[dp_index[u]], -1: not
      * here). Hooks see the strategy's structs; the model's follow them. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opt_state.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -66,8 +67,9 @@ struct loom_strategy {
     size_t numel; /* Ψ: elements over all units */
     void *params; /* compute dtype */
     void *grads;  /* compute dtype */
-    float *master; /* == params for f32 runs */
-    float *m, *v;
+    /* Master weights (16-bit runs; fp32 parameters are their own) and Adam's
+     * moments, one segment per unit, where memory.offload puts them. */
+    opt_state opt;
 
     /* What this step's backward has reported so far. */
     int saw_micro;
@@ -214,17 +216,12 @@ static int ddp_create(const loom_host *host, const loom_strategy_setup *setup, l
 static void free_buffers(loom_strategy *s)
 {
     const loom_host *h = s->host;
-    if (s->master && s->master != (float *)s->params)
-        h->mem_free(h, s->master);
     if (s->params)
         h->mem_free(h, s->params);
     if (s->grads)
         h->mem_free(h, s->grads);
-    if (s->m)
-        h->mem_free(h, s->m);
-    if (s->v)
-        h->mem_free(h, s->v);
-    s->master = s->m = s->v = NULL;
+    if (s->opt.host)
+        opt_state_free(&s->opt);
     s->params = s->grads = NULL;
     free(s->slots);
     free(s->buckets);
@@ -270,6 +267,26 @@ static int ddp_describe(const loom_strategy *s, char *buf, size_t cap)
 }
 
 /* ----------------------------------------------------------- data axis */
+
+/* Unit i's optimizer state in host memory until opt_state_release, and
+ * its master weights: the state's, or the fp32 parameters themselves. */
+static int unit_state(loom_strategy *s, int i, opt_view *st, float **master)
+{
+    int rc = opt_state_acquire(&s->opt, i, st);
+    size_t off = s->slots[i].offset;
+    *master = st->master ? st->master : (float *)((char *)s->params + off * s->esize);
+    return rc;
+}
+
+/* Unit i's master weights from full fp32 values, and its parameters from them. */
+static void set_unit_master(loom_strategy *s, int i, float *master, const float *values)
+{
+    size_t off = s->slots[i].offset, n = s->units[i].numel;
+    if (n && master != values)
+        memcpy(master, values, n * sizeof(float));
+    if (s->dtype != LOOM_F32)
+        loom_from_f32((char *)s->params + off * s->esize, s->dtype, master, n);
+}
 
 static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
 {
@@ -317,38 +334,39 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
     }
 
     size_t n = s->numel;
-    void *params = NULL, *grads = NULL, *master = NULL, *m = NULL, *v = NULL;
-    rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params);
+    void *params = NULL, *grads = NULL;
+    size_t *elems = malloc((size_t)nunits * sizeof *elems);
+    rc = elems ? h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params)
+               : h->error(h, LOOM_ERR_NO_MEMORY, "ddp: out of memory");
     s->params = params;
     if (rc == LOOM_OK)
         rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, n * s->esize, &grads);
     s->grads = grads;
-    if (rc == LOOM_OK && dtype != LOOM_F32)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &master);
-    s->master = dtype == LOOM_F32 ? params : master;
+    for (int i = 0; rc == LOOM_OK && i < nunits; i++)
+        elems[i] = units[i].numel;
     if (rc == LOOM_OK)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &m);
-    s->m = m;
-    if (rc == LOOM_OK)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER, n * sizeof(float), &v);
-    s->v = v;
+        rc = opt_state_alloc(&s->opt, h, "ddp", nunits, elems, dtype != LOOM_F32);
+    free(elems);
     if (rc != LOOM_OK) {
         free_buffers(s);
         return rc; /* mem_alloc said what it could not get */
     }
     memset(s->grads, 0, n * s->esize);
-    memset(s->m, 0, n * sizeof(float));
-    memset(s->v, 0, n * sizeof(float));
-
-    for (int i = 0; i < nunits; i++) {
-        size_t off = s->slots[i].offset, cnt = units[i].numel;
-        if (cnt)
-            memcpy(s->master + off, init[i], cnt * sizeof(float));
-        if (dtype != LOOM_F32)
-            loom_from_f32((char *)s->params + off * s->esize, dtype, s->master + off, cnt);
+    for (int i = 0; i < nunits && rc == LOOM_OK; i++) {
+        size_t off = s->slots[i].offset;
+        opt_view st;
+        float *master = NULL;
+        if ((rc = unit_state(s, i, &st, &master)) != LOOM_OK)
+            break;
+        set_unit_master(s, i, master, init[i]);
+        rc = opt_state_release(&s->opt, i, 1);
         units[i].params = (char *)s->params + off * s->esize;
         units[i].grads = (char *)s->grads + off * s->esize;
         units[i].strategy_data = &s->slots[i];
+    }
+    if (rc != LOOM_OK) {
+        free_buffers(s);
+        return rc;
     }
     reset_step(s);
     return LOOM_OK;
@@ -448,15 +466,26 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
     rc = wait_posted(s);
     if (rc != LOOM_OK)
         return rc;
-    for (int i = 0; i < s->nunits; i++) {
+    /* Streamed unit by unit: the next unit's state is read while this one
+     * steps, and each is written back behind (free in host memory). */
+    rc = s->nunits ? opt_state_fetch(&s->opt, 0) : LOOM_OK;
+    for (int i = 0; i < s->nunits && rc == LOOM_OK; i++) {
         size_t off = s->slots[i].offset, n = s->units[i].numel;
-        if (!n)
-            continue;
-        step->update(step, s->master + off, (const char *)s->grads + off * s->esize, s->dtype,
-                     s->m + off, s->v + off, n);
+        if (i + 1 < s->nunits && (rc = opt_state_fetch(&s->opt, i + 1)) != LOOM_OK)
+            break;
+        opt_view st;
+        float *master = NULL;
+        if ((rc = unit_state(s, i, &st, &master)) != LOOM_OK)
+            break;
+        if (n)
+            step->update(step, master, (const char *)s->grads + off * s->esize, s->dtype, st.m,
+                         st.v, n);
+        if (s->dtype != LOOM_F32)
+            loom_from_f32((char *)s->params + off * s->esize, s->dtype, master, n);
+        rc = opt_state_release(&s->opt, i, 1);
     }
-    if (s->dtype != LOOM_F32)
-        loom_from_f32(s->params, s->dtype, s->master, s->numel);
+    if (rc != LOOM_OK)
+        return rc;
     memset(s->grads, 0, s->numel * s->esize);
     return LOOM_OK;
 }
@@ -478,14 +507,19 @@ static int ddp_data_get_state(loom_strategy *s, loom_unit *unit, float *params, 
     int i = state_slot(s, unit, "data_get_state");
     if (i < 0)
         return i;
-    size_t off = s->slots[i].offset, bytes = s->units[i].numel * sizeof(float);
+    size_t bytes = s->units[i].numel * sizeof(float);
+    opt_view st;
+    float *master = NULL;
+    int rc = unit_state(s, i, &st, &master);
+    if (rc != LOOM_OK)
+        return rc;
     if (params)
-        memcpy(params, s->master + off, bytes);
+        memcpy(params, master, bytes);
     if (m)
-        memcpy(m, s->m + off, bytes);
+        memcpy(m, st.m, bytes);
     if (v)
-        memcpy(v, s->v + off, bytes);
-    return LOOM_OK;
+        memcpy(v, st.v, bytes);
+    return opt_state_release(&s->opt, i, 0);
 }
 
 static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *params,
@@ -494,16 +528,19 @@ static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *pa
     int i = state_slot(s, unit, "data_set_state");
     if (i < 0)
         return i;
-    size_t off = s->slots[i].offset, n = s->units[i].numel, bytes = n * sizeof(float);
-    if (params) {
-        memcpy(s->master + off, params, bytes);
-        loom_from_f32((char *)s->params + off * s->esize, s->dtype, s->master + off, n);
-    }
+    size_t bytes = s->units[i].numel * sizeof(float);
+    opt_view st;
+    float *master = NULL;
+    int rc = unit_state(s, i, &st, &master);
+    if (rc != LOOM_OK)
+        return rc;
+    if (params)
+        set_unit_master(s, i, master, params);
     if (m)
-        memcpy(s->m + off, m, bytes);
+        memcpy(st.m, m, bytes);
     if (v)
-        memcpy(s->v + off, v, bytes);
-    return LOOM_OK;
+        memcpy(st.v, v, bytes);
+    return opt_state_release(&s->opt, i, 1);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

@@ -66,6 +66,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opt_state.h"
 #include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
@@ -141,6 +142,8 @@ typedef struct zero_unit {
     int bwd_entries; /* before_backward calls this micro-batch */
     int bwd_open;    /* from before_backward until grads_ready */
     int held;        /* tied reuse: kept until grads_ready */
+    int shard_lent;  /* zero3: the owned parameter shard is acquired for the gather in flight */
+    int grad_clear;  /* zero2/3: the owned gradient shard counts as zeros (not yet accumulated) */
 } zero_unit;
 
 /* zero3 prefetch: the trainer's hook steps, each a unit and maybe the tied
@@ -174,11 +177,14 @@ struct loom_strategy {
 
     void *params_all;  /* zero1/2: every unit's full parameters (PARAMS) */
     void *grads_all;   /* zero1: every unit's full gradients (GRADS) */
-    void *param_shard; /* zero3: the owned parameter shards (PARAMS; fp32: the master) */
-    void *grad_shard;  /* zero2/3: accumulated gradient shards (GRADS);
-                          zero1: the reduced shards (COMM) */
-    float *master;     /* 16-bit runs: fp32 master shards (OPTIMIZER); else NULL */
-    float *m, *v;      /* Adam's moments of the owned shards (OPTIMIZER) */
+    void *reduced;     /* zero1: the reduced gradient shards (COMM) */
+    /* Where memory.offload puts them, one segment per unit (ZeRO-Infinity):
+     * zero3's owned parameter shards (PARAMS; fp32: the master weights) and
+     * zero2/3's accumulated gradient shards (GRADS). */
+    loom_tiered *param_shards, *grad_shards;
+    /* Master shards (16-bit runs) and Adam's moments of the owned shards
+     * (OPTIMIZER), where memory.offload puts them (ZeRO-Offload). */
+    opt_state opt;
     void *recv;        /* zero2/3: the in-flight reduce-scatter's result (COMM) */
     int reducing_unit; /* zero2/3: the unit whose reduce-scatter owns recv, or -1 */
 
@@ -201,27 +207,81 @@ static const char *unit_label(const loom_unit *u, char *buf, size_t cap)
 
 static char *at(void *base, size_t elems, size_t esize) { return (char *)base + elems * esize; }
 
-/* The owned shard of the parameters in the compute dtype: zero3's shard
- * buffer, or zero1/2's range of the full parameters. */
-static void *owned_params(loom_strategy *s, zero_unit *z)
+static int unit_index(const loom_strategy *s, const zero_unit *z) { return (int)(z - s->zu); }
+
+/* The owned shard of the parameters in the compute dtype, in host memory
+ * until put_params_shard: zero3's (fetched from its tier; mode: a
+ * LOOM_TIERED_* of loom/plugin.h), or zero1/2's range of the full
+ * parameters. */
+static int get_params_shard(loom_strategy *s, zero_unit *z, unsigned mode, void **out)
 {
-    if (zero_stage == 3)
-        return at(s->param_shard, z->shard_off, s->esize);
-    return at(z->params, z->own_begin, s->esize);
+    if (zero_stage < 3) {
+        *out = at(z->params, z->own_begin, s->esize);
+        return LOOM_OK;
+    }
+    int rc = s->host->tiered_acquire(s->host, s->param_shards, unit_index(s, z), mode, out);
+    if (rc == LOOM_OK && mode == LOOM_TIERED_OVERWRITE) /* the padding stays zeros */
+        memset(at(*out, z->own_count, s->esize), 0, (z->shard - z->own_count) * s->esize);
+    return rc;
 }
 
-/* The owned shard's fp32 master weights: fp32 parameters are their own. */
-static float *master_of(loom_strategy *s, zero_unit *z)
+static int put_params_shard(loom_strategy *s, zero_unit *z, int dirty)
 {
-    if (s->master)
-        return s->master + z->shard_off;
-    return owned_params(s, z);
+    if (zero_stage < 3)
+        return LOOM_OK;
+    return s->host->tiered_release(s->host, s->param_shards, unit_index(s, z), dirty);
 }
 
-/* The owned shard's averaged gradient. */
-static void *grad_shard_of(loom_strategy *s, zero_unit *z)
+/* The owned shard's averaged gradient, in host memory until
+ * put_grad_shard: zero1's reduce-scatter result, or zero2/3's accumulated
+ * shard (zeros when it counts as clear). */
+static int get_grad_shard(loom_strategy *s, zero_unit *z, void **out)
 {
-    return at(s->grad_shard, z->shard_off, s->esize);
+    if (zero_stage == 1) {
+        *out = at(s->reduced, z->shard_off, s->esize);
+        return LOOM_OK;
+    }
+    unsigned mode = z->grad_clear ? LOOM_TIERED_OVERWRITE : LOOM_TIERED_READ;
+    int rc = s->host->tiered_acquire(s->host, s->grad_shards, unit_index(s, z), mode, out);
+    if (rc == LOOM_OK && z->grad_clear)
+        memset(*out, 0, z->shard * s->esize);
+    return rc;
+}
+
+static int put_grad_shard(loom_strategy *s, zero_unit *z, int dirty)
+{
+    if (zero_stage == 1)
+        return LOOM_OK;
+    if (dirty)
+        z->grad_clear = 0;
+    return s->host->tiered_release(s->host, s->grad_shards, unit_index(s, z), dirty);
+}
+
+/* A unit's optimizer state and master weights in host memory until
+ * put_unit_state: the state's master shard in 16-bit runs, else the fp32
+ * parameter shard itself. params_mode: how the parameter shard is needed
+ * (LOOM_TIERED_OVERWRITE when only written). */
+static int get_unit_state(loom_strategy *s, zero_unit *z, unsigned params_mode, opt_view *st,
+                          void **params, float **master)
+{
+    int rc = opt_state_acquire(&s->opt, unit_index(s, z), st);
+    if (rc != LOOM_OK)
+        return rc;
+    if (!st->master)
+        params_mode = LOOM_TIERED_READ; /* the master weights are in it */
+    if ((rc = get_params_shard(s, z, params_mode, params)) != LOOM_OK) {
+        opt_state_release(&s->opt, unit_index(s, z), 0);
+        return rc;
+    }
+    *master = st->master ? st->master : (float *)*params;
+    return LOOM_OK;
+}
+
+static int put_unit_state(loom_strategy *s, zero_unit *z, int dirty)
+{
+    int rc = put_params_shard(s, z, dirty);
+    int r2 = opt_state_release(&s->opt, unit_index(s, z), dirty);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 static void free_if(const loom_host *h, void *p)
@@ -236,6 +296,11 @@ static void op_done(loom_strategy *s, zero_unit *z, zero_op *op, const char *wha
 {
     op->active = 0;
     op->req = NULL;
+    if (op == &z->gather && z->shard_lent) {
+        /* unread, so released clean: gives back its staging, cannot fail */
+        z->shard_lent = 0;
+        put_params_shard(s, z, 0);
+    }
     char label[48], name[80];
     snprintf(name, sizeof name, NAME " %s %s", what, unit_label(z->unit, label, sizeof label));
     s->host->trace(s->host, LOOM_LANE_COMM, name, op->start_ns, s->host->now_ns(), op->bytes);
@@ -370,8 +435,12 @@ static int finish_reduce(loom_strategy *s)
     if (rc != LOOM_OK)
         return rc;
     z->averaging = 0;
-    void *owned = grad_shard_of(s, z);
+    void *owned = NULL;
+    if ((rc = get_grad_shard(s, z, &owned)) != LOOM_OK)
+        return rc;
     reduce_elements(owned, owned, s->recv, z->shard, s->dtype, LOOM_SUM);
+    if ((rc = put_grad_shard(s, z, 1)) != LOOM_OK) /* written behind when offloaded */
+        return rc;
     s->host->mem_free(s->host, z->grads);
     z->grads = NULL;
     z->reducing = 0;
@@ -406,8 +475,17 @@ static int start_gather(loom_strategy *s, zero_unit *z)
     if (rc != LOOM_OK)
         return rc;
     z->params = full;
-    rc = post_gather(s, z, owned_params(s, z), full);
+    void *shard = NULL;
+    /* lent to the gather until it completes (op_done) */
+    if ((rc = get_params_shard(s, z, LOOM_TIERED_READ, &shard)) == LOOM_OK) {
+        z->shard_lent = 1;
+        rc = post_gather(s, z, shard, full);
+    }
     if (rc != LOOM_OK) {
+        if (z->shard_lent) {
+            z->shard_lent = 0;
+            put_params_shard(s, z, 0);
+        }
         s->host->mem_free(s->host, full); /* never posted */
         z->params = NULL;
     }
@@ -453,15 +531,22 @@ static int find_step(const zero_step *steps, int n, int u, int k)
     return -1;
 }
 
-/* Post the all-gathers of the `prefetch` steps after step i. */
+/* Post the all-gathers of the `prefetch` steps after step i, and start
+ * reading the owned shards of the one after those from their tier (a no-op
+ * in host memory), so each read overlaps a unit's compute before its
+ * gather needs it. */
 static int prefetch_after(loom_strategy *s, const zero_step *steps, int i)
 {
     if (i < 0)
         return LOOM_OK;
-    for (int j = i + 1; j <= i + s->prefetch && j < s->nunits; j++) {
+    for (int j = i + 1; j <= i + s->prefetch + 1 && j < s->nunits; j++) {
         int us[2] = {steps[j].unit, steps[j].tied};
         for (int k = 0; k < 2; k++) {
-            int rc = us[k] >= 0 ? start_gather(s, &s->zu[us[k]]) : LOOM_OK;
+            if (us[k] < 0 || s->zu[us[k]].params)
+                continue; /* gathered, or on its way */
+            int rc = j <= i + s->prefetch
+                         ? start_gather(s, &s->zu[us[k]])
+                         : s->host->tiered_fetch(s->host, s->param_shards, us[k]);
             if (rc != LOOM_OK)
                 return rc;
         }
@@ -508,6 +593,8 @@ static int zero_create(const loom_host *host, const loom_strategy_setup *setup, 
                                     "the whole dp group)",
                                (long long)shard_size, dp_size, dp_size);
     }
+    if ((rc = opt_state_check_host(host, NAME)) != LOOM_OK)
+        return rc;
     if (shard_size == 0)
         shard_size = dp_size;
     loom_group *shard_group = dp, *replica = NULL;
@@ -549,14 +636,16 @@ static void free_buffers(loom_strategy *s)
     }
     free_if(h, s->params_all);
     free_if(h, s->grads_all);
-    free_if(h, s->param_shard);
-    free_if(h, s->grad_shard);
-    free_if(h, s->master);
-    free_if(h, s->m);
-    free_if(h, s->v);
+    free_if(h, s->reduced);
+    if (s->param_shards)
+        h->tiered_free(h, s->param_shards);
+    if (s->grad_shards)
+        h->tiered_free(h, s->grad_shards);
+    if (s->opt.host)
+        opt_state_free(&s->opt);
     free_if(h, s->recv);
-    s->params_all = s->grads_all = s->param_shard = s->grad_shard = s->recv = NULL;
-    s->master = s->m = s->v = NULL;
+    s->params_all = s->grads_all = s->reduced = s->recv = NULL;
+    s->param_shards = s->grad_shards = NULL;
     free(s->zu);
     free(s->fsteps);
     free(s->bsteps);
@@ -610,7 +699,7 @@ static int zero_destroy(loom_strategy *s)
             if (z->reduce.active) {
                 if (zero_stage == 1) {
                     s->grads_all = NULL;
-                    s->grad_shard = NULL;
+                    s->reduced = NULL;
                 } else {
                     z->grads = NULL;
                     s->recv = NULL;
@@ -683,41 +772,37 @@ static void plan_hook_steps(loom_strategy *s)
     }
 }
 
-/* A zeroed fp32 array over the owned shards, for optimizer state. */
-static int alloc_shard_floats(loom_strategy *s, float **out)
-{
-    void *p = NULL;
-    int rc = strategy_alloc_zeroed(s->host, LOOM_PURPOSE_OPTIMIZER, s->shard_total * sizeof(float),
-                                   &p);
-    *out = p;
-    return rc;
-}
-
 /* The buffers that persist, as the header comment counts them. */
 static int alloc_model_state(loom_strategy *s)
 {
     const loom_host *h = s->host;
     size_t full = s->padded * s->esize, owned = s->shard_total * s->esize;
-    int rc;
-    if (zero_stage == 3)
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_PARAMS, owned, &s->param_shard);
-    else
+    size_t *elems = malloc((size_t)s->nunits * sizeof *elems);
+    size_t *bytes = malloc((size_t)s->nunits * sizeof *bytes);
+    int rc = elems && bytes ? LOOM_OK : h->error(h, LOOM_ERR_NO_MEMORY, NAME ": out of memory");
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
+        elems[i] = s->zu[i].shard;
+        bytes[i] = s->zu[i].shard * s->esize;
+    }
+    if (rc == LOOM_OK && zero_stage == 3)
+        rc = h->tiered_alloc(h, LOOM_PURPOSE_PARAMS, NAME " params", s->nunits, bytes,
+                             &s->param_shards);
+    else if (rc == LOOM_OK)
         rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_PARAMS, full, &s->params_all);
     if (rc == LOOM_OK && zero_stage == 1) {
         rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_GRADS, full, &s->grads_all);
         if (rc == LOOM_OK)
-            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, owned, &s->grad_shard);
+            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, owned, &s->reduced);
     } else if (rc == LOOM_OK) {
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_GRADS, owned, &s->grad_shard);
+        rc = h->tiered_alloc(h, LOOM_PURPOSE_GRADS, NAME " grads", s->nunits, bytes,
+                             &s->grad_shards);
         if (rc == LOOM_OK)
             rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, s->max_shard * s->esize, &s->recv);
     }
-    if (rc == LOOM_OK && s->dtype != LOOM_F32)
-        rc = alloc_shard_floats(s, &s->master);
     if (rc == LOOM_OK)
-        rc = alloc_shard_floats(s, &s->m);
-    if (rc == LOOM_OK)
-        rc = alloc_shard_floats(s, &s->v);
+        rc = opt_state_alloc(&s->opt, h, NAME, s->nunits, elems, s->dtype != LOOM_F32);
+    free(elems);
+    free(bytes);
     return rc;
 }
 
@@ -725,25 +810,35 @@ static int alloc_model_state(loom_strategy *s)
  * whole, so nothing is gathered. zero1/2 keep the full parameters in the
  * compute dtype, zero3 only its shard; each rank copies its shard into the
  * master weights. */
-static void place_initial_params(loom_strategy *s, float *const *init)
+static int place_initial_params(loom_strategy *s, float *const *init)
 {
-    for (int i = 0; i < s->nunits; i++) {
+    int rc = LOOM_OK;
+    for (int i = 0; i < s->nunits && rc == LOOM_OK; i++) {
         zero_unit *z = &s->zu[i];
+        z->grad_clear = 1;
         if (zero_stage < 3) {
             z->params = at(s->params_all, z->flat_off, s->esize);
             loom_from_f32(z->params, s->dtype, init[i], z->numel);
         }
         if (zero_stage == 1)
             z->grads = at(s->grads_all, z->flat_off, s->esize);
-        float *master = master_of(s, z);
+        opt_view st;
+        void *shard = NULL;
+        float *master = NULL;
+        if ((rc = get_unit_state(s, z, LOOM_TIERED_OVERWRITE, &st, &shard, &master)) != LOOM_OK)
+            break;
+        if (zero_stage == 3 && !st.master) /* fp32: the shard is the master, padding zeros */
+            memset(shard, 0, z->shard * s->esize);
         if (z->own_count)
             memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
         if (zero_stage == 3)
-            loom_from_f32(owned_params(s, z), s->dtype, master, z->own_count);
+            loom_from_f32(shard, s->dtype, master, z->own_count);
+        rc = put_unit_state(s, z, 1);
         z->unit->params = z->params;
         z->unit->grads = z->grads;
         z->unit->strategy_data = z;
     }
+    return rc;
 }
 
 static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
@@ -775,8 +870,9 @@ static int zero_data_setup(loom_strategy *s, loom_unit *units, int nunits, float
         free_buffers(s);
         return rc; /* mem_alloc said what it could not get */
     }
-    place_initial_params(s, init);
-    return LOOM_OK;
+    if ((rc = place_initial_params(s, init)) != LOOM_OK)
+        free_buffers(s);
+    return rc;
 }
 
 static zero_unit *hook_unit(loom_strategy *s, loom_unit *unit, const char *hook)
@@ -869,7 +965,7 @@ static int zero_data_grads_ready(loom_strategy *s, loom_unit *unit, int last_mic
                             NAME ": unit '%s' reported its gradients twice on the last micro-batch",
                             strategy_unit_name(unit));
         z->reduced = 1;
-        return post_reduce(s, z, grad_shard_of(s, z));
+        return post_reduce(s, z, at(s->reduced, z->shard_off, s->esize));
     }
     if (last_micro)
         s->saw_last_micro = 1;
@@ -919,7 +1015,7 @@ static int zero_data_finish_backward(loom_strategy *s)
         for (int i = s->nunits - 1; rc == LOOM_OK && i >= 0; i--)
             if (!s->zu[i].reduced) {
                 s->zu[i].reduced = 1;
-                rc = post_reduce(s, &s->zu[i], grad_shard_of(s, &s->zu[i]));
+                rc = post_reduce(s, &s->zu[i], at(s->reduced, s->zu[i].shard_off, s->esize));
             }
     }
     if (rc == LOOM_OK)
@@ -947,9 +1043,20 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
     /* Each rank sums its owned shard; a shard group's shards partition the
      * model (and under HSDP every shard group holds the same). */
     double local = 0.0;
-    for (int i = 0; i < s->nunits; i++)
-        local = strategy_add_squares(local, grad_shard_of(s, &s->zu[i]), s->dtype,
-                                     s->zu[i].own_count);
+    for (int i = 0; i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        void *g = NULL;
+        if (zero_stage > 1 && z->grad_clear)
+            continue; /* zeros add nothing */
+        if (i + 1 < s->nunits && zero_stage > 1 && !s->zu[i + 1].grad_clear &&
+            (rc = s->host->tiered_fetch(s->host, s->grad_shards, i + 1)) != LOOM_OK)
+            return rc;
+        if ((rc = get_grad_shard(s, z, &g)) != LOOM_OK)
+            return rc;
+        local = strategy_add_squares(local, g, s->dtype, z->own_count);
+        if ((rc = put_grad_shard(s, z, 0)) != LOOM_OK)
+            return rc;
+    }
     double global = local;
     loom_request *req = NULL;
     rc = s->host->comm->allreduce(s->shard_group, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
@@ -965,7 +1072,10 @@ static void clear_grads(loom_strategy *s)
 {
     if (zero_stage == 1)
         memset(s->grads_all, 0, s->padded * s->esize);
-    memset(s->grad_shard, 0, s->shard_total * s->esize);
+    if (zero_stage == 1)
+        memset(s->reduced, 0, s->shard_total * s->esize);
+    for (int i = 0; i < s->nunits; i++)
+        s->zu[i].grad_clear = 1;
 }
 
 static int zero_data_zero_grads(loom_strategy *s)
@@ -990,10 +1100,24 @@ static int gather_stepped_params(loom_strategy *s)
     int rc = LOOM_OK;
     for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
         zero_unit *z = &s->zu[i];
-        rc = post_gather(s, z, owned_params(s, z), z->params);
+        rc = post_gather(s, z, at(z->params, z->own_begin, s->esize), z->params);
     }
     for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
         rc = wait_op(s, &s->zu[i], &s->zu[i].gather, "allgather");
+    return rc;
+}
+
+/* Start reading what the optimizer step needs of unit i from its tier. */
+static int fetch_for_step(loom_strategy *s, int i)
+{
+    if (i >= s->nunits)
+        return LOOM_OK;
+    const loom_host *h = s->host;
+    int rc = opt_state_fetch(&s->opt, i);
+    if (rc == LOOM_OK && zero_stage > 1 && !s->zu[i].grad_clear)
+        rc = h->tiered_fetch(h, s->grad_shards, i);
+    if (rc == LOOM_OK && zero_stage == 3 && !s->opt.master) /* fp32: the shard is the master */
+        rc = h->tiered_fetch(h, s->param_shards, i);
     return rc;
 }
 
@@ -1007,14 +1131,32 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
         return h->error(h, LOOM_ERR_INVALID, NAME ": data_optimizer_step without an update function");
     if ((rc = quiesce(s)) != LOOM_OK)
         return rc;
-    for (int i = 0; i < s->nunits; i++) {
+    /* Streamed unit by unit: the next unit's state and gradient are read
+     * while this one steps, and each is written back behind (all free in
+     * host memory). */
+    rc = fetch_for_step(s, 0);
+    for (int i = 0; i < s->nunits && rc == LOOM_OK; i++) {
         zero_unit *z = &s->zu[i];
-        float *master = master_of(s, z);
+        opt_view st;
+        void *shard = NULL, *grad = NULL;
+        float *master = NULL;
+        if ((rc = fetch_for_step(s, i + 1)) != LOOM_OK ||
+            (rc = get_unit_state(s, z, LOOM_TIERED_OVERWRITE, &st, &shard, &master)) != LOOM_OK)
+            break;
+        if ((rc = get_grad_shard(s, z, &grad)) != LOOM_OK) {
+            put_unit_state(s, z, 0);
+            break;
+        }
         if (z->own_count)
-            step->update(step, master, grad_shard_of(s, z), s->dtype, s->m + z->shard_off,
-                         s->v + z->shard_off, z->own_count);
-        loom_from_f32(owned_params(s, z), s->dtype, master, z->own_count);
+            step->update(step, master, grad, s->dtype, st.m, st.v, z->own_count);
+        loom_from_f32(shard, s->dtype, master, z->own_count);
+        rc = put_grad_shard(s, z, 0);
+        int r2 = put_unit_state(s, z, 1);
+        if (rc == LOOM_OK)
+            rc = r2;
     }
+    if (rc != LOOM_OK)
+        return rc;
     if (zero_stage == 3)
         rc = drop_all_params(s); /* gathered copies are stale now */
     else
@@ -1032,11 +1174,17 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
     int rc = z ? quiesce(s) : LOOM_ERR_INVALID;
     if (rc != LOOM_OK)
         return rc;
-    float *full = NULL;
+    float *full = NULL, *master = NULL;
+    void *own = NULL;
+    opt_view st;
     if ((rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_COMM,
                                  z->padded * sizeof(float), (void **)&full)) != LOOM_OK)
         return rc;
-    const float *shard[3] = {master_of(s, z), s->m + z->shard_off, s->v + z->shard_off};
+    if ((rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master)) != LOOM_OK) {
+        free_if(s->host, full);
+        return rc;
+    }
+    const float *shard[3] = {master, st.m, st.v};
     float *dst[3] = {params, m, v};
     for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
         if (!dst[k])
@@ -1054,7 +1202,8 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
         memcpy(dst[k], full, z->numel * sizeof(float));
     }
     free_if(s->host, full);
-    return rc;
+    int r2 = put_unit_state(s, z, 0);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *params,
@@ -1065,18 +1214,21 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
     if (rc != LOOM_OK)
         return rc;
     /* Every rank holds the full arrays: keep the owned part, no communication. */
-    float *dst[3] = {master_of(s, z), s->m + z->shard_off, s->v + z->shard_off};
+    float *master = NULL;
+    void *own = NULL;
+    opt_view st;
+    if ((rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master)) != LOOM_OK)
+        return rc;
+    float *dst[3] = {master, st.m, st.v};
     const float *src[3] = {params, m, v};
     for (int k = 0; k < 3; k++)
         if (src[k] && z->own_count)
             memcpy(dst[k], src[k] + z->own_begin, z->own_count * sizeof(float));
-    if (!params)
-        return LOOM_OK;
-    if (zero_stage == 3)
-        loom_from_f32(owned_params(s, z), s->dtype, dst[0], z->own_count);
-    if (z->params) /* zero1/2 always; zero3 while gathered: keep it current */
+    if (params && zero_stage == 3)
+        loom_from_f32(own, s->dtype, master, z->own_count);
+    if (params && z->params) /* zero1/2 always; zero3 while gathered: keep it current */
         loom_from_f32(z->params, s->dtype, params, z->numel);
-    return LOOM_OK;
+    return put_unit_state(s, z, 1);
 }
 
 /* Sharded checkpoints: the owned shard as it is, no communication. Under
@@ -1095,13 +1247,19 @@ static int zero_data_get_shard(loom_strategy *s, loom_unit *unit, size_t *begin,
     *begin = z->own_count ? z->own_begin : 0;
     *count = z->own_count;
     size_t bytes = z->own_count * sizeof(float);
+    float *master = NULL;
+    void *own = NULL;
+    opt_view st;
+    int rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master);
+    if (rc != LOOM_OK)
+        return rc;
     if (params)
-        memcpy(params, master_of(s, z), bytes);
+        memcpy(params, master, bytes);
     if (m)
-        memcpy(m, s->m + z->shard_off, bytes);
+        memcpy(m, st.m, bytes);
     if (v)
-        memcpy(v, s->v + z->shard_off, bytes);
-    return LOOM_OK;
+        memcpy(v, st.v, bytes);
+    return put_unit_state(s, z, 0);
 }
 
 /* Initializers must be constant expressions: here the stage is spelled as

@@ -24,7 +24,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 3
+#define LOOM_ABI_MINOR 4
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -166,7 +166,25 @@ typedef enum loom_trace_lane {
 struct loom_comm_api;
 struct loom_comm;
 
-#define LOOM_HOST_VERSION 2
+/* Model state whose home tier memory.offload chooses by purpose, for
+ * ZeRO-Offload and ZeRO-Infinity: OPTIMIZER (fp32 master weights and Adam
+ * moments) by memory.offload.optimizer, PARAMS and GRADS (zero3's shards)
+ * by memory.offload.params — host memory, or a memtier plugin's tier
+ * (nvme). A buffer is a list of segments, one per unit say; a segment is in
+ * host memory between its acquire and its release. fetch starts reading a
+ * segment ahead of its acquire (read ahead); releasing a dirty segment
+ * writes it back while the caller goes on (write behind). At home in host
+ * memory a segment is acquired in place and fetch and release cost
+ * nothing, so one code path serves every placement. The core accounts the
+ * tier's bytes and the host staging under the buffer's purpose, traces
+ * every transfer on the memory lane and counts the bytes of each step. */
+typedef struct loom_tiered loom_tiered;
+
+/* acquire's mode */
+#define LOOM_TIERED_READ 0u      /* the segment's contents */
+#define LOOM_TIERED_OVERWRITE 1u /* the caller writes all of it before reading: nothing is read */
+
+#define LOOM_HOST_VERSION 3
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;
@@ -231,6 +249,22 @@ typedef struct loom_host {
      * the rank whose wait times out then names the ranks that did not
      * arrive without waiting for the others to time out too. */
     void (*comm_waiting)(const struct loom_host *host, struct loom_comm *comm);
+
+    /* Since LOOM_HOST_VERSION 3 (ABI 1.4): tiered model state (loom_tiered
+     * above). alloc: nsegments segments of the given sizes, zeroed; name
+     * labels its transfers ("zero3 m"). acquire may nest (each with its
+     * release); the pointer stays valid until the last release. A segment
+     * acquired for reading while its write-back is in flight waits for it.
+     * A strategy that does not use these keeps its state where mem_alloc
+     * puts it, and the core refuses memory.offload settings for purposes it
+     * never placed here. */
+    int (*tiered_alloc)(const struct loom_host *host, loom_purpose purpose, const char *name,
+                        int nsegments, const size_t *segment_bytes, loom_tiered **out);
+    void (*tiered_free)(const struct loom_host *host, loom_tiered *t);
+    int (*tiered_fetch)(const struct loom_host *host, loom_tiered *t, int segment);
+    int (*tiered_acquire)(const struct loom_host *host, loom_tiered *t, int segment,
+                          unsigned mode, void **ptr);
+    int (*tiered_release)(const struct loom_host *host, loom_tiered *t, int segment, int dirty);
 } loom_host;
 
 #endif
