@@ -14,6 +14,7 @@
 #include "loom/status.h"
 #include "loom/tensor.h"
 #include "cli/args.h"
+#include "cli/bench_tiers.h"
 #include "cli/commands.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
@@ -568,7 +569,16 @@ int loom_cmd_bench(int argc, char **argv)
         fprintf(json, "[\n");
     }
     uint64_t wrong = 0;
-    int nbackends = loom_config_list_len(cfg, "bench.comms");
+    /* With tiers to time, the collectives run only when asked for too. */
+    int tiers = loom_config_list_len(cfg, "bench.tiers") > 0;
+    int nbackends = !tiers || loom_config_is_set(cfg, "bench.comms")
+                        ? loom_config_list_len(cfg, "bench.comms") : 0;
+    if (tiers && loom_runtime_env(rt)->world_size > 1)
+        rc = loom_fail(LOOM_ERR_INVALID, "%s: bench.tiers times this machine's memory and disk "
+                       "from one process; run loom bench without loom launch",
+                       loom_config_where(cfg, "bench.tiers"));
+    else if (tiers)
+        rc = loom_bench_tiers(&args, cfg, json, &json_first);
     for (int i = 0; i < nbackends && rc == LOOM_OK; i++) {
         const char *backend = loom_config_list_string(cfg, "bench.comms", i);
         rc = bench_backend(rt, backend, &st, ops, nops, json, &json_first, &wrong);
@@ -577,7 +587,7 @@ int loom_cmd_bench(int argc, char **argv)
         fprintf(json, "\n]\n");
         fclose(json);
     }
-    if (rank == 0 && rc == LOOM_OK)
+    if (rank == 0 && rc == LOOM_OK && nbackends)
         printf("#\n# %s: %llu wrong\n", wrong ? "FAILED" : "ok", (unsigned long long)wrong);
     loom_runtime_destroy(rt);
     loom_config_free(cfg);

@@ -1,5 +1,6 @@
 /* The GPT-2 model of DESIGN §7 as units, on the kernels of kernels.c. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -337,10 +338,12 @@ static int alloc_slot(loom_model *m, model_slot *s, const unsigned char *cover)
     layout_slot(m, &c, s);
     int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used ? c.used : 1, &s->mem);
     if (rc != LOOM_OK) {
+        char cause[768];
+        snprintf(cause, sizeof cause, "%s", loom_last_error());
         free_slot(m, s);
         return loom_fail(rc, "model: cannot allocate a micro-batch's activations (%zu bytes); "
-                         "fewer micro-batches alive at once, or a smaller micro-batch, fit",
-                         c.used);
+                         "fewer micro-batches alive at once, or a smaller micro-batch, fit: %s",
+                         c.used, cause);
     }
     if (!cover)
         m->slot_bytes = c.used;
@@ -672,9 +675,12 @@ static int alloc_shared(loom_model *m)
         if (ok && (embedding || head))
             ok = (m->emb_grad32 = model_alloc(m, LOOM_PURPOSE_OTHER, emb * 4)) != NULL;
     }
-    if (!ok)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate activations for B=%d T=%d",
-                         m->s.batch, m->s.seq);
+    if (!ok) {
+        char cause[768];
+        snprintf(cause, sizeof cause, "%s", loom_last_error());
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate activations for B=%d T=%d: %s",
+                         m->s.batch, m->s.seq, cause);
+    }
     return LOOM_OK;
 }
 

@@ -67,6 +67,7 @@ static const char *const offload_targets[] = {"none", "host", "nvme", NULL};
 static const char *const bench_ops[] = {"allreduce",     "broadcast", "reduce",   "allgather",
                                         "reducescatter", "alltoall",  "sendrecv", NULL};
 static const char *const mem_kinds[] = {"host", "device", NULL};
+static const char *const bench_tiers[] = {"host", "nvme", NULL};
 static const char *const dtypes[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8", NULL};
 static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
 
@@ -159,9 +160,9 @@ static const schema_entry schema[] = {
 
     S("memory.offload.optimizer", V_STRING, "none", .choices = offload_targets,
       .help = "tier of the fp32 master weights and Adam moments of each rank's shard "
-      "(ZeRO-Offload): none, host or nvme"),
+      "(ZeRO-Offload)"),
     S("memory.offload.params", V_STRING, "none", .choices = offload_targets,
-      .help = "tier of zero3's parameter and gradient shards (ZeRO-Infinity): none, host or nvme"),
+      .help = "tier of zero3's parameter and gradient shards (ZeRO-Infinity)"),
     S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE,
       .help = "host bytes per rank the accounting may hold; 0: no limit"),
 
@@ -177,6 +178,17 @@ static const schema_entry schema[] = {
     S("bench.memory", V_STRING, "host", .choices = mem_kinds, .help = "buffer memory kind"),
     S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
     S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),
+    S("bench.tiers", V_STRINGS, "", .choices = bench_tiers,
+      .help = "memory tiers to time (host, nvme; the nvme tier's settings are memory.offload's); "
+      "given, bench.comms runs only when set too"),
+    S("bench.tier_block_bytes", V_INTS, "65536, 1048576, 4194304", .lo = 4096, .flags = GE,
+      .help = "the nvme tier's block sizes (memory.offload.block_bytes) to time"),
+    S("bench.tier_queue_depths", V_INTS, "1, 4, 16", .lo = 1, .flags = GE,
+      .help = "the nvme tier's queue depths (memory.offload.queue_depth) to time"),
+    S("bench.tier_bytes", V_INT, "268435456", .lo = 4096, .flags = GE,
+      .help = "bytes each tier measurement writes and reads back"),
+    S("bench.tier_repeats", V_INT, "3", .lo = 1, .flags = GE,
+      .help = "measurements per point (the median is reported)"),
 };
 
 #undef S

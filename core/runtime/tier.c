@@ -169,7 +169,7 @@ int loom_tiers_settle_budget(const loom_tiers *t)
     loom_mem_host_parts(parts, sizeof parts);
     advise((void *)t, o.purpose, 0, advice, sizeof advice);
     return loom_fail(LOOM_ERR_NO_MEMORY,
-                     "memory.host_limit = %s: the model state takes %s of host memory on this "
+                     "memory.host_limit = %s: activations and model state take %s of host memory on this "
                      "rank (%s); %s passed the limit asking %s more%s",
                      limit, held, parts, loom_purpose_name(o.purpose), asked, advice);
 }
@@ -189,6 +189,16 @@ int loom_tiers_create(loom_runtime *rt, loom_tiers **out)
         if (setting && cfg && loom_config_string(cfg, setting, &value) == LOOM_OK)
             t->where[p] = parse_offload(value);
         nvme |= t->where[p] == LOOM_OFFLOAD_NVME;
+    }
+    const char *const settings[] = {"memory.offload.optimizer", "memory.offload.params"};
+    for (size_t k = 0; k < LOOM_ARRAY_LEN(settings); k++) {
+        const char *value = NULL;
+        if (cfg && loom_runtime_env(rt)->rank == 0 &&
+            loom_config_string(cfg, settings[k], &value) == LOOM_OK && !strcmp(value, "host"))
+            loom_log(LOOM_LOG_INFO,
+                     "%s = \"host\": loom computes in host memory, so this state stays where "
+                     "it is (with compute on a GPU it would move from device to host memory)",
+                     settings[k]);
     }
     int64_t limit = 0;
     if (cfg)
@@ -230,6 +240,7 @@ void loom_tiers_destroy(loom_tiers *t)
         t->ops->destroy(t->tier);
     loom_mem_set_advisor(NULL, NULL);
     loom_mem_set_host_limit(0);
+    loom_mem_defer_limit(0);
     free(t);
 }
 

@@ -13,14 +13,43 @@
 
 /* ---- reporting ---- */
 
-static void human_bytes(uint64_t b, char *buf, size_t cap)
+/* "params 3.3 MiB, optimizer 6.6 MiB": a tier's peak bytes by purpose. */
+static size_t tier_parts(const loom_mem_usage *u, loom_tier tier, char *buf, size_t cap)
 {
-    if (b >= (1ull << 30))
-        snprintf(buf, cap, "%.2f GiB", (double)b / (1ull << 30));
-    else if (b >= (1ull << 20))
-        snprintf(buf, cap, "%.1f MiB", (double)b / (1ull << 20));
-    else
-        snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int p = 0; p < LOOM_PURPOSE_COUNT && n < cap; p++) {
+        uint64_t b = u->peak[tier][p];
+        if (!b)
+            continue;
+        char hb[32];
+        loom_mem_format(b, hb, sizeof hb);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s %s", n ? ", " : "",
+                              loom_purpose_name((loom_purpose)p), hb);
+    }
+    return n;
+}
+
+/* " | nvme: optimizer 6.6 MiB | tier r 6.6 MiB w 6.6 MiB": where offloaded
+ * state lives, and what this step moved; "" without offload. */
+static void offload_text(const trainer *t, const loom_mem_usage *u, char *buf, size_t cap)
+{
+    uint64_t read = 0, written = 0;
+    for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+        read += t->tier_step.read[p];
+        written += t->tier_step.written[p];
+    }
+    char parts[256];
+    size_t n = 0;
+    buf[0] = '\0';
+    if (tier_parts(u, LOOM_TIER_NVME, parts, sizeof parts))
+        n += (size_t)snprintf(buf + n, cap - n, " | peak nvme: %s", parts);
+    if ((read || written) && n < cap) {
+        char r[32], w[32];
+        loom_mem_format(read, r, sizeof r);
+        loom_mem_format(written, w, sizeof w);
+        snprintf(buf + n, cap - n, " | moved: read %s, written %s", r, w);
+    }
 }
 
 void trainer_print_progress(const trainer *t, const step_result *r)
@@ -30,25 +59,40 @@ void trainer_print_progress(const trainer *t, const step_result *r)
     double mfu = loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world);
     loom_mem_usage u;
     loom_mem_usage_get(&u);
-    char mem[256] = "";
-    size_t n = 0;
-    for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
-        uint64_t b = u.peak[LOOM_TIER_HOST][p];
-        if (!b)
-            continue;
-        char hb[32];
-        human_bytes(b, hb, sizeof hb);
-        n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%s %s", n ? ", " : "",
-                              loom_purpose_name((loom_purpose)p), hb);
-    }
+    char mem[256], offload[384];
+    tier_parts(&u, LOOM_TIER_HOST, mem, sizeof mem);
+    offload_text(t, &u, offload, sizeof offload);
     char bubble[32] = "";
     if (t->pipeline)
         snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->bubble);
     printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
-           "MFU %5.1f%%%s | peak host: %s%s\n",
+           "MFU %5.1f%%%s | peak host: %s%s%s\n",
            (long long)t->step + 1, (long long)t->steps, r->loss, r->lr, r->grad_norm,
-           r->seconds * 1e3, tps, 100 * mfu, bubble, mem, r->skipped ? " | skipped" : "");
+           r->seconds * 1e3, tps, 100 * mfu, bubble, mem, offload,
+           r->skipped ? " | skipped" : "");
     fflush(stdout);
+}
+
+/* "host": {"params": 1024, ..., "total": 4096}, ... for every tier used:
+ * peaks, or the bytes held now. */
+static void write_tier_bytes(FILE *f, const loom_mem_usage *u, int peaks)
+{
+    int first_tier = 1;
+    for (int tier = 0; tier < LOOM_TIER_COUNT; tier++) {
+        if (!u->peak_total[tier])
+            continue;
+        const uint64_t *bytes = peaks ? u->peak[tier] : u->current[tier];
+        uint64_t total = 0;
+        fprintf(f, "%s\"%s\": {", first_tier ? "" : ", ", loom_tier_name((loom_tier)tier));
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+            fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
+                    (unsigned long long)bytes[p]);
+            total += bytes[p];
+        }
+        fprintf(f, ", \"total\": %llu}",
+                (unsigned long long)(peaks ? u->peak_total[tier] : total));
+        first_tier = 0;
+    }
 }
 
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
@@ -63,17 +107,10 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
             (long long)t->step + 1, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3,
             loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world),
             r->skipped ? "true" : "false", t->loss_scale);
-    int first_tier = 1;
-    for (int tier = 0; tier < LOOM_TIER_COUNT; tier++) {
-        if (!u.peak_total[tier])
-            continue;
-        fprintf(f, "%s\"%s\": {", first_tier ? "" : ", ", loom_tier_name((loom_tier)tier));
-        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
-            fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
-                    (unsigned long long)u.peak[tier][p]);
-        fprintf(f, ", \"total\": %llu}", (unsigned long long)u.peak_total[tier]);
-        first_tier = 0;
-    }
+    write_tier_bytes(f, &u, 1);
+    /* what stays between steps: offloaded state has left the host */
+    fprintf(f, "}, \"held_bytes\": {");
+    write_tier_bytes(f, &u, 0);
     fprintf(f, "}");
     if (t->pipeline) {
         loom_pipeline_stats st;
@@ -86,6 +123,18 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
             fprintf(f, "]");
         }
     }
+    /* this step's tier traffic by purpose, and the time spent waiting on it:
+     * "tier_bytes": {"read": {"optimizer": 4096, ...}, "written": {...}} */
+    fprintf(f, ", \"tier_bytes\": {");
+    for (int k = 0; k < 2; k++) {
+        const uint64_t *moved = k ? t->tier_step.written : t->tier_step.read;
+        fprintf(f, "%s\"%s\": {", k ? ", " : "", k ? "written" : "read");
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
+            fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
+                    (unsigned long long)moved[p]);
+        fprintf(f, "}");
+    }
+    fprintf(f, "}, \"tier_wait_ms\": %.3f", (double)t->tier_step.wait_ns / 1e6);
     /* this step's traffic per axis and op, from the groups' counters:
      * "comm_bytes": {"tp.allreduce": 4096, ...}, the same keys for calls */
     for (int k = 0; k < 2; k++) {

@@ -323,8 +323,6 @@ static int place_initial_params(trainer *t)
             loom_model_slice(t->model, i, whole[i], init[i]);
         for (int i = 0; i < t->ndp_units; i++)
             held[i] = init[t->dp_units[i].index];
-        /* memory.host_limit weighs the whole model state once it is placed */
-        loom_mem_defer_limit(1);
         rc = t->dp->data_setup(t->strategy, t->dp_units, t->ndp_units, held);
         loom_mem_defer_limit(0);
         trainer_sync_units(t);
@@ -357,9 +355,12 @@ int trainer_setup(trainer *t, const loom_train_options *o)
         return rc;
     t->rank = loom_runtime_env(t->rt)->rank;
     t->world = loom_runtime_env(t->rt)->world_size;
-    /* memory.offload and memory.host_limit hold from the first allocation */
+    /* memory.offload and memory.host_limit hold from the first allocation;
+     * the limit weighs the activations and the model state together once
+     * both are placed (place_initial_params) */
     if ((rc = loom_runtime_tiers(t->rt, &t->tiers)) != LOOM_OK)
         return rc;
+    loom_mem_defer_limit(1);
     if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
         return rc;
     load_shape(t);

@@ -2,6 +2,8 @@
  * report each (report.c), checkpoint every train.checkpoint_every steps and
  * save at the end (save.c), tear down. */
 #include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -28,6 +30,10 @@ static int run_steps(trainer *t, const loom_train_options *o)
     if (t->rank == 0)
         trainer_print_header(t);
     loom_mem_usage_reset_peak();
+    /* A testing aid: stop (SIGSTOP) after that step, between steps, so a
+     * test can look at or damage the tier files; SIGCONT goes on. */
+    const char *stop = getenv("LOOM_STOP_AFTER_STEP");
+    long long stop_after = stop ? atoll(stop) : 0;
     while (t->step < t->steps) {
         step_result r;
         if ((rc = trainer_step(t, &r)) != LOOM_OK)
@@ -38,6 +44,10 @@ static int run_steps(trainer *t, const loom_train_options *o)
                 trainer_write_metrics(metrics, t, &r);
         }
         t->step++;
+        if (t->step == stop_after) {
+            fflush(NULL);
+            raise(SIGSTOP);
+        }
         if (every > 0 && t->step % every == 0 && t->step < t->steps) {
             char path[4096];
             if (t->rank == 0)

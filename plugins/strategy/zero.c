@@ -296,11 +296,6 @@ static void op_done(loom_strategy *s, zero_unit *z, zero_op *op, const char *wha
 {
     op->active = 0;
     op->req = NULL;
-    if (op == &z->gather && z->shard_lent) {
-        /* unread, so released clean: gives back its staging, cannot fail */
-        z->shard_lent = 0;
-        put_params_shard(s, z, 0);
-    }
     char label[48], name[80];
     snprintf(name, sizeof name, NAME " %s %s", what, unit_label(z->unit, label, sizeof label));
     s->host->trace(s->host, LOOM_LANE_COMM, name, op->start_ns, s->host->now_ns(), op->bytes);
@@ -371,6 +366,19 @@ static int wait_op(loom_strategy *s, zero_unit *z, zero_op *op, const char *what
     }
     op_done(s, z, op, what); /* released either way */
     return rc == LOOM_OK ? LOOM_OK : op_failed(s, rc);
+}
+
+/* Wait for z's all-gather and give back the parameter shard it read:
+ * here, at a fixed point, not when the gather happens to finish, so the
+ * staging bytes are the same on every run. Released clean, it cannot fail. */
+static int wait_gather(loom_strategy *s, zero_unit *z)
+{
+    int rc = wait_op(s, z, &z->gather, "allgather");
+    if (z->shard_lent && !z->gather.active) {
+        z->shard_lent = 0;
+        put_params_shard(s, z, 0);
+    }
+    return rc;
 }
 
 /* A collective of `elems` elements was just posted (rc and req as the comm
@@ -496,7 +504,7 @@ static int ensure_params(loom_strategy *s, zero_unit *z)
 {
     int rc = start_gather(s, z);
     if (rc == LOOM_OK)
-        rc = wait_op(s, z, &z->gather, "allgather");
+        rc = wait_gather(s, z);
     if (rc == LOOM_OK)
         z->unit->params = z->params;
     return rc;
@@ -506,7 +514,7 @@ static int drop_params(loom_strategy *s, zero_unit *z)
 {
     if (!z->params)
         return LOOM_OK;
-    int rc = wait_op(s, z, &z->gather, "allgather"); /* never free under the backend */
+    int rc = wait_gather(s, z); /* never free under the backend */
     if (rc != LOOM_OK)
         return rc;
     s->host->mem_free(s->host, z->params);
@@ -671,7 +679,7 @@ static int quiesce(loom_strategy *s)
         zero_unit *z = &s->zu[i];
         rc = wait_op(s, z, &z->reduce, "reducescatter");
         if (rc == LOOM_OK)
-            rc = wait_op(s, z, &z->gather, "allgather");
+            rc = wait_gather(s, z);
     }
     return rc;
 }
@@ -1103,7 +1111,7 @@ static int gather_stepped_params(loom_strategy *s)
         rc = post_gather(s, z, at(z->params, z->own_begin, s->esize), z->params);
     }
     for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
-        rc = wait_op(s, &s->zu[i], &s->zu[i].gather, "allgather");
+        rc = wait_gather(s, &s->zu[i]);
     return rc;
 }
 

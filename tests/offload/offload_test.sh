@@ -1,0 +1,220 @@
+#!/bin/sh
+# Offload end to end: `loom train` with memory.offload against the same run
+# without it (bitwise: moving bytes between tiers changes no number), the
+# bytes per tier and purpose against their formulas, memory.host_limit, and
+# the nvme tier's faults as a job meets them.
+#   usage: offload_test.sh LOOM SOURCE_DIR CASE [ARGS...]
+#     contract STRATEGY | formulas STRATEGY PRECISION | infinity PRECISION |
+#     budget | corrupt | disk | refusals
+set -eu
+LOOM=$1
+SRC=$2
+CASE=$3
+shift 3
+CFG=$SRC/tests/zero/tiny.cfg
+DATA=$SRC/examples/data/corpus.bin
+TMP=$(mktemp -d)
+TIER=$TMP/tier
+MNT=""
+cleanup() {
+    [ -z "$MNT" ] || umount "$MNT" 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+mkdir "$TIER"
+cd "$TMP"
+
+TEST="offload_test $CASE"
+. "$SRC/tests/common/train_runs.sh"
+
+fail() { echo "$TEST: $*"; exit 1; }
+
+# no_files: the tier directory holds nothing (the job's files are gone)
+no_files() {
+    [ -z "$(ls -A "$TIER")" ] || { ls -la "$TIER"; fail "files left in the tier directory $1"; }
+}
+
+# bitwise A B: the same losses, byte for byte, and the same saved weights
+bitwise() {
+    losses "$1" > a.txt
+    losses "$2" > b.txt
+    [ "$(wc -l < a.txt)" -gt 0 ] || fail "$1 has no steps"
+    cmp -s a.txt b.txt || { paste a.txt b.txt; fail "$2's losses differ from $1's"; }
+    cmp -s "$1.bin" "$2.bin" || fail "$2's final weights differ from $1's"
+    echo "$1 = $2: $(wc -l < a.txt) losses and the final weights identical"
+}
+
+# tier_bytes NAME WHICH PURPOSE: bytes of PURPOSE the last step read or wrote
+tier_bytes() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"tier_bytes\": {.*\"$2\": {[^}]*\"$3\": \([0-9]*\).*/\1/p"; }
+# bytes NAME KIND TIER PURPOSE: peak_bytes or held_bytes of a tier's purpose, last step
+bytes() {
+    tail -n 1 "$1.jsonl" | sed 's/.*"'"$2"'": {//' |
+        sed -n "s/^.*\"$3\": {[^}]*\"$4\": \([0-9]*\).*/\1/p" | head -n 1
+}
+
+nvme="--set memory.offload.optimizer=nvme --set memory.offload.path=$TIER"
+
+case "$CASE" in
+contract)
+    # every rank count and both precisions: optimizer state (and zero3's
+    # shards) on nvme, bitwise the run without
+    strategy=$1
+    extra=""
+    [ "$strategy" = zero3 ] && extra="--set memory.offload.params=nvme"
+    for np in 1 2 4; do
+        for precision in fp32 bf16; do
+            common="--set train.steps=4 --set parallel.dp.strategy=$strategy --set train.precision=$precision"
+            run "ref$np$precision" "$np" $common --save "ref$np$precision.bin"
+            run "off$np$precision" "$np" $common $nvme $extra --save "off$np$precision.bin"
+            bitwise "ref$np$precision" "off$np$precision"
+            r=$(tier_bytes "off$np$precision" read optimizer)
+            w=$(tier_bytes "off$np$precision" written optimizer)
+            [ "${r:-0}" -gt 0 ] && [ "$r" = "$w" ] || fail "off$np$precision moved read ${r:-?} written ${w:-?} bytes of optimizer state, want equal and > 0"
+            grep -q "peak nvme: .*optimizer" "off$np$precision.log" || fail "the progress line shows no nvme bytes"
+            no_files "after off$np$precision"
+        done
+    done ;;
+formulas)
+    # ZeRO-Offload at 1, 2 and 4 ranks: the optimizer state's bytes in the
+    # tier, and on the host only the three units the step streams at once
+    # (the next read ahead, this one stepped, the last written behind)
+    strategy=$1; precision=$2
+    for n in 1 2 4; do
+        run "f$n" "$n" --set train.steps=2 --set model.layers=4 --set parallel.dp.strategy="$strategy" \
+            --set train.precision="$precision" $nvme
+        on_nvme=$(bytes "f$n" peak_bytes nvme optimizer); staged=$(bytes "f$n" peak_bytes host optimizer)
+        held=$(bytes "f$n" held_bytes host optimizer)
+        # units: the embedding (Vp*C + maxT*C), 4 blocks (12C^2 + 13C), the head (2C)
+        awk -v s="$strategy" -v p="$precision" -v N="$n" -v nv="$on_nvme" -v st="$staged" -v held="$held" '
+        function pad(x) { q = 32 * N; return int((x + q - 1) / q) * q }
+        BEGIN {
+            k = split("20480 49984 49984 49984 49984 128", numel, " ")
+            arrays = (p == "fp32") ? 2 : 3          # m, v (and the fp32 master)
+            total = 0; peak = 0
+            for (i = 1; i <= k; i++) { seg[i] = (s == "ddp") ? numel[i] : pad(numel[i]) / N; total += seg[i] }
+            for (i = 1; i <= k; i++) {
+                w = seg[i] + (i < k ? seg[i + 1] : 0) + (i > 1 ? seg[i - 1] : 0)
+                if (w > peak) peak = w
+            }
+            want_nv = 4 * arrays * total; want_st = 4 * arrays * peak
+            printf "%s %s N=%d: nvme optimizer %d (formula %d), host optimizer peak %d (formula %d), held %d\n", s, p, N, nv, want_nv, st, want_st, held
+            if (nv != want_nv || st != want_st || held != 0) exit 1
+        }' || fail "bytes differ from the formulas"
+    done ;;
+infinity)
+    # ZeRO-Infinity at 4 ranks: zero3's parameter and gradient shards and
+    # the optimizer state on nvme; between steps the host holds none of
+    # them, only activations and the reduce-scatter buffer
+    precision=$1; e=4; [ "$precision" = fp32 ] || e=2
+    run inf 4 --set train.steps=2 --set model.layers=4 --set parallel.dp.strategy=zero3 \
+        --set train.precision="$precision" $nvme --set memory.offload.params=nvme
+    p=$(bytes inf peak_bytes nvme params); g=$(bytes inf peak_bytes nvme grads); o=$(bytes inf peak_bytes nvme optimizer)
+    hp=$(bytes inf held_bytes host params); hg=$(bytes inf held_bytes host grads); ho=$(bytes inf held_bytes host optimizer)
+    awk -v e="$e" -v p="$p" -v g="$g" -v o="$o" -v hp="$hp" -v hg="$hg" -v ho="$ho" '
+    function pad(x) { q = 32 * 4; return int((x + q - 1) / q) * q }
+    BEGIN {
+        k = split("20480 49984 49984 49984 49984 128", numel, " ")
+        S = 0; for (i = 1; i <= k; i++) S += pad(numel[i]) / 4
+        w = (e == 4) ? 0 : 4
+        printf "nvme params %d (formula %d), grads %d (%d), optimizer %d (%d); held on host: params %d, grads %d, optimizer %d\n", p, e * S, g, e * S, o, (w + 8) * S, hp, hg, ho
+        if (p != e * S || g != e * S || o != (w + 8) * S || hp != 0 || hg != 0 || ho != 0) exit 1
+    }' || fail "bytes differ from the formulas" ;;
+budget)
+    # model state that does not fit memory.host_limit: refused with the
+    # offload that fits, which then trains to the unlimited run's losses
+    shape="--set model.layers=8 --set model.channels=192 --set model.heads=4 --set train.batch=2 --set train.seq=16 --set train.steps=3"
+    limit=$((48 * 1024 * 1024))
+    run free 1 $shape --save free.bin
+    if "$LOOM" train "$CFG" --set data.train="$DATA" $shape --set memory.host_limit=$limit > tight.log 2>&1; then
+        cat tight.log; fail "a run over memory.host_limit was not refused"
+    fi
+    cat tight.log
+    grep -q "memory.host_limit = 48.0 MiB: activations and model state take" tight.log || fail "the refusal does not weigh the state"
+    grep -q 'memory.offload.optimizer = "nvme" would hold about' tight.log || fail "the refusal does not suggest the offload that fits"
+    run fits 1 $shape --set memory.host_limit=$limit $nvme --save fits.bin
+    bitwise free fits
+    peak=$(tail -n 1 fits.jsonl | sed -n 's/.*"peak_bytes": {"host": {[^}]*"total": \([0-9]*\)}.*/\1/p')
+    [ "$peak" -le "$limit" ] || fail "host peak $peak over the limit $limit"
+    echo "fits: host peak $peak <= $limit" ;;
+corrupt)
+    # a byte of the tier file flipped while the job is stopped between steps
+    LOOM_STOP_AFTER_STEP=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=3 $nvme \
+        > bad.log 2>&1 &
+    pid=$!
+    for i in $(seq 1 300); do
+        state=$(sed 's/.*) \(.\).*/\1/' /proc/$pid/stat 2>/dev/null || echo gone)
+        [ "$state" = T ] && break
+        [ "$state" = gone ] && { cat bad.log; fail "the job ended before it stopped"; }
+        sleep 0.1
+    done
+    [ "$state" = T ] || fail "the job never stopped after step 1"
+    file=""
+    for fd in /proc/$pid/fd/*; do
+        case "$(readlink "$fd")" in "$TIER"/*) file=$fd ;; esac
+    done
+    [ -n "$file" ] || { ls -l /proc/$pid/fd; fail "no tier file open under $TIER"; }
+    [ -z "$(ls -A "$TIER")" ] || fail "the tier file has a name in $TIER (want an unnamed file)"
+    # the first block holds step 1's optimizer state of the first unit
+    byte=$(dd if="$file" bs=1 skip=100 count=1 2>/dev/null | od -An -tu1 | tr -d ' ')
+    printf "\\$(printf %o $(( (byte + 1) % 256 )))" | dd of="$file" bs=1 seek=100 count=1 conv=notrunc 2>/dev/null
+    kill -CONT $pid
+    if wait $pid; then cat bad.log; fail "a corrupted tier block went unnoticed"; fi
+    cat bad.log
+    grep -q "checksum mismatch" bad.log || fail "the failure does not name the checksum"
+    grep -q "expected" bad.log && grep -q "found" bad.log || fail "the failure does not give both checksums"
+    no_files "after the failed run"
+    # kill -9 while stopped: nothing is left that a later job could take for its own
+    LOOM_STOP_AFTER_STEP=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=3 $nvme \
+        > killed.log 2>&1 &
+    pid=$!
+    for i in $(seq 1 300); do
+        state=$(sed 's/.*) \(.\).*/\1/' /proc/$pid/stat 2>/dev/null || echo gone)
+        [ "$state" = T ] && break
+        sleep 0.1
+    done
+    kill -9 $pid
+    wait $pid 2>/dev/null || true
+    no_files "after kill -9" ;;
+disk)
+    # a full disk, a missing and a read-only path fail at start, clearly
+    if ! mount -t tmpfs -o size=1m tmpfs "$TIER" 2>/dev/null; then
+        echo "$TEST: cannot mount a tmpfs here (not root?): skipped"; exit 77
+    fi
+    MNT=$TIER
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 $nvme > full.log 2>&1; then
+        cat full.log; fail "a full disk was not refused"
+    fi
+    cat full.log
+    grep -q "no space" full.log || fail "a full disk does not say so"
+    umount "$TIER"
+    mount -t tmpfs -o ro,size=1m tmpfs "$TIER"
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 $nvme > ro.log 2>&1; then
+        cat ro.log; fail "a read-only path was not refused"
+    fi
+    cat ro.log
+    grep -q "read-only" ro.log || fail "a read-only path does not say so"
+    umount "$TIER"
+    MNT=""
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 \
+        --set memory.offload.optimizer=nvme --set memory.offload.path="$TMP/missing" > missing.log 2>&1; then
+        cat missing.log; fail "a missing path was not refused"
+    fi
+    cat missing.log
+    grep -q "no such directory" missing.log || fail "a missing path does not say so" ;;
+refusals)
+    # settings that would do nothing are refused, each in one line
+    expect() {
+        want=$1; shift
+        if "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 "$@" > r.log 2>&1; then
+            cat r.log; fail "accepted: $*"
+        fi
+        grep -q "$want" r.log || { cat r.log; fail "the refusal of '$*' does not say '$want'"; }
+        echo "refused: $* -> $(tail -n 1 r.log)"
+    }
+    expect 'parallel.dp.strategy = "zero3"' --set memory.offload.params=nvme --set memory.offload.path="$TIER"
+    expect "nothing is offloaded to nvme" --set memory.offload.path="$TIER"
+    expect "memory.offload.path" --set memory.offload.optimizer=nvme
+    expect "did you mean" --set memory.offload.optimizer=nvm ;;
+*)
+    fail "unknown case '$CASE'" ;;
+esac
