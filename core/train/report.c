@@ -103,26 +103,14 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
     fprintf(f,
             "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
             "\"tokens_per_s\": %.3f, \"step_ms\": %.3f, \"mfu\": %.6f, \"skipped\": %s, "
-            "\"loss_scale\": %g, \"peak_bytes\": {",
+            "\"loss_scale\": %g, \"held_bytes\": {",
             (long long)t->step + 1, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3,
             loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world),
             r->skipped ? "true" : "false", t->loss_scale);
-    write_tier_bytes(f, &u, 1);
-    /* what stays between steps: offloaded state has left the host */
-    fprintf(f, "}, \"held_bytes\": {");
+    /* what stays between steps (offloaded state has left the host), and
+     * the peaks last, where the older readers of this line look for them */
     write_tier_bytes(f, &u, 0);
     fprintf(f, "}");
-    if (t->pipeline) {
-        loom_pipeline_stats st;
-        loom_pipeline_get_stats(t->pipeline, &st);
-        fprintf(f, ", \"bubble\": %.6f, \"live_microbatches\": %d", t->bubble, st.peak_live);
-        for (int k = 0; k < 2; k++) {
-            fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
-            for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
-                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->stage_peaks[2 * stage + k]);
-            fprintf(f, "]");
-        }
-    }
     /* this step's tier traffic by purpose, and the time spent waiting on it:
      * "tier_bytes": {"read": {"optimizer": 4096, ...}, "written": {...}} */
     fprintf(f, ", \"tier_bytes\": {");
@@ -135,6 +123,20 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
         fprintf(f, "}");
     }
     fprintf(f, "}, \"tier_wait_ms\": %.3f", (double)t->tier_step.wait_ns / 1e6);
+    fprintf(f, ", \"peak_bytes\": {");
+    write_tier_bytes(f, &u, 1);
+    fprintf(f, "}");
+    if (t->pipeline) {
+        loom_pipeline_stats st;
+        loom_pipeline_get_stats(t->pipeline, &st);
+        fprintf(f, ", \"bubble\": %.6f, \"live_microbatches\": %d", t->bubble, st.peak_live);
+        for (int k = 0; k < 2; k++) {
+            fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
+            for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
+                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->stage_peaks[2 * stage + k]);
+            fprintf(f, "]");
+        }
+    }
     /* this step's traffic per axis and op, from the groups' counters:
      * "comm_bytes": {"tp.allreduce": 4096, ...}, the same keys for calls */
     for (int k = 0; k < 2; k++) {
