@@ -45,7 +45,9 @@ bitwise() {
 }
 
 # tier_bytes NAME WHICH PURPOSE: bytes of PURPOSE the last step read or wrote
-tier_bytes() {
+tier_bytes() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"tier_bytes\": {.*\"$2\": {[^}]*\"$3\": \([0-9]*\).*/\1/p"; }
+# bytes NAME KIND TIER PURPOSE: peak_bytes or held_bytes of a tier's purpose, last step
+bytes() {
     tail -n 1 "$1.jsonl" | sed 's/.*"'"$2"'": {//; s/}}.*//' |
         sed -n "s/.*\"$3\": {[^}]*\"$4\": \([0-9]*\).*/\1/p"
 }
