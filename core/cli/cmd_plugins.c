@@ -26,8 +26,8 @@
 static void plugins_usage(FILE *f)
 {
     fprintf(f, "usage: loom plugins [CONFIG] [--set path=value ...]\n"
-               "       loom plugins --check FILE [--train CONFIG [--ranks 1,2,4] "
-               "[--set path=value ...]\n"
+               "       loom plugins --check FILE [--set path=value ...] [--train CONFIG "
+               "[--ranks 1,2,4]\n"
                "                                  [--keep DIR] [--timeout S]]\n");
 }
 
@@ -406,7 +406,8 @@ out:
 /* The runtime's host table for the plugin, in a world of one, then the
  * checks of its kind. Strategies need a mesh and a model to do anything;
  * they get the load checks only. */
-static void check_functional(checker *c, const loom_plugin *p)
+static void check_functional(checker *c, const loom_plugin *p, const char *const *overrides,
+                             int noverrides)
 {
     if (p->kind == LOOM_PLUGIN_STRATEGY) {
         printf("note: a strategy's functional check needs a mesh and a model: --train CONFIG "
@@ -431,8 +432,8 @@ static void check_functional(checker *c, const loom_plugin *p)
     const loom_host *host = NULL;
     char settings[192];
     loom_plugin_settings_group(p, settings, sizeof settings);
-    if (loom_config_load(NULL, NULL, 0, &cfg) != LOOM_OK) {
-        fail_check(c, "host", "cannot make a default config: %s", loom_last_error());
+    if (loom_config_load(NULL, overrides, noverrides, &cfg) != LOOM_OK) {
+        fail_check(c, "host", "cannot make a config: %s", loom_last_error());
         return;
     }
     if (loom_runtime_create(cfg, &rt) != LOOM_OK) {
@@ -454,7 +455,8 @@ static void check_functional(checker *c, const loom_plugin *p)
 }
 
 /* harness: NULL for the conformance checks alone. */
-static int check_plugin_file(const char *file, const loom_harness_options *harness)
+static int check_plugin_file(const char *file, const char *const *overrides, int noverrides,
+                             const loom_harness_options *harness)
 {
     /* dlopen reads a bare name as a library to search for; we mean the file. */
     char path[PATH_MAX];
@@ -477,7 +479,7 @@ static int check_plugin_file(const char *file, const loom_harness_options *harne
         printf("1 check failed: loom refuses to load this plugin\n");
         return 1;
     }
-    check_functional(&c, p);
+    check_functional(&c, p, overrides, noverrides);
     if (c.failures)
         printf("%d check%s failed\n", c.failures, c.failures > 1 ? "s" : "");
     else
@@ -557,15 +559,11 @@ int loom_cmd_plugins(int argc, char **argv)
     } else if (rc < 0 && harness_only && !harness.config) {
         fprintf(stderr, "loom plugins: --ranks, --keep and --timeout go with --train CONFIG\n");
         rc = 2;
-    } else if (rc < 0 && check && noverrides && !harness.config) {
-        fprintf(stderr, "loom plugins: --set goes with --train CONFIG (or with a CONFIG "
-                        "to list plugins)\n");
-        rc = 2;
     }
     if (rc < 0 && check) {
         harness.overrides = overrides;
         harness.noverrides = noverrides;
-        rc = check_plugin_file(check, harness.config ? &harness : NULL);
+        rc = check_plugin_file(check, overrides, noverrides, harness.config ? &harness : NULL);
     }
     if (rc < 0)
         rc = list_plugins(config_path, overrides, noverrides);

@@ -25,6 +25,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysinfo.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,8 +167,8 @@ static const loom_setting_spec nvme_settings[] = {
      .help = "I/Os in flight per rank (and chunks read ahead)",
      .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 1, .max = 1024},
     {.name = "block_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
-     .help = "the unit of I/O and of the checksum, a multiple of 4096",
-     .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 4096, .max = 1 << 30},
+     .help = "the unit of I/O and of the checksum: a multiple of 4096, at most 1 GiB",
+     .bounds = LOOM_SETTING_MIN, .min = 4096},
     {0},
 };
 
@@ -209,6 +210,9 @@ static int open_file(loom_memtier *t)
     if (stat(t->path, &st) != 0) {
         if (errno == ENOENT)
             return fail(t, LOOM_ERR_NOT_FOUND, "no such directory; create it or name another");
+        if (errno == EACCES)
+            return fail(t, LOOM_ERR_INVALID, "permission denied on the way to it; name a "
+                        "directory this user can reach and write");
         return fail(t, LOOM_ERR_INVALID, "cannot look at it: %s", strerror(errno));
     }
     if (!S_ISDIR(st.st_mode))
@@ -638,6 +642,11 @@ static int tier_capacity(loom_memtier *t, uint64_t *total, uint64_t *available)
         return fail(t, LOOM_ERR_INTERNAL, "statvfs: %s", strerror(errno));
     *total = (uint64_t)sv.f_blocks * sv.f_frsize;
     *available = (uint64_t)sv.f_bavail * sv.f_frsize;
+    struct sysinfo si;
+    if (*total == 0 && sysinfo(&si) == 0) { /* ramfs has no size: it is the machine's memory */
+        *total = (uint64_t)si.totalram * si.mem_unit;
+        *available = (uint64_t)si.freeram * si.mem_unit;
+    }
     return LOOM_OK;
 }
 
