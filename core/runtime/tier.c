@@ -110,6 +110,24 @@ static void movable(const loom_tiers *t, loom_purpose p, uint64_t *held, uint64_
     }
 }
 
+/* Host bytes the nvme tier itself would take if it were loaded now: its
+ * registered buffers, queue_depth x block_bytes at the defaults it declares
+ * (its settings are refused while no purpose goes to nvme). */
+static uint64_t tier_buffers(const loom_tiers *t)
+{
+    const loom_plugin *plugin = NULL;
+    if (t->tier || loom_runtime_plugin(t->rt, LOOM_PLUGIN_MEMTIER, "nvme", &plugin) != LOOM_OK)
+        return 0; /* loaded: already in the accounting */
+    uint64_t depth = 0, block = 0;
+    for (const loom_setting_spec *sp = plugin->header->settings; sp && sp->name; sp++) {
+        if (!strcmp(sp->name, "queue_depth") && sp->default_value)
+            depth = strtoull(sp->default_value, NULL, 10);
+        if (!strcmp(sp->name, "block_bytes") && sp->default_value)
+            block = strtoull(sp->default_value, NULL, 10);
+    }
+    return depth * block + 4096;
+}
+
 /* Appends to buf the smallest offload that would bring the host's bytes
  * (plus extra more) under the limit, as this accounting estimates it. */
 static void advise(void *ctx, loom_purpose purpose, uint64_t extra, char *buf, size_t cap)
@@ -126,7 +144,7 @@ static void advise(void *ctx, loom_purpose purpose, uint64_t extra, char *buf, s
         {"memory.offload.optimizer = \"nvme\"", {LOOM_PURPOSE_OPTIMIZER}, 1},
         {"memory.offload.params = \"nvme\"", {LOOM_PURPOSE_PARAMS, LOOM_PURPOSE_GRADS}, 2},
     };
-    uint64_t after = need;
+    uint64_t after = need + tier_buffers(t);
     char tried[160] = "";
     int any = 0;
     for (size_t c = 0; c < LOOM_ARRAY_LEN(choices); c++) {
@@ -143,7 +161,8 @@ static void advise(void *ctx, loom_purpose purpose, uint64_t extra, char *buf, s
         loom_mem_format(after, est, sizeof est);
         if (after <= limit) {
             snprintf(buf, cap, "; %s would hold about %s (what moves leaves the host; up to %d "
-                     "units of it at a time pass through staging)", tried, est, STAGED_SEGMENTS);
+                     "units of it at a time pass through staging, and the tier's buffers come in)",
+                     tried, est, STAGED_SEGMENTS);
             return;
         }
     }
@@ -466,7 +485,9 @@ int loom_tiers_acquire(loom_tiered *b, int segment, unsigned mode, void **ptr)
         rc = finish(b, segment, 1);
         break;
     case SEG_WRITING: /* its staging holds the data: only the write must land */
+        s->refs++; /* so the retired write keeps the staging */
         rc = retire_write(b);
+        s->refs--;
         break;
     case SEG_RESIDENT:
         break;

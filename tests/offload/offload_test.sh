@@ -123,13 +123,13 @@ budget)
     # model state that does not fit memory.host_limit: refused with the
     # offload that fits, which then trains to the unlimited run's losses
     shape="--set model.layers=8 --set model.channels=192 --set model.heads=4 --set train.batch=2 --set train.seq=16 --set train.steps=3"
-    limit=$((48 * 1024 * 1024))
+    limit=$((56 * 1024 * 1024))
     run free 1 $shape --save free.bin
     if "$LOOM" train "$CFG" --set data.train="$DATA" $shape --set memory.host_limit=$limit > tight.log 2>&1; then
         cat tight.log; fail "a run over memory.host_limit was not refused"
     fi
     cat tight.log
-    grep -q "memory.host_limit = 48.0 MiB: activations and model state take" tight.log || fail "the refusal does not weigh the state"
+    grep -q "memory.host_limit = 56.0 MiB: activations and model state take" tight.log || fail "the refusal does not weigh the state"
     grep -q 'memory.offload.optimizer = "nvme" would hold about' tight.log || fail "the refusal does not suggest the offload that fits"
     run fits 1 $shape --set memory.host_limit=$limit $nvme --save fits.bin
     bitwise free fits
