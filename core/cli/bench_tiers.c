@@ -150,8 +150,13 @@ static int bench_raw(const char *dir, size_t block, int depth, size_t bytes, int
     return rc;
 }
 
-static int finish(const loom_memtier_ops *ops, int rc, loom_tier_request *req)
+/* Write (or read) the whole block and wait for it. */
+static int move_all(const loom_memtier_ops *ops, loom_memtier *tier, loom_tier_block *blk,
+                    char *buf, size_t bytes, int writing)
 {
+    loom_tier_request *req = NULL;
+    int rc = writing ? ops->write(tier, blk, 0, buf, bytes, &req)
+                     : ops->read(tier, blk, 0, buf, bytes, &req);
     return rc == LOOM_OK && req ? ops->wait(req) : rc;
 }
 
@@ -197,16 +202,14 @@ static int bench_nvme(const loom_cli_config_args *args, size_t block, int depth,
     }
     double w[64], r[64];
     for (int i = 0; i < repeats && rc == LOOM_OK; i++) {
-        loom_tier_request *req = NULL;
         uint64_t t0 = loom_now_ns();
-        rc = finish(ops, ops->write(tier, blk, 0, buf, bytes, &req), req);
+        rc = move_all(ops, tier, blk, buf, bytes, 1);
         uint64_t t1 = loom_now_ns();
-        req = NULL;
+        w[i] = gbs(bytes, t0, t1);
         memset(buf, 0, bytes);
         t1 = loom_now_ns();
         if (rc == LOOM_OK)
-            rc = finish(ops, ops->read(tier, blk, 0, buf, bytes, &req), req);
-        w[i] = gbs(bytes, t0, t1);
+            rc = move_all(ops, tier, blk, buf, bytes, 0);
         r[i] = gbs(bytes, t1, loom_now_ns());
         for (size_t k = 0; rc == LOOM_OK && k < bytes; k++)
             if (buf[k] != (char)(k * 7u))

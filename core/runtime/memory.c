@@ -13,6 +13,10 @@
 #include "runtime/memory.h"
 
 #define ALIGNMENT 64
+/* Blocks this big start on a page: the nvme tier moves them with O_DIRECT
+ * straight from and to where they are. */
+#define PAGE_ALIGNED_FROM (64u << 10)
+#define PAGE 4096u
 #define MAGIC 0x6c6f6f6d6d656d31ull /* "loommem1" */
 
 /* Sits just before the user's block; a full alignment unit so the block
@@ -22,7 +26,8 @@ typedef struct block_header {
     uint64_t bytes;
     uint32_t tier;
     uint32_t purpose;
-    unsigned char pad[ALIGNMENT - 24];
+    void *raw; /* what posix_memalign returned */
+    unsigned char pad[ALIGNMENT - 24 - sizeof(void *)];
 } block_header;
 _Static_assert(sizeof(block_header) == ALIGNMENT, "header keeps the block aligned");
 
@@ -223,10 +228,12 @@ int loom_mem_alloc(loom_tier tier, loom_purpose purpose, size_t bytes, void **ou
                          loom_tier_name(tier));
     }
     void *raw = NULL;
-    if (posix_memalign(&raw, ALIGNMENT, sizeof(block_header) + bytes) != 0)
+    size_t front = bytes >= PAGE_ALIGNED_FROM ? PAGE : sizeof(block_header);
+    if (posix_memalign(&raw, front == PAGE ? PAGE : ALIGNMENT, front + bytes) != 0)
         return loom_fail(LOOM_ERR_NO_MEMORY, "memory: cannot allocate %zu bytes of %s for %s",
                          bytes, loom_tier_name(tier), loom_purpose_name(purpose));
-    block_header *h = raw;
+    block_header *h = (block_header *)((char *)raw + front) - 1;
+    h->raw = raw;
     h->magic = MAGIC;
     h->bytes = bytes;
     h->tier = (uint32_t)tier;
@@ -258,7 +265,7 @@ void loom_mem_free(void *ptr)
     }
     h->magic = 0;
     account((loom_tier)h->tier, (loom_purpose)h->purpose, -(int64_t)h->bytes);
-    free(h);
+    free(h->raw);
 }
 
 void loom_mem_usage_get(loom_mem_usage *out)
