@@ -86,8 +86,8 @@ PY
 
 # The disk's limit, measured now: plain O_DIRECT at the tier's block size
 # and queue depth (1 MiB, 8), beside the tier itself.
-"$LOOM" bench examples/bench.cfg --set plugins.path="[\"$PLUGINS\"]" \
-    --set 'bench.tiers=["host", "nvme"]' --set memory.offload.path="$TIERDIR" \
+"$LOOM" bench examples/bench-tiers.cfg --set plugins.path="[\"$PLUGINS\"]" \
+    --set memory.offload.path="$TIERDIR" \
     --set 'bench.tier_block_bytes=[1048576]' --set 'bench.tier_queue_depths=[1, 8]' \
     --set bench.tier_bytes=1073741824 --json "$TMP/tiers.json" > "$TMP/tiers.log" 2>&1 ||
     { cat "$TMP/tiers.log" >&2; exit 1; }

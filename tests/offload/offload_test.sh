@@ -5,7 +5,7 @@
 # the nvme tier's faults as a job meets them.
 #   usage: offload_test.sh LOOM SOURCE_DIR CASE [ARGS...]
 #     contract STRATEGY | formulas STRATEGY PRECISION | infinity PRECISION |
-#     budget | corrupt | disk | refusals
+#     budget | corrupt | disk | refusals | bench
 set -eu
 LOOM=$1
 SRC=$2
@@ -215,6 +215,24 @@ refusals)
     expect "nothing is offloaded to nvme" --set memory.offload.path="$TIER"
     expect "memory.offload.path" --set memory.offload.optimizer=nvme
     expect "did you mean" --set memory.offload.optimizer=nvm ;;
+bench)
+    # loom bench times the tiers next to their limits, and reads back what it wrote
+    "$LOOM" bench "$SRC/examples/bench-tiers.cfg" --set memory.offload.path="$TIER" \
+        --set bench.tier_bytes=4194304 --set 'bench.tier_block_bytes=[65536, 1048576]' \
+        --set 'bench.tier_queue_depths=[1, 4]' --set bench.tier_repeats=1 --json tiers.json > bench.log 2>&1 ||
+        { cat bench.log; fail "loom bench over the tiers failed"; }
+    cat bench.log
+    rows=$(grep -c "^  nvme " bench.log)
+    [ "$rows" = 4 ] || fail "$rows nvme rows, want 4 (2 block sizes x 2 queue depths)"
+    grep -q "^  host " bench.log || fail "no host row"
+    grep -q '"raw_read_gbs"' tiers.json || fail "--json has no tier rows"
+    grep -q "allreduce" bench.log && fail "the collectives ran without bench.comms being set"
+    no_files "after loom bench"
+    if "$LOOM" launch -n 2 -- "$LOOM" bench "$SRC/examples/bench-tiers.cfg" \
+        --set memory.offload.path="$TIER" > two.log 2>&1; then
+        cat two.log; fail "bench.tiers ran under a launcher of 2 ranks"
+    fi
+    grep -q "run loom bench without loom launch" two.log || { cat two.log; fail "no clear refusal under loom launch"; } ;;
 *)
     fail "unknown case '$CASE'" ;;
 esac
