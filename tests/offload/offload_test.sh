@@ -54,6 +54,21 @@ bytes() {
 
 nvme="--set memory.offload.optimizer=nvme --set memory.offload.path=$TIER"
 
+# stopped NAME: a job with its optimizer state on nvme, started in the
+# background and stopped (SIGSTOP) after step 1; its pid in $pid
+stopped() {
+    LOOM_STOP_AFTER_STEP=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=3 $nvme \
+        > "$1.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 300); do
+        state=$(sed 's/.*) \(.\).*/\1/' /proc/$pid/stat 2>/dev/null || echo gone)
+        [ "$state" = T ] && return
+        [ "$state" = gone ] && { cat "$1.log"; fail "the job ended before it stopped"; }
+        sleep 0.1
+    done
+    fail "the job never stopped after step 1"
+}
+
 case "$CASE" in
 contract)
     # every rank count and both precisions: optimizer state (and zero3's
@@ -138,16 +153,7 @@ budget)
     echo "fits: host peak $peak <= $limit" ;;
 corrupt)
     # a byte of the tier file flipped while the job is stopped between steps
-    LOOM_STOP_AFTER_STEP=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=3 $nvme \
-        > bad.log 2>&1 &
-    pid=$!
-    for i in $(seq 1 300); do
-        state=$(sed 's/.*) \(.\).*/\1/' /proc/$pid/stat 2>/dev/null || echo gone)
-        [ "$state" = T ] && break
-        [ "$state" = gone ] && { cat bad.log; fail "the job ended before it stopped"; }
-        sleep 0.1
-    done
-    [ "$state" = T ] || fail "the job never stopped after step 1"
+    stopped bad
     file=""
     for fd in /proc/$pid/fd/*; do
         case "$(readlink "$fd")" in "$TIER"/*) file=$fd ;; esac
@@ -164,14 +170,7 @@ corrupt)
     grep -q "expected" bad.log && grep -q "found" bad.log || fail "the failure does not give both checksums"
     no_files "after the failed run"
     # kill -9 while stopped: nothing is left that a later job could take for its own
-    LOOM_STOP_AFTER_STEP=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=3 $nvme \
-        > killed.log 2>&1 &
-    pid=$!
-    for i in $(seq 1 300); do
-        state=$(sed 's/.*) \(.\).*/\1/' /proc/$pid/stat 2>/dev/null || echo gone)
-        [ "$state" = T ] && break
-        sleep 0.1
-    done
+    stopped killed
     kill -9 $pid
     wait $pid 2>/dev/null || true
     no_files "after kill -9" ;;
