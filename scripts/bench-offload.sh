@@ -60,14 +60,15 @@ written = statistics.median(sum(s["tier_bytes"]["written"].values()) for s in la
 wait = statistics.median(s["tier_wait_ms"] for s in later)
 host = steps[-1]["peak_bytes"]["host"]
 state = host["params"] + host["grads"] + host["optimizer"]
-# achieved bandwidth: rank 0's tier transfers (memory lane) from step 2 on,
-# bytes over the union of their spans, reads and writes apart
+# achieved bandwidth: rank 0's tier transfers as the tier timed them ("nvme
+# read", "nvme write" on the memory lane) from step 2 on, bytes over the
+# union of their spans, reads and writes apart
 ev = [e for e in json.load(open(base + ".json"))["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0]
 starts = sorted(e["ts"] for e in ev if e["tid"] == 0 and e["name"] == "forward embedding")
 t0 = starts[1] if len(starts) > 1 else 0
 def achieved(kind):
     spans = sorted((e["ts"], e["ts"] + e["dur"], e.get("args", {}).get("bytes", 0))
-                   for e in ev if e["tid"] == 2 and f" {kind} " in e["name"] and e["ts"] >= t0)
+                   for e in ev if e["tid"] == 2 and e["name"] == f"nvme {kind}" and e["ts"] >= t0)
     busy, end, moved = 0.0, -1.0, 0
     for s, f, b in spans:
         moved += b
