@@ -189,15 +189,16 @@ static int fetch_state(loom_strategy *s, int i)
 static int acquire_state(loom_strategy *s, int i, float *part[NSTATE])
 {
     const loom_host *h = s->host;
-    int k = 0, rc = LOOM_OK;
-    for (; k < NSTATE && rc == LOOM_OK; k++)
-        if (s->state[k])
-            rc = h->tiered_acquire(h, s->state[k], i, LOOM_TIERED_READ, (void **)&part[k]);
-    if (rc != LOOM_OK) { /* give back what was acquired (k - 1 failed) */
-        for (int j = 0; j < k - 1; j++)
-            if (s->state[j])
-                h->tiered_release(h, s->state[j], i, 0);
-        return rc;
+    for (int k = 0; k < NSTATE; k++) {
+        if (!s->state[k])
+            continue;
+        int rc = h->tiered_acquire(h, s->state[k], i, LOOM_TIERED_READ, (void **)&part[k]);
+        if (rc != LOOM_OK) {
+            while (--k >= 0) /* give back what was acquired */
+                if (s->state[k])
+                    h->tiered_release(h, s->state[k], i, 0);
+            return rc;
+        }
     }
     if (!s->state[MASTER])
         part[MASTER] = (float *)s->units[i].params + s->served[i].begin;
