@@ -9,9 +9,14 @@
  * Only a server holds optimizer state — Adam's m and v and, in 16-bit runs,
  * fp32 master weights — and only for the ranges it serves: with "one" rank
  * 0 holds all of it and the other ranks none, with "sharded" each rank
- * 1/N. Memory comes from host->mem_alloc under its purpose, so the
- * accounting shows it: the progress line and --metrics give rank 0's
- * bytes, LOOM_LOG=debug each rank's share.
+ * 1/N. Parameters and gradients come from host->mem_alloc; the optimizer
+ * state from the core's tiered service (ABI 1.4), one segment per unit, so
+ * memory.offload.optimizer can move it to another tier (ZeRO-Offload) and
+ * the optimizer step streams it: read unit i+1 ahead, step unit i, write
+ * it back behind. In host memory, the default, a segment is used in place
+ * and that costs nothing. Either way the accounting shows the bytes under
+ * their purpose: the progress line and --metrics give rank 0's, LOOM_LOG=
+ * debug each rank's share.
  *
  * The hooks, in the order the core calls them in a step:
  *   data_grads_ready ...... on a step's last micro-batch, push: the unit's
@@ -31,6 +36,7 @@
  * Built against an installed loom with its CMake helper (CMakeLists.txt
  * here); train with `--set parallel.dp.strategy=/path/to/
  * libloom-strategy-paramserver.so --set parallel.dp.servers=sharded`. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,11 +52,15 @@ static const loom_setting_spec paramserver_settings[] = {
     {0},
 };
 
-/* What this rank serves of one unit. */
+/* What this rank serves of one unit: elements of the unit's flat buffer. */
 typedef struct served_part {
-    size_t begin, count;   /* elements of the unit's flat buffer */
-    float *master, *m, *v; /* count each; master points into params for f32 */
+    size_t begin, count;
 } served_part;
+
+/* The optimizer state of what a rank serves, one tiered buffer each. */
+enum { MASTER, M, V, NSTATE };
+static const char *const state_labels[NSTATE] = {"paramserver master", "paramserver m",
+                                                 "paramserver v"};
 
 struct loom_strategy {
     const loom_host *host;
@@ -66,7 +76,10 @@ struct loom_strategy {
     loom_dtype dtype;
     size_t esize, numel; /* all units' elements */
     void *params, *grads; /* every unit's, back to back, in compute dtype */
-    float *state;         /* this rank's m, v (and masters), one block */
+    /* Segment i: unit i's served range, count floats (0 bytes when the
+     * rank serves none of it). state[MASTER] is NULL in fp32 runs, where
+     * the parameters are their own masters. */
+    loom_tiered *state[NSTATE];
 
     loom_request **inflight; /* posted and not yet waited for */
     int ninflight, capacity;
@@ -156,6 +169,55 @@ static int unit_index(loom_strategy *s, const loom_unit *unit, const char *hook)
                           "paramserver: %s for a unit data_setup was not given", hook);
 }
 
+/* ------------------------------------------------------- optimizer state */
+
+/* Starts reading unit i's state ahead of its acquire; nothing when i is
+ * past the last unit or the rank serves none of it. */
+static int fetch_state(loom_strategy *s, int i)
+{
+    int rc = LOOM_OK;
+    if (i >= s->nunits || s->served[i].count == 0)
+        return LOOM_OK;
+    for (int k = 0; k < NSTATE && rc == LOOM_OK; k++)
+        if (s->state[k])
+            rc = s->host->tiered_fetch(s->host, s->state[k], i);
+    return rc;
+}
+
+/* Unit i's served state in host memory until release_state. part[MASTER]
+ * is the parameters themselves in fp32 runs. */
+static int acquire_state(loom_strategy *s, int i, float *part[NSTATE])
+{
+    const loom_host *h = s->host;
+    for (int k = 0; k < NSTATE; k++) {
+        if (!s->state[k])
+            continue;
+        int rc = h->tiered_acquire(h, s->state[k], i, LOOM_TIERED_READ, (void **)&part[k]);
+        if (rc != LOOM_OK) {
+            while (--k >= 0) /* give back what was acquired */
+                if (s->state[k])
+                    h->tiered_release(h, s->state[k], i, 0);
+            return rc;
+        }
+    }
+    if (!s->state[MASTER])
+        part[MASTER] = (float *)s->units[i].params + s->served[i].begin;
+    return LOOM_OK;
+}
+
+/* dirty: it was written, and goes back to its tier (behind the caller). */
+static int release_state(loom_strategy *s, int i, int dirty)
+{
+    int rc = LOOM_OK;
+    for (int k = 0; k < NSTATE; k++)
+        if (s->state[k]) {
+            int released = s->host->tiered_release(s->host, s->state[k], i, dirty);
+            if (rc == LOOM_OK)
+                rc = released;
+        }
+    return rc;
+}
+
 /* --------------------------------------------------------------- common */
 
 static int paramserver_create(const loom_host *host, const loom_strategy_setup *setup,
@@ -165,6 +227,13 @@ static int paramserver_create(const loom_host *host, const loom_strategy_setup *
         return host->error(host, LOOM_ERR_INVALID,
                            "paramserver: a data strategy (parallel.dp.strategy), created for "
                            "axis %s", loom_axis_name(setup->axis));
+    /* The tiered service came with ABI 1.4; an older core has a shorter table. */
+    if (host->struct_size < offsetof(loom_host, tiered_release) + sizeof host->tiered_release ||
+        !host->tiered_release)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "paramserver: needs the core's tiered service (loom_host version 3, "
+                           "ABI 1.4) for its optimizer state; this loom is older: build the "
+                           "plugin against the loom that runs it");
     const char *servers = NULL;
     int rc = host->config_string(host, "servers", &servers);
     if (rc != LOOM_OK)
@@ -195,8 +264,9 @@ static int paramserver_destroy(loom_strategy *s)
         if (s->grads)
             h->mem_free(h, s->grads);
     }
-    if (s->state)
-        h->mem_free(h, s->state);
+    for (int k = 0; k < NSTATE; k++)
+        if (s->state[k])
+            h->tiered_free(h, s->state[k]);
     free(s->served);
     free(s->pushed);
     free(s->inflight);
@@ -241,33 +311,36 @@ static int paramserver_data_setup(loom_strategy *s, loom_unit *units, int nunits
         return h->error(h, LOOM_ERR_NO_MEMORY, "paramserver: out of memory");
 
     size_t mine = 0; /* elements this rank serves */
+    size_t *bytes = malloc((size_t)nunits * sizeof *bytes); /* each unit's state segment */
+    if (!bytes)
+        return h->error(h, LOOM_ERR_NO_MEMORY, "paramserver: out of memory");
     for (int i = 0; i < nunits; i++) {
         range_of(s, units[i].numel, s->rank, &s->served[i].begin, &s->served[i].count);
+        bytes[i] = s->served[i].count * sizeof(float);
         s->numel += units[i].numel;
         mine += s->served[i].count;
     }
     /* Every rank holds whole parameters and gradients (a worker computes
-     * with all of them); optimizer state only for what it serves. */
+     * with all of them); optimizer state only for what it serves. A rank
+     * that serves nothing still has the (empty) buffers: the core refuses
+     * memory.offload.optimizer on a rank that placed nothing through it. */
     int masters = s->dtype != LOOM_F32, rc;
-    void *params = NULL, *grads = NULL, *state = NULL;
+    void *params = NULL, *grads = NULL;
     rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, s->numel * s->esize, &params);
     s->params = params;
     if (rc == LOOM_OK)
         rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, s->numel * s->esize, &grads);
     s->grads = grads;
-    if (rc == LOOM_OK && mine > 0)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_OPTIMIZER,
-                          (size_t)(2 + masters) * mine * sizeof(float), &state);
-    s->state = state;
+    for (int k = masters ? MASTER : M; rc == LOOM_OK && k < NSTATE; k++)
+        rc = h->tiered_alloc(h, LOOM_PURPOSE_OPTIMIZER, state_labels[k], nunits, bytes,
+                             &s->state[k]);
+    free(bytes);
     if (rc != LOOM_OK)
-        return rc; /* mem_alloc said what it could not get; destroy frees the rest */
+        return rc; /* the core's detail says what it could not get; destroy frees the rest */
     memset(s->grads, 0, s->numel * s->esize); /* the ABI: gradients start at zero */
-    if (state)
-        memset(state, 0, (size_t)(2 + masters) * mine * sizeof(float));
 
     size_t offset = 0;
-    float *next = s->state;
-    for (int i = 0; i < nunits; i++) {
+    for (int i = 0; i < nunits && rc == LOOM_OK; i++) {
         loom_unit *u = &units[i];
         served_part *sv = &s->served[i];
         u->params = (char *)s->params + offset * s->esize;
@@ -275,19 +348,17 @@ static int paramserver_data_setup(loom_strategy *s, loom_unit *units, int nunits
         offset += u->numel;
         if (u->numel)
             loom_from_f32(u->params, s->dtype, init[i], u->numel);
-        if (sv->count == 0)
-            continue;
-        sv->m = next;
-        sv->v = next + sv->count;
-        next += 2 * sv->count;
-        if (masters) {
-            sv->master = next;
-            next += sv->count;
-            memcpy(sv->master, init[i] + sv->begin, sv->count * sizeof(float));
-        } else {
-            sv->master = (float *)u->params + sv->begin;
+        if (!masters || sv->count == 0)
+            continue; /* m and v start at zero, as tiered_alloc gives them */
+        float *master = NULL; /* all of it written: OVERWRITE reads nothing */
+        rc = h->tiered_acquire(h, s->state[MASTER], i, LOOM_TIERED_OVERWRITE, (void **)&master);
+        if (rc == LOOM_OK) {
+            memcpy(master, init[i] + sv->begin, sv->count * sizeof(float));
+            rc = h->tiered_release(h, s->state[MASTER], i, 1);
         }
     }
+    if (rc != LOOM_OK)
+        return rc;
     h->log(h, LOOM_LOG_DEBUG, "serves %zu of %zu parameters: %zu bytes of optimizer state",
            mine, s->numel, (size_t)(2 + masters) * mine * sizeof(float));
     return LOOM_OK;
@@ -351,17 +422,24 @@ static int paramserver_data_optimizer_step(loom_strategy *s, const loom_optimize
     int rc = usable(s, "data_optimizer_step");
     if (rc != LOOM_OK)
         return rc;
-    for (int i = 0; i < s->nunits; i++) {
+    /* Streamed unit by unit: unit i+1's state is read while unit i steps,
+     * and each is written back behind (in host memory none of it costs). */
+    rc = fetch_state(s, 0);
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
         served_part *sv = &s->served[i];
         if (sv->count == 0)
             continue;
+        float *part[NSTATE];
+        if ((rc = fetch_state(s, i + 1)) != LOOM_OK || (rc = acquire_state(s, i, part)) != LOOM_OK)
+            break;
         /* update applies step->grad_scale (clipping and the loss scale) to
          * the gradients first: never scale them here as well. */
         const char *grad = (const char *)s->units[i].grads + sv->begin * s->esize;
-        step->update(step, sv->master, grad, s->dtype, sv->m, sv->v, sv->count);
+        step->update(step, part[MASTER], grad, s->dtype, part[M], part[V], sv->count);
         if (s->dtype != LOOM_F32)
             loom_from_f32((char *)s->units[i].params + sv->begin * s->esize, s->dtype,
-                          sv->master, sv->count);
+                          part[MASTER], sv->count);
+        rc = release_state(s, i, 1);
     }
     for (int i = 0; rc == LOOM_OK && i < s->nunits; i++)
         rc = post(s, PULL, s->units[i].params, s->units[i].numel, s->dtype);
@@ -393,14 +471,19 @@ static int paramserver_data_get_state(loom_strategy *s, loom_unit *unit, float *
     if ((i = unit_index(s, unit, "data_get_state")) < 0)
         return i;
     served_part *sv = &s->served[i];
-    float *mine[3] = {sv->master, sv->m, sv->v}, *whole[3] = {params, m, v};
-    for (int k = 0; k < 3 && rc == LOOM_OK; k++) {
-        if (!whole[k])
-            continue;
-        if (sv->count)
-            memcpy(whole[k] + sv->begin, mine[k], sv->count * sizeof(float));
-        rc = post(s, PULL, whole[k], s->units[i].numel, LOOM_F32);
+    float *part[NSTATE], *whole[NSTATE] = {params, m, v};
+    if (sv->count) { /* copied out, so no collective sees a segment */
+        if ((rc = acquire_state(s, i, part)) != LOOM_OK)
+            return rc;
+        for (int k = 0; k < NSTATE; k++)
+            if (whole[k])
+                memcpy(whole[k] + sv->begin, part[k], sv->count * sizeof(float));
+        if ((rc = release_state(s, i, 0)) != LOOM_OK)
+            return rc;
     }
+    for (int k = 0; k < NSTATE && rc == LOOM_OK; k++)
+        if (whole[k])
+            rc = post(s, PULL, whole[k], s->units[i].numel, LOOM_F32);
     int waited = wait_all(s);
     return rc != LOOM_OK ? rc : waited;
 }
@@ -413,17 +496,19 @@ static int paramserver_data_set_state(loom_strategy *s, loom_unit *unit, const f
     if (i < 0)
         return i;
     served_part *sv = &s->served[i];
-    size_t bytes = sv->count * sizeof(float);
-    if (params) {
+    if (params)
         loom_from_f32(s->units[i].params, s->dtype, params, s->units[i].numel);
-        if (sv->count && s->dtype != LOOM_F32)
-            memcpy(sv->master, params + sv->begin, bytes);
-    }
-    if (m && sv->count)
-        memcpy(sv->m, m + sv->begin, bytes);
-    if (v && sv->count)
-        memcpy(sv->v, v + sv->begin, bytes);
-    return LOOM_OK;
+    if (sv->count == 0)
+        return LOOM_OK;
+    float *part[NSTATE];
+    const float *whole[NSTATE] = {params, m, v};
+    int rc = acquire_state(s, i, part);
+    if (rc != LOOM_OK)
+        return rc;
+    for (int k = 0; k < NSTATE; k++)
+        if (whole[k] && s->state[k]) /* fp32: the masters are the parameters, set above */
+            memcpy(part[k], whole[k] + sv->begin, sv->count * sizeof(float));
+    return release_state(s, i, 1);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

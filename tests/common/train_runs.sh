@@ -42,6 +42,17 @@ same_tail() {
     echo "$2: steps identical to the last $3 of $1"
 }
 
+# bitwise A B: the same losses, byte for byte, and the same weights saved
+# in A.bin and B.bin (--save)
+bitwise() {
+    losses "$1" > a.txt
+    losses "$2" > b.txt
+    [ "$(wc -l < a.txt)" -gt 0 ] || { echo "$TEST: $1 has no steps"; exit 1; }
+    cmp -s a.txt b.txt || { paste a.txt b.txt; echo "$TEST: $2's losses differ from $1's"; exit 1; }
+    cmp -s "$1.bin" "$2.bin" || { echo "$TEST: $2's final weights differ from $1's"; exit 1; }
+    echo "$1 = $2: $(wc -l < a.txt) losses and the final weights identical"
+}
+
 # falls NAME: the loss fell by more than 0.3 over the run
 falls() {
     losses "$1" | awk -v n="$1" 'NR == 1 { first = $1 } { last = $1 }
@@ -50,3 +61,7 @@ falls() {
 
 # peak NAME PURPOSE: the host tier's peak bytes of PURPOSE on the last step (rank 0)
 peak() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"host\": {[^}]*\"$2\": \([0-9]*\).*/\1/p"; }
+
+# tier_bytes NAME WHICH PURPOSE: bytes of PURPOSE the last step read or
+# wrote (WHICH: read or written) in the offload tier (rank 0)
+tier_bytes() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"tier_bytes\": {.*\"$2\": {[^}]*\"$3\": \([0-9]*\).*/\1/p"; }

@@ -3,10 +3,11 @@
 # install_test.sh built it against the installed loom, trained by that loom
 # over mpi: the numerics harness (`loom plugins --check FILE --train`: at
 # 1, 2 and 4 ranks against the single-rank run), the optimizer state only
-# where parameters are served, bf16, a pipeline, a checkpoint, and a bad
-# setting.
+# where parameters are served, that state offloaded, bf16, a pipeline, a
+# checkpoint, and a bad setting.
 #   usage: paramserver_test.sh INSTALLED SOURCE_DIR CASE [ARGS...]
-#     harness SERVERS [--set ...] | memory SERVERS RANKS | bf16 | pipeline | checkpoint | bad
+#     harness SERVERS [--set ...] | memory SERVERS RANKS | offload SERVERS RANKS |
+#     bf16 | pipeline | checkpoint | bad
 set -eu
 INSTALLED=$1
 SRC=$2
@@ -60,6 +61,31 @@ memory)
             if (servers == "one" && (holders != 1 || rank0 != whole)) { print "paramserver_test: not all on rank 0"; exit 1 }
             if (servers == "sharded" && (most != least || rank0 * ranks != whole)) { print "paramserver_test: not 1/N each"; exit 1 }
         }' ;;
+offload)
+    # The optimizer state through the tiered service: moved out of place it
+    # gives the same losses and final weights, byte for byte, as kept in
+    # place. To the nvme tier when the prefix has it (and then bytes must
+    # move), else to host memory (where it stays: the path alone is tested).
+    servers=$1; ranks=$2
+    if [ -f "$INSTALLED/prefix/lib/loom/libloom-memtier-nvme.so" ]; then
+        mkdir "$TMP/tier"
+        offload="--set memory.offload.optimizer=nvme --set memory.offload.path=$TMP/tier"
+    else
+        offload="--set memory.offload.optimizer=host"
+    fi
+    # bf16 has fp32 masters, fp32 steps its parameters in place
+    for precision in fp32 bf16; do
+        ps "ref$precision" "$ranks" "$servers" --set train.precision=$precision --save "ref$precision.bin"
+        ps "off$precision" "$ranks" "$servers" --set train.precision=$precision $offload --save "off$precision.bin"
+        bitwise "ref$precision" "off$precision"
+        case "$offload" in *nvme*)
+            r=$(tier_bytes "off$precision" read optimizer)
+            w=$(tier_bytes "off$precision" written optimizer)
+            [ "${r:-0}" -gt 0 ] && [ "${w:-0}" -gt 0 ] ||
+                { echo "$TEST: off$precision moved read ${r:-?} written ${w:-?} bytes of optimizer state in the nvme tier, want > 0"; exit 1; }
+            echo "off$precision: the last step read $r and wrote $w bytes of optimizer state in the nvme tier" ;;
+        esac
+    done ;;
 bf16)
     # bf16 parameters and gradients, fp32 masters on the servers: within
     # the 2% the model issue set for 16-bit runs

@@ -34,18 +34,6 @@ no_files() {
     [ -z "$(ls -A "$TIER")" ] || { ls -la "$TIER"; fail "files left in the tier directory $1"; }
 }
 
-# bitwise A B: the same losses, byte for byte, and the same saved weights
-bitwise() {
-    losses "$1" > a.txt
-    losses "$2" > b.txt
-    [ "$(wc -l < a.txt)" -gt 0 ] || fail "$1 has no steps"
-    cmp -s a.txt b.txt || { paste a.txt b.txt; fail "$2's losses differ from $1's"; }
-    cmp -s "$1.bin" "$2.bin" || fail "$2's final weights differ from $1's"
-    echo "$1 = $2: $(wc -l < a.txt) losses and the final weights identical"
-}
-
-# tier_bytes NAME WHICH PURPOSE: bytes of PURPOSE the last step read or wrote
-tier_bytes() { tail -n 1 "$1.jsonl" | sed -n "s/.*\"tier_bytes\": {.*\"$2\": {[^}]*\"$3\": \([0-9]*\).*/\1/p"; }
 # bytes NAME KIND TIER PURPOSE: peak_bytes or held_bytes of a tier's purpose, last step
 bytes() {
     tail -n 1 "$1.jsonl" | sed 's/.*"'"$2"'": {//; s/}}.*//' |
