@@ -5,7 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The CRC32C of n bytes, the SSE4.2 instruction where the CPU has it.
+/* The CRC32C of n bytes, the SSE4.2 instruction (three chains at once) where
+ * the CPU has it.
  * crc32c("123456789") = 0xE3069283. */
 uint32_t nvme_crc32c(const void *data, size_t n);
 /* The same by table, whatever the CPU (the tests compare the two). */

@@ -263,6 +263,26 @@ static void case_crc32c(void)
         }
     uint32_t whole = nvme_crc32c_portable(src, sizeof src);
     CHECK(nvme_copy_crc32c(dst, src, sizeof src) == whole, "copy of 3000 bytes");
+
+    /* lengths that take the three-chain path (rounds of 3 x 4096 bytes), its
+     * joins and its remainders, at random alignments */
+    enum { BIG = 200 * 1024 };
+    unsigned char *big = malloc(BIG + 64), *copy = malloc(BIG + 64);
+    REQUIRE(big && copy, "out of memory");
+    fill_random(big, BIG + 64);
+    for (int k = 0; k < 200; k++) {
+        size_t start = next_random() % 64, n = next_random() % (BIG + 1);
+        if (k < 8) /* exactly whole rounds, and one byte either side */
+            n = (size_t)(k / 3 + 1) * 3 * 4096 + (size_t)(k % 3) - 1;
+        uint32_t want = nvme_crc32c_portable(big + start, n);
+        CHECK(nvme_crc32c(big + start, n) == want, "start %zu len %zu", start, n);
+        size_t to = next_random() % 64;
+        CHECK(nvme_copy_crc32c(copy + to, big + start, n) == want &&
+                  !memcmp(copy + to, big + start, n),
+              "copy: start %zu to %zu len %zu", start, to, n);
+    }
+    free(big);
+    free(copy);
 }
 
 /* Random writes and reads against a model, several in flight at once, over
