@@ -2,8 +2,16 @@
  *
  * Each rank keeps one unnamed file (O_TMPFILE: nothing outlives the
  * process, not even after kill -9) and moves it in chunks of block_bytes
- * through io_uring, with O_DIRECT and registered bounce buffers, keeping a
- * CRC32C per chunk that every read checks.
+ * through io_uring, with O_DIRECT and registered buffers, keeping a CRC32C
+ * per chunk that every read checks.
+ *
+ * A whole chunk at a 4096-aligned address of the caller moves straight
+ * between the disk and the caller's memory (zero copy), which is registered
+ * with the ring for as long as its request runs; anything else goes through
+ * a bounce buffer of the tier's. A zero-copy chunk's CRC is computed after
+ * its I/O is submitted, with the lock free: a write's while the disk takes
+ * the bytes (they are the caller's and stay put until the request is done),
+ * a read's once the next I/Os are on their way, so the queue stays full.
  *
  * Callers only queue requests. One I/O thread owns the ring, the bounce
  * buffers and the copies: it works the queue in order, a chunk at a time,
@@ -56,8 +64,18 @@ typedef struct io_slot {
     size_t chunk, within, len; /* the file chunk, and the request's part of it */
     unsigned char *user;       /* the request's bytes of that part */
     int phase;
-    uint32_t crc; /* of buf, while writing it */
+    int zero_copy; /* the I/O moves user, a whole chunk, not buf */
+    uint32_t crc;  /* of what is being written */
 } io_slot;
+
+/* A zero-copy chunk's CRC, computed by the I/O thread outside the lock. */
+typedef struct deferred_crc {
+    io_slot *write;         /* a write in flight: its crc goes here */
+    loom_tier_request *req; /* or a read done: the caller's bytes to check */
+    size_t chunk;
+    const unsigned char *bytes;
+    uint32_t expected, found;
+} deferred_crc;
 
 typedef struct extent {
     size_t first, count; /* in chunks */
@@ -81,6 +99,7 @@ struct loom_tier_request {
     size_t offset, bytes, cursor; /* the range in the block; the next byte to start */
     unsigned char *user;
     size_t pending; /* chunks not finished */
+    int registered; /* the ring's buffer index of [user, +bytes), or -1 */
     uint64_t start_ns;
     int done, status, abandoned;
     char error[512];
@@ -102,6 +121,12 @@ struct loom_memtier {
     void *bounce_mem, *cache_mem; /* from host->mem_alloc, aligned inside */
     io_slot *slots;
     unsigned *free_slots, nfree;
+    /* the ring's buffer table: queue_depth bounce buffers, then caller ranges */
+    int register_callers; /* 0 once registering a caller's range failed */
+    unsigned caller_slots;
+    unsigned char *caller_slot_used;
+    deferred_crc *deferred; /* 2 * queue_depth: the reads reaped, the writes started */
+    unsigned ndeferred;
     cache_entry *cache; /* queue_depth chunks read ahead */
     unsigned char *cache_buf;
     unsigned cache_next;
@@ -294,19 +319,56 @@ static void start_io(loom_memtier *t, io_slot *s, int writing)
     struct io_uring_sqe *sqe = next_sqe(t);
     unsigned idx = (unsigned)(s - t->slots), len = (unsigned)t->block_bytes;
     off_t off = (off_t)file_offset(t, s->chunk);
-    if (writing && t->fixed)
-        io_uring_prep_write_fixed(sqe, t->fd, s->buf, len, off, (int)idx);
+    unsigned char *buf = s->zero_copy ? s->user : s->buf;
+    int index = s->zero_copy ? s->req->registered : t->fixed ? (int)idx : -1;
+    if (writing && index >= 0)
+        io_uring_prep_write_fixed(sqe, t->fd, buf, len, off, index);
     else if (writing)
-        io_uring_prep_write(sqe, t->fd, s->buf, len, off);
-    else if (t->fixed)
-        io_uring_prep_read_fixed(sqe, t->fd, s->buf, len, off, (int)idx);
+        io_uring_prep_write(sqe, t->fd, buf, len, off);
+    else if (index >= 0)
+        io_uring_prep_read_fixed(sqe, t->fd, buf, len, off, index);
     else
-        io_uring_prep_read(sqe, t->fd, s->buf, len, off);
+        io_uring_prep_read(sqe, t->fd, buf, len, off);
     io_uring_sqe_set_data64(sqe, idx);
+}
+
+/* Registers a request's range of the caller's memory with the ring, for its
+ * zero-copy chunks; where that fails they move unregistered, said once. */
+static void register_caller(loom_memtier *t, loom_tier_request *r)
+{
+    if (r->registered >= 0 || !t->register_callers)
+        return;
+    unsigned i = 0;
+    while (i < t->caller_slots && t->caller_slot_used[i])
+        i++;
+    if (i == t->caller_slots)
+        return; /* cannot happen: at most queue_depth + 1 requests are under way */
+    struct iovec iov = {r->user, r->bytes};
+    int rc = io_uring_register_buffers_update_tag(&t->ring, t->queue_depth + i, &iov, NULL, 1);
+    if (rc < 0) {
+        t->register_callers = 0;
+        t->host->log(t->host, LOOM_LOG_WARN, "memory.offload.path = '%s': cannot register the "
+                     "caller's memory with io_uring (%s%s); moving it unregistered", t->path,
+                     strerror(-rc), rc == -ENOMEM ? ": raise ulimit -l" : "");
+        return;
+    }
+    t->caller_slot_used[i] = 1;
+    r->registered = (int)(t->queue_depth + i);
+}
+
+static void unregister_caller(loom_memtier *t, loom_tier_request *r)
+{
+    if (r->registered < 0)
+        return;
+    struct iovec none = {NULL, 0};
+    io_uring_register_buffers_update_tag(&t->ring, (unsigned)r->registered, &none, NULL, 1);
+    t->caller_slot_used[(unsigned)r->registered - t->queue_depth] = 0;
+    r->registered = -1;
 }
 
 static void request_finished(loom_memtier *t, loom_tier_request *r)
 {
+    unregister_caller(t, r);
     if (t->host->trace && t->host->now_ns)
         t->host->trace(t->host, LOOM_LANE_MEMORY, r->kind == OP_WRITE ? "nvme write"
                                                   : r->kind == OP_READ ? "nvme read"
@@ -325,13 +387,27 @@ static void chunk_finished(loom_memtier *t, loom_tier_request *r)
         request_finished(t, r);
 }
 
-static void slot_release(loom_memtier *t, io_slot *s)
+static loom_tier_request *slot_free(loom_memtier *t, io_slot *s)
 {
     t->chunks[s->chunk].busy = 0;
     t->free_slots[t->nfree++] = (unsigned)(s - t->slots);
     loom_tier_request *r = s->req;
     s->req = NULL;
-    chunk_finished(t, r);
+    return r;
+}
+
+static void slot_release(loom_memtier *t, io_slot *s)
+{
+    chunk_finished(t, slot_free(t, s));
+}
+
+static void check_crc(loom_memtier *t, loom_tier_request *r, size_t chunk, uint32_t expected,
+                      uint32_t found)
+{
+    if (found != expected)
+        req_fail(r, LOOM_ERR_INTERNAL, "checksum mismatch in chunk %zu at file offset %llu: "
+                 "expected CRC32C 0x%08x, found 0x%08x; the file was changed under the job",
+                 chunk, file_offset(t, chunk), expected, found);
 }
 
 /* Does this part of a request need a bounce buffer (an I/O)? */
@@ -373,7 +449,14 @@ static void run_part(loom_memtier *t, loom_tier_request *r, size_t chunk, size_t
     *s = (io_slot){.buf = s->buf, .req = r, .chunk = chunk, .within = within, .len = len,
                    .user = user};
     ci->busy = 1;
-    if (r->kind == OP_READ || r->kind == OP_PREFETCH) {
+    if (r->kind != OP_PREFETCH && len == bb && (uintptr_t)user % DIRECT_ALIGN == 0) {
+        s->zero_copy = 1;
+        s->phase = r->kind == OP_WRITE ? PHASE_WRITE : PHASE_READ;
+        register_caller(t, r);
+        start_io(t, s, r->kind == OP_WRITE);
+        if (r->kind == OP_WRITE)
+            t->deferred[t->ndeferred++] = (deferred_crc){.write = s, .bytes = user};
+    } else if (r->kind == OP_READ || r->kind == OP_PREFETCH) {
         s->phase = r->kind == OP_READ ? PHASE_READ : PHASE_PREFETCH;
         start_io(t, s, 0);
     } else if (len == bb) {
@@ -437,11 +520,15 @@ static void io_done(loom_memtier *t, io_slot *s, int res)
         slot_release(t, s);
         return;
     }
+    if (s->zero_copy) { /* checked once the next I/Os are submitted */
+        t->deferred[t->ndeferred++] = (deferred_crc){.req = r, .chunk = s->chunk,
+                                                     .bytes = s->user, .expected = ci->crc};
+        slot_free(t, s);
+        return;
+    }
     uint32_t found = nvme_crc32c(s->buf, bb);
     if (found != ci->crc) {
-        req_fail(r, LOOM_ERR_INTERNAL, "checksum mismatch in chunk %zu at file offset %llu: "
-                 "expected CRC32C 0x%08x, found 0x%08x; the file was changed under the job",
-                 s->chunk, file_offset(t, s->chunk), ci->crc, found);
+        check_crc(t, r, s->chunk, ci->crc, found);
     } else if (s->phase == PHASE_READ) {
         memcpy(s->user, s->buf + s->within, s->len);
     } else if (s->phase == PHASE_PREFETCH) {
@@ -474,6 +561,32 @@ static void reap(loom_memtier *t)
     }
 }
 
+/* Without the lock: only the I/O thread touches the deferred list, the
+ * slots of writes in flight, and requests not finished. */
+static void compute_deferred(loom_memtier *t)
+{
+    for (unsigned i = 0; i < t->ndeferred; i++) {
+        deferred_crc *d = &t->deferred[i];
+        uint32_t crc = nvme_crc32c(d->bytes, t->block_bytes);
+        if (d->write)
+            d->write->crc = crc;
+        else
+            d->found = crc;
+    }
+}
+
+static void finish_deferred(loom_memtier *t)
+{
+    for (unsigned i = 0; i < t->ndeferred; i++) {
+        deferred_crc *d = &t->deferred[i];
+        if (d->req) {
+            check_crc(t, d->req, d->chunk, d->expected, d->found);
+            chunk_finished(t, d->req);
+        }
+    }
+    t->ndeferred = 0;
+}
+
 static void *io_thread(void *arg)
 {
     loom_memtier *t = arg;
@@ -481,17 +594,20 @@ static void *io_thread(void *arg)
     pthread_mutex_lock(&t->lock);
     for (;;) {
         dispatch(t);
-        if (t->stopping && !t->queue_head && t->nfree == t->queue_depth)
+        if (t->stopping && !t->queue_head && t->nfree == t->queue_depth && !t->ndeferred)
             break;
+        int deferred = t->ndeferred > 0; /* then the ring is not waited on: reap after */
         pthread_mutex_unlock(&t->lock);
-        int rc = io_uring_submit_and_wait(&t->ring, 1);
+        int rc = deferred ? io_uring_submit(&t->ring) : io_uring_submit_and_wait(&t->ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
             if (!complained++)
                 t->host->log(t->host, LOOM_LOG_ERROR, "memory.offload.path = '%s': io_uring: %s",
                              t->path, strerror(-rc));
             nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL); /* waits time out */
         }
+        compute_deferred(t);
         pthread_mutex_lock(&t->lock);
+        finish_deferred(t);
         reap(t);
     }
     pthread_mutex_unlock(&t->lock);
@@ -513,10 +629,13 @@ static int start_ring(loom_memtier *t)
                           &t->bounce_mem);
     if (rc != LOOM_OK)
         return rc;
+    t->caller_slots = t->queue_depth + 1;
     t->slots = calloc(t->queue_depth, sizeof *t->slots);
     t->free_slots = calloc(t->queue_depth, sizeof *t->free_slots);
+    t->caller_slot_used = calloc(t->caller_slots, 1);
+    t->deferred = calloc(2 * (size_t)t->queue_depth, sizeof *t->deferred);
     struct iovec *iov = calloc(t->queue_depth, sizeof *iov);
-    if (!t->slots || !t->free_slots || !iov) {
+    if (!t->slots || !t->free_slots || !t->caller_slot_used || !t->deferred || !iov) {
         free(iov);
         return fail(t, LOOM_ERR_NO_MEMORY, "out of memory for %u I/O slots", t->queue_depth);
     }
@@ -533,7 +652,15 @@ static int start_ring(loom_memtier *t)
                     strerror(-rc));
     }
     t->ring_ready = 1;
-    rc = io_uring_register_buffers(&t->ring, iov, t->queue_depth);
+    /* a sparse table: the bounce buffers, then room for callers' ranges */
+    rc = io_uring_register_buffers_sparse(&t->ring, t->queue_depth + t->caller_slots);
+    if (rc == 0) {
+        rc = io_uring_register_buffers_update_tag(&t->ring, 0, iov, NULL, t->queue_depth);
+        rc = rc == (int)t->queue_depth ? 0 : rc < 0 ? rc : -ENOMEM;
+        t->register_callers = rc == 0;
+    } else { /* a kernel before 5.19: the bounce buffers only */
+        rc = io_uring_register_buffers(&t->ring, iov, t->queue_depth);
+    }
     free(iov);
     t->fixed = rc == 0;
     if (!t->fixed)
@@ -571,6 +698,8 @@ static void release(loom_memtier *t)
         t->host->mem_free(t->host, t->cache_mem);
     free(t->slots);
     free(t->free_slots);
+    free(t->caller_slot_used);
+    free(t->deferred);
     free(t->cache);
     free(t->chunks);
     free(t->holes);
@@ -837,7 +966,7 @@ static int submit(loom_memtier *t, op_kind kind, loom_tier_block *b, size_t offs
         return fail(t, LOOM_ERR_NO_MEMORY, "out of memory for a request");
     size_t bb = t->block_bytes;
     *r = (loom_tier_request){.tier = t, .block = b, .kind = kind, .offset = offset,
-                             .bytes = bytes, .cursor = offset, .user = user,
+                             .bytes = bytes, .cursor = offset, .user = user, .registered = -1,
                              .pending = (offset + bytes - 1) / bb - offset / bb + 1,
                              .start_ns = t->host->now_ns ? t->host->now_ns() : 0};
     pthread_mutex_lock(&t->lock);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -235,6 +236,20 @@ static int move(loom_memtier *t, loom_tier_block *b, size_t off, void *buf, size
     return finish(rc, req);
 }
 
+/* Where the caller's memory is 4096-aligned, whole chunks move straight
+ * between it and the disk (zero copy); elsewhere through bounce buffers. */
+static unsigned char *buffer(size_t n, int aligned)
+{
+    unsigned char *p = aligned_alloc(4096, (n + 16 + 4095) & ~(size_t)4095);
+    REQUIRE(p, "out of memory");
+    return aligned ? p : p + 16;
+}
+
+static void free_buffer(unsigned char *p)
+{
+    free(p - (uintptr_t)p % 4096);
+}
+
 static int is_zero(const unsigned char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -287,12 +302,13 @@ static void case_crc32c(void)
 
 /* Random writes and reads against a model, several in flight at once, over
  * ranges of every kind: whole chunks, partial ones, across borders. */
-static void exercise(loom_memtier *t, size_t size, size_t block_bytes)
+static void exercise(loom_memtier *t, size_t size, size_t block_bytes, int aligned)
 {
     loom_tier_block *b = NULL;
     REQUIRE(vt->alloc(t, size, 64, &b) == LOOM_OK && b, "alloc %zu: %s", size, H.error);
-    unsigned char *model = calloc(1, size), *data = malloc(size), *got = malloc(size);
-    REQUIRE(model && data && got, "out of memory");
+    unsigned char *model = calloc(1, size), *data = buffer(size, aligned);
+    unsigned char *got = buffer(size, aligned), *over = buffer(size, aligned);
+    REQUIRE(model, "out of memory");
 
     memset(got, 0xAA, size);
     CHECK(move(t, b, 0, got, size, 0) == LOOM_OK, "read fresh: %s", H.error);
@@ -302,6 +318,10 @@ static void exercise(loom_memtier *t, size_t size, size_t block_bytes)
     enum { PIECES = 12 };
     loom_tier_request *reqs[2 * PIECES] = {0};
     int nreq = 0;
+    fill_random(over, size); /* first the whole block in one request */
+    CHECK(move(t, b, 0, over, size, 1) == LOOM_OK, "write whole: %s", H.error);
+    CHECK(move(t, b, 0, got, size, 0) == LOOM_OK && !memcmp(got, over, size),
+          "size %zu: the whole block read back differs: %s", size, H.error);
     fill_random(data, size);
     for (size_t at = 0; at < size;) {
         size_t n = 1 + next_random() % (size / 3 + 1);
@@ -311,8 +331,6 @@ static void exercise(loom_memtier *t, size_t size, size_t block_bytes)
         memcpy(model + at, data + at, n);
         at += n;
     }
-    unsigned char *over = malloc(size);
-    REQUIRE(over, "out of memory");
     fill_random(over, size);
     for (int k = 0; k < PIECES; k++) {
         size_t at = next_random() % size, n = 1 + next_random() % (size - at);
@@ -343,6 +361,9 @@ static void exercise(loom_memtier *t, size_t size, size_t block_bytes)
         bad++;
     CHECK(bad == size, "size %zu: byte %zu reads %u, the model says %u", size, bad, got[bad],
           model[bad]);
+    memset(got, 0x66, size);
+    CHECK(move(t, b, 0, got, size, 0) == LOOM_OK && !memcmp(got, model, size),
+          "size %zu: the whole block read in one request differs: %s", size, H.error);
 
     /* read-ahead: the next read is served from it, and a write in between wins */
     if (vt->prefetch) {
@@ -362,9 +383,9 @@ static void exercise(loom_memtier *t, size_t size, size_t block_bytes)
     CHECK(is_zero(got, size), "size %zu: a freed and allocated again block is not zeros", size);
     CHECK(vt->free(t, b) == LOOM_OK, "free: %s", H.error);
     free(model);
-    free(data);
-    free(got);
-    free(over);
+    free_buffer(data);
+    free_buffer(got);
+    free_buffer(over);
 }
 
 static void roundtrip(const char *dir, int64_t depth, int64_t block_bytes, int big)
@@ -377,7 +398,8 @@ static void roundtrip(const char *dir, int64_t depth, int64_t block_bytes, int b
     size_t bb = (size_t)block_bytes;
     size_t sizes[] = {1, 4096 + 33, 3 * bb + 777, big ? 10 * MIB : 2 * bb};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-        exercise(t, sizes[i], bb);
+        for (int aligned = 0; aligned < 2; aligned++)
+            exercise(t, sizes[i], bb, aligned);
 
     /* a block the others stay out of */
     loom_tier_block *a = NULL, *b = NULL;
@@ -432,13 +454,12 @@ static int find_tier_fd(const char *proc_fd_dir, const char *dir)
     return found;
 }
 
-static void case_corrupt(const char *base)
+static void corrupt(const char *base, int aligned)
 {
     char *dir = make_dir(base, "corrupt");
     loom_memtier *t = open_tier(dir);
     size_t size = 3 * MIB;
-    unsigned char *data = malloc(size), *got = malloc(size);
-    REQUIRE(data && got, "out of memory");
+    unsigned char *data = buffer(size, aligned), *got = buffer(size, aligned);
     fill_random(data, size);
     loom_tier_block *b = NULL;
     REQUIRE(vt->alloc(t, size, 64, &b) == LOOM_OK, "alloc: %s", H.error);
@@ -478,6 +499,8 @@ static void case_corrupt(const char *base)
               has(H.error, found) && has(H.error, "the file was changed under the job") &&
               has(H.error, dir),
           "the mismatch line: '%s' (want %s, %s)", H.error, expected, found);
+    /* zero copy: the disk's bytes landed in the caller's memory, and were checked there */
+    CHECK(!aligned || got[at] == flipped, "an aligned read of a whole chunk was not zero copy");
     /* the other chunks still read; a partial write into the bad one is refused */
     CHECK(move(t, b, 0, got, MIB, 0) == LOOM_OK && !memcmp(got, data, MIB), "chunk 0: %s",
           H.error);
@@ -490,9 +513,15 @@ static void case_corrupt(const char *base)
           H.error);
     CHECK(vt->free(t, b) == LOOM_OK, "free");
     CHECK(vt->destroy(t) == LOOM_OK, "destroy");
-    free(data);
-    free(got);
+    free_buffer(data);
+    free_buffer(got);
     rmdir(dir);
+}
+
+static void case_corrupt(const char *base)
+{
+    corrupt(base, 0);
+    corrupt(base, 1);
 }
 
 static int case_nospace(const char *base)
@@ -564,6 +593,53 @@ static int case_permission(const char *base)
         if (setgid(65534) || setuid(65534))
             _exit(SKIP);
         refuse_create(dir, "permission denied");
+        _exit(failures ? 1 : 0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    rmdir(dir);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+/* Where the caller's memory cannot be registered with the ring (a locked-
+ * memory limit that the bounce buffers fit and the caller's range does not),
+ * zero-copy chunks move unregistered, said once, and nothing else changes.
+ * As another user: root's CAP_IPC_LOCK passes any limit. */
+static int case_memlock(const char *base)
+{
+    if (geteuid() != 0) {
+        printf("skip: needs root to become another user\n");
+        return SKIP;
+    }
+    (void)base; /* the other user must reach it: /tmp, not the build tree */
+    char *dir = make_dir("/tmp", "loom-nvme-memlock");
+    chmod(dir, 0777);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit lock = {1 * MIB, 1 * MIB};
+        if (setrlimit(RLIMIT_MEMLOCK, &lock) || setgid(65534) || setuid(65534))
+            _exit(SKIP);
+        H.queue_depth = 2;
+        H.block_bytes = 64 * 1024;
+        H.log[0] = 0;
+        H.warnings = 0;
+        loom_memtier *t = open_tier(dir);
+        size_t size = 4 * MIB + 100; /* whole chunks, and a short one at the end */
+        unsigned char *data = buffer(size, 1), *got = buffer(size, 1);
+        fill_random(data, size);
+        loom_tier_block *b = NULL;
+        REQUIRE(vt->alloc(t, size, 64, &b) == LOOM_OK, "alloc: %s", H.error);
+        for (int pass = 0; pass < 2; pass++) {
+            memset(got, 0, size);
+            CHECK(move(t, b, 0, data, size, 1) == LOOM_OK, "write: %s", H.error);
+            CHECK(move(t, b, 0, got, size, 0) == LOOM_OK && !memcmp(got, data, size),
+                  "read back unregistered: %s", H.error);
+        }
+        CHECK(H.warnings == 1 && has(H.log, "cannot register the caller's memory with io_uring "
+                                            "(Cannot allocate memory: raise ulimit -l); moving it "
+                                            "unregistered") && has(H.log, dir),
+              "want one warning: %s", H.log);
+        CHECK(vt->free(t, b) == LOOM_OK && vt->destroy(t) == LOOM_OK, "free, destroy");
         _exit(failures ? 1 : 0);
     }
     int status = 0;
@@ -652,6 +728,8 @@ int main(int argc, char **argv)
         rc = case_permission(base);
     else if (!strcmp(which, "ramfs"))
         rc = case_ramfs(base);
+    else if (!strcmp(which, "memlock"))
+        rc = case_memlock(base);
     else if (!strcmp(which, "nofile"))
         rc = case_nofile(base);
     else {
