@@ -122,7 +122,8 @@ struct loom_memtier {
     io_slot *slots;
     unsigned *free_slots, nfree;
     /* the ring's buffer table: queue_depth bounce buffers, then caller ranges */
-    int register_callers; /* 0 once registering a caller's range failed */
+    int register_callers; /* 0 once the locked-memory limit refused a caller's range */
+    int told_unregistered;
     unsigned caller_slots;
     unsigned char *caller_slot_used;
     deferred_crc *deferred; /* 2 * queue_depth: the reads reaped, the writes started */
@@ -333,23 +334,26 @@ static void start_io(loom_memtier *t, io_slot *s, int writing)
 }
 
 /* Registers a request's range of the caller's memory with the ring, for its
- * zero-copy chunks; where that fails they move unregistered, said once. */
+ * zero-copy chunks; where that fails they move unregistered, said once.
+ * Past 1 GiB (the kernel's limit for one buffer) they move unregistered. */
 static void register_caller(loom_memtier *t, loom_tier_request *r)
 {
-    if (r->registered >= 0 || !t->register_callers)
+    if (r->registered >= 0 || !t->register_callers || r->bytes > ((size_t)1 << 30))
         return;
     unsigned i = 0;
     while (i < t->caller_slots && t->caller_slot_used[i])
         i++;
     if (i == t->caller_slots)
-        return; /* cannot happen: at most queue_depth + 1 requests are under way */
+        return; /* many one-chunk requests at once: this one moves unregistered */
     struct iovec iov = {r->user, r->bytes};
     int rc = io_uring_register_buffers_update_tag(&t->ring, t->queue_depth + i, &iov, NULL, 1);
     if (rc < 0) {
-        t->register_callers = 0;
-        t->host->log(t->host, LOOM_LOG_WARN, "memory.offload.path = '%s': cannot register the "
-                     "caller's memory with io_uring (%s%s); moving it unregistered", t->path,
-                     strerror(-rc), rc == -ENOMEM ? ": raise ulimit -l" : "");
+        if (!t->told_unregistered++)
+            t->host->log(t->host, LOOM_LOG_WARN, "memory.offload.path = '%s': cannot register "
+                         "the caller's memory with io_uring (%s%s); moving it unregistered",
+                         t->path, strerror(-rc), rc == -ENOMEM ? ": raise ulimit -l" : "");
+        if (rc == -ENOMEM) /* the locked-memory limit: every later range would fail too */
+            t->register_callers = 0;
         return;
     }
     t->caller_slot_used[i] = 1;
@@ -629,7 +633,8 @@ static int start_ring(loom_memtier *t)
                           &t->bounce_mem);
     if (rc != LOOM_OK)
         return rc;
-    t->caller_slots = t->queue_depth + 1;
+    /* requests with a chunk in flight or being checked, and the one dispatching */
+    t->caller_slots = 2 * t->queue_depth + 1;
     t->slots = calloc(t->queue_depth, sizeof *t->slots);
     t->free_slots = calloc(t->queue_depth, sizeof *t->free_slots);
     t->caller_slot_used = calloc(t->caller_slots, 1);
