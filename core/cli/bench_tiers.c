@@ -73,7 +73,9 @@ static void bench_host(size_t bytes, int repeats, tier_point *out)
 
 /* ---------------------------------------------------------- nvme */
 
-/* The plain O_DIRECT limit: depth threads, each moving every depth-th block. */
+/* The plain O_DIRECT limit: depth threads, each moving every depth-th block
+ * between the file and the same place in one buffer of all the bytes, laid
+ * out as the tier's callers' memory is (loom_mem_alloc: huge pages). */
 typedef struct raw_job {
     int fd, writing, stride, first;
     char *buf;
@@ -85,8 +87,8 @@ static void *raw_worker(void *arg)
 {
     raw_job *j = arg;
     for (size_t off = (size_t)j->first * j->block; off < j->bytes; off += (size_t)j->stride * j->block) {
-        ssize_t n = j->writing ? pwrite(j->fd, j->buf, j->block, (off_t)off)
-                               : pread(j->fd, j->buf, j->block, (off_t)off);
+        ssize_t n = j->writing ? pwrite(j->fd, j->buf + off, j->block, (off_t)off)
+                               : pread(j->fd, j->buf + off, j->block, (off_t)off);
         if (n != (ssize_t)j->block) {
             j->failed = 1;
             break;
@@ -95,14 +97,14 @@ static void *raw_worker(void *arg)
     return NULL;
 }
 
-static int raw_pass(int fd, int writing, size_t block, int depth, size_t bytes, char *bufs,
+static int raw_pass(int fd, int writing, size_t block, int depth, size_t bytes, char *buf,
                     double *out)
 {
     raw_job jobs[256];
     pthread_t th[256];
     uint64_t t0 = loom_now_ns();
     for (int k = 0; k < depth; k++) {
-        jobs[k] = (raw_job){fd, writing, depth, k, bufs + (size_t)k * block, block, bytes, 0};
+        jobs[k] = (raw_job){fd, writing, depth, k, buf, block, bytes, 0};
         pthread_create(&th[k], NULL, raw_worker, &jobs[k]);
     }
     int failed = 0;
@@ -127,24 +129,25 @@ static int bench_raw(const char *dir, size_t block, int depth, size_t bytes, int
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "bench: plain O_DIRECT in '%s': %s (the limit needs a file system "
                          "that takes O_DIRECT and unnamed files)", dir, strerror(errno));
-    char *bufs = NULL;
-    if (posix_memalign((void **)&bufs, 4096, block * (size_t)depth) != 0) {
+    bytes = bytes / block * block; /* whole blocks only */
+    char *buf = NULL;
+    if (loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_OTHER, bytes, (void **)&buf) != LOOM_OK) {
         close(fd);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "bench: out of memory");
+        return LOOM_ERR_NO_MEMORY;
     }
-    memset(bufs, 3, block * (size_t)depth);
+    memset(buf, 3, bytes);
     double w[64], r[64];
     int rc = LOOM_OK;
     for (int i = 0; i < repeats && rc == LOOM_OK; i++) {
-        rc = raw_pass(fd, 1, block, depth, bytes, bufs, &w[i]);
+        rc = raw_pass(fd, 1, block, depth, bytes, buf, &w[i]);
         if (rc == LOOM_OK)
-            rc = raw_pass(fd, 0, block, depth, bytes, bufs, &r[i]);
+            rc = raw_pass(fd, 0, block, depth, bytes, buf, &r[i]);
     }
     if (rc == LOOM_OK) {
         out->raw_write_gbs = median(w, repeats);
         out->raw_read_gbs = median(r, repeats);
     }
-    free(bufs);
+    loom_mem_free(buf);
     close(fd);
     return rc;
 }
@@ -287,7 +290,8 @@ int loom_bench_tiers(const loom_cli_config_args *args, const loom_config *cfg, F
     if (repeats > 64)
         repeats = 64;
     printf("#\n# loom bench: memory tiers, %lld bytes written then read back, median of %lld; "
-           "the limit: memcpy (host), plain O_DIRECT pwrite/pread by queue-depth threads "
+           "the limit: memcpy (host), plain O_DIRECT pwrite/pread of the same memory by "
+           "queue-depth threads "
            "(nvme)\n", (long long)bytes, (long long)repeats);
     printf("# %-5s %10s %5s %12s %9s %9s %9s %9s %7s %7s\n", "tier", "block", "depth", "bytes",
            "write", "limit", "read", "limit", "write", "read");

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "loom/plugin.h"
 #include "loom/status.h"
@@ -14,9 +15,13 @@
 
 #define ALIGNMENT 64
 /* Blocks this big start on a page: the nvme tier moves them with O_DIRECT
- * straight from and to where they are. */
+ * straight from and to where they are. From HUGE up they start on a huge
+ * page and ask for huge pages (transparent huge pages in "madvise" mode,
+ * Debian's default): the disk moves memory in 2 MiB pages at its full
+ * speed, 4 KiB pages cost it a third, and GEMMs walk fewer TLB entries. */
 #define PAGE_ALIGNED_FROM (64u << 10)
 #define PAGE 4096u
+#define HUGE (2u << 20)
 #define MAGIC 0x6c6f6f6d6d656d31ull /* "loommem1" */
 
 /* Sits just before the user's block; a full alignment unit so the block
@@ -228,10 +233,12 @@ int loom_mem_alloc(loom_tier tier, loom_purpose purpose, size_t bytes, void **ou
                          loom_tier_name(tier));
     }
     void *raw = NULL;
-    size_t front = bytes >= PAGE_ALIGNED_FROM ? PAGE : sizeof(block_header);
-    if (posix_memalign(&raw, front == PAGE ? PAGE : ALIGNMENT, front + bytes) != 0)
+    size_t front = bytes >= HUGE ? HUGE : bytes >= PAGE_ALIGNED_FROM ? PAGE : sizeof(block_header);
+    if (posix_memalign(&raw, front >= PAGE ? front : ALIGNMENT, front + bytes) != 0)
         return loom_fail(LOOM_ERR_NO_MEMORY, "memory: cannot allocate %zu bytes of %s for %s",
                          bytes, loom_tier_name(tier), loom_purpose_name(purpose));
+    if (front == HUGE) /* only the block: the header's page stays small */
+        madvise((char *)raw + HUGE, bytes / HUGE * HUGE, MADV_HUGEPAGE);
     block_header *h = (block_header *)((char *)raw + front) - 1;
     h->raw = raw;
     h->magic = MAGIC;
