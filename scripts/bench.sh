@@ -35,6 +35,8 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
     echo "[benchmarks-parallel.md](benchmarks-parallel.md), from \`scripts/bench-parallel.sh\`."
     echo "Pipeline schedules (bubble, step time, activations per stage, the schedules drawn):"
     echo "[benchmarks-pipeline.md](benchmarks-pipeline.md), from \`scripts/bench-pipeline.sh\`."
+    echo "Offload (ZeRO-Offload and ZeRO-Infinity on the nvme tier, the tier against the disk):"
+    echo "[benchmarks-offload.md](benchmarks-offload.md), from \`scripts/bench-offload.sh\`."
     for n in 2 4; do
         echo
         echo "## loom bench, $n ranks"
