@@ -179,7 +179,7 @@ static const schema_entry schema[] = {
     S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
     S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),
     S("bench.tiers", V_STRINGS, "", .choices = bench_tiers,
-      .help = "memory tiers to time (host, nvme; the nvme tier's settings are memory.offload's); "
+      .help = "memory tiers to time (the nvme tier's settings are memory.offload's); "
       "given, bench.comms runs only when set too"),
     S("bench.tier_block_bytes", V_INTS, "65536, 1048576, 4194304", .lo = 4096, .flags = GE,
       .help = "the nvme tier's block sizes (memory.offload.block_bytes) to time"),
