@@ -814,6 +814,9 @@ static int check_relations(const loom_config *cfg)
                         (long long)lo);
     }
 
+    /* data.val = "" switches validation off, eval settings and all (a
+     * command line can turn off what the file sets); never set, they would
+     * do nothing */
     if (!loom_config_is_set(cfg, "data.val")) {
         const char *eval[] = {"train.eval_every", "train.eval_batches"};
         for (int i = 0; i < 2; i++)

@@ -17,8 +17,17 @@
 
 int trainer_setup_eval(trainer *t)
 {
-    if (!loom_config_is_set(t->cfg, "data.val"))
-        return LOOM_OK; /* config.c refuses eval settings without it */
+    const char *path = "";
+    loom_config_string(t->cfg, "data.val", &path);
+    if (!path[0]) {
+        /* config.c refuses eval settings without data.val; "" turns them off */
+        if (t->rank == 0 && loom_config_is_set(t->cfg, "data.val") &&
+            (loom_config_is_set(t->cfg, "train.eval_every") ||
+             loom_config_is_set(t->cfg, "train.eval_batches")))
+            loom_log(LOOM_LOG_INFO, "%s: data.val = \"\": no validation (train.eval_every and "
+                     "train.eval_batches unused)", loom_config_where(t->cfg, "data.val"));
+        return LOOM_OK;
+    }
     int rc;
     if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval_every)) != LOOM_OK ||
         (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval_batches)) != LOOM_OK)
@@ -31,8 +40,6 @@ int trainer_setup_eval(trainer *t)
                          "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "
                          "another parallel.dp.strategy",
                          loom_config_where(t->cfg, "data.val"), t->dp_plugin->header->name);
-    const char *path = "";
-    loom_config_string(t->cfg, "data.val", &path);
     if ((rc = loom_shard_open(path, t->shape.vocab, &t->val_shard)) != LOOM_OK ||
         (rc = loom_dataloader_init(&t->val_loader, &t->val_shard, t->batch, t->seq,
                                    t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
