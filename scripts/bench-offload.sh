@@ -37,7 +37,7 @@ INFINITY="$OPTIMIZER --set memory.offload.params=nvme"
 train() {
     tr_name=$1; tr_ranks=$2; shift 2
     # shellcheck disable=SC2086
-    "$LOOM" launch -n "$tr_ranks" -- "$LOOM" train examples/train.cfg \
+    "$LOOM" launch -n "$tr_ranks" -- "$LOOM" train examples/train.cfg --set data.val="" \
         --set plugins.path="[\"$PLUGINS\"]" --set parallel.dp.size="$tr_ranks" \
         --set parallel.dp.strategy=zero3 --set train.batch="$tr_ranks" \
         --set train.steps="$STEPS" --set train.peak_gflops=100 $MODEL "$@" \
@@ -157,7 +157,7 @@ RAW_READ=$1 RAW_WRITE=$2
 fits() {
     fl=$1; shift
     # shellcheck disable=SC2086
-    "$LOOM" train examples/train.cfg --set plugins.path="[\"$PLUGINS\"]" \
+    "$LOOM" train examples/train.cfg --set data.val="" --set plugins.path="[\"$PLUGINS\"]" \
         --set parallel.dp.size=1 --set parallel.dp.strategy=zero3 --set train.batch=1 \
         --set train.steps=1 $MODEL --set model.layers="$fl" \
         --set memory.host_limit=1073741824 "$@" > "$TMP/fits.log" 2>&1

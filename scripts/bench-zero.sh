@@ -27,7 +27,7 @@ LARGE="--set model.layers=8 --set model.channels=512 --set model.heads=8 --set m
 train() {
     tr_name=$1; tr_ranks=$2; shift 2
     # shellcheck disable=SC2086
-    "$LOOM" launch -n "$tr_ranks" -- "$LOOM" train examples/train.cfg \
+    "$LOOM" launch -n "$tr_ranks" -- "$LOOM" train examples/train.cfg --set data.val="" \
         --set plugins.path="[\"$PLUGINS\"]" --set parallel.dp.size="$tr_ranks" \
         --set train.steps=$STEPS --set train.peak_gflops=100 "$@" \
         --metrics "$TMP/$tr_name.jsonl" --trace "$TMP/$tr_name.json" > "$TMP/$tr_name.log" 2>&1 ||

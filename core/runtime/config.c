@@ -125,6 +125,11 @@ static const schema_entry schema[] = {
       .help = "fp16: initial dynamic loss scale"),
     S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE,
       .help = "fp16: good steps before the loss scale doubles"),
+    S("train.eval_every", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "validate every N steps, before the first and after the last (0: after the last "
+      "only; needs data.val)"),
+    S("train.eval_batches", V_INT, "20", .lo = 1, .flags = GE,
+      .help = "global batches of data.val each validation reads (needs data.val)"),
     S("train.checkpoint_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "save a resumable checkpoint every N steps (0 = never)"),
     S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
@@ -210,12 +215,12 @@ typedef struct unimplemented {
 } unimplemented;
 
 static const unimplemented not_yet[] = {
-    {"data.val", "validation is a later release"},
+    {NULL, NULL}, /* none today; the end */
 };
 
 static const unimplemented *not_yet_find(const char *path)
 {
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(not_yet); i++) {
+    for (size_t i = 0; not_yet[i].path; i++) {
         size_t n = strlen(not_yet[i].path);
         if (!strncmp(path, not_yet[i].path, n) && (path[n] == '\0' || path[n] == '.'))
             return &not_yet[i];
@@ -809,6 +814,18 @@ static int check_relations(const loom_config *cfg)
                         (long long)lo);
     }
 
+    /* data.val = "" switches validation off, eval settings and all (a
+     * command line can turn off what the file sets); never set, they would
+     * do nothing */
+    if (!loom_config_is_set(cfg, "data.val")) {
+        const char *eval[] = {"train.eval_every", "train.eval_batches"};
+        for (int i = 0; i < 2; i++)
+            if (loom_config_is_set(cfg, eval[i]))
+                return fail_rel(cfg, eval[i], "data.val",
+                                "validation needs a validation set; set data.val (llm.c token "
+                                "shards), or remove %s", eval[i]);
+    }
+
     /* A checkpoint brings its own shape; these hold for a model we build. */
     if (!strcmp(init, "random")) {
         int64_t vocab = 0, padded = 0, channels = 0, heads = 1, max_seq = 0, seq = 0;
@@ -848,7 +865,7 @@ static int check_required(const loom_config *cfg)
 /* Placed at the first thing set in it, where the user will look. */
 static int refuse_unimplemented(const loom_config *cfg)
 {
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(not_yet); i++) {
+    for (size_t i = 0; not_yet[i].path; i++) {
         int blocked;
         const config_setting_t *s = find_setting(&cfg->tree, not_yet[i].path, &blocked);
         if (!s)

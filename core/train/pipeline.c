@@ -541,4 +541,41 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
     return rc;
 }
 
+/* Forward only, outside the schedule: each micro-batch through this
+ * rank's stages in stage order, receiving a stage's input when it is due
+ * and sending its output at once. Every rank walks (micro-batch, stage)
+ * in the same order and sends never block, so each receive's send has
+ * run or will run without waiting on it. A receive uses the slot of the
+ * schedule's own receive of that input, which is free between steps. */
+int loom_pipeline_evaluate(loom_pipeline *pl, int *const *inputs, int *const *targets,
+                           double *loss_sum)
+{
+    pl->inputs = inputs;
+    pl->targets = targets;
+    pl->loss_sum = 0;
+    int rc = LOOM_OK;
+    for (int mb = 0; rc == LOOM_OK && mb < pl->m; mb++)
+        for (int vs = 0; rc == LOOM_OK && vs < pl->v; vs++) {
+            int s = stage_of(pl, vs);
+            if (s > 0) {
+                int i = *recv_index(pl, 0, vs, mb);
+                if ((rc = post_recv(pl, i)) != LOOM_OK || (rc = wait_recv(pl, i)) != LOOM_OK)
+                    break;
+            }
+            if ((rc = run_forward(pl, vs, mb)) == LOOM_OK && s < pl->S - 1)
+                rc = send_activation(pl, vs, mb);
+            chunk_done(pl, vs, mb);
+            if (rc == LOOM_OK)
+                rc = reap_sends(pl, 0);
+        }
+    if (rc == LOOM_OK)
+        rc = reap_sends(pl, 1);
+    *loss_sum = pl->loss_sum;
+    if (rc == LOOM_OK)
+        return LOOM_OK;
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", loom_last_error());
+    return loom_fail(rc, "pipeline: validation: %s", detail);
+}
+
 void loom_pipeline_get_stats(const loom_pipeline *pl, loom_pipeline_stats *out) { *out = pl->stats; }

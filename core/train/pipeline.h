@@ -56,6 +56,10 @@ void loom_pipeline_destroy(loom_pipeline *pl);
  * elsewhere). */
 int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *targets, float dloss,
                        double *loss_sum);
+/* Validation between steps: the micro-batches' forward only, nothing
+ * kept for a backward; loss_sum as for a step. */
+int loom_pipeline_evaluate(loom_pipeline *pl, int *const *inputs, int *const *targets,
+                           double *loss_sum);
 /* After the optimizer step: the first stage's unit 0 to the last stage. */
 int loom_pipeline_sync_tied(loom_pipeline *pl);
 

@@ -62,15 +62,30 @@ void trainer_print_progress(const trainer *t, const step_result *r)
     char mem[256], offload[384];
     tier_parts(&u, LOOM_TIER_HOST, mem, sizeof mem);
     offload_text(t, &u, offload, sizeof offload);
-    char bubble[32] = "";
+    char bubble[32] = "", val[32] = "";
     if (t->pipeline)
         snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->bubble);
-    printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
+    if (r->evaluated)
+        snprintf(val, sizeof val, " | val %.6f", r->val_loss);
+    printf("step %4lld/%lld | loss %.6f%s | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
            "MFU %5.1f%%%s | peak host: %s%s%s\n",
-           (long long)t->step + 1, (long long)t->steps, r->loss, r->lr, r->grad_norm,
+           (long long)t->step + 1, (long long)t->steps, r->loss, val, r->lr, r->grad_norm,
            r->seconds * 1e3, tps, 100 * mfu, bubble, mem, offload,
            r->skipped ? " | skipped" : "");
+    if (r->evaluated && t->step + 1 == t->steps)
+        printf("validation loss %.6f (%d batches of data.val, %lld tokens)\n", r->val_loss,
+               t->eval_batches, (long long)t->eval_batches * t->batch * t->seq);
     fflush(stdout);
+}
+
+/* Validation before the first step: its own progress and metrics line. */
+void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss)
+{
+    printf("step %4lld/%lld | val %.6f (before training)\n", (long long)t->step,
+           (long long)t->steps, val_loss);
+    fflush(stdout);
+    if (metrics)
+        fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t->step, val_loss);
 }
 
 /* "host": {"params": 1024, ..., "total": 4096}, ... for every tier used:
@@ -153,6 +168,8 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
             }
         fprintf(f, "}");
     }
+    if (r->evaluated)
+        fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     fprintf(f, "}\n");
     fflush(f);
 }

@@ -381,7 +381,9 @@ int trainer_setup(trainer *t, const loom_train_options *o)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     if ((rc = trainer_choose_units(t)) != LOOM_OK || (rc = create_strategy(t)) != LOOM_OK)
         return rc;
-    return place_initial_params(t);
+    if ((rc = place_initial_params(t)) != LOOM_OK)
+        return rc;
+    return trainer_setup_eval(t);
 }
 
 void trainer_teardown(trainer *t)
@@ -398,6 +400,7 @@ void trainer_teardown(trainer *t)
         t->sp.ops->destroy(t->sp.s);
     loom_model_destroy(t->model);
     loom_shard_close(&t->shard);
+    trainer_teardown_eval(t);
     loom_mesh_destroy(t->mesh);
     loom_runtime_destroy(t->rt);
     loom_config_free(t->cfg);

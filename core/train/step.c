@@ -59,10 +59,11 @@ static void trace_unit(const trainer *t, const char *what, int u, uint64_t start
     loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
 }
 
-static int run_micro_batch(trainer *t, int last_micro, float *loss)
+/* The forward of the micro-batch in t->inputs through every unit, with
+ * the data strategy's hooks; the loss of its tokens. */
+int trainer_forward(trainer *t, float *loss)
 {
     int rc, head = t->nunits - 1;
-    loom_dataloader_next(&t->loader, t->inputs, t->targets);
     for (int u = 0; u < t->nunits; u++) {
         uint64_t t0 = loom_now_ns();
         if ((rc = HOOK(t, data_before_forward, u)) != LOOM_OK)
@@ -78,6 +79,15 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc;
         trace_unit(t, "forward", u, t0);
     }
+    return LOOM_OK;
+}
+
+static int run_micro_batch(trainer *t, int last_micro, float *loss)
+{
+    int rc, head = t->nunits - 1;
+    loom_dataloader_next(&t->loader, t->inputs, t->targets);
+    if ((rc = trainer_forward(t, loss)) != LOOM_OK)
+        return rc;
     /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
      * the rank's gradient is that of its mean loss over the step. */
     float dloss = step_dloss(t);

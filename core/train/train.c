@@ -34,9 +34,23 @@ static int run_steps(trainer *t, const loom_train_options *o)
      * test can look at or damage the tier files; SIGCONT goes on. */
     const char *stop = getenv("LOOM_STOP_AFTER_STEP");
     long long stop_after = stop ? atoll(stop) : 0;
+    /* llm.c's rhythm: validate before training, every eval_every steps,
+     * and after the last */
+    if (t->validating && t->eval_every > 0 && t->step == 0) {
+        float val = 0;
+        if ((rc = trainer_evaluate(t, &val)) != LOOM_OK)
+            return rc;
+        if (t->rank == 0)
+            trainer_report_validation(t, metrics, val);
+    }
     while (t->step < t->steps) {
         step_result r;
         if ((rc = trainer_step(t, &r)) != LOOM_OK)
+            break;
+        int64_t done = t->step + 1;
+        r.evaluated = t->validating &&
+                      (done == t->steps || (t->eval_every > 0 && done % t->eval_every == 0));
+        if (r.evaluated && (rc = trainer_evaluate(t, &r.val_loss)) != LOOM_OK)
             break;
         if (t->rank == 0) {
             trainer_print_progress(t, &r);

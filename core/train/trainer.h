@@ -80,6 +80,11 @@ typedef struct trainer {
     int **mb_inputs, **mb_targets; /* the step's micro-batches (pipeline) */
     double bubble;                 /* the last step's idle share, averaged over the pp ranks */
     int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
+    /* Validation (eval.c): data.val, read the same way every time. */
+    int validating;                /* data.val is set */
+    int eval_every, eval_batches;
+    loom_token_shard val_shard;
+    loom_dataloader val_loader;
 } trainer;
 
 /* ---- strategy hooks ---- */
@@ -92,6 +97,8 @@ static inline int holds(const trainer *t, int u) { return t->dp_index[u] >= 0; }
 typedef struct step_result {
     float loss, lr, grad_norm;
     int skipped;
+    int evaluated;  /* after this step: val_loss is set */
+    float val_loss;
     double seconds;
 } step_result;
 
@@ -117,7 +124,13 @@ int trainer_plan_pipeline(trainer *t);
 void trainer_sync_units(trainer *t);
 int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u);
 int trainer_grads_ready(trainer *t, int u, int last_micro);
+int trainer_forward(trainer *t, float *loss);
 int trainer_step(trainer *t, step_result *r);
+
+/* eval.c */
+int trainer_setup_eval(trainer *t);
+void trainer_teardown_eval(trainer *t);
+int trainer_evaluate(trainer *t, float *loss);
 
 /* save.c */
 int trainer_save_sharded(trainer *t, const char *dir);
@@ -128,6 +141,7 @@ int trainer_save_weights(trainer *t, const char *path);
 void trainer_print_progress(const trainer *t, const step_result *r);
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
+void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss);
 int trainer_write_trace(trainer *t, const char *path);
 
 #endif

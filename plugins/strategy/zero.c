@@ -189,6 +189,7 @@ struct loom_strategy {
     int reducing_unit; /* zero2/3: the unit whose reduce-scatter owns recv, or -1 */
 
     int saw_micro, saw_last_micro;
+    int evaluating; /* zero3: between data_eval(1) and data_eval(0): forward only */
     int failed; /* a collective failed: in-flight requests are no longer waited for */
 };
 
@@ -908,7 +909,7 @@ static int zero_data_before_forward(loom_strategy *s, loom_unit *unit)
         return rc;
     int i = (int)(z - s->zu);
     int occurrence = z->fwd_entries++;
-    if (occurrence > 0)
+    if (occurrence > 0 && !s->evaluating)
         z->held = 1; /* the tied reuse: needed again by the head's backward */
     /* Post this unit's gather (if no prefetch did), then the next ones, then wait. */
     if ((rc = start_gather(s, z)) != LOOM_OK ||
@@ -927,8 +928,34 @@ static int zero_data_after_forward(loom_strategy *s, loom_unit *unit)
         return LOOM_ERR_INVALID;
     if (z->fwd_refs > 0)
         z->fwd_refs--;
+    /* Evaluating, no backward closes the micro-batch: the tied embedding's
+     * second forward (inside the head's) does. */
+    if (s->evaluating && z == &s->zu[0] && z->fwd_entries > 1)
+        for (int i = 0; i < s->nunits; i++)
+            s->zu[i].fwd_entries = 0;
     int rc = maybe_drop(s, z);
     return rc == LOOM_OK ? progress(s) : rc;
+}
+
+/* zero3 only: forward-only micro-batches gather each unit around its
+ * forward and drop it after, the embedding too (no backward needs it). */
+static int zero_data_eval(loom_strategy *s, int evaluating)
+{
+    if (!s->zu)
+        return s->host->error(s->host, LOOM_ERR_INVALID, NAME ": data_eval before data_setup");
+    int rc = progress(s);
+    for (int i = 0; rc == LOOM_OK && i < s->nunits; i++) {
+        zero_unit *z = &s->zu[i];
+        if (z->fwd_refs || z->bwd_open)
+            return s->host->error(s->host, LOOM_ERR_INVALID,
+                                  NAME ": data_eval(%d) inside a micro-batch (unit '%s' is in "
+                                  "its forward or backward)",
+                                  evaluating, strategy_unit_name(z->unit));
+        z->fwd_entries = 0;
+        rc = drop_params(s, z); /* a prefetch the other mode would not use */
+    }
+    s->evaluating = evaluating;
+    return rc;
 }
 
 static int zero_data_before_backward(loom_strategy *s, loom_unit *unit)
@@ -1296,4 +1323,5 @@ LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .data_set_state = zero_data_set_state,
     .data_get_shard = zero_data_get_shard,
     .capabilities = ZERO_STAGE == 3 ? LOOM_STRATEGY_PARAMS_SHARDED : 0,
+    .data_eval = ZERO_STAGE == 3 ? zero_data_eval : NULL,
 };

@@ -132,7 +132,7 @@ PIN(loom_memtier_plugin_v1_t, wait, 112);
 PIN(loom_memtier_plugin_v1_t, address, 120);
 PIN(loom_memtier_plugin_v1_t, prefetch, 128);
 
-PIN_SIZE(loom_strategy_plugin_v1_t, 256);
+PIN_SIZE(loom_strategy_plugin_v1_t, 264);
 PIN(loom_strategy_plugin_v1_t, header, 0);
 PIN(loom_strategy_plugin_v1_t, axis, 40);
 PIN(loom_strategy_plugin_v1_t, reserved, 44);
@@ -162,6 +162,7 @@ PIN(loom_strategy_plugin_v1_t, pipeline_schedule, 224);
 PIN(loom_strategy_plugin_v1_t, data_get_shard, 232);
 PIN(loom_strategy_plugin_v1_t, capabilities, 240);
 PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
+PIN(loom_strategy_plugin_v1_t, data_eval, 256);
 PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
 PIN_SIZE(loom_host, 200);

@@ -284,7 +284,7 @@ static void case_unknown_group(void)
                  "train.foo: unknown setting (valid here: batch, seq, steps, lr, weight_decay, "
                  "beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, recompute, "
                  "lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
-                 "checkpoint_every, checkpoint_dir)");
+                 "eval_every, eval_batches, checkpoint_every, checkpoint_dir)");
     expect_error("group6.cfg", "parallel = { xx = { size = 2; }; };\n", NULL, 0, 1,
                  "parallel.xx: unknown group (valid here: dp, tp, sp, pp)");
     expect_error("group7.cfg", "comm = { zzz = 3; };\n", NULL, 0, 1,
@@ -680,21 +680,28 @@ static void case_checkpoint(void)
     loom_config_free(cfg);
 }
 
-/* Settings the schema reserves for a later release are refused where they
- * are set, never accepted and ignored; their defaults still read. */
-static void case_unimplemented(void)
+/* Validation settings without a validation set would do nothing: refused
+ * where they are set; data.val = "" switches validation off with them. */
+static void case_validation(void)
 {
-    expect_error("val.cfg",
-                 "data = {\n"
-                 "  train = \"train.bin\";\n"
-                 "  val = \"val.bin\";\n"
+    expect_error("eval.cfg",
+                 "data = { train = \"train.bin\"; };\n"
+                 "train = {\n"
+                 "  eval_every = 10;\n"
                  "};\n",
                  NULL, 0, 3,
-                 "data.val: not implemented yet (validation is a later release); remove it");
-    const char *val_set[] = {"data.val=val.bin"};
-    expect_error("val2.cfg", "", val_set, 1, -1,
-                 "--set data.val=val.bin: data.val: not implemented yet (validation is a later "
-                 "release); remove it");
+                 "train.eval_every: validation needs a validation set; set data.val (llm.c "
+                 "token shards), or remove train.eval_every");
+    const char *batches[] = {"train.eval_batches=4"};
+    expect_error("eval2.cfg", "", batches, 1, -1,
+                 "--set train.eval_batches=4: train.eval_batches: validation needs a validation "
+                 "set; set data.val (llm.c token shards), or remove train.eval_batches");
+    const char *off[] = {"data.val="};
+    loom_config *cfg = load_ok("eval3.cfg",
+                               "data = { val = \"val.bin\"; };\ntrain = { eval_every = 10; };\n",
+                               off, 1);
+    CHECK_STR(get_str(cfg, "data.val"), "");
+    loom_config_free(cfg);
 }
 
 static void case_parse(void)
@@ -803,7 +810,7 @@ static const test_case cases[] = {
     {"syntax", case_syntax},
     {"checkpoint", case_checkpoint},
     {"parse", case_parse},
-    {"unimplemented", case_unimplemented},
+    {"validation", case_validation},
 };
 
 static void remove_tmpdir(void)

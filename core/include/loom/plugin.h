@@ -24,7 +24,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 4
+#define LOOM_ABI_MINOR 5
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)

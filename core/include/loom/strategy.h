@@ -337,6 +337,18 @@ typedef struct loom_strategy_plugin_v1_t {
      * simulated bubble. */
     double (*pipeline_bubble)(int stages, int virtual_stages, int microbatches,
                               const char **formula);
+
+    /* ---- data axis, since ABI 1.5 (OPTIONAL) ---- */
+
+    /* Validation (train.eval_every, data.val): between data_eval(s, 1) and
+     * data_eval(s, 0) micro-batches run forward only — data_before_forward
+     * and data_after_forward for every unit (the embedding's also around
+     * the tied head, as in training), no backward hook, no optimizer step —
+     * and the gradients must be left as they were. Called between steps on
+     * every rank. A strategy with forward hooks but no data_eval cannot be
+     * evaluated: the core refuses validation with it. Strategies without
+     * forward hooks need none. */
+    int (*data_eval)(loom_strategy *s, int evaluating);
 } loom_strategy_plugin_v1_t;
 
 /* Each bit is a requirement the strategy puts on the rest of the job; the

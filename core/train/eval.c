@@ -1,0 +1,113 @@
+/* loom train — validation: the mean loss of the current weights over
+ * train.eval_batches global batches of data.val, forward only.
+ *
+ * The validation batches are the first eval_batches of data.val in order
+ * (never shuffled), read again from the start at every evaluation, and
+ * split over the dp ranks and micro-batches exactly as a training batch
+ * is: so every strategy and mesh evaluates the same tokens, and a
+ * validation loss differs across meshes by the rounding of its reductions
+ * only. Nothing is stepped and no gradient is touched: a run with
+ * validation trains exactly as one without. */
+#include <string.h>
+
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "runtime/trace.h"
+#include "train/trainer.h"
+
+int trainer_setup_eval(trainer *t)
+{
+    const char *path = "";
+    loom_config_string(t->cfg, "data.val", &path);
+    if (!path[0]) {
+        /* config.c refuses eval settings without data.val; "" turns them off */
+        if (t->rank == 0 && loom_config_is_set(t->cfg, "data.val") &&
+            (loom_config_is_set(t->cfg, "train.eval_every") ||
+             loom_config_is_set(t->cfg, "train.eval_batches")))
+            loom_log(LOOM_LOG_INFO, "%s: data.val = \"\": no validation (train.eval_every and "
+                     "train.eval_batches unused)", loom_config_where(t->cfg, "data.val"));
+        return LOOM_OK;
+    }
+    int rc;
+    if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval_every)) != LOOM_OK ||
+        (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval_batches)) != LOOM_OK)
+        return rc;
+    /* the plugin's own ops: the loader fills absent hooks with no-ops */
+    const loom_strategy_ops *own = (const loom_strategy_ops *)t->dp_plugin->exported;
+    if (own->data_before_forward && !t->dp->data_eval)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: strategy %s gathers parameters in its forward hooks but cannot run "
+                         "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "
+                         "another parallel.dp.strategy",
+                         loom_config_where(t->cfg, "data.val"), t->dp_plugin->header->name);
+    if ((rc = loom_shard_open(path, t->shape.vocab, &t->val_shard)) != LOOM_OK ||
+        (rc = loom_dataloader_init(&t->val_loader, &t->val_shard, t->batch, t->seq,
+                                   t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
+                                   t->micro_batches)) != LOOM_OK)
+        return rc;
+    if (t->positions &&
+        (rc = loom_dataloader_set_positions(&t->val_loader, t->positions, t->npositions)) != LOOM_OK)
+        return rc;
+    t->validating = 1;
+    return LOOM_OK;
+}
+
+void trainer_teardown_eval(trainer *t) { loom_shard_close(&t->val_shard); }
+
+/* The sum of the micro-batches' mean losses of one batch on this rank
+ * (the last pipeline stage's; 0 on the other stages). */
+static int eval_batch(trainer *t, double *loss_sum)
+{
+    int rc = LOOM_OK;
+    if (t->pipeline) {
+        for (int k = 0; k < t->micro_batches; k++)
+            loom_dataloader_next(&t->val_loader, t->mb_inputs[k], t->mb_targets[k]);
+        return loom_pipeline_evaluate(t->pipeline, t->mb_inputs, t->mb_targets, loss_sum);
+    }
+    *loss_sum = 0;
+    for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
+        float loss = 0;
+        loom_dataloader_next(&t->val_loader, t->inputs, t->targets);
+        rc = trainer_forward(t, &loss);
+        *loss_sum += loss;
+    }
+    return rc;
+}
+
+/* The mean over the batches, micro-batches, pipeline stages (the last
+ * holds it), sequence shards and dp ranks. */
+static int global_mean(trainer *t, double loss_sum, float *out)
+{
+    double local = loss_sum / ((double)t->eval_batches * t->micro_batches);
+    loom_group **g = t->mesh->groups;
+    int rc = LOOM_OK;
+    if (t->pipeline)
+        rc = trainer_group_allreduce(g[LOOM_AXIS_PP], &local, 1, LOOM_F64, LOOM_SUM);
+    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_SP] > 1)
+        rc = trainer_group_allreduce(g[LOOM_AXIS_SP], &local, 1, LOOM_F64, LOOM_AVG);
+    if (rc == LOOM_OK)
+        rc = trainer_group_allreduce(g[LOOM_AXIS_DP], &local, 1, LOOM_F64, LOOM_AVG);
+    *out = (float)local;
+    return rc;
+}
+
+int trainer_evaluate(trainer *t, float *loss)
+{
+    uint64_t t0 = loom_now_ns();
+    t->val_loader.position = 0;
+    t->val_loader.micro = 0;
+    int rc = t->dp->data_eval ? t->dp->data_eval(t->strategy, 1) : LOOM_OK;
+    double loss_sum = 0;
+    for (int b = 0; rc == LOOM_OK && b < t->eval_batches; b++) {
+        double batch_sum = 0;
+        rc = eval_batch(t, &batch_sum);
+        loss_sum += batch_sum;
+    }
+    if (rc == LOOM_OK && t->dp->data_eval)
+        rc = t->dp->data_eval(t->strategy, 0);
+    trainer_sync_units(t);
+    if (rc == LOOM_OK)
+        rc = global_mean(t, loss_sum, loss);
+    loom_trace_span(LOOM_LANE_COMPUTE, "validation", t0, loom_now_ns(), 0);
+    return rc;
+}
