@@ -122,6 +122,7 @@ int trainer_step(trainer *t, step_result *r);
 /* save.c */
 int trainer_save_sharded(trainer *t, const char *dir);
 int trainer_load_state(trainer *t, const char *path);
+int trainer_gather_weights(trainer *t, const char *scratch, float **weights);
 int trainer_save_weights(trainer *t, const char *path);
 
 /* report.c */
@@ -129,5 +130,6 @@ void trainer_print_progress(const trainer *t, const step_result *r);
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
 int trainer_write_trace(trainer *t, const char *path);
+int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent);
 
 #endif
