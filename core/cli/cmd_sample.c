@@ -214,70 +214,86 @@ static int encode_prompt(const sample_args *a, const loom_tokenizer *tok, int vo
     return LOOM_OK;
 }
 
+/* The numbers of the command line into o; greedy (temperature 0) when
+ * --top-k 1 says so too. A setting that would do nothing is refused. */
+static int parse_numbers(const sample_args *a, loom_sample_options *o)
+{
+    long long tokens = DEFAULT_TOKENS, top_k = 0, seed = DEFAULT_SEED;
+    double temperature = 1.0;
+    if (a->tokens && parse_int("--tokens", a->tokens, 0, 1000000,
+                               "from 0 to 1000000 (how many to generate)", &tokens))
+        return 2;
+    if (a->top_k && parse_int("--top-k", a->top_k, 0, INT32_MAX,
+                              ">= 0 (draw among the K most likely; 0 = all)", &top_k))
+        return 2;
+    if (a->seed && parse_int("--seed", a->seed, 0, INT64_MAX, ">= 0", &seed))
+        return 2;
+    if (a->temperature) {
+        char *end;
+        temperature = strtod(a->temperature, &end);
+        if (end == a->temperature || *end || !isfinite((float)temperature) || temperature < 0)
+            return refuse("--temperature %s: expected a number >= 0 (0 = greedy, the most "
+                          "likely token every time)", a->temperature);
+    }
+    int greedy = temperature == 0 || top_k == 1;
+    if (temperature == 0 && a->top_k)
+        return refuse("--top-k does nothing with --temperature 0 (greedy takes the most likely "
+                      "token); remove one of them");
+    if (greedy && a->seed)
+        return refuse("--seed does nothing when sampling is greedy (--temperature 0 or "
+                      "--top-k 1 draw nothing); remove it");
+    o->tokens = (int)tokens;
+    o->temperature = greedy ? 0.0f : (float)temperature;
+    o->top_k = (int)top_k;
+    o->seed = (uint64_t)seed;
+    return 0;
+}
+
+/* The model's vocabulary against the tokenizer (or bytes) and --top-k. */
+static int check_vocab(const sample_args *a, const loom_tokenizer *tok, int vocab, int top_k)
+{
+    if (tok && tok->vocab != vocab)
+        return loom_fail(LOOM_ERR_INVALID, "--tokenizer %s has %d tokens, the model in %s has "
+                         "%d; give the tokenizer the model was trained with", a->tokenizer,
+                         tok->vocab, a->checkpoint, vocab);
+    if (!tok && vocab > 256)
+        return loom_fail(LOOM_ERR_INVALID, "%s: the model has %d tokens, more than bytes; give "
+                         "its tokenizer with --tokenizer FILE (for GPT-2, llm.c's "
+                         "gpt2_tokenizer.bin)", a->checkpoint, vocab);
+    if (top_k > vocab)
+        return loom_fail(LOOM_ERR_INVALID, "--top-k %d: the model has only %d tokens; give at "
+                         "most %d (0 = all)", top_k, vocab, vocab);
+    return LOOM_OK;
+}
+
 int loom_cmd_sample(int argc, char **argv)
 {
     sample_args a;
+    loom_sample_options o = {0};
     int bad = parse_args(argc, argv, &a);
-    if (bad)
+    if (bad || (bad = parse_numbers(&a, &o)))
         return bad;
-    long long tokens = DEFAULT_TOKENS, top_k = 0, seed = DEFAULT_SEED;
-    double temperature = 1.0;
-    if (a.tokens && parse_int("--tokens", a.tokens, 0, 1000000, "from 0 to 1000000 (how many to generate)",
-                              &tokens))
-        return 2;
-    if (a.top_k && parse_int("--top-k", a.top_k, 0, INT32_MAX,
-                             ">= 0 (draw among the K most likely; 0 = all)", &top_k))
-        return 2;
-    if (a.seed && parse_int("--seed", a.seed, 0, INT64_MAX, ">= 0", &seed))
-        return 2;
-    if (a.temperature) {
-        char *end;
-        temperature = strtod(a.temperature, &end);
-        if (end == a.temperature || *end || !isfinite(temperature) || temperature < 0)
-            return refuse("--temperature %s: expected a number >= 0 (0 = greedy, the most "
-                          "likely token every time)", a.temperature);
-    }
-    int greedy = temperature == 0 || top_k == 1;
-    if (temperature == 0 && a.top_k)
-        return refuse("--top-k does nothing with --temperature 0 (greedy takes the most likely "
-                      "token); remove one of them");
-    if (greedy && a.seed)
-        return refuse("--seed does nothing when sampling is greedy (--temperature 0 or "
-                      "--top-k 1 draw nothing); remove it");
-
     loaded_model m = {0};
-    loom_tokenizer tok = {0};
-    int *prompt = NULL, nprompt = 0, *out = NULL, have_tok = 0;
+    loom_tokenizer tokenizer = {0};
+    const loom_tokenizer *tok = NULL;
+    int *prompt = NULL, nprompt = 0, *out = NULL;
     int rc = load_checkpoint(a.checkpoint, &m);
-    int vocab = m.shape.vocab;
-    if (rc == LOOM_OK && a.tokenizer && (rc = loom_tokenizer_open(a.tokenizer, &tok)) == LOOM_OK)
-        have_tok = 1;
-    if (rc == LOOM_OK && have_tok && tok.vocab != vocab)
-        rc = loom_fail(LOOM_ERR_INVALID, "--tokenizer %s has %d tokens, the model in %s has %d; "
-                       "give the tokenizer the model was trained with", a.tokenizer, tok.vocab,
-                       a.checkpoint, vocab);
-    if (rc == LOOM_OK && !have_tok && vocab > 256)
-        rc = loom_fail(LOOM_ERR_INVALID, "%s: the model has %d tokens, more than bytes; give "
-                       "its tokenizer with --tokenizer FILE (for GPT-2, llm.c's "
-                       "gpt2_tokenizer.bin)", a.checkpoint, vocab);
-    if (rc == LOOM_OK && top_k > vocab)
-        rc = loom_fail(LOOM_ERR_INVALID, "--top-k %lld: the model has only %d tokens; give at "
-                       "most %d (0 = all)", top_k, vocab, vocab);
+    if (rc == LOOM_OK && a.tokenizer &&
+        (rc = loom_tokenizer_open(a.tokenizer, &tokenizer)) == LOOM_OK)
+        tok = &tokenizer;
     if (rc == LOOM_OK)
-        rc = encode_prompt(&a, have_tok ? &tok : NULL, vocab, &prompt, &nprompt);
-    if (rc == LOOM_OK && !(out = malloc(((size_t)tokens + 1) * sizeof *out)))
+        rc = check_vocab(&a, tok, m.shape.vocab, o.top_k);
+    if (rc == LOOM_OK)
+        rc = encode_prompt(&a, tok, m.shape.vocab, &prompt, &nprompt);
+    if (rc == LOOM_OK && !(out = malloc(((size_t)o.tokens + 1) * sizeof *out)))
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "sample: out of memory");
     if (rc == LOOM_OK) {
-        text_out text = {have_tok ? &tok : NULL, -1};
+        text_out text = {tok, -1};
         if (a.prompt)
             write_bytes(&text, (const unsigned char *)a.prompt, strlen(a.prompt));
+        o.on_token = write_token;
+        o.ctx = &text;
         loom_kernels_set_threads(1);
-        loom_sample_options o = {.tokens = (int)tokens,
-                                 .temperature = greedy ? 0.0f : (float)temperature,
-                                 .top_k = (int)top_k,
-                                 .seed = (uint64_t)seed,
-                                 .on_token = write_token,
-                                 .ctx = &text};
         rc = loom_sample(&m.shape, m.weights, prompt, nprompt, &o, out);
         if (text.last != '\n')
             putchar('\n');
@@ -287,8 +303,8 @@ int loom_cmd_sample(int argc, char **argv)
         fprintf(stderr, "loom sample: %s\n", loom_last_error());
     free(out);
     free(prompt);
-    if (have_tok)
-        loom_tokenizer_close(&tok);
+    if (tok)
+        loom_tokenizer_close(&tokenizer);
     free(m.weights);
     return rc == LOOM_OK ? 0 : 1;
 }

@@ -20,7 +20,10 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-uint64_t loom_sample_rng(uint64_t seed) { return mix(seed ^ 0x6c6f6f6d73616d70ull); /* "loomsamp" */ }
+uint64_t loom_sample_rng(uint64_t seed)
+{
+    return mix(seed ^ 0x6c6f6f6d73616d70ull); /* "loomsamp" */
+}
 
 /* Uniform in [0, 1) from 53 bits: exact in double. */
 static double uniform(uint64_t *rng)
@@ -117,10 +120,12 @@ int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *p
     loom_model *model = NULL;
     float **params = NULL;
     int *history = malloc((size_t)total * sizeof *history);
-    int *inputs = malloc((size_t)seq * sizeof *inputs), *targets = calloc((size_t)seq, sizeof *targets);
+    int *inputs = malloc((size_t)seq * sizeof *inputs);
+    int *targets = calloc((size_t)seq, sizeof *targets); /* any valid token: the loss is unused */
     loom_sample_candidate *work = malloc((size_t)shape->vocab * sizeof *work);
-    int rc = history && inputs && targets && work ? build_model(shape, weights, seq, &model, &params)
-                                        : loom_fail(LOOM_ERR_NO_MEMORY, "sample: out of memory");
+    int rc = history && inputs && targets && work
+                 ? build_model(shape, weights, seq, &model, &params)
+                 : loom_fail(LOOM_ERR_NO_MEMORY, "sample: out of memory");
     uint64_t rng = loom_sample_rng(o->seed);
     int nunits = shape->layers + 2;
     if (rc == LOOM_OK)

@@ -24,7 +24,9 @@ static int bad(const char *path, const char *what)
 static int read_table(FILE *f, const char *path, loom_tokenizer *t)
 {
     size_t cap = 8 * (size_t)t->vocab + 64, used = 0;
-    if (!(t->bytes = malloc(cap)) || !(t->offset = malloc(((size_t)t->vocab + 1) * sizeof *t->offset)))
+    t->bytes = malloc(cap);
+    t->offset = malloc(((size_t)t->vocab + 1) * sizeof *t->offset);
+    if (!t->bytes || !t->offset)
         return loom_fail(LOOM_ERR_NO_MEMORY, "tokenizer %s: out of memory", path);
     for (int i = 0; i < t->vocab; i++) {
         unsigned char len;

@@ -141,6 +141,10 @@ train)
     samples at20.log > trained.txt
     "$LOOM" sample at20.bin --tokens 48 --temperature 0 | head -c 48 | $FILES escape > sampled.txt
     same trained.txt sampled.txt
+    # a vocabulary larger than bytes: token ids, 8 of them
+    train ids --set model.vocab=300 --set model.padded_vocab=320 --set model.layers=1 \
+        --set train.steps=2 --set train.sample_every=2 --set train.sample_tokens=8
+    samples ids.log | grep -Eq '^tokens( [0-9]+){8}$' || { cat ids.log; fail "no 8 token ids"; }
     # the settings
     printf 'train = { sample_tokens = 8; };\n' > bad.cfg
     refused "bad.cfg:1: train.sample_tokens: does nothing without samples; set train.sample_every = N" \
