@@ -8,6 +8,7 @@ int loom_cmd_bench(int argc, char **argv);
 int loom_cmd_ckpt(int argc, char **argv);
 int loom_cmd_settings(int argc, char **argv);
 int loom_cmd_train(int argc, char **argv);
+int loom_cmd_sample(int argc, char **argv);
 int loom_cmd_schedule(int argc, char **argv);
 
 #endif

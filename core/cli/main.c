@@ -16,7 +16,7 @@ typedef struct command {
 static const command commands[] = {
     {"train", loom_cmd_train},       {"bench", loom_cmd_bench},   {"ckpt", loom_cmd_ckpt},
     {"schedule", loom_cmd_schedule}, {"launch", loom_cmd_launch}, {"plugins", loom_cmd_plugins},
-    {"settings", loom_cmd_settings},
+    {"settings", loom_cmd_settings}, {"sample", loom_cmd_sample},
 };
 
 static void usage(FILE *f)
@@ -29,6 +29,10 @@ static void usage(FILE *f)
             "  train CONFIG [--set path=value ...] [--metrics FILE] [--trace FILE]\n"
             "               [--save FILE] [--resume FILE]\n"
             "                         train the model the config describes\n"
+            "  sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+            "               [--seed S] [--tokenizer FILE]\n"
+            "                         text from a trained model (llm.c's .bin or a loom\n"
+            "                         checkpoint), on one process\n"
             "  bench CONFIG [--json FILE] [--set path=value ...]\n"
             "                         time every collective of every backend in bench.comms\n"
             "  ckpt info PATH         what a checkpoint (directory of shards or file) holds\n"

@@ -1589,6 +1589,13 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
     return rc != LOOM_OK ? rc : m->status;
 }
 
+const float *loom_model_logits(const loom_model *m, int row)
+{
+    if (m->tp > 1 || !m->runs[m->L + 1] || row < 0 || row >= m->N)
+        return NULL;
+    return m->dlogits + (size_t)row * m->Vp;
+}
+
 int loom_model_backward(loom_model *m, int unit, float dloss)
 {
     int rc = check_unit(m, unit, "backward");

@@ -83,6 +83,13 @@ void loom_model_slice(const loom_model *m, int unit, const float *full, float *l
  * only). A unit outside runs_unit, or no slot in use, is refused. */
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss);
+/* The logits the head's last forward computed for token row `row` of the
+ * micro-batch: padded_vocab floats, the first vocab of them real tokens.
+ * Sampling draws the next token from them (the head keeps only the
+ * losses). Valid until the next backward, which reuses the buffer; NULL
+ * on a tensor axis of more than one rank (each holds a vocabulary slice)
+ * or where the head does not run. */
+const float *loom_model_logits(const loom_model *m, int row);
 /* One unit backward of the slot in use; dloss is the gradient of each
  * token's loss (the head seeds it). Adds into units[unit].grads (and, for
  * the head, into the tied wte gradient of unit 0: committed with the

@@ -134,6 +134,10 @@ static const schema_entry schema[] = {
       .help = "save a resumable checkpoint every N steps (0 = never)"),
     S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
       .help = "where train.checkpoint_every writes step-N/ (a shard file per rank)"),
+    S("train.sample_every", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "print a greedy sample of the model every N steps (0 = never)"),
+    S("train.sample_tokens", V_INT, "32", .lo = 1, .flags = GE,
+      .help = "tokens in each train.sample_every sample"),
 
     S("parallel.dp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "data-parallel ranks"),
     S("parallel.dp.strategy", V_STRING, "ddp", .flags = NONEMPTY,
@@ -800,6 +804,13 @@ static int check_relations(const loom_config *cfg)
         return fail_rel(cfg, "model.checkpoint", "model.init",
                         "required when model.init = \"checkpoint\"; name the llm.c checkpoint "
                         "file, e.g. model.checkpoint = \"gpt2_124M.bin\"");
+
+    int64_t sample_every = 0;
+    loom_config_int(cfg, "train.sample_every", &sample_every);
+    if (sample_every == 0 && loom_config_is_set(cfg, "train.sample_tokens"))
+        return fail_rel(cfg, "train.sample_tokens", "train.sample_every",
+                        "does nothing without samples; set train.sample_every = N (a sample "
+                        "every N steps) or remove it");
 
     int64_t lo = 0, hi = 0;
     loom_config_int(cfg, "bench.min_bytes", &lo);

@@ -572,7 +572,7 @@ int loom_ckpt_write_state(loom_ckpt *ck, const loom_unit *units, const char *pat
     return rc == LOOM_OK ? closed : rc;
 }
 
-int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *path)
+int loom_ckpt_read_llmc(loom_ckpt *ck, const loom_model *model, float **weights)
 {
     int nunits = 0;
     const loom_unit *units = loom_model_units((loom_model *)(uintptr_t)model, &nunits);
@@ -583,13 +583,25 @@ int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *pat
         rc = (whole[u] = malloc(loom_ckpt_whole_numel(&units[u]) * sizeof(float)))
                  ? loom_ckpt_read_unit(ck, units, u, whole[u], NULL, NULL)
                  : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
-    if (rc == LOOM_OK) {
+    if (rc == LOOM_OK)
         loom_model_join_params(model, whole, llmc);
-        rc = loom_checkpoint_write(path, &ck->h.shape, llmc);
-    }
     for (int u = 0; whole && u < nunits; u++)
         free(whole[u]);
     free(whole);
+    if (rc != LOOM_OK) {
+        free(llmc);
+        llmc = NULL;
+    }
+    *weights = llmc;
+    return rc;
+}
+
+int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *path)
+{
+    float *llmc = NULL;
+    int rc = loom_ckpt_read_llmc(ck, model, &llmc);
+    if (rc == LOOM_OK)
+        rc = loom_checkpoint_write(path, &ck->h.shape, llmc);
     free(llmc);
     return rc;
 }

@@ -2,9 +2,12 @@
  * --metrics JSON lines, the merged --trace. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "loom/plugin.h"
 #include "loom/status.h"
+#include "model/sample.h"
 #include "runtime/bootstrap.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -249,5 +252,59 @@ int trainer_write_trace(trainer *t, const char *path)
     for (int r = 0; parts && r < t->world; r++)
         free(parts[r]);
     free(parts);
+    return rc;
+}
+
+/* A sample on one line of the log: a byte-level model's bytes with
+ * newlines, backslashes and other non-printing bytes escaped (\n, \\,
+ * \xNN); a larger vocabulary's token ids, which only a tokenizer could
+ * turn into text. */
+static void print_sample_line(const int *tokens, int count, int vocab)
+{
+    fputs("sample: ", stdout);
+    for (int i = 0; i < count; i++) {
+        int c = tokens[i];
+        if (vocab > 256)
+            printf("%s%d", i ? " " : "tokens ", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c == '\\')
+            fputs("\\\\", stdout);
+        else if (c >= 0x20 && c < 0x7f)
+            putchar(c);
+        else
+            printf("\\x%02x", c);
+    }
+    putchar('\n');
+    fflush(stdout);
+}
+
+/* train.sample_every: the whole current weights gathered to rank 0 (through
+ * a scratch checkpoint under scratch_parent, train.checkpoint_dir, which
+ * every rank sees), and `tokens` greedy tokens from the start token:
+ * greedy depends on nothing but the weights, so every mesh prints the same
+ * sample (up to the rounding its weights differ by). The others wait. */
+int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.4000s/sample-step-%lld", scratch_parent, (long long)t->step);
+    int made_parent = t->rank == 0 && mkdir(scratch_parent, 0777) == 0;
+    float *weights = NULL;
+    int rc = trainer_gather_weights(t, dir, &weights);
+    if (made_parent)
+        rmdir(scratch_parent); /* only when the sample left it empty */
+    if (rc != LOOM_OK || t->rank != 0)
+        return rc;
+    int start = loom_sample_start_token(t->shape.vocab);
+    int *out = malloc((size_t)tokens * sizeof *out);
+    loom_sample_options o = {.tokens = tokens, .temperature = 0.0f};
+    rc = out ? loom_sample(&t->shape, weights, &start, 1, &o, out)
+             : loom_fail(LOOM_ERR_NO_MEMORY, "train.sample_every: out of memory");
+    if (rc == LOOM_OK)
+        print_sample_line(out, tokens, t->shape.vocab);
+    free(out);
+    free(weights);
     return rc;
 }

@@ -198,19 +198,35 @@ int trainer_load_state(trainer *t, const char *path)
     return rc;
 }
 
-/* llm.c's weights: every rank writes its shard, rank 0 joins them (no
- * rank but the writer ever holds the whole model). */
+/* The whole model's fp32 weights in llm.c's order on rank 0 (*weights,
+ * malloc'd; NULL on the other ranks), through a sharded checkpoint in the
+ * scratch directory: every rank writes what it owns there, rank 0 joins
+ * the shards and removes it. The one way the whole model is gathered, for
+ * --save and for train.sample_every alike; no rank but rank 0 ever holds
+ * the whole model. */
+int trainer_gather_weights(trainer *t, const char *scratch, float **weights)
+{
+    *weights = NULL;
+    int rc = trainer_save_sharded(t, scratch);
+    if (rc == LOOM_OK && t->rank == 0) {
+        loom_ckpt *ck = NULL;
+        if ((rc = loom_ckpt_open(scratch, &ck)) == LOOM_OK)
+            rc = loom_ckpt_read_llmc(ck, t->model, weights);
+        loom_ckpt_close(ck);
+        remove_dir(scratch, t->world);
+    }
+    return rc;
+}
+
+/* llm.c's weights (--save). */
 int trainer_save_weights(trainer *t, const char *path)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%.4000s.shards", path);
-    int rc = trainer_save_sharded(t, dir);
-    if (rc == LOOM_OK && t->rank == 0) {
-        loom_ckpt *ck = NULL;
-        if ((rc = loom_ckpt_open(dir, &ck)) == LOOM_OK)
-            rc = loom_ckpt_write_llmc(ck, t->model, path);
-        loom_ckpt_close(ck);
-        remove_dir(dir, t->world);
-    }
+    float *weights = NULL;
+    int rc = trainer_gather_weights(t, dir, &weights);
+    if (rc == LOOM_OK && t->rank == 0)
+        rc = loom_checkpoint_write(path, &t->shape, weights);
+    free(weights);
     return rc;
 }

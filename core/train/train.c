@@ -1,6 +1,7 @@
 /* loom train — the loop. Set up (setup.c), run train.steps steps (step.c),
- * report each (report.c), checkpoint every train.checkpoint_every steps and
- * save at the end (save.c), tear down. */
+ * report each (report.c) and print a sample every train.sample_every,
+ * checkpoint every train.checkpoint_every steps and save at the end
+ * (save.c), tear down. */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -27,6 +28,9 @@ static int run_steps(trainer *t, const loom_train_options *o)
     loom_config_int(t->cfg, "train.checkpoint_every", &every);
     const char *dir = "checkpoints";
     loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
+    int64_t sample_every = 0, sample_tokens = 0;
+    loom_config_int(t->cfg, "train.sample_every", &sample_every);
+    loom_config_int(t->cfg, "train.sample_tokens", &sample_tokens);
     if (t->rank == 0)
         trainer_print_header(t);
     loom_mem_usage_reset_peak();
@@ -62,6 +66,9 @@ static int run_steps(trainer *t, const loom_train_options *o)
             fflush(NULL);
             raise(SIGSTOP);
         }
+        if (sample_every > 0 && t->step % sample_every == 0 &&
+            (rc = trainer_print_sample(t, (int)sample_tokens, dir)) != LOOM_OK)
+            break;
         if (every > 0 && t->step % every == 0 && t->step < t->steps) {
             char path[4096];
             if (t->rank == 0)

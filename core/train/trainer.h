@@ -135,6 +135,7 @@ int trainer_evaluate(trainer *t, float *loss);
 /* save.c */
 int trainer_save_sharded(trainer *t, const char *dir);
 int trainer_load_state(trainer *t, const char *path);
+int trainer_gather_weights(trainer *t, const char *scratch, float **weights);
 int trainer_save_weights(trainer *t, const char *path);
 
 /* report.c */
@@ -143,5 +144,6 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
 void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss);
 int trainer_write_trace(trainer *t, const char *path);
+int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent);
 
 #endif
