@@ -12,6 +12,20 @@ static const loom_cli_option *find_option(const loom_cli_option *options, const 
     return NULL;
 }
 
+int loom_cli_save_dtype(const char *command, const char *value, loom_dtype *out)
+{
+    *out = LOOM_F32;
+    if (!value || !strcmp(value, "fp32"))
+        return 0;
+    if (!strcmp(value, "bf16")) {
+        *out = LOOM_BF16;
+        return 0;
+    }
+    fprintf(stderr, "%s: --save-dtype %s: expected fp32 (llm.c's checkpoint version 3) or bf16 "
+                    "(version 5)\n", command, value);
+    return 2;
+}
+
 int loom_cli_config_args_parse(const char *command, const char *usage, int argc, char **argv,
                                const loom_cli_option *options, loom_cli_config_args *out)
 {

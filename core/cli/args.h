@@ -3,6 +3,8 @@
 #ifndef LOOM_CLI_ARGS_H
 #define LOOM_CLI_ARGS_H
 
+#include "loom/tensor.h"
+
 #define LOOM_CLI_MAX_SETS 64
 
 /* One option of a command: with value, it takes the next argument
@@ -26,5 +28,10 @@ typedef struct loom_cli_config_args {
  * to stderr and the command's exit status (2) comes back. */
 int loom_cli_config_args_parse(const char *command, const char *usage, int argc, char **argv,
                                const loom_cli_option *options, loom_cli_config_args *out);
+
+/* --save-dtype's value (NULL: not given, fp32): "fp32" (llm.c's checkpoint
+ * version 3) or "bf16" (version 5). Anything else: one line on stderr
+ * naming command, and 2 (the exit status). */
+int loom_cli_save_dtype(const char *command, const char *value, loom_dtype *out);
 
 #endif

@@ -1,5 +1,6 @@
-/* `loom settings [CONFIG]`: every core setting (type, default, help,
- * allowed values), then each plugin's own from the search path. */
+/* `loom settings [CONFIG]`: the values CONFIG gives every setting, then
+ * every core setting (type, default, help, allowed values), then each
+ * plugin's own from the search path. */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@
 #include "cli/plugin_rows.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
+#include "train/train.h"
 
 static const char *setting_type_name(loom_setting_type t)
 {
@@ -61,13 +63,22 @@ static void print_plugin_settings(const row_list *rows)
 int loom_cmd_settings(int argc, char **argv)
 {
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
-        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: for its plugins.path)\n");
+        fprintf(stderr, "usage: loom settings [CONFIG]   (CONFIG: its values, and its "
+                        "plugins.path)\n");
         return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
     }
     loom_config *cfg = NULL;
-    if (argc == 2 && loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK) {
+    loom_gpt2_shape shape;
+    if (argc == 2 && (loom_config_load(argv[1], NULL, 0, &cfg) != LOOM_OK ||
+                      loom_train_model_shape(cfg, &shape) != LOOM_OK)) {
         fprintf(stderr, "loom settings: %s\n", loom_last_error());
+        loom_config_free(cfg);
         return 2;
+    }
+    if (cfg) {
+        printf("values of %s:\n\n", argv[1]);
+        loom_config_print_values(cfg, stdout);
+        printf("\n");
     }
     printf("core settings (any of them: --set path=value):\n\n");
     loom_config_print_schema(stdout);

@@ -9,19 +9,29 @@
 
 static const char train_usage[] =
     "usage: loom train CONFIG [--set path=value ...] [--metrics FILE] [--trace FILE] "
-    "[--save FILE] [--resume FILE]\n";
+    "[--save FILE [--save-dtype fp32|bf16]] [--resume FILE]\n";
 
 int loom_cmd_train(int argc, char **argv)
 {
     loom_train_options o = {0};
+    const char *save_dtype = NULL;
     const loom_cli_option options[] = {{"--metrics", NULL, &o.metrics, NULL},
                                        {"--trace", NULL, &o.trace, NULL},
                                        {"--save", NULL, &o.save, NULL},
+                                       {"--save-dtype", NULL, &save_dtype, NULL},
                                        {"--resume", NULL, &o.resume, NULL},
                                        {NULL, NULL, NULL, NULL}};
     loom_cli_config_args args;
     int bad = loom_cli_config_args_parse("loom train", train_usage, argc, argv, options, &args);
     if (bad)
+        return bad;
+    if (save_dtype && !o.save) {
+        fprintf(stderr, "loom train: --save-dtype %s says how --save writes the final weights, "
+                        "and there is no --save; add --save FILE or drop --save-dtype\n",
+                save_dtype);
+        return 2;
+    }
+    if ((bad = loom_cli_save_dtype("loom train", save_dtype, &o.save_dtype)))
         return bad;
     o.config = args.config;
     o.overrides = args.overrides;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "loom/status.h"
+#include "loom/tensor.h"
 #include "model/formats.h"
 #include "runtime/log.h"
 
@@ -23,8 +24,8 @@
 #define HEADER_BYTES (HEADER_INTS * (long long)sizeof(int32_t))
 
 #define CHECKPOINT_MAGIC 20240326
-#define CHECKPOINT_VERSION_FP32 3
-#define CHECKPOINT_VERSION_BF16 5 /* llm.c's train_gpt2.cu writes it; loom reads fp32 only */
+#define CHECKPOINT_VERSION_FP32 3 /* llm.c's train_gpt2.c, and train_gpt2.cu in fp32 */
+#define CHECKPOINT_VERSION_BF16 5 /* train_gpt2.cu in bf16: the same order, 2 bytes each */
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 
@@ -265,43 +266,90 @@ static int check_expected(const char *path, const loom_gpt2_shape *got,
     return LOOM_OK;
 }
 
+/* The version's element type, and its name as messages give it. */
+static int version_dtype(int32_t version, loom_dtype *dtype)
+{
+    if (version == CHECKPOINT_VERSION_FP32)
+        *dtype = LOOM_F32;
+    else if (version == CHECKPOINT_VERSION_BF16)
+        *dtype = LOOM_BF16;
+    else
+        return 0;
+    return 1;
+}
+
+static const char *version_text(loom_dtype dtype)
+{
+    return dtype == LOOM_BF16 ? "version 5 (bf16)" : "version 3 (fp32)";
+}
+
 /* A checkpoint past its magic: the version, the shape (matching expect,
- * when given), the size, and the parameters into a malloc'd *params. */
-static int read_checkpoint_body(llmc_file *file, const char *path, const loom_gpt2_shape *expect,
-                                loom_gpt2_shape *s, float **params)
+ * when given) and the body's size against the shape. */
+static int check_checkpoint_header(const llmc_file *file, const char *path,
+                                   const loom_gpt2_shape *expect, loom_gpt2_shape *s,
+                                   loom_dtype *dtype)
 {
     const int32_t *header = file->header;
-    if (header[1] == CHECKPOINT_VERSION_BF16)
+    if (!version_dtype(header[1], dtype))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "%s: checkpoint version 5 holds bf16 parameters; loom reads only "
-                         "llm.c's fp32 version 3 (use the fp32 file, e.g. gpt2_124M.bin "
-                         "rather than gpt2_124M_bf16.bin)",
-                         path);
-    if (header[1] != CHECKPOINT_VERSION_FP32)
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "%s: checkpoint version %d; loom reads only llm.c's fp32 version 3", path,
-                         (int)header[1]);
+                         "%s: checkpoint version %d; loom reads llm.c's version 3 (fp32) and "
+                         "version 5 (bf16)",
+                         path, (int)header[1]);
     *s = (loom_gpt2_shape){.max_seq = header[2], .vocab = header[3], .layers = header[4],
                            .heads = header[5], .channels = header[6], .padded_vocab = header[7]};
     int rc;
     if ((rc = check_shape(path, s)) || (expect && (rc = check_expected(path, s, expect))))
         return rc;
-    long long want = (long long)param_bytes_checked(s), have = file->body;
+    long long want = (long long)(param_bytes_checked(s) / sizeof(float) * loom_dtype_size(*dtype));
+    long long have = file->body;
+    if (have == want)
+        return LOOM_OK;
     char shape_text[128];
     shape_string(s, shape_text, sizeof shape_text);
-    if (have < want)
-        return loom_fail(LOOM_ERR_INVALID, "%s: truncated: %lld bytes of parameters, want %lld for %s",
-                         path, have, want, shape_text);
-    if (have > want)
-        return loom_fail(LOOM_ERR_INVALID,
-                         "%s: %lld bytes of trailing garbage after the %lld bytes of parameters "
-                         "for %s",
-                         path, have - want, want, shape_text);
+    return loom_fail(LOOM_ERR_INVALID,
+                     "%s: %s: a %s file holds %lld bytes after the header, the header's shape %s "
+                     "needs %lld",
+                     path, have < want ? "truncated" : "trailing garbage", version_text(*dtype),
+                     have, shape_text, want);
+}
+
+/* The body into a malloc'd fp32 *params: bf16 widens exactly. */
+static int read_checkpoint_body(llmc_file *file, const char *path, const loom_gpt2_shape *s,
+                                loom_dtype dtype, float **params)
+{
     size_t count = loom_gpt2_param_count(s);
     if (!(*params = malloc(count * sizeof(float))))
-        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory for %lld bytes of parameters", path,
-                         want);
-    return read_body(file, path, "parameters", *params, sizeof(float), count);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory for %zu parameters", path, count);
+    if (dtype == LOOM_F32)
+        return read_body(file, path, "parameters", *params, sizeof(float), count);
+    /* Read into the upper half of the buffer and widen upwards from the
+     * start: writing float i (bytes 4i..4i+3) never reaches bf16 value j > i
+     * (at 2count + 2j), so one buffer serves both. */
+    uint16_t *half = (uint16_t *)(void *)(*params) + count;
+    int rc = read_body(file, path, "parameters", half, sizeof(uint16_t), count);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < count; i++)
+        (*params)[i] = loom_bf16_to_f32(half[i]);
+    return LOOM_OK;
+}
+
+int loom_checkpoint_read_header(const char *path, loom_gpt2_shape *shape, loom_dtype *dtype)
+{
+    llmc_file file;
+    int rc = llmc_open(&file, path, "GPT-2 checkpoint", CHECKPOINT_MAGIC);
+    if (rc)
+        return rc;
+    loom_gpt2_shape s;
+    loom_dtype d;
+    rc = check_checkpoint_header(&file, path, NULL, &s, &d);
+    fclose(file.f);
+    if (rc == LOOM_OK) {
+        *shape = s;
+        if (dtype)
+            *dtype = d;
+    }
+    return rc;
 }
 
 int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_gpt2_shape *shape,
@@ -313,8 +361,11 @@ int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_g
     if (rc)
         return rc;
     loom_gpt2_shape s;
+    loom_dtype dtype;
     float *p = NULL;
-    rc = read_checkpoint_body(&file, path, expect, &s, &p);
+    rc = check_checkpoint_header(&file, path, expect, &s, &dtype);
+    if (rc == LOOM_OK)
+        rc = read_checkpoint_body(&file, path, &s, dtype, &p);
     fclose(file.f);
     if (rc) {
         free(p);
@@ -326,25 +377,53 @@ int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_g
     return LOOM_OK;
 }
 
-int loom_checkpoint_write(const char *path, const loom_gpt2_shape *shape, const float *params)
+/* bf16 parameters a piece at a time, rounded to nearest even: no second
+ * copy of the whole model. */
+enum { BF16_PIECE = 1 << 16 };
+
+static int write_bf16(atomic_file *af, const float *params, size_t count, uint16_t *piece)
 {
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < BF16_PIECE ? count - done : BF16_PIECE;
+        for (size_t i = 0; i < n; i++)
+            piece[i] = loom_f32_to_bf16(params[done + i]);
+        int rc = atomic_write(af, piece, n * sizeof(uint16_t));
+        if (rc)
+            return rc;
+        done += n;
+    }
+    return LOOM_OK;
+}
+
+int loom_checkpoint_write(const char *path, const loom_gpt2_shape *shape, const float *params,
+                          loom_dtype dtype)
+{
+    if (dtype != LOOM_F32 && dtype != LOOM_BF16)
+        return loom_fail(LOOM_ERR_INVALID, "%s: llm.c checkpoints hold fp32 or bf16, not %s", path,
+                         loom_dtype_name(dtype));
     int rc = check_shape(path, shape);
     if (rc)
         return rc;
     int32_t header[HEADER_INTS] = {0};
     header[0] = CHECKPOINT_MAGIC;
-    header[1] = CHECKPOINT_VERSION_FP32;
+    header[1] = dtype == LOOM_BF16 ? CHECKPOINT_VERSION_BF16 : CHECKPOINT_VERSION_FP32;
     header[2] = shape->max_seq;
     header[3] = shape->vocab;
     header[4] = shape->layers;
     header[5] = shape->heads;
     header[6] = shape->channels;
     header[7] = shape->padded_vocab;
+    size_t count = loom_gpt2_param_count(shape);
+    uint16_t *piece = NULL;
+    if (dtype == LOOM_BF16 && !(piece = malloc(BF16_PIECE * sizeof(uint16_t))))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: no memory to convert to bf16", path);
     atomic_file af;
-    if ((rc = atomic_open(&af, path)) || (rc = atomic_write(&af, header, sizeof header)) ||
-        (rc = atomic_write(&af, params, loom_gpt2_param_count(shape) * sizeof(float))))
-        return rc;
-    return atomic_commit(&af);
+    if ((rc = atomic_open(&af, path)) == LOOM_OK &&
+        (rc = atomic_write(&af, header, sizeof header)) == LOOM_OK)
+        rc = piece ? write_bf16(&af, params, count, piece)
+                   : atomic_write(&af, params, count * sizeof(float));
+    free(piece);
+    return rc ? rc : atomic_commit(&af);
 }
 
 /* ------------------------------------------------------- random init */

@@ -1,8 +1,8 @@
 /* loom core — llm.c's file formats, and the data loader.
  *
  * GPT-2 checkpoint (.bin): 256 int32 header — [0] magic 20240326,
- * [1] version 3 (fp32), [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp — then
- * the parameters as fp32 in llm.c's order: wte (Vp,C), wpe (maxT,C),
+ * [1] version 3 (fp32) or 5 (bf16), [2] maxT, [3] V, [4] L, [5] NH, [6] C,
+ * [7] Vp — then the parameters as fp32 or bf16 in llm.c's order: wte (Vp,C), wpe (maxT,C),
  * ln1w (L,C), ln1b (L,C), qkvw (L,3C,C), qkvb (L,3C), attprojw (L,C,C),
  * attprojb (L,C), ln2w (L,C), ln2b (L,C), fcw (L,4C,C), fcb (L,4C),
  * fcprojw (L,C,4C), fcprojb (L,C), lnfw (C), lnfb (C).
@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/tensor.h"
+
 #define LOOM_GPT2_TENSORS 16
 
 typedef struct loom_gpt2_shape {
@@ -26,12 +28,20 @@ void loom_gpt2_tensor_sizes(const loom_gpt2_shape *s, size_t sizes[LOOM_GPT2_TEN
 size_t loom_gpt2_param_count(const loom_gpt2_shape *s);
 extern const char *const loom_gpt2_tensor_names[LOOM_GPT2_TENSORS]; /* "wte", ... */
 
-/* Read a checkpoint: *params is malloc'd, llm.c's order. expect (nullable):
- * every field must match, else one line naming the file, the field, the
- * file's value and the config's. */
+/* Read a checkpoint of either version: *params is malloc'd fp32 (bf16
+ * widens exactly), llm.c's order. expect (nullable): every field must
+ * match, else one line naming the file, the field, the file's value and the
+ * config's. */
 int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect,
                          loom_gpt2_shape *shape, float **params);
-int loom_checkpoint_write(const char *path, const loom_gpt2_shape *shape, const float *params);
+/* The header alone, checked as the read checks it (version, shape, the
+ * body's size): the shape, and the element type of the version (dtype
+ * nullable). */
+int loom_checkpoint_read_header(const char *path, loom_gpt2_shape *shape, loom_dtype *dtype);
+/* dtype LOOM_F32 writes version 3, LOOM_BF16 version 5 (rounding to
+ * nearest even). */
+int loom_checkpoint_write(const char *path, const loom_gpt2_shape *shape, const float *params,
+                          loom_dtype dtype);
 
 /* llm.c's random initialisation as loom defines it: every weight N(0, 0.02),
  * the residual projections (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), biases

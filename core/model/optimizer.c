@@ -1,4 +1,4 @@
-/* AdamW exactly as llm.c's CPU update, and the learning-rate schedule. */
+/* AdamW exactly as llm.c's update, and the learning-rate schedule. */
 #include <math.h>
 
 #include "loom/strategy.h"
@@ -27,6 +27,48 @@ void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *
         m[i] = mi;
         v[i] = vi;
         master[i] -= s->lr * (m_hat / (sqrtf(v_hat) + s->eps) + s->weight_decay * master[i]);
+    }
+}
+
+void loom_adamw_update_range_all(const loom_optimizer_step *s, const loom_unit *unit,
+                                 size_t offset, float *master, const void *grad,
+                                 loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    (void)unit;
+    (void)offset;
+    loom_adamw_update(s, master, grad, grad_dtype, m, v, n);
+}
+
+/* Whether element i of the unit's flat buffer lies in a tensor that decays,
+ * and where the run of elements like it ends (at most end). */
+static int decays_until(const loom_unit *unit, size_t i, size_t end, size_t *until)
+{
+    size_t next = end; /* the next tensor's start past i: where padding ends */
+    for (int k = 0; k < unit->ntensors; k++) {
+        const loom_param_desc *d = &unit->tensors[k];
+        if (i >= d->offset && i < d->offset + d->count) {
+            *until = d->offset + d->count < end ? d->offset + d->count : end;
+            return d->ndim >= 2;
+        }
+        if (d->offset > i && d->offset < next)
+            next = d->offset;
+    }
+    *until = next;
+    return 0;
+}
+
+void loom_adamw_update_range_matrices(const loom_optimizer_step *s, const loom_unit *unit,
+                                      size_t offset, float *master, const void *grad,
+                                      loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    loom_optimizer_step plain = *s;
+    plain.weight_decay = 0.0f;
+    size_t esize = loom_dtype_size(grad_dtype), end = offset + n;
+    for (size_t i = offset, until; i < end; i = until) {
+        const loom_optimizer_step *step = decays_until(unit, i, end, &until) ? s : &plain;
+        size_t k = i - offset;
+        loom_adamw_update(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k,
+                          v + k, until - i);
     }
 }
 

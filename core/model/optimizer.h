@@ -1,5 +1,6 @@
-/* loom core — AdamW (llm.c's CPU update: bias correction, decoupled weight
- * decay on every parameter) and the learning-rate schedule. */
+/* loom core — AdamW (llm.c's update: bias correction, decoupled weight
+ * decay on every parameter as its CPU trainer, or on the matrices only as
+ * its GPU trainer) and the learning-rate schedule. */
 #ifndef LOOM_OPTIMIZER_H
 #define LOOM_OPTIMIZER_H
 
@@ -9,6 +10,17 @@
 /* The update a data strategy applies to the master weights it owns. */
 void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,
                        loom_dtype grad_dtype, float *m, float *v, size_t n);
+
+/* update_range for train.decay = "all": the range decays whatever it holds. */
+void loom_adamw_update_range_all(const loom_optimizer_step *s, const loom_unit *unit,
+                                 size_t offset, float *master, const void *grad,
+                                 loom_dtype grad_dtype, float *m, float *v, size_t n);
+/* update_range for train.decay = "matrices": elements of the unit's tensors
+ * of 2 and more dimensions decay (wte, wpe, qkvw, attprojw, fcw, fcprojw),
+ * the rest (biases, LayerNorms, padding) do not. */
+void loom_adamw_update_range_matrices(const loom_optimizer_step *s, const loom_unit *unit,
+                                      size_t offset, float *master, const void *grad,
+                                      loom_dtype grad_dtype, float *m, float *v, size_t n);
 
 typedef struct loom_lr_schedule {
     float lr;

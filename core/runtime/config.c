@@ -61,6 +61,7 @@ typedef struct schema_entry {
 static const char *const model_kinds[] = {"gpt2", NULL};
 static const char *const model_inits[] = {"random", "checkpoint", NULL};
 static const char *const lr_schedules[] = {"constant", "cosine", NULL};
+static const char *const decays[] = {"all", "matrices", NULL};
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const recomputes[] = {"none", "block", NULL};
 static const char *const offload_targets[] = {"none", "host", "nvme", NULL};
@@ -92,9 +93,11 @@ static const schema_entry schema[] = {
       .help = "vocabulary padded for efficient kernels (>= vocab)"),
     S("model.max_seq", V_INT, "256", .lo = 1, .flags = GE, .help = "longest sequence"),
     S("model.init", V_STRING, "random", .choices = model_inits,
-      .help = "random weights, or load model.checkpoint"),
+      .help = "random weights, or load model.checkpoint (which then gives the shape "
+      "settings left unset)"),
     S("model.seed", V_INT, "1337", .help = "seed of the random init"),
-    S("model.checkpoint", V_STRING, "", .help = "llm.c checkpoint file for init = checkpoint"),
+    S("model.checkpoint", V_STRING, "",
+      .help = "llm.c checkpoint file (version 3 fp32 or 5 bf16) for init = checkpoint"),
 
     S("data.train", V_STRING, "", .help = "llm.c token shard to train on"),
     S("data.val", V_STRING, "", .help = "llm.c token shard to validate on"),
@@ -104,6 +107,9 @@ static const schema_entry schema[] = {
     S("train.steps", V_INT, "100", .lo = 1, .flags = GE, .help = "optimizer steps"),
     S("train.lr", V_FLOAT, "1e-3", .lo = 0, .flags = GE, .help = "peak learning rate"),
     S("train.weight_decay", V_FLOAT, "0.0", .lo = 0, .flags = GE, .help = "AdamW weight decay"),
+    S("train.decay", V_STRING, "all", .choices = decays,
+      .help = "what weight decay applies to: every parameter (llm.c's CPU trainer), or only "
+      "the matrices wte, wpe, qkvw, attprojw, fcw, fcprojw (its GPU trainer)"),
     S("train.beta1", V_FLOAT, "0.9", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta1"),
     S("train.beta2", V_FLOAT, "0.999", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta2"),
     S("train.eps", V_FLOAT, "1e-8", .lo = 0, .flags = GT, .help = "AdamW epsilon"),
@@ -261,6 +267,8 @@ struct loom_config {
     char *name;        /* stands for the file in messages */
     char **overrides;  /* "path=value" as given; the hooks of overridden settings point here */
     int noverrides;
+    char **sources;    /* where derived defaults came from; their hooks point here */
+    int nsources;
 };
 
 /* ------------------------------------------------------------ paths */
@@ -373,13 +381,18 @@ static void setting_path(const config_setting_t *s, char *out, size_t cap)
 
 /* ------------------------------------------------------------ messages */
 
-/* "file:line" of a setting, or "--set path=value" when an override made it
+/* "file:line" of a setting, "--set path=value" when an override made it
  * (the hook of the override's setting points at its text; its children
- * inherit it). */
+ * inherit it), or the source of a derived default ("gpt2.bin's header"). */
 static const char *origin(const loom_config *cfg, const config_setting_t *s, char *buf, size_t cap)
 {
     for (const config_setting_t *p = s; p; p = p->parent)
         if (p->hook) {
+            for (int i = 0; i < cfg->nsources; i++)
+                if (p->hook == cfg->sources[i]) {
+                    snprintf(buf, cap, "%s", cfg->sources[i]);
+                    return buf;
+                }
             snprintf(buf, cap, "--set %s", (const char *)p->hook);
             return buf;
         }
@@ -804,6 +817,20 @@ static int check_relations(const loom_config *cfg)
         return fail_rel(cfg, "model.checkpoint", "model.init",
                         "required when model.init = \"checkpoint\"; name the llm.c checkpoint "
                         "file, e.g. model.checkpoint = \"gpt2_124M.bin\"");
+    if (!strcmp(init, "random") && ckpt[0])
+        return fail_rel(cfg, "model.checkpoint", "model.init",
+                        "\"%s\" is not read: model.init is \"random\"%s; set model.init = "
+                        "\"checkpoint\" to start from the file, or remove model.checkpoint",
+                        ckpt, loom_config_is_set(cfg, "model.init") ? "" : " (the default)");
+
+    const char *decay = "all";
+    double weight_decay = 0;
+    loom_config_string(cfg, "train.decay", &decay);
+    loom_config_float(cfg, "train.weight_decay", &weight_decay);
+    if (!strcmp(decay, "matrices") && weight_decay == 0)
+        return fail_rel(cfg, "train.decay", "train.weight_decay",
+                        "\"matrices\" picks the tensors train.weight_decay applies to, and "
+                        "train.weight_decay is 0; set a weight decay or remove train.decay");
 
     int64_t sample_every = 0;
     loom_config_int(cfg, "train.sample_every", &sample_every);
@@ -1416,6 +1443,9 @@ void loom_config_free(loom_config *cfg)
     for (int i = 0; i < cfg->noverrides; i++)
         free(cfg->overrides[i]);
     free(cfg->overrides);
+    for (int i = 0; i < cfg->nsources; i++)
+        free(cfg->sources[i]);
+    free(cfg->sources);
     free(cfg->file);
     free(cfg->name);
     free(cfg);
@@ -1515,9 +1545,34 @@ const char *loom_config_where(const loom_config *cfg, const char *path)
     static _Thread_local char buf[PATH_MAX_LEN + 64];
     int blocked;
     const config_setting_t *s = cfg && path ? find_setting(&cfg->tree, path, &blocked) : NULL;
-    if (!s)
-        return "default";
+    if (!s) {
+        /* a derived default says where it came from */
+        const config_setting_t *d = cfg && path ? find_setting(&cfg->defaults, path, &blocked) : NULL;
+        return d && d->hook ? (const char *)d->hook : "default";
+    }
     return origin(cfg, s, buf, sizeof buf);
+}
+
+int loom_config_derive_int(loom_config *cfg, const char *path, int64_t value, const char *source)
+{
+    const schema_entry *e = schema_find(path);
+    if (!e || e->type != V_INT || loom_config_is_set(cfg, path))
+        return loom_fail(LOOM_ERR_INTERNAL, "config: %s is not an unset integer setting to derive",
+                         path);
+    char **grown = realloc(cfg->sources, (size_t)(cfg->nsources + 1) * sizeof *grown);
+    if (!grown)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
+    cfg->sources = grown;
+    if (!(cfg->sources[cfg->nsources] = strdup(source)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "config: out of memory");
+    char *hook = cfg->sources[cfg->nsources++];
+    char text[32], err[256];
+    snprintf(text, sizeof text, "%lld", (long long)value);
+    int rc = set_from_text(&cfg->defaults, path, text, V_INT, hook, err, sizeof err);
+    if (rc)
+        return loom_fail(rc, "config: %s = %s from %s: %s", path, text, source, err);
+    int blocked;
+    return check_value(cfg, find_setting(&cfg->defaults, path, &blocked), path, e);
 }
 
 const char *loom_config_file(const loom_config *cfg)
@@ -1755,4 +1810,63 @@ void loom_config_print_schema(FILE *f)
                 later ? " [not implemented yet: " : "", later ? later->why : "",
                 later ? "]" : "");
     }
+}
+
+/* A value as a config would write it: 4, 0.001, true, "ddp", ["mpi", "ucx"]. */
+static void value_text(const config_setting_t *s, char *buf, size_t cap)
+{
+    switch (config_setting_type(s)) {
+    case CONFIG_TYPE_INT:
+    case CONFIG_TYPE_INT64: snprintf(buf, cap, "%lld", int_of(s)); return;
+    case CONFIG_TYPE_FLOAT: snprintf(buf, cap, "%g", config_setting_get_float(s)); return;
+    case CONFIG_TYPE_BOOL: snprintf(buf, cap, "%s", config_setting_get_bool(s) ? "true" : "false"); return;
+    case CONFIG_TYPE_STRING: snprintf(buf, cap, "\"%s\"", config_setting_get_string(s)); return;
+    case CONFIG_TYPE_GROUP: snprintf(buf, cap, "{ ... }"); return;
+    default: break;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < config_setting_length(s) && n < cap; i++) {
+        char elem[256];
+        value_text(config_setting_get_elem(s, (unsigned)i), elem, sizeof elem);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", elem);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
+static void print_value(const loom_config *cfg, FILE *f, const char *path,
+                        const config_setting_t *s)
+{
+    char value[512];
+    value_text(s, value, sizeof value);
+    fprintf(f, "%-30s %-24s %s\n", path, value, loom_config_where(cfg, path));
+}
+
+/* The settings the file or --set gave that the schema does not know: a
+ * plugin's. */
+static void print_plugin_values(const loom_config *cfg, FILE *f, const config_setting_t *g,
+                                const char *group)
+{
+    for (int i = 0; i < config_setting_length(g); i++) {
+        const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+        char path[PATH_MAX_LEN];
+        join_path(path, sizeof path, group, config_setting_name(s));
+        if (schema_find(path))
+            continue;
+        if (config_setting_is_group(s))
+            print_plugin_values(cfg, f, s, path);
+        else
+            print_value(cfg, f, path, s);
+    }
+}
+
+void loom_config_print_values(const loom_config *cfg, FILE *f)
+{
+    fprintf(f, "%-30s %-24s %s\n", "setting", "value", "from");
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
+        const config_setting_t *s = lookup(cfg, schema[i].path);
+        if (s)
+            print_value(cfg, f, schema[i].path, s);
+    }
+    print_plugin_values(cfg, f, config_root_setting(&cfg->tree), "");
 }

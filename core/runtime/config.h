@@ -39,10 +39,17 @@ void loom_config_print_schema(FILE *f);
 /* Why path (a setting or a group) is refused for now, e.g. "offload-nvme is
  * a later release"; NULL for a path that is implemented. */
 const char *loom_config_not_implemented(const char *path);
-/* "examples/bench.cfg:12", "--set bench.iters=5", or "default". Static
- * buffer per thread. */
+/* "examples/bench.cfg:12", "--set bench.iters=5", the source of a derived
+ * value ("gpt2.bin's header"), or "default". Static buffer per thread. */
 const char *loom_config_where(const loom_config *cfg, const char *path);
 const char *loom_config_file(const loom_config *cfg); /* NULL without a file */
+/* An integer setting the config leaves unset takes value from elsewhere
+ * (model.layers from a checkpoint's header): reads return it, is_set stays
+ * false, and where names source. */
+int loom_config_derive_int(loom_config *cfg, const char *path, int64_t value, const char *source);
+/* Every setting's value as the job sees it, and where it comes from (`loom
+ * settings CONFIG`). */
+void loom_config_print_values(const loom_config *cfg, FILE *f);
 
 /* A plugin setting's rules as `loom settings` prints them: "a | b",
  * ">= 1", "0 <= x < 1"; "" when it has none. */

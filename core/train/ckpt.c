@@ -596,12 +596,13 @@ int loom_ckpt_read_llmc(loom_ckpt *ck, const loom_model *model, float **weights)
     return rc;
 }
 
-int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *path)
+int loom_ckpt_write_llmc(loom_ckpt *ck, const loom_model *model, const char *path,
+                         loom_dtype dtype)
 {
     float *llmc = NULL;
     int rc = loom_ckpt_read_llmc(ck, model, &llmc);
     if (rc == LOOM_OK)
-        rc = loom_checkpoint_write(path, &ck->h.shape, llmc);
+        rc = loom_checkpoint_write(path, &ck->h.shape, llmc, dtype);
     free(llmc);
     return rc;
 }

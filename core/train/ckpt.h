@@ -91,11 +91,12 @@ int loom_ckpt_read_unit(loom_ckpt *ck, const loom_unit *units, int unit, float *
 void loom_ckpt_close(loom_ckpt *ck);
 
 /* Consolidation: one resumable file; llm.c's weights (model: any model of
- * the checkpoint's shape), as a file or as *weights (malloc'd, llm.c's
- * order). */
+ * the checkpoint's shape), as a file (dtype LOOM_F32 or LOOM_BF16: llm.c's
+ * version 3 or 5) or as *weights (malloc'd, llm.c's order). */
 int loom_ckpt_write_state(loom_ckpt *ck, const loom_unit *units, const char *path);
 struct loom_model;
-int loom_ckpt_write_llmc(loom_ckpt *ck, const struct loom_model *model, const char *path);
+int loom_ckpt_write_llmc(loom_ckpt *ck, const struct loom_model *model, const char *path,
+                         loom_dtype dtype);
 int loom_ckpt_read_llmc(loom_ckpt *ck, const struct loom_model *model, float **weights);
 
 #endif

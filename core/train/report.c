@@ -1,5 +1,6 @@
 /* loom train — What a run prints and writes: the header, the progress line, the
  * --metrics JSON lines, the merged --trace. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,18 +114,33 @@ static void write_tier_bytes(FILE *f, const loom_mem_usage *u, int peaks)
     }
 }
 
+/* ", \"name\": value" in format fmt; JSON has no inf or nan, so a number
+ * that is not finite (an overflowed gradient norm) is null. */
+static void json_number(FILE *f, const char *name, const char *fmt, double value)
+{
+    fprintf(f, ", \"%s\": ", name);
+    if (isfinite(value))
+        fprintf(f, fmt, value);
+    else
+        fprintf(f, "null");
+}
+
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
 {
     double tps = (double)t->batch * t->seq / r->seconds;
     loom_mem_usage u;
     loom_mem_usage_get(&u);
-    fprintf(f,
-            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens_per_s\": %.3f, \"step_ms\": %.3f, \"mfu\": %.6f, \"skipped\": %s, "
-            "\"loss_scale\": %g, \"held_bytes\": {",
-            (long long)t->step + 1, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3,
-            loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world),
-            r->skipped ? "true" : "false", t->loss_scale);
+    fprintf(f, "{\"step\": %lld", (long long)t->step + 1);
+    json_number(f, "loss", "%.9g", r->loss);
+    json_number(f, "lr", "%.9g", r->lr);
+    json_number(f, "grad_norm", "%.9g", r->grad_norm);
+    json_number(f, "tokens_per_s", "%.3f", tps);
+    json_number(f, "step_ms", "%.3f", r->seconds * 1e3);
+    json_number(f, "mfu", "%.6f",
+                loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world));
+    fprintf(f, ", \"skipped\": %s", r->skipped ? "true" : "false");
+    json_number(f, "loss_scale", "%g", t->loss_scale);
+    fprintf(f, ", \"held_bytes\": {");
     /* what stays between steps (offloaded state has left the host), and
      * the peaks last, where the older readers of this line look for them */
     write_tier_bytes(f, &u, 0);
@@ -140,14 +156,16 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
                     (unsigned long long)moved[p]);
         fprintf(f, "}");
     }
-    fprintf(f, "}, \"tier_wait_ms\": %.3f", (double)t->tier_step.wait_ns / 1e6);
+    fprintf(f, "}");
+    json_number(f, "tier_wait_ms", "%.3f", (double)t->tier_step.wait_ns / 1e6);
     fprintf(f, ", \"peak_bytes\": {");
     write_tier_bytes(f, &u, 1);
     fprintf(f, "}");
     if (t->pipeline) {
         loom_pipeline_stats st;
         loom_pipeline_get_stats(t->pipeline, &st);
-        fprintf(f, ", \"bubble\": %.6f, \"live_microbatches\": %d", t->bubble, st.peak_live);
+        json_number(f, "bubble", "%.6f", t->bubble);
+        fprintf(f, ", \"live_microbatches\": %d", st.peak_live);
         for (int k = 0; k < 2; k++) {
             fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
             for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)

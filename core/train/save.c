@@ -218,15 +218,15 @@ int trainer_gather_weights(trainer *t, const char *scratch, float **weights)
     return rc;
 }
 
-/* llm.c's weights (--save). */
-int trainer_save_weights(trainer *t, const char *path)
+/* llm.c's weights (--save), fp32 or bf16. */
+int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%.4000s.shards", path);
     float *weights = NULL;
     int rc = trainer_gather_weights(t, dir, &weights);
     if (rc == LOOM_OK && t->rank == 0)
-        rc = loom_checkpoint_write(path, &t->shape, weights);
+        rc = loom_checkpoint_write(path, &t->shape, weights, dtype);
     free(weights);
     return rc;
 }

@@ -82,18 +82,6 @@ static int check_mesh_shape(const trainer *t)
     return LOOM_OK;
 }
 
-static int load_shape(trainer *t)
-{
-    const loom_config *cfg = t->cfg;
-    trainer_read_int(cfg, "model.layers", &t->shape.layers);
-    trainer_read_int(cfg, "model.heads", &t->shape.heads);
-    trainer_read_int(cfg, "model.channels", &t->shape.channels);
-    trainer_read_int(cfg, "model.vocab", &t->shape.vocab);
-    trainer_read_int(cfg, "model.padded_vocab", &t->shape.padded_vocab);
-    trainer_read_int(cfg, "model.max_seq", &t->shape.max_seq);
-    return LOOM_OK;
-}
-
 /* Initial parameters in llm.c's order: the checkpoint, or seeded random. */
 static int initial_params(trainer *t, float **out)
 {
@@ -185,6 +173,18 @@ static int create_strategy(trainer *t)
         return trainer_fail_at(t, rc, "parallel.dp.size");
     if ((rc = check_requirements(t, name)) != LOOM_OK)
         return rc;
+    /* Before 1.5 a strategy steps through update, which cannot tell a
+     * unit's tensors apart. */
+    uint32_t abi = t->dp_plugin->exported->abi_version;
+    if (t->decay_matrices && LOOM_ABI_VERSION_MINOR(abi) < 5)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: train.decay = \"matrices\" needs a data strategy built for loom "
+                         "plugin ABI 1.5 or later (it steps ranges through update_range), but "
+                         "%s was built for %u.%u (%s); rebuild it against this loom or set "
+                         "train.decay = \"all\"",
+                         loom_config_where(t->cfg, "train.decay"), name,
+                         LOOM_ABI_VERSION_MAJOR(abi), LOOM_ABI_VERSION_MINOR(abi),
+                         t->dp_plugin->path);
     const loom_host *host;
     if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;
@@ -253,6 +253,9 @@ static void read_settings(trainer *t)
     t->beta2 = trainer_read_float(t->cfg, "train.beta2");
     t->eps = trainer_read_float(t->cfg, "train.eps");
     t->weight_decay = trainer_read_float(t->cfg, "train.weight_decay");
+    const char *decay = "all";
+    loom_config_string(t->cfg, "train.decay", &decay);
+    t->decay_matrices = !strcmp(decay, "matrices");
     t->clip = trainer_read_float(t->cfg, "train.clip");
     t->loss_scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
     loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
@@ -363,7 +366,8 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     loom_mem_defer_limit(1);
     if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
         return rc;
-    load_shape(t);
+    if ((rc = loom_train_model_shape(t->cfg, &t->shape)) != LOOM_OK)
+        return rc;
     read_settings(t);
     if ((rc = open_data(t)) != LOOM_OK)
         return rc;

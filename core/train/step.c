@@ -2,6 +2,7 @@
  * strategy's hooks (or the pipeline executor), the loss and gradient norm
  * over the mesh, the optimizer step, fp16 loss scaling. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -10,6 +11,39 @@
 #include "runtime/memory.h"
 #include "runtime/trace.h"
 #include "train/trainer.h"
+
+/* With train.decay = "matrices", update cannot do what the job asks (it
+ * decays every element it gets): its calls are counted here, and the step
+ * refused. A strategy may call it from threads of its own. */
+static atomic_int whole_updates;
+
+static void count_whole_update(const loom_optimizer_step *s, float *master, const void *grad,
+                               loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    atomic_fetch_add(&whole_updates, 1);
+    loom_adamw_update(s, master, grad, grad_dtype, m, v, n);
+}
+
+static int optimizer_step(trainer *t, const step_result *r, float norm)
+{
+    loom_optimizer_step s = {
+        .step = t->step + 1, .lr = r->lr, .beta1 = t->beta1, .beta2 = t->beta2, .eps = t->eps,
+        .weight_decay = t->weight_decay, .grad_scale = 1.0f / t->loss_scale,
+        .update = t->decay_matrices ? count_whole_update : loom_adamw_update,
+        .update_range = t->decay_matrices ? loom_adamw_update_range_matrices
+                                          : loom_adamw_update_range_all};
+    if (t->clip > 0 && norm > t->clip)
+        s.grad_scale *= t->clip / norm;
+    atomic_store(&whole_updates, 0);
+    int rc = t->dp->data_optimizer_step(t->strategy, &s);
+    if (rc == LOOM_OK && atomic_load(&whole_updates) > 0)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: train.decay = \"matrices\", but strategy %s stepped through "
+                         "loom_optimizer_step.update, which cannot tell a unit's tensors apart; "
+                         "it must call update_range (ABI 1.5), or set train.decay = \"all\"",
+                         loom_config_where(t->cfg, "train.decay"), t->dp_plugin->header->name);
+    return rc;
+}
 
 static void sync_unit(trainer *t, int u)
 {
@@ -280,11 +314,7 @@ int trainer_step(trainer *t, step_result *r)
             return rc;
         trainer_sync_units(t);
     } else {
-        loom_optimizer_step s = {t->step + 1, r->lr, t->beta1, t->beta2, t->eps, t->weight_decay,
-                                 1.0f / t->loss_scale, loom_adamw_update};
-        if (t->clip > 0 && norm > t->clip)
-            s.grad_scale *= t->clip / norm;
-        if ((rc = t->dp->data_optimizer_step(t->strategy, &s)) != LOOM_OK)
+        if ((rc = optimizer_step(t, r, norm)) != LOOM_OK)
             return rc;
         /* the step's write-backs land within the step they belong to */
         if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)

@@ -82,7 +82,7 @@ static int run_steps(trainer *t, const loom_train_options *o)
     }
     if (metrics)
         fclose(metrics);
-    if (rc == LOOM_OK && o->save && (rc = trainer_save_weights(t, o->save)) == LOOM_OK && t->rank == 0)
+    if (rc == LOOM_OK && o->save && (rc = trainer_save_weights(t, o->save, o->save_dtype)) == LOOM_OK && t->rank == 0)
         printf("saved %s\n", o->save);
     if (rc == LOOM_OK && o->trace)
         rc = trainer_write_trace(t, o->trace);

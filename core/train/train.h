@@ -3,8 +3,13 @@
 #ifndef LOOM_TRAIN_TRAIN_H
 #define LOOM_TRAIN_TRAIN_H
 
+#include "loom/tensor.h"
+#include "model/formats.h"
+#include "runtime/config.h"
+
 typedef struct loom_train_options {
     const char *config, *metrics, *trace, *save, *resume; /* NULL: not asked for */
+    loom_dtype save_dtype; /* --save's: LOOM_F32 (llm.c's version 3) or LOOM_BF16 (version 5) */
     const char *const *overrides;                         /* --set path=value */
     int noverrides;
 } loom_train_options;
@@ -13,5 +18,11 @@ typedef struct loom_train_options {
  * train.steps steps, then save/trace as asked. On failure the detail is in
  * loom_last_error(). */
 int loom_train(const loom_train_options *o);
+
+/* The model's shape from cfg's model.*. With model.init = "checkpoint" the
+ * checkpoint's header gives every shape setting the config leaves unset
+ * (recorded in cfg, so later reads and `loom settings` see the file's
+ * values), and every one the config sets must agree with it. */
+int loom_train_model_shape(loom_config *cfg, loom_gpt2_shape *shape);
 
 #endif

@@ -47,6 +47,7 @@ typedef struct trainer {
     loom_dtype dtype;
     loom_lr_schedule lr_schedule;
     float beta1, beta2, eps, weight_decay, clip;
+    int decay_matrices; /* train.decay = "matrices": only tensors of 2+ dimensions decay */
     float loss_scale;    /* fp16 only; 1 otherwise */
     int64_t good_steps, scale_window;
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
@@ -136,7 +137,7 @@ int trainer_evaluate(trainer *t, float *loss);
 int trainer_save_sharded(trainer *t, const char *dir);
 int trainer_load_state(trainer *t, const char *path);
 int trainer_gather_weights(trainer *t, const char *scratch, float **weights);
-int trainer_save_weights(trainer *t, const char *path);
+int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype);
 
 /* report.c */
 void trainer_print_progress(const trainer *t, const step_result *r);

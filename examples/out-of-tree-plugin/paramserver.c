@@ -432,10 +432,17 @@ static int paramserver_data_optimizer_step(loom_strategy *s, const loom_optimize
         float *part[NSTATE];
         if ((rc = fetch_state(s, i + 1)) != LOOM_OK || (rc = acquire_state(s, i, part)) != LOOM_OK)
             break;
-        /* update applies step->grad_scale (clipping and the loss scale) to
-         * the gradients first: never scale them here as well. */
+        /* update_range applies step->grad_scale (clipping and the loss
+         * scale) to the gradients first: never scale them here as well. It
+         * is told where the range lies in the unit, so that the core can
+         * decay only the tensors train.decay names; a loom older than ABI
+         * 1.5 (host version 4) has only update, which decays them all. */
         const char *grad = (const char *)s->units[i].grads + sv->begin * s->esize;
-        step->update(step, part[MASTER], grad, s->dtype, part[M], part[V], sv->count);
+        if (s->host->version >= 4)
+            step->update_range(step, &s->units[i], sv->begin, part[MASTER], grad, s->dtype,
+                               part[M], part[V], sv->count);
+        else
+            step->update(step, part[MASTER], grad, s->dtype, part[M], part[V], sv->count);
         if (s->dtype != LOOM_F32)
             loom_from_f32((char *)s->units[i].params + sv->begin * s->esize, s->dtype,
                           part[MASTER], sv->count);

@@ -461,7 +461,7 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
     int rc = need_finished(s, "data_optimizer_step");
     if (rc != LOOM_OK)
         return rc;
-    if (!step || !step->update)
+    if (!step || !step->update_range)
         return h->error(h, LOOM_ERR_INVALID, "ddp: data_optimizer_step without an update function");
     rc = wait_posted(s);
     if (rc != LOOM_OK)
@@ -478,8 +478,8 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
         if ((rc = unit_state(s, i, &st, &master)) != LOOM_OK)
             break;
         if (n)
-            step->update(step, master, (const char *)s->grads + off * s->esize, s->dtype, st.m,
-                         st.v, n);
+            step->update_range(step, &s->units[i], 0, master,
+                               (const char *)s->grads + off * s->esize, s->dtype, st.m, st.v, n);
         if (s->dtype != LOOM_F32)
             loom_from_f32((char *)s->params + off * s->esize, s->dtype, master, n);
         rc = opt_state_release(&s->opt, i, 1);

@@ -1162,7 +1162,7 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
     int rc = need_finished(s, "data_optimizer_step");
     if (rc != LOOM_OK)
         return rc;
-    if (!step || !step->update)
+    if (!step || !step->update_range)
         return h->error(h, LOOM_ERR_INVALID, NAME ": data_optimizer_step without an update function");
     if ((rc = quiesce(s)) != LOOM_OK)
         return rc;
@@ -1183,7 +1183,8 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
             break;
         }
         if (z->own_count)
-            step->update(step, master, grad, s->dtype, st.m, st.v, z->own_count);
+            step->update_range(step, z->unit, z->own_begin, master, grad, s->dtype, st.m, st.v,
+                               z->own_count);
         loom_from_f32(shard, s->dtype, master, z->own_count);
         rc = put_grad_shard(s, z, 0);
         int r2 = put_unit_state(s, z, 1);

@@ -53,6 +53,18 @@ static inline void adamw(const loom_optimizer_step *s, float *master, const void
     loom_adamw_update(s, master, grad, t, m, v, n);
 }
 
+/* The same through update_range (ABI 1.5), counting ranges that do not lie
+ * within their unit. */
+static int update_ranges_outside;
+static inline void adamw_range(const loom_optimizer_step *s, const loom_unit *unit, size_t offset,
+                               float *master, const void *grad, loom_dtype t, float *m, float *v,
+                               size_t n)
+{
+    if (!unit || offset + n > unit->numel)
+        update_ranges_outside++;
+    adamw(s, master, grad, t, m, v, n);
+}
+
 static inline int count_occurrences(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");

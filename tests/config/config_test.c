@@ -282,8 +282,8 @@ static void case_unknown_group(void)
                  "batch: unknown setting; did you mean 'train.batch'?");
     expect_error("group5.cfg", "train = { foo = 1; };\n", NULL, 0, 1,
                  "train.foo: unknown setting (valid here: batch, seq, steps, lr, weight_decay, "
-                 "beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, recompute, "
-                 "lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
+                 "decay, beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, "
+                 "recompute, lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
                  "eval_every, eval_batches, checkpoint_every, checkpoint_dir, sample_every, "
                  "sample_tokens)");
     expect_error("group6.cfg", "parallel = { xx = { size = 2; }; };\n", NULL, 0, 1,
@@ -678,7 +678,34 @@ static void case_checkpoint(void)
                                "vocab = 50257; };\n",
                                NULL, 0);
     CHECK_STR(get_str(cfg, "model.checkpoint"), "gpt2_124M.bin");
+    /* The shape the checkpoint gives (loom_train_model_shape) reads like a
+     * default that says where it came from; one the config sets is not
+     * replaced. */
+    CHECK(loom_config_derive_int(cfg, "model.layers", 12, "gpt2_124M.bin's header") == LOOM_OK);
+    CHECK(get_int(cfg, "model.layers") == 12);
+    CHECK(!loom_config_is_set(cfg, "model.layers"));
+    CHECK_STR(loom_config_where(cfg, "model.layers"), "gpt2_124M.bin's header");
+    CHECK_STR(loom_config_where(cfg, "model.heads"), "default");
+    CHECK(loom_config_derive_int(cfg, "model.vocab", 50304, "x") == LOOM_ERR_INTERNAL);
+    CHECK(get_int(cfg, "model.vocab") == 50257);
     loom_config_free(cfg);
+
+    /* Decay on the matrices of no decay at all does nothing: refused. */
+    expect_error("decay.cfg", "train = {\n  decay = \"matrices\";\n};\n", NULL, 0, 2,
+                 "train.decay: \"matrices\" picks the tensors train.weight_decay applies to, and "
+                 "train.weight_decay is 0; set a weight decay or remove train.decay");
+
+    /* A checkpoint named but never read is refused, naming both settings. */
+    expect_error("ckpt3.cfg", "model = {\n  layers = 2;\n  checkpoint = \"gpt2_124M.bin\";\n};\n",
+                 NULL, 0, 3,
+                 "model.checkpoint: \"gpt2_124M.bin\" is not read: model.init is \"random\" "
+                 "(the default); set model.init = \"checkpoint\" to start from the file, or "
+                 "remove model.checkpoint");
+    const char *sets[] = {"model.checkpoint=x.bin"};
+    expect_error("ckpt4.cfg", "model = { init = \"random\"; };\n", sets, 1, -1,
+                 "--set model.checkpoint=x.bin: model.checkpoint: \"x.bin\" is not read: "
+                 "model.init is \"random\"; set model.init = \"checkpoint\" to start from the "
+                 "file, or remove model.checkpoint");
 }
 
 /* Validation settings without a validation set would do nothing: refused

@@ -196,7 +196,8 @@ static void run(fixture *fx, const scenario *sc)
         printf("%s, grad_accum %d: %s\n", dname, sc->grad_accum, desc);
 
     loom_optimizer_step opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                               .weight_decay = 0.01f, .grad_scale = sc->grad_scale, .update = adamw};
+                               .weight_decay = 0.01f, .grad_scale = sc->grad_scale, .update = adamw,
+                               .update_range = adamw_range};
     for (int step = 1; step <= sc->steps; step++) {
         uint64_t calls0 = allreduces(fx->dp);
         int reported[NUNITS] = {0};
@@ -274,6 +275,8 @@ static void run(fixture *fx, const scenario *sc)
             CHECK(update_calls == NUNITS && update_elems == psi,
                   "%s: update called %d times on %zu elements, want %d on %zu", dname,
                   update_calls, update_elems, NUNITS, psi);
+            CHECK(update_ranges_outside == 0, "%s: %d update ranges outside their unit", dname,
+                  update_ranges_outside);
             for (int u = 0; u < NUNITS; u++)
                 adamw(&opt, ref_master[u], ref_grad[u], LOOM_F32, ref_m[u], ref_v[u], NUMEL[u]);
         }

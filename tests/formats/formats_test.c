@@ -98,7 +98,7 @@ static void case_checkpoint_roundtrip(void)
     params[7] = -0.0f; /* bit-exact means the sign of zero too */
     params[8] = 1e-42f; /* and denormals */
     const char *path = tmp_path("rt.bin");
-    CHECK(loom_checkpoint_write(path, &tiny, params) == LOOM_OK);
+    CHECK(loom_checkpoint_write(path, &tiny, params, LOOM_F32) == LOOM_OK);
     struct stat st;
     CHECK(stat(path, &st) == 0 && (size_t)st.st_size == 1024 + n * 4);
 
@@ -123,7 +123,7 @@ static void case_checkpoint_roundtrip(void)
     /* Without an expected shape, and overwriting an existing file: the
      * rename replaces it and no temp file stays behind. */
     params[0] = 123.0f;
-    CHECK(loom_checkpoint_write(path, &tiny, params) == LOOM_OK);
+    CHECK(loom_checkpoint_write(path, &tiny, params, LOOM_F32) == LOOM_OK);
     CHECK(loom_checkpoint_read(path, NULL, &got, &back) == LOOM_OK);
     CHECK(back && back[0] == 123.0f && !memcmp(back, params, n * sizeof(float)));
     free(back);
@@ -133,14 +133,106 @@ static void case_checkpoint_roundtrip(void)
 
     /* A write that cannot happen says so and leaves nothing behind. */
     const char *bad = tmp_path("no-such-dir/x.bin");
-    CHECK(loom_checkpoint_write(bad, &tiny, params) == LOOM_ERR_INVALID);
+    CHECK(loom_checkpoint_write(bad, &tiny, params, LOOM_F32) == LOOM_ERR_INVALID);
     char want_msg[512];
     snprintf(want_msg, sizeof want_msg,
              "%s: cannot create %s.tmp.%ld: No such file or directory", bad, bad, (long)getpid());
     CHECK_STR(loom_last_error(), want_msg);
     loom_gpt2_shape nonsense = tiny;
     nonsense.heads = 5;
-    CHECK(loom_checkpoint_write(path, &nonsense, params) == LOOM_ERR_INVALID);
+    CHECK(loom_checkpoint_write(path, &nonsense, params, LOOM_F32) == LOOM_ERR_INVALID);
+    CHECK(loom_checkpoint_write(path, &tiny, params, LOOM_F16) == LOOM_ERR_INVALID);
+    snprintf(want_msg, sizeof want_msg, "%s: llm.c checkpoints hold fp32 or bf16, not f16", path);
+    CHECK_STR(loom_last_error(), want_msg);
+    free(params);
+}
+
+/* bf16 bits -> float, written out here rather than through loom's own
+ * conversion: sign, 8 exponent bits, 7 mantissa bits, the top half of an
+ * fp32. */
+static float bf16_bits(uint16_t bits)
+{
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* llm.c's version 5: bf16 parameters, written rounding to nearest even and
+ * read back widened exactly. */
+static void case_checkpoint_bf16(void)
+{
+    size_t n = loom_gpt2_param_count(&tiny);
+    float *params = malloc(n * sizeof(float));
+    loom_gpt2_init_random(&tiny, 7, params);
+    /* Rounding, value by value (bf16 keeps 7 mantissa bits: 1 + k/128). */
+    const struct {
+        float in, out;
+    } rounding[] = {
+        {1.0f + 0x1p-8f, 1.0f},                       /* halfway, to even: down */
+        {1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f},         /* halfway, to even: up */
+        {1.0f + 0x1p-8f + 0x1p-20f, 1.0f + 0x1p-7f}, /* above halfway: up */
+        {1.0f + 0x1p-8f - 0x1p-20f, 1.0f},           /* below halfway: down */
+        {-2.5f, -2.5f},                               /* exact */
+        {-0.0f, -0.0f},
+        {0x1.fffffep+127f, INFINITY},                 /* FLT_MAX rounds past the top */
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(rounding); i++)
+        params[i] = rounding[i].in;
+    const char *path = tmp_path("bf16-rt.bin");
+    CHECK(loom_checkpoint_write(path, &tiny, params, LOOM_BF16) == LOOM_OK);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && (size_t)st.st_size == 1024 + n * 2);
+    int32_t header[256];
+    FILE *f = fopen(path, "rb");
+    CHECK(f && fread(header, sizeof header, 1, f) == 1);
+    if (f)
+        fclose(f);
+    int32_t want[8] = {20240326, 5, 16, 250, 2, 4, 32, 256};
+    CHECK(!memcmp(header, want, sizeof want));
+
+    loom_gpt2_shape got, header_shape;
+    loom_dtype dtype = LOOM_F32;
+    CHECK(loom_checkpoint_read_header(path, &header_shape, &dtype) == LOOM_OK);
+    CHECK(dtype == LOOM_BF16 && !memcmp(&header_shape, &tiny, sizeof tiny));
+    float *back = NULL;
+    CHECK(loom_checkpoint_read(path, &tiny, &got, &back) == LOOM_OK);
+    CHECK(!memcmp(&got, &tiny, sizeof got));
+    for (size_t i = 0; back && i < LOOM_ARRAY_LEN(rounding); i++)
+        if (memcmp(&back[i], &rounding[i].out, sizeof(float))) {
+            fprintf(stderr, "bf16 of %a read back as %a, want %a\n", (double)rounding[i].in,
+                    (double)back[i], (double)rounding[i].out);
+            failures++;
+        }
+    /* Every other value: the nearest bf16, within half a unit in the last
+     * place (2^-8 relative), and no more bits than bf16 holds. */
+    size_t bad = 0;
+    for (size_t i = LOOM_ARRAY_LEN(rounding); back && i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &back[i], sizeof bits);
+        if ((bits & 0xffffu) || fabsf(back[i] - params[i]) > fabsf(params[i]) * 0x1p-8f)
+            bad++;
+    }
+    CHECK(back && bad == 0);
+    free(back);
+
+    /* A version 5 file written by hand: each value exactly. */
+    const uint16_t bits[] = {0x3f80, 0xc020, 0x3e80, 0x8000, 0x0001, 0x7f7f};
+    const float values[] = {1.0f, -2.5f, 0.25f, -0.0f, 0x1p-133f, 0x1.fep+127f};
+    uint16_t *body = calloc(n, sizeof(uint16_t));
+    memcpy(body, bits, sizeof bits);
+    for (size_t i = LOOM_ARRAY_LEN(bits); i < n; i++)
+        body[i] = (uint16_t)(0x3c00 + i % 256); /* small positive numbers */
+    const char *hand = write_file("bf16-hand.bin", want, 8, body, n * 2);
+    CHECK(loom_checkpoint_read(hand, NULL, &got, &back) == LOOM_OK);
+    for (size_t i = 0; back && i < LOOM_ARRAY_LEN(bits); i++)
+        CHECK(!memcmp(&back[i], &values[i], sizeof(float)));
+    size_t wrong = 0;
+    for (size_t i = 0; back && i < n; i++)
+        wrong += memcmp(&back[i], &(float){bf16_bits(body[i])}, sizeof(float)) != 0;
+    CHECK(back && wrong == 0);
+    free(back);
+    free(body);
     free(params);
 }
 
@@ -188,26 +280,52 @@ static void case_checkpoint_errors(void)
                       "truncated: 32 bytes, shorter than the 1024-byte header of an llm.c GPT-2 "
                       "checkpoint");
 
-    int32_t bf16[8] = {20240326, 5, 16, 250, 2, 4, 32, 256};
-    expect_ckpt_error(write_file("bf16.bin", bf16, 8, body, n * 2), NULL, LOOM_ERR_NOT_SUPPORTED,
-                      "checkpoint version 5 holds bf16 parameters; loom reads only llm.c's fp32 "
-                      "version 3 (use the fp32 file, e.g. gpt2_124M.bin rather than "
-                      "gpt2_124M_bf16.bin)");
     int32_t v2[8] = {20240326, 2, 16, 250, 2, 4, 32, 256};
     expect_ckpt_error(write_file("v2.bin", v2, 8, body, bytes), NULL, LOOM_ERR_NOT_SUPPORTED,
-                      "checkpoint version 2; loom reads only llm.c's fp32 version 3");
+                      "checkpoint version 2; loom reads llm.c's version 3 (fp32) and version 5 "
+                      "(bf16)");
+    int32_t v4[8] = {20240326, 4, 16, 250, 2, 4, 32, 256};
+    expect_ckpt_error(write_file("v4.bin", v4, 8, body, n * 2), NULL, LOOM_ERR_NOT_SUPPORTED,
+                      "checkpoint version 4; loom reads llm.c's version 3 (fp32) and version 5 "
+                      "(bf16)");
 
-    snprintf(rest, sizeof rest, "truncated: 1000 bytes of parameters, want %zu for %s", bytes,
-             shape);
+    snprintf(rest, sizeof rest,
+             "truncated: a version 3 (fp32) file holds 1000 bytes after the header, the header's "
+             "shape %s needs %zu", shape, bytes);
     expect_ckpt_error(write_file("trunc.bin", good, 8, body, 1000), &tiny, LOOM_ERR_INVALID, rest);
-    snprintf(rest, sizeof rest, "truncated: %zu bytes of parameters, want %zu for %s", bytes - 1,
-             bytes, shape);
+    snprintf(rest, sizeof rest,
+             "truncated: a version 3 (fp32) file holds %zu bytes after the header, the header's "
+             "shape %s needs %zu", bytes - 1, shape, bytes);
     expect_ckpt_error(write_file("trunc1.bin", good, 8, body, bytes - 1), NULL, LOOM_ERR_INVALID,
                       rest);
     snprintf(rest, sizeof rest,
-             "12 bytes of trailing garbage after the %zu bytes of parameters for %s", bytes, shape);
+             "trailing garbage: a version 3 (fp32) file holds %zu bytes after the header, the "
+             "header's shape %s needs %zu", bytes + 12, shape, bytes);
     expect_ckpt_error(write_file("trailing.bin", good, 8, body, bytes + 12), NULL, LOOM_ERR_INVALID,
                       rest);
+
+    /* Version 5 holds 2 bytes a parameter: the fp32 size is wrong for it,
+     * and a bad header field is named as in version 3. */
+    int32_t bf16[8] = {20240326, 5, 16, 250, 2, 4, 32, 256};
+    snprintf(rest, sizeof rest,
+             "trailing garbage: a version 5 (bf16) file holds %zu bytes after the header, the "
+             "header's shape %s needs %zu", bytes, shape, n * 2);
+    expect_ckpt_error(write_file("bf16-fp32size.bin", bf16, 8, body, bytes), NULL,
+                      LOOM_ERR_INVALID, rest);
+    snprintf(rest, sizeof rest,
+             "truncated: a version 5 (bf16) file holds %zu bytes after the header, the header's "
+             "shape %s needs %zu", n * 2 - 2, shape, n * 2);
+    expect_ckpt_error(write_file("bf16-short.bin", bf16, 8, body, n * 2 - 2), NULL,
+                      LOOM_ERR_INVALID, rest);
+    int32_t bf16_heads[8] = {20240326, 5, 16, 250, 2, 5, 32, 256};
+    expect_ckpt_error(write_file("bf16-heads.bin", bf16_heads, 8, body, n * 2), NULL,
+                      LOOM_ERR_INVALID, "bad header: C=32 does not divide by NH=5");
+    int32_t bf16_vp[8] = {20240326, 5, 16, 250, 2, 4, 32, 0};
+    expect_ckpt_error(write_file("bf16-vp.bin", bf16_vp, 8, body, n * 2), NULL,
+                      LOOM_ERR_INVALID, "bad header: Vp=0, must be positive");
+    loom_gpt2_shape header_shape;
+    CHECK(loom_checkpoint_read_header(write_file("bf16-heads.bin", bf16_heads, 8, body, n * 2),
+                                      &header_shape, NULL) == LOOM_ERR_INVALID);
 
     /* The shape against the config: each field by its setting's name. */
     const char *path = write_file("good.bin", good, 8, body, bytes);
@@ -253,8 +371,8 @@ static void case_checkpoint_errors(void)
     /* A big but representable shape is a truncation, not an overflow. */
     int32_t big[8] = {20240326, 3, 1024, 50257, 48, 25, 1600, 50304};
     snprintf(rest, sizeof rest,
-             "truncated: %zu bytes of parameters, want 6230745600 for L=48 C=1600 NH=25 "
-             "V=50257 Vp=50304 maxT=1024",
+             "truncated: a version 3 (fp32) file holds %zu bytes after the header, the header's "
+             "shape L=48 C=1600 NH=25 V=50257 Vp=50304 maxT=1024 needs 6230745600",
              bytes);
     expect_ckpt_error(write_file("big.bin", big, 8, body, bytes), NULL, LOOM_ERR_INVALID, rest);
     free(body);
@@ -650,6 +768,7 @@ int main(int argc, char **argv)
         call;                                                                                      \
     }
     RUN("checkpoint_roundtrip", case_checkpoint_roundtrip());
+    RUN("checkpoint_bf16", case_checkpoint_bf16());
     RUN("checkpoint_errors", case_checkpoint_errors());
     RUN("init", case_init());
     RUN("shard", case_shard());

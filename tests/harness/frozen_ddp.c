@@ -5,5 +5,6 @@
 
 /* After the headers, so only ddp's call of the optimizer changes; the
  * macro's own name in its expansion is not expanded again. */
-#define update(step, params, grads, dtype, m, v, n) update(step, params, grads, dtype, m, v, (n) - 1)
+#define update_range(step, unit, offset, params, grads, dtype, m, v, n)                           \
+    update_range(step, unit, offset, params, grads, dtype, m, v, (n) - 1)
 #include "../../plugins/strategy/ddp.c"

@@ -4,10 +4,10 @@
 # over mpi: the numerics harness (`loom plugins --check FILE --train`: at
 # 1, 2 and 4 ranks against the single-rank run), the optimizer state only
 # where parameters are served, that state offloaded, bf16, a pipeline, a
-# checkpoint, and a bad setting.
+# checkpoint, weight decay on the matrices only, and a bad setting.
 #   usage: paramserver_test.sh INSTALLED SOURCE_DIR CASE [ARGS...]
 #     harness SERVERS [--set ...] | memory SERVERS RANKS | offload SERVERS RANKS |
-#     bf16 | pipeline | checkpoint | bad
+#     bf16 | pipeline | checkpoint | decay | bad
 set -eu
 INSTALLED=$1
 SRC=$2
@@ -115,6 +115,13 @@ checkpoint)
     compare tail one 1e-5
     run ddp 1 --resume "$ck"
     compare tail ddp 1e-5 ;;
+decay)
+    # train.decay = "matrices": each server's ranges through update_range,
+    # decayed as the single rank decays them
+    wd="--set train.decay=matrices --set train.weight_decay=100"
+    run single 1 $wd
+    ps ps 3 sharded $wd
+    compare single ps 1e-5 ;;
 bad)
     # the setting's allowed values, checked by the core from the plugin's spec
     if "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.strategy="$PS" \

@@ -358,7 +358,7 @@ static const loom_setting_spec settings[] = {
 #if defined(VARIANT_ABI2SYM) || defined(VARIANT_ABI2HDR)
 #define ABI LOOM_ABI_VERSION(2, 0)
 #elif defined(VARIANT_NEWMINOR)
-#define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, 5)
+#define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR + 1)
 #elif defined(VARIANT_OLDMINOR)
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, 0)
 #else

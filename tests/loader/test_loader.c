@@ -195,7 +195,8 @@ static void case_newminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "newminor");
     if (!p)
         return;
-    EXPECT(p->exported->abi_version == LOOM_ABI_VERSION(1, 5), "abi %x", p->exported->abi_version);
+    EXPECT(p->exported->abi_version == LOOM_ABI_VERSION(1, LOOM_ABI_MINOR + 1), "abi %x",
+           p->exported->abi_version);
     EXPECT(p->exported->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
            "struct_size %u", p->exported->struct_size);
     EXPECT(p->ops.comm.group_start, "group_start present");

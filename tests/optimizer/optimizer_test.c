@@ -1,5 +1,7 @@
-/* AdamW against the update written out by hand, and the learning-rate
- * schedule's warm-up and cosine values. */
+/* AdamW against the update written out by hand, weight decay on the
+ * matrices only (train.decay = "matrices") over a range that crosses
+ * tensors and padding, and the learning-rate schedule's warm-up and cosine
+ * values. */
 #include <math.h>
 #include <stdio.h>
 
@@ -19,7 +21,9 @@ static int failures;
 
 int main(void)
 {
-    loom_optimizer_step s = {1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, loom_adamw_update};
+    loom_optimizer_step s = {.step = 1, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .grad_scale = 0.5f, .update = loom_adamw_update,
+                             .update_range = loom_adamw_update_range_all};
     float p[2] = {1.0f, -2.0f}, g[2] = {0.4f, -3.0f}, m[2] = {0, 0}, v[2] = {0, 0};
     loom_adamw_update(&s, p, g, LOOM_F32, m, v, 2);
     /* step 1: bias correction makes m_hat = g', v_hat = g'^2 with g' = 0.5 g */
@@ -45,6 +49,48 @@ int main(void)
     loom_adamw_update(&s, &pf, &gf, LOOM_F32, &mf, &vf, 1);
     NEAR(pb, pf, 0);
     NEAR(ph, pf, 0);
+
+    /* A unit of a 2x2 matrix, a bias of 3, 3 elements of padding and a 1x2
+     * matrix, stepped from element 2 to 11: elements 2, 3, 10 and 11
+     * decay, the bias and the padding do not. */
+    loom_param_desc descs[3] = {
+        {.name = "w", .offset = 0, .count = 4, .ndim = 2, .shape = {2, 2}},
+        {.name = "b", .offset = 4, .count = 3, .ndim = 1, .shape = {3}},
+        {.name = "w2", .offset = 10, .count = 2, .ndim = 2, .shape = {1, 2}},
+    };
+    loom_unit unit = {.ntensors = 3, .tensors = descs, .numel = 12};
+    float pr[10], gr[10];
+    for (int i = 0; i < 10; i++) {
+        pr[i] = 1.0f + 0.25f * (float)i;
+        gr[i] = (i % 2 ? -0.3f : 0.7f) * (float)(i + 1);
+    }
+    s.step = 1;
+    for (int split = 0; split < 2; split++) {
+        float q[10], mq[10] = {0}, vq[10] = {0};
+        for (int i = 0; i < 10; i++)
+            q[i] = pr[i];
+        if (split) { /* the same range in two calls, cut inside the bias */
+            loom_adamw_update_range_matrices(&s, &unit, 2, q, gr, LOOM_F32, mq, vq, 3);
+            loom_adamw_update_range_matrices(&s, &unit, 5, q + 3, gr + 3, LOOM_F32, mq + 3, vq + 3, 7);
+        } else {
+            loom_adamw_update_range_matrices(&s, &unit, 2, q, gr, LOOM_F32, mq, vq, 10);
+        }
+        for (int i = 0; i < 10; i++) {
+            int element = 2 + i, decays = element < 4 || element >= 10;
+            double gi = 0.5 * gr[i];
+            NEAR(q[i], pr[i] - 1e-2 * (gi / (fabs(gi) + 1e-8) + (decays ? 0.1 * pr[i] : 0.0)),
+                 1e-6);
+        }
+    }
+    /* "all" decays every element, whatever the unit says */
+    float qa[10], ma[10] = {0}, va[10] = {0};
+    for (int i = 0; i < 10; i++)
+        qa[i] = pr[i];
+    loom_adamw_update_range_all(&s, &unit, 2, qa, gr, LOOM_F32, ma, va, 10);
+    for (int i = 0; i < 10; i++) {
+        double gi = 0.5 * gr[i];
+        NEAR(qa[i], pr[i] - 1e-2 * (gi / (fabs(gi) + 1e-8) + 0.1 * pr[i]), 1e-6);
+    }
 
     loom_lr_schedule c = {1e-3f, 10, 110, 1, 0.1f};
     NEAR(loom_lr_at(&c, 0), 1e-4, 1e-6);           /* warm-up: lr * 1/10 */

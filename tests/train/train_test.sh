@@ -44,6 +44,15 @@ fp16_overflow)
         { cat scaled.log; echo "train_test: no overflow logged"; exit 1; }
     skipped=$(grep -c '"skipped": true' scaled.jsonl)
     [ "$skipped" -ge 10 ] || { echo "train_test: only $skipped skipped steps"; exit 1; }
+    # valid JSON all the same: an overflowed norm is null, not inf
+    python3 - scaled.jsonl <<'PY' || { echo "train_test: --metrics is not JSON"; exit 1; }
+import json, sys
+steps = [json.loads(line) for line in open(sys.argv[1])]
+skipped = [s for s in steps if s["skipped"]]
+assert skipped and all(s["grad_norm"] is None for s in skipped), "a skipped step's norm is not null"
+assert all(isinstance(s["grad_norm"], float) for s in steps if not s["skipped"])
+print("metrics: %d lines of JSON, null norms on the %d skipped steps" % (len(steps), len(skipped)))
+PY
     tail -n 1 scaled.jsonl | grep -q '"skipped": false' || { echo "train_test: still skipping"; exit 1; }
     losses scaled | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.2)) { print "loss did not fall: " first " -> " last; exit 1 } }'
     echo "fp16: $skipped steps skipped while the scale came down, then trained" ;;

@@ -294,7 +294,8 @@ static void run(fixture *fx, const scenario *sc)
           desc, R);
 
     loom_optimizer_step opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                               .weight_decay = 0.01f, .grad_scale = sc->grad_scale, .update = adamw};
+                               .weight_decay = 0.01f, .grad_scale = sc->grad_scale, .update = adamw,
+                               .update_range = adamw_range};
     for (int step = 1; step <= sc->steps; step++) {
         loom_comm_counters c0, c1, c2, c3;
         counters(fx->dp, &c0);
@@ -406,6 +407,8 @@ static void run(fixture *fx, const scenario *sc)
             update_elems = 0;
             OK(P->data_optimizer_step(s, &opt));
             stepped_elems = update_elems;
+            CHECK(update_ranges_outside == 0, "%s: %d update ranges outside their unit", dname,
+                  update_ranges_outside);
             for (int u = 0; u < NUNITS; u++)
                 adamw(&opt, ref_master[u], ref_grad[u], LOOM_F32, ref_m[u], ref_v[u], NUMEL[u]);
         }

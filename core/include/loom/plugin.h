@@ -184,7 +184,9 @@ typedef struct loom_tiered loom_tiered;
 #define LOOM_TIERED_READ 0u      /* the segment's contents */
 #define LOOM_TIERED_OVERWRITE 1u /* the caller writes all of it before reading: nothing is read */
 
-#define LOOM_HOST_VERSION 3
+/* Version 4 (ABI 1.5) adds no member: it says the loom_optimizer_step the
+ * core passes has update_range. */
+#define LOOM_HOST_VERSION 4
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;

@@ -91,16 +91,27 @@ typedef struct loom_unit {
 } loom_unit;
 
 /* AdamW as the core implements it (llm.c's update). The strategy calls
- * update on the master weights it owns. */
+ * update_range (before ABI 1.5: update) on the master weights it owns. */
 typedef struct loom_optimizer_step {
     int64_t step;       /* 1-based, for bias correction */
     float lr;
     float beta1, beta2, eps, weight_decay;
     float grad_scale;   /* multiply gradients by this first: 1 / loss scale (fp16;
                            1 otherwise), times train.clip / norm when clipping */
-    /* master, m, v: fp32, n elements. grad: n elements of grad_dtype. */
+    /* master, m, v: fp32, n elements. grad: n elements of grad_dtype.
+     * Weight decay applies to every element: with train.decay = "matrices"
+     * the core refuses a step that comes through here. */
     void (*update)(const struct loom_optimizer_step *s, float *master, const void *grad,
                    loom_dtype grad_dtype, float *m, float *v, size_t n);
+    /* Since ABI 1.5: the same on n elements of unit's flat buffer (as stored
+     * on this rank) from element offset on — master[0] is element offset —
+     * so that the core can tell which tensors they belong to
+     * (train.decay = "matrices" decays only those of 2 and more dimensions).
+     * Padding past the unit's tensors may be included. A core older than
+     * 1.5 passes no such member: call it only when host->version >= 4. */
+    void (*update_range)(const struct loom_optimizer_step *s, const loom_unit *unit,
+                         size_t offset, float *master, const void *grad, loom_dtype grad_dtype,
+                         float *m, float *v, size_t n);
 } loom_optimizer_step;
 
 /* ---- tensor axis ---- */
