@@ -82,14 +82,28 @@ void trainer_print_progress(const trainer *t, const step_result *r)
     fflush(stdout);
 }
 
+/* ", \"name\": value" in format fmt; JSON has no inf or nan, so a number
+ * that is not finite (an overflowed gradient norm) is null. */
+static void json_number(FILE *f, const char *name, const char *fmt, double value)
+{
+    fprintf(f, ", \"%s\": ", name);
+    if (isfinite(value))
+        fprintf(f, fmt, value);
+    else
+        fprintf(f, "null");
+}
+
 /* Validation before the first step: its own progress and metrics line. */
 void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss)
 {
     printf("step %4lld/%lld | val %.6f (before training)\n", (long long)t->step,
            (long long)t->steps, val_loss);
     fflush(stdout);
-    if (metrics)
-        fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t->step, val_loss);
+    if (metrics) {
+        fprintf(metrics, "{\"step\": %lld", (long long)t->step);
+        json_number(metrics, "val_loss", "%.9g", val_loss);
+        fprintf(metrics, "}\n");
+    }
 }
 
 /* "host": {"params": 1024, ..., "total": 4096}, ... for every tier used:
@@ -112,17 +126,6 @@ static void write_tier_bytes(FILE *f, const loom_mem_usage *u, int peaks)
                 (unsigned long long)(peaks ? u->peak_total[tier] : total));
         first_tier = 0;
     }
-}
-
-/* ", \"name\": value" in format fmt; JSON has no inf or nan, so a number
- * that is not finite (an overflowed gradient norm) is null. */
-static void json_number(FILE *f, const char *name, const char *fmt, double value)
-{
-    fprintf(f, ", \"%s\": ", name);
-    if (isfinite(value))
-        fprintf(f, fmt, value);
-    else
-        fprintf(f, "null");
 }
 
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
@@ -190,7 +193,7 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
         fprintf(f, "}");
     }
     if (r->evaluated)
-        fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
+        json_number(f, "val_loss", "%.9g", r->val_loss);
     fprintf(f, "}\n");
     fflush(f);
 }

@@ -173,13 +173,13 @@ static int create_strategy(trainer *t)
         return trainer_fail_at(t, rc, "parallel.dp.size");
     if ((rc = check_requirements(t, name)) != LOOM_OK)
         return rc;
-    /* Before 1.5 a strategy steps through update, which cannot tell a
+    /* Before 1.6 a strategy steps through update, which cannot tell a
      * unit's tensors apart. */
     uint32_t abi = t->dp_plugin->exported->abi_version;
-    if (t->decay_matrices && LOOM_ABI_VERSION_MINOR(abi) < 5)
+    if (t->decay_matrices && LOOM_ABI_VERSION_MINOR(abi) < 6)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\" needs a data strategy built for loom "
-                         "plugin ABI 1.5 or later (it steps ranges through update_range), but "
+                         "plugin ABI 1.6 or later (it steps ranges through update_range), but "
                          "%s was built for %u.%u (%s); rebuild it against this loom or set "
                          "train.decay = \"all\"",
                          loom_config_where(t->cfg, "train.decay"), name,
@@ -233,7 +233,7 @@ int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a)
     return LOOM_OK;
 }
 
-/* The training settings of train.* (the model's shape is load_shape's). */
+/* The training settings of train.* (the model's shape is loom_train_model_shape's). */
 static void read_settings(trainer *t)
 {
     trainer_read_int(t->cfg, "train.batch", &t->batch);

@@ -40,7 +40,7 @@ static int optimizer_step(trainer *t, const step_result *r, float norm)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\", but strategy %s stepped through "
                          "loom_optimizer_step.update, which cannot tell a unit's tensors apart; "
-                         "it must call update_range (ABI 1.5), or set train.decay = \"all\"",
+                         "it must call update_range (ABI 1.6), or set train.decay = \"all\"",
                          loom_config_where(t->cfg, "train.decay"), t->dp_plugin->header->name);
     return rc;
 }

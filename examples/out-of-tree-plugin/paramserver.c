@@ -436,7 +436,7 @@ static int paramserver_data_optimizer_step(loom_strategy *s, const loom_optimize
          * scale) to the gradients first: never scale them here as well. It
          * is told where the range lies in the unit, so that the core can
          * decay only the tensors train.decay names; a loom older than ABI
-         * 1.5 (host version 4) has only update, which decays them all. */
+         * 1.6 (host version 4) has only update, which decays them all. */
         const char *grad = (const char *)s->units[i].grads + sv->begin * s->esize;
         if (s->host->version >= 4)
             step->update_range(step, &s->units[i], sv->begin, part[MASTER], grad, s->dtype,

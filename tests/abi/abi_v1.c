@@ -28,7 +28,7 @@ PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 4); /* 4 since 1.5: loom_optimizer_step.update_range */
+PIN_VALUE(LOOM_HOST_VERSION, 4); /* 4 since 1.6: loom_optimizer_step.update_range */
 PIN_VALUE(LOOM_TIERED_READ, 0);
 PIN_VALUE(LOOM_TIERED_OVERWRITE, 1);
 PIN_VALUE(LOOM_OK, 0);
@@ -221,7 +221,7 @@ PIN_SIZE(loom_param_desc, 104);
 PIN_SIZE(loom_unit, 72);
 PIN_SIZE(loom_optimizer_step, 48);
 PIN(loom_optimizer_step, update, 32);
-PIN(loom_optimizer_step, update_range, 40); /* since 1.5 */
+PIN(loom_optimizer_step, update_range, 40); /* since 1.6 */
 PIN_SIZE(loom_param_shard, 16);
 PIN_SIZE(loom_attention_kernels, 24);
 PIN_SIZE(loom_attention, 112);

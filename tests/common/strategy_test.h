@@ -53,7 +53,7 @@ static inline void adamw(const loom_optimizer_step *s, float *master, const void
     loom_adamw_update(s, master, grad, t, m, v, n);
 }
 
-/* The same through update_range (ABI 1.5), counting ranges that do not lie
+/* The same through update_range (ABI 1.6), counting ranges that do not lie
  * within their unit. */
 static int update_ranges_outside;
 static inline void adamw_range(const loom_optimizer_step *s, const loom_unit *unit, size_t offset,

@@ -181,24 +181,24 @@ decay_strategies)
     run tp2 2 $wd --set parallel.dp.size=1 --set parallel.tp.size=2
     compare single tp2 1e-5 ;;
 decay_old-abi)
-    # a data strategy built for ABI 1.4 steps through update alone: refused
+    # a data strategy built for ABI 1.5 steps through update alone: refused
     # at set-up for decay = matrices ...
     run_old() { "$LOOM" train "$CFG" --set data.train="$DATA" --set plugins.path="[\"$OLD_ABI_DIR\"]" \
                     --set train.steps=1 "$@"; }
-    run_old --set train.decay=matrices --set train.weight_decay=0.5 > old.log 2>&1 && { cat old.log; fail "an ABI 1.4 strategy ran decay = matrices"; }
-    grep -qxF "loom train: --set train.decay=matrices: train.decay = \"matrices\" needs a data strategy built for loom plugin ABI 1.5 or later (it steps ranges through update_range), but ddp was built for 1.4 ($OLD_ABI_DIR/libloom-strategy-ddp.so); rebuild it against this loom or set train.decay = \"all\"" old.log ||
+    run_old --set train.decay=matrices --set train.weight_decay=0.5 > old.log 2>&1 && { cat old.log; fail "an ABI 1.5 strategy ran decay = matrices"; }
+    grep -qxF "loom train: --set train.decay=matrices: train.decay = \"matrices\" needs a data strategy built for loom plugin ABI 1.6 or later (it steps ranges through update_range), but ddp was built for 1.5 ($OLD_ABI_DIR/libloom-strategy-ddp.so); rebuild it against this loom or set train.decay = \"all\"" old.log ||
         { cat old.log; fail "wrong refusal"; }
     # ... and trains with decay = all as before
     run_old --set train.weight_decay=0.5 > all.log 2>&1 || { cat all.log; fail "decay = all"; }
-    echo "an ABI 1.4 strategy: refused for decay = matrices, trains with decay = all" ;;
+    echo "an ABI 1.5 strategy: refused for decay = matrices, trains with decay = all" ;;
 decay_update-only)
-    # a strategy that claims ABI 1.5 yet steps through update: its first step
+    # a strategy that claims ABI 1.6 yet steps through update: its first step
     # is refused, never trained with the wrong decay
     "$LOOM" train "$CFG" --set data.train="$DATA" --set plugins.path="[\"$OLD_ABI_DIR\"]" \
         --set train.steps=1 --set train.decay=matrices --set train.weight_decay=0.5 > careless.log 2>&1 && { cat careless.log; fail "update ran decay = matrices"; }
-    grep -qxF "loom train: --set train.decay=matrices: train.decay = \"matrices\", but strategy ddp stepped through loom_optimizer_step.update, which cannot tell a unit's tensors apart; it must call update_range (ABI 1.5), or set train.decay = \"all\"" careless.log ||
+    grep -qxF "loom train: --set train.decay=matrices: train.decay = \"matrices\", but strategy ddp stepped through loom_optimizer_step.update, which cannot tell a unit's tensors apart; it must call update_range (ABI 1.6), or set train.decay = \"all\"" careless.log ||
         { cat careless.log; fail "wrong refusal"; }
-    echo "a 1.5 strategy stepping through update: refused at its first step" ;;
+    echo "a 1.6 strategy stepping through update: refused at its first step" ;;
 *)
     echo "$TEST: unknown case $CASE"; exit 2 ;;
 esac

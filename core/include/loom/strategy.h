@@ -91,7 +91,7 @@ typedef struct loom_unit {
 } loom_unit;
 
 /* AdamW as the core implements it (llm.c's update). The strategy calls
- * update_range (before ABI 1.5: update) on the master weights it owns. */
+ * update_range (before ABI 1.6: update) on the master weights it owns. */
 typedef struct loom_optimizer_step {
     int64_t step;       /* 1-based, for bias correction */
     float lr;
@@ -103,12 +103,12 @@ typedef struct loom_optimizer_step {
      * the core refuses a step that comes through here. */
     void (*update)(const struct loom_optimizer_step *s, float *master, const void *grad,
                    loom_dtype grad_dtype, float *m, float *v, size_t n);
-    /* Since ABI 1.5: the same on n elements of unit's flat buffer (as stored
+    /* Since ABI 1.6: the same on n elements of unit's flat buffer (as stored
      * on this rank) from element offset on — master[0] is element offset —
      * so that the core can tell which tensors they belong to
      * (train.decay = "matrices" decays only those of 2 and more dimensions).
      * Padding past the unit's tensors may be included. A core older than
-     * 1.5 passes no such member: call it only when host->version >= 4. */
+     * 1.6 passes no such member: call it only when host->version >= 4. */
     void (*update_range)(const struct loom_optimizer_step *s, const loom_unit *unit,
                          size_t offset, float *master, const void *grad, loom_dtype grad_dtype,
                          float *m, float *v, size_t n);
