@@ -559,9 +559,8 @@ void loom_gpt2_init_random(const loom_gpt2_shape *s, uint64_t seed, float *param
 
 /* -------------------------------------------------------- token shard */
 
-/* A token shard past its magic: the version, the count, the size, and the
- * tokens into out (its buffers to free, whatever the outcome). */
-static int read_shard_body(llmc_file *file, const char *path, loom_token_shard *out)
+/* A token shard's header past its magic, against its size: *count tokens. */
+static int check_shard_header(const llmc_file *file, const char *path, size_t *count)
 {
     const int32_t *header = file->header;
     if (header[1] != SHARD_VERSION)
@@ -572,15 +571,26 @@ static int read_shard_body(llmc_file *file, const char *path, loom_token_shard *
     if (header[2] < 0)
         return loom_fail(LOOM_ERR_INVALID, "%s: bad header: token count %d", path,
                          (int)header[2]);
-    size_t count = (size_t)header[2];
-    long long want = (long long)count * 2, have = file->body;
+    *count = (size_t)header[2];
+    long long want = (long long)*count * 2, have = file->body;
     if (have < want)
         return loom_fail(LOOM_ERR_INVALID, "%s: truncated: %lld bytes of tokens, want %lld for the "
-                         "%zu tokens of the header", path, have, want, count);
+                         "%zu tokens of the header", path, have, want, *count);
     if (have > want)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %lld bytes of trailing garbage after the %zu tokens of the header",
-                         path, have - want, count);
+                         path, have - want, *count);
+    return LOOM_OK;
+}
+
+/* A token shard past its magic: the header, and the tokens into out (its
+ * buffers to free, whatever the outcome). */
+static int read_shard_body(llmc_file *file, const char *path, loom_token_shard *out)
+{
+    size_t count = 0;
+    int rc = check_shard_header(file, path, &count);
+    if (rc)
+        return rc;
     out->tokens = malloc(count ? count * sizeof(uint16_t) : 1);
     out->path = strdup(path);
     out->count = count;
@@ -614,6 +624,17 @@ int loom_shard_open(const char *path, int vocab, loom_token_shard *out)
         rc = check_tokens(out, path, vocab);
     if (rc)
         loom_shard_close(out);
+    return rc;
+}
+
+int loom_shard_inspect(const char *path, size_t *count)
+{
+    llmc_file file;
+    int rc = llmc_open(&file, path, "token shard", SHARD_MAGIC);
+    if (rc)
+        return rc;
+    rc = check_shard_header(&file, path, count);
+    fclose(file.f);
     return rc;
 }
 

@@ -1,4 +1,4 @@
-/* loom core — llm.c's file formats, and the data loader.
+/* loom core — llm.c's file formats (the data loader is model/dataloader.h).
  *
  * GPT-2 checkpoint (.bin): 256 int32 header — [0] magic 20240326,
  * [1] version 3 (fp32) or 5 (bf16), [2] maxT, [3] V, [4] L, [5] NH, [6] C,
@@ -18,6 +18,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_GPT2_TENSORS 16
+#define LOOM_SHARD_HEADER_BYTES 1024 /* 256 int32: a token shard's tokens start here */
 
 typedef struct loom_gpt2_shape {
     int max_seq, vocab, layers, heads, channels, padded_vocab;
@@ -57,35 +58,10 @@ typedef struct loom_token_shard {
 /* Validates magic, version, length (truncation) and every token < vocab
  * (vocab <= 0: no token check, for tools that do not know the model). */
 int loom_shard_open(const char *path, int vocab, loom_token_shard *out);
+/* The same checks of magic, version and size without reading the tokens:
+ * *count tokens follow the 1024-byte header. */
+int loom_shard_inspect(const char *path, size_t *count);
 void loom_shard_close(loom_token_shard *shard);
 int loom_shard_write(const char *path, const uint16_t *tokens, size_t count);
-
-/* llm.c's order: each step reads the window of B*T+1 tokens at the current
- * position (inputs = window[0..BT), targets = window[1..BT]) and advances by
- * B*T, wrapping to 0 when the next window would not fit. The global batch
- * of B sequences is split into grad_accum micro-batches, and each micro-batch
- * over the dp ranks: micro-batch k of dp rank r holds sequences
- * k*B/K + r*B/(K*dp) ... + B/(K*dp) - 1 of the window. The same global batch
- * for any dp and K. */
-typedef struct loom_dataloader {
-    const loom_token_shard *shard;
-    int batch, seq, dp_rank, dp_size, grad_accum;
-    size_t position; /* start of the current step's window */
-    int micro;       /* next micro-batch within the step */
-    const int *positions; /* a sequence rank's positions of each sequence; NULL: all */
-    int npositions;
-} loom_dataloader;
-/* Checks that batch divides by dp_size * grad_accum and the shard holds at
- * least one window, with a message naming the settings. */
-int loom_dataloader_init(loom_dataloader *dl, const loom_token_shard *shard, int batch, int seq,
-                         int dp_rank, int dp_size, int grad_accum);
-/* A sequence-parallel rank keeps only these positions (count of them, each
- * < seq; borrowed, not copied) of every sequence, in this order, inputs
- * and targets alike. */
-int loom_dataloader_set_positions(loom_dataloader *dl, const int *positions, int count);
-/* Fill this rank's next micro-batch: (batch/(dp*K)) * seq inputs and targets
- * (* npositions with positions set). After the step's last micro-batch the
- * position advances. */
-void loom_dataloader_next(loom_dataloader *dl, int *inputs, int *targets);
 
 #endif

@@ -34,6 +34,7 @@ typedef enum value_type {
     V_STRING,
     V_STRINGS, /* a list of strings: [ "a", "b" ] */
     V_INTS,    /* a list of integers */
+    V_GLOBS,   /* files: a path or glob pattern, or a list of them */
 } value_type;
 
 enum {
@@ -99,8 +100,17 @@ static const schema_entry schema[] = {
     S("model.checkpoint", V_STRING, "",
       .help = "llm.c checkpoint file (version 3 fp32 or 5 bf16) for init = checkpoint"),
 
-    S("data.train", V_STRING, "", .help = "llm.c token shard to train on"),
-    S("data.val", V_STRING, "", .help = "llm.c token shard to validate on"),
+    S("data.train", V_GLOBS, "",
+      .help = "llm.c token shards to train on: a path or glob pattern, or a list of them"),
+    S("data.val", V_GLOBS, "",
+      .help = "llm.c token shards to validate on: a path or glob pattern, or a list of them"),
+    S("data.shuffle", V_BOOL, "true",
+      .help = "llm.c's shuffling: shard order per epoch, sample order per shard"),
+    S("data.readers", V_INT, "1", .lo = 1, .flags = GE,
+      .help = "llm.c processes whose batches loom reproduces (llm.c's world size), whatever "
+      "loom's mesh"),
+    S("data.read_batch", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "sequences per reader per read (llm.c's -b); 0 = train.batch / data.readers"),
 
     S("train.batch", V_INT, "8", .lo = 1, .flags = GE, .help = "global batch, in sequences"),
     S("train.seq", V_INT, "64", .lo = 1, .flags = GE, .help = "tokens per sequence"),
@@ -458,6 +468,7 @@ static const char *expected_name(value_type t)
     case V_STRING: return "a string";
     case V_STRINGS: return "a list of strings";
     case V_INTS: return "a list of integers";
+    case V_GLOBS: return "a path or glob pattern (a string), or a list of them";
     }
     return "?";
 }
@@ -741,6 +752,16 @@ static int check_value(const loom_config *cfg, const config_setting_t *s, const 
             return fail_at(cfg, s, path, "expected one of %s; found \"%s\" (did you mean \"%s\"?)",
                            list, v, e->choices[best]);
         return fail_at(cfg, s, path, "expected one of %s; found \"%s\"", list, v);
+    }
+    case V_GLOBS: {
+        if (holds(s, V_STRING))
+            return LOOM_OK; /* "" is unset; the command that needs files says so */
+        if (t != CONFIG_TYPE_ARRAY && t != CONFIG_TYPE_LIST)
+            break;
+        schema_entry list = *e;
+        list.type = V_STRINGS;
+        list.flags |= NONEMPTY | SOME;
+        return check_value(cfg, s, path, &list);
     }
     case V_STRINGS:
     case V_INTS: {
@@ -1089,12 +1110,16 @@ static char *trim(char *s)
  *   string:          --set comm.default=ucx, --set data.train=a/b.bin
  *   list of strings: --set bench.comms=mpi,ucx  (or ["mpi","ucx"])
  *   list of ints:    --set parallel.pp.stage_layers=2,2
+ *   files:           --set data.train=data/train_*.bin (one path or pattern;
+ *                    a list as ["a.bin","b.bin"])
  * Anything else is read as a libconfig value; a bare word that is not one
  * becomes a string. On failure err says why. */
 static config_setting_t *add_from_text(config_setting_t *parent, const char *name, const char *text,
                                        int hint, char *err, size_t errcap)
 {
     int open = text[0] == '"' || text[0] == '[' || text[0] == '(' || text[0] == '{';
+    if (hint == V_GLOBS) /* a bare word is one path: paths may hold commas */
+        hint = text[0] == '[' || text[0] == '(' ? V_STRINGS : V_STRING;
     if (hint == V_STRING && text[0] != '"')
         return add_string(parent, name, text);
     if (hint == V_STRINGS && !open) {
@@ -1738,6 +1763,7 @@ static const char *type_name(value_type t)
     case V_STRING: return "string";
     case V_STRINGS: return "strings";
     case V_INTS: return "ints";
+    case V_GLOBS: return "globs";
     }
     return "?";
 }

@@ -9,6 +9,7 @@
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/dataloader.h"
 #include "model/formats.h"
 #include "model/model.h"
 #include "runtime/log.h"
@@ -17,7 +18,10 @@
 #define STATE_MAGIC "LOOMSTAT"
 #define META_MAGIC "LOOMMETA"
 #define SHARD_MAGIC "LOOMSHRD"
-#define FORMAT_VERSION 1u
+/* 2 added the data loader's position (model/dataloader.h) after the header
+ * of the consolidated file and of meta.loom; 1 is still read. */
+#define FORMAT_VERSION 2u
+#define FORMAT_OLDEST 1u
 
 /* The consolidated file's header; its layout is the on-disk format. */
 typedef struct state_disk {
@@ -25,7 +29,7 @@ typedef struct state_disk {
     uint32_t version, dtype;
     int32_t shape[6];
     int64_t step, good_steps;
-    uint64_t position;
+    uint64_t data; /* format 2: bytes of data position after the header; 1: a token offset */
     float loss_scale;
     uint32_t nunits;
 } state_disk;
@@ -50,18 +54,19 @@ static void to_disk(const loom_ckpt_header *h, const char *magic, state_disk *d)
 {
     memset(d, 0, sizeof *d);
     memcpy(d->magic, magic, 8);
-    d->version = FORMAT_VERSION;
+    d->version = h->data_position ? FORMAT_VERSION : FORMAT_OLDEST;
     d->dtype = (uint32_t)h->dtype;
     const loom_gpt2_shape *s = &h->shape;
     int32_t shape[6] = {s->max_seq, s->vocab, s->layers, s->heads, s->channels, s->padded_vocab};
     memcpy(d->shape, shape, sizeof shape);
     d->step = h->step;
     d->good_steps = h->good_steps;
-    d->position = h->position;
+    d->data = h->data_position ? (uint64_t)h->data_position_bytes : h->data_offset;
     d->loss_scale = h->loss_scale;
     d->nunits = (uint32_t)h->nunits;
 }
 
+/* The header but the data position itself, which follows it on disk. */
 static void from_disk(const state_disk *d, loom_ckpt_header *h)
 {
     h->dtype = (loom_dtype)d->dtype;
@@ -69,7 +74,9 @@ static void from_disk(const state_disk *d, loom_ckpt_header *h)
                                  d->shape[3], d->shape[4], d->shape[5]};
     h->step = d->step;
     h->good_steps = d->good_steps;
-    h->position = d->position;
+    h->data_position = NULL;
+    h->data_position_bytes = d->version >= 2 ? (size_t)d->data : 0;
+    h->data_offset = d->version >= 2 ? 0 : d->data;
     h->loss_scale = d->loss_scale;
     h->nunits = (int)d->nunits;
 }
@@ -80,6 +87,11 @@ static int write_all(FILE *f, const void *p, size_t bytes)
 }
 
 static int read_all(FILE *f, void *p, size_t bytes) { return bytes == 0 || fread(p, 1, bytes, f) == bytes; }
+
+static int known_version(uint32_t version)
+{
+    return version >= FORMAT_OLDEST && version <= FORMAT_VERSION;
+}
 
 static size_t tensor_numel(const loom_param_desc *d)
 {
@@ -178,7 +190,8 @@ int loom_ckpt_write_meta(const char *dir, const loom_ckpt_header *h, int tp, int
     md.files = (uint32_t)files;
     snprintf(md.strategy, sizeof md.strategy, "%s", strategy);
     FILE *f = fopen(path, "wb");
-    int ok = f && write_all(f, &md, sizeof md);
+    int ok = f && write_all(f, &md, sizeof md) &&
+             (!h->data_position || write_all(f, h->data_position, h->data_position_bytes));
     for (int u = 0; ok && u < h->nunits; u++) {
         uint32_t nt = (uint32_t)units[u].ntensors;
         ok = write_all(f, &nt, sizeof nt);
@@ -203,7 +216,8 @@ int loom_state_open(loom_state_writer *w, const char *path, const loom_ckpt_head
     snprintf(w->tmp, sizeof w->tmp, "%.4000s.tmp", path);
     state_disk d;
     to_disk(h, STATE_MAGIC, &d);
-    if (!(w->f = fopen(w->tmp, "wb")) || !write_all(w->f, &d, sizeof d))
+    if (!(w->f = fopen(w->tmp, "wb")) || !write_all(w->f, &d, sizeof d) ||
+        (h->data_position && !write_all(w->f, h->data_position, h->data_position_bytes)))
         return loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot write '%s': %s", w->tmp,
                          strerror(errno));
     return LOOM_OK;
@@ -245,7 +259,9 @@ struct loom_ckpt {
     loom_ckpt_header h;
     char path[4096];
     int sharded;
+    unsigned char *data_position; /* h.data_position's bytes */
     FILE *state; /* consolidated */
+    long units_at; /* consolidated: where the units start, past the data position */
     /* sharded */
     int tp, files;
     char strategy[32];
@@ -261,17 +277,42 @@ static int bad_file(const loom_ckpt *ck, const char *what)
     return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s", ck->path, what);
 }
 
+/* The data position after a header, from f (of size bytes in all). */
+static int read_data_position(loom_ckpt *ck, FILE *f, long long size)
+{
+    size_t n = ck->h.data_position_bytes;
+    if (n == 0)
+        return LOOM_OK;
+    if ((long long)n > size)
+        return bad_file(ck, "its data position is longer than the file");
+    if (!(ck->data_position = malloc(n)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    if (!read_all(f, ck->data_position, n))
+        return bad_file(ck, "truncated in its data position");
+    ck->h.data_position = ck->data_position;
+    return LOOM_OK;
+}
+
+static long long file_size(FILE *f)
+{
+    struct stat st;
+    return fstat(fileno(f), &st) == 0 ? (long long)st.st_size : 0;
+}
+
 static int open_consolidated(loom_ckpt *ck)
 {
     state_disk d;
     if (!(ck->state = fopen(ck->path, "rb")))
         return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s", ck->path, strerror(errno));
-    if (!read_all(ck->state, &d, sizeof d) || memcmp(d.magic, STATE_MAGIC, 8) != 0 ||
-        d.version != FORMAT_VERSION)
+    if (!read_all(ck->state, &d, sizeof d) || memcmp(d.magic, STATE_MAGIC, 8) != 0)
         return bad_file(ck, "not a loom checkpoint (train.checkpoint_every writes a directory of "
                             "shards, `loom ckpt consolidate` one file)");
+    if (!known_version(d.version))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "checkpoint '%s': format %u; this loom reads "
+                         "formats %u to %u", ck->path, d.version, FORMAT_OLDEST, FORMAT_VERSION);
     from_disk(&d, &ck->h);
-    return LOOM_OK;
+    ck->units_at = (long)(sizeof d + ck->h.data_position_bytes);
+    return read_data_position(ck, ck->state, file_size(ck->state));
 }
 
 static int index_shard_file(loom_ckpt *ck, int file, const char *path)
@@ -282,7 +323,7 @@ static int index_shard_file(loom_ckpt *ck, int file, const char *path)
         return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s: %s (incomplete checkpoint?)",
                          ck->path, path, strerror(errno));
     if (!read_all(f, &h, sizeof h) || memcmp(h.magic, SHARD_MAGIC, 8) != 0 ||
-        h.version != FORMAT_VERSION)
+        !known_version(h.version))
         return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s is not a loom shard", ck->path,
                          path);
     shard_record *grown = realloc(ck->rec, ((size_t)ck->nrec + h.records) * sizeof *grown);
@@ -316,11 +357,21 @@ static int open_sharded(loom_ckpt *ck)
     meta_disk md;
     int rc = LOOM_OK;
     if (!read_all(f, &md, sizeof md) || memcmp(md.state.magic, META_MAGIC, 8) != 0 ||
-        md.state.version != FORMAT_VERSION || md.tp < 1 || md.files < 1) {
+        md.tp < 1 || md.files < 1) {
         fclose(f);
         return bad_file(ck, "meta.loom is not a loom checkpoint's");
     }
+    if (!known_version(md.state.version)) {
+        fclose(f);
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "checkpoint '%s': format %u; this loom reads "
+                         "formats %u to %u", ck->path, md.state.version, FORMAT_OLDEST,
+                         FORMAT_VERSION);
+    }
     from_disk(&md.state, &ck->h);
+    if ((rc = read_data_position(ck, f, file_size(f))) != LOOM_OK) {
+        fclose(f);
+        return rc;
+    }
     ck->tp = (int)md.tp;
     ck->files = (int)md.files;
     memcpy(ck->strategy, md.strategy, sizeof ck->strategy);
@@ -405,13 +456,14 @@ void loom_ckpt_close(loom_ckpt *ck)
     free(ck->ntensors);
     free(ck->f);
     free(ck->rec);
+    free(ck->data_position);
     free(ck);
 }
 
 static int read_consolidated_unit(loom_ckpt *ck, const loom_unit *units, int unit, float *params,
                                   float *m, float *v)
 {
-    long offset = (long)sizeof(state_disk);
+    long offset = ck->units_at;
     for (int u = 0; u < unit; u++)
         offset += (long)(3 * loom_ckpt_whole_numel(&units[u]) * sizeof(float));
     size_t n = loom_ckpt_whole_numel(&units[unit]);
@@ -539,9 +591,13 @@ void loom_ckpt_print_info(const loom_ckpt *ck, const loom_unit *units, FILE *f)
            "%zu parameters in %d units\n",
            h->shape.layers, h->shape.heads, h->shape.channels, h->shape.vocab,
            h->shape.padded_vocab, h->shape.max_seq, params, h->nunits);
-    fprintf(f, "  training  after step %lld, precision %s, data position %llu, loss scale %g\n",
-           (long long)h->step, loom_dtype_name(h->dtype), (unsigned long long)h->position,
-           h->loss_scale);
+    fprintf(f, "  training  after step %lld, precision %s, loss scale %g\n", (long long)h->step,
+            loom_dtype_name(h->dtype), h->loss_scale);
+    if (h->data_position)
+        loom_data_position_print(h->data_position, h->data_position_bytes, f);
+    else
+        fprintf(f, "  data      token %llu of one unshuffled shard (checkpoint format 1)\n",
+                (unsigned long long)h->data_offset);
     for (int fi = 0; ck->sharded && fi < ck->files; fi++) {
         int records = 0;
         uint64_t elems = 0;

@@ -1,8 +1,8 @@
 /* loom core — resumable checkpoints (DESIGN §8, `loom ckpt`).
  *
  * Two layouts hold the same thing: every unit's fp32 master parameters and
- * Adam m and v, plus where training stood (step, data position, loss
- * scale).
+ * Adam m and v, plus where training stood (step, the data loader's position
+ * and order, loss scale).
  *
  *  sharded      a directory written by a running job, each rank its own
  *               file with what it owns (shard-<rank>.loom: records of
@@ -31,7 +31,13 @@ typedef struct loom_ckpt_header {
     loom_dtype dtype;
     loom_gpt2_shape shape;
     int64_t step, good_steps;
-    uint64_t position; /* the data loader's */
+    /* The data loader's position (loom_dataloader_save): written by format
+     * 2. A format 1 checkpoint has none, only data_offset, a token offset
+     * into one unshuffled shard; a header without a position writes format
+     * 1 again (consolidating an old checkpoint keeps what it has). */
+    const unsigned char *data_position;
+    size_t data_position_bytes;
+    uint64_t data_offset;
     float loss_scale;
     int nunits;
 } loom_ckpt_header;

@@ -1,13 +1,16 @@
 /* loom train — validation: the mean loss of the current weights over
  * train.eval_batches global batches of data.val, forward only.
  *
- * The validation batches are the first eval_batches of data.val in order
- * (never shuffled), read again from the start at every evaluation, and
+ * The validation batches are the first eval_batches of data.val in llm.c's
+ * unshuffled order (data.readers and data.read_batch as for training, as
+ * llm.c's val loader has its process count and -b), read again from the
+ * start at every evaluation, and
  * split over the dp ranks and micro-batches exactly as a training batch
  * is: so every strategy and mesh evaluates the same tokens, and a
  * validation loss differs across meshes by the rounding of its reductions
  * only. Nothing is stepped and no gradient is touched: a run with
  * validation trains exactly as one without. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/status.h"
@@ -17,9 +20,13 @@
 
 int trainer_setup_eval(trainer *t)
 {
-    const char *path = "";
-    loom_config_string(t->cfg, "data.val", &path);
-    if (!path[0]) {
+    const char **patterns = NULL;
+    int npatterns = 0;
+    int rc = trainer_read_files(t->cfg, "data.val", &patterns, &npatterns);
+    if (rc != LOOM_OK)
+        return rc;
+    if (npatterns == 0) {
+        free(patterns);
         /* config.c refuses eval settings without data.val; "" turns them off */
         if (t->rank == 0 && loom_config_is_set(t->cfg, "data.val") &&
             (loom_config_is_set(t->cfg, "train.eval_every") ||
@@ -28,7 +35,11 @@ int trainer_setup_eval(trainer *t)
                      "train.eval_batches unused)", loom_config_where(t->cfg, "data.val"));
         return LOOM_OK;
     }
-    int rc;
+    rc = loom_dataset_open(&t->val_data, "data.val", loom_config_where(t->cfg, "data.val"),
+                           patterns, npatterns, t->shape.vocab);
+    free(patterns);
+    if (rc != LOOM_OK)
+        return rc;
     if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval_every)) != LOOM_OK ||
         (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval_batches)) != LOOM_OK)
         return rc;
@@ -40,8 +51,10 @@ int trainer_setup_eval(trainer *t)
                          "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "
                          "another parallel.dp.strategy",
                          loom_config_where(t->cfg, "data.val"), t->dp_plugin->header->name);
-    if ((rc = loom_shard_open(path, t->shape.vocab, &t->val_shard)) != LOOM_OK ||
-        (rc = loom_dataloader_init(&t->val_loader, &t->val_shard, t->batch, t->seq,
+    loom_data_order order = {.batch = t->batch, .seq = t->seq, .shuffle = 0};
+    trainer_read_int(t->cfg, "data.readers", &order.readers);
+    trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
+    if ((rc = loom_dataloader_init(&t->val_loader, &t->val_data, &order,
                                    t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
                                    t->micro_batches)) != LOOM_OK)
         return rc;
@@ -52,7 +65,11 @@ int trainer_setup_eval(trainer *t)
     return LOOM_OK;
 }
 
-void trainer_teardown_eval(trainer *t) { loom_shard_close(&t->val_shard); }
+void trainer_teardown_eval(trainer *t)
+{
+    loom_dataloader_free(&t->val_loader);
+    loom_dataset_close(&t->val_data);
+}
 
 /* The sum of the micro-batches' mean losses of one batch on this rank
  * (the last pipeline stage's; 0 on the other stages). */
@@ -61,14 +78,16 @@ static int eval_batch(trainer *t, double *loss_sum)
     int rc = LOOM_OK;
     if (t->pipeline) {
         for (int k = 0; k < t->micro_batches; k++)
-            loom_dataloader_next(&t->val_loader, t->mb_inputs[k], t->mb_targets[k]);
+            if ((rc = loom_dataloader_next(&t->val_loader, t->mb_inputs[k], t->mb_targets[k])) !=
+                LOOM_OK)
+                return rc;
         return loom_pipeline_evaluate(t->pipeline, t->mb_inputs, t->mb_targets, loss_sum);
     }
     *loss_sum = 0;
     for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
         float loss = 0;
-        loom_dataloader_next(&t->val_loader, t->inputs, t->targets);
-        rc = trainer_forward(t, &loss);
+        if ((rc = loom_dataloader_next(&t->val_loader, t->inputs, t->targets)) == LOOM_OK)
+            rc = trainer_forward(t, &loss);
         *loss_sum += loss;
     }
     return rc;
@@ -94,8 +113,7 @@ static int global_mean(trainer *t, double loss_sum, float *out)
 int trainer_evaluate(trainer *t, float *loss)
 {
     uint64_t t0 = loom_now_ns();
-    t->val_loader.position = 0;
-    t->val_loader.micro = 0;
+    loom_dataloader_rewind(&t->val_loader);
     int rc = t->dp->data_eval ? t->dp->data_eval(t->strategy, 1) : LOOM_OK;
     double loss_sum = 0;
     for (int b = 0; rc == LOOM_OK && b < t->eval_batches; b++) {

@@ -14,16 +14,20 @@
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
 
-static void fill_header(const trainer *t, loom_ckpt_header *h)
+/* h->data_position is malloc'd: the caller frees it. */
+static int fill_header(const trainer *t, loom_ckpt_header *h)
 {
     memset(h, 0, sizeof *h);
     h->dtype = t->dtype;
     h->shape = t->shape;
     h->step = t->step;
     h->good_steps = t->good_steps;
-    h->position = t->loader.position;
     h->loss_scale = t->loss_scale;
     h->nunits = t->nunits;
+    unsigned char *position = NULL;
+    int rc = loom_dataloader_save(&t->loader, &position, &h->data_position_bytes);
+    h->data_position = position;
+    return rc;
 }
 
 /* What this rank writes of one unit: the range the data strategy owns, or,
@@ -116,14 +120,16 @@ int trainer_save_sharded(trainer *t, const char *dir)
         rc = barrier(t, name);
     if (rc == LOOM_OK && t->rank == 0) {
         loom_ckpt_header h;
-        fill_header(t, &h);
+        rc = fill_header(t, &h);
         const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
         for (int i = 0; shards && i < t->nunits; i++)
             shards[i] = t->tp_shards ? t->tp_shards[i] : loom_model_shards(t->model, i);
-        rc = shards ? loom_ckpt_write_meta(tmp, &h, t->mesh->sizes[LOOM_AXIS_TP], t->world,
-                                           t->dp_plugin->header->name, t->units, shards)
-                    : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        if (rc == LOOM_OK)
+            rc = shards ? loom_ckpt_write_meta(tmp, &h, t->mesh->sizes[LOOM_AXIS_TP], t->world,
+                                               t->dp_plugin->header->name, t->units, shards)
+                        : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
         free(shards);
+        free((void *)(uintptr_t)h.data_position);
         remove_dir(dir, t->world);
         if (rc == LOOM_OK && rename(tmp, dir) != 0)
             rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot move '%s' to '%s': %s", tmp,
@@ -167,6 +173,12 @@ int trainer_load_state(trainer *t, const char *path)
     else if (h->dtype != t->dtype)
         rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says %s",
                        path, loom_dtype_name(h->dtype), loom_dtype_name(t->dtype));
+    /* The data order is checked first: a resume with other data or batches
+     * fails before any state is read. */
+    if (rc == LOOM_OK)
+        rc = h->data_position ? loom_dataloader_restore(&t->loader, h->data_position,
+                                                        h->data_position_bytes, path)
+                              : loom_dataloader_restore_offset(&t->loader, h->data_offset, path);
     size_t biggest = 0;
     for (int i = 0; i < t->nunits; i++) {
         size_t n = loom_model_full_numel(t->model, i);
@@ -189,8 +201,6 @@ int trainer_load_state(trainer *t, const char *path)
     if (rc == LOOM_OK) {
         t->step = h->step;
         t->good_steps = h->good_steps;
-        t->loader.position = (size_t)h->position;
-        t->loader.micro = 0;
         t->loss_scale = h->loss_scale;
     }
     free(whole);

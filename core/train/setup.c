@@ -266,19 +266,40 @@ static void read_settings(trainer *t)
     t->peak_flops = peak_gflops > 0 ? peak_gflops * 1e9 : measure_peak_flops();
 }
 
-/* The token shard, and the batch split into micro-batches per dp rank (a
+/* A setting of files (data.train, data.val): one path or pattern, or a list
+ * of them; *out (malloc'd) borrows the config's strings. */
+int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count)
+{
+    int listed = loom_config_list_len(cfg, setting), n = listed > 0 ? listed : 1;
+    const char **patterns = malloc((size_t)n * sizeof *patterns);
+    if (!patterns)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    if (listed >= 0) {
+        for (int i = 0; i < listed; i++)
+            patterns[i] = loom_config_list_string(cfg, setting, i);
+        n = listed;
+    } else {
+        patterns[0] = "";
+        loom_config_string(cfg, setting, &patterns[0]);
+        n = patterns[0][0] ? 1 : 0; /* "": none given */
+    }
+    *out = patterns;
+    *count = n;
+    return LOOM_OK;
+}
+
+/* The token shards, and the batch split into micro-batches per dp rank (a
  * pipeline's micro-batches are its accumulation). */
 static int open_data(trainer *t)
 {
-    int rc;
-    /* The data decides whether the batch splits evenly; check it first. */
-    const char *train_path = "";
-    loom_config_string(t->cfg, "data.train", &train_path);
-    if (!train_path[0])
-        return loom_fail(LOOM_ERR_INVALID,
-                         "data.train: no token shard given; set data.train = "
-                         "\"examples/data/corpus.bin\" (an llm.c token shard)");
-    if ((rc = loom_shard_open(train_path, t->shape.vocab, &t->shard)) != LOOM_OK)
+    const char **patterns = NULL;
+    int npatterns = 0, rc;
+    if ((rc = trainer_read_files(t->cfg, "data.train", &patterns, &npatterns)) != LOOM_OK)
+        return rc;
+    rc = loom_dataset_open(&t->train_data, "data.train", loom_config_where(t->cfg, "data.train"),
+                           patterns, npatterns, t->shape.vocab);
+    free(patterns);
+    if (rc != LOOM_OK)
         return rc;
     int dp = t->mesh->sizes[LOOM_AXIS_DP], pp = t->mesh->sizes[LOOM_AXIS_PP];
     t->micro_batches = t->grad_accum;
@@ -295,7 +316,11 @@ static int open_data(trainer *t)
                              loom_config_where(t->cfg, "parallel.pp.microbatches"), t->batch, dp,
                              t->micro_batches);
     }
-    if ((rc = loom_dataloader_init(&t->loader, &t->shard, t->batch, t->seq,
+    loom_data_order order = {.batch = t->batch, .seq = t->seq};
+    loom_config_bool(t->cfg, "data.shuffle", &order.shuffle);
+    trainer_read_int(t->cfg, "data.readers", &order.readers);
+    trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
+    if ((rc = loom_dataloader_init(&t->loader, &t->train_data, &order,
                                    t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
         return rc;
     t->micro_batch = t->batch / (dp * t->micro_batches);
@@ -403,7 +428,8 @@ void trainer_teardown(trainer *t)
     if (t->sp.s)
         t->sp.ops->destroy(t->sp.s);
     loom_model_destroy(t->model);
-    loom_shard_close(&t->shard);
+    loom_dataloader_free(&t->loader);
+    loom_dataset_close(&t->train_data);
     trainer_teardown_eval(t);
     loom_mesh_destroy(t->mesh);
     loom_runtime_destroy(t->rt);

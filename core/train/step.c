@@ -119,8 +119,8 @@ int trainer_forward(trainer *t, float *loss)
 static int run_micro_batch(trainer *t, int last_micro, float *loss)
 {
     int rc, head = t->nunits - 1;
-    loom_dataloader_next(&t->loader, t->inputs, t->targets);
-    if ((rc = trainer_forward(t, loss)) != LOOM_OK)
+    if ((rc = loom_dataloader_next(&t->loader, t->inputs, t->targets)) != LOOM_OK ||
+        (rc = trainer_forward(t, loss)) != LOOM_OK)
         return rc;
     /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
      * the rank's gradient is that of its mean loss over the step. */
@@ -253,7 +253,9 @@ int trainer_step(trainer *t, step_result *r)
     int rc;
     if (t->pipeline) {
         for (int k = 0; k < t->micro_batches; k++)
-            loom_dataloader_next(&t->loader, t->mb_inputs[k], t->mb_targets[k]);
+            if ((rc = loom_dataloader_next(&t->loader, t->mb_inputs[k], t->mb_targets[k])) !=
+                LOOM_OK)
+                return rc;
         if ((rc = loom_pipeline_step(t->pipeline, t->mb_inputs, t->mb_targets, step_dloss(t),
                                      &loss_sum)) != LOOM_OK)
             return rc;

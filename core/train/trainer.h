@@ -9,6 +9,7 @@
 #include "loom/comm.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/dataloader.h"
 #include "model/formats.h"
 #include "model/model.h"
 #include "model/optimizer.h"
@@ -40,7 +41,7 @@ typedef struct trainer {
     loom_unit *units;
     int nunits;
     loom_gpt2_shape shape;
-    loom_token_shard shard;
+    loom_dataset train_data; /* data.train */
     loom_dataloader loader;
     int batch, seq, grad_accum, micro_batch, rank, world;
     int64_t steps, step; /* step: the next step to run, 0-based */
@@ -84,7 +85,7 @@ typedef struct trainer {
     /* Validation (eval.c): data.val, read the same way every time. */
     int validating;                /* data.val is set */
     int eval_every, eval_batches;
-    loom_token_shard val_shard;
+    loom_dataset val_data;
     loom_dataloader val_loader;
 } trainer;
 
@@ -107,6 +108,7 @@ typedef struct step_result {
 int trainer_read_int(const loom_config *cfg, const char *path, int *out);
 float trainer_read_float(const loom_config *cfg, const char *path);
 int trainer_fail_at(const trainer *t, int rc, const char *path);
+int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count);
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
 int trainer_setup(trainer *t, const loom_train_options *o);
 void trainer_teardown(trainer *t);
