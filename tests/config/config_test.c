@@ -465,6 +465,42 @@ static void case_lists(void)
                  "parallel.pp.stage_layers[1]: expected an integer >= 0, found -1");
 }
 
+/* data.train: one path or pattern, or a list of them; the data settings. */
+static void case_files(void)
+{
+    loom_config *cfg = load_ok("files.cfg", "data = { train = [ \"a.bin\", \"b_*.bin\" ]; };\n",
+                               NULL, 0);
+    CHECK(loom_config_list_len(cfg, "data.train") == 2);
+    CHECK_STR(loom_config_list_string(cfg, "data.train", 1), "b_*.bin");
+    int shuffle = 0;
+    CHECK(loom_config_bool(cfg, "data.shuffle", &shuffle) == LOOM_OK && shuffle == 1);
+    CHECK(get_int(cfg, "data.readers") == 1 && get_int(cfg, "data.read_batch") == 0);
+    loom_config_free(cfg);
+    /* --set: a bare value is one pattern, commas and all; brackets make a list */
+    const char *one[] = {"data.train=dir/a,b_*.bin"};
+    cfg = load_ok(NULL, NULL, one, 1);
+    CHECK(loom_config_list_len(cfg, "data.train") == -1);
+    CHECK_STR(get_str(cfg, "data.train"), "dir/a,b_*.bin");
+    loom_config_free(cfg);
+    const char *list[] = {"data.train=[\"a.bin\", \"b.bin\"]", "data.readers=4"};
+    cfg = load_ok(NULL, NULL, list, 2);
+    CHECK(loom_config_list_len(cfg, "data.train") == 2);
+    CHECK_STR(loom_config_list_string(cfg, "data.train", 0), "a.bin");
+    CHECK(get_int(cfg, "data.readers") == 4);
+    loom_config_free(cfg);
+    expect_error("files2.cfg", "data = {\n  train = 5;\n};\n", NULL, 0, 2,
+                 "data.train: expected a path or glob pattern (a string), or a list of them, "
+                 "found an integer (5)");
+    expect_error("files3.cfg", "data = { train = [ \"a.bin\", \"\" ]; };\n", NULL, 0, 1,
+                 "data.train[1]: expected a non-empty string, found \"\"");
+    expect_error("files4.cfg", "data = { train = [ ]; };\n", NULL, 0, 1,
+                 "data.train: expected a non-empty list, found []");
+    expect_error("files5.cfg", "data = { readers = 0; };\n", NULL, 0, 1,
+                 "data.readers: expected an integer >= 1, found 0");
+    expect_error("files6.cfg", "data = { read_batch = -2; };\n", NULL, 0, 1,
+                 "data.read_batch: expected an integer >= 0, found -2");
+}
+
 static const loom_setting_spec ucx_specs[] = {
     {.name = "progress_thread", .type = LOOM_SETTING_BOOL, .default_value = "false",
      .help = "poll the worker from a thread"},
@@ -834,6 +870,7 @@ static const test_case cases[] = {
     {"set", case_set},
     {"set_errors", case_set_errors},
     {"lists", case_lists},
+    {"files", case_files},
     {"plugin_group", case_plugin_group},
     {"syntax", case_syntax},
     {"checkpoint", case_checkpoint},
