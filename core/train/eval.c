@@ -58,6 +58,19 @@ int trainer_setup_eval(trainer *t)
                                    t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
                                    t->micro_batches)) != LOOM_OK)
         return rc;
+    /* Reading past the end would repeat batches and weigh them twice. */
+    const loom_data_order *o = &t->val_loader.order;
+    int64_t reads = 0, per_read = (int64_t)o->readers * o->read_batch * o->seq;
+    for (int f = 0; f < t->val_data.nfiles; f++)
+        reads += (t->val_data.tokens[f] - 1) / per_read;
+    int64_t batches = reads / t->val_loader.reads;
+    if (t->eval_batches > batches)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "%s: train.eval_batches = %d, but data.val holds %lld batches of "
+                         "train.batch %d x train.seq %d before it repeats; set "
+                         "train.eval_batches <= %lld or validate on more data",
+                         loom_config_where(t->cfg, "train.eval_batches"), t->eval_batches,
+                         (long long)batches, t->batch, t->seq, (long long)batches);
     if (t->positions &&
         (rc = loom_dataloader_set_positions(&t->val_loader, t->positions, t->npositions)) != LOOM_OK)
         return rc;

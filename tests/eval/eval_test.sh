@@ -95,6 +95,13 @@ refusals)
         grep -q "${setting%%=*}.*data.val" out.log || { cat out.log; fail "the refusal of $setting does not name data.val"; }
         echo "refused: $(cat out.log)"
     done
+    # val.bin holds 24 batches of 12 x 32 tokens: a 25th would repeat the first
+    "$LOOM" train "$CFG" --set data.train="$DATA" --set data.val="$VAL" --set train.steps=1 \
+        --set train.eval_batches=24 > ok.log 2>&1 || { cat ok.log; fail "24 validation batches refused"; }
+    if "$LOOM" train "$CFG" --set data.train="$DATA" --set data.val="$VAL" --set train.eval_batches=25 > out.log 2>&1; then
+        fail "25 validation batches of 24 accepted"
+    fi
+    grep -q "train.eval_batches = 25, but data.val holds 24 batches" out.log || { cat out.log; fail "wrong refusal of 25 batches"; }
     ;;
 *) fail "unknown case $CASE" ;;
 esac
