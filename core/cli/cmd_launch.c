@@ -8,6 +8,7 @@
  * its children), and a Ctrl-C reaches the ranks once, through us. */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,7 +27,8 @@
 #define GRACE_S 5.0       /* between SIGTERM and SIGKILL */
 #define MAX_PARTIAL 65536 /* a longer line is cut rather than held */
 
-static const char usage_text[] = "usage: loom launch -n N [--timeout S] [--] CMD [ARGS...]";
+static const char usage_text[] =
+    "usage: loom launch -n N [--timeout S] [--max-restarts R] [--] CMD [ARGS...]";
 
 /* One of a rank's output pipes and the unfinished line read from it. */
 typedef struct rank_stream {
@@ -44,15 +46,23 @@ typedef struct rank_proc {
 
 typedef struct launcher {
     int n;
+    int restart;            /* 0, then 1.. for each restart (LOOM_RESTART of the ranks) */
     rank_proc *ranks;
     int exit_code;          /* -1 until the first failure, signal or timeout decides it */
     int signalled;          /* a SIGINT/SIGTERM was passed on */
+    int timed_out;          /* the --timeout stopped the ranks */
     double timeout_s;       /* 0: none */
     uint64_t end_deadline;  /* the --timeout, 0 when none or spent */
     uint64_t kill_deadline; /* when the stopping ranks get SIGKILL, 0 when none */
 } launcher;
 
 static int signal_pipe[2] = {-1, -1};
+
+/* The ranks' TMPDIR: a directory of the job's own under the caller's
+ * TMPDIR, removed when the launch ends, so nothing a rank leaves there
+ * (Open MPI's session directories, a rank killed mid-write) outlives the
+ * job. "" when it could not be made (the ranks keep the caller's). */
+static char job_tmpdir[4096];
 
 static void on_signal(int sig)
 {
@@ -280,6 +290,7 @@ static void check_deadlines(launcher *L)
                 L->timeout_s, ranks, n == 1 ? "it" : "them");
         if (L->exit_code < 0)
             L->exit_code = 124;
+        L->timed_out = 1;
         stop_running(L);
     }
     if (L->kill_deadline && now >= L->kill_deadline) {
@@ -312,8 +323,8 @@ static void set_env_int(const char *name, int value)
 
 /* In the child, between fork and exec. Only this process runs here (the
  * launcher has no threads), so setenv and friends are safe. */
-static void child_exec(int r, int n, int port, char **cmd, int out_fd, int err_fd, int status_fd,
-                       pid_t launcher_pid)
+static void child_exec(int r, int n, int restart, int port, char **cmd, int out_fd, int err_fd,
+                       int status_fd, pid_t launcher_pid)
 {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
@@ -340,6 +351,9 @@ static void child_exec(int r, int n, int port, char **cmd, int out_fd, int err_f
     set_env_int("LOOM_WORLD_SIZE", n);
     set_env_int("LOOM_LOCAL_RANK", r);
     set_env_int("LOOM_LOCAL_SIZE", n);
+    set_env_int("LOOM_RESTART", restart);
+    if (job_tmpdir[0])
+        setenv("TMPDIR", job_tmpdir, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     set_env_int("MASTER_PORT", port);
     setenv("LOOM_OUTPUT_PREFIXED", "1", 1); /* the core's log lines then skip their own */
@@ -377,7 +391,7 @@ static int spawn_rank(launcher *L, int r, int port, char **cmd)
     pid_t launcher_pid = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        child_exec(r, L->n, port, cmd, out[1], err[1], status[1], launcher_pid);
+        child_exec(r, L->n, L->restart, port, cmd, out[1], err[1], status[1], launcher_pid);
     int fork_errno = errno;
     close(out[1]);
     close(err[1]);
@@ -409,11 +423,13 @@ static int usage_error(const char *what)
     return 2;
 }
 
-static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd_index)
+static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *max_restarts,
+                      int *cmd_index)
 {
     int i = 1;
     *n = 0;
     *timeout_s = 0;
+    *max_restarts = 0;
     while (i < argc) {
         const char *a = argv[i], *value = NULL;
         if (!strcmp(a, "--")) {
@@ -426,7 +442,8 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
         }
         int is_n = !strncmp(a, "-n", 2);
         int is_timeout = !strcmp(a, "--timeout") || !strncmp(a, "--timeout=", 10);
-        if (!is_n && !is_timeout) {
+        int is_restarts = !strcmp(a, "--max-restarts") || !strncmp(a, "--max-restarts=", 15);
+        if (!is_n && !is_timeout && !is_restarts) {
             if (a[0] == '-')
                 return usage_error("unknown option");
             break; /* the command */
@@ -435,15 +452,25 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
             value = a + 2;
         else if (is_timeout && a[9] == '=')
             value = a + 10;
+        else if (is_restarts && a[14] == '=')
+            value = a + 15;
         else if (i + 1 < argc)
             value = argv[++i];
         else
-            return usage_error(is_n ? "-n needs a number of ranks" : "--timeout needs seconds");
+            return usage_error(is_n         ? "-n needs a number of ranks"
+                               : is_timeout ? "--timeout needs seconds"
+                                            : "--max-restarts needs a number of restarts");
         i++;
         char *end;
         errno = 0;
-        if (is_n) {
+        if (is_n || is_restarts) {
             long v = strtol(value, &end, 10);
+            if (is_restarts) {
+                if (end == value || *end || errno || v < 0 || v > 1000000)
+                    return usage_error("--max-restarts needs a number of restarts >= 0");
+                *max_restarts = (int)v;
+                continue;
+            }
             if (end == value || *end || errno || v < 1 || v > 1000000)
                 return usage_error("-n needs a number of ranks >= 1");
             *n = (int)v;
@@ -611,29 +638,83 @@ static void supervise(launcher *L)
     free(w.stream_rank);
 }
 
-int loom_cmd_launch(int argc, char **argv)
+/* One run of every rank: its exit code (0 when all succeeded); *stop set
+ * when nothing should be restarted (the user's signal, the --timeout, or
+ * a failure of the launcher itself). */
+static int run_once(int n, int restart, uint64_t end_deadline, double timeout_s, char **cmd,
+                    int *stop)
 {
-    int n, cmd_index;
-    double timeout_s;
-    int rc = parse_args(argc, argv, &n, &timeout_s, &cmd_index);
-    if (rc >= 0)
-        return rc;
     int port = pick_free_port();
     if (port < 0) {
         fprintf(stderr, "loom launch: cannot find a free port on 127.0.0.1 for the store: %s\n",
                 strerror(errno));
+        *stop = 1;
         return 1;
     }
     launcher L;
-    if (launcher_init(&L, n, timeout_s) != 0)
+    if (launcher_init(&L, n, timeout_s) != 0) {
+        *stop = 1;
         return 1;
+    }
+    L.restart = restart;
+    L.end_deadline = end_deadline;
     saved_signals saved;
     take_signals(&saved);
-    if (timeout_s > 0)
-        L.end_deadline = loom_now_ns() + (uint64_t)(timeout_s * 1e9);
-    spawn_ranks(&L, port, argv + cmd_index);
+    spawn_ranks(&L, port, cmd);
     supervise(&L);
     launcher_free(&L);
     give_back_signals(&saved);
+    *stop = L.signalled || L.timed_out;
     return L.exit_code < 0 ? 0 : L.exit_code;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void make_job_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(job_tmpdir, sizeof job_tmpdir, "%s/loom-launch-XXXXXX", base && base[0] ? base : "/tmp");
+    if (!mkdtemp(job_tmpdir))
+        job_tmpdir[0] = '\0';
+}
+
+static void remove_job_tmpdir(void)
+{
+    if (job_tmpdir[0])
+        nftw(job_tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    job_tmpdir[0] = '\0';
+}
+
+static int launch(int n, double timeout_s, int max_restarts, char **cmd)
+{
+    /* the --timeout covers the whole job, restarts included */
+    uint64_t end_deadline = timeout_s > 0 ? loom_now_ns() + (uint64_t)(timeout_s * 1e9) : 0;
+    for (int restart = 0;; restart++) {
+        int stop = 0;
+        int rc = run_once(n, restart, end_deadline, timeout_s, cmd, &stop);
+        if (rc == 0 || stop || restart == max_restarts)
+            return rc;
+        /* as torchrun: every rank again, the job resuming from its latest
+         * complete checkpoint (loom train does, seeing LOOM_RESTART) */
+        fprintf(stderr, "loom launch: restart %d of %d: every rank again (the last run ended with "
+                        "status %d)\n", restart + 1, max_restarts, rc);
+    }
+}
+
+int loom_cmd_launch(int argc, char **argv)
+{
+    int n, max_restarts, cmd_index;
+    double timeout_s;
+    int rc = parse_args(argc, argv, &n, &timeout_s, &max_restarts, &cmd_index);
+    if (rc >= 0)
+        return rc;
+    make_job_tmpdir();
+    rc = launch(n, timeout_s, max_restarts, argv + cmd_index);
+    remove_job_tmpdir();
+    return rc;
 }

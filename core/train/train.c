@@ -17,10 +17,16 @@
 static int run_steps(trainer *t, const loom_train_options *o)
 {
     int rc = LOOM_OK;
-    if (o->resume && (rc = trainer_load_state(t, o->resume)) != LOOM_OK)
+    char latest[4200];
+    const char *resume = trainer_restart_resume(t, o->resume, latest, sizeof latest);
+    if (resume && (rc = trainer_load_state(t, resume)) != LOOM_OK)
         return rc;
+    /* a restarted job adds to what its first run wrote (a step redone
+     * since the checkpoint appears again, later) */
+    const char *restarted = getenv("LOOM_RESTART");
     FILE *metrics = NULL;
-    if (o->metrics && t->rank == 0 && !(metrics = fopen(o->metrics, "w")))
+    if (o->metrics && t->rank == 0 &&
+        !(metrics = fopen(o->metrics, restarted && atoi(restarted) > 0 ? "a" : "w")))
         return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", o->metrics, strerror(errno));
     if (o->trace)
         loom_trace_enable(t->rank);

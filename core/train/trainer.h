@@ -141,6 +141,11 @@ int trainer_load_state(trainer *t, const char *path);
 int trainer_gather_weights(trainer *t, const char *scratch, float **weights);
 int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype);
 
+/* restart.c: after `loom launch --max-restarts` restarted the job, the
+ * latest complete checkpoint of train.checkpoint_dir (in buf), else asked
+ * (the --resume given, or NULL). */
+const char *trainer_restart_resume(const trainer *t, const char *asked, char *buf, size_t cap);
+
 /* report.c */
 void trainer_print_progress(const trainer *t, const step_result *r);
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
