@@ -28,11 +28,13 @@
 #define MAX_PARTIAL 65536 /* a longer line is cut rather than held */
 
 static const char usage_text[] =
-    "usage: loom launch -n N [--timeout S] [--max-restarts R] [--] CMD [ARGS...]";
+    "usage: loom launch -n N [--timeout S] [--max-restarts R] "
+    "[--nnodes M --node-rank K --master HOST:PORT] [--] CMD [ARGS...]";
 
 /* One of a rank's output pipes and the unfinished line read from it. */
 typedef struct rank_stream {
     int fd;    /* -1 once closed */
+    int rank;  /* the job's rank whose output this is: its lines' prefix */
     int to_fd; /* where its lines go: 1 or 2 */
     char *line;
     size_t len, cap;
@@ -45,7 +47,10 @@ typedef struct rank_proc {
 } rank_proc;
 
 typedef struct launcher {
-    int n;
+    int n;                  /* ranks here: the job's first_rank .. first_rank + n - 1 */
+    int first_rank, world;
+    const char *master;     /* rank 0's host: 127.0.0.1 on one machine */
+    int master_port;
     int restart;            /* 0, then 1.. for each restart (LOOM_RESTART of the ranks) */
     rank_proc *ranks;
     int exit_code;          /* -1 until the first failure, signal or timeout decides it */
@@ -90,7 +95,7 @@ static void write_all(int fd, const char *buf, size_t len)
 /* Append data to the stream's line and pass on every complete line with
  * the rank's prefix, in one write so no other rank's line lands inside it.
  * final: the stream ended, so a last unterminated line goes too. */
-static void stream_emit(rank_stream *st, int rank, const char *data, size_t n, int final)
+static void stream_emit(rank_stream *st, const char *data, size_t n, int final)
 {
     if (st->len + n > st->cap) {
         size_t cap = st->cap ? st->cap : 4096;
@@ -106,7 +111,7 @@ static void stream_emit(rank_stream *st, int rank, const char *data, size_t n, i
     st->len += n;
 
     char prefix[24];
-    size_t plen = (size_t)snprintf(prefix, sizeof prefix, "[%d] ", rank);
+    size_t plen = (size_t)snprintf(prefix, sizeof prefix, "[%d] ", st->rank);
     size_t lines = 1;
     for (size_t i = 0; i < st->len; i++)
         lines += st->line[i] == '\n';
@@ -135,29 +140,29 @@ static void stream_emit(rank_stream *st, int rank, const char *data, size_t n, i
     st->len -= start;
 }
 
-static void stream_close(rank_stream *st, int rank)
+static void stream_close(rank_stream *st)
 {
     if (st->fd < 0)
         return;
-    stream_emit(st, rank, "", 0, 1);
+    stream_emit(st, "", 0, 1);
     close(st->fd);
     st->fd = -1;
 }
 
 /* Read what the pipe has now; 0 once it is closed or would block. */
-static int stream_read(rank_stream *st, int rank)
+static int stream_read(rank_stream *st)
 {
     char buf[65536];
     ssize_t n = read(st->fd, buf, sizeof buf);
     if (n > 0) {
-        stream_emit(st, rank, buf, (size_t)n, 0);
+        stream_emit(st, buf, (size_t)n, 0);
         return 1;
     }
     if (n < 0 && errno == EINTR)
         return 1;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return 0;
-    stream_close(st, rank);
+    stream_close(st);
     return 0;
 }
 
@@ -176,7 +181,7 @@ static int format_running(const launcher *L, char *buf, size_t cap)
     int n = 0;
     for (int r = 0; list && r < L->n; r++)
         if (L->ranks[r].running)
-            list[n++] = r;
+            list[n++] = L->first_rank + r;
     if (n > 0)
         loom_format_ranks(buf, cap, list, n);
     free(list);
@@ -219,12 +224,12 @@ static void rank_exited(launcher *L, int r, int status)
     /* Everything the rank wrote is in its pipes now: show it before any
      * verdict about the rank. Bounded, because something the rank left
      * running may still be writing. */
-    for (int k = 0; k < 64 && p->out.fd >= 0 && stream_read(&p->out, r); k++) {
+    for (int k = 0; k < 64 && p->out.fd >= 0 && stream_read(&p->out); k++) {
     }
-    for (int k = 0; k < 64 && p->err.fd >= 0 && stream_read(&p->err, r); k++) {
+    for (int k = 0; k < 64 && p->err.fd >= 0 && stream_read(&p->err); k++) {
     }
-    stream_close(&p->out, r);
-    stream_close(&p->err, r);
+    stream_close(&p->out);
+    stream_close(&p->err);
 
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok || L->exit_code >= 0)
@@ -240,10 +245,10 @@ static void rank_exited(launcher *L, int r, int status)
     }
     char ranks[512];
     if (format_running(L, ranks, sizeof ranks) > 0) {
-        fprintf(stderr, "loom launch: rank %d %s; stopping %s\n", r, how, ranks);
+        fprintf(stderr, "loom launch: rank %d %s; stopping %s\n", L->first_rank + r, how, ranks);
         stop_running(L);
     } else {
-        fprintf(stderr, "loom launch: rank %d %s\n", r, how);
+        fprintf(stderr, "loom launch: rank %d %s\n", L->first_rank + r, how);
     }
 }
 
@@ -323,7 +328,7 @@ static void set_env_int(const char *name, int value)
 
 /* In the child, between fork and exec. Only this process runs here (the
  * launcher has no threads), so setenv and friends are safe. */
-static void child_exec(int r, int n, int restart, int port, char **cmd, int out_fd, int err_fd,
+static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err_fd,
                        int status_fd, pid_t launcher_pid)
 {
     signal(SIGINT, SIG_DFL);
@@ -347,15 +352,15 @@ static void child_exec(int r, int n, int restart, int port, char **cmd, int out_
         if (null >= 0)
             dup2(null, 0);
     }
-    set_env_int("LOOM_RANK", r);
-    set_env_int("LOOM_WORLD_SIZE", n);
+    set_env_int("LOOM_RANK", L->first_rank + r);
+    set_env_int("LOOM_WORLD_SIZE", L->world);
     set_env_int("LOOM_LOCAL_RANK", r);
-    set_env_int("LOOM_LOCAL_SIZE", n);
-    set_env_int("LOOM_RESTART", restart);
+    set_env_int("LOOM_LOCAL_SIZE", L->n);
+    set_env_int("LOOM_RESTART", L->restart);
     if (job_tmpdir[0])
         setenv("TMPDIR", job_tmpdir, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    set_env_int("MASTER_PORT", port);
+    setenv("MASTER_ADDR", L->master, 1);
+    set_env_int("MASTER_PORT", L->master_port);
     setenv("LOOM_OUTPUT_PREFIXED", "1", 1); /* the core's log lines then skip their own */
     execvp(cmd[0], cmd);
     int err = errno;
@@ -365,17 +370,18 @@ static void child_exec(int r, int n, int restart, int port, char **cmd, int out_
     _exit(127);
 }
 
-static void stream_init(rank_stream *st, int fd, int to_fd)
+static void stream_init(rank_stream *st, int fd, int to_fd, int rank)
 {
     memset(st, 0, sizeof *st);
     st->fd = fd;
+    st->rank = rank;
     st->to_fd = to_fd;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
 /* Start rank r. 0, or the errno of a failed exec (a positive number), or
  * -1 for a failure of ours (already reported). */
-static int spawn_rank(launcher *L, int r, int port, char **cmd)
+static int spawn_rank(launcher *L, int r, char **cmd)
 {
     int pipes[6] = {-1, -1, -1, -1, -1, -1};
     for (int k = 0; k < 3; k++) {
@@ -391,7 +397,7 @@ static int spawn_rank(launcher *L, int r, int port, char **cmd)
     pid_t launcher_pid = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        child_exec(r, L->n, L->restart, port, cmd, out[1], err[1], status[1], launcher_pid);
+        child_exec(L, r, cmd, out[1], err[1], status[1], launcher_pid);
     int fork_errno = errno;
     close(out[1]);
     close(err[1]);
@@ -406,8 +412,8 @@ static int spawn_rank(launcher *L, int r, int port, char **cmd)
     rank_proc *p = &L->ranks[r];
     p->pid = pid;
     p->running = 1;
-    stream_init(&p->out, out[0], 1);
-    stream_init(&p->err, err[0], 2);
+    stream_init(&p->out, out[0], 1, L->first_rank + r);
+    stream_init(&p->err, err[0], 2, L->first_rank + r);
     /* The status pipe closes at exec (success) or carries exec's errno. */
     int exec_errno = 0;
     ssize_t got;
@@ -423,69 +429,130 @@ static int usage_error(const char *what)
     return 2;
 }
 
-static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *max_restarts,
-                      int *cmd_index)
+/* The command line. Across machines (nnodes > 1) this launcher starts one
+ * node's ranks, n per node, as torchrun's --nnodes/--node-rank/--master
+ * do: node k holds ranks k*n .. k*n + n - 1, and rank 0's store listens at
+ * master. */
+typedef struct launch_args {
+    int n;                 /* ranks on this node */
+    double timeout_s;      /* 0: none */
+    int max_restarts;
+    int nnodes, node_rank; /* 1 and 0 on one machine */
+    char master[256];      /* host of rank 0's store; "" on one machine */
+    int master_port;
+    int cmd_index;
+} launch_args;
+
+/* "HOST:PORT" into a; 0, or -1 when it is not one. */
+static int parse_master(const char *text, launch_args *a)
 {
+    const char *colon = strrchr(text, ':');
+    if (!colon || colon == text || (size_t)(colon - text) >= sizeof a->master)
+        return -1;
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || errno || port < 1 || port > 65535)
+        return -1;
+    snprintf(a->master, sizeof a->master, "%.*s", (int)(colon - text), text);
+    a->master_port = (int)port;
+    return 0;
+}
+
+/* One option's value into a; NULL, or what is wrong with it. */
+static const char *take_value(const char *name, const char *value, launch_args *a)
+{
+    char *end;
+    errno = 0;
+    if (!strcmp(name, "--timeout")) {
+        double v = strtod(value, &end);
+        if (end == value || *end || !(v > 0) || v > 1e7)
+            return "--timeout needs a number of seconds > 0";
+        a->timeout_s = v;
+        return NULL;
+    }
+    if (!strcmp(name, "--master"))
+        return parse_master(value, a) == 0 ? NULL : "--master needs HOST:PORT (rank 0's node)";
+    long v = strtol(value, &end, 10);
+    int bad = end == value || *end || errno;
+    if (!strcmp(name, "-n")) {
+        if (bad || v < 1 || v > 1000000)
+            return "-n needs a number of ranks >= 1";
+        a->n = (int)v;
+    } else if (!strcmp(name, "--max-restarts")) {
+        if (bad || v < 0 || v > 1000000)
+            return "--max-restarts needs a number of restarts >= 0";
+        a->max_restarts = (int)v;
+    } else if (!strcmp(name, "--nnodes")) {
+        if (bad || v < 1 || v > 100000)
+            return "--nnodes needs a number of nodes >= 1";
+        a->nnodes = (int)v;
+    } else {
+        if (bad || v < 0 || v > 100000)
+            return "--node-rank needs a node number >= 0";
+        a->node_rank = (int)v;
+    }
+    return NULL;
+}
+
+static int parse_args(int argc, char **argv, launch_args *a)
+{
+    static const char *const options[] = {"-n", "--timeout", "--max-restarts", "--nnodes",
+                                          "--node-rank", "--master", NULL};
+    *a = (launch_args){.nnodes = 1};
     int i = 1;
-    *n = 0;
-    *timeout_s = 0;
-    *max_restarts = 0;
     while (i < argc) {
-        const char *a = argv[i], *value = NULL;
-        if (!strcmp(a, "--")) {
+        const char *arg = argv[i], *value = NULL, *name = NULL;
+        if (!strcmp(arg, "--")) {
             i++;
             break;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             printf("%s\n", usage_text);
             return 0;
         }
-        int is_n = !strncmp(a, "-n", 2);
-        int is_timeout = !strcmp(a, "--timeout") || !strncmp(a, "--timeout=", 10);
-        int is_restarts = !strcmp(a, "--max-restarts") || !strncmp(a, "--max-restarts=", 15);
-        if (!is_n && !is_timeout && !is_restarts) {
-            if (a[0] == '-')
+        /* -n4, -n 4, --opt=v, --opt v */
+        for (int k = 0; options[k] && !name; k++) {
+            size_t len = strlen(options[k]);
+            if (strncmp(arg, options[k], len))
+                continue;
+            if (!arg[len] || (k == 0 && arg[len] != '=') || arg[len] == '=') {
+                name = options[k];
+                value = !arg[len] ? NULL : arg + len + (arg[len] == '=');
+            }
+        }
+        if (!name) {
+            if (arg[0] == '-')
                 return usage_error("unknown option");
             break; /* the command */
         }
-        if (is_n && a[2])
-            value = a + 2;
-        else if (is_timeout && a[9] == '=')
-            value = a + 10;
-        else if (is_restarts && a[14] == '=')
-            value = a + 15;
-        else if (i + 1 < argc)
-            value = argv[++i];
-        else
-            return usage_error(is_n         ? "-n needs a number of ranks"
-                               : is_timeout ? "--timeout needs seconds"
-                                            : "--max-restarts needs a number of restarts");
-        i++;
-        char *end;
-        errno = 0;
-        if (is_n || is_restarts) {
-            long v = strtol(value, &end, 10);
-            if (is_restarts) {
-                if (end == value || *end || errno || v < 0 || v > 1000000)
-                    return usage_error("--max-restarts needs a number of restarts >= 0");
-                *max_restarts = (int)v;
-                continue;
-            }
-            if (end == value || *end || errno || v < 1 || v > 1000000)
-                return usage_error("-n needs a number of ranks >= 1");
-            *n = (int)v;
-        } else {
-            double v = strtod(value, &end);
-            if (end == value || *end || !(v > 0) || v > 1e7)
-                return usage_error("--timeout needs a number of seconds > 0");
-            *timeout_s = v;
+        if (!value && i + 1 >= argc) {
+            char what[64];
+            snprintf(what, sizeof what, "%s needs a value", name);
+            return usage_error(what);
         }
+        if (!value)
+            value = argv[++i];
+        i++;
+        const char *wrong = take_value(name, value, a);
+        if (wrong)
+            return usage_error(wrong);
     }
-    if (*n < 1)
+    if (a->n < 1)
         return usage_error("-n N is required");
+    if (a->nnodes > 1 && !a->master[0])
+        return usage_error("--nnodes > 1 needs --master HOST:PORT, where rank 0's node listens");
+    if (a->nnodes == 1 && (a->master[0] || a->node_rank))
+        return usage_error("--master and --node-rank are for jobs of --nnodes > 1");
+    if (a->node_rank >= a->nnodes)
+        return usage_error("--node-rank must be below --nnodes");
+    if (a->nnodes > 1 && a->max_restarts)
+        return usage_error("--max-restarts restarts one machine's job; across nodes every "
+                           "node's launcher would restart on its own (run one node, or restart "
+                           "the whole job from outside)");
     if (i >= argc)
         return usage_error("no command to run");
-    *cmd_index = i;
+    a->cmd_index = i;
     return -1;
 }
 
@@ -508,8 +575,8 @@ static int launcher_init(launcher *L, int n, double timeout_s)
 static void launcher_free(launcher *L)
 {
     for (int r = 0; r < L->n; r++) {
-        stream_close(&L->ranks[r].out, r);
-        stream_close(&L->ranks[r].err, r);
+        stream_close(&L->ranks[r].out);
+        stream_close(&L->ranks[r].err);
         free(L->ranks[r].out.line);
         free(L->ranks[r].err.line);
     }
@@ -545,7 +612,7 @@ static void give_back_signals(const saved_signals *saved)
 }
 
 /* Start every rank; after a failure, stop the ranks already started. */
-static void spawn_ranks(launcher *L, int port, char **cmd)
+static void spawn_ranks(launcher *L, char **cmd)
 {
     /* Held back while forking, so a child never runs our handler. */
     sigset_t held, old_mask;
@@ -555,7 +622,7 @@ static void spawn_ranks(launcher *L, int port, char **cmd)
     sigaddset(&held, SIGCHLD);
     for (int r = 0; r < L->n; r++) {
         sigprocmask(SIG_BLOCK, &held, &old_mask);
-        int spawned = spawn_rank(L, r, port, cmd);
+        int spawned = spawn_rank(L, r, cmd);
         sigprocmask(SIG_SETMASK, &old_mask, NULL);
         if (spawned != 0) {
             if (spawned > 0)
@@ -571,7 +638,6 @@ static void spawn_ranks(launcher *L, int port, char **cmd)
 typedef struct watch_list {
     struct pollfd *fds;     /* 1 + 2n */
     rank_stream **streams;  /* streams[k] is fds[k + 1] */
-    int *stream_rank;
     int count;              /* entries of fds in use */
 } watch_list;
 
@@ -585,7 +651,6 @@ static void watch_open_streams(launcher *L, watch_list *w)
             if (two[k]->fd < 0)
                 continue;
             w->streams[w->count - 1] = two[k];
-            w->stream_rank[w->count - 1] = r;
             w->fds[w->count++] = (struct pollfd){.fd = two[k]->fd, .events = POLLIN};
         }
     }
@@ -609,13 +674,13 @@ static void supervise(launcher *L)
 {
     size_t n = (size_t)L->n;
     watch_list w = {malloc(sizeof *w.fds * (1 + 2 * n)), malloc(sizeof *w.streams * 2 * n),
-                    malloc(sizeof *w.stream_rank * 2 * n), 0};
+                    0};
     for (;;) {
         reap(L);
         check_deadlines(L);
         if (!any_running(L))
             break;
-        if (!w.fds || !w.streams || !w.stream_rank) {
+        if (!w.fds || !w.streams) {
             /* No memory to watch the pipes: still wait for the ranks. */
             usleep(100000);
             continue;
@@ -631,28 +696,30 @@ static void supervise(launcher *L)
         }
         for (int k = 1; k < w.count; k++)
             if (w.fds[k].revents && w.streams[k - 1]->fd >= 0)
-                stream_read(w.streams[k - 1], w.stream_rank[k - 1]);
+                stream_read(w.streams[k - 1]);
     }
     free(w.fds);
     free(w.streams);
-    free(w.stream_rank);
 }
 
 /* One run of every rank: its exit code (0 when all succeeded); *stop set
  * when nothing should be restarted (the user's signal, the --timeout, or
  * a failure of the launcher itself). */
-static int run_once(int n, int restart, uint64_t end_deadline, double timeout_s, char **cmd,
-                    int *stop)
+static int run_once(const launch_args *a, int restart, uint64_t end_deadline, char **cmd, int *stop)
 {
-    int port = pick_free_port();
-    if (port < 0) {
-        fprintf(stderr, "loom launch: cannot find a free port on 127.0.0.1 for the store: %s\n",
-                strerror(errno));
+    launcher L;
+    if (launcher_init(&L, a->n, a->timeout_s) != 0) {
         *stop = 1;
         return 1;
     }
-    launcher L;
-    if (launcher_init(&L, n, timeout_s) != 0) {
+    L.first_rank = a->node_rank * a->n;
+    L.world = a->nnodes * a->n;
+    L.master = a->nnodes > 1 ? a->master : "127.0.0.1";
+    L.master_port = a->nnodes > 1 ? a->master_port : pick_free_port();
+    if (L.master_port < 0) {
+        fprintf(stderr, "loom launch: cannot find a free port on 127.0.0.1 for the store: %s\n",
+                strerror(errno));
+        launcher_free(&L);
         *stop = 1;
         return 1;
     }
@@ -660,7 +727,7 @@ static int run_once(int n, int restart, uint64_t end_deadline, double timeout_s,
     L.end_deadline = end_deadline;
     saved_signals saved;
     take_signals(&saved);
-    spawn_ranks(&L, port, cmd);
+    spawn_ranks(&L, cmd);
     supervise(&L);
     launcher_free(&L);
     give_back_signals(&saved);
@@ -690,31 +757,30 @@ static void remove_job_tmpdir(void)
     job_tmpdir[0] = '\0';
 }
 
-static int launch(int n, double timeout_s, int max_restarts, char **cmd)
+static int launch(const launch_args *a, char **cmd)
 {
     /* the --timeout covers the whole job, restarts included */
-    uint64_t end_deadline = timeout_s > 0 ? loom_now_ns() + (uint64_t)(timeout_s * 1e9) : 0;
+    uint64_t end_deadline = a->timeout_s > 0 ? loom_now_ns() + (uint64_t)(a->timeout_s * 1e9) : 0;
     for (int restart = 0;; restart++) {
         int stop = 0;
-        int rc = run_once(n, restart, end_deadline, timeout_s, cmd, &stop);
-        if (rc == 0 || stop || restart == max_restarts)
+        int rc = run_once(a, restart, end_deadline, cmd, &stop);
+        if (rc == 0 || stop || restart == a->max_restarts)
             return rc;
         /* as torchrun: every rank again, the job resuming from its latest
          * complete checkpoint (loom train does, seeing LOOM_RESTART) */
         fprintf(stderr, "loom launch: restart %d of %d: every rank again (the last run ended with "
-                        "status %d)\n", restart + 1, max_restarts, rc);
+                        "status %d)\n", restart + 1, a->max_restarts, rc);
     }
 }
 
 int loom_cmd_launch(int argc, char **argv)
 {
-    int n, max_restarts, cmd_index;
-    double timeout_s;
-    int rc = parse_args(argc, argv, &n, &timeout_s, &max_restarts, &cmd_index);
+    launch_args a;
+    int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
     make_job_tmpdir();
-    rc = launch(n, timeout_s, max_restarts, argv + cmd_index);
+    rc = launch(&a, argv + a.cmd_index);
     remove_job_tmpdir();
     return rc;
 }

@@ -31,6 +31,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -71,8 +72,9 @@ static const loom_setting_spec mpi_settings[] = {
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "ompi_server", .type = LOOM_SETTING_STRING, .default_value = "\"ompi-server\"",
      .help = "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
-    {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "\"lo\"",
-     .help = "network interface for MPI's TCP traffic between ranks joined under loom launch"},
+    {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "\"\"",
+     .help = "network interface for MPI's TCP traffic between ranks joined under loom launch "
+             "(\"\": lo on one machine; across machines the one that reaches MASTER_ADDR)"},
     {0},
 };
 
@@ -90,7 +92,7 @@ static void read_settings(const loom_host *host, mpi_settings_t *s)
     s->timeout_s = host->timeout_s > 0 ? host->timeout_s : 60.0;
     s->connect_timeout_s = 0.0;
     s->ompi_server = "ompi-server";
-    s->tcp_interface = "lo";
+    s->tcp_interface = "";
     /* The core has validated the group and filled in defaults; the fallbacks
      * above only matter for a host without config (a bare test harness). */
     double d;
@@ -327,6 +329,58 @@ static void server_stop(void)
         rmdir(proc.server_dir);
         proc.server_dir[0] = '\0';
     }
+}
+
+/* The interface this machine reaches host through (the one a UDP
+ * "connection" to it would leave by), into name; 0, or -1. */
+static int interface_toward(const char *host, char *name, size_t cap)
+{
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9)}, me;
+    socklen_t len = sizeof me;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), found = -1;
+    if (fd < 0 || inet_pton(AF_INET, host, &to.sin_addr) != 1 ||
+        connect(fd, (struct sockaddr *)&to, sizeof to) < 0 ||
+        getsockname(fd, (struct sockaddr *)&me, &len) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    struct ifaddrs *list = NULL;
+    if (getifaddrs(&list) < 0)
+        return -1;
+    for (struct ifaddrs *i = list; i && found < 0; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == me.sin_addr.s_addr) {
+            snprintf(name, cap, "%s", i->ifa_name);
+            found = 0;
+        }
+    freeifaddrs(list);
+    return found;
+}
+
+/* comm.mpi.tcp_interface, or where it is "": lo when every rank runs on
+ * this machine, else the interface toward rank 0's MASTER_ADDR. */
+static int choose_interface(const loom_host *host, mpi_settings_t *s)
+{
+    static char chosen[64];
+    if (s->tcp_interface[0])
+        return LOOM_OK;
+    const char *master = getenv("MASTER_ADDR");
+    if (host->local_size >= host->world_size) {
+        s->tcp_interface = "lo";
+        return LOOM_OK;
+    }
+    if (!master || interface_toward(master, chosen, sizeof chosen) != 0)
+        return host->error(host, LOOM_ERR_INVALID,
+                           "comm-mpi: the job spans machines (%d of its %d ranks here) and no "
+                           "interface reaches MASTER_ADDR '%s'; set comm.mpi.tcp_interface, or run "
+                           "the job under mpirun", host->local_size, host->world_size,
+                           master ? master : "(unset)");
+    s->tcp_interface = chosen;
+    host->log(host, LOOM_LOG_DEBUG, "comm-mpi: MPI's TCP traffic goes over %s (toward %s)",
+              chosen, master);
+    return LOOM_OK;
 }
 
 /* Start ompi-server as a child in its own process group, which dies with
@@ -610,6 +664,10 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
     } else if (!mpi_launched && host->world_size > 1) {
         /* Started by loom launch: independent singletons to be joined. */
         char uri[1024];
+        mpi_settings_t joined = *s;
+        if ((st = choose_interface(host, &joined)) != LOOM_OK)
+            return st;
+        s = &joined;
         if (host->rank == 0) {
             if ((st = server_start(host, s, uri, sizeof uri)) != LOOM_OK)
                 return st;
