@@ -631,7 +631,7 @@ static int check_state(const char *path, const state_disk *d)
                        (long long)d->step);
     if (!isfinite(d->loss_scale) || d->loss_scale <= 0)
         return damaged(path, "its loss_scale is %g", (double)d->loss_scale);
-    if (d->nunits < 1)
+    if (d->nunits < 1 || d->nunits > INT32_MAX)
         return damaged(path, "its nunits is %u", d->nunits);
     return LOOM_OK;
 }
