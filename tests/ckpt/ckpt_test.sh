@@ -136,8 +136,10 @@ truncated_tokens)
     cp "$SRC/examples/data/corpus.bin" data.bin
     DATA=$TMP/data.bin
     run whole 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
+    run flat 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/flat" --set data.shuffle=false
     head -c 60000 "$SRC/examples/data/corpus.bin" > data.bin
     refused cut "data.bin" -- $(resume_cmd "$TMP/ckpt/step-5")
+    refused cut_unshuffled "data.bin" -- $(resume_cmd "$TMP/flat/step-5" --set data.shuffle=false)
     python3 - "$SRC/examples/data/corpus.bin" data.bin <<'PY'
 import struct, sys
 data = open(sys.argv[1], "rb").read()
@@ -146,7 +148,7 @@ header[2] //= 3
 open(sys.argv[2], "wb").write(struct.pack("<256i", *header) + data[1024:1024 + 2 * header[2]])
 PY
     refused shorter "data.bin" "tokens" -- $(resume_cmd "$TMP/ckpt/step-5")
-    refused shorter_unshuffled "data.bin" -- $(resume_cmd "$TMP/ckpt/step-5" --set data.shuffle=false) ;;
+    refused shorter_unshuffled "data.bin" "tokens" -- $(resume_cmd "$TMP/flat/step-5" --set data.shuffle=false) ;;
 remesh)
     # 4 ranks save steps 10, 20 and 25; resumed at step 10 on 2 ranks, the
     # job saves step 20 again (2 shard files in place of 4), clearing a
