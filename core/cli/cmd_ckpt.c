@@ -77,8 +77,8 @@ int loom_cmd_ckpt(int argc, char **argv)
         rc = views_model(loom_ckpt_header_of(ck), &model);
     int nunits = 0;
     loom_unit *units = rc == LOOM_OK ? loom_model_units(model, &nunits) : NULL;
-    if (rc == LOOM_OK && nunits != loom_ckpt_header_of(ck)->nunits)
-        rc = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': its unit count does not match its model shape", path);
+    if (rc == LOOM_OK)
+        rc = loom_ckpt_check_model(ck, units, nunits);
     if (rc == LOOM_OK && info)
         loom_ckpt_print_info(ck, units, stdout);
     if (rc == LOOM_OK && !info && state_path &&

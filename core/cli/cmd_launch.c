@@ -59,6 +59,10 @@ typedef struct launcher {
     double timeout_s;       /* 0: none */
     uint64_t end_deadline;  /* the --timeout, 0 when none or spent */
     uint64_t kill_deadline; /* when the stopping ranks get SIGKILL, 0 when none */
+    /* The first rank that exited LOOM_EXIT_ANOTHER_RANK, -1 none: blamed
+     * only if no other rank fails by itself before blame_deadline. */
+    int follower, follower_status;
+    uint64_t blame_deadline;
 } launcher;
 
 static int signal_pipe[2] = {-1, -1};
@@ -217,6 +221,8 @@ static void stop_running(launcher *L)
     arm_kill_deadline(L);
 }
 
+static void blame(launcher *L, int r, int status);
+
 static void rank_exited(launcher *L, int r, int status)
 {
     rank_proc *p = &L->ranks[r];
@@ -234,6 +240,27 @@ static void rank_exited(launcher *L, int r, int status)
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok || L->exit_code >= 0)
         return; /* a rank we stopped, or one after the first failure */
+    if (WIFEXITED(status) && WEXITSTATUS(status) == LOOM_EXIT_ANOTHER_RANK && any_running(L)) {
+        /* It failed because another rank did: that one's exit names the
+         * cause; give it the grace period to come. */
+        if (L->follower < 0) {
+            L->follower = r;
+            L->follower_status = status;
+            L->blame_deadline = loom_now_ns() + (uint64_t)(GRACE_S * 1e9);
+        }
+        return;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == LOOM_EXIT_ANOTHER_RANK && L->follower >= 0)
+        blame(L, L->follower, L->follower_status); /* only followers: the first */
+    else
+        blame(L, r, status);
+}
+
+/* The verdict: rank r's exit decides the launcher's status, and the other
+ * ranks are stopped. */
+static void blame(launcher *L, int r, int status)
+{
+    L->blame_deadline = 0;
     char how[128];
     if (WIFEXITED(status)) {
         L->exit_code = WEXITSTATUS(status);
@@ -287,6 +314,8 @@ static void on_launcher_signal(launcher *L, int sig)
 static void check_deadlines(launcher *L)
 {
     uint64_t now = loom_now_ns();
+    if (L->follower >= 0 && L->exit_code < 0 && (!any_running(L) || now >= L->blame_deadline))
+        blame(L, L->follower, L->follower_status);
     if (L->end_deadline && now >= L->end_deadline) {
         L->end_deadline = 0;
         char ranks[512] = "ranks";
@@ -559,7 +588,7 @@ static int parse_args(int argc, char **argv, launch_args *a)
 /* Ranks, their streams closed, and the signal pipe; 0, or -1 reported. */
 static int launcher_init(launcher *L, int n, double timeout_s)
 {
-    *L = (launcher){.n = n, .exit_code = -1, .timeout_s = timeout_s};
+    *L = (launcher){.n = n, .exit_code = -1, .timeout_s = timeout_s, .follower = -1};
     L->ranks = calloc((size_t)n, sizeof *L->ranks);
     if (!L->ranks || pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
         fprintf(stderr, "loom launch: cannot set up: %s\n", strerror(errno));
@@ -661,6 +690,8 @@ static void watch_open_streams(launcher *L, watch_list *w)
 static int poll_timeout_ms(const launcher *L)
 {
     uint64_t next = loom_now_ns() + 1000000000ull;
+    if (L->blame_deadline && L->blame_deadline < next)
+        next = L->blame_deadline;
     if (L->end_deadline && L->end_deadline < next)
         next = L->end_deadline;
     if (L->kill_deadline && L->kill_deadline < next)

@@ -39,5 +39,5 @@ int loom_cmd_train(int argc, char **argv)
     int rc = loom_train(&o);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom train: %s\n", loom_last_error());
-    return rc == LOOM_OK ? 0 : 1;
+    return rc == LOOM_OK ? 0 : rc == LOOM_ERR_REMOTE ? LOOM_EXIT_ANOTHER_RANK : 1;
 }

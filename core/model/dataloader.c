@@ -715,7 +715,17 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
         return;
     }
     uint32_t readers = head[1], nfiles = head[5];
-    int64_t stride = (int64_t)head[1] * head[2] * head[4], total = 0;
+    /* each file takes 12 bytes at least, each reader 2 KiB: counts beyond
+     * what the bytes can hold are damage, not a reason to allocate */
+    if (nfiles > size / 12 || readers > size / (LOOM_MT19937_WORDS * sizeof(uint32_t))) {
+        fprintf(f, "  data      (a damaged data position: %u files, %u readers in %zu bytes)\n",
+                nfiles, readers, size);
+        return;
+    }
+    int64_t stride = 0, total = 0; /* 0 when the product overflows: the counts are damage */
+    if (__builtin_mul_overflow((int64_t)head[1], (int64_t)head[2], &stride) ||
+        __builtin_mul_overflow(stride, (int64_t)head[4], &stride))
+        stride = 0;
     int64_t *tokens = calloc(nfiles ? nfiles : 1, sizeof *tokens);
     char **names = calloc(nfiles ? nfiles : 1, sizeof *names);
     for (uint32_t i = 0; tokens && names && i < nfiles && !in.short_read; i++) {
@@ -727,7 +737,7 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
             get(&in, names[i], len);
             names[i][len] = '\0';
         }
-        total += tokens[i];
+        total = (int64_t)((uint64_t)total + (uint64_t)tokens[i]); /* no UB on damage */
     }
     fprintf(f, "  data      %s, %u reader%s × %u sequences of %u tokens per read, train.batch %u; "
                "%u file%s, %lld tokens\n",
@@ -746,7 +756,7 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
             continue;
         fprintf(f, "  reader %-2u epoch %lld, shard %lld of %u (%s), sample %lld of %lld read\n",
                 r, (long long)epoch, (long long)shard + 1, nfiles, names[file], (long long)sample,
-                stride > 0 ? (long long)((tokens[file] - 1) / stride) : 0LL);
+                stride > 0 && tokens[file] > 0 ? (long long)((tokens[file] - 1) / stride) : 0LL);
     }
     if (readers > SHOWN)
         fprintf(f, "  ...       and %u readers more\n", readers - SHOWN);

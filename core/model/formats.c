@@ -94,6 +94,8 @@ static unsigned long long param_bytes_checked(const loom_gpt2_shape *s)
     return n;
 }
 
+uint64_t loom_gpt2_param_bytes(const loom_gpt2_shape *s) { return param_bytes_checked(s); }
+
 /* Write to path atomically: into a temp file beside it, then rename, so a
  * crash (or a full disk) never leaves a half-written file under the name. */
 typedef struct atomic_file {

@@ -27,6 +27,10 @@ typedef struct loom_gpt2_shape {
 /* Element counts of the 16 tensors in llm.c's order, and their sum. */
 void loom_gpt2_tensor_sizes(const loom_gpt2_shape *s, size_t sizes[LOOM_GPT2_TENSORS]);
 size_t loom_gpt2_param_count(const loom_gpt2_shape *s);
+/* Bytes of fp32 parameters of a shape whose fields are all positive, or 0
+ * when they would not fit in 63 bits: for shapes read from files, where a
+ * wrapped product would pass a size test. */
+uint64_t loom_gpt2_param_bytes(const loom_gpt2_shape *s);
 extern const char *const loom_gpt2_tensor_names[LOOM_GPT2_TENSORS]; /* "wte", ... */
 
 /* Read a checkpoint of either version: *params is malloc'd fp32 (bf16

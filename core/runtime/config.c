@@ -149,7 +149,10 @@ static const schema_entry schema[] = {
     S("train.checkpoint_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "save a resumable checkpoint every N steps (0 = never)"),
     S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
-      .help = "where train.checkpoint_every writes step-N/ (a shard file per rank)"),
+      .help = "where train.checkpoint_every writes step-N/ (a shard file per rank); one job's "
+      "at a time (loom.lock)"),
+    S("train.keep_checkpoints", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "keep the last N checkpoints, remove older ones (0 = keep all)"),
     S("train.sample_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "print a greedy sample of the model every N steps (0 = never)"),
     S("train.sample_tokens", V_INT, "32", .lo = 1, .flags = GE,
@@ -852,6 +855,13 @@ static int check_relations(const loom_config *cfg)
         return fail_rel(cfg, "train.decay", "train.weight_decay",
                         "\"matrices\" picks the tensors train.weight_decay applies to, and "
                         "train.weight_decay is 0; set a weight decay or remove train.decay");
+
+    int64_t checkpoint_every = 0;
+    loom_config_int(cfg, "train.checkpoint_every", &checkpoint_every);
+    if (checkpoint_every == 0 && loom_config_is_set(cfg, "train.keep_checkpoints"))
+        return fail_rel(cfg, "train.keep_checkpoints", "train.checkpoint_every",
+                        "does nothing without checkpoints; set train.checkpoint_every = N, or "
+                        "remove train.keep_checkpoints");
 
     int64_t sample_every = 0;
     loom_config_int(cfg, "train.sample_every", &sample_every);

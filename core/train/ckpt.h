@@ -16,7 +16,16 @@
  *               writes it from a sharded directory).
  *
  * Either loads into any mesh and any data strategy: the reader assembles a
- * unit's whole arrays and the trainer slices and hands them on. */
+ * unit's whole arrays and the trainer slices and hands them on.
+ *
+ * Format 3 stamps every file (meta.loom, each shard, the consolidated
+ * file) right after its fixed header: the run id of the job that wrote it,
+ * the step, the file's length and its CRC32C (of the bytes after the stamp,
+ * continued over the header and the stamp with the checksum field zero).
+ * A reader checks the checksum before it trusts a byte, and every field
+ * before it uses it; a failure names the file, the field and the value.
+ * Formats 1 and 2 (no stamp) are still read, range-checked but unverified.
+ * Every file is fsync'd before it is closed. */
 #ifndef LOOM_CKPT_H
 #define LOOM_CKPT_H
 
@@ -40,25 +49,38 @@ typedef struct loom_ckpt_header {
     uint64_t data_offset;
     float loss_scale;
     int nunits;
+    /* The job that wrote it (a random id chosen at each job's start); 0 in
+     * formats 1 and 2. */
+    uint64_t run_id;
 } loom_ckpt_header;
 
 /* Elements of a unit's whole (unsplit) flat buffer, from its views. */
 size_t loom_ckpt_whole_numel(const loom_unit *unit);
 
+/* One file being written: its stamp's checksum runs along. */
+typedef struct loom_ckpt_file {
+    FILE *f;
+    char path[4200];
+    uint32_t crc; /* of the bytes after the stamp, so far */
+} loom_ckpt_file;
+
 /* ---- writing a sharded directory (every rank) ---- */
 
 typedef struct loom_ckpt_shard_writer {
-    FILE *f;
-    char path[4200];
+    loom_ckpt_file file;
+    uint64_t run_id;
+    int64_t step;
     uint32_t records;
 } loom_ckpt_shard_writer;
 
-int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank);
+int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, uint64_t run_id,
+                         int64_t step);
 /* One record: elements [begin, begin + count) of tp rank tp_rank's flat
  * buffer of a unit. */
 int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin, size_t count,
                    const float *params, const float *m, const float *v);
-int loom_ckpt_shard_close(loom_ckpt_shard_writer *w);
+/* ok: stamp, fsync and close; otherwise (or if that fails) remove the file. */
+int loom_ckpt_shard_close(loom_ckpt_shard_writer *w, int ok);
 
 /* Rank 0, after every shard file is complete. tp_shards[u] holds every tp
  * rank's slices of unit u's tensors, rank-major (tp × units[u].ntensors). */
@@ -66,25 +88,50 @@ int loom_ckpt_write_meta(const char *dir, const loom_ckpt_header *h, int tp, int
                          const char *strategy, const loom_unit *units,
                          const loom_param_shard *const *tp_shards);
 
+/* fsync a directory, so that the names in it (a rename) reach the disk. */
+int loom_ckpt_sync_dir(const char *dir);
+/* The run id and step stamped on a checkpoint directory's files (the first
+ * file found with a stamp, complete or not): LOOM_ERR_NOT_FOUND if none. */
+int loom_ckpt_dir_stamp(const char *dir, uint64_t *run_id, int64_t *step);
+/* Remove a checkpoint directory of any world size: meta.loom and every
+ * shard-N.loom, then the directory; a file loom did not write stays, and
+ * the failure names it. A missing directory is not an error. */
+int loom_ckpt_remove_dir(const char *dir);
+
 /* ---- writing a consolidated file ---- */
 
 typedef struct loom_state_writer {
-    FILE *f;
-    char path[4200], tmp[4210];
+    loom_ckpt_file file; /* PATH.tmp */
+    char path[4200];
+    loom_ckpt_header h;
 } loom_state_writer;
 
 int loom_state_open(loom_state_writer *w, const char *path, const loom_ckpt_header *h);
 int loom_state_put(loom_state_writer *w, const float *params, const float *m, const float *v,
                    size_t n);
-/* Renames into place when ok; otherwise removes the partial file. */
+/* Stamps, fsyncs and renames into place when ok; otherwise removes the
+ * partial file. */
 int loom_state_close(loom_state_writer *w, int ok);
 
 /* ---- reading either ---- */
 
 typedef struct loom_ckpt loom_ckpt;
 
-/* path: a sharded directory or a consolidated file. */
+/* path: a sharded directory or a consolidated file. Every file's stamp and
+ * checksum are verified, every header field range-checked. */
 int loom_ckpt_open(const char *path, loom_ckpt **out);
+/* The same, but the shard files' checksums are left to
+ * loom_ckpt_verify_file, so that the ranks of a resume can share that
+ * reading (meta.loom, the shard files' headers and sizes are checked). */
+int loom_ckpt_open_unverified(const char *path, loom_ckpt **out);
+/* Shard files of a sharded checkpoint; 0 for a consolidated file (checked
+ * whole at open). */
+int loom_ckpt_files(const loom_ckpt *ck);
+int loom_ckpt_verify_file(loom_ckpt *ck, int file);
+/* The checkpoint against a model of its shape (units, nunits): the unit
+ * count, each unit's tensors and the shard table's slices. Before any
+ * loom_ckpt_read_unit. */
+int loom_ckpt_check_model(const loom_ckpt *ck, const loom_unit *units, int nunits);
 const loom_ckpt_header *loom_ckpt_header_of(const loom_ckpt *ck);
 /* One line: "sharded, 4 files, tp 1, saved by zero3" / "consolidated". */
 void loom_ckpt_describe(const loom_ckpt *ck, char *buf, size_t cap);

@@ -1,7 +1,7 @@
 /* loom train — the loop. Set up (setup.c), run train.steps steps (step.c),
  * report each (report.c) and print a sample every train.sample_every,
- * checkpoint every train.checkpoint_every steps and save at the end
- * (save.c), tear down. */
+ * checkpoint every train.checkpoint_every steps and after the last, and
+ * save at the end (save.c), tear down. */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -14,11 +14,21 @@
 #include "runtime/trace.h"
 #include "train/trainer.h"
 
-static int run_steps(trainer *t, const loom_train_options *o)
+static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
 {
-    int rc = LOOM_OK;
+    int64_t every = 0, keep = 0;
+    loom_config_int(t->cfg, "train.checkpoint_every", &every);
+    loom_config_int(t->cfg, "train.keep_checkpoints", &keep);
+    const char *dir = "checkpoints";
+    loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
+    int rc = trainer_choose_run_id(t);
+    if (rc == LOOM_OK && every > 0)
+        rc = trainer_lock_checkpoints(t, dir, lock_fd);
+    if (rc != LOOM_OK)
+        return rc;
     char latest[4200];
     const char *resume = trainer_restart_resume(t, o->resume, latest, sizeof latest);
+    t->restarting = resume == latest;
     if (resume && (rc = trainer_load_state(t, resume)) != LOOM_OK)
         return rc;
     /* a restarted job adds to what its first run wrote (a step redone
@@ -30,10 +40,6 @@ static int run_steps(trainer *t, const loom_train_options *o)
         return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", o->metrics, strerror(errno));
     if (o->trace)
         loom_trace_enable(t->rank);
-    int64_t every = 0;
-    loom_config_int(t->cfg, "train.checkpoint_every", &every);
-    const char *dir = "checkpoints";
-    loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
     int64_t sample_every = 0, sample_tokens = 0;
     loom_config_int(t->cfg, "train.sample_every", &sample_every);
     loom_config_int(t->cfg, "train.sample_tokens", &sample_tokens);
@@ -75,16 +81,10 @@ static int run_steps(trainer *t, const loom_train_options *o)
         if (sample_every > 0 && t->step % sample_every == 0 &&
             (rc = trainer_print_sample(t, (int)sample_tokens, dir)) != LOOM_OK)
             break;
-        if (every > 0 && t->step % every == 0 && t->step < t->steps) {
-            char path[4096];
-            if (t->rank == 0)
-                mkdir(dir, 0777);
-            snprintf(path, sizeof path, "%s/step-%lld", dir, (long long)t->step);
-            if ((rc = trainer_save_sharded(t, path)) != LOOM_OK)
-                break;
-            if (t->rank == 0)
-                printf("saved %s\n", path);
-        }
+        /* every N steps, and the last whatever N */
+        if (every > 0 && (t->step % every == 0 || t->step == t->steps) &&
+            (rc = trainer_checkpoint(t, dir, keep)) != LOOM_OK)
+            break;
     }
     if (metrics)
         fclose(metrics);
@@ -99,9 +99,10 @@ int loom_train(const loom_train_options *o)
 {
     trainer t;
     memset(&t, 0, sizeof t);
-    int rc = trainer_setup(&t, o);
+    int rc = trainer_setup(&t, o), lock_fd = -1;
     if (rc == LOOM_OK)
-        rc = run_steps(&t, o);
+        rc = run_steps(&t, o, &lock_fd);
     trainer_teardown(&t);
+    trainer_unlock_checkpoints(lock_fd);
     return rc;
 }

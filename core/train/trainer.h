@@ -87,6 +87,14 @@ typedef struct trainer {
     int eval_every, eval_batches;
     loom_dataset val_data;
     loom_dataloader val_loader;
+    /* Checkpoints (save.c): this job's random id, stamped on every file it
+     * writes, and how many times the ranks have agreed on a checkpoint's
+     * outcome (names the store keys of the reasons). */
+    uint64_t run_id;
+    /* resuming after a restart by loom launch: a checkpoint of the last
+     * step is a finished job, not a mistake */
+    int restarting;
+    int64_t agreements;
 } trainer;
 
 /* ---- strategy hooks ---- */
@@ -136,6 +144,11 @@ void trainer_teardown_eval(trainer *t);
 int trainer_evaluate(trainer *t, float *loss);
 
 /* save.c */
+int trainer_choose_run_id(trainer *t);
+int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd);
+void trainer_unlock_checkpoints(int lock_fd);
+/* PARENT/step-N: saved, "saved" printed, and train.keep_checkpoints applied. */
+int trainer_checkpoint(trainer *t, const char *parent, int64_t keep);
 int trainer_save_sharded(trainer *t, const char *dir);
 int trainer_load_state(trainer *t, const char *path);
 int trainer_gather_weights(trainer *t, const char *scratch, float **weights);

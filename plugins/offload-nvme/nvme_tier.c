@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crc32c.h"
+#include "runtime/crc32c.h"
 #include "loom/memtier.h"
 
 #define DIRECT_ALIGN 4096 /* what O_DIRECT asks of offsets, lengths and buffers */
@@ -465,7 +465,7 @@ static void run_part(loom_memtier *t, loom_tier_request *r, size_t chunk, size_t
         start_io(t, s, 0);
     } else if (len == bb) {
         s->phase = PHASE_WRITE;
-        s->crc = nvme_copy_crc32c(s->buf, user, bb);
+        s->crc = loom_copy_crc32c(s->buf, user, bb);
         start_io(t, s, 1);
     } else if (ci->state == CHUNK_WRITTEN) {
         s->phase = PHASE_PATCH_READ; /* read, check, patch, then write */
@@ -474,7 +474,7 @@ static void run_part(loom_memtier *t, loom_tier_request *r, size_t chunk, size_t
         s->phase = PHASE_WRITE;
         memset(s->buf, 0, bb);
         memcpy(s->buf + within, user, len);
-        s->crc = nvme_crc32c(s->buf, bb);
+        s->crc = loom_crc32c(s->buf, bb);
         start_io(t, s, 1);
     }
 }
@@ -530,7 +530,7 @@ static void io_done(loom_memtier *t, io_slot *s, int res)
         slot_free(t, s);
         return;
     }
-    uint32_t found = nvme_crc32c(s->buf, bb);
+    uint32_t found = loom_crc32c(s->buf, bb);
     if (found != ci->crc) {
         check_crc(t, r, s->chunk, ci->crc, found);
     } else if (s->phase == PHASE_READ) {
@@ -539,7 +539,7 @@ static void io_done(loom_memtier *t, io_slot *s, int res)
         cache_store(t, s->chunk, s->buf);
     } else {
         memcpy(s->buf + s->within, s->user, s->len);
-        s->crc = nvme_crc32c(s->buf, bb);
+        s->crc = loom_crc32c(s->buf, bb);
         s->phase = PHASE_WRITE;
         start_io(t, s, 1);
         return;
@@ -571,7 +571,7 @@ static void compute_deferred(loom_memtier *t)
 {
     for (unsigned i = 0; i < t->ndeferred; i++) {
         deferred_crc *d = &t->deferred[i];
-        uint32_t crc = nvme_crc32c(d->bytes, t->block_bytes);
+        uint32_t crc = loom_crc32c(d->bytes, t->block_bytes);
         if (d->write)
             d->write->crc = crc;
         else

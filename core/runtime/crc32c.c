@@ -7,7 +7,7 @@
  * the register update is linear, so crc(A|B) = shift(crc(A), |B|) ^ crc0(B),
  * where crc0 starts from 0 and shift feeds |B| zero bytes. The stripe length
  * is fixed, so one shift operator, tabulated by byte, serves every join. */
-#include "crc32c.h"
+#include "runtime/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -62,7 +62,7 @@ static uint32_t update_portable(uint32_t crc, const unsigned char *p, size_t n)
     return crc;
 }
 
-uint32_t nvme_crc32c_portable(const void *data, size_t n)
+uint32_t loom_crc32c_portable(const void *data, size_t n)
 {
     return ~update_portable(~0u, data, n);
 }
@@ -110,12 +110,17 @@ static uint32_t update(uint32_t crc, const unsigned char *p, size_t n)
 }
 #endif
 
-uint32_t nvme_crc32c(const void *data, size_t n)
+uint32_t loom_crc32c(const void *data, size_t n)
 {
     return ~update(~0u, data, n);
 }
 
-uint32_t nvme_copy_crc32c(void *dst, const void *src, size_t n)
+uint32_t loom_crc32c_extend(uint32_t crc, const void *data, size_t n)
+{
+    return ~update(~crc, data, n);
+}
+
+uint32_t loom_copy_crc32c(void *dst, const void *src, size_t n)
 {
     enum { PIECE = 6 * STRIPE }; /* well inside L1/L2: checksum what was just copied */
     unsigned char *d = dst;
