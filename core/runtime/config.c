@@ -142,6 +142,10 @@ static const schema_entry schema[] = {
       .help = "fp16: initial dynamic loss scale"),
     S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE | WIDE,
       .help = "fp16: good steps before the loss scale doubles"),
+    S("train.max_skipped", V_INT, "10", .lo = 0, .flags = GE,
+      .help = "stop with an error after this many steps in a row whose loss or gradient norm is "
+      "not finite (fp16: a gradient overflow counts only once the loss scale is down to 1); "
+      "0 = never stop"),
     S("train.eval_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "validate every N steps, before the first and after the last (0: after the last "
       "only; needs data.val)"),

@@ -259,6 +259,7 @@ static void read_settings(trainer *t)
     t->clip = trainer_read_float(t->cfg, "train.clip");
     t->loss_scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
     loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
+    trainer_read_int(t->cfg, "train.max_skipped", &t->max_skipped);
     int threads = 1;
     trainer_read_int(t->cfg, "train.threads", &threads);
     loom_kernels_set_threads(threads);

@@ -61,6 +61,8 @@ static int run_steps(trainer *t, const loom_train_options *o)
             if (metrics)
                 trainer_write_metrics(metrics, t, &r);
         }
+        if ((rc = trainer_check_diverged(t, &r)) != LOOM_OK)
+            break;
         t->step++;
         if (t->step == stop_after) {
             fflush(NULL);

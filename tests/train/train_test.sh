@@ -56,6 +56,27 @@ PY
     tail -n 1 scaled.jsonl | grep -q '"skipped": false' || { echo "train_test: still skipping"; exit 1; }
     losses scaled | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.2)) { print "loss did not fall: " first " -> " last; exit 1 } }'
     echo "fp16: $skipped steps skipped while the scale came down, then trained" ;;
+diverged)
+    # a loss gone infinite stops the run after train.max_skipped steps in a
+    # row, naming the step, instead of "training" to the end and exiting 0
+    for precision in fp32 fp16; do
+        rc=0
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.lr=1e4 --set train.steps=40 \
+            --set train.precision=$precision --metrics $precision.jsonl > $precision.log 2>&1 || rc=$?
+        [ $rc = 1 ] || { cat $precision.log; echo "$TEST: $precision exited $rc, want 1"; exit 1; }
+        grep -q "^loom train: step 11: loss -*\(inf\|nan\), gradient norm [-0-9.e+naif]*: 10 steps in a row with a loss or gradient norm that is not finite (train.max_skipped = 10); the run diverged: lower train.lr (10000)" $precision.log ||
+            { cat $precision.log; echo "$TEST: $precision: no error naming the step"; exit 1; }
+        [ "$(wc -l < $precision.jsonl)" = 11 ] || { echo "$TEST: $precision ran past step 11"; exit 1; }
+    done
+    # the limit is a setting; 0 keeps going
+    rc=0
+    "$LOOM" train "$CFG" --set data.train="$DATA" --set train.lr=1e4 --set train.steps=20 \
+        --set train.max_skipped=3 > three.log 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "step 4: .*: 3 steps in a row" three.log ||
+        { cat three.log; echo "$TEST: train.max_skipped=3 did not stop at step 4"; exit 1; }
+    run endless 1 --set train.lr=1e4 --set train.steps=20 --set train.max_skipped=0
+    [ "$(wc -l < endless.jsonl)" = 20 ] || { echo "$TEST: train.max_skipped=0 stopped"; exit 1; }
+    echo "diverged: stopped at step 11 (fp32, fp16), at step 4 with max_skipped 3; 0 runs on" ;;
 resume)
     run whole 2
     run first 2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
