@@ -349,9 +349,9 @@ int trainer_check_diverged(trainer *t, const step_result *r)
     if (t->max_skipped == 0 || t->diverged_steps < t->max_skipped)
         return LOOM_OK;
     return loom_fail(LOOM_ERR_INVALID,
-                     "step %lld: loss %g, gradient norm %g: %d steps in a row with a loss or "
+                     "step %lld: loss %g, gradient norm %g: %d step%s in a row with a loss or "
                      "gradient norm that is not finite (train.max_skipped = %d); the run "
                      "diverged: lower train.lr (%g) or set train.clip, and start again",
                      (long long)t->step + 1, r->loss, r->grad_norm, t->diverged_steps,
-                     t->max_skipped, t->lr_schedule.lr);
+                     t->diverged_steps == 1 ? "" : "s", t->max_skipped, t->lr_schedule.lr);
 }

@@ -16,7 +16,9 @@
 
 static int run_steps(trainer *t, const loom_train_options *o)
 {
-    int rc = LOOM_OK;
+    int rc = trainer_check_outputs(t, o);
+    if (rc != LOOM_OK)
+        return rc;
     if (o->resume && (rc = trainer_load_state(t, o->resume)) != LOOM_OK)
         return rc;
     FILE *metrics = NULL;

@@ -145,6 +145,13 @@ int trainer_load_state(trainer *t, const char *path);
 int trainer_gather_weights(trainer *t, const char *scratch, float **weights);
 int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype);
 
+/* outputs.c */
+int trainer_check_outputs(trainer *t, const loom_train_options *o);
+/* mkdir -p: *made is the topmost directory it created ("" if none), for
+ * trainer_remove_made_dirs to undo; -1 with why filled in on failure. */
+int trainer_make_dirs(const char *path, char *made, size_t made_cap, char *why, size_t cap);
+void trainer_remove_made_dirs(const char *path, const char *made);
+
 /* report.c */
 void trainer_print_progress(const trainer *t, const step_result *r);
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);

@@ -107,6 +107,45 @@ trace)
     done
     ls "$TMP"/trace.json.rank* 2>/dev/null && { echo "train_test: parts left behind"; exit 1; }
     echo "trace: both ranks, compute and comm lanes" ;;
+output_paths)
+    # the files a run will write are checked before step 1, so a bad path
+    # fails at once instead of after the run, with its result lost
+    fails() { # NAME RANKS WANT ARGS...: exit 1 before any step, saying WANT
+        fails_name=$1; fails_ranks=$2; fails_want=$3; shift 3
+        rc=0
+        if [ "$fails_ranks" = 1 ]; then
+            "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > "$fails_name.log" 2>&1 || rc=$?
+        else
+            "$LOOM" launch -n "$fails_ranks" -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+                --set parallel.dp.size="$fails_ranks" "$@" > "$fails_name.log" 2>&1 || rc=$?
+        fi
+        [ $rc = 1 ] || { cat "$fails_name.log"; echo "$TEST: $fails_name exited $rc, want 1"; exit 1; }
+        grep -q "$fails_want" "$fails_name.log" || { cat "$fails_name.log"; echo "$TEST: $fails_name does not say: $fails_want"; exit 1; }
+        [ "$fails_name" = kept ] || ! grep -q "step  *1/" "$fails_name.log" || { cat "$fails_name.log"; echo "$TEST: $fails_name ran a step"; exit 1; }
+    }
+    fails save 1 "loom train: --save /nonexistent/d/w.bin: its directory /nonexistent/d does not exist; create it or name another path" \
+        --save /nonexistent/d/w.bin
+    fails save2 2 "\[[01]\] loom train: --save /nonexistent/d/w.bin: its directory /nonexistent/d does not exist" \
+        --save /nonexistent/d/w.bin
+    ! grep -q "rank 0 cannot\|timed out" save2.log || { cat save2.log; echo "$TEST: save2 is vague"; exit 1; }
+    mkdir adir
+    fails save_dir 1 "loom train: --save adir: it is a directory; name a file" --save adir
+    fails trace 2 "loom train: --trace /nonexistent/t.json: its directory /nonexistent does not exist" \
+        --trace /nonexistent/t.json
+    touch afile
+    fails checkpoints 1 "loom train: --set train.checkpoint_dir=afile/x: train.checkpoint_dir = \"afile/x\": afile exists and is not a directory" \
+        --set train.checkpoint_every=1 --set train.checkpoint_dir=afile/x
+    # a nested checkpoint_dir is made with its parents
+    run nested 1 --set train.steps=2 --set train.checkpoint_every=1 --set train.checkpoint_dir=a/b/c
+    [ -s a/b/c/step-1/meta.loom ] || { echo "$TEST: no checkpoint in a/b/c"; exit 1; }
+    # samples pass through it and leave nothing behind, however deep
+    run sampled 1 --set train.steps=2 --set train.sample_every=1 --set train.checkpoint_dir=s/t/u
+    grep -q "^sample: " sampled.log && [ ! -e s ] || { cat sampled.log; ls -R; echo "$TEST: sampling left s/"; exit 1; }
+    # an existing --save file is checked without being touched
+    echo keep > kept.bin
+    fails kept 1 "loom train: step 2: " --save kept.bin --set train.lr=1e4 --set train.max_skipped=1
+    [ "$(cat kept.bin)" = keep ] || { echo "$TEST: the check changed kept.bin"; exit 1; }
+    echo "output paths: refused before step 1 at 1 and 2 ranks; checkpoint_dir made with parents" ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
