@@ -1802,6 +1802,16 @@ int loom_config_refuse_unused_group(const loom_config *cfg, const char *group_pa
     return LOOM_OK;
 }
 
+const char *loom_config_child_name(const loom_config *cfg, const char *group_path, int index)
+{
+    int blocked;
+    const config_setting_t *g = cfg && group_path ? find_setting(&cfg->tree, group_path, &blocked)
+                                                  : NULL;
+    if (!g || !config_setting_is_group(g) || index < 0 || index >= config_setting_length(g))
+        return NULL;
+    return config_setting_name(config_setting_get_elem(g, (unsigned)index));
+}
+
 int loom_config_core_owns(const char *path)
 {
     return schema_find(path) || schema_is_group(path);

@@ -35,6 +35,14 @@ rc=$?
 grep -q "plugin comm 'mpi' refused: $BAD: truncated: the file is 20000 bytes" "$TMP/out" ||
     fail "loom bench does not name the truncated file"
 
+printf 'plugins = { path = [ "%s" ]; };\ncomm = { default = "mpi"; };\n' "$TMP/plugins" \
+    > "$TMP/train.cfg"
+"$LOOM" train "$TMP/train.cfg" > "$TMP/out" 2>&1
+rc=$?
+[ $rc = 1 ] || fail "loom train exited $rc, want 1"
+grep -q "comm.default: plugin comm 'mpi' refused: $BAD: truncated: the file is 20000 bytes" "$TMP/out" ||
+    fail "loom train does not name the truncated file"
+
 # so is a file cut inside its headers, or empty
 for size in 100 10 0; do
     head -c $size "$PLUGINS/libloom-comm-mpi.so" > "$BAD"

@@ -146,6 +146,38 @@ output_paths)
     fails kept 1 "loom train: step 2: " --save kept.bin --set train.lr=1e4 --set train.max_skipped=1
     [ "$(cat kept.bin)" = keep ] || { echo "$TEST: the check changed kept.bin"; exit 1; }
     echo "output paths: refused before step 1 at 1 and 2 ranks; checkpoint_dir made with parents" ;;
+named_plugins)
+    # every plugin the config names is checked, used or not, so a job fails
+    # at one rank as it does at two: an unknown backend, a setting the
+    # backend does not have, a strategy for another axis
+    refused() { # WANT ARGS...: 1 and 2 ranks both exit 1 saying WANT
+        refused_want=$1; shift
+        for ranks in 1 2; do
+            rc=0
+            if [ $ranks = 1 ]; then
+                "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > named.log 2>&1 || rc=$?
+            else
+                "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+                    --set parallel.dp.size=2 "$@" > named.log 2>&1 || rc=$?
+            fi
+            [ $rc = 1 ] && grep -q "$refused_want" named.log ||
+                { cat named.log; echo "$TEST: $* at $ranks rank(s): exit $rc, want 1 and: $refused_want"; exit 1; }
+        done
+    }
+    refused "loom train: --set comm.default=foo: comm.default: plugin comm 'foo' not found: no libloom-comm-foo.so" \
+        --set comm.default=foo
+    refused "loom train: --set comm.mpi.bogus=1: comm.mpi.bogus: unknown setting" --set comm.mpi.bogus=1
+    refused "loom train: --set comm.tp=nosuch: comm.tp: plugin comm 'nosuch' not found" --set comm.tp=nosuch
+    refused "loom train: --set parallel.tp.strategy=zero3: parallel.tp.strategy = \"zero3\" is a strategy for the dp axis, not tp" \
+        --set parallel.tp.strategy=zero3
+    refused "loom train: --set parallel.pp.schedule=nosuch: plugin strategy 'nosuch' not found" \
+        --set parallel.pp.schedule=nosuch
+    refused "loom train: --set parallel.sp.bogus=1: parallel.sp.bogus: unknown setting" \
+        --set parallel.sp.bogus=1
+    # named right, they are fine unused
+    run fine 1 --set train.steps=1 --set parallel.tp.strategy=tp --set parallel.sp.strategy=ring \
+        --set parallel.pp.schedule=gpipe --set comm.tp=mpi --set comm.mpi.yield_when_idle=true
+    echo "named plugins: checked at 1 rank as at 2" ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
