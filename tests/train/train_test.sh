@@ -178,6 +178,24 @@ named_plugins)
     run fine 1 --set train.steps=1 --set parallel.tp.strategy=tp --set parallel.sp.strategy=ring \
         --set parallel.pp.schedule=gpipe --set comm.tp=mpi --set comm.mpi.yield_when_idle=true
     echo "named plugins: checked at 1 rank as at 2" ;;
+fp16_average)
+    # fp16 gradients averaged over 4 dp ranks: summed first, they overflowed
+    # where each rank's was in range (steps skipped, the loss left behind
+    # one rank's); divided first, 4 ranks skip what 1 rank skips and follow
+    # its losses, with ddp's all-reduce and zero's reduce-scatter alike
+    run one 1 --set train.steps=20 --set train.precision=fp16
+    run ddp 4 --set train.steps=20 --set train.precision=fp16
+    sed 's/ bucket_mb = 0.1;//' "$CFG" > zero.cfg
+    CFG=zero.cfg
+    run zero2 4 --set train.steps=20 --set train.precision=fp16 --set parallel.dp.strategy=zero2
+    run hsdp 4 --set train.steps=20 --set train.precision=fp16 --set parallel.dp.strategy=zero3 \
+        --set parallel.dp.shard_size=2
+    want=$(grep -c '"skipped": true' one.jsonl || true)
+    for r in ddp zero2 hsdp; do
+        got=$(grep -c '"skipped": true' $r.jsonl || true)
+        [ "$got" -le "$want" ] || { grep skipped $r.log; echo "$TEST: $r skipped $got steps, 1 rank $want"; exit 1; }
+        compare one $r 1e-4
+    done ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
