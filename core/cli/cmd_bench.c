@@ -437,17 +437,20 @@ static int read_settings(const loom_config *cfg, bench_settings *st)
 }
 
 /* Bench one backend; returns LOOM_OK even with wrong rows (they are counted),
- * an error only when the backend failed mid-way. */
+ * an error only when the backend failed mid-way. *ran is set when it
+ * started; an unavailable one is reported and skipped, and why kept in
+ * unavailable (the last one's). */
 static int bench_backend(loom_runtime *rt, const char *backend, const bench_settings *st,
                          const int *ops, int nops, FILE *json, int *json_first,
-                         uint64_t *wrong_total)
+                         uint64_t *wrong_total, int *ran, char *unavailable, size_t why_cap)
 {
     int rank = loom_runtime_env(rt)->rank;
     loom_group *g = NULL;
     int rc = loom_group_world(rt, backend, &g);
     if (rc != LOOM_OK) {
+        snprintf(unavailable, why_cap, "%s", loom_last_error());
         if (rank == 0)
-            printf("#\n# loom bench: backend %s unavailable: %s\n", backend, loom_last_error());
+            printf("#\n# loom bench: backend %s unavailable: %s\n", backend, unavailable);
         return LOOM_OK;
     }
     /* A backend takes the memory kinds it declares (comm.h); the built-in
@@ -459,13 +462,14 @@ static int bench_backend(loom_runtime *rt, const char *backend, const bench_sett
         loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, backend, &plugin) == LOOM_OK)
         kinds = plugin->ops.comm.mem_kinds;
     if (!(kinds & LOOM_MEM_BIT(device ? LOOM_MEM_DEVICE : LOOM_MEM_HOST))) {
+        snprintf(unavailable, why_cap, "comm %s does not take %s memory (bench.memory = \"%s\"; set "
+                 "\"%s\" for it)", backend, st->memory, st->memory, device ? "host" : "device");
         if (rank == 0)
-            printf("#\n# loom bench: backend %s unavailable: it does not take %s memory "
-                   "(bench.memory = \"%s\"; set \"%s\" for it)\n",
-                   backend, st->memory, st->memory, device ? "host" : "device");
+            printf("#\n# loom bench: backend %s unavailable: %s\n", backend, unavailable);
         loom_group_destroy(g);
         return LOOM_OK;
     }
+    *ran = 1;
     int n = loom_core_comm_api.size(g);
     size_t es = loom_dtype_size(st->dtype);
     /* Largest buffer any op needs: alltoall/allgather hold n blocks. */
@@ -579,10 +583,21 @@ int loom_cmd_bench(int argc, char **argv)
                        loom_config_where(cfg, "bench.tiers"));
     else if (tiers)
         rc = loom_bench_tiers(&args, cfg, json, &json_first);
+    int ran = 0;
+    char unavailable[1024] = "";
     for (int i = 0; i < nbackends && rc == LOOM_OK; i++) {
         const char *backend = loom_config_list_string(cfg, "bench.comms", i);
-        rc = bench_backend(rt, backend, &st, ops, nops, json, &json_first, &wrong);
+        int started = 0;
+        rc = bench_backend(rt, backend, &st, ops, nops, json, &json_first, &wrong, &started,
+                           unavailable, sizeof unavailable);
+        ran += started;
     }
+    /* An empty table is no result: with one backend asked for, its failure
+     * to start is the error; with several, some that ran is enough. */
+    if (rc == LOOM_OK && nbackends > 0 && ran == 0)
+        rc = loom_fail(LOOM_ERR_NOT_FOUND, "%s: bench.comms: no backend ran (%s%s)",
+                       loom_config_where(cfg, "bench.comms"),
+                       nbackends == 1 ? "" : "none was available; the last: ", unavailable);
     if (json) {
         fprintf(json, "\n]\n");
         fclose(json);

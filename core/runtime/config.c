@@ -45,6 +45,7 @@ enum {
     LE = 1 << 4,       /* value <= hi */
     LT = 1 << 5,       /* value < hi */
     SOME = 1 << 6,     /* a list with at least one element */
+    WIDE = 1 << 7,     /* an integer read into int64_t; without it, into int */
 };
 
 typedef struct schema_entry {
@@ -96,7 +97,7 @@ static const schema_entry schema[] = {
     S("model.init", V_STRING, "random", .choices = model_inits,
       .help = "random weights, or load model.checkpoint (which then gives the shape "
       "settings left unset)"),
-    S("model.seed", V_INT, "1337", .help = "seed of the random init"),
+    S("model.seed", V_INT, "1337", .flags = WIDE, .help = "seed of the random init"),
     S("model.checkpoint", V_STRING, "",
       .help = "llm.c checkpoint file (version 3 fp32 or 5 bf16) for init = checkpoint"),
 
@@ -114,7 +115,7 @@ static const schema_entry schema[] = {
 
     S("train.batch", V_INT, "8", .lo = 1, .flags = GE, .help = "global batch, in sequences"),
     S("train.seq", V_INT, "64", .lo = 1, .flags = GE, .help = "tokens per sequence"),
-    S("train.steps", V_INT, "100", .lo = 1, .flags = GE, .help = "optimizer steps"),
+    S("train.steps", V_INT, "100", .lo = 1, .flags = GE | WIDE, .help = "optimizer steps"),
     S("train.lr", V_FLOAT, "1e-3", .lo = 0, .flags = GE, .help = "peak learning rate"),
     S("train.weight_decay", V_FLOAT, "0.0", .lo = 0, .flags = GE, .help = "AdamW weight decay"),
     S("train.decay", V_STRING, "all", .choices = decays,
@@ -123,7 +124,7 @@ static const schema_entry schema[] = {
     S("train.beta1", V_FLOAT, "0.9", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta1"),
     S("train.beta2", V_FLOAT, "0.999", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta2"),
     S("train.eps", V_FLOAT, "1e-8", .lo = 0, .flags = GT, .help = "AdamW epsilon"),
-    S("train.warmup", V_INT, "0", .lo = 0, .flags = GE, .help = "linear warm-up steps"),
+    S("train.warmup", V_INT, "0", .lo = 0, .flags = GE | WIDE, .help = "linear warm-up steps"),
     S("train.schedule", V_STRING, "constant", .choices = lr_schedules,
       .help = "lr schedule: the learning rate after warm-up"),
     S("train.clip", V_FLOAT, "0.0", .lo = 0, .flags = GE,
@@ -139,8 +140,12 @@ static const schema_entry schema[] = {
       .help = "per-rank peak for MFU; 0 = measure sgemm at start"),
     S("train.loss_scale", V_FLOAT, "65536.0", .lo = 0, .flags = GT,
       .help = "fp16: initial dynamic loss scale"),
-    S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE,
+    S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE | WIDE,
       .help = "fp16: good steps before the loss scale doubles"),
+    S("train.max_skipped", V_INT, "10", .lo = 0, .flags = GE,
+      .help = "stop with an error after this many steps in a row whose loss or gradient norm is "
+      "not finite (fp16: a gradient overflow counts only once the loss scale is down to 1); "
+      "0 = never stop"),
     S("train.eval_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "validate every N steps, before the first and after the last (0: after the last "
       "only; needs data.val)"),
@@ -191,15 +196,15 @@ static const schema_entry schema[] = {
       "(ZeRO-Offload)"),
     S("memory.offload.params", V_STRING, "none", .choices = offload_targets,
       .help = "tier of zero3's parameter and gradient shards (ZeRO-Infinity)"),
-    S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE,
+    S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE | WIDE,
       .help = "host bytes per rank the accounting may hold; 0: no limit"),
 
     S("bench.comms", V_STRINGS, "mpi", .flags = NONEMPTY | SOME, .help = "comm plugins to compare"),
     S("bench.ops", V_STRINGS,
       "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, sendrecv",
       .choices = bench_ops, .flags = SOME, .help = "operations to time"),
-    S("bench.min_bytes", V_INT, "4", .lo = 0, .flags = GE, .help = "smallest message"),
-    S("bench.max_bytes", V_INT, "67108864", .lo = 0, .flags = GE,
+    S("bench.min_bytes", V_INT, "4", .lo = 0, .flags = GE | WIDE, .help = "smallest message"),
+    S("bench.max_bytes", V_INT, "67108864", .lo = 0, .flags = GE | WIDE,
       .help = "largest message (sizes double from min_bytes)"),
     S("bench.iters", V_INT, "20", .lo = 1, .flags = GE, .help = "timed iterations per size"),
     S("bench.warmup", V_INT, "5", .lo = 0, .flags = GE, .help = "untimed iterations per size"),
@@ -209,11 +214,12 @@ static const schema_entry schema[] = {
     S("bench.tiers", V_STRINGS, "", .choices = bench_tiers,
       .help = "memory tiers to time (the nvme tier's settings are memory.offload's); "
       "given, bench.comms runs only when set too"),
-    S("bench.tier_block_bytes", V_INTS, "65536, 1048576, 4194304", .lo = 4096, .flags = GE,
+    S("bench.tier_block_bytes", V_INTS, "65536, 1048576, 4194304", .lo = 4096,
+      .flags = GE | WIDE,
       .help = "the nvme tier's block sizes (memory.offload.block_bytes) to time"),
     S("bench.tier_queue_depths", V_INTS, "1, 4, 16", .lo = 1, .flags = GE,
       .help = "the nvme tier's queue depths (memory.offload.queue_depth) to time"),
-    S("bench.tier_bytes", V_INT, "268435456", .lo = 4096, .flags = GE,
+    S("bench.tier_bytes", V_INT, "268435456", .lo = 4096, .flags = GE | WIDE,
       .help = "bytes each tier measurement writes and reads back"),
     S("bench.tier_repeats", V_INT, "3", .lo = 1, .flags = GE,
       .help = "measurements per point (the median is reported)"),
@@ -719,7 +725,16 @@ static int check_value(const loom_config *cfg, const config_setting_t *s, const 
     case V_INT:
         if (!holds(s, V_INT))
             break;
-        return check_range(cfg, s, path, e, (double)int_of(s));
+    {
+        int rc = check_range(cfg, s, path, e, (double)int_of(s));
+        /* Most settings are read into an int: a bigger value would be cut
+         * to 32 bits without a word (4294967304 would train with 8). */
+        if (rc == LOOM_OK && !(e->flags & WIDE) && (int_of(s) > INT_MAX || int_of(s) < INT_MIN))
+            return fail_at(cfg, s, path, "expected an integer %s %d (the limit of the C int it "
+                           "is read into), found %lld", int_of(s) > 0 ? "<=" : ">=",
+                           int_of(s) > 0 ? INT_MAX : INT_MIN, int_of(s));
+        return rc;
+    }
     case V_FLOAT:
         if (!holds(s, V_FLOAT))
             break;
@@ -1633,7 +1648,8 @@ static schema_entry spec_entry(const char *path, const loom_setting_spec *sp)
 {
     schema_entry e = {.path = path, .type = spec_type(sp->type), .choices = sp->allowed,
                       .lo = sp->min, .hi = sp->max};
-    e.flags = ((sp->bounds & LOOM_SETTING_MIN) ? GE : 0) |
+    /* host->config_int hands a plugin an int64_t */
+    e.flags = WIDE | ((sp->bounds & LOOM_SETTING_MIN) ? GE : 0) |
               ((sp->bounds & LOOM_SETTING_ABOVE_MIN) ? GT : 0) |
               ((sp->bounds & LOOM_SETTING_MAX) ? LE : 0) |
               ((sp->bounds & LOOM_SETTING_BELOW_MAX) ? LT : 0);
@@ -1794,6 +1810,16 @@ int loom_config_refuse_unused_group(const loom_config *cfg, const char *group_pa
             return fail_at(cfg, s, path, "%s; remove it", why);
     }
     return LOOM_OK;
+}
+
+const char *loom_config_child_name(const loom_config *cfg, const char *group_path, int index)
+{
+    int blocked;
+    const config_setting_t *g = cfg && group_path ? find_setting(&cfg->tree, group_path, &blocked)
+                                                  : NULL;
+    if (!g || !config_setting_is_group(g) || index < 0 || index >= config_setting_length(g))
+        return NULL;
+    return config_setting_name(config_setting_get_elem(g, (unsigned)index));
 }
 
 int loom_config_core_owns(const char *path)

@@ -54,6 +54,9 @@ void loom_config_print_values(const loom_config *cfg, FILE *f);
 /* A plugin setting's rules as `loom settings` prints them: "a | b",
  * ">= 1", "0 <= x < 1"; "" when it has none. */
 void loom_config_spec_rules(const loom_setting_spec *spec, char *buf, size_t cap);
+/* The names the file and --set give directly under group_path, in order
+ * (index 0, 1, ...; NULL past the last, or when there is no such group). */
+const char *loom_config_child_name(const loom_config *cfg, const char *group_path, int index);
 /* Whether path (a setting or a group) is the core's own, so that no plugin
  * may declare a setting of that name. */
 int loom_config_core_owns(const char *path);

@@ -5,7 +5,9 @@
  * checked against the frozen v1 structs, and a refusal says which file, what
  * it found and what it wanted, in one line. A refused file is dlclose'd. */
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <math.h>
 #include <limits.h>
@@ -728,6 +730,86 @@ static const char *dl_cause(const char *err, const char *path)
     return err;
 }
 
+/* ------------------------------------------------------------ the ELF file */
+
+#if UINTPTR_MAX == UINT64_MAX
+#define NATIVE_CLASS ELFCLASS64
+typedef Elf64_Ehdr elf_header;
+typedef Elf64_Phdr elf_segment;
+#else
+#define NATIVE_CLASS ELFCLASS32
+typedef Elf32_Ehdr elf_header;
+typedef Elf32_Phdr elf_segment;
+#endif
+
+/* dlopen maps a shared object's segments without comparing them with the
+ * file's size, and the first touch of a page past the end of a truncated
+ * file is a SIGBUS that kills the command with no word. So the program
+ * headers are read first: every segment dlopen maps must lie within the
+ * file. A file of another class or machine is left to dlopen, which says
+ * so without touching it. 0, or -1 with why filled in. */
+static int check_elf(const char *path, char *why, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, cap, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    elf_header eh;
+    elf_segment *segments = NULL;
+    int bad = -1;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, cap, "cannot stat: %s", strerror(errno));
+        goto done;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    ssize_t got = pread(fd, &eh, sizeof eh, 0);
+    if (got >= SELFMAG && memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+        snprintf(why, cap, "not a shared library: the file does not start with the ELF magic "
+                           "bytes; rebuild the plugin");
+        goto done;
+    }
+    if (got < (ssize_t)sizeof eh) {
+        snprintf(why, cap, "truncated: the file is %llu bytes, shorter than an ELF header; copy "
+                           "or rebuild the plugin again", (unsigned long long)size);
+        goto done;
+    }
+    if (eh.e_ident[EI_CLASS] != NATIVE_CLASS || eh.e_phentsize != sizeof(elf_segment)) {
+        bad = 0;
+        goto done;
+    }
+    uint64_t table_end = (uint64_t)eh.e_phoff + (uint64_t)eh.e_phnum * sizeof(elf_segment);
+    if (eh.e_phnum == 0 || table_end > size) {
+        snprintf(why, cap, "truncated: the file is %llu bytes, but its ELF program headers %s; "
+                           "copy or rebuild the plugin again", (unsigned long long)size,
+                 eh.e_phnum == 0 ? "are missing" : "end past it");
+        goto done;
+    }
+    segments = malloc((size_t)eh.e_phnum * sizeof *segments);
+    size_t table_bytes = (size_t)eh.e_phnum * sizeof *segments;
+    if (!segments || pread(fd, segments, table_bytes, (off_t)eh.e_phoff) != (ssize_t)table_bytes) {
+        snprintf(why, cap, "cannot read its ELF program headers: %s",
+                 segments ? strerror(errno) : "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < eh.e_phnum; i++) {
+        const elf_segment *seg = &segments[i];
+        uint64_t end = (uint64_t)seg->p_offset + (uint64_t)seg->p_filesz;
+        if (seg->p_type == PT_LOAD && (end > size || end < (uint64_t)seg->p_offset)) {
+            snprintf(why, cap, "truncated: the file is %llu bytes, but its ELF segment %d ends at "
+                               "byte %llu; copy or rebuild the plugin again",
+                     (unsigned long long)size, i, (unsigned long long)end);
+            goto done;
+        }
+    }
+    bad = 0;
+done:
+    free(segments);
+    close(fd);
+    return bad;
+}
+
 /* Every check in order; on success *dl and *header are the plugin's. */
 static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out,
                       loom_setting_spec **settings_out)
@@ -738,6 +820,11 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
     if (!S_ISREG(st.st_mode))
         return refuse(r, LOOM_ERR_INVALID, "file", "not a regular file");
     passed(r, "file");
+
+    char elf_why[256];
+    if (check_elf(r->path, elf_why, sizeof elf_why) != 0)
+        return refuse(r, LOOM_ERR_INVALID, "elf", "%s", elf_why);
+    passed(r, "elf");
 
     /* dlopen reads a bare name as a library to search for; we mean the file. */
     char local[PATH_MAX];

@@ -42,6 +42,53 @@ static const char *axis_backend(const loom_config *cfg, loom_axis axis)
     return name;
 }
 
+/* A comm plugin the config names: it must exist and its group
+ * (comm.<name>) must hold its settings, whether or not this mesh uses it,
+ * so that a job fails the same way at one rank as at many. */
+static int check_backend(loom_runtime *rt, const char *name, const char *path)
+{
+    const loom_config *cfg = loom_runtime_config(rt);
+    if (!strcmp(name, "self"))
+        return LOOM_OK;
+    const loom_plugin *plugin = NULL;
+    const loom_host *host = NULL;
+    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, name, &plugin);
+    if (rc == LOOM_OK) {
+        char group[96];
+        snprintf(group, sizeof group, "comm.%s", plugin->header->name);
+        return loom_runtime_host(rt, plugin, group, &host); /* says where itself */
+    }
+    char why[1024];
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    return loom_fail(rc, "%s: %s: %s", loom_config_where(cfg, path), path, why);
+}
+
+/* Every comm plugin the config names: comm.default and comm.<axis> where
+ * set, and every comm.<plugin> = { ... } group. */
+static int check_named_backends(loom_runtime *rt)
+{
+    const loom_config *cfg = loom_runtime_config(rt);
+    const char *name = NULL;
+    int rc = LOOM_OK;
+    if (loom_config_is_set(cfg, "comm.default") &&
+        loom_config_string(cfg, "comm.default", &name) == LOOM_OK)
+        rc = check_backend(rt, name, "comm.default");
+    for (int a = 0; a < LOOM_AXIS_COUNT && rc == LOOM_OK; a++) {
+        char path[32];
+        snprintf(path, sizeof path, "comm.%s", loom_axis_name((loom_axis)a));
+        if (loom_config_is_set(cfg, path) && loom_config_string(cfg, path, &name) == LOOM_OK &&
+            name[0])
+            rc = check_backend(rt, name, path);
+    }
+    for (int i = 0; rc == LOOM_OK && (name = loom_config_child_name(cfg, "comm", i)); i++) {
+        char path[96];
+        snprintf(path, sizeof path, "comm.%s", name);
+        if (!loom_config_core_owns(path))
+            rc = check_backend(rt, name, path);
+    }
+    return rc;
+}
+
 typedef struct backend_world {
     const char *name;
     loom_group *group;
@@ -75,6 +122,10 @@ int loom_mesh_create(loom_runtime *rt, loom_mesh **out)
         return LOOM_ERR_INVALID;
     }
     loom_mesh_coords_of(mesh->sizes, rank, mesh->coords);
+    if (cfg && check_named_backends(rt) != LOOM_OK) {
+        free(mesh);
+        return LOOM_ERR_INVALID;
+    }
 
     /* One world group per backend in use; axes of size one get self. */
     backend_world worlds[LOOM_AXIS_COUNT] = {{0}};

@@ -311,11 +311,14 @@ int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%.4000s/sample-step-%lld", scratch_parent, (long long)t->step);
-    int made_parent = t->rank == 0 && mkdir(scratch_parent, 0777) == 0;
+    char made[4096] = "", why[512];
+    /* a failure here is the gather's to report, on every rank */
+    if (t->rank == 0 && trainer_make_dirs(scratch_parent, made, sizeof made, why, sizeof why) != 0)
+        made[0] = '\0';
     float *weights = NULL;
     int rc = trainer_gather_weights(t, dir, &weights);
-    if (made_parent)
-        rmdir(scratch_parent); /* only when the sample left it empty */
+    if (t->rank == 0)
+        trainer_remove_made_dirs(scratch_parent, made); /* only what the sample left empty */
     if (rc != LOOM_OK || t->rank != 0)
         return rc;
     int start = loom_sample_start_token(t->shape.vocab);

@@ -203,32 +203,81 @@ int trainer_fail_at(const trainer *t, int rc, const char *path)
     return loom_fail(rc, "%s: %s", loom_config_where(t->cfg, path), detail);
 }
 
-int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a)
+static const char *axis_group(loom_axis axis)
 {
-    int tp = axis == LOOM_AXIS_TP, pp = axis == LOOM_AXIS_PP;
-    const char *strategy_path = tp ? "parallel.tp.strategy"
-                                : pp ? "parallel.pp.schedule" : "parallel.sp.strategy";
-    const char *group = tp ? "parallel.tp" : pp ? "parallel.pp" : "parallel.sp";
-    const char *size_path = tp ? "parallel.tp.size" : pp ? "parallel.pp.size" : "parallel.sp.size";
+    return axis == LOOM_AXIS_TP ? "parallel.tp" : axis == LOOM_AXIS_PP ? "parallel.pp" : "parallel.sp";
+}
+
+static const char *axis_strategy_path(loom_axis axis)
+{
+    return axis == LOOM_AXIS_TP   ? "parallel.tp.strategy"
+           : axis == LOOM_AXIS_PP ? "parallel.pp.schedule"
+                                  : "parallel.sp.strategy";
+}
+
+/* The strategy plugin the config names for a tp, sp or pp axis, a strategy
+ * of that axis, with its settings group checked. */
+static int load_axis_plugin(trainer *t, loom_axis axis, const loom_plugin **plugin,
+                            const loom_host **host)
+{
+    const char *strategy_path = axis_strategy_path(axis);
     const char *name = NULL;
     loom_config_string(t->cfg, strategy_path, &name);
-    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &a->plugin);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, plugin);
     if (rc != LOOM_OK)
-        return rc;
-    a->ops = &a->plugin->ops.strategy;
-    if (a->ops->axis != (uint32_t)axis)
+        return trainer_fail_at(t, rc, strategy_path);
+    uint32_t its_axis = (*plugin)->ops.strategy.axis;
+    if (its_axis != (uint32_t)axis)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %s = \"%s\" is a strategy for the %s axis, not %s",
                          loom_config_where(t->cfg, strategy_path), strategy_path, name,
-                         loom_axis_name((loom_axis)a->ops->axis), loom_axis_name(axis));
+                         loom_axis_name((loom_axis)its_axis), loom_axis_name(axis));
+    return loom_runtime_host(t->rt, *plugin, axis_group(axis), host);
+}
+
+int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a)
+{
+    const char *size_path = axis == LOOM_AXIS_TP   ? "parallel.tp.size"
+                            : axis == LOOM_AXIS_PP ? "parallel.pp.size"
+                                                   : "parallel.sp.size";
     const loom_host *host;
-    if ((rc = loom_runtime_host(t->rt, a->plugin, group, &host)) != LOOM_OK)
+    int rc = load_axis_plugin(t, axis, &a->plugin, &host);
+    if (rc != LOOM_OK)
         return rc;
+    a->ops = &a->plugin->ops.strategy;
     loom_strategy_setup setup;
     fill_setup(t, axis, &setup);
     if ((rc = a->ops->create(host, &setup, &a->s)) != LOOM_OK) {
         a->s = NULL;
         return trainer_fail_at(t, rc, size_path);
+    }
+    return LOOM_OK;
+}
+
+/* An axis of one rank loads no strategy, but what the config names for it
+ * is checked all the same (the plugin, its axis, its settings), so that a
+ * job fails the same way at one rank as at many. A default nobody named is
+ * left alone. */
+static int check_unused_axes(trainer *t)
+{
+    static const loom_axis axes[] = {LOOM_AXIS_TP, LOOM_AXIS_SP, LOOM_AXIS_PP};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(axes); i++) {
+        loom_axis axis = axes[i];
+        if (t->mesh->sizes[axis] > 1)
+            continue;
+        int named = loom_config_is_set(t->cfg, axis_strategy_path(axis));
+        const char *setting;
+        for (int k = 0; !named && (setting = loom_config_child_name(t->cfg, axis_group(axis), k));
+             k++) {
+            char path[128];
+            snprintf(path, sizeof path, "%s.%s", axis_group(axis), setting);
+            named = !loom_config_core_owns(path); /* the plugin's own setting */
+        }
+        const loom_plugin *plugin;
+        const loom_host *host;
+        int rc = named ? load_axis_plugin(t, axis, &plugin, &host) : LOOM_OK;
+        if (rc != LOOM_OK)
+            return rc;
     }
     return LOOM_OK;
 }
@@ -259,6 +308,7 @@ static void read_settings(trainer *t)
     t->clip = trainer_read_float(t->cfg, "train.clip");
     t->loss_scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
     loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
+    trainer_read_int(t->cfg, "train.max_skipped", &t->max_skipped);
     int threads = 1;
     trainer_read_int(t->cfg, "train.threads", &threads);
     loom_kernels_set_threads(threads);
@@ -389,7 +439,8 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     if ((rc = loom_runtime_tiers(t->rt, &t->tiers)) != LOOM_OK)
         return rc;
     loom_mem_defer_limit(1);
-    if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK)
+    if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK ||
+        (rc = check_unused_axes(t)) != LOOM_OK)
         return rc;
     if ((rc = loom_train_model_shape(t->cfg, &t->shape)) != LOOM_OK)
         return rc;

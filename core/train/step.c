@@ -304,6 +304,10 @@ int trainer_step(trainer *t, step_result *r)
     r->grad_norm = norm;
     r->lr = loom_lr_at(&t->lr_schedule, t->step);
     r->skipped = !isfinite(norm);
+    /* An fp16 overflow is the loss scale's to mend, while halving it can:
+     * down to a scale of 1 the gradients overflow at their true size. */
+    r->diverged = !isfinite(global) ||
+                  (r->skipped && (t->dtype != LOOM_F16 || t->loss_scale <= 1.0f));
     if (r->skipped) {
         /* fp16 overflow: drop the step and halve the scale */
         if (t->dtype == LOOM_F16 && t->rank == 0)
@@ -335,4 +339,19 @@ int trainer_step(trainer *t, step_result *r)
     r->seconds = (double)(loom_now_ns() - t0) / 1e9;
     count_traffic(t, 1);
     return LOOM_OK;
+}
+
+/* train.max_skipped: a run whose loss stays infinite or NaN is over; every
+ * rank sees the same reduced loss and norm, so all stop at the same step. */
+int trainer_check_diverged(trainer *t, const step_result *r)
+{
+    t->diverged_steps = r->diverged ? t->diverged_steps + 1 : 0;
+    if (t->max_skipped == 0 || t->diverged_steps < t->max_skipped)
+        return LOOM_OK;
+    return loom_fail(LOOM_ERR_INVALID,
+                     "step %lld: loss %g, gradient norm %g: %d step%s in a row with a loss or "
+                     "gradient norm that is not finite (train.max_skipped = %d); the run "
+                     "diverged: lower train.lr (%g) or set train.clip, and start again",
+                     (long long)t->step + 1, r->loss, r->grad_norm, t->diverged_steps,
+                     t->diverged_steps == 1 ? "" : "s", t->max_skipped, t->lr_schedule.lr);
 }

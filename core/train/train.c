@@ -21,7 +21,9 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
     loom_config_int(t->cfg, "train.keep_checkpoints", &keep);
     const char *dir = "checkpoints";
     loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
-    int rc = trainer_choose_run_id(t);
+    int rc = trainer_check_outputs(t, o);
+    if (rc == LOOM_OK)
+        rc = trainer_choose_run_id(t);
     if (rc == LOOM_OK && every > 0)
         rc = trainer_lock_checkpoints(t, dir, lock_fd);
     if (rc != LOOM_OK)
@@ -73,6 +75,8 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
             if (metrics)
                 trainer_write_metrics(metrics, t, &r);
         }
+        if ((rc = trainer_check_diverged(t, &r)) != LOOM_OK)
+            break;
         t->step++;
         if (t->step == stop_after) {
             fflush(NULL);

@@ -51,6 +51,8 @@ typedef struct trainer {
     int decay_matrices; /* train.decay = "matrices": only tensors of 2+ dimensions decay */
     float loss_scale;    /* fp16 only; 1 otherwise */
     int64_t good_steps, scale_window;
+    int max_skipped;     /* train.max_skipped; 0: no limit */
+    int diverged_steps;  /* step_result.diverged, in a row */
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
     double peak_flops;   /* per rank */
     int *inputs, *targets;
@@ -107,6 +109,7 @@ static inline int holds(const trainer *t, int u) { return t->dp_index[u] >= 0; }
 typedef struct step_result {
     float loss, lr, grad_norm;
     int skipped;
+    int diverged;   /* the loss or norm is not finite, and no loss scale can mend it */
     int evaluated;  /* after this step: val_loss is set */
     float val_loss;
     double seconds;
@@ -137,6 +140,7 @@ int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int
 int trainer_grads_ready(trainer *t, int u, int last_micro);
 int trainer_forward(trainer *t, float *loss);
 int trainer_step(trainer *t, step_result *r);
+int trainer_check_diverged(trainer *t, const step_result *r);
 
 /* eval.c */
 int trainer_setup_eval(trainer *t);
@@ -158,6 +162,12 @@ int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype);
  * latest complete checkpoint of train.checkpoint_dir (in buf), else asked
  * (the --resume given, or NULL). */
 const char *trainer_restart_resume(const trainer *t, const char *asked, char *buf, size_t cap);
+/* outputs.c */
+int trainer_check_outputs(trainer *t, const loom_train_options *o);
+/* mkdir -p: *made is the topmost directory it created ("" if none), for
+ * trainer_remove_made_dirs to undo; -1 with why filled in on failure. */
+int trainer_make_dirs(const char *path, char *made, size_t made_cap, char *why, size_t cap);
+void trainer_remove_made_dirs(const char *path, const char *made);
 
 /* report.c */
 void trainer_print_progress(const trainer *t, const step_result *r);

@@ -73,3 +73,11 @@ void divide_elements(void *buf, size_t n, loom_dtype t, int by)
     default: break;
     }
 }
+
+loom_redop average_in_range(void *buf, size_t n, loom_dtype t, int ranks)
+{
+    if (t != LOOM_F16 || ranks <= 1)
+        return LOOM_AVG;
+    divide_elements(buf, n, t, ranks);
+    return LOOM_SUM;
+}

@@ -20,4 +20,12 @@ void reduce_elements(void *dst, const void *a, const void *b, size_t n, loom_dty
  * through f32), integers truncating toward zero as C division does. */
 void divide_elements(void *buf, size_t n, loom_dtype t, int by);
 
+/* The reduction that averages buf (n elements of t, in place) over `ranks`
+ * ranks without overflowing. An f16 sum of every rank's gradient can pass
+ * 65504 where each of them is in range (fp16 loss scaling keeps gradients
+ * near the top of the range), so f16 is divided first and then summed, as
+ * NCCL's average does: returns LOOM_SUM after dividing. Any other type
+ * returns LOOM_AVG with buf untouched. */
+loom_redop average_in_range(void *buf, size_t n, loom_dtype t, int ranks);
+
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/opt_state.h"
+#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -96,7 +97,8 @@ static int post_bucket(loom_strategy *s, int b)
     void *range = (char *)s->grads + bk->offset * s->esize;
     bk->start_ns = s->host->now_ns();
     bk->posted = 1;
-    int rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, LOOM_AVG, &bk->req);
+    loom_redop average = average_in_range(range, bk->count, s->dtype, s->dp_size);
+    int rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, average, &bk->req);
     if (rc != LOOM_OK) { /* the comm layer's detail names the op and the group */
         bk->req = NULL;
         bk->done = 1;

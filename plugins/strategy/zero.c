@@ -403,8 +403,9 @@ static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
 {
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
+    loom_redop average = average_in_range(z->grads, z->padded, s->dtype, s->shard_size);
     int rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
-                                          LOOM_AVG, &req);
+                                          average, &req);
     return track(s, z, &z->reduce, "reducescatter", z->padded, rc, req);
 }
 
@@ -424,7 +425,9 @@ static int post_average(loom_strategy *s, zero_unit *z)
     z->averaging = 1;
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, LOOM_AVG,
+    loom_redop average = average_in_range(s->recv, z->shard, s->dtype,
+                                          s->host->comm->size(s->replica));
+    int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, average,
                                       &req);
     return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
 }

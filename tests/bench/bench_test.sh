@@ -32,6 +32,23 @@ unavailable)
     grep -q "backend nosuch unavailable: plugin comm 'nosuch' not found" "$TMP/out" &&
         grep -q "backend mpi, 2 ranks" "$TMP/out" || { cat "$TMP/out"; exit 1; }
     echo "bench_test: nosuch reported, mpi benched" ;;
+no_backend_ran)
+    # an empty table is a failure, not "ok: 0 wrong": with no backend that
+    # starts, loom bench exits non-zero and says why
+    rc=0
+    "$LOOM" bench "$CFG" --set 'bench.comms=["nosuch"]' --set bench.max_bytes=64 \
+        > "$TMP/out" 2>&1 || rc=$?
+    cat "$TMP/out"
+    [ $rc = 1 ] || { echo "bench_test: exit $rc with no backend, want 1"; exit 1; }
+    grep -q "^loom bench: --set bench.comms=\[\"nosuch\"\]: bench.comms: no backend ran (plugin comm 'nosuch' not found" "$TMP/out" ||
+        { echo "bench_test: no error naming bench.comms"; exit 1; }
+    ! grep -q "# ok:" "$TMP/out" || { echo "bench_test: ok line without a backend"; exit 1; }
+    rc=0
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["nosuch","alsonot"]' \
+        --set bench.max_bytes=64 > "$TMP/out" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "no backend ran (none was available; the last: plugin comm 'alsonot'" "$TMP/out" ||
+        { cat "$TMP/out"; echo "bench_test: exit $rc at 2 ranks with no backend, want 1"; exit 1; }
+    echo "bench_test: no backend ran: exit 1" ;;
 large_reduce)
     # 64 MiB reductions at 2 ranks: Open MPI 4.1's segmented ireduce
     # overflowed the stack here (comm-mpi picks binomial)

@@ -284,8 +284,8 @@ static void case_unknown_group(void)
                  "train.foo: unknown setting (valid here: batch, seq, steps, lr, weight_decay, "
                  "decay, beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, "
                  "recompute, lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
-                 "eval_every, eval_batches, checkpoint_every, checkpoint_dir, sample_every, "
-                 "sample_tokens)");
+                 "max_skipped, eval_every, eval_batches, checkpoint_every, checkpoint_dir, "
+                 "keep_checkpoints, sample_every, sample_tokens)");
     expect_error("group6.cfg", "parallel = { xx = { size = 2; }; };\n", NULL, 0, 1,
                  "parallel.xx: unknown group (valid here: dp, tp, sp, pp)");
     expect_error("group7.cfg", "comm = { zzz = 3; };\n", NULL, 0, 1,
@@ -855,6 +855,42 @@ static void case_examples(const char *dir)
 
 /* ------------------------------------------------------------ main */
 
+/* An integer the code reads into an int must fit one: cut to 32 bits,
+ * train.batch = 4294967304 would train with a batch of 8. Settings read
+ * into 64 bits (train.steps, the byte counts) take the wide value. */
+static void case_int_range(void)
+{
+    const char *text = "train = { seq = 32; };\n";
+    const char *batch[] = {"train.batch=4294967304"};
+    expect_error("int.cfg", text, batch, 1, -1,
+                 "--set train.batch=4294967304: train.batch: expected an integer <= 2147483647 "
+                 "(the limit of the C int it is read into), found 4294967304");
+    const char *layers[] = {"model.layers=2147483648"};
+    expect_error("int.cfg", text, layers, 1, -1,
+                 "--set model.layers=2147483648: model.layers: expected an integer <= "
+                 "2147483647 (the limit of the C int it is read into), found 2147483648");
+    /* the schema's own bound is the one to name when both are broken */
+    const char *negative[] = {"train.batch=-4294967304"};
+    expect_error("int.cfg", text, negative, 1, -1,
+                 "--set train.batch=-4294967304: train.batch: expected an integer >= 1, found "
+                 "-4294967304");
+    expect_error("int_file.cfg", "train = {\n  batch = 4294967304L;\n};\n", NULL, 0, 2,
+                 "train.batch: expected an integer <= 2147483647 (the limit of the C int it is "
+                 "read into), found 4294967304");
+    expect_error("int_list.cfg", "parallel = { pp = { stage_layers = ( 1, 4294967297L ); }; };\n",
+                 NULL, 0, 1,
+                 "parallel.pp.stage_layers[1]: expected an integer <= 2147483647 (the limit of "
+                 "the C int it is read into), found 4294967297");
+    const char *fits[] = {"train.batch=2147483647", "train.steps=4294967304",
+                          "memory.host_limit=8589934592", "model.seed=-9000000000"};
+    loom_config *cfg = load_ok("int.cfg", text, fits, 4);
+    CHECK(get_int(cfg, "train.batch") == 2147483647);
+    CHECK(get_int(cfg, "train.steps") == 4294967304LL);
+    CHECK(get_int(cfg, "memory.host_limit") == 8589934592LL);
+    CHECK(get_int(cfg, "model.seed") == -9000000000LL);
+    loom_config_free(cfg);
+}
+
 typedef struct test_case {
     const char *name;
     void (*run)(void);
@@ -876,6 +912,7 @@ static const test_case cases[] = {
     {"checkpoint", case_checkpoint},
     {"parse", case_parse},
     {"validation", case_validation},
+    {"int_range", case_int_range},
 };
 
 static void remove_tmpdir(void)

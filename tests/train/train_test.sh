@@ -56,6 +56,27 @@ PY
     tail -n 1 scaled.jsonl | grep -q '"skipped": false' || { echo "train_test: still skipping"; exit 1; }
     losses scaled | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.2)) { print "loss did not fall: " first " -> " last; exit 1 } }'
     echo "fp16: $skipped steps skipped while the scale came down, then trained" ;;
+diverged)
+    # a loss gone infinite stops the run after train.max_skipped steps in a
+    # row, naming the step, instead of "training" to the end and exiting 0
+    for precision in fp32 fp16; do
+        rc=0
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.lr=1e4 --set train.steps=40 \
+            --set train.precision=$precision --metrics $precision.jsonl > $precision.log 2>&1 || rc=$?
+        [ $rc = 1 ] || { cat $precision.log; echo "$TEST: $precision exited $rc, want 1"; exit 1; }
+        grep -q "^loom train: step 11: loss -*\(inf\|nan\), gradient norm [-0-9.e+naif]*: 10 steps in a row with a loss or gradient norm that is not finite (train.max_skipped = 10); the run diverged: lower train.lr (10000)" $precision.log ||
+            { cat $precision.log; echo "$TEST: $precision: no error naming the step"; exit 1; }
+        [ "$(wc -l < $precision.jsonl)" = 11 ] || { echo "$TEST: $precision ran past step 11"; exit 1; }
+    done
+    # the limit is a setting; 0 keeps going
+    rc=0
+    "$LOOM" train "$CFG" --set data.train="$DATA" --set train.lr=1e4 --set train.steps=20 \
+        --set train.max_skipped=3 > three.log 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "step 4: .*: 3 steps in a row" three.log ||
+        { cat three.log; echo "$TEST: train.max_skipped=3 did not stop at step 4"; exit 1; }
+    run endless 1 --set train.lr=1e4 --set train.steps=20 --set train.max_skipped=0
+    [ "$(wc -l < endless.jsonl)" = 20 ] || { echo "$TEST: train.max_skipped=0 stopped"; exit 1; }
+    echo "diverged: stopped at step 11 (fp32, fp16), at step 4 with max_skipped 3; 0 runs on" ;;
 resume)
     run whole 2
     run first 2 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ckpt"
@@ -86,6 +107,95 @@ trace)
     done
     ls "$TMP"/trace.json.rank* 2>/dev/null && { echo "train_test: parts left behind"; exit 1; }
     echo "trace: both ranks, compute and comm lanes" ;;
+output_paths)
+    # the files a run will write are checked before step 1, so a bad path
+    # fails at once instead of after the run, with its result lost
+    fails() { # NAME RANKS WANT ARGS...: exit 1 before any step, saying WANT
+        fails_name=$1; fails_ranks=$2; fails_want=$3; shift 3
+        rc=0
+        if [ "$fails_ranks" = 1 ]; then
+            "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > "$fails_name.log" 2>&1 || rc=$?
+        else
+            "$LOOM" launch -n "$fails_ranks" -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+                --set parallel.dp.size="$fails_ranks" "$@" > "$fails_name.log" 2>&1 || rc=$?
+        fi
+        [ $rc = 1 ] || { cat "$fails_name.log"; echo "$TEST: $fails_name exited $rc, want 1"; exit 1; }
+        grep -q "$fails_want" "$fails_name.log" || { cat "$fails_name.log"; echo "$TEST: $fails_name does not say: $fails_want"; exit 1; }
+        [ "$fails_name" = kept ] || ! grep -q "step  *1/" "$fails_name.log" || { cat "$fails_name.log"; echo "$TEST: $fails_name ran a step"; exit 1; }
+    }
+    fails save 1 "loom train: --save /nonexistent/d/w.bin: its directory /nonexistent/d does not exist; create it or name another path" \
+        --save /nonexistent/d/w.bin
+    fails save2 2 "\[[01]\] loom train: --save /nonexistent/d/w.bin: its directory /nonexistent/d does not exist" \
+        --save /nonexistent/d/w.bin
+    ! grep -q "rank 0 cannot\|timed out" save2.log || { cat save2.log; echo "$TEST: save2 is vague"; exit 1; }
+    mkdir adir
+    fails save_dir 1 "loom train: --save adir: it is a directory; name a file" --save adir
+    fails trace 2 "loom train: --trace /nonexistent/t.json: its directory /nonexistent does not exist" \
+        --trace /nonexistent/t.json
+    touch afile
+    fails checkpoints 1 "loom train: --set train.checkpoint_dir=afile/x: train.checkpoint_dir = \"afile/x\": afile exists and is not a directory" \
+        --set train.checkpoint_every=1 --set train.checkpoint_dir=afile/x
+    # a nested checkpoint_dir is made with its parents
+    run nested 1 --set train.steps=2 --set train.checkpoint_every=1 --set train.checkpoint_dir=a/b/c
+    [ -s a/b/c/step-1/meta.loom ] || { echo "$TEST: no checkpoint in a/b/c"; exit 1; }
+    # samples pass through it and leave nothing behind, however deep
+    run sampled 1 --set train.steps=2 --set train.sample_every=1 --set train.checkpoint_dir=s/t/u
+    grep -q "^sample: " sampled.log && [ ! -e s ] || { cat sampled.log; ls -R; echo "$TEST: sampling left s/"; exit 1; }
+    # an existing --save file is checked without being touched
+    echo keep > kept.bin
+    fails kept 1 "loom train: step 2: " --save kept.bin --set train.lr=1e4 --set train.max_skipped=1
+    [ "$(cat kept.bin)" = keep ] || { echo "$TEST: the check changed kept.bin"; exit 1; }
+    echo "output paths: refused before step 1 at 1 and 2 ranks; checkpoint_dir made with parents" ;;
+named_plugins)
+    # every plugin the config names is checked, used or not, so a job fails
+    # at one rank as it does at two: an unknown backend, a setting the
+    # backend does not have, a strategy for another axis
+    refused() { # WANT ARGS...: 1 and 2 ranks both exit 1 saying WANT
+        refused_want=$1; shift
+        for ranks in 1 2; do
+            rc=0
+            if [ $ranks = 1 ]; then
+                "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > named.log 2>&1 || rc=$?
+            else
+                "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+                    --set parallel.dp.size=2 "$@" > named.log 2>&1 || rc=$?
+            fi
+            [ $rc = 1 ] && grep -q "$refused_want" named.log ||
+                { cat named.log; echo "$TEST: $* at $ranks rank(s): exit $rc, want 1 and: $refused_want"; exit 1; }
+        done
+    }
+    refused "loom train: --set comm.default=foo: comm.default: plugin comm 'foo' not found: no libloom-comm-foo.so" \
+        --set comm.default=foo
+    refused "loom train: --set comm.mpi.bogus=1: comm.mpi.bogus: unknown setting" --set comm.mpi.bogus=1
+    refused "loom train: --set comm.tp=nosuch: comm.tp: plugin comm 'nosuch' not found" --set comm.tp=nosuch
+    refused "loom train: --set parallel.tp.strategy=zero3: parallel.tp.strategy = \"zero3\" is a strategy for the dp axis, not tp" \
+        --set parallel.tp.strategy=zero3
+    refused "loom train: --set parallel.pp.schedule=nosuch: plugin strategy 'nosuch' not found" \
+        --set parallel.pp.schedule=nosuch
+    refused "loom train: --set parallel.sp.bogus=1: parallel.sp.bogus: unknown setting" \
+        --set parallel.sp.bogus=1
+    # named right, they are fine unused
+    run fine 1 --set train.steps=1 --set parallel.tp.strategy=tp --set parallel.sp.strategy=ring \
+        --set parallel.pp.schedule=gpipe --set comm.tp=mpi --set comm.mpi.yield_when_idle=true
+    echo "named plugins: checked at 1 rank as at 2" ;;
+fp16_average)
+    # fp16 gradients averaged over 4 dp ranks: summed first, they overflowed
+    # where each rank's was in range (steps skipped, the loss left behind
+    # one rank's); divided first, 4 ranks skip what 1 rank skips and follow
+    # its losses, with ddp's all-reduce and zero's reduce-scatter alike
+    run one 1 --set train.steps=20 --set train.precision=fp16
+    run ddp 4 --set train.steps=20 --set train.precision=fp16
+    sed 's/ bucket_mb = 0.1;//' "$CFG" > zero.cfg
+    CFG=zero.cfg
+    run zero2 4 --set train.steps=20 --set train.precision=fp16 --set parallel.dp.strategy=zero2
+    run hsdp 4 --set train.steps=20 --set train.precision=fp16 --set parallel.dp.strategy=zero3 \
+        --set parallel.dp.shard_size=2
+    want=$(grep -c '"skipped": true' one.jsonl || true)
+    for r in ddp zero2 hsdp; do
+        got=$(grep -c '"skipped": true' $r.jsonl || true)
+        [ "$got" -le "$want" ] || { grep skipped $r.log; echo "$TEST: $r skipped $got steps, 1 rank $want"; exit 1; }
+        compare one $r 1e-4
+    done ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
