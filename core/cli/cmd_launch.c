@@ -6,6 +6,7 @@
  * self-pipe that the signal handlers write to. Each rank runs in its own
  * process group, so stopping a rank stops what it started too (a shell and
  * its children), and a Ctrl-C reaches the ranks once, through us. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,12 +22,14 @@
 
 #include "cli/commands.h"
 #include "runtime/bootstrap.h"
+#include "runtime/flight.h"
 #include "runtime/log.h"
 
 #define GRACE_S 5.0       /* between SIGTERM and SIGKILL */
 #define MAX_PARTIAL 65536 /* a longer line is cut rather than held */
 
-static const char usage_text[] = "usage: loom launch -n N [--timeout S] [--] CMD [ARGS...]";
+static const char usage_text[] =
+    "usage: loom launch -n N [--timeout S] [-v] [--flight FILE] [--] CMD [ARGS...]";
 
 /* One of a rank's output pipes and the unfinished line read from it. */
 typedef struct rank_stream {
@@ -39,6 +42,7 @@ typedef struct rank_stream {
 typedef struct rank_proc {
     pid_t pid;
     int running;
+    int status; /* from waitpid, once it is not running */
     rank_stream out, err;
 } rank_proc;
 
@@ -50,6 +54,9 @@ typedef struct launcher {
     double timeout_s;       /* 0: none */
     uint64_t end_deadline;  /* the --timeout, 0 when none or spent */
     uint64_t kill_deadline; /* when the stopping ranks get SIGKILL, 0 when none */
+    char flight_dir[4096];  /* the ranks' flight recorder tables; "" when none */
+    int verbose;            /* -v: each rank's last operations with the diagnosis */
+    const char *flight_out; /* --flight FILE: them into FILE */
 } launcher;
 
 static int signal_pipe[2] = {-1, -1};
@@ -195,17 +202,155 @@ static void arm_kill_deadline(launcher *L)
         L->kill_deadline = loom_now_ns() + (uint64_t)(GRACE_S * 1e9);
 }
 
-/* SIGTERM now, SIGKILL after the grace period for whoever is left. */
+/* SIGTERM now (and SIGCONT, so a stopped rank takes it), SIGKILL after
+ * the grace period for whoever is left. */
 static void stop_running(launcher *L)
 {
     signal_running(L, SIGTERM);
+    signal_running(L, SIGCONT);
     arm_kill_deadline(L);
+}
+
+/* ------------------------------------------------- the flight recorder
+ *
+ * Each rank keeps its last operations per group in a table in flight_dir
+ * (runtime/flight.h), which stays readable whatever became of the rank. */
+
+/* /proc says the process is stopped: state T (a signal) or t (a tracer).
+ * The name before the state may hold spaces and parentheses. */
+static int process_stopped(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+}
+
+/* How rank r is: its end once reaped, else stopped or running. The rank
+ * may be a wrapper (a shell) around the process whose table v is. */
+static loom_flight_rank rank_state(const launcher *L, int r, const loom_flight_view *v)
+{
+    const rank_proc *p = &L->ranks[r];
+    loom_flight_rank how = {.view = v, .state = LOOM_RANK_RUNNING};
+    if (!p->running) {
+        int killed = WIFSIGNALED(p->status);
+        how.state = killed ? LOOM_RANK_KILLED : LOOM_RANK_EXITED;
+        how.code = killed ? WTERMSIG(p->status) : WEXITSTATUS(p->status);
+    } else if (process_stopped(p->pid) || (v && process_stopped((pid_t)v->pid))) {
+        how.state = LOOM_RANK_STOPPED;
+    }
+    return how;
+}
+
+/* Each rank's last operations, as `loom launch -v` shows them. */
+static void write_details(FILE *f, const loom_flight_rank *ranks, int n)
+{
+    enum { CAP = 1 << 16 };
+    char *buf = malloc(CAP);
+    uint64_t now = loom_now_ns();
+    for (int r = 0; buf && r < n; r++) {
+        loom_flight_format(ranks[r].view, r, &ranks[r], now, 8, buf, CAP);
+        fputs(buf, f);
+    }
+    free(buf);
+}
+
+/* One line on who holds the job up, from every rank's table: when the
+ * launcher stops a job (only if some rank waits on another or is
+ * stopped), and on SIGUSR1 (asked: always, with the details). */
+static void report(launcher *L, int asked)
+{
+    if (!L->flight_dir[0]) {
+        if (asked)
+            fprintf(stderr, "loom launch: SIGUSR1, but this job has no flight recorder\n");
+        return;
+    }
+    int n = L->n, stopped = 0;
+    loom_flight_view *views = calloc((size_t)n, sizeof *views);
+    loom_flight_rank *ranks = calloc((size_t)n, sizeof *ranks);
+    char line[4096];
+    if (!views || !ranks) {
+        fprintf(stderr, "loom launch: no memory to read the flight recorder\n");
+        goto done;
+    }
+    for (int r = 0; r < n; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/rank-%d.flight", L->flight_dir, r);
+        int got = loom_flight_load(path, &views[r]) == LOOM_OK;
+        ranks[r] = rank_state(L, r, got ? &views[r] : NULL);
+        stopped |= ranks[r].state == LOOM_RANK_STOPPED;
+    }
+    int waits = loom_flight_diagnose(ranks, n, line, sizeof line);
+    if (!waits && !stopped && !asked)
+        goto done;
+    fprintf(stderr, "loom launch: %s\n", line);
+    if (L->flight_out) {
+        FILE *f = fopen(L->flight_out, "w");
+        if (f) {
+            fprintf(f, "%s\n", line);
+            write_details(f, ranks, n);
+        }
+        if (!f || fclose(f) != 0)
+            fprintf(stderr, "loom launch: cannot write --flight %s: %s\n", L->flight_out,
+                    strerror(errno));
+        else
+            fprintf(stderr, "loom launch: each rank's last operations are in %s\n",
+                    L->flight_out);
+    } else if (L->verbose || asked) {
+        write_details(stderr, ranks, n);
+    } else {
+        fprintf(stderr, "loom launch: -v or --flight FILE shows each rank's last operations\n");
+    }
+done:
+    free(views);
+    free(ranks);
+}
+
+/* A fresh folder under TMPDIR for the tables; without one the job runs
+ * unrecorded. */
+static void make_flight_dir(launcher *L)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0])
+        tmp = "/tmp";
+    snprintf(L->flight_dir, sizeof L->flight_dir, "%s/loom-launch-XXXXXX", tmp);
+    if (!mkdtemp(L->flight_dir)) {
+        fprintf(stderr, "loom launch: warning: no flight recorder: cannot make %s: %s\n",
+                L->flight_dir, strerror(errno));
+        L->flight_dir[0] = '\0';
+    }
+}
+
+static void remove_flight_dir(launcher *L)
+{
+    if (!L->flight_dir[0])
+        return;
+    DIR *d = opendir(L->flight_dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", L->flight_dir, e->d_name);
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+    rmdir(L->flight_dir);
 }
 
 static void rank_exited(launcher *L, int r, int status)
 {
     rank_proc *p = &L->ranks[r];
     p->running = 0;
+    p->status = status;
     /* Everything the rank wrote is in its pipes now: show it before any
      * verdict about the rank. Bounded, because something the rank left
      * running may still be writing. */
@@ -231,6 +376,7 @@ static void rank_exited(launcher *L, int r, int status)
     char ranks[512];
     if (format_running(L, ranks, sizeof ranks) > 0) {
         fprintf(stderr, "loom launch: rank %d %s; stopping %s\n", r, how, ranks);
+        report(L, 0);
         stop_running(L);
     } else {
         fprintf(stderr, "loom launch: rank %d %s\n", r, how);
@@ -251,6 +397,10 @@ static void reap(launcher *L)
 
 static void on_launcher_signal(launcher *L, int sig)
 {
+    if (sig == SIGUSR1) {
+        report(L, 1);
+        return;
+    }
     if (sig != SIGINT && sig != SIGTERM)
         return; /* SIGCHLD only wakes the loop up */
     if (L->signalled) {
@@ -265,7 +415,9 @@ static void on_launcher_signal(launcher *L, int sig)
                 sig == SIGINT ? "SIGINT" : "SIGTERM", ranks);
     if (L->exit_code < 0)
         L->exit_code = 128 + sig;
+    report(L, 0);
     signal_running(L, sig);
+    signal_running(L, SIGCONT);
     arm_kill_deadline(L);
 }
 
@@ -280,6 +432,7 @@ static void check_deadlines(launcher *L)
                 L->timeout_s, ranks, n == 1 ? "it" : "them");
         if (L->exit_code < 0)
             L->exit_code = 124;
+        report(L, 0);
         stop_running(L);
     }
     if (L->kill_deadline && now >= L->kill_deadline) {
@@ -313,12 +466,13 @@ static void set_env_int(const char *name, int value)
 /* In the child, between fork and exec. Only this process runs here (the
  * launcher has no threads), so setenv and friends are safe. */
 static void child_exec(int r, int n, int port, char **cmd, int out_fd, int err_fd, int status_fd,
-                       pid_t launcher_pid)
+                       pid_t launcher_pid, const char *flight_dir)
 {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    signal(SIGUSR1, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -343,6 +497,10 @@ static void child_exec(int r, int n, int port, char **cmd, int out_fd, int err_f
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     set_env_int("MASTER_PORT", port);
     setenv("LOOM_OUTPUT_PREFIXED", "1", 1); /* the core's log lines then skip their own */
+    if (flight_dir[0])
+        setenv(LOOM_FLIGHT_DIR_ENV, flight_dir, 1);
+    else
+        unsetenv(LOOM_FLIGHT_DIR_ENV); /* not an outer launcher's */
     execvp(cmd[0], cmd);
     int err = errno;
     if (write(status_fd, &err, sizeof err) < 0) {
@@ -377,7 +535,7 @@ static int spawn_rank(launcher *L, int r, int port, char **cmd)
     pid_t launcher_pid = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        child_exec(r, L->n, port, cmd, out[1], err[1], status[1], launcher_pid);
+        child_exec(r, L->n, port, cmd, out[1], err[1], status[1], launcher_pid, L->flight_dir);
     int fork_errno = errno;
     close(out[1]);
     close(err[1]);
@@ -409,11 +567,19 @@ static int usage_error(const char *what)
     return 2;
 }
 
-static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd_index)
+typedef struct launch_args {
+    int n;
+    double timeout_s;
+    int verbose;
+    const char *flight_out;
+    int cmd_index;
+} launch_args;
+
+/* -1: go on; else the exit status (help, or a usage error reported). */
+static int parse_args(int argc, char **argv, launch_args *o)
 {
     int i = 1;
-    *n = 0;
-    *timeout_s = 0;
+    *o = (launch_args){0};
     while (i < argc) {
         const char *a = argv[i], *value = NULL;
         if (!strcmp(a, "--")) {
@@ -424,9 +590,15 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
             printf("%s\n", usage_text);
             return 0;
         }
+        if (!strcmp(a, "-v")) {
+            o->verbose = 1;
+            i++;
+            continue;
+        }
         int is_n = !strncmp(a, "-n", 2);
         int is_timeout = !strcmp(a, "--timeout") || !strncmp(a, "--timeout=", 10);
-        if (!is_n && !is_timeout) {
+        int is_flight = !strcmp(a, "--flight") || !strncmp(a, "--flight=", 9);
+        if (!is_n && !is_timeout && !is_flight) {
             if (a[0] == '-')
                 return usage_error("unknown option");
             break; /* the command */
@@ -435,10 +607,14 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
             value = a + 2;
         else if (is_timeout && a[9] == '=')
             value = a + 10;
+        else if (is_flight && a[8] == '=')
+            value = a + 9;
         else if (i + 1 < argc)
             value = argv[++i];
         else
-            return usage_error(is_n ? "-n needs a number of ranks" : "--timeout needs seconds");
+            return usage_error(is_n         ? "-n needs a number of ranks"
+                               : is_timeout ? "--timeout needs seconds"
+                                            : "--flight needs a file name");
         i++;
         char *end;
         errno = 0;
@@ -446,19 +622,23 @@ static int parse_args(int argc, char **argv, int *n, double *timeout_s, int *cmd
             long v = strtol(value, &end, 10);
             if (end == value || *end || errno || v < 1 || v > 1000000)
                 return usage_error("-n needs a number of ranks >= 1");
-            *n = (int)v;
-        } else {
+            o->n = (int)v;
+        } else if (is_timeout) {
             double v = strtod(value, &end);
             if (end == value || *end || !(v > 0) || v > 1e7)
                 return usage_error("--timeout needs a number of seconds > 0");
-            *timeout_s = v;
+            o->timeout_s = v;
+        } else {
+            if (!value[0])
+                return usage_error("--flight needs a file name");
+            o->flight_out = value;
         }
     }
-    if (*n < 1)
+    if (o->n < 1)
         return usage_error("-n N is required");
     if (i >= argc)
         return usage_error("no command to run");
-    *cmd_index = i;
+    o->cmd_index = i;
     return -1;
 }
 
@@ -491,7 +671,7 @@ static void launcher_free(launcher *L)
 
 /* The launcher's handlers replace these while it runs. */
 typedef struct saved_signals {
-    struct sigaction on_int, on_term, on_chld, on_pipe;
+    struct sigaction on_int, on_term, on_chld, on_pipe, on_usr1;
 } saved_signals;
 
 static void take_signals(saved_signals *saved)
@@ -503,6 +683,7 @@ static void take_signals(saved_signals *saved)
     sigaction(SIGINT, &sa, &saved->on_int);
     sigaction(SIGTERM, &sa, &saved->on_term);
     sigaction(SIGCHLD, &sa, &saved->on_chld);
+    sigaction(SIGUSR1, &sa, &saved->on_usr1);
     sigaction(SIGPIPE, &ign, &saved->on_pipe);
 }
 
@@ -511,6 +692,7 @@ static void give_back_signals(const saved_signals *saved)
     sigaction(SIGINT, &saved->on_int, NULL);
     sigaction(SIGTERM, &saved->on_term, NULL);
     sigaction(SIGCHLD, &saved->on_chld, NULL);
+    sigaction(SIGUSR1, &saved->on_usr1, NULL);
     sigaction(SIGPIPE, &saved->on_pipe, NULL);
     close(signal_pipe[0]);
     close(signal_pipe[1]);
@@ -526,6 +708,7 @@ static void spawn_ranks(launcher *L, int port, char **cmd)
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
     sigaddset(&held, SIGCHLD);
+    sigaddset(&held, SIGUSR1);
     for (int r = 0; r < L->n; r++) {
         sigprocmask(SIG_BLOCK, &held, &old_mask);
         int spawned = spawn_rank(L, r, port, cmd);
@@ -613,9 +796,8 @@ static void supervise(launcher *L)
 
 int loom_cmd_launch(int argc, char **argv)
 {
-    int n, cmd_index;
-    double timeout_s;
-    int rc = parse_args(argc, argv, &n, &timeout_s, &cmd_index);
+    launch_args o;
+    int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
     int port = pick_free_port();
@@ -625,14 +807,18 @@ int loom_cmd_launch(int argc, char **argv)
         return 1;
     }
     launcher L;
-    if (launcher_init(&L, n, timeout_s) != 0)
+    if (launcher_init(&L, o.n, o.timeout_s) != 0)
         return 1;
+    L.verbose = o.verbose;
+    L.flight_out = o.flight_out;
+    make_flight_dir(&L);
     saved_signals saved;
     take_signals(&saved);
-    if (timeout_s > 0)
-        L.end_deadline = loom_now_ns() + (uint64_t)(timeout_s * 1e9);
-    spawn_ranks(&L, port, argv + cmd_index);
+    if (o.timeout_s > 0)
+        L.end_deadline = loom_now_ns() + (uint64_t)(o.timeout_s * 1e9);
+    spawn_ranks(&L, port, argv + o.cmd_index);
     supervise(&L);
+    remove_flight_dir(&L);
     launcher_free(&L);
     give_back_signals(&saved);
     return L.exit_code < 0 ? 0 : L.exit_code;
