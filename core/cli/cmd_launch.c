@@ -288,7 +288,7 @@ static void report(launcher *L, int asked)
         ranks[r] = rank_state(L, r, got ? &views[r] : NULL);
         stopped |= ranks[r].state == LOOM_RANK_STOPPED;
     }
-    int waits = loom_flight_diagnose(ranks, n, line, sizeof line);
+    int waits = loom_flight_diagnose(ranks, n, loom_now_ns(), line, sizeof line);
     if (!waits && !stopped && !asked)
         goto done;
     fprintf(stderr, "loom launch: %s\n", line);

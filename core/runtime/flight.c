@@ -583,6 +583,7 @@ static wait_at wait_of(const loom_flight_view *v)
 typedef struct job {
     const loom_flight_rank *ranks;
     int n;
+    uint64_t now_ns;
     wait_at *waits;  /* per rank */
     char *waiting;   /* per rank: it waits on others (see is_waiting) */
 } job;
@@ -737,6 +738,23 @@ static void add_position(line *l, const job *j, int r, const wait_at *waiter)
     add_issuer(l, e);
 }
 
+/* "3.012 s": the longest of the ranks' waits, up to now or to its failure. */
+static void add_waited(line *l, const job *j, const int *list, int count)
+{
+    uint64_t longest = 0;
+    for (int i = 0; i < count; i++) {
+        const loom_flight_entry *e = j->waits[list[i]].entry;
+        uint64_t end = e->state == LOOM_FLIGHT_FAILED && e->ended_ns ? e->ended_ns : j->now_ns;
+        if (since(end, e->waited_ns) > longest)
+            longest = since(end, e->waited_ns);
+    }
+    char buf[32];
+    text t = {buf, 0, sizeof buf};
+    buf[0] = '\0';
+    put_duration(&t, longest);
+    add(l, "%s", buf);
+}
+
 /* "ranks 0, 1 wait in dp allreduce #42; rank 3 waits in pp recv #7 from
  * rank 2": the waiting ranks, by what they wait in. */
 static void add_waiters(line *l, const job *j, int *list)
@@ -767,7 +785,9 @@ static void add_waiters(line *l, const job *j, int *list)
         }
         char names[256];
         loom_format_ranks(names, sizeof names, list, count);
-        add(l, "%s%s %s in %s", groups++ ? "; " : "", names, count == 1 ? "waits" : "wait", what);
+        add(l, "%s%s %s in %s for ", groups++ ? "; " : "", names, count == 1 ? "waits" : "wait",
+            what);
+        add_waited(l, j, list, count);
     }
     free(told);
 }
@@ -797,12 +817,13 @@ static void add_no_root(line *l, const job *j, int *list)
                "or operations called in a different order)");
 }
 
-int loom_flight_diagnose(const loom_flight_rank *ranks, int n, char *out, size_t cap)
+int loom_flight_diagnose(const loom_flight_rank *ranks, int n, uint64_t now_ns, char *out,
+                         size_t cap)
 {
     line l = {out, 0, cap};
     if (cap)
         out[0] = '\0';
-    job j = {ranks, n, calloc((size_t)n, sizeof *j.waits), calloc((size_t)n, 1)};
+    job j = {ranks, n, now_ns, calloc((size_t)n, sizeof *j.waits), calloc((size_t)n, 1)};
     char *root = calloc((size_t)n, 1);
     int *via = calloc((size_t)n, sizeof *via), *list = calloc((size_t)n, sizeof *list);
     int nwaiting = 0;

@@ -137,9 +137,11 @@ typedef struct loom_flight_rank {
 
 /* One line on ranks[0..n) (index = world rank): which rank the others wait
  * on, where it is and what they wait in, "rank 2 (stopped) is after dp
- * allreduce #41; ranks 0, 1 wait in dp allreduce #42". Returns 1 when some
- * rank waits on another, else 0 with what was seen. */
-int loom_flight_diagnose(const loom_flight_rank *ranks, int n, char *line, size_t cap);
+ * allreduce #41 (step 5, loss); ranks 0, 1 wait in dp allreduce #42 for
+ * 3.001 s" (waits timed against now_ns). Returns 1 when some rank waits,
+ * else 0 with what was seen. */
+int loom_flight_diagnose(const loom_flight_rank *ranks, int n, uint64_t now_ns, char *line,
+                         size_t cap);
 /* A rank's last `last` ops per group, one per line, ages against now_ns;
  * returns the length written (cut at cap). */
 size_t loom_flight_format(const loom_flight_view *v, int world_rank, const loom_flight_rank *how,

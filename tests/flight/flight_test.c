@@ -170,7 +170,7 @@ static void expect(const char *name, const loom_flight_rank *ranks, int n, int w
                    const char *want)
 {
     char line[2048];
-    int waits = loom_flight_diagnose(ranks, n, line, sizeof line);
+    int waits = loom_flight_diagnose(ranks, n, 5000 + 3000000000ull, line, sizeof line);
     CHECK(waits == want_waits && !strcmp(line, want),
           "%s:\n  got  (%d) \"%s\"\n  want (%d) \"%s\"", name, waits, line, want_waits, want);
 }
@@ -190,7 +190,7 @@ static void test_diagnosis(void)
         ranks[r] = (loom_flight_rank){&views[r], r == 2 ? LOOM_RANK_STOPPED : LOOM_RANK_RUNNING, 0};
     expect("stopped between ops", ranks, 3, 1,
            "rank 2 (stopped) is after dp allreduce #41 (step 5, backward block 0); ranks 0, 1 "
-           "wait in dp allreduce #42");
+           "wait in dp allreduce #42 for 3.000 s");
 
     /* rank 1 timed out and exited: still one of the waiting */
     views[1].groups[0].entries[41].state = LOOM_FLIGHT_FAILED;
@@ -198,7 +198,7 @@ static void test_diagnosis(void)
     ranks[1] = (loom_flight_rank){&views[1], LOOM_RANK_EXITED, 1};
     expect("the rank that timed out", ranks, 3, 1,
            "rank 2 (stopped) is after dp allreduce #41 (step 5, backward block 0); ranks 0, 1 "
-           "wait in dp allreduce #42");
+           "wait in dp allreduce #42 for 3.000 s");
 
     /* the example: stopped inside an earlier op */
     reset(4);
@@ -210,7 +210,7 @@ static void test_diagnosis(void)
     }
     expect("stopped in a wait", ranks, 4, 1,
            "rank 2 (stopped) is in dp allreduce #41 (step 5); ranks 0, 1, 3 wait in dp allreduce "
-           "#42");
+           "#42 for 3.000 s");
 
     /* ops posted ahead (ddp's buckets): a later number posted is not a
      * finished op; rank 0 stopped, the store's rank */
@@ -225,7 +225,7 @@ static void test_diagnosis(void)
     }
     expect("rank 0 behind with ops posted ahead", ranks, 3, 1,
            "rank 0 (stopped) posted dp allreduce #10 but does not wait on it (step 5, backward "
-           "block 1); ranks 1, 2 wait in dp allreduce #10");
+           "block 1); ranks 1, 2 wait in dp allreduce #10 for 3.000 s");
 
     /* a chain: 0 waits on 1 in the pipeline, 1 on 2 in dp, 2 was killed */
     reset(3);
@@ -240,7 +240,7 @@ static void test_diagnosis(void)
     ranks[2] = (loom_flight_rank){&views[2], LOOM_RANK_KILLED, 9};
     expect("a chain of waits", ranks, 3, 1,
            "rank 2 (killed by signal 9) is after dp allreduce #3 (step 5); rank 0 waits in pp "
-           "recv #3 from rank 1; rank 1 waits in dp allreduce #4");
+           "recv #3 from rank 1 for 3.000 s; rank 1 waits in dp allreduce #4 for 3.000 s");
 
     /* everyone in one op: nobody is behind */
     reset(3);
@@ -249,7 +249,7 @@ static void test_diagnosis(void)
         ranks[r] = (loom_flight_rank){&views[r], LOOM_RANK_RUNNING, 0};
     }
     expect("all in one op", ranks, 3, 1,
-           "ranks 0, 1, 2 wait in dp allreduce #7, and none is behind: the ranks called different "
+           "ranks 0, 1, 2 wait in dp allreduce #7 for 3.000 s, and none is behind: the ranks called different "
            "operations, counts, dtypes or roots there, or the transport failed");
 
     /* two receives waiting on each other */
@@ -259,8 +259,8 @@ static void test_diagnosis(void)
     ranks[0] = (loom_flight_rank){&views[0], LOOM_RANK_RUNNING, 0};
     ranks[1] = (loom_flight_rank){&views[1], LOOM_RANK_RUNNING, 0};
     expect("mutual receives", ranks, 2, 1,
-           "rank 0 waits in pp recv #1 from rank 1; rank 1 waits in pp recv #1 from rank 0, and "
-           "none is behind: they wait on each other (mismatched sends and receives, or operations "
+           "rank 0 waits in pp recv #1 from rank 1 for 3.000 s; rank 1 waits in pp recv #1 from "
+           "rank 0 for 3.000 s, and none is behind: they wait on each other (mismatched sends and receives, or operations "
            "called in a different order)");
 
     /* nobody waits; a rank without a record */
@@ -276,7 +276,7 @@ static void test_diagnosis(void)
     ranks[2] = (loom_flight_rank){&views[2], LOOM_RANK_RUNNING, 0};
     ops(group(0, dp, "dp", 0, 3), LOOM_OP_ALLREDUCE, 4, 4, LOOM_FLIGHT_COMPLETED, -1, 5000, "");
     expect("no record", ranks, 3, 1,
-           "rank 2 waits in dp allreduce #4; rank 1 (stopped) left no flight record");
+           "rank 2 waits in dp allreduce #4 for 3.000 s; rank 1 (stopped) left no flight record");
 }
 
 int main(void)
