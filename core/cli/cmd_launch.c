@@ -6,6 +6,7 @@
  * self-pipe that the signal handlers write to. Each rank runs in its own
  * process group, so stopping a rank stops what it started too (a shell and
  * its children), and a Ctrl-C reaches the ranks once, through us. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -22,6 +23,7 @@
 
 #include "cli/commands.h"
 #include "runtime/bootstrap.h"
+#include "runtime/flight.h"
 #include "runtime/log.h"
 
 #define GRACE_S 5.0       /* between SIGTERM and SIGKILL */
@@ -29,7 +31,7 @@
 
 static const char usage_text[] =
     "usage: loom launch -n N [--timeout S] [--max-restarts R] "
-    "[--nnodes M --node-rank K --master HOST:PORT] [--] CMD [ARGS...]";
+    "[--nnodes M --node-rank K --master HOST:PORT] [-v] [--flight FILE] [--] CMD [ARGS...]";
 
 /* One of a rank's output pipes and the unfinished line read from it. */
 typedef struct rank_stream {
@@ -43,6 +45,7 @@ typedef struct rank_stream {
 typedef struct rank_proc {
     pid_t pid;
     int running;
+    int status; /* from waitpid, once it is not running */
     rank_stream out, err;
 } rank_proc;
 
@@ -63,6 +66,9 @@ typedef struct launcher {
      * only if no other rank fails by itself before blame_deadline. */
     int follower, follower_status;
     uint64_t blame_deadline;
+    char flight_dir[4096];  /* the ranks' flight recorder tables; "" when none */
+    int verbose;            /* -v: each rank's last operations with the diagnosis */
+    const char *flight_out; /* --flight FILE: them into FILE */
 } launcher;
 
 static int signal_pipe[2] = {-1, -1};
@@ -218,15 +224,126 @@ static void arm_kill_deadline(launcher *L)
 static void stop_running(launcher *L)
 {
     signal_running(L, SIGTERM);
+    signal_running(L, SIGCONT);
     arm_kill_deadline(L);
 }
 
 static void blame(launcher *L, int r, int status);
 
+/* ------------------------------------------------- the flight recorder
+ *
+ * Each rank keeps its last operations per group in a table in flight_dir
+ * (runtime/flight.h), which stays readable whatever became of the rank. */
+
+/* /proc says the process is stopped: state T (a signal) or t (a tracer).
+ * The name before the state may hold spaces and parentheses. */
+static int process_stopped(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+}
+
+/* How rank r is: its end once reaped, else stopped or running. The rank
+ * may be a wrapper (a shell) around the process whose table v is. */
+static loom_flight_rank rank_state(const launcher *L, int r, const loom_flight_view *v)
+{
+    const rank_proc *p = &L->ranks[r];
+    loom_flight_rank how = {.view = v, .state = LOOM_RANK_RUNNING};
+    if (!p->running) {
+        int killed = WIFSIGNALED(p->status);
+        how.state = killed ? LOOM_RANK_KILLED : LOOM_RANK_EXITED;
+        how.code = killed ? WTERMSIG(p->status) : WEXITSTATUS(p->status);
+    } else if (process_stopped(p->pid) || (v && process_stopped((pid_t)v->pid))) {
+        how.state = LOOM_RANK_STOPPED;
+    }
+    return how;
+}
+
+/* Each rank's last operations, as `loom launch -v` shows them. */
+static void write_details(FILE *f, const loom_flight_rank *ranks, int n)
+{
+    enum { CAP = 1 << 16 };
+    char *buf = malloc(CAP);
+    uint64_t now = loom_now_ns();
+    for (int r = 0; buf && r < n; r++) {
+        loom_flight_format(ranks[r].view, r, &ranks[r], now, 8, buf, CAP);
+        fputs(buf, f);
+    }
+    free(buf);
+}
+
+/* One line on who holds the job up, from every rank's table: when the
+ * launcher stops a job (only if some rank waits on another or is
+ * stopped), and on SIGUSR1 (asked: always, with the details). */
+static void report(launcher *L, int asked)
+{
+    if (!L->flight_dir[0]) {
+        if (asked)
+            fprintf(stderr, "loom launch: SIGUSR1, but this job has no flight recorder\n");
+        return;
+    }
+    if (L->world != L->n) {
+        /* one node of several sees a part of the job: each rank says its own */
+        if (asked)
+            signal_running(L, SIGUSR1);
+        return;
+    }
+    int n = L->n, stopped = 0;
+    loom_flight_view *views = calloc((size_t)n, sizeof *views);
+    loom_flight_rank *ranks = calloc((size_t)n, sizeof *ranks);
+    char line[4096];
+    if (!views || !ranks) {
+        fprintf(stderr, "loom launch: no memory to read the flight recorder\n");
+        goto done;
+    }
+    for (int r = 0; r < n; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/rank-%d.flight", L->flight_dir, L->first_rank + r);
+        int got = loom_flight_load(path, &views[r]) == LOOM_OK;
+        ranks[r] = rank_state(L, r, got ? &views[r] : NULL);
+        stopped |= ranks[r].state == LOOM_RANK_STOPPED;
+    }
+    int waits = loom_flight_diagnose(ranks, n, loom_now_ns(), line, sizeof line);
+    if (!waits && !stopped && !asked)
+        goto done;
+    fprintf(stderr, "loom launch: %s\n", line);
+    if (L->flight_out) {
+        FILE *f = fopen(L->flight_out, "w");
+        if (f) {
+            fprintf(f, "%s\n", line);
+            write_details(f, ranks, n);
+        }
+        if (!f || fclose(f) != 0)
+            fprintf(stderr, "loom launch: cannot write --flight %s: %s\n", L->flight_out,
+                    strerror(errno));
+        else
+            fprintf(stderr, "loom launch: each rank's last operations are in %s\n",
+                    L->flight_out);
+    } else if (L->verbose || asked) {
+        write_details(stderr, ranks, n);
+    } else {
+        fprintf(stderr, "loom launch: -v or --flight FILE shows each rank's last operations\n");
+    }
+done:
+    free(views);
+    free(ranks);
+}
+
 static void rank_exited(launcher *L, int r, int status)
 {
     rank_proc *p = &L->ranks[r];
     p->running = 0;
+    p->status = status;
     /* Everything the rank wrote is in its pipes now: show it before any
      * verdict about the rank. Bounded, because something the rank left
      * running may still be writing. */
@@ -273,6 +390,7 @@ static void blame(launcher *L, int r, int status)
     char ranks[512];
     if (format_running(L, ranks, sizeof ranks) > 0) {
         fprintf(stderr, "loom launch: rank %d %s; stopping %s\n", L->first_rank + r, how, ranks);
+        report(L, 0);
         stop_running(L);
     } else {
         fprintf(stderr, "loom launch: rank %d %s\n", L->first_rank + r, how);
@@ -293,6 +411,10 @@ static void reap(launcher *L)
 
 static void on_launcher_signal(launcher *L, int sig)
 {
+    if (sig == SIGUSR1) {
+        report(L, 1);
+        return;
+    }
     if (sig != SIGINT && sig != SIGTERM)
         return; /* SIGCHLD only wakes the loop up */
     if (L->signalled) {
@@ -307,7 +429,9 @@ static void on_launcher_signal(launcher *L, int sig)
                 sig == SIGINT ? "SIGINT" : "SIGTERM", ranks);
     if (L->exit_code < 0)
         L->exit_code = 128 + sig;
+    report(L, 0);
     signal_running(L, sig);
+    signal_running(L, SIGCONT);
     arm_kill_deadline(L);
 }
 
@@ -325,6 +449,7 @@ static void check_deadlines(launcher *L)
         if (L->exit_code < 0)
             L->exit_code = 124;
         L->timed_out = 1;
+        report(L, 0);
         stop_running(L);
     }
     if (L->kill_deadline && now >= L->kill_deadline) {
@@ -364,6 +489,7 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
     signal(SIGTERM, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    signal(SIGUSR1, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -391,6 +517,10 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
     setenv("MASTER_ADDR", L->master, 1);
     set_env_int("MASTER_PORT", L->master_port);
     setenv("LOOM_OUTPUT_PREFIXED", "1", 1); /* the core's log lines then skip their own */
+    if (L->flight_dir[0])
+        setenv(LOOM_FLIGHT_DIR_ENV, L->flight_dir, 1);
+    else
+        unsetenv(LOOM_FLIGHT_DIR_ENV); /* not an outer launcher's */
     execvp(cmd[0], cmd);
     int err = errno;
     if (write(status_fd, &err, sizeof err) < 0) {
@@ -469,6 +599,8 @@ typedef struct launch_args {
     int nnodes, node_rank; /* 1 and 0 on one machine */
     char master[256];      /* host of rank 0's store; "" on one machine */
     int master_port;
+    int verbose;            /* -v */
+    const char *flight_out; /* --flight FILE */
     int cmd_index;
 } launch_args;
 
@@ -502,6 +634,10 @@ static const char *take_value(const char *name, const char *value, launch_args *
     }
     if (!strcmp(name, "--master"))
         return parse_master(value, a) == 0 ? NULL : "--master needs HOST:PORT (rank 0's node)";
+    if (!strcmp(name, "--flight")) {
+        a->flight_out = value;
+        return value[0] ? NULL : "--flight needs a file name";
+    }
     long v = strtol(value, &end, 10);
     int bad = end == value || *end || errno;
     if (!strcmp(name, "-n")) {
@@ -527,7 +663,7 @@ static const char *take_value(const char *name, const char *value, launch_args *
 static int parse_args(int argc, char **argv, launch_args *a)
 {
     static const char *const options[] = {"-n", "--timeout", "--max-restarts", "--nnodes",
-                                          "--node-rank", "--master", NULL};
+                                          "--node-rank", "--master", "--flight", NULL};
     *a = (launch_args){.nnodes = 1};
     int i = 1;
     while (i < argc) {
@@ -539,6 +675,11 @@ static int parse_args(int argc, char **argv, launch_args *a)
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             printf("%s\n", usage_text);
             return 0;
+        }
+        if (!strcmp(arg, "-v")) {
+            a->verbose = 1;
+            i++;
+            continue;
         }
         /* -n4, -n 4, --opt=v, --opt v */
         for (int k = 0; options[k] && !name; k++) {
@@ -614,7 +755,7 @@ static void launcher_free(launcher *L)
 
 /* The launcher's handlers replace these while it runs. */
 typedef struct saved_signals {
-    struct sigaction on_int, on_term, on_chld, on_pipe;
+    struct sigaction on_int, on_term, on_chld, on_pipe, on_usr1;
 } saved_signals;
 
 static void take_signals(saved_signals *saved)
@@ -626,6 +767,7 @@ static void take_signals(saved_signals *saved)
     sigaction(SIGINT, &sa, &saved->on_int);
     sigaction(SIGTERM, &sa, &saved->on_term);
     sigaction(SIGCHLD, &sa, &saved->on_chld);
+    sigaction(SIGUSR1, &sa, &saved->on_usr1);
     sigaction(SIGPIPE, &ign, &saved->on_pipe);
 }
 
@@ -634,6 +776,7 @@ static void give_back_signals(const saved_signals *saved)
     sigaction(SIGINT, &saved->on_int, NULL);
     sigaction(SIGTERM, &saved->on_term, NULL);
     sigaction(SIGCHLD, &saved->on_chld, NULL);
+    sigaction(SIGUSR1, &saved->on_usr1, NULL);
     sigaction(SIGPIPE, &saved->on_pipe, NULL);
     close(signal_pipe[0]);
     close(signal_pipe[1]);
@@ -649,6 +792,7 @@ static void spawn_ranks(launcher *L, char **cmd)
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
     sigaddset(&held, SIGCHLD);
+    sigaddset(&held, SIGUSR1);
     for (int r = 0; r < L->n; r++) {
         sigprocmask(SIG_BLOCK, &held, &old_mask);
         int spawned = spawn_rank(L, r, cmd);
@@ -733,6 +877,21 @@ static void supervise(launcher *L)
     free(w.streams);
 }
 
+/* A folder in the job's for this run's tables; without one the job runs
+ * unrecorded. */
+static void make_flight_dir(launcher *L)
+{
+    L->flight_dir[0] = '\0';
+    if (!job_tmpdir[0])
+        return;
+    snprintf(L->flight_dir, sizeof L->flight_dir, "%.4000s/flight-%d", job_tmpdir, L->restart);
+    if (mkdir(L->flight_dir, 0700) != 0) {
+        fprintf(stderr, "loom launch: warning: no flight recorder: cannot make %s: %s\n",
+                L->flight_dir, strerror(errno));
+        L->flight_dir[0] = '\0';
+    }
+}
+
 /* One run of every rank: its exit code (0 when all succeeded); *stop set
  * when nothing should be restarted (the user's signal, the --timeout, or
  * a failure of the launcher itself). */
@@ -756,6 +915,9 @@ static int run_once(const launch_args *a, int restart, uint64_t end_deadline, ch
     }
     L.restart = restart;
     L.end_deadline = end_deadline;
+    L.verbose = a->verbose;
+    L.flight_out = a->flight_out;
+    make_flight_dir(&L);
     saved_signals saved;
     take_signals(&saved);
     spawn_ranks(&L, cmd);

@@ -7,12 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "loom/comm.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 #include "runtime/bootstrap.h"
+#include "runtime/flight.h"
 #include "runtime/group.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"
@@ -48,6 +50,8 @@ struct loom_group {
     int *world_ranks;                  /* world rank of each member; NULL for self */
     int is_world;                      /* rank r is world rank r: messages need not say so */
     char id[96];                       /* the same on every member: names its store keys */
+    char name[24];                     /* what messages call it: "dp", "world", "dp.split" */
+    loom_flight_group *flight;         /* its ring in the flight recorder; NULL: not recorded */
     /* Ops posted here, numbered as the backends number them in messages;
      * a backend may report arrival from another thread (comm_waiting). */
     atomic_uint_least64_t collectives, sends_recvs;
@@ -70,6 +74,7 @@ struct loom_request {
     uint64_t start_ns, bytes;
     uint64_t seq;             /* its number among the collectives, or the sends and receives */
     int peer;                 /* sends and receives */
+    uint64_t ticket;          /* in the flight recorder */
     int *self_done;           /* self recv: set when matched */
 };
 
@@ -90,6 +95,7 @@ static int make_group(loom_runtime *rt, const char *backend, const loom_plugin *
     g->plugin = plugin;
     g->ops = plugin ? &plugin->ops.comm : NULL;
     g->comm = comm;
+    snprintf(g->name, sizeof g->name, "%s", plugin ? "world" : "self");
     g->rank = g->ops ? g->ops->rank(comm) : 0;
     g->size = g->ops ? g->ops->size(comm) : 1;
     if (g->ops && !(g->world_ranks = calloc((size_t)g->size, sizeof *g->world_ranks))) {
@@ -183,6 +189,7 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
     for (int r = 0; r < g->size; r++)
         g->world_ranks[r] = r;
     snprintf(g->id, sizeof g->id, "%s.w%d", g->backend, worlds_made++);
+    g->flight = loom_flight_join(g->id, "world", g->backend, g->rank, g->size);
     g->grace_s = grace_setting(host);
     add_backed(g);
     return LOOM_OK;
@@ -231,6 +238,8 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
         g->world_ranks[r] = parent->world_ranks[ranks[r]];
     snprintf(g->id, sizeof g->id, "%.60s.%llx.%d", parent->id, (unsigned long long)list_hash,
              made_before);
+    g->flight = loom_flight_join(g->id, "sub", g->backend, g->rank, g->size);
+    snprintf(g->name, sizeof g->name, "sub");
     g->grace_s = parent->grace_s;
     add_backed(g);
     return LOOM_OK;
@@ -256,6 +265,7 @@ void loom_group_destroy(loom_group *g)
         remove_backed(g);
         g->ops->destroy(g->comm);
     }
+    loom_flight_leave(g->flight);
     for (subgroup_count *sc = g->subgroups, *next; sc; sc = next) {
         next = sc->next;
         free(sc);
@@ -275,6 +285,14 @@ void loom_group_destroy(loom_group *g)
 
 void loom_group_counters(const loom_group *g, loom_comm_counters *out) { *out = g->counters; }
 
+void loom_group_set_name(loom_group *g, const char *name)
+{
+    snprintf(g->name, sizeof g->name, "%.*s", (int)sizeof g->name - 1, name);
+    loom_flight_rename(g->flight, name);
+}
+
+const char *loom_group_name(const loom_group *g) { return g->name; }
+
 static int g_rank(const loom_group *g) { return g->rank; }
 static int g_size(const loom_group *g) { return g->size; }
 static const char *g_backend(const loom_group *g) { return g->backend; }
@@ -288,30 +306,48 @@ static void count_op(loom_group *g, loom_comm_op op, uint64_t bytes)
     }
 }
 
-static int issued(loom_group *g, loom_comm_op op, uint64_t bytes, uint64_t start, uint64_t seq,
-                  int peer, loom_comm_request *inner, loom_request **req)
+/* An op between its checks and its request: its number on g and its
+ * ticket in the flight recorder. */
+typedef struct op_start {
+    loom_comm_op op;
+    uint64_t t0, bytes, seq, ticket;
+    int peer; /* sends and receives; -1 */
+} op_start;
+
+static int issued(loom_group *g, const op_start *st, loom_comm_request *inner, loom_request **req)
 {
-    count_op(g, op, bytes);
+    count_op(g, st->op, st->bytes);
     if (!inner) {
-        loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(op), start, loom_now_ns(), bytes);
+        loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_COMPLETED);
+        loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(st->op), st->t0, loom_now_ns(),
+                        st->bytes);
         *req = NULL;
         return LOOM_OK;
     }
     loom_request *r = malloc(sizeof *r);
     if (!r) {
         g->ops->wait(inner);
+        loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
         return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
     }
     r->group = g;
     r->inner = inner;
-    r->op = op;
-    r->start_ns = start;
-    r->bytes = bytes;
-    r->seq = seq;
-    r->peer = peer;
+    r->op = st->op;
+    r->start_ns = st->t0;
+    r->bytes = st->bytes;
+    r->seq = st->seq;
+    r->peer = st->peer;
+    r->ticket = st->ticket;
     r->self_done = NULL;
     *req = r;
     return LOOM_OK;
+}
+
+/* The backend refused to post it. */
+static int post_failed(loom_group *g, const op_start *st, int rc)
+{
+    loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
+    return rc;
 }
 
 static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
@@ -325,11 +361,20 @@ static uint64_t number_op(loom_group *g, loom_comm_op op)
     return atomic_fetch_add(is_p2p(op) ? &g->sends_recvs : &g->collectives, 1) + 1;
 }
 
+/* Number the op and record it as posted, before the backend sees it. */
+static void start_op(loom_group *g, loom_comm_op op, uint64_t bytes, int peer, op_start *st)
+{
+    *st = (op_start){.op = op, .t0 = loom_now_ns(), .bytes = bytes, .peer = peer};
+    st->seq = number_op(g, op);
+    st->ticket = loom_flight_post(g->flight, op, st->seq, bytes,
+                                  peer >= 0 && g->world_ranks ? g->world_ranks[peer] : -1, st->t0);
+}
+
 /* The arguments every backend may rely on (comm.h), checked once here:
  * a known dtype and reduction, a root or peer inside the group, a tag >= 0;
- * then the op gets its number on g. */
+ * then the op is started. bytes: what the op moves, as counted. */
 static int begin_op(loom_group *g, loom_comm_op op, loom_dtype dtype, int reduces, loom_redop redop,
-                    int rank, int tag, uint64_t *seq)
+                    int rank, int tag, uint64_t bytes, op_start *st)
 {
     const char *name = loom_comm_op_name(op);
     if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
@@ -338,10 +383,10 @@ static int begin_op(loom_group *g, loom_comm_op op, loom_dtype dtype, int reduce
         return loom_fail(LOOM_ERR_INVALID, "comm: %s: unknown reduction %d", name, (int)redop);
     if (rank < 0 || rank >= g->size)
         return loom_fail(LOOM_ERR_INVALID, "comm: %s %s %d outside a group of %d", name,
-                         op == LOOM_OP_SEND || op == LOOM_OP_RECV ? "peer" : "root", rank, g->size);
+                         is_p2p(op) ? "peer" : "root", rank, g->size);
     if (tag < 0)
         return loom_fail(LOOM_ERR_INVALID, "comm: %s tag %d is negative", name, tag);
-    *seq = number_op(g, op);
+    start_op(g, op, bytes, is_p2p(op) ? rank : -1, st);
     return LOOM_OK;
 }
 
@@ -354,113 +399,116 @@ static void self_copy(const void *send, void *recv, size_t bytes)
 static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count,
                        loom_dtype dtype, loom_redop op, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     } else {
         self_copy(send, recv, bytes); /* sum, max, min and avg of one value */
     }
-    return issued(g, LOOM_OP_ALLREDUCE, bytes, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype, int root,
                        loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     }
-    return issued(g, LOOM_OP_BROADCAST, bytes, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, loom_dtype dtype,
                     loom_redop op, int root, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_REDUCE, bytes, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_allgather(loom_group *g, const void *send, void *recv, size_t count,
                        loom_dtype dtype, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_ALLGATHER, dtype, 0, LOOM_SUM, 0, 0, bytes * (uint64_t)g->size,
+                      &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_ALLGATHER, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t count,
                            loom_dtype dtype, loom_redop op, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_REDUCESCATTER, dtype, 1, op, 0, 0, bytes * (uint64_t)g->size,
+                      &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_REDUCESCATTER, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
                       loom_dtype dtype, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_ALLTOALL, dtype, 0, LOOM_SUM, 0, 0, bytes * (uint64_t)g->size,
+                      &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     } else {
         self_copy(send, recv, bytes);
     }
-    return issued(g, LOOM_OP_ALLTOALL, bytes * (uint64_t)g->size, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 /* Self: match a send with the first pending receive of its tag, else keep
@@ -499,9 +547,9 @@ static int self_send(loom_group *g, const void *buf, size_t bytes, int tag)
 static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype, int peer,
                   int tag, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
     loom_comm_request *inner = NULL;
@@ -510,24 +558,24 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
     else
         rc = self_send(g, buf, bytes, tag);
     if (rc != LOOM_OK)
-        return rc;
-    return issued(g, LOOM_OP_SEND, bytes, t0, seq, peer, inner, req);
+        return post_failed(g, &st, rc);
+    return issued(g, &st, inner, req);
 }
 
 static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
                   loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), bytes = count * loom_dtype_size(dtype);
-    uint64_t seq = 0;
-    int rc = begin_op(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag, &seq);
+    uint64_t bytes = count * loom_dtype_size(dtype);
+    op_start st;
+    int rc = begin_op(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
     if (g->ops) {
         loom_comm_request *inner = NULL;
         rc = g->ops->recv(g->comm, buf, count, dtype, peer, tag, &inner);
         if (rc != LOOM_OK)
-            return rc;
-        return issued(g, LOOM_OP_RECV, bytes, t0, seq, peer, inner, req);
+            return post_failed(g, &st, rc);
+        return issued(g, &st, inner, req);
     }
     for (self_message **p = &g->unmatched_sends; *p; p = &(*p)->next) {
         self_message *m = *p;
@@ -541,7 +589,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
         *p = m->next;
         free(m->data);
         free(m);
-        return issued(g, LOOM_OP_RECV, bytes, t0, seq, peer, NULL, req);
+        return issued(g, &st, NULL, req);
     }
     /* No send yet: the request completes when one arrives. */
     loom_request *r = calloc(1, sizeof *r);
@@ -564,7 +612,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
     count_op(g, LOOM_OP_RECV, bytes);
     r->group = g;
     r->op = LOOM_OP_RECV;
-    r->start_ns = t0;
+    r->start_ns = st.t0;
     r->bytes = bytes;
     r->self_done = done;
     *req = r;
@@ -573,14 +621,15 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
 
 static int g_barrier(loom_group *g, loom_request **req)
 {
-    uint64_t t0 = loom_now_ns(), seq = number_op(g, LOOM_OP_BARRIER);
+    op_start st;
+    start_op(g, LOOM_OP_BARRIER, 0, -1, &st);
     loom_comm_request *inner = NULL;
     if (g->ops) {
         int rc = g->ops->barrier(g->comm, &inner);
         if (rc != LOOM_OK)
-            return rc;
+            return post_failed(g, &st, rc);
     }
-    return issued(g, LOOM_OP_BARRIER, 0, t0, seq, -1, inner, req);
+    return issued(g, &st, inner, req);
 }
 
 static int g_group_start(loom_group *g)
@@ -714,6 +763,12 @@ static void name_missing(const loom_group *g, uint64_t seq, const int64_t *got, 
 
 static double now_s(void) { return (double)loom_now_ns() / 1e9; }
 
+/* The store runs on a thread of rank 0, so when it does not answer, rank 0
+ * as a whole does not run: that rank is named, not "unknown". */
+static const char rank0_silent[] =
+    "rank 0 does not answer (its bootstrap store timed out): it is stopped, hung or gone, and "
+    "may be the rank that did not arrive; whether the others did is unknown";
+
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -733,8 +788,7 @@ static void diagnose_collective(loom_group *g, uint64_t seq, char *why, size_t c
         return;
     }
     if (st != LOOM_OK) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable, so the ranks that did not "
-                           "arrive are unknown");
+        snprintf(why, cap, "%s", rank0_silent);
         return;
     }
     int64_t *got = calloc((size_t)g->size, sizeof *got);
@@ -758,7 +812,7 @@ static void diagnose_collective(loom_group *g, uint64_t seq, char *why, size_t c
         sleep_s(0.05);
     }
     if (lost && rounds == 0) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+        snprintf(why, cap, "%s", rank0_silent);
     } else if (missing == 0) {
         snprintf(why, cap, "every rank reached it and is waiting too: the ranks called different "
                            "operations, counts, dtypes or roots at this point");
@@ -786,13 +840,22 @@ static void diagnose_p2p(loom_group *g, int peer, int is_send, char *why, size_t
             st = LOOM_ERR_REMOTE;
     }
     if (st == LOOM_ERR_REMOTE) {
-        snprintf(why, cap, "rank 0 (bootstrap store) unreachable");
+        snprintf(why, cap, "%s", rank0_silent);
         return;
     }
     name_member(g, peer, nm, sizeof nm);
     snprintf(why, cap, "rank %s %s%s", nm,
              is_send ? "did not post the matching recv" : "did not send the matching message",
              theirs > 0 ? " (it timed out on this group too: mismatched sends and recvs?)" : "");
+}
+
+/* The first timeout of a process shows its last operations, unless
+ * `loom launch` reads them from its table and tells the whole story. */
+static void dump_once(void)
+{
+    static atomic_flag dumped = ATOMIC_FLAG_INIT;
+    if (!loom_flight_shared() && !atomic_flag_test_and_set(&dumped))
+        loom_flight_write(STDERR_FILENO, "a timeout");
 }
 
 /* A backend's wait or test said the op timed out: add which ranks did not
@@ -803,6 +866,8 @@ static int timed_out(loom_request *r)
     loom_group *g = r->group;
     char said[2048], why[sizeof g->timeout_why];
     snprintf(said, sizeof said, "%s", loom_last_error());
+    loom_flight_mark(g->flight, r->ticket, LOOM_FLIGHT_FAILED);
+    dump_once();
     pthread_mutex_lock(&backed_lock); /* requests of g may be waited on from several threads */
     snprintf(why, sizeof why, "%s", g->timeout_why);
     pthread_mutex_unlock(&backed_lock);
@@ -834,8 +899,11 @@ static int g_test(loom_request *r)
         rc = *r->self_done ? LOOM_OK : LOOM_IN_PROGRESS;
     else if ((rc = r->group->ops->test(r->inner)) == LOOM_ERR_TIMEOUT)
         rc = timed_out(r);
-    if (rc != LOOM_IN_PROGRESS)
+    if (rc != LOOM_IN_PROGRESS) {
+        loom_flight_mark(r->group->flight, r->ticket,
+                         rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
         finished(r);
+    }
     return rc;
 }
 
@@ -843,6 +911,8 @@ static int g_wait(loom_request *r)
 {
     if (!r)
         return LOOM_OK;
+    loom_flight_group *fg = r->group->flight;
+    loom_flight_mark(fg, r->ticket, LOOM_FLIGHT_WAITING);
     int rc;
     if (r->self_done)
         rc = *r->self_done ? LOOM_OK
@@ -850,6 +920,7 @@ static int g_wait(loom_request *r)
                                        "comm: self recv waits for a send this rank never posted");
     else if ((rc = r->group->ops->wait(r->inner)) == LOOM_ERR_TIMEOUT)
         rc = timed_out(r);
+    loom_flight_mark(fg, r->ticket, rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
     finished(r);
     return rc;
 }
@@ -898,6 +969,9 @@ static int g_split(loom_group *parent, int colour, int key, loom_group **out)
     free(list);
     if (rc != LOOM_OK)
         return rc;
+    char name[32];
+    snprintf(name, sizeof name, "%.16s.split", loom_group_name(parent));
+    loom_group_set_name(*out, name);
     (*out)->split_parent = parent;
     (*out)->next_split_child = parent->split_children;
     parent->split_children = *out;

@@ -29,4 +29,10 @@ typedef struct loom_comm_counters {
 } loom_comm_counters;
 void loom_group_counters(const loom_group *g, loom_comm_counters *out);
 
+/* What the flight recorder and its diagnosis call a group: the mesh names
+ * its axes ("tp", "sp", "pp", "dp"), a world group is "world", a split
+ * "<parent>.split". */
+void loom_group_set_name(loom_group *g, const char *name);
+const char *loom_group_name(const loom_group *g);
+
 #endif

@@ -160,6 +160,8 @@ int loom_mesh_create(loom_runtime *rt, loom_mesh **out)
             members[i] = loom_mesh_rank_of(mesh->sizes, c);
         }
         rc = loom_group_subgroup(bw->group, members, mesh->sizes[a], &mesh->groups[a]);
+        if (rc == LOOM_OK)
+            loom_group_set_name(mesh->groups[a], loom_axis_name((loom_axis)a));
     }
     /* The world group: the dp backend's world if one was made, else any. */
     for (int i = 0; i < nworlds; i++) {

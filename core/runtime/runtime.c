@@ -8,6 +8,7 @@
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/config.h"
+#include "runtime/flight.h"
 #include "runtime/group.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"
@@ -275,6 +276,7 @@ int loom_runtime_create(loom_config *cfg, loom_runtime **out)
              "rank %d of %d, local rank %d of %d (launch environment: %s); comm.timeout_s = %g",
              rt->env.rank, rt->env.world_size, rt->env.local_rank,
              rt->env.local_size, rt->env.source, rt->timeout_s);
+    loom_flight_open(rt->env.rank, rt->env.world_size);
     rc = loom_search_path_init(&rt->search_path, cfg);
     if (rc != LOOM_OK)
         goto fail;

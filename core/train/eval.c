@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "loom/status.h"
+#include "runtime/flight.h"
 #include "runtime/log.h"
 #include "runtime/trace.h"
 #include "train/trainer.h"
@@ -126,6 +127,7 @@ static int global_mean(trainer *t, double loss_sum, float *out)
 int trainer_evaluate(trainer *t, float *loss)
 {
     uint64_t t0 = loom_now_ns();
+    loom_flight_issuer("validation");
     loom_dataloader_rewind(&t->val_loader);
     int rc = t->dp->data_eval ? t->dp->data_eval(t->strategy, 1) : LOOM_OK;
     double loss_sum = 0;

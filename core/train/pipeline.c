@@ -11,6 +11,7 @@
 #include "loom/tensor.h"
 #include "model/model.h"
 #include "runtime/group.h"
+#include "runtime/flight.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/trace.h"
@@ -497,6 +498,8 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
     for (int i = 0; rc == LOOM_OK && i < pl->nactions; i++) {
         loom_action a = pl->actions[i];
         uint64_t start = loom_now_ns();
+        loom_flight_issuer("%s mb %d vs %d", loom_action_kind_name(a.kind), (int)a.microbatch,
+                           (int)a.virtual_stage);
         switch (a.kind) {
         case LOOM_ACT_RECV_ACTIVATION:
         case LOOM_ACT_RECV_GRADIENT: rc = wait_recv(pl, i); break;

@@ -7,6 +7,7 @@
 
 #include "loom/plugin.h"
 #include "loom/status.h"
+#include "runtime/flight.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/trace.h"
@@ -93,6 +94,15 @@ static void trace_unit(const trainer *t, const char *what, int u, uint64_t start
     loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
 }
 
+/* What the flight recorder says issued the ops from here on. */
+static void issuer_unit(const trainer *t, const char *what, int u)
+{
+    if (t->units[u].kind == LOOM_UNIT_BLOCK)
+        loom_flight_issuer("%s block %d", what, u - 1);
+    else
+        loom_flight_issuer("%s %s", what, t->units[u].name);
+}
+
 /* The forward of the micro-batch in t->inputs through every unit, with
  * the data strategy's hooks; the loss of its tokens. */
 int trainer_forward(trainer *t, float *loss)
@@ -100,6 +110,7 @@ int trainer_forward(trainer *t, float *loss)
     int rc, head = t->nunits - 1;
     for (int u = 0; u < t->nunits; u++) {
         uint64_t t0 = loom_now_ns();
+        issuer_unit(t, "forward", u);
         if ((rc = HOOK(t, data_before_forward, u)) != LOOM_OK)
             return rc;
         /* The LM head is tied to wte: the embedding is needed again. */
@@ -127,6 +138,7 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
     float dloss = step_dloss(t);
     for (int u = head; u >= 0; u--) {
         uint64_t t0 = loom_now_ns();
+        issuer_unit(t, "backward", u);
         if ((rc = HOOK(t, data_before_backward, u)) != LOOM_OK)
             return rc;
         if (u == head && (rc = HOOK(t, data_before_backward, 0)) != LOOM_OK)
@@ -250,6 +262,7 @@ int trainer_step(trainer *t, step_result *r)
     uint64_t t0 = loom_now_ns();
     double loss_sum = 0;
     count_traffic(t, 0);
+    loom_flight_step(t->step + 1);
     int rc;
     if (t->pipeline) {
         for (int k = 0; k < t->micro_batches; k++)
@@ -266,6 +279,7 @@ int trainer_step(trainer *t, step_result *r)
             return rc;
         loss_sum += loss;
     }
+    loom_flight_issuer("finish backward");
     if ((rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
         return rc;
     trainer_sync_units(t);
@@ -274,6 +288,7 @@ int trainer_step(trainer *t, step_result *r)
     const loom_comm_api *C = &loom_core_comm_api;
     float local = (float)(loss_sum / t->micro_batches), global = local;
     loom_request *req;
+    loom_flight_issuer("loss");
     if (t->pipeline && (rc = pipeline_totals(t, &local)) != LOOM_OK)
         return rc;
     /* sp ranks hold equal shares of each sequence's tokens */
@@ -286,6 +301,7 @@ int trainer_step(trainer *t, step_result *r)
         (rc = C->wait(req)) != LOOM_OK)
         return rc;
     double norm_sq = 0;
+    loom_flight_issuer("gradient norm");
     if ((rc = grads_norm_sq(t, &norm_sq)) != LOOM_OK || (rc = check_norm_agrees(t, norm_sq)) != LOOM_OK)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
@@ -320,6 +336,7 @@ int trainer_step(trainer *t, step_result *r)
             return rc;
         trainer_sync_units(t);
     } else {
+        loom_flight_issuer("optimizer");
         if ((rc = optimizer_step(t, r, norm)) != LOOM_OK)
             return rc;
         /* the step's write-backs land within the step they belong to */
@@ -338,6 +355,7 @@ int trainer_step(trainer *t, step_result *r)
     }
     r->seconds = (double)(loom_now_ns() - t0) / 1e9;
     count_traffic(t, 1);
+    loom_flight_issuer("between steps");
     return LOOM_OK;
 }
 

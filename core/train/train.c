@@ -106,7 +106,13 @@ int loom_train(const loom_train_options *o)
     int rc = trainer_setup(&t, o), lock_fd = -1;
     if (rc == LOOM_OK)
         rc = run_steps(&t, o, &lock_fd);
+    /* Tearing down after a failure can fail again (a store that went away
+     * with a stopped rank 0): the first failure is the one to tell. */
+    char first[2048];
+    snprintf(first, sizeof first, "%s", loom_last_error());
     trainer_teardown(&t);
     trainer_unlock_checkpoints(lock_fd);
+    if (rc != LOOM_OK)
+        loom_fail(rc, "%s", first);
     return rc;
 }
