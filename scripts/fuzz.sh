@@ -76,6 +76,8 @@ fi
 # UBSan stops at the first finding and libFuzzer saves the input.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+# leaks of the libraries loom uses, each explained there
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/sanitize/lsan.supp:print_suppressions=0}
 rows="" failed=0
 for h in $HARNESSES; do
     bin=$BUILD/bin/fuzz_$h

@@ -487,6 +487,17 @@ static void case_position(void)
                        "read, train.batch 12; 5 files, 2973 tokens\n") != NULL);
     CHECK(strstr(text, "  reader 0  epoch ") != NULL && strstr(text, "  reader 2  epoch ") != NULL);
     free(text);
+    /* a damaged file count is said, not allocated (found by fuzzing: 32 GiB) */
+    uint32_t files_at = 8 + 4 + 5 * 4, kept_files, damaged_files = 0xffffffffu;
+    memcpy(&kept_files, saved + files_at, 4);
+    memcpy(saved + files_at, &damaged_files, 4);
+    mem = open_memstream(&text, &text_len);
+    loom_data_position_print(saved, size, mem);
+    fclose(mem);
+    CHECK(!strncmp(text, "  data      (the position is damaged: 4294967295 files and 3 readers in ",
+                   strlen("  data      (the position is damaged: 4294967295 files and 3 readers in ")));
+    free(text);
+    memcpy(saved + files_at, &kept_files, 4);
     free(saved);
     loom_dataset_close(&ds);
 }
