@@ -70,12 +70,12 @@ int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
 {
     memset(ds, 0, sizeof *ds);
     ds->vocab = vocab;
-    if (!(ds->setting = strdup(setting)))
-        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: out of memory", setting);
     if (npatterns <= 0)
         return loom_fail(LOOM_ERR_INVALID, "%s: no token shard given; set %s = "
                          "\"examples/data/corpus.bin\" (llm.c token shards: a path, a glob "
                          "pattern, or a list of them)", setting, setting);
+    if (!(ds->setting = strdup(setting)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: out of memory", setting);
     int rc = LOOM_OK;
     for (int i = 0; rc == LOOM_OK && i < npatterns; i++)
         rc = add_pattern(ds, where, patterns[i]);

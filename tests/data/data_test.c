@@ -394,6 +394,7 @@ static void case_position(void)
             CHECK(loom_dataloader_save(&one, &saved, &size) == LOOM_OK);
         CHECK(global_batch(&one, 1, 1, whole[step]) == LOOM_OK);
     }
+    loom_dataloader_free(&one);
     /* Resumed at step 13 on dp 3 x K 2 and on dp 2: the same batches. */
     const int dps[] = {3, 2}, ks[] = {2, 1};
     for (int l = 0; l < 2; l++) {
