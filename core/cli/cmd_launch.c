@@ -107,6 +107,10 @@ static void write_all(int fd, const char *buf, size_t len)
  * final: the stream ended, so a last unterminated line goes too. */
 static void stream_emit(rank_stream *st, const char *data, size_t n, int final)
 {
+    /* A rank that printed nothing has no line buffer yet, and memcpy or
+     * memmove with a NULL pointer is undefined even for 0 bytes. */
+    if (st->len + n == 0)
+        return;
     if (st->len + n > st->cap) {
         size_t cap = st->cap ? st->cap : 4096;
         while (cap < st->len + n)

@@ -70,12 +70,12 @@ int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
 {
     memset(ds, 0, sizeof *ds);
     ds->vocab = vocab;
-    if (!(ds->setting = strdup(setting)))
-        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: out of memory", setting);
     if (npatterns <= 0)
         return loom_fail(LOOM_ERR_INVALID, "%s: no token shard given; set %s = "
                          "\"examples/data/corpus.bin\" (llm.c token shards: a path, a glob "
                          "pattern, or a list of them)", setting, setting);
+    if (!(ds->setting = strdup(setting)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "%s: out of memory", setting);
     int rc = LOOM_OK;
     for (int i = 0; rc == LOOM_OK && i < npatterns; i++)
         rc = add_pattern(ds, where, patterns[i]);
@@ -703,6 +703,17 @@ int loom_dataloader_restore_offset(loom_dataloader *dl, uint64_t offset, const c
     return LOOM_OK;
 }
 
+/* Samples of a file of tokens tokens for one reader, 0 for what no loader
+ * would read (the values come from a file: no overflow on any of them). */
+static long long saved_samples(int64_t tokens, const uint32_t head[6])
+{
+    uint64_t stride;
+    if (tokens < 1 || __builtin_mul_overflow((uint64_t)head[1], (uint64_t)head[2], &stride) ||
+        __builtin_mul_overflow(stride, (uint64_t)head[4], &stride) || stride == 0)
+        return 0;
+    return (long long)((uint64_t)(tokens - 1) / stride);
+}
+
 void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
 {
     bytes_in in = {bytes, size, 0, 0};
@@ -714,18 +725,16 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
         fprintf(f, "  data      (a data position this loom cannot read)\n");
         return;
     }
+    /* Each file takes 12 bytes at least and each reader more: counts the
+     * bytes cannot hold are damage, not a size to allocate. */
     uint32_t readers = head[1], nfiles = head[5];
-    /* each file takes 12 bytes at least, each reader 2 KiB: counts beyond
-     * what the bytes can hold are damage, not a reason to allocate */
-    if (nfiles > size / 12 || readers > size / (LOOM_MT19937_WORDS * sizeof(uint32_t))) {
-        fprintf(f, "  data      (a damaged data position: %u files, %u readers in %zu bytes)\n",
-                nfiles, readers, size);
+    size_t left = in.n - in.at;
+    if (nfiles > left / 12 || readers > left / (3 * sizeof(int64_t))) {
+        fprintf(f, "  data      (the position is damaged: %u files and %u readers in %zu bytes)\n",
+                nfiles, readers, left);
         return;
     }
-    int64_t stride = 0, total = 0; /* 0 when the product overflows: the counts are damage */
-    if (__builtin_mul_overflow((int64_t)head[1], (int64_t)head[2], &stride) ||
-        __builtin_mul_overflow(stride, (int64_t)head[4], &stride))
-        stride = 0;
+    uint64_t total = 0;
     int64_t *tokens = calloc(nfiles ? nfiles : 1, sizeof *tokens);
     char **names = calloc(nfiles ? nfiles : 1, sizeof *names);
     for (uint32_t i = 0; tokens && names && i < nfiles && !in.short_read; i++) {
@@ -733,16 +742,16 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
         uint32_t len = get_u32(&in);
         if (in.short_read || len > in.n - in.at)
             break;
-        if ((names[i] = malloc(len + 1))) {
+        if ((names[i] = malloc((size_t)len + 1))) {
             get(&in, names[i], len);
             names[i][len] = '\0';
         }
-        total = (int64_t)((uint64_t)total + (uint64_t)tokens[i]); /* no UB on damage */
+        total += tokens[i] > 0 ? (uint64_t)tokens[i] : 0;
     }
     fprintf(f, "  data      %s, %u reader%s × %u sequences of %u tokens per read, train.batch %u; "
-               "%u file%s, %lld tokens\n",
+               "%u file%s, %llu tokens\n",
             head[0] ? "shuffled as llm.c" : "in file order", readers, readers == 1 ? "" : "s",
-            head[2], head[4], head[3], nfiles, nfiles == 1 ? "" : "s", (long long)total);
+            head[2], head[4], head[3], nfiles, nfiles == 1 ? "" : "s", (unsigned long long)total);
     int *order = malloc((nfiles ? nfiles : 1) * sizeof *order);
     enum { SHOWN = 8 };
     for (uint32_t r = 0; order && tokens && names && r < readers && !in.short_read; r++) {
@@ -756,7 +765,7 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
             continue;
         fprintf(f, "  reader %-2u epoch %lld, shard %lld of %u (%s), sample %lld of %lld read\n",
                 r, (long long)epoch, (long long)shard + 1, nfiles, names[file], (long long)sample,
-                stride > 0 && tokens[file] > 0 ? (long long)((tokens[file] - 1) / stride) : 0LL);
+                saved_samples(tokens[file], head));
     }
     if (readers > SHOWN)
         fprintf(f, "  ...       and %u readers more\n", readers - SHOWN);

@@ -394,6 +394,7 @@ static void case_position(void)
             CHECK(loom_dataloader_save(&one, &saved, &size) == LOOM_OK);
         CHECK(global_batch(&one, 1, 1, whole[step]) == LOOM_OK);
     }
+    loom_dataloader_free(&one);
     /* Resumed at step 13 on dp 3 x K 2 and on dp 2: the same batches. */
     const int dps[] = {3, 2}, ks[] = {2, 1};
     for (int l = 0; l < 2; l++) {
@@ -487,6 +488,17 @@ static void case_position(void)
                        "read, train.batch 12; 5 files, 2973 tokens\n") != NULL);
     CHECK(strstr(text, "  reader 0  epoch ") != NULL && strstr(text, "  reader 2  epoch ") != NULL);
     free(text);
+    /* a damaged file count is said, not allocated (found by fuzzing: 32 GiB) */
+    uint32_t files_at = 8 + 4 + 5 * 4, kept_files, damaged_files = 0xffffffffu;
+    memcpy(&kept_files, saved + files_at, 4);
+    memcpy(saved + files_at, &damaged_files, 4);
+    mem = open_memstream(&text, &text_len);
+    loom_data_position_print(saved, size, mem);
+    fclose(mem);
+    CHECK(!strncmp(text, "  data      (the position is damaged: 4294967295 files and 3 readers in ",
+                   strlen("  data      (the position is damaged: 4294967295 files and 3 readers in ")));
+    free(text);
+    memcpy(saved + files_at, &kept_files, 4);
     free(saved);
     loom_dataset_close(&ds);
 }

@@ -24,6 +24,52 @@ static int failures;
 
 /* ------------------------------------------------------------ utilities */
 
+/* Every buffer a case allocates, freed after it (the sanitizer build checks
+ * for leaks): the references and checks below allocate freely. */
+static void **buffers;
+static size_t nbuffers, buffers_cap;
+
+static void *tracked(void *p)
+{
+    if (!p) {
+        fprintf(stderr, "test_kernels: out of memory\n");
+        exit(2);
+    }
+    if (nbuffers == buffers_cap) {
+        buffers_cap = buffers_cap ? 2 * buffers_cap : 256;
+        void **grown = realloc(buffers, buffers_cap * sizeof *grown);
+        if (!grown) {
+            fprintf(stderr, "test_kernels: out of memory\n");
+            exit(2);
+        }
+        buffers = grown;
+    }
+    buffers[nbuffers++] = p;
+    return p;
+}
+
+static void *test_malloc(size_t bytes) { return tracked(malloc(bytes ? bytes : 1)); }
+static void *test_calloc(size_t n, size_t size) { return tracked(calloc(n ? n : 1, size)); }
+
+static void test_free(void *p)
+{
+    for (size_t i = nbuffers; i-- > 0;)
+        if (buffers[i] == p) {
+            buffers[i] = buffers[--nbuffers];
+            break;
+        }
+    free(p);
+}
+
+static void free_buffers(void)
+{
+    for (size_t i = 0; i < nbuffers; i++)
+        free(buffers[i]);
+    free(buffers);
+    buffers = NULL;
+    nbuffers = buffers_cap = 0;
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static double uniform(double lo, double hi) /* splitmix64 */
@@ -37,7 +83,7 @@ static double uniform(double lo, double hi) /* splitmix64 */
 
 static float *randf(size_t n, double lo, double hi)
 {
-    float *x = malloc(n * sizeof *x);
+    float *x = test_malloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)uniform(lo, hi);
     return x;
@@ -45,20 +91,20 @@ static float *randf(size_t n, double lo, double hi)
 
 static float *copyf(const float *x, size_t n)
 {
-    float *y = malloc(n * sizeof *y);
+    float *y = test_malloc(n * sizeof *y);
     memcpy(y, x, n * sizeof *y);
     return y;
 }
 
 static double *to_double(const float *x, size_t n)
 {
-    double *y = malloc(n * sizeof *y);
+    double *y = test_malloc(n * sizeof *y);
     for (size_t i = 0; i < n; i++)
         y[i] = x[i];
     return y;
 }
 
-static double *zerod(size_t n) { return calloc(n, sizeof(double)); }
+static double *zerod(size_t n) { return test_calloc(n, sizeof(double)); }
 
 /* max |got - base - want| / max |want|; base (the gradient buffer's value
  * before the backward) may be NULL. */
@@ -149,7 +195,7 @@ static void encoder_case(const int *pos, const char *label)
     const int inp[B * T] = {3, 1, 3, 5, 0, 3, 2, 5};
     const size_t n = (size_t)B * T * C;
     float *wte = randf((size_t)V * C, -1, 1), *wpe = randf((size_t)MAXT * C, -1, 1);
-    float *w = randf(n, -1, 1), *out = malloc(n * sizeof(float));
+    float *w = randf(n, -1, 1), *out = test_malloc(n * sizeof(float));
     encoder_ctx c = {B, T, C, inp, pos, to_double(wte, (size_t)V * C),
                      to_double(wpe, (size_t)MAXT * C), to_double(w, n), zerod(n)};
     char what[96];
@@ -217,8 +263,8 @@ static void test_layernorm(void)
     const size_t n = (size_t)N * C;
     float *inp = randf(n, -2, 3), *weight = randf(C, 0.5, 1.5), *bias = randf(C, -0.5, 0.5);
     float *w = randf(n, -1, 1);
-    float *out = malloc(n * sizeof(float)), *mean = malloc(N * sizeof(float)),
-          *rstd = malloc(N * sizeof(float));
+    float *out = test_malloc(n * sizeof(float)), *mean = test_malloc(N * sizeof(float)),
+          *rstd = test_malloc(N * sizeof(float));
     layernorm_ctx c = {N, C, to_double(inp, n), to_double(weight, C), to_double(bias, C),
                        to_double(w, n), zerod(n), zerod(N), zerod(N)};
 
@@ -268,7 +314,7 @@ static double matmul_loss(void *ctx)
 static void matmul_forward_case(int N, int C, int OC, int threads)
 {
     float *inp = randf((size_t)N * C, -1, 1), *weight = randf((size_t)OC * C, -1, 1);
-    float *bias = randf(OC, -1, 1), *out = malloc((size_t)N * OC * sizeof(float));
+    float *bias = randf(OC, -1, 1), *out = test_malloc((size_t)N * OC * sizeof(float));
     matmul_ctx c = {N, C, OC, to_double(inp, (size_t)N * C), to_double(weight, (size_t)OC * C),
                     to_double(bias, OC), NULL, zerod((size_t)N * OC)};
     char what[96];
@@ -347,7 +393,7 @@ static double gelu_loss(void *ctx)
 static void test_gelu(void)
 {
     enum { N = 203 };
-    float *inp = randf(N, -4, 4), *w = randf(N, -1, 1), *out = malloc(N * sizeof(float));
+    float *inp = randf(N, -4, 4), *w = randf(N, -1, 1), *out = test_malloc(N * sizeof(float));
     gelu_ctx c = {N, to_double(inp, N), to_double(w, N), zerod(N)};
     loom_gelu_forward(out, inp, N);
     gelu_ref(&c);
@@ -361,8 +407,8 @@ static void test_gelu(void)
     /* Element by element over a wide range, tails included, against the
      * formula and its derivative in double. */
     enum { M = 4001 };
-    float *x = malloc(M * sizeof(float)), *y = malloc(M * sizeof(float));
-    float *ones = malloc(M * sizeof(float)), *slope = calloc(M, sizeof(float));
+    float *x = test_malloc(M * sizeof(float)), *y = test_malloc(M * sizeof(float));
+    float *ones = test_malloc(M * sizeof(float)), *slope = test_calloc(M, sizeof(float));
     for (int i = 0; i < M; i++) {
         x[i] = -20.0f + 40.0f * (float)i / (M - 1);
         ones[i] = 1.0f;
@@ -404,7 +450,7 @@ static void test_residual(void)
 {
     enum { N = 45 };
     float *a = randf(N, -1, 1), *b = randf(N, -1, 1), *w = randf(N, -1, 1);
-    float *out = malloc(N * sizeof(float));
+    float *out = test_malloc(N * sizeof(float));
     residual_ctx c = {N, to_double(a, N), to_double(b, N), to_double(w, N), zerod(N)};
     loom_residual_forward(out, a, b, N);
     residual_loss(&c);
@@ -458,8 +504,8 @@ static void softmax_wide_case(void)
     enum { N = 3, V = 203, Vp = 208 };
     const int targets[N] = {0, 100, 202};
     const size_t n = (size_t)N * Vp;
-    float *logits = randf(n, -120, 120), *probs = malloc(n * sizeof(float));
-    float *losses = malloc(N * sizeof(float));
+    float *logits = randf(n, -120, 120), *probs = test_malloc(n * sizeof(float));
+    float *losses = test_malloc(N * sizeof(float));
     softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), NULL, zerod(n), zerod(N)};
     loom_softmax_forward(probs, logits, N, V, Vp);
     loom_crossentropy_forward(losses, probs, targets, N, Vp);
@@ -487,7 +533,7 @@ static void test_softmax_crossentropy(void)
         for (int i = V; i < Vp; i++)
             logits[(size_t)r * Vp + i] = 1e4f;
     float *dlosses = randf(N, 0.1, 1.0);
-    float *probs = malloc(n * sizeof(float)), *losses = malloc(N * sizeof(float));
+    float *probs = test_malloc(n * sizeof(float)), *losses = test_malloc(N * sizeof(float));
     softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), to_double(dlosses, N), zerod(n),
                      zerod(N)};
 
@@ -534,7 +580,7 @@ static void attention_ref(attention_ctx *c)
 {
     const int C = c->NH * c->HS;
     const double scale = 1.0 / sqrt((double)c->HS);
-    double *s = malloc((size_t)c->tk * sizeof *s);
+    double *s = test_malloc((size_t)c->tk * sizeof *s);
     for (int b = 0; b < c->B; b++)
         for (int h = 0; h < c->NH; h++)
             for (int i = 0; i < c->tq; i++) {
@@ -572,7 +618,7 @@ static void attention_ref(attention_ctx *c)
                 }
                 *lse = m + log(sum);
             }
-    free(s);
+    test_free(s);
 }
 
 /* The analytic backward in double, with the whole probability row: for the
@@ -651,7 +697,7 @@ static void attention_fd_case(const char *label, int B, int NH, int HS, int tq, 
     const size_t nq = (size_t)B * tq * C, nk = (size_t)B * tk * C, nl = (size_t)B * NH * tq;
     float *q = randf(nq, -1.5, 1.5), *k = randf(nk, -1.5, 1.5), *v = randf(nk, -1, 1);
     float *w = randf(nq, -1, 1);
-    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    float *out = test_malloc(nq * sizeof(float)), *lse = test_malloc(nl * sizeof(float));
     attention_ctx c = {B, NH, HS, tq, tk, q_pos, k_pos, to_double(q, nq), to_double(k, nk),
                        to_double(v, nk), to_double(w, nq), zerod(nq), zerod(nl)};
     char what[128];
@@ -678,7 +724,7 @@ static void attention_fd_case(const char *label, int B, int NH, int HS, int tq, 
     double *g = zerod(nq > nk ? nq : nk);
     double *rq = zerod(nq), *rk = zerod(nk), *rv = zerod(nk);
     attention_ref_backward(&c, c.w, rq, rk, rv);
-    float *zq = calloc(nq, sizeof(float)), *zk = calloc(nk, sizeof(float));
+    float *zq = test_calloc(nq, sizeof(float)), *zk = test_calloc(nk, sizeof(float));
     for (size_t i = 0; i < nq; i++)
         zq[i] = (float)rq[i];
     fd_grad(attention_loss, &c, c.q, nq, g);
@@ -711,7 +757,7 @@ static void attention_large_case(const char *label, int B, int NH, int HS, int t
     const size_t nq = (size_t)B * tq * C, nk = (size_t)B * tk * C, nl = (size_t)B * NH * tq;
     float *q = randf(nq, -1.5, 1.5), *k = randf(nk, -1.5, 1.5), *v = randf(nk, -1, 1);
     float *w = randf(nq, -1, 1);
-    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    float *out = test_malloc(nq * sizeof(float)), *lse = test_malloc(nl * sizeof(float));
     attention_ctx c = {B, NH, HS, tq, tk, q_pos, k_pos, to_double(q, nq), to_double(k, nk),
                        to_double(v, nk), to_double(w, nq), zerod(nq), zerod(nl)};
     char what[128];
@@ -761,7 +807,7 @@ static void test_attention(void)
     /* rank 0 of 2 in zigzag over T=600 (chunks 0 and 3 of 4 of 150, so one
      * query tile holds both), all keys in an order that wraps around */
     enum { ZT = 600, ZQ = 300 };
-    int *zzq = malloc(ZQ * sizeof(int)), *zzk = malloc(ZT * sizeof(int));
+    int *zzq = test_malloc(ZQ * sizeof(int)), *zzk = test_malloc(ZT * sizeof(int));
     for (int i = 0; i < ZQ; i++)
         zzq[i] = i < 150 ? i : 300 + i;
     for (int j = 0; j < ZT; j++)
@@ -774,7 +820,7 @@ static void test_attention(void)
 /* Keys [j0, j1) of every batch row of a (B, tk, C) buffer, as (B, j1-j0, C). */
 static void *key_slice(const void *src, size_t es, int B, int tk, int C, int j0, int j1)
 {
-    char *dst = malloc((size_t)B * (j1 - j0) * C * es);
+    char *dst = test_malloc((size_t)B * (j1 - j0) * C * es);
     for (int b = 0; b < B; b++)
         memcpy(dst + (size_t)b * (j1 - j0) * C * es,
                (const char *)src + ((size_t)b * tk + j0) * C * es, (size_t)(j1 - j0) * C * es);
@@ -808,8 +854,8 @@ static attn_result run_blocks(const attn_problem *p, const int *bounds, int nb)
     const int C = p->NH * p->HS;
     const size_t es = loom_dtype_size(p->dtype);
     const size_t nq = (size_t)p->B * p->tq * C, nk = (size_t)p->B * p->tk * C;
-    attn_result r = {malloc(nq * es), calloc(nq, es), calloc(nk, es), calloc(nk, es),
-                     malloc((size_t)p->B * p->NH * p->tq * sizeof(float))};
+    attn_result r = {test_malloc(nq * es), test_calloc(nq, es), test_calloc(nk, es), test_calloc(nk, es),
+                     test_malloc((size_t)p->B * p->NH * p->tq * sizeof(float))};
     /* a first block must overwrite whatever is there, NaN included */
     memset(r.out, 0xff, nq * es);
     memset(r.lse, 0xff, (size_t)p->B * p->NH * p->tq * sizeof(float));
@@ -820,8 +866,8 @@ static attn_result run_blocks(const attn_problem *p, const int *bounds, int nb)
         loom_attention_kernels_cpu.block_forward(p->q, p->q_pos, p->tq, kb, vb, p->k_pos + j0,
                                                  j1 - j0, p->B, p->NH, p->HS, p->dtype, r.out,
                                                  r.lse, blk == 0);
-        free(kb);
-        free(vb);
+        test_free(kb);
+        test_free(vb);
     }
     for (int blk = 0; blk < nb; blk++) {
         int j0 = bounds[blk], j1 = bounds[blk + 1];
@@ -834,17 +880,17 @@ static attn_result run_blocks(const attn_problem *p, const int *bounds, int nb)
                                                   p->dout, r.lse, r.dq, dkb, dvb);
         key_unslice(r.dk, dkb, es, p->B, p->tk, C, j0, j1);
         key_unslice(r.dv, dvb, es, p->B, p->tk, C, j0, j1);
-        free(kb);
-        free(vb);
-        free(dkb);
-        free(dvb);
+        test_free(kb);
+        test_free(vb);
+        test_free(dkb);
+        test_free(dvb);
     }
     return r;
 }
 
 static float *as_f32(const void *x, loom_dtype dt, size_t n)
 {
-    float *y = malloc(n * sizeof *y);
+    float *y = test_malloc(n * sizeof *y);
     loom_convert(y, LOOM_F32, x, dt, n);
     return y;
 }
@@ -853,7 +899,7 @@ static double rel_err_f(const float *got, const float *want, size_t n)
 {
     double *w = to_double(want, n);
     double e = rel_err(got, NULL, w, n);
-    free(w);
+    test_free(w);
     return e;
 }
 
@@ -861,7 +907,7 @@ static double lse_err_f(const float *got, const float *want, size_t n)
 {
     double *w = to_double(want, n);
     double e = lse_err(got, w, n);
-    free(w);
+    test_free(w);
     return e;
 }
 
@@ -897,11 +943,11 @@ static void compare_results(const char *label, const attn_problem *p, attn_resul
     check_true(what, all_finite_or_neg_inf(o, nq) && all_finite_or_neg_inf(got.lse, nl) &&
                          all_finite_or_neg_inf(dq, nq) && all_finite_or_neg_inf(dk, nk) &&
                          all_finite_or_neg_inf(dv, nk));
-    free(o);
-    free(dq);
-    free(dk);
-    free(dv);
-    free(wo);
+    test_free(o);
+    test_free(dq);
+    test_free(dk);
+    test_free(dv);
+    test_free(wo);
 }
 
 static void test_attention_blocks(void)
@@ -937,7 +983,7 @@ static void test_attention_blocks(void)
             /* keys reordered so the first block is 9, 10, 11 (invisible to
              * queries 0..2 and the blind one) */
             static const int k_pos_late[TK] = {9, 10, 11, 3, 4, 5, 0, 1, 2, 6, 7, 8};
-            float *k2 = malloc(nk * sizeof(float)), *v2 = malloc(nk * sizeof(float));
+            float *k2 = test_malloc(nk * sizeof(float)), *v2 = test_malloc(nk * sizeof(float));
             for (int b = 0; b < B; b++) /* same keys, permuted rows: 6..8 then 0..5 then 9..11 */
                 for (int j = 0; j < TK; j++) {
                     static const int from[TK] = {6, 7, 8, 0, 1, 2, 3, 4, 5, 9, 10, 11};
@@ -984,8 +1030,8 @@ static void test_attention_lowp(loom_dtype dt)
     attn_result ref = run_blocks(&p32, one, 1);
 
     const size_t es = loom_dtype_size(dt);
-    void *q16 = malloc(n * es), *k16 = malloc(n * es), *v16 = malloc(n * es),
-         *d16 = malloc(n * es);
+    void *q16 = test_malloc(n * es), *k16 = test_malloc(n * es), *v16 = test_malloc(n * es),
+         *d16 = test_malloc(n * es);
     loom_convert(q16, dt, q, LOOM_F32, n);
     loom_convert(k16, dt, k, LOOM_F32, n);
     loom_convert(v16, dt, v, LOOM_F32, n);
@@ -1017,8 +1063,8 @@ static void test_convert(void)
     x[7] = -INFINITY;
     x[8] = -NAN;
     x[9] = 3.4028235e38f;         /* FLT_MAX rounds up to inf in bf16 */
-    uint16_t *b = malloc(N * 2), *h = malloc(N * 2), *bh = malloc(N * 2), *hb = malloc(N * 2);
-    float *back = malloc(N * sizeof(float));
+    uint16_t *b = test_malloc(N * 2), *h = test_malloc(N * 2), *bh = test_malloc(N * 2), *hb = test_malloc(N * 2);
+    float *back = test_malloc(N * sizeof(float));
     int ok_b = 1, ok_h = 1, ok_bh = 1, ok_hb = 1, ok_back = 1;
     loom_convert(b, LOOM_BF16, x, LOOM_F32, N);
     loom_convert(h, LOOM_F16, x, LOOM_F32, N);
@@ -1047,7 +1093,7 @@ static void test_convert(void)
     for (int i = 0; i < N; i++)
         ok_back &= same_bits(back[i], loom_f16_to_f32(h[i]));
     check_true("convert bf16/f16 -> f32", ok_back);
-    float *same = malloc(N * sizeof(float));
+    float *same = test_malloc(N * sizeof(float));
     loom_convert(same, LOOM_F32, x, LOOM_F32, N);
     check_true("convert f32 -> f32 copies", memcmp(same, x, N * sizeof(float)) == 0);
 }
@@ -1080,6 +1126,7 @@ int main(int argc, char **argv)
             continue;
         printf("== %s\n", cases[i].name);
         cases[i].run();
+        free_buffers();
         ran++;
     }
     if (!ran) {

@@ -54,6 +54,16 @@ ok)
     expect_rc 0
     [ -s err ] && fail "unexpected stderr"
     ;;
+silent_rank)
+    # Rank 1 prints nothing at all, rank 0 nothing on stderr: streams that
+    # end empty pass on nothing (and, under scripts/sanitize.sh, touch no
+    # NULL line buffer).
+    "$LOOM" launch -n 2 -- sh -c '[ "$LOOM_RANK" = 0 ] && echo "only rank 0"; exit 0' >out 2>err
+    rc=$?
+    expect_rc 0
+    [ "$(cat out)" = "[0] only rank 0" ] || fail "want exactly rank 0's line on stdout"
+    [ -s err ] && fail "unexpected stderr"
+    ;;
 exit3)
     "$LOOM" launch -n 4 -- sh -c 'if [ "$LOOM_RANK" = 2 ]; then echo "rank 2 fails"; exit 3; fi; sleep 30' >out 2>err
     rc=$?
