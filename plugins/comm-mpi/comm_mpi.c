@@ -126,7 +126,7 @@ typedef struct mpi_process {
     int nhalf_ops;        /* how many of half_ops exist (they are filled in order) */
     int half_type_ok;
     pid_t server;         /* ompi-server, a child of rank 0 */
-    char server_dir[64];
+    char server_dir[PATH_MAX];
 } mpi_process;
 
 static mpi_process proc = {.lock = PTHREAD_MUTEX_INITIALIZER, .base = MPI_COMM_NULL};
@@ -321,7 +321,7 @@ static void server_stop(void)
         proc.server = 0;
     }
     if (proc.server_dir[0]) {
-        char f[128];
+        char f[PATH_MAX + 8];
         snprintf(f, sizeof f, "%s/uri", proc.server_dir);
         unlink(f);
         snprintf(f, sizeof f, "%s/log", proc.server_dir);
@@ -388,20 +388,25 @@ static int choose_interface(const loom_host *host, mpi_settings_t *s)
  * world from a thread that lives as long as the job). Returns its URI. */
 static int server_start(const loom_host *host, const mpi_settings_t *s, char *uri, size_t cap)
 {
-    char path[PATH_MAX], urifile[128], logfile[128];
+    char path[PATH_MAX], urifile[PATH_MAX + 8], logfile[PATH_MAX + 8];
     if (!find_program(s->ompi_server, path, sizeof path))
         return host->error(host, LOOM_ERR_NOT_FOUND,
                            "comm-mpi: ranks started without mpirun are joined through ompi-server, "
                            "but '%s' was not found on PATH (Debian: apt-get install openmpi-bin; or "
                            "set comm.mpi.ompi_server, or run the job under mpirun)",
                            s->ompi_server);
-    snprintf(proc.server_dir, sizeof proc.server_dir, "/tmp/loom-mpi-XXXXXX");
+    /* under loom launch TMPDIR is the job's own folder, removed at its end
+     * whatever became of the ranks */
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0])
+        tmp = "/tmp";
+    snprintf(proc.server_dir, sizeof proc.server_dir, "%.*s/loom-mpi-XXXXXX", PATH_MAX - 32, tmp);
     if (!mkdtemp(proc.server_dir)) {
         int e = errno;
         proc.server_dir[0] = '\0';
         return host->error(host, LOOM_ERR_INTERNAL,
-                           "comm-mpi: cannot create a directory for ompi-server in /tmp: %s",
-                           strerror(e));
+                           "comm-mpi: cannot create a directory for ompi-server in %s (TMPDIR): %s",
+                           tmp, strerror(e));
     }
     snprintf(urifile, sizeof urifile, "%s/uri", proc.server_dir);
     snprintf(logfile, sizeof logfile, "%s/log", proc.server_dir);

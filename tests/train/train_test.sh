@@ -196,6 +196,29 @@ fp16_average)
         [ "$got" -le "$want" ] || { grep skipped $r.log; echo "$TEST: $r skipped $got steps, 1 rank $want"; exit 1; }
         compare one $r 1e-4
     done ;;
+ompi_server_tmpdir)
+    # ompi-server's folder goes under TMPDIR (loom launch makes that the
+    # job's own folder, removed at the end whatever became of the ranks),
+    # not in /tmp, where every job stopped at its start left one
+    mkdir t
+    printf '#!/bin/sh\nexec sleep 60\n' > hang.sh
+    chmod +x hang.sh
+    ls -d /tmp/loom-mpi-* > before.txt 2>/dev/null || true
+    TMPDIR="$TMP/t" "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set parallel.dp.size=2 --set comm.mpi.ompi_server="$TMP/hang.sh" > hang.log 2>&1 &
+    pid=$!
+    for i in $(seq 1 200); do
+        ls -d t/loom-launch-*/loom-mpi-* > /dev/null 2>&1 && break
+        sleep 0.05
+    done
+    ls -d t/loom-launch-*/loom-mpi-* > /dev/null 2>&1 ||
+        { kill $pid; cat hang.log; echo "$TEST: no ompi-server folder under TMPDIR"; exit 1; }
+    kill -TERM $pid
+    wait $pid || true
+    [ -z "$(ls -A t)" ] || { ls -R t; echo "$TEST: files left in TMPDIR"; exit 1; }
+    ls -d /tmp/loom-mpi-* > after.txt 2>/dev/null || true
+    cmp -s before.txt after.txt || { diff before.txt after.txt; echo "$TEST: a loom-mpi folder left in /tmp"; exit 1; }
+    echo "ompi-server's folder under TMPDIR, removed with the job" ;;
 *)
     echo "train_test: unknown case $CASE"; exit 2 ;;
 esac
