@@ -74,10 +74,30 @@ void divide_elements(void *buf, size_t n, loom_dtype t, int by)
     }
 }
 
-loom_redop average_in_range(void *buf, size_t n, loom_dtype t, int ranks)
+int average_prescale(loom_dtype t, int ranks)
 {
-    if (t != LOOM_F16 || ranks <= 1)
+    int by = 1;
+    while (t == LOOM_F16 && by < ranks)
+        by *= 2;
+    return by;
+}
+
+loom_redop average_begin(void *buf, size_t n, loom_dtype t, int ranks)
+{
+    int by = average_prescale(t, ranks);
+    if (by == 1)
         return LOOM_AVG;
-    divide_elements(buf, n, t, ranks);
+    uint16_t *x = buf;
+    for (size_t i = 0; i < n; i++) /* exact: a power of two */
+        x[i] = loom_f32_to_f16(loom_f16_to_f32(x[i]) / (float)by);
     return LOOM_SUM;
+}
+
+void average_end(void *buf, size_t n, loom_dtype t, int prescaled, int ranks)
+{
+    if (t != LOOM_F16 || prescaled == 1)
+        return;
+    uint16_t *x = buf;
+    for (size_t i = 0; i < n; i++)
+        x[i] = loom_f32_to_f16(loom_f16_to_f32(x[i]) * (float)prescaled / (float)ranks);
 }

@@ -20,12 +20,23 @@ void reduce_elements(void *dst, const void *a, const void *b, size_t n, loom_dty
  * through f32), integers truncating toward zero as C division does. */
 void divide_elements(void *buf, size_t n, loom_dtype t, int by);
 
-/* The reduction that averages buf (n elements of t, in place) over `ranks`
- * ranks without overflowing. An f16 sum of every rank's gradient can pass
- * 65504 where each of them is in range (fp16 loss scaling keeps gradients
- * near the top of the range), so f16 is divided first and then summed, as
- * NCCL's average does: returns LOOM_SUM after dividing. Any other type
- * returns LOOM_AVG with buf untouched. */
-loom_redop average_in_range(void *buf, size_t n, loom_dtype t, int ranks);
+/* Averages that cannot overflow. An f16 sum of every rank's gradient can
+ * pass 65504 where each of them is in range (fp16 loss scaling keeps
+ * gradients near the top of the range), so f16 is scaled down before the
+ * sum by a power of two at least the number of ranks (exact, and the sum
+ * of the scaled values is in range), summed, and then scaled by
+ * prescale / ranks in f32, one rounding as an average's: divided first as
+ * PyTorch's DDP does, without its extra rounding at odd rank counts.
+ *
+ * average_prescale: that power of two for t (1 for any other type).
+ * average_begin: the reduction to post on buf (n elements of t, scaled in
+ *   place): LOOM_SUM after scaling f16, else LOOM_AVG (LOOM_SUM for one
+ *   rank, which needs no division).
+ * average_end: on the reduced result, `prescaled` being the product of
+ *   the prescales of every reduction it went through and `ranks` of their
+ *   ranks; nothing for any other type. */
+int average_prescale(loom_dtype t, int ranks);
+loom_redop average_begin(void *buf, size_t n, loom_dtype t, int ranks);
+void average_end(void *buf, size_t n, loom_dtype t, int prescaled, int ranks);
 
 #endif

@@ -85,6 +85,8 @@ static void bucket_completed(loom_strategy *s, int b)
     ddp_bucket *bk = &s->buckets[b];
     bk->done = 1;
     bk->req = NULL;
+    average_end((char *)s->grads + bk->offset * s->esize, bk->count, s->dtype,
+                average_prescale(s->dtype, s->dp_size), s->dp_size);
     char name[48];
     snprintf(name, sizeof name, "ddp bucket %d", b);
     s->host->trace(s->host, LOOM_LANE_COMM, name, bk->start_ns, s->host->now_ns(),
@@ -97,7 +99,7 @@ static int post_bucket(loom_strategy *s, int b)
     void *range = (char *)s->grads + bk->offset * s->esize;
     bk->start_ns = s->host->now_ns();
     bk->posted = 1;
-    loom_redop average = average_in_range(range, bk->count, s->dtype, s->dp_size);
+    loom_redop average = average_begin(range, bk->count, s->dtype, s->dp_size);
     int rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, average, &bk->req);
     if (rc != LOOM_OK) { /* the comm layer's detail names the op and the group */
         bk->req = NULL;

@@ -403,7 +403,7 @@ static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
 {
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    loom_redop average = average_in_range(z->grads, z->padded, s->dtype, s->shard_size);
+    loom_redop average = average_begin(z->grads, z->padded, s->dtype, s->shard_size);
     int rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
                                           average, &req);
     return track(s, z, &z->reduce, "reducescatter", z->padded, rc, req);
@@ -425,14 +425,25 @@ static int post_average(loom_strategy *s, zero_unit *z)
     z->averaging = 1;
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    loom_redop average = average_in_range(s->recv, z->shard, s->dtype,
-                                          s->host->comm->size(s->replica));
+    loom_redop average = average_begin(s->recv, z->shard, s->dtype,
+                                       s->host->comm->size(s->replica));
     int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, average,
                                       &req);
     return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
 }
 
 /* ---------------------------------------------- zero2/3 gradient shards */
+
+/* A reduced gradient shard (in the compute dtype) becomes the average over
+ * the dp group: after the reduce-scatter, and the replicas' all-reduce under
+ * HSDP, each begun by average_begin. */
+static void average_shard_end(loom_strategy *s, void *shard, size_t n)
+{
+    int replicas = s->replica ? s->host->comm->size(s->replica) : 1;
+    average_end(shard, n, s->dtype,
+                average_prescale(s->dtype, s->shard_size) * average_prescale(s->dtype, replicas),
+                s->shard_size * replicas);
+}
 
 /* The one reduce-scatter in flight completes: its result joins the owned
  * shard and the unit's full gradients are freed. */
@@ -447,6 +458,7 @@ static int finish_reduce(loom_strategy *s)
     if (rc != LOOM_OK)
         return rc;
     z->averaging = 0;
+    average_shard_end(s, s->recv, z->shard);
     void *owned = NULL;
     if ((rc = get_grad_shard(s, z, &owned)) != LOOM_OK)
         return rc;
@@ -1060,6 +1072,8 @@ static int zero_data_finish_backward(loom_strategy *s)
         rc = quiesce(s);
     if (rc != LOOM_OK)
         return rc;
+    for (int i = 0; zero_stage == 1 && i < s->nunits; i++)
+        average_shard_end(s, at(s->reduced, s->zu[i].shard_off, s->esize), s->zu[i].shard);
     reset_step(s);
     return LOOM_OK;
 }

@@ -6,7 +6,7 @@
 
 #include "../../plugins/common/reduce.h"
 
-/* ddp asks average_in_range which reduction averages its bucket: this one
+/* ddp asks average_begin which reduction averages its bucket: this one
  * answers "sum", untouched. */
 static loom_redop sum_instead(void *buf, size_t n, loom_dtype t, int ranks)
 {
@@ -16,5 +16,5 @@ static loom_redop sum_instead(void *buf, size_t n, loom_dtype t, int ranks)
 
 /* After the headers, so only ddp's own uses change. */
 #define LOOM_AVG LOOM_SUM
-#define average_in_range sum_instead
+#define average_begin sum_instead
 #include "../../plugins/strategy/ddp.c"
