@@ -140,5 +140,12 @@ PY
     echo "is in no step."
     echo
     cat "$TMP/tables.md"
+    echo
+    echo "Where the async cost goes: the training thread only copies the state into"
+    echo "the snapshot (the step after a checkpoint); the writer thread then moves"
+    echo "the $snapshot through the page cache with its CRC32C and fsyncs it, taking"
+    echo "CPU time the steps trained meanwhile would have had. On this machine every"
+    echo "core is already busy (the load average above), so those steps run slower"
+    echo "and most of the cost stays; with a core to spare it falls toward the copy."
 } > "$OUT"
 echo "wrote $OUT"
