@@ -158,6 +158,9 @@ static const schema_entry schema[] = {
       "at a time (loom.lock)"),
     S("train.keep_checkpoints", V_INT, "0", .lo = 0, .flags = GE,
       .help = "keep the last N checkpoints, remove older ones (0 = keep all)"),
+    S("train.checkpoint_async", V_BOOL, "false",
+      .help = "write each checkpoint from a thread while training goes on: the state is copied "
+      "to host memory at the checkpoint step, and the checkpoint is in place a few steps later"),
     S("train.sample_every", V_INT, "0", .lo = 0, .flags = GE,
       .help = "print a greedy sample of the model every N steps (0 = never)"),
     S("train.sample_tokens", V_INT, "32", .lo = 1, .flags = GE,
@@ -877,6 +880,10 @@ static int check_relations(const loom_config *cfg)
         return fail_rel(cfg, "train.keep_checkpoints", "train.checkpoint_every",
                         "does nothing without checkpoints; set train.checkpoint_every = N, or "
                         "remove train.keep_checkpoints");
+    if (checkpoint_every == 0 && loom_config_is_set(cfg, "train.checkpoint_async"))
+        return fail_rel(cfg, "train.checkpoint_async", "train.checkpoint_every",
+                        "does nothing without checkpoints; set train.checkpoint_every = N, or "
+                        "remove train.checkpoint_async");
 
     int64_t sample_every = 0;
     loom_config_int(cfg, "train.sample_every", &sample_every);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -16,6 +18,7 @@
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 #include "train/ckpt.h"
 #include "train/trainer.h"
 
@@ -42,8 +45,10 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
  * it went: an all-reduce of the first failing rank over the world, whose
  * reason the others read from the bootstrap store. So no rank waits out
  * comm.timeout_s on one that gave up, and every rank fails with one line
- * naming the rank and its reason. failed: "failed the checkpoint DIR". */
-static int agree(trainer *t, const char *failed, int rc)
+ * naming the rank and its reason. failed: "failed the checkpoint DIR".
+ * With ready, the same all-reduce also tells whether *ready holds on every
+ * rank (an async checkpoint: every rank's write has ended). */
+static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
 {
     if (t->world == 1)
         return rc;
@@ -55,11 +60,15 @@ static int agree(trainer *t, const char *failed, int rc)
         snprintf(key, sizeof key, "ckpt/agree/%lld/%d", (long long)round, t->rank);
         loom_store_put(store, key, reason, strlen(reason) + 1);
     }
-    double first = rc == LOOM_OK ? (double)t->world : (double)t->rank;
-    int comm_rc = trainer_group_allreduce(t->mesh->world, &first, 1, LOOM_F64, LOOM_MIN);
+    /* the first failing rank, and whether every rank is ready (ready) */
+    double agreed[2] = {rc == LOOM_OK ? (double)t->world : (double)t->rank, ready && *ready};
+    int comm_rc = trainer_group_allreduce(t->mesh->world, agreed, ready ? 2 : 1, LOOM_F64,
+                                          LOOM_MIN);
     if (comm_rc != LOOM_OK)
         return comm_rc;
-    int rank = (int)first;
+    if (ready)
+        *ready = agreed[1] > 0;
+    int rank = (int)agreed[0];
     if (rank >= t->world)
         return LOOM_OK;
     if (rank != t->rank) {
@@ -71,6 +80,11 @@ static int agree(trainer *t, const char *failed, int rc)
         reason[sizeof reason - 1] = '\0';
     }
     return loom_fail(rc != LOOM_OK ? rc : LOOM_ERR_REMOTE, "rank %d %s: %s", rank, failed, reason);
+}
+
+static int agree(trainer *t, const char *failed, int rc)
+{
+    return agree_ready(t, failed, rc, NULL);
 }
 
 int trainer_choose_run_id(trainer *t)
@@ -90,17 +104,39 @@ int trainer_choose_run_id(trainer *t)
     return LOOM_OK;
 }
 
-/* What this rank writes of one unit: the range the data strategy owns, or,
- * for a strategy that replicates the state, the whole unit on dp rank 0.
- * write = 0 after a failure: data_get_state is still called, being
- * collective, so that no other rank waits for this one. */
-static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *buf, int write)
+/* ---- what a rank writes of a checkpoint: a snapshot, then its shard file ---- */
+
+/* One record of a shard file: elements [begin, begin + count) of tp rank
+ * tp_rank's flat buffer of a unit; its params, m and v lie one after the
+ * other at offset (floats) in the snapshot's data. */
+typedef struct ckpt_record {
+    int unit, tp_rank;
+    size_t begin, count, offset;
+} ckpt_record;
+
+/* The records of this rank's shard file, copied out of the strategy at the
+ * checkpoint step. A synchronous checkpoint holds one unit at a time and
+ * writes it at once; train.checkpoint_async holds them all while the
+ * writer thread writes them. */
+typedef struct ckpt_snapshot {
+    float *data;
+    size_t capacity, used; /* floats */
+    ckpt_record *records;
+    int nrecords;
+} ckpt_snapshot;
+
+/* Copies what this rank writes of unit i into the snapshot: a record, or
+ * nothing when another rank writes it. ok = 0 after a failure:
+ * data_get_state is still called, being collective, so that no other rank
+ * waits for this one. */
+static int snapshot_unit(trainer *t, ckpt_snapshot *s, int i, int ok)
 {
     loom_unit *u = dp_unit(t, i);
     int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
     size_t n = u->numel, begin = 0, count = n;
+    float *buf = s->data + s->used;
     if (t->dp->data_get_shard) {
-        if (!write)
+        if (!ok)
             return LOOM_OK;
         if ((rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL)) !=
             LOOM_OK)
@@ -109,17 +145,73 @@ static int save_unit_shard(trainer *t, loom_ckpt_shard_writer *w, int i, float *
             return loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_get_shard gave %s the range "
                              "%zu+%zu of %zu elements", t->dp_plugin->header->name, u->name,
                              begin, count, n);
+        if (s->used + 3 * count > s->capacity)
+            return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: strategy %s gave %s %zu elements, "
+                             "more than it had at the start (the snapshot holds %zu floats)",
+                             t->dp_plugin->header->name, u->name, count, s->capacity);
         rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, buf, buf + count,
                                    buf + 2 * count);
     } else {
+        if (s->used + 3 * n > s->capacity)
+            return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: the snapshot of %zu floats has no "
+                             "room for %s", s->capacity, u->name);
         /* data_get_state is collective on the dp group: every rank calls it */
         rc = t->dp->data_get_state(t->strategy, u, buf, buf + n, buf + 2 * n);
         if (t->mesh->coords[LOOM_AXIS_DP] != 0)
             return rc;
     }
-    if (rc != LOOM_OK || count == 0 || !write) /* owns nothing of it: another rank writes it */
+    if (rc != LOOM_OK || count == 0 || !ok) /* owns nothing of it: another rank writes it */
         return rc;
-    return loom_ckpt_shard_put(w, i, tp_rank, begin, count, buf, buf + count, buf + 2 * count);
+    s->records[s->nrecords++] = (ckpt_record){i, tp_rank, begin, count, s->used};
+    s->used += 3 * count;
+    return LOOM_OK;
+}
+
+/* Floats a snapshot of every unit needs on this rank (all: the records
+ * kept, and room for the last call); only the ranges are asked, no state
+ * is copied. */
+static int snapshot_floats(trainer *t, size_t *floats)
+{
+    size_t kept = 0, room = 0;
+    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; writes && i < t->nunits; i++) {
+        if (!holds(t, i))
+            continue;
+        loom_unit *u = dp_unit(t, i);
+        size_t begin = 0, count = u->numel, call = u->numel;
+        if (t->dp->data_get_shard) {
+            int rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL);
+            if (rc != LOOM_OK)
+                return rc;
+            call = count;
+        } else if (t->mesh->coords[LOOM_AXIS_DP] != 0) {
+            count = 0;
+        }
+        room = kept + 3 * call > room ? kept + 3 * call : room;
+        kept += 3 * count;
+    }
+    *floats = room;
+    return LOOM_OK;
+}
+
+/* The snapshot's records to the shard file: the one writer, run by the
+ * training thread (synchronous) or by the writer thread (async). stop:
+ * when it becomes non-zero, the write gives up between records. */
+static int write_records(loom_ckpt_shard_writer *w, const ckpt_snapshot *s,
+                         const atomic_int *stop)
+{
+    for (int r = 0; r < s->nrecords; r++) {
+        if (stop && atomic_load(stop))
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint: the write of %s was abandoned",
+                             w->file.path);
+        const ckpt_record *rec = &s->records[r];
+        const float *p = s->data + rec->offset;
+        int rc = loom_ckpt_shard_put(w, rec->unit, rec->tp_rank, rec->begin, rec->count, p,
+                                     p + rec->count, p + 2 * rec->count);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
 }
 
 /* A directory some job left behind (PATH.tmp of an unfinished checkpoint,
@@ -195,77 +287,122 @@ static void remove_failed(const char *tmp)
     loom_fail(LOOM_ERR_INVALID, "%s", reason);
 }
 
-/* A sharded checkpoint (ckpt.h): every rank writes its own state into
- * DIR.tmp, then rank 0 adds meta.loom and moves it into place, so DIR is
- * always a whole checkpoint. Ranks that repeat another's state (the
- * sequence axis) write an empty shard file. After each phase the ranks
- * agree (agree()), so a failure on any rank fails every rank at once; a
- * failed checkpoint leaves no DIR.tmp behind. */
-int trainer_save_sharded(trainer *t, const char *dir)
+/* One checkpoint being saved, and what its end needs, taken at the
+ * checkpoint step: on rank 0 the header, as training stood then. */
+typedef struct ckpt_save {
+    char dir[4200], tmp[4200], failed[4300];
+    int64_t step;
+    loom_ckpt_header header; /* rank 0 */
+} ckpt_save;
+
+static void end_save(ckpt_save *s)
+{
+    free((void *)(uintptr_t)s->header.data_position);
+    s->header.data_position = NULL;
+}
+
+/* The first phase of every checkpoint: rank 0 makes DIR.tmp (removing a
+ * stale one) and notes where training stands; the ranks agree. */
+static int begin_save(trainer *t, ckpt_save *s, const char *dir)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->dir, sizeof s->dir, "%.4000s", dir);
+    snprintf(s->tmp, sizeof s->tmp, "%.4000s.tmp", dir);
+    snprintf(s->failed, sizeof s->failed, "failed the checkpoint %.4000s", dir);
+    s->step = t->step;
+    int rc = LOOM_OK;
+    if (t->rank == 0 && (rc = fill_header(t, &s->header)) == LOOM_OK &&
+        (rc = remove_leftover(t, s->tmp)) == LOOM_OK && mkdir(s->tmp, 0777) != 0)
+        rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", s->tmp,
+                       strerror(errno));
+    if ((rc = agree(t, s->failed, rc)) != LOOM_OK)
+        end_save(s);
+    return rc;
+}
+
+/* After every rank's shard file has ended (rc: how this rank's went): the
+ * ranks agree; rank 0 adds meta.loom and moves DIR.tmp into place, and the
+ * ranks agree again. A failed checkpoint leaves no DIR.tmp behind. */
+static int finish_save(trainer *t, const ckpt_save *s, int rc)
+{
+    if ((rc = agree(t, s->failed, rc)) != LOOM_OK) {
+        if (t->rank == 0)
+            remove_failed(s->tmp);
+        return rc;
+    }
+    if (t->rank == 0) {
+        const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
+        for (int i = 0; shards && i < t->nunits; i++)
+            shards[i] = t->tp_shards ? t->tp_shards[i] : loom_model_shards(t->model, i);
+        rc = shards ? loom_ckpt_write_meta(s->tmp, &s->header, t->mesh->sizes[LOOM_AXIS_TP],
+                                           t->world, t->dp_plugin->header->name, t->units, shards)
+                    : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        free(shards);
+        if (rc == LOOM_OK)
+            rc = install(t, s->tmp, s->dir);
+        if (rc != LOOM_OK)
+            remove_failed(s->tmp);
+    }
+    return agree(t, s->failed, rc);
+}
+
+static int can_save(const trainer *t)
 {
     if (!t->dp->data_get_shard && !t->dp->data_get_state)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s can save no checkpoint (it "
                          "implements neither data_get_shard nor data_get_state)",
                          t->dp_plugin->header->name);
-    char tmp[4200], failed[4200];
-    snprintf(tmp, sizeof tmp, "%.4000s.tmp", dir);
-    snprintf(failed, sizeof failed, "failed the checkpoint %.4000s", dir);
-    int rc = LOOM_OK;
-    if (t->rank == 0 && (rc = remove_leftover(t, tmp)) == LOOM_OK && mkdir(tmp, 0777) != 0)
-        rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", tmp,
-                       strerror(errno));
-    if ((rc = agree(t, failed, rc)) != LOOM_OK)
-        return rc;
+    return LOOM_OK;
+}
 
+/* A sharded checkpoint (ckpt.h): every rank writes its own state into
+ * DIR.tmp, then rank 0 adds meta.loom and moves it into place, so DIR is
+ * always a whole checkpoint. Ranks that repeat another's state (the
+ * sequence axis) write an empty shard file. After each phase the ranks
+ * agree (agree()), so a failure on any rank fails every rank at once; a
+ * failed checkpoint leaves no DIR.tmp behind. Here the snapshot holds one
+ * unit at a time, written at once. */
+int trainer_save_sharded(trainer *t, const char *dir)
+{
+    int rc = can_save(t);
+    if (rc != LOOM_OK)
+        return rc;
+    ckpt_save s;
+    if ((rc = begin_save(t, &s, dir)) != LOOM_OK)
+        return rc;
     size_t biggest = 0;
     for (int i = 0; i < t->nunits; i++)
         biggest = t->units[i].numel > biggest ? t->units[i].numel : biggest;
-    float *buf = malloc(3 * biggest * sizeof(float) + 1);
+    ckpt_record record;
+    ckpt_snapshot snap = {malloc(3 * biggest * sizeof(float) + 1), 3 * biggest, 0, &record, 0};
     loom_ckpt_shard_writer w;
     memset(&w, 0, sizeof w);
-    if (!buf)
+    if (!snap.data)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
     if (rc == LOOM_OK)
-        rc = loom_ckpt_shard_open(&w, tmp, t->rank, t->run_id, t->step);
+        rc = loom_ckpt_shard_open(&w, s.tmp, t->rank, t->run_id, s.step);
     int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
-    for (int i = 0; buf && writes && i < t->nunits; i++)
+    for (int i = 0; snap.data && writes && i < t->nunits; i++)
         if (holds(t, i)) {
-            int unit_rc = save_unit_shard(t, &w, i, buf, rc == LOOM_OK);
+            snap.used = 0;
+            snap.nrecords = 0;
+            int unit_rc = snapshot_unit(t, &snap, i, rc == LOOM_OK);
             rc = rc == LOOM_OK ? unit_rc : rc;
+            if (rc == LOOM_OK)
+                rc = write_records(&w, &snap, NULL);
         }
     int closed = loom_ckpt_shard_close(&w, rc == LOOM_OK);
     rc = rc == LOOM_OK ? closed : rc;
-    free(buf);
-    if ((rc = agree(t, failed, rc)) != LOOM_OK) {
-        if (t->rank == 0)
-            remove_failed(tmp);
-        return rc;
-    }
-
-    if (t->rank == 0) {
-        loom_ckpt_header h;
-        rc = fill_header(t, &h);
-        const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
-        for (int i = 0; shards && i < t->nunits; i++)
-            shards[i] = t->tp_shards ? t->tp_shards[i] : loom_model_shards(t->model, i);
-        if (rc == LOOM_OK)
-            rc = shards ? loom_ckpt_write_meta(tmp, &h, t->mesh->sizes[LOOM_AXIS_TP], t->world,
-                                               t->dp_plugin->header->name, t->units, shards)
-                        : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
-        free(shards);
-        free((void *)(uintptr_t)h.data_position);
-        if (rc == LOOM_OK)
-            rc = install(t, tmp, dir);
-    }
-    if (rc != LOOM_OK)
-        remove_failed(tmp);
-    return agree(t, failed, rc);
+    free(snap.data);
+    rc = finish_save(t, &s, rc);
+    end_save(&s);
+    return rc;
 }
 
-/* train.keep_checkpoints: the last keep complete checkpoints up to this
- * step stay. Those of later steps (a run resumed from an earlier one finds
+/* train.keep_checkpoints: the last keep complete checkpoints up to step
+ * stay. Those of later steps (a run resumed from an earlier one finds
  * them) are left alone until this run saves those steps again. */
-static void prune_checkpoints(const trainer *t, const char *parent, int64_t keep)
+static void prune_checkpoints(const char *parent, int64_t step, int64_t keep)
 {
     DIR *d = opendir(parent);
     if (!d)
@@ -274,10 +411,10 @@ static void prune_checkpoints(const trainer *t, const char *parent, int64_t keep
     size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long long step;
+        long long found;
         int used = 0;
-        if (sscanf(e->d_name, "step-%lld%n", &step, &used) != 1 || e->d_name[used] != '\0' ||
-            step < 0 || step > t->step)
+        if (sscanf(e->d_name, "step-%lld%n", &found, &used) != 1 || e->d_name[used] != '\0' ||
+            found < 0 || found > step)
             continue;
         char meta[4400];
         snprintf(meta, sizeof meta, "%.4000s/%s/meta.loom", parent, e->d_name);
@@ -289,7 +426,7 @@ static void prune_checkpoints(const trainer *t, const char *parent, int64_t keep
                 break;
             steps = grown;
         }
-        steps[n++] = step;
+        steps[n++] = found;
     }
     closedir(d);
     for (size_t i = 0; i < n; i++) {
@@ -307,16 +444,220 @@ static void prune_checkpoints(const trainer *t, const char *parent, int64_t keep
     free(steps);
 }
 
-int trainer_checkpoint(trainer *t, const char *parent, int64_t keep)
+/* Rank 0, once a checkpoint is in place. */
+static void announce(const trainer *t, const char *parent, const ckpt_save *s, int64_t keep)
 {
+    if (t->rank != 0)
+        return;
+    printf("saved %s\n", s->dir);
+    if (keep > 0)
+        prune_checkpoints(parent, s->step, keep);
+}
+
+/* ---- train.checkpoint_async: the snapshot written by a thread ---- */
+
+/* The snapshot (its memory kept for the whole run) and the checkpoint its
+ * writer thread is writing, if one is pending. The thread does file I/O
+ * only: every agreement, and every call into a strategy or a comm plugin,
+ * stays on the training thread. */
+struct ckpt_async {
+    ckpt_snapshot snap;
+    ckpt_save save;
+    char parent[4200];
+    int64_t keep;
+    int pending; /* a checkpoint was started and has not ended */
+    int started; /* its thread runs, or ended and is not yet joined */
+    pthread_t thread;
+    atomic_int done; /* the thread ended: rc and error are its outcome */
+    atomic_int stop; /* the run gave up on the checkpoint: the thread stops between records */
+    int rank;
+    uint64_t run_id;
+    int rc;
+    char error[1024];
+};
+
+static void *write_in_background(void *arg)
+{
+    ckpt_async *a = arg;
+    loom_ckpt_shard_writer w;
+    int rc = loom_ckpt_shard_open(&w, a->save.tmp, a->rank, a->run_id, a->save.step);
+    if (rc == LOOM_OK)
+        rc = write_records(&w, &a->snap, &a->stop);
+    int closed = loom_ckpt_shard_close(&w, rc == LOOM_OK);
+    rc = rc == LOOM_OK ? closed : rc;
+    a->rc = rc;
+    snprintf(a->error, sizeof a->error, "%s", rc == LOOM_OK ? "" : loom_last_error());
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+int trainer_setup_async_checkpoints(trainer *t)
+{
+    int rc = can_save(t);
+    size_t floats = 0;
+    ckpt_async *a = calloc(1, sizeof *a);
+    void *data = NULL;
+    if (rc == LOOM_OK && !a)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train.checkpoint_async: out of memory");
+    if (rc == LOOM_OK && !(a->snap.records = calloc((size_t)t->nunits + 1, sizeof(ckpt_record))))
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "train.checkpoint_async: out of memory");
+    if (rc == LOOM_OK)
+        rc = snapshot_floats(t, &floats);
+    /* the snapshot's memory is the host's like the model state's, under
+     * memory.host_limit; touched now, so that the first checkpoint step
+     * pays no page faults */
+    if (rc == LOOM_OK &&
+        (rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_OTHER, floats * sizeof(float),
+                             &data)) == LOOM_OK) {
+        memset(data, 0, floats * sizeof(float));
+        a->snap.data = data;
+        a->snap.capacity = floats;
+        a->rank = t->rank;
+        t->async = a;
+    } else if (a) {
+        free(a->snap.records);
+        free(a);
+    }
+    if ((rc = agree(t, "could not set up train.checkpoint_async", rc)) != LOOM_OK)
+        return rc;
+    double bytes = (double)floats * sizeof(float);
+    if (t->world > 1 &&
+        (rc = trainer_group_allreduce(t->mesh->world, &bytes, 1, LOOM_F64, LOOM_MAX)) != LOOM_OK)
+        return rc;
+    if (t->rank == 0) {
+        char human[32];
+        loom_mem_format((uint64_t)bytes, human, sizeof human);
+        printf("train.checkpoint_async: the snapshot takes %s of host memory%s\n", human,
+               t->world > 1 ? " on the rank that holds most" : "");
+        fflush(stdout);
+    }
+    return LOOM_OK;
+}
+
+/* The training thread's part of an async checkpoint, at the checkpoint
+ * step: DIR.tmp is made (agreed), the state copied into the snapshot, and
+ * the thread started. A failure here is agreed at the next boundary, like
+ * one of the thread's. */
+static int start_async(trainer *t, const char *parent, int64_t keep)
+{
+    ckpt_async *a = t->async;
     char dir[4200];
     snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->step);
-    int rc = trainer_save_sharded(t, dir);
-    if (rc == LOOM_OK && t->rank == 0) {
-        printf("saved %s\n", dir);
-        if (keep > 0)
-            prune_checkpoints(t, parent, keep);
+    int rc = begin_save(t, &a->save, dir);
+    if (rc != LOOM_OK)
+        return rc;
+    snprintf(a->parent, sizeof a->parent, "%s", parent);
+    a->keep = keep;
+    a->run_id = t->run_id;
+    a->snap.used = 0;
+    a->snap.nrecords = 0;
+    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; writes && i < t->nunits; i++)
+        if (holds(t, i)) {
+            int unit_rc = snapshot_unit(t, &a->snap, i, rc == LOOM_OK);
+            rc = rc == LOOM_OK ? unit_rc : rc;
+        }
+    atomic_store(&a->stop, 0);
+    atomic_store(&a->done, 0);
+    if (rc == LOOM_OK && pthread_create(&a->thread, NULL, write_in_background, a) != 0)
+        rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot start the writer thread: %s",
+                       strerror(errno));
+    a->started = rc == LOOM_OK;
+    if (rc != LOOM_OK) {
+        a->rc = rc;
+        snprintf(a->error, sizeof a->error, "%s", loom_last_error());
+        atomic_store(&a->done, 1);
     }
+    a->pending = 1;
+    return LOOM_OK;
+}
+
+static void join_writer(ckpt_async *a)
+{
+    if (a->started)
+        pthread_join(a->thread, NULL);
+    a->started = 0;
+}
+
+/* At a step boundary with a checkpoint pending: the ranks agree whether
+ * every rank's write has ended (wait: each waits for its own first). When
+ * all have, the checkpoint ends as a synchronous one does; a failure on
+ * any rank fails every rank, and rank 0 removes DIR.tmp once every
+ * writer has stopped. */
+static int settle(trainer *t, int wait)
+{
+    ckpt_async *a = t->async;
+    if (!a || !a->pending)
+        return LOOM_OK;
+    if (wait)
+        join_writer(a);
+    int ended = atomic_load(&a->done), rc = LOOM_OK;
+    if (ended && a->rc != LOOM_OK)
+        rc = loom_fail(a->rc, "%s", a->error);
+    if ((rc = agree_ready(t, a->save.failed, rc, &ended)) != LOOM_OK) {
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", loom_last_error());
+        atomic_store(&a->stop, 1);
+        join_writer(a);
+        agree(t, a->save.failed, LOOM_OK); /* every rank's writer has stopped */
+        if (t->rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
+            loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
+        a->pending = 0;
+        end_save(&a->save);
+        return loom_fail(rc, "%s", reason);
+    }
+    if (!ended)
+        return LOOM_OK;
+    join_writer(a);
+    a->pending = 0;
+    if ((rc = finish_save(t, &a->save, LOOM_OK)) == LOOM_OK)
+        announce(t, a->parent, &a->save, a->keep);
+    end_save(&a->save);
+    return rc;
+}
+
+int trainer_checkpoint_poll(trainer *t) { return settle(t, 0); }
+
+int trainer_checkpoint_wait(trainer *t) { return settle(t, 1); }
+
+void trainer_checkpoint_abandon(trainer *t)
+{
+    ckpt_async *a = t->async;
+    if (!a)
+        return;
+    if (a->pending) {
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", loom_last_error());
+        atomic_store(&a->stop, 1);
+        join_writer(a);
+        /* the other ranks are not asked (they may be gone): rank 0 removes
+         * what it finds, and what a slower rank writes after that goes
+         * with the next job's start */
+        if (t->rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
+            loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
+        end_save(&a->save);
+        loom_fail(LOOM_ERR_INVALID, "%s", reason);
+    }
+    loom_mem_free(a->snap.data);
+    free(a->snap.records);
+    free(a);
+    t->async = NULL;
+}
+
+int trainer_checkpoint(trainer *t, const char *parent, int64_t keep)
+{
+    if (t->async) {
+        /* at most one in flight: the previous ends first */
+        int rc = settle(t, 1);
+        return rc == LOOM_OK ? start_async(t, parent, keep) : rc;
+    }
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->step);
+    ckpt_save s = {.step = t->step};
+    snprintf(s.dir, sizeof s.dir, "%s", dir);
+    int rc = trainer_save_sharded(t, dir);
+    if (rc == LOOM_OK)
+        announce(t, parent, &s, keep);
     return rc;
 }
 

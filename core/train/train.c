@@ -17,8 +17,10 @@
 static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
 {
     int64_t every = 0, keep = 0;
+    int async = 0;
     loom_config_int(t->cfg, "train.checkpoint_every", &every);
     loom_config_int(t->cfg, "train.keep_checkpoints", &keep);
+    loom_config_bool(t->cfg, "train.checkpoint_async", &async);
     const char *dir = "checkpoints";
     loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
     int rc = trainer_check_outputs(t, o);
@@ -47,6 +49,8 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
     loom_config_int(t->cfg, "train.sample_tokens", &sample_tokens);
     if (t->rank == 0)
         trainer_print_header(t);
+    if (async && every > 0 && (rc = trainer_setup_async_checkpoints(t)) != LOOM_OK)
+        return rc;
     loom_mem_usage_reset_peak();
     /* A testing aid: stop (SIGSTOP) after that step, between steps, so a
      * test can look at or damage the tier files; SIGCONT goes on. */
@@ -61,10 +65,14 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
         if (t->rank == 0)
             trainer_report_validation(t, metrics, val);
     }
+    /* what the training thread spent on checkpoints at a step boundary
+     * counts in the next step's time */
+    double checkpoint_seconds = 0;
     while (t->step < t->steps) {
         step_result r;
         if ((rc = trainer_step(t, &r)) != LOOM_OK)
             break;
+        r.seconds += checkpoint_seconds;
         int64_t done = t->step + 1;
         r.evaluated = t->validating &&
                       (done == t->steps || (t->eval_every > 0 && done % t->eval_every == 0));
@@ -86,10 +94,19 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
             (rc = trainer_print_sample(t, (int)sample_tokens, dir)) != LOOM_OK)
             break;
         /* every N steps, and the last whatever N */
-        if (every > 0 && (t->step % every == 0 || t->step == t->steps) &&
-            (rc = trainer_checkpoint(t, dir, keep)) != LOOM_OK)
+        uint64_t start = loom_now_ns();
+        if ((rc = trainer_checkpoint_poll(t)) != LOOM_OK ||
+            (every > 0 && (t->step % every == 0 || t->step == t->steps) &&
+             (rc = trainer_checkpoint(t, dir, keep)) != LOOM_OK))
             break;
+        checkpoint_seconds = (double)(loom_now_ns() - start) / 1e9;
     }
+    /* the last step's checkpoint, or one still written, ends before the
+     * run does; on a failure it is given up */
+    if (rc == LOOM_OK)
+        rc = trainer_checkpoint_wait(t);
+    else
+        trainer_checkpoint_abandon(t);
     if (metrics)
         fclose(metrics);
     if (rc == LOOM_OK && o->save && (rc = trainer_save_weights(t, o->save, o->save_dtype)) == LOOM_OK && t->rank == 0)
@@ -106,6 +123,7 @@ int loom_train(const loom_train_options *o)
     int rc = trainer_setup(&t, o), lock_fd = -1;
     if (rc == LOOM_OK)
         rc = run_steps(&t, o, &lock_fd);
+    trainer_checkpoint_abandon(&t);
     /* Tearing down after a failure can fail again (a store that went away
      * with a stopped rank 0): the first failure is the one to tell. */
     char first[2048];

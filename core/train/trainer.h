@@ -23,6 +23,9 @@
 #include "train/schedule.h"
 #include "train/train.h"
 
+/* train.checkpoint_async: the snapshot and the pending checkpoint (save.c). */
+typedef struct ckpt_async ckpt_async;
+
 /* A strategy of the tensor or sequence axis. */
 typedef struct axis_strategy {
     const loom_plugin *plugin;
@@ -97,6 +100,7 @@ typedef struct trainer {
      * step is a finished job, not a mistake */
     int restarting;
     int64_t agreements;
+    ckpt_async *async; /* train.checkpoint_async; NULL: checkpoints are synchronous */
 } trainer;
 
 /* ---- strategy hooks ---- */
@@ -153,6 +157,18 @@ int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd);
 void trainer_unlock_checkpoints(int lock_fd);
 /* PARENT/step-N: saved, "saved" printed, and train.keep_checkpoints applied. */
 int trainer_checkpoint(trainer *t, const char *parent, int64_t keep);
+/* train.checkpoint_async: the snapshot's host memory, its size printed
+ * once. Then trainer_checkpoint copies the state and leaves the writing to
+ * a thread; at each later step boundary trainer_checkpoint_poll ends the
+ * checkpoint once every rank has written (collective: every rank calls
+ * it); trainer_checkpoint_wait ends it whatever it takes (the run's end).
+ * trainer_checkpoint_abandon, on any path out: a pending checkpoint is
+ * given up (no DIR.tmp left on rank 0's side; no other rank is asked), and
+ * the snapshot freed. */
+int trainer_setup_async_checkpoints(trainer *t);
+int trainer_checkpoint_poll(trainer *t);
+int trainer_checkpoint_wait(trainer *t);
+void trainer_checkpoint_abandon(trainer *t);
 int trainer_save_sharded(trainer *t, const char *dir);
 int trainer_load_state(trainer *t, const char *path);
 int trainer_gather_weights(trainer *t, const char *scratch, float **weights);

@@ -2,7 +2,8 @@
 # Verified, atomic checkpoints end to end.
 #   usage: ckpt_test.sh LOOM SOURCE_DIR CASE
 #   CASE: checksum | mutated_fields | truncated_tokens | remesh | disk_full | lock |
-#         final_and_keep | refusals | kill9
+#         final_and_keep | refusals | kill9 | async_bitwise | async_zero3 | async_kill9 |
+#         async_write_fails | async_disk_full | async_refused
 set -eu
 LOOM=$1
 SRC=$2
@@ -42,6 +43,53 @@ $1"; shift; done
 resume_cmd() {
     ck=$1; shift
     echo "$LOOM" train "$CFG" --set data.train="$DATA" --resume "$ck" "$@"
+}
+
+# same_checkpoint A B: two checkpoint directories hold the same state, bit
+# for bit: consolidated, the files differ only in the stamp's run id and
+# checksum (of the 104-byte header and stamp: run id at 72, checksum at 96);
+# llm.c's weights are identical
+same_checkpoint() {
+    for sc in "$1" "$2"; do
+        rm -f "$sc.state" "$sc.bin"
+        "$LOOM" ckpt consolidate "$sc" --state "$sc.state" --llmc "$sc.bin" > consolidate.log 2>&1 ||
+            { cat consolidate.log; fail "cannot consolidate $sc"; }
+    done
+    cmp -s "$1.bin" "$2.bin" || fail "$1 and $2 hold different weights"
+    python3 - "$1.state" "$2.state" <<'PY' || fail "$1 and $2 hold different states"
+import sys
+a, b = (open(f, "rb").read() for f in sys.argv[1:3])
+strip = lambda d: d[:72] + d[80:96] + d[100:]
+sys.exit(0 if len(a) > 104 and strip(a) == strip(b) else 1)
+PY
+}
+
+# async_against_sync RANKS [--set ...]: the same run with synchronous and
+# asynchronous checkpoints (every 3 of 10 steps, and the last): the same
+# losses, the same checkpoints bit for bit, and each resumed from step 6
+# gives the uninterrupted run's last 4 losses bit for bit
+async_against_sync() {
+    ranks=$1; shift
+    for mode in false true; do
+        run "ck_$mode" "$ranks" --set train.checkpoint_every=3 --set train.checkpoint_async=$mode \
+            --set train.checkpoint_dir="$TMP/ck_$mode" "$@"
+    done
+    [ "$(ls ck_true | grep step | tr '\n' ' ')" = "step-10 step-3 step-6 step-9 " ] ||
+        { ls ck_true; fail "async: not steps 3, 6, 9 and 10"; }
+    grep -q "train.checkpoint_async: the snapshot takes .* of host memory" ck_true.log ||
+        { cat ck_true.log; fail "async: the snapshot's size is not printed"; }
+    grep -q "snapshot takes" ck_false.log && fail "sync: a snapshot's size is printed"
+    losses ck_false > a.txt
+    losses ck_true > b.txt
+    cmp -s a.txt b.txt || fail "async checkpoints changed the losses"
+    for n in 3 6 9 10; do
+        same_checkpoint "ck_false/step-$n" "ck_true/step-$n"
+    done
+    echo "async = sync: steps 3, 6, 9, 10 hold the same state"
+    for mode in false true; do
+        run "resumed_$mode" "$ranks" --resume "$TMP/ck_$mode/step-6" "$@"
+        same_tail "ck_$mode" "resumed_$mode" 4
+    done
 }
 
 case "$CASE" in
@@ -271,6 +319,109 @@ kill9)
     same_tail part resumed 3
     ls -d k9/*.tmp k9/*.old 2>/dev/null && fail "the next job left what the killed one had not finished"
     echo "kill -9 after step $latest: resumed bit-exactly" ;;
+async_bitwise)
+    async_against_sync 1 ;;
+async_zero3)
+    # zero3 shards the state: every rank writes a third of it
+    sed 's/strategy = "ddp"; bucket_mb = 0.1;/strategy = "zero3";/' "$CFG" > zero3.cfg
+    CFG=$TMP/zero3.cfg
+    async_against_sync 3
+    [ "$(ls ck_true/step-3 | grep -c shard)" = 3 ] || { ls ck_true/step-3; fail "zero3: not 3 shard files"; } ;;
+async_kill9)
+    # kill -9 while an async checkpoint is written (one every step: the
+    # writer is busy most of the time): only complete step-N count (a
+    # step-N.tmp is never resumed, even one that holds its meta.loom), the
+    # latest resumes bit-exactly, a restart picks the same one, and the next
+    # job removes the step-N.tmp the killed one left
+    run whole 1 --set train.steps=400
+    for round in 1 2 3 4 5; do
+        rm -rf k9
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=400 --set train.checkpoint_every=1 \
+            --set train.checkpoint_async=true --set train.keep_checkpoints=3 \
+            --set train.checkpoint_dir="$TMP/k9" > killed.log 2>&1 &
+        pid=$!
+        for i in $(seq 1 300); do
+            n=$(ls k9 2>/dev/null | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -n 1)
+            [ "${n:-0}" -ge 20 ] && break
+            sleep 0.05
+        done
+        sleep "0.$(awk -v r="$round" 'BEGIN { srand(); printf "%03d", int(rand() * 400) }')"
+        kill -9 "$pid"
+        wait "$pid" 2>/dev/null || true
+        ls k9 | grep -q '^step-[0-9]*\.tmp$' && break
+    done
+    pending=$(ls k9 | sed -n 's/^step-\([0-9]*\)\.tmp$/\1/p')
+    [ -n "$pending" ] || { ls k9; fail "five kills found no checkpoint being written"; }
+    echo "killed while writing step-$pending: $(ls k9 | tr '\n' ' ')"
+    latest=0
+    for d in k9/step-*; do
+        case "$d" in *.tmp|*.old) continue ;; esac
+        "$LOOM" ckpt info "$d" > info.txt 2>&1 || { cat info.txt; fail "$d is a checkpoint that does not verify"; }
+        n=${d#k9/step-}
+        [ "$n" -gt "$latest" ] && latest=$n
+    done
+    [ "$latest" -gt 0 ] || fail "no complete checkpoint"
+    [ "$latest" -lt "$pending" ] || fail "step-$latest is complete, after the pending step-$pending"
+    # a restart (loom launch --max-restarts sets LOOM_RESTART) finds the same one
+    LOOM_RESTART=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=$((latest + 3)) \
+        --set train.checkpoint_every=100 --set train.checkpoint_dir="$TMP/k9" \
+        --metrics restarted.jsonl > restarted.log 2>&1 || { cat restarted.log; fail "the restart failed"; }
+    grep -q "restart 1: resuming from $TMP/k9/step-$latest\$" restarted.log ||
+        { cat restarted.log; fail "the restart did not pick step-$latest"; }
+    ls -d k9/*.tmp 2>/dev/null && fail "the next job left the step-$pending.tmp of the killed one"
+    run resumed 1 --set train.steps=$((latest + 3)) --resume "$TMP/k9/step-$latest"
+    sed -n "$((latest + 1)),$((latest + 3))p" whole.jsonl > part.jsonl
+    same_tail part resumed 3
+    same_tail part restarted 3
+    echo "kill -9 while writing step-$pending: step-$latest resumed bit-exactly" ;;
+async_write_fails)
+    # the writer thread's file is refused (ulimit -f: writes past 200 KiB
+    # fail with EFBIG, SIGXFSZ ignored): the run stops at a boundary while
+    # it is written (or at step 6's checkpoint at the latest) with the
+    # writer's words, and no step-3.tmp is left
+    status=0
+    (trap '' XFSZ; ulimit -f 400; exec "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set train.checkpoint_every=3 --set train.checkpoint_async=true \
+        --set train.checkpoint_dir="$TMP/fails") > fails.log 2>&1 || status=$?
+    grep -v 'step ' fails.log
+    [ "$status" = 1 ] || fail "exit status $status, want 1"
+    grep -qF "cannot write '$TMP/fails/step-3.tmp/shard-0.loom': File too large" fails.log ||
+        fail "the writer's failure is not said"
+    grep -q "step    7/10" fails.log && fail "the run went on past step 6"
+    ls fails | grep -q step && { ls fails; fail "a step directory was left"; }
+    echo "stopped with the writer's failure, nothing left" ;;
+async_disk_full)
+    # 2 ranks, checkpoint_dir on a tmpfs with room for one checkpoint: the
+    # second (step 6) fails in rank 0's writer thread alone (ddp: rank 0
+    # writes the state); both ranks stop at a boundary while it is written
+    # (step 9's checkpoint at the latest) naming rank 0 and its reason, the
+    # launcher blames rank 0, no step-6.tmp is left, and step-3 is whole
+    mkdir full
+    if ! mount -t tmpfs -o size=700k tmpfs full 2>/dev/null; then
+        echo "$TEST: cannot mount a tmpfs here (not root?): skipped"; exit 77
+    fi
+    MNT=$TMP/full
+    status=0
+    "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+        --set train.checkpoint_every=3 --set train.checkpoint_async=true \
+        --set train.checkpoint_dir="$TMP/full/ckpt" > full.log 2>&1 || status=$?
+    grep -v '^\[0\] step ' full.log
+    [ "$status" != 0 ] || fail "the full disk was not noticed"
+    for r in 0 1; do
+        grep "^\[$r\]" full.log | grep -q "rank 0 failed the checkpoint $TMP/full/ckpt/step-6: .*step-6.tmp/shard-0.loom': No space left on device" ||
+            fail "rank $r does not name rank 0 and its reason"
+    done
+    grep -q "loom launch: rank 0 exited" full.log || fail "the launcher does not blame rank 0"
+    grep -q "step   10/10" full.log && fail "the run went on past step 9"
+    [ ! -e full/ckpt/step-6.tmp ] || fail "the failed checkpoint left step-6.tmp"
+    "$LOOM" ckpt info full/ckpt/step-3 > info.txt 2>&1 || { cat info.txt; fail "step-3 is damaged"; } ;;
+async_refused)
+    refused async_alone "train.checkpoint_async: does nothing without checkpoints" \
+        "set train.checkpoint_every = N" -- \
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_async=true
+    sed 's/lr = 1e-3;/lr = 1e-3; checkpoint_async = true;/' "$CFG" > async.cfg
+    refused async_in_file "async.cfg:4: train.checkpoint_async: does nothing" -- \
+        "$LOOM" train async.cfg --set data.train="$DATA" ;;
 *)
     echo "$TEST: unknown case $CASE"; exit 2 ;;
 esac
