@@ -63,6 +63,13 @@ cmp -s whole.bin killed.bin || fail "the final weights differ from the uninterru
 last() { grep '"step": 300,' "$1" | tail -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
 [ "$(last whole.jsonl)" = "$(last killed.jsonl)" ] || fail "the last loss differs: $(last whole.jsonl) vs $(last killed.jsonl)"
 echo "final weights and the last loss equal the uninterrupted run's"
+# a restart that finds the last step checkpointed (a rank killed after it)
+# has nothing left to train: it ends well, with the same weights
+# shellcheck disable=SC2086
+LOOM_RESTART=1 "$LOOM" train "$CFG" $SETS --set parallel.dp.size=1 --set train.checkpoint_dir=killed \
+    --save again.bin > again.log 2>&1 || { cat again.log; fail "a restart after the last step failed"; }
+grep -q "restart 1: resuming from killed/step-300" again.log || { cat again.log; fail "no resume from step 300"; }
+cmp -s whole.bin again.bin || fail "a restart after the last step saves other weights"
 # nothing left behind
 sleep 0.5
 if pgrep -f "$TMP" > /dev/null; then
