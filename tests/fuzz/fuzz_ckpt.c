@@ -7,8 +7,12 @@
  *   'C'  the consolidated file;
  *   'S'  a sharded directory: pieces, each a 4-byte little-endian length
  *        and that many bytes (fewer if the input ends): meta.loom first,
- *        then shard-0.loom, shard-1.loom, ... (at most 8 shards).
- * tests/fuzz/make_corpus.sh packs real checkpoints this way. */
+ *        then shard-0.loom, shard-1.loom, ... (at most 8 shards);
+ *   'c', 's'  the same, resealed: each stamped file's stamp is rewritten
+ *        as the writer would write it (its length, its CRC32C, and in the
+ *        shards meta.loom's run id and step). A mutated byte otherwise
+ *        stops at the checksum; resealed, it reaches the field checks.
+ * tests/fuzz/make_corpus.sh packs real checkpoints each way. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +20,7 @@
 #include "loom/status.h"
 #include "model/formats.h"
 #include "model/model.h"
+#include "runtime/crc32c.h"
 #include "train/ckpt.h"
 #include "fuzz_files.h"
 
@@ -36,16 +41,96 @@ static int small_shape(const loom_gpt2_shape *s)
     return per_layer <= MAX_PARAMS && n <= MAX_PARAMS;
 }
 
+/* The on-disk layout ckpt.c writes (ckpt.h): a fixed header, whose size
+ * its magic tells, with the format version at byte 8 and, in meta.loom,
+ * the step at byte 40; from format 3 the stamp right after it. */
+enum {
+    STATE_HEAD = 72, /* the consolidated file's header */
+    META_HEAD = 112, /* meta.loom's: the same, then tp, files, strategy */
+    SHARD_HEAD = 16,
+    VERSION_AT = 8,
+    STEP_AT = 40,
+    STAMPED = 3
+};
+typedef struct stamp {
+    uint64_t run_id;
+    int64_t step;
+    uint64_t bytes;
+    uint32_t checksum, reserved;
+} stamp;
+
+/* The size of a file's fixed header; 0 when it has no stamp after it. */
+static size_t head_bytes(const uint8_t *file, size_t n)
+{
+    uint32_t version;
+    if (n < SHARD_HEAD)
+        return 0;
+    memcpy(&version, file + VERSION_AT, sizeof version);
+    size_t head = !memcmp(file, "LOOMSTAT", 8)   ? STATE_HEAD
+                  : !memcmp(file, "LOOMMETA", 8) ? META_HEAD
+                  : !memcmp(file, "LOOMSHRD", 8) ? SHARD_HEAD
+                                                 : 0;
+    return version >= STAMPED && n >= head + sizeof(stamp) ? head : 0;
+}
+
+/* What the writer's file_seal stamps: the length, then the CRC32C of the
+ * bytes after the stamp, continued over the header and the stamp with the
+ * checksum zero. A shard also gets meta's run id and step (*run_id, *step)
+ * as one job writes them; meta.loom sets them. */
+static void reseal(uint8_t *file, size_t n, int is_meta, uint64_t *run_id, int64_t *step)
+{
+    size_t head = head_bytes(file, n);
+    if (!head)
+        return;
+    stamp st;
+    memcpy(&st, file + head, sizeof st);
+    if (is_meta) {
+        *run_id = st.run_id;
+        memcpy(step, file + STEP_AT, sizeof *step);
+    } else {
+        st.run_id = *run_id;
+        st.step = *step;
+    }
+    st.bytes = n;
+    st.checksum = 0;
+    uint32_t crc = loom_crc32c(file + head + sizeof st, n - head - sizeof st);
+    crc = loom_crc32c_extend(crc, file, head);
+    st.checksum = loom_crc32c_extend(crc, &st, sizeof st);
+    memcpy(file + head, &st, sizeof st);
+}
+
+/* One file of the input, resealed if asked. */
+static void put_file(const char *name, const uint8_t *data, size_t n, int resealed, int is_meta,
+                     uint64_t *run_id, int64_t *step)
+{
+    char path[1024];
+    fuzz_path(path, sizeof path, name);
+    if (!resealed) {
+        fuzz_write(path, data, n);
+        return;
+    }
+    uint8_t *copy = malloc(n ? n : 1);
+    if (!copy)
+        abort();
+    memcpy(copy, data, n);
+    reseal(copy, n, is_meta, run_id, step);
+    fuzz_write(path, copy, n);
+    free(copy);
+}
+
 /* The input's files into the directory; the path to open. */
 static const char *unpack(const uint8_t *data, size_t size, char *path, size_t cap)
 {
     fuzz_dir_clear();
-    if (data[0] == 'C') {
+    int resealed = data[0] == 'c' || data[0] == 's';
+    uint64_t run_id = 0;
+    int64_t step = 0;
+    if (data[0] == 'C' || data[0] == 'c') {
+        put_file("state.loom", data + 1, size - 1, resealed, 1, &run_id, &step);
         fuzz_path(path, cap, "state.loom");
-        fuzz_write(path, data + 1, size - 1);
         return path;
     }
-    if (data[0] != 'S')
+    if (data[0] != 'S' && data[0] != 's')
         return NULL;
     size_t at = 1;
     for (int piece = 0; piece <= MAX_SHARDS && at + 4 <= size; piece++) {
@@ -53,13 +138,12 @@ static const char *unpack(const uint8_t *data, size_t size, char *path, size_t c
                        (uint32_t)data[at + 2] << 16 | (uint32_t)data[at + 3] << 24;
         at += 4;
         size_t n = len < size - at ? len : size - at;
-        char name[32], file[1024];
+        char name[32];
         if (piece == 0)
             snprintf(name, sizeof name, "meta.loom");
         else
             snprintf(name, sizeof name, "shard-%d.loom", piece - 1);
-        fuzz_path(file, sizeof file, name);
-        fuzz_write(file, data + at, n);
+        put_file(name, data + at, n, resealed, piece == 0, &run_id, &step);
         at += n;
     }
     snprintf(path, cap, "%s", fuzz_dir());

@@ -91,26 +91,34 @@ train() { # name ranks settings...
 }
 # A sharded directory into one input: 'S', then length-prefixed meta.loom
 # and shard files (fuzz_ckpt.c); a consolidated file: 'C' and the file.
+# The lower-case letters ask the harness to reseal every file after the
+# fuzzer's mutations: each checkpoint goes in both ways.
 pack_sharded() { # dir out
     python3 - "$1" "$2" <<'EOF'
 import os, struct, sys
 d, out = sys.argv[1], sys.argv[2]
 files = ["meta.loom"] + sorted((f for f in os.listdir(d) if f.startswith("shard-")),
                                key=lambda f: int(f[6:-5]))
-data = b"S"
+data = b""
 for f in files:
     body = open(os.path.join(d, f), "rb").read()
     data += struct.pack("<I", len(body)) + body
-open(out, "wb").write(data)
+open(out, "wb").write(b"S" + data)
+open(out + "-resealed", "wb").write(b"s" + data)
 EOF
 }
-# The data position inside meta.loom: its length at byte 56, itself from byte 112.
+# The data position inside meta.loom: its length at byte 56, itself after
+# the 112 bytes of header and, from format 3 (the version at byte 8), the
+# 32 bytes of stamp.
 data_position() { # dir settings-byte out
     python3 - "$1/meta.loom" "$2" "$3" <<'EOF'
 import struct, sys
 meta = open(sys.argv[1], "rb").read()
+version = struct.unpack_from("<I", meta, 8)[0]
 n = struct.unpack_from("<Q", meta, 56)[0]
-open(sys.argv[3], "wb").write(bytes([int(sys.argv[2])]) + meta[112:112 + n])
+at = 112 + (32 if version >= 3 else 0)
+assert meta[at:at + 8] == b"LOOMDATA", "meta.loom's layout changed: update make_corpus.sh"
+open(sys.argv[3], "wb").write(bytes([int(sys.argv[2])]) + meta[at:at + n])
 EOF
 }
 
@@ -134,6 +142,7 @@ pack_sharded "$WORK/tp2/step-3" "$OUT/ckpt/sharded-tp2"
     --llmc "$WORK/gpt2.bin" >/dev/null
 "$LOOM" ckpt consolidate "$WORK/tp2/step-3" --llmc "$WORK/gpt2-bf16.bin" --save-dtype bf16 >/dev/null
 { printf 'C'; cat "$WORK/state.loom"; } >"$OUT/ckpt/consolidated"
+{ printf 'c'; cat "$WORK/state.loom"; } >"$OUT/ckpt/consolidated-resealed"
 cp "$WORK/gpt2.bin" "$OUT/llmc_checkpoint/fp32"
 cp "$WORK/gpt2-bf16.bin" "$OUT/llmc_checkpoint/bf16"
 
