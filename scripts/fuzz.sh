@@ -1,21 +1,27 @@
 #!/bin/sh
 # Fuzz loom's readers of outside input with libFuzzer (clang):
 #
-#   scripts/fuzz.sh [--build-only | --no-build] [--keep-going] [SECONDS] [HARNESS...]
+#   scripts/fuzz.sh [--build-only | --no-build] [--keep-going] [--runs N]
+#                   [--markdown FILE] [SECONDS] [HARNESS...]
 #
 # Builds the harnesses of tests/fuzz into their own build directory
 # (LOOM_FUZZ_BUILD, default build-fuzz: clang, LOOM_FUZZ=ON, everything
 # under ASan and UBSan), then runs each harness for SECONDS (default 60;
-# 0 runs the seed corpus only) on its seed corpus, tests/fuzz/corpus/<harness>,
-# and the inputs that once crashed it, tests/fuzz/regressions/<harness>.
+# 0 runs the seed corpus only), or for N executions (--runs), on its seed
+# corpus, tests/fuzz/corpus/<harness>, and the inputs that once crashed it,
+# tests/fuzz/regressions/<harness>. The harnesses write each input into
+# files under LOOM_FUZZ_TMPDIR (default /dev/shm when it is writable, else
+# TMPDIR): on tmpfs the file-reading harnesses run up to 5 times faster.
 # New inputs the fuzzer finds go to LOOM_FUZZ_BUILD/fuzz-corpus/<harness>,
 # never into the source tree. Harnesses: config schedule llmc_checkpoint
 # token_shard data_position ckpt (default: all).
 #
-# Prints each harness's executions, exec/s and crashes, then a table of
-# them. A crash stops that harness (--keep-going: it fuzzes on and counts
-# them) and the script exits 1 naming each reproducer, which the harness
-# reruns alone: LOOM_FUZZ_BUILD/bin/fuzz_<harness> REPRODUCER.
+# Prints each harness's executions, exec/s, crashes and corpus size, then
+# a table of them; --markdown FILE also writes that table, the command and
+# the machine as a page (docs/benchmarks-fuzz.md). A crash stops that
+# harness (--keep-going: it fuzzes on and counts them) and the script exits
+# 1 naming each reproducer, which the harness reruns alone:
+# LOOM_FUZZ_BUILD/bin/fuzz_<harness> REPRODUCER.
 set -u
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
@@ -23,13 +29,24 @@ ALL="config schedule llmc_checkpoint token_shard data_position ckpt"
 BUILD=${LOOM_FUZZ_BUILD:-build-fuzz}
 JOBS=${LOOM_FUZZ_JOBS:-2}
 
-build=1 run=1 keep_going=0
+COMMAND="scripts/fuzz.sh $*"
+build=1 run=1 keep_going=0 runs="" markdown=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --build-only) run=0 ;;
     --no-build) build=0 ;;
     --keep-going) keep_going=1 ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --runs)
+        case "${2:-}" in
+        '' | *[!0-9]*) echo "fuzz.sh: --runs needs a number of executions, e.g. --runs 1000000" >&2; exit 2 ;;
+        esac
+        runs=$2
+        shift ;;
+    --markdown)
+        [ -n "${2:-}" ] || { echo "fuzz.sh: --markdown needs a file, e.g. --markdown docs/benchmarks-fuzz.md" >&2; exit 2; }
+        markdown=$2
+        shift ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1'; see scripts/fuzz.sh --help" >&2; exit 2 ;;
     *) break ;;
     esac
@@ -48,6 +65,7 @@ for h in $HARNESSES; do
     esac
 done
 
+CLANG=$(command -v clang || command -v clang-14 || true)
 if [ $build = 1 ]; then
     CLANG=$(command -v clang || command -v clang-14 || true)
     if [ -z "$CLANG" ]; then
@@ -73,11 +91,19 @@ fi
 [ $run = 1 ] || exit 0
 
 # Slow inputs and big allocations are findings too: 10 s per input, 2 GiB.
-# UBSan stops at the first finding and libFuzzer saves the input.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
+# UBSan stops at the first finding and libFuzzer saves the input. A small
+# quarantine: libFuzzer checks for leaks after every input that allocated
+# more than it freed (libconfig's own leak, suppressed, does that often),
+# and the check scans the quarantine too; at the default 256 MiB it halves
+# the config harness's rate.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1:quarantine_size_mb=16}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 # leaks of the libraries loom uses, each explained there
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/sanitize/lsan.supp:print_suppressions=0}
+if [ -z "${LOOM_FUZZ_TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    LOOM_FUZZ_TMPDIR=/dev/shm
+fi
+[ -z "${LOOM_FUZZ_TMPDIR:-}" ] || export TMPDIR="$LOOM_FUZZ_TMPDIR"
 rows="" failed=0
 for h in $HARNESSES; do
     bin=$BUILD/bin/fuzz_$h
@@ -92,7 +118,9 @@ for h in $HARNESSES; do
     rm -f "$artifacts"/*
     seeds="$SRC/tests/fuzz/corpus/$h"
     [ -d "$SRC/tests/fuzz/regressions/$h" ] && seeds="$seeds $SRC/tests/fuzz/regressions/$h"
-    if [ "$SECONDS_EACH" = 0 ]; then
+    if [ -n "$runs" ]; then
+        limit="-runs=$runs"
+    elif [ "$SECONDS_EACH" = 0 ]; then
         limit="-runs=0"
     else
         limit="-max_total_time=$SECONDS_EACH"
@@ -126,11 +154,37 @@ for h in $HARNESSES; do
             echo "fuzz: $h: reproducer $f (rerun: $bin $f; log: $log)" >&2
         done
     fi
-    rows="$rows| $h | $took | $execs | $rate | $crashes |
+    rows="$rows| $h | $took | $execs | $rate | $crashes | $corpus |
 "
 done
+table="| harness | seconds | executions | exec/s | crashes | corpus (inputs) |
+|---|---:|---:|---:|---:|---:|
+$rows"
 echo
-echo "| harness | seconds | executions | exec/s | crashes |"
-echo "|---|---:|---:|---:|---:|"
-printf "%s" "$rows"
+printf "%s" "$table"
+if [ -n "$markdown" ]; then
+    cpu=$(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1)
+    clang=$("${CLANG:-clang}" --version 2>/dev/null | head -n 1)
+    {
+        echo "# Fuzzing loom's readers"
+        echo
+        echo "Generated by \`$COMMAND\` on $(date +%Y-%m-%d)."
+        echo
+        echo "Machine: $cpu, $(nproc) cores, shared with other work while this ran;"
+        echo "$clang, libFuzzer, every harness under ASan and UBSan; the inputs"
+        echo "written to files in ${TMPDIR:-/tmp}. Seconds include loading the corpus."
+        echo
+        echo "Each harness feeds one reader of outside input what a user or a"
+        echo "damaged disk could give it (tests/fuzz says which reader and how). The"
+        echo "corpus is where each run ended: the seeds of tests/fuzz/corpus, the"
+        echo "inputs that once crashed a reader (tests/fuzz/regressions) and what the"
+        echo "fuzzer kept, from this run and earlier ones in the same build directory."
+        echo "A crash is any sanitizer finding, a leak, an input slower than 10 s or"
+        echo "an allocation above 2 GiB; the inputs that crashed are replayed by"
+        echo "every build's fuzz.replay.<harness> test."
+        echo
+        printf "%s" "$table"
+    } >"$markdown"
+    echo "fuzz.sh: wrote $markdown"
+fi
 exit $failed
