@@ -39,6 +39,19 @@ static int minimal_create(const loom_host *host, const loom_strategy_setup *setu
 
 static int minimal_destroy(loom_strategy *s)
 {
+    const loom_host *h = s->host;
+    /* what setup placed, also after a setup that failed half-way (the
+     * arrays are zeroed, mem_free takes NULL) */
+    for (int i = 0; i < s->nunits; i++) {
+        if (s->units) {
+            h->mem_free(h, s->units[i].params);
+            h->mem_free(h, s->units[i].grads);
+        }
+        if (s->m)
+            h->mem_free(h, s->m[i]);
+        if (s->v)
+            h->mem_free(h, s->v[i]);
+    }
     free(s->m);
     free(s->v);
     free(s);
