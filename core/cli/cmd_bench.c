@@ -372,6 +372,8 @@ static void print_header(const char *backend, int n, const bench_settings *st)
            "redop", "time", "algbw", "busbw", "#wrong");
     printf("# %-13s %12s %12s %6s %6s %10s %9s %9s %7s\n", "", "(B)", "(elements)", "", "",
            "(us)", "(GB/s)", "(GB/s)", "");
+    /* seen at once, not with the first row: a row may take minutes */
+    fflush(stdout);
 }
 
 static int reduces(bench_op op)
