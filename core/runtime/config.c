@@ -876,14 +876,13 @@ static int check_relations(const loom_config *cfg)
 
     int64_t checkpoint_every = 0;
     loom_config_int(cfg, "train.checkpoint_every", &checkpoint_every);
-    if (checkpoint_every == 0 && loom_config_is_set(cfg, "train.keep_checkpoints"))
-        return fail_rel(cfg, "train.keep_checkpoints", "train.checkpoint_every",
-                        "does nothing without checkpoints; set train.checkpoint_every = N, or "
-                        "remove train.keep_checkpoints");
-    if (checkpoint_every == 0 && loom_config_is_set(cfg, "train.checkpoint_async"))
-        return fail_rel(cfg, "train.checkpoint_async", "train.checkpoint_every",
-                        "does nothing without checkpoints; set train.checkpoint_every = N, or "
-                        "remove train.checkpoint_async");
+    static const char *const of_checkpoints[] = {"train.keep_checkpoints",
+                                                 "train.checkpoint_async"};
+    for (size_t i = 0; checkpoint_every == 0 && i < 2; i++)
+        if (loom_config_is_set(cfg, of_checkpoints[i]))
+            return fail_rel(cfg, of_checkpoints[i], "train.checkpoint_every",
+                            "does nothing without checkpoints; set train.checkpoint_every = N, "
+                            "or remove %s", of_checkpoints[i]);
 
     int64_t sample_every = 0;
     loom_config_int(cfg, "train.sample_every", &sample_every);
