@@ -44,7 +44,7 @@ static void print_list(const loom_schedule *s, int r, int verbose)
 }
 
 /* Read the pp settings, load the schedule plugin, build and validate. */
-static int build_from_config(loom_config *cfg, loom_runtime *rt, loom_schedule *out,
+int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *out,
                              char *desc, size_t desc_cap, const loom_strategy_ops **plugin_ops)
 {
     int64_t p = 1, v = 1, m = 1;
@@ -171,7 +171,7 @@ int loom_cmd_schedule(int argc, char **argv)
     if (rc == LOOM_OK)
         rc = loom_runtime_create(cfg, &rt);
     if (rc == LOOM_OK)
-        rc = build_from_config(cfg, rt, &s, desc, sizeof desc, &ops);
+        rc = loom_cli_build_schedule(cfg, rt, &s, desc, sizeof desc, &ops);
     if (rc == LOOM_OK)
         rc = report(&s, ops, desc, verbose, svg_path);
     if (rc != LOOM_OK)

@@ -2,6 +2,12 @@
 #ifndef LOOM_CLI_COMMANDS_H
 #define LOOM_CLI_COMMANDS_H
 
+#include <stddef.h>
+
+#include "runtime/config.h"
+#include "runtime/runtime.h"
+#include "train/schedule.h"
+
 /* The exit status of a rank that failed because another rank did (a
  * checkpoint that failed elsewhere, a peer gone): `loom launch` waits a
  * moment for that rank's own exit before blaming this one. */
@@ -15,5 +21,11 @@ int loom_cmd_settings(int argc, char **argv);
 int loom_cmd_train(int argc, char **argv);
 int loom_cmd_sample(int argc, char **argv);
 int loom_cmd_schedule(int argc, char **argv);
+int loom_cmd_plan(int argc, char **argv);
+
+/* The pipeline schedule a config names (parallel.pp.*), built by its plugin
+ * and validated; desc: the plugin's description (cmd_schedule.c). */
+int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *out, char *desc,
+                            size_t desc_cap, const loom_strategy_ops **plugin_ops);
 
 #endif

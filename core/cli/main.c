@@ -16,7 +16,7 @@ typedef struct command {
 static const command commands[] = {
     {"train", loom_cmd_train},       {"bench", loom_cmd_bench},   {"ckpt", loom_cmd_ckpt},
     {"schedule", loom_cmd_schedule}, {"launch", loom_cmd_launch}, {"plugins", loom_cmd_plugins},
-    {"settings", loom_cmd_settings}, {"sample", loom_cmd_sample},
+    {"settings", loom_cmd_settings}, {"sample", loom_cmd_sample},   {"plan", loom_cmd_plan},
 };
 
 static void usage(FILE *f)
@@ -40,6 +40,10 @@ static void usage(FILE *f)
             "                         one resumable file, or llm.c weights, from the shards\n"
             "  schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]\n"
             "                         check, simulate and draw the pipeline schedule\n"
+            "  plan CONFIG [--cluster FILE] [--set path=value ...] [--json FILE] [--search]\n"
+            "                         memory, traffic and step time of the job on a\n"
+            "                         cluster, before it runs; --search ranks the meshes\n"
+            "  plan --calibrate FILE  measure this machine into a cluster file\n"
             "  launch -n N [--] CMD...  start N local ranks of CMD\n"
             "  plugins [CONFIG]       list every plugin found, and whether it loads\n"
             "  settings [CONFIG]      every setting: CONFIG's values, the core's, each plugin's\n"

@@ -121,6 +121,8 @@ struct loom_model {
     int *positions;               /* the global position of each of the T rows of a sequence */
     block_acts scratch_own;       /* the scratch set as allocated (recomputation) */
     int status;                   /* the first failure of a parallel op this pass */
+    int planning;                 /* loom_model_plan: count what create would allocate */
+    uint64_t planned[LOOM_PURPOSE_COUNT];
     void **allocations;
     int nallocations, capallocations;
 };
@@ -129,6 +131,12 @@ struct loom_model {
 
 static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
 {
+    /* planning: a pointer that is never read, so the callers run unchanged */
+    static char planned_buffer;
+    if (m->planning) {
+        m->planned[purpose] += bytes ? bytes : 1;
+        return &planned_buffer;
+    }
     void *p = NULL;
     if (loom_mem_alloc(LOOM_TIER_HOST, purpose, bytes ? bytes : 1, &p) != LOOM_OK)
         return NULL;
@@ -700,8 +708,8 @@ static void point_whole(loom_model *m)
     w->dlnf = m->seqpar ? m->dsmall : m->dtmp_a;
 }
 
-int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
-                               loom_model **out)
+static int create(const loom_model_setup *setup, const loom_model_layout *layout, int planning,
+                  loom_model **out)
 {
     loom_model_layout single;
     memset(&single, 0, sizeof single);
@@ -710,9 +718,10 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
     if (!m)
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     set_dims(m, setup, lay);
+    m->planning = planning;
     int rc;
     if ((rc = check_setup(m)) == LOOM_OK && (rc = build_units(m)) == LOOM_OK &&
-        (rc = set_runs(m)) == LOOM_OK && (rc = alloc_shared(m)) == LOOM_OK) {
+        (rc = set_runs(m)) == LOOM_OK && (rc = alloc_shared(m)) == LOOM_OK && !planning) {
         point_whole(m);
         /* slot 0 from the start: callers that never name a slot use it */
         rc = loom_model_use_slot(m, 0);
@@ -723,6 +732,49 @@ int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_l
     }
     *out = m;
     return LOOM_OK;
+}
+
+int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
+                               loom_model **out)
+{
+    return create(setup, layout, 0, out);
+}
+
+int loom_model_plan(const loom_model_setup *setup, const loom_model_layout *layout,
+                    loom_model **out)
+{
+    return create(setup, layout, 1, out);
+}
+
+uint64_t loom_model_planned_bytes(const loom_model *m, loom_purpose purpose)
+{
+    return (unsigned)purpose < LOOM_PURPOSE_COUNT ? m->planned[purpose] : 0;
+}
+
+size_t loom_model_slot_bytes_of(const loom_model *m, const unsigned char *units)
+{
+    model_slot s;
+    memset(&s, 0, sizeof s);
+    size_t n = (size_t)m->L + 2;
+    void **stream = calloc(n, sizeof *stream);
+    block_acts *acts = calloc(n, sizeof *acts);
+    block_saved *saved = calloc(n, sizeof *saved);
+    if (!stream || !acts || !saved) {
+        free(stream);
+        free(acts);
+        free(saved);
+        return 0;
+    }
+    s.cover = (unsigned char *)(uintptr_t)units;
+    s.stream = stream;
+    s.acts = acts;
+    s.saved = saved;
+    carver c = {NULL, 0};
+    layout_slot(m, &c, &s);
+    free(stream);
+    free(acts);
+    free(saved);
+    return c.used ? c.used : 1;
 }
 
 void loom_model_destroy(loom_model *m)

@@ -61,6 +61,18 @@ int loom_model_create(const loom_model_setup *setup, loom_model **out);
 int loom_model_create_parallel(const loom_model_setup *setup, const loom_model_layout *layout,
                                loom_model **out);
 void loom_model_destroy(loom_model *m);
+
+/* The same model without its buffers, for `loom plan`: every query below
+ * and loom_model_units (numel, not buffers), loom_model_stream (counts),
+ * loom_model_deferred_bytes answer as for the real one; nothing computes.
+ * loom_model_planned_bytes: what create would have allocated by purpose
+ * (the shared scratch and fp32 copies); loom_model_slot_bytes_of: one
+ * slot of these units (L + 2 flags; NULL: all the rank runs), as
+ * loom_model_use_slot(_units) would allocate it. */
+int loom_model_plan(const loom_model_setup *setup, const loom_model_layout *layout,
+                    loom_model **out);
+uint64_t loom_model_planned_bytes(const loom_model *m, loom_purpose purpose);
+size_t loom_model_slot_bytes_of(const loom_model *m, const unsigned char *units);
 /* The units (L + 2), their parameter views and numel filled in; params and
  * grads are NULL until the data strategy places them. */
 loom_unit *loom_model_units(loom_model *m, int *count);

@@ -60,7 +60,7 @@ typedef struct schema_entry {
     const char *help;
 } schema_entry;
 
-static const char *const model_kinds[] = {"gpt2", NULL};
+static const char *const model_kinds[] = {"gpt2", "llama", NULL};
 static const char *const model_inits[] = {"random", "checkpoint", NULL};
 static const char *const lr_schedules[] = {"constant", "cosine", NULL};
 static const char *const decays[] = {"all", "matrices", NULL};
@@ -89,6 +89,9 @@ static const schema_entry schema[] = {
     S("model.kind", V_STRING, "gpt2", .choices = model_kinds, .help = "model family"),
     S("model.layers", V_INT, "4", .lo = 1, .flags = GE, .help = "transformer blocks"),
     S("model.heads", V_INT, "4", .lo = 1, .flags = GE, .help = "attention heads"),
+    S("model.kv_heads", V_INT, "0", .lo = 0, .flags = GE,
+      .help = "llama: key/value heads of grouped-query attention; 0 = model.heads"),
+    S("model.ffn", V_INT, "0", .lo = 0, .flags = GE, .help = "llama: MLP width; 0 = 4 x channels"),
     S("model.channels", V_INT, "128", .lo = 1, .flags = GE, .help = "embedding width"),
     S("model.vocab", V_INT, "256", .lo = 1, .flags = GE, .help = "vocabulary size"),
     S("model.padded_vocab", V_INT, "256", .lo = 1, .flags = GE,
@@ -914,6 +917,26 @@ static int check_relations(const loom_config *cfg)
                 return fail_rel(cfg, eval[i], "data.val",
                                 "validation needs a validation set; set data.val (llm.c token "
                                 "shards), or remove %s", eval[i]);
+    }
+
+    /* GPT-2's attention has a key and value per head and an MLP of 4C:
+     * these shape a llama, which loom plans but does not train */
+    const char *kind = "gpt2";
+    loom_config_string(cfg, "model.kind", &kind);
+    const char *llama_only[] = {"model.kv_heads", "model.ffn"};
+    for (int i = 0; i < 2 && !strcmp(kind, "gpt2"); i++)
+        if (loom_config_is_set(cfg, llama_only[i]))
+            return fail_rel(cfg, llama_only[i], "model.kind",
+                            "shapes model.kind = \"llama\" only (GPT-2 has one key and value "
+                            "head per head and an MLP of 4 x channels); remove it");
+    if (!strcmp(kind, "llama")) {
+        int64_t heads = 1, kv = 0;
+        loom_config_int(cfg, "model.heads", &heads);
+        loom_config_int(cfg, "model.kv_heads", &kv);
+        if (kv > 0 && heads % kv)
+            return fail_rel(cfg, "model.kv_heads", "model.heads",
+                            "expected a divisor of model.heads (%lld), found %lld",
+                            (long long)heads, (long long)kv);
     }
 
     /* A checkpoint brings its own shape; these hold for a model we build. */

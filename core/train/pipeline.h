@@ -23,6 +23,7 @@
 #include "loom/comm.h"
 #include "loom/tensor.h"
 #include "model/model.h"
+#include "runtime/config.h"
 #include "train/schedule.h"
 
 typedef struct loom_pipeline loom_pipeline;
@@ -48,6 +49,11 @@ typedef struct loom_pipeline_setup {
 } loom_pipeline_setup;
 
 int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out);
+
+/* The units (0..layers+1) of each of `stages` stages (pp × virtual
+ * stages): the blocks split evenly or as parallel.pp.stage_layers lists
+ * them, the embedding with the first, the head with the last. */
+int loom_split_stages(loom_config *cfg, int layers, int stages, int *first, int *last);
 void loom_pipeline_destroy(loom_pipeline *pl);
 
 /* One step of the schedule. inputs[mb], targets[mb]: each micro-batch's

@@ -46,12 +46,6 @@ typedef struct loom_plan_shape {
     int vocab, padded_vocab, max_seq;
 } loom_plan_shape;
 
-typedef enum loom_plan_recompute {
-    LOOM_PLAN_RECOMPUTE_NONE = 0,
-    LOOM_PLAN_RECOMPUTE_BLOCK = 1,     /* loom's train.recompute = "block": keep each block's input */
-    LOOM_PLAN_RECOMPUTE_SELECTIVE = 2, /* Korthikanti's selective: recompute attention's core */
-} loom_plan_recompute;
-
 typedef struct loom_plan_job {
     loom_plan_shape shape;
     int batch;        /* global batch, in sequences */
@@ -59,8 +53,7 @@ typedef struct loom_plan_job {
     int grad_accum;   /* micro-batches per step per dp rank (pp: parallel.pp.microbatches) */
     int micro_batch;  /* sequences per micro-batch per dp rank */
     loom_dtype dtype; /* f32, bf16, f16 */
-    loom_plan_recompute recompute;
-    int flash_attention; /* the B·NH·T·T probabilities never stored (planning only) */
+    int recompute;    /* 1: train.recompute = "block", each block keeps only its input */
     int sizes[LOOM_AXIS_COUNT]; /* tp, sp, pp, dp */
     char dp_strategy[32];       /* ddp, zero1, zero2, zero3 */
     int prefetch;               /* zero3: units gathered ahead */
@@ -170,10 +163,13 @@ typedef struct loom_plan {
     char warnings[LOOM_PLAN_WARNINGS_MAX][256];
 } loom_plan;
 
-/* Plan the job on the cluster. On failure, one line (loom_fail) says what
+/* Plan the job on the cluster; schedule: the pipeline's (pp > 1), built
+ * from the job's settings, else NULL. On failure, one line (loom_fail) says what
  * cannot be planned (a strategy or schedule loom has no model of, a mesh
  * the cluster cannot hold). */
-int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster, loom_plan *out);
+struct loom_schedule;
+int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
+                   const struct loom_schedule *schedule, loom_plan *out);
 void loom_plan_free(loom_plan *p);
 
 /* ---- the time model (plan_time.c) ---- */

@@ -22,7 +22,12 @@ int loom_train_model_shape(loom_config *cfg, loom_gpt2_shape *shape)
         {"model.padded_vocab", "Vp", &shape->padded_vocab},
         {"model.max_seq", "maxT", &shape->max_seq},
     };
-    const char *init = "random", *path = "";
+    const char *init = "random", *path = "", *kind = "gpt2";
+    loom_config_string(cfg, "model.kind", &kind);
+    if (strcmp(kind, "gpt2"))
+        return loom_fail(LOOM_ERR_INVALID, "%s: model.kind = \"%s\": loom plans this shape "
+                         "(loom plan) but trains GPT-2 only; set model.kind = \"gpt2\"",
+                         loom_config_where(cfg, "model.kind"), kind);
     loom_config_string(cfg, "model.init", &init);
     loom_config_string(cfg, "model.checkpoint", &path);
     loom_gpt2_shape file = {0};

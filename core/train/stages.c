@@ -12,41 +12,46 @@
 /* Units of each of the pp × virtual_stages stages: the blocks split evenly
  * (or as parallel.pp.stage_layers says), the embedding with the first
  * stage, the final LayerNorm, LM head and loss with the last. */
-static int split_stages(trainer *t, int stages)
+int loom_split_stages(loom_config *cfg, int layers, int stages, int *first, int *last)
 {
     const char *list = "parallel.pp.stage_layers";
-    int L = t->shape.layers, listed = loom_config_list_len(t->cfg, list), blocks = 0;
-    t->stage_first = calloc((size_t)stages, sizeof *t->stage_first);
-    t->stage_last = calloc((size_t)stages, sizeof *t->stage_last);
-    if (!t->stage_first || !t->stage_last)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    int L = layers, listed = loom_config_list_len(cfg, list), blocks = 0;
     if (listed > 0 && listed != stages)
         return loom_fail(LOOM_ERR_INVALID, "%s: %s has %d entries for %d stages "
-                         "(parallel.pp.size × virtual_stages)", loom_config_where(t->cfg, list),
+                         "(parallel.pp.size × virtual_stages)", loom_config_where(cfg, list),
                          list, listed, stages);
     if (listed <= 0 && L % stages != 0)
         return loom_fail(LOOM_ERR_INVALID, "%s: model.layers = %d do not split evenly over %d "
                          "stages (parallel.pp.size × virtual_stages); list the layers of each "
-                         "stage in %s", loom_config_where(t->cfg, "parallel.pp.size"), L, stages,
+                         "stage in %s", loom_config_where(cfg, "parallel.pp.size"), L, stages,
                          list);
     for (int st = 0; st < stages; st++) {
-        int n = L / stages;
+        int64_t n = L / stages;
         if (listed > 0) {
             char path[64];
             snprintf(path, sizeof path, "%s[%d]", list, st);
-            trainer_read_int(t->cfg, path, &n);
+            loom_config_int(cfg, path, &n);
         }
-        t->stage_first[st] = st == 0 ? 0 : blocks + 1;
-        blocks += n;
-        t->stage_last[st] = st == stages - 1 ? L + 1 : blocks;
-        if (t->stage_last[st] < t->stage_first[st])
+        first[st] = st == 0 ? 0 : blocks + 1;
+        blocks += (int)n;
+        last[st] = st == stages - 1 ? L + 1 : blocks;
+        if (last[st] < first[st])
             return loom_fail(LOOM_ERR_INVALID, "%s: stage %d holds no layer; every stage but the "
-                             "first and the last needs one", loom_config_where(t->cfg, list), st);
+                             "first and the last needs one", loom_config_where(cfg, list), st);
     }
     if (blocks != L)
         return loom_fail(LOOM_ERR_INVALID, "%s: the stages hold %d layers, the model has %d "
-                         "(model.layers)", loom_config_where(t->cfg, list), blocks, L);
+                         "(model.layers)", loom_config_where(cfg, list), blocks, L);
     return LOOM_OK;
+}
+
+static int split_stages(trainer *t, int stages)
+{
+    t->stage_first = calloc((size_t)stages, sizeof *t->stage_first);
+    t->stage_last = calloc((size_t)stages, sizeof *t->stage_last);
+    if (!t->stage_first || !t->stage_last)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    return loom_split_stages(t->cfg, t->shape.layers, stages, t->stage_first, t->stage_last);
 }
 
 /* The units the data strategy looks after: all of them, or on a pipeline

@@ -39,9 +39,18 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
      * since the checkpoint appears again, later) */
     const char *restarted = getenv("LOOM_RESTART");
     FILE *metrics = NULL;
-    if (o->metrics && t->rank == 0 &&
-        !(metrics = fopen(o->metrics, restarted && atoi(restarted) > 0 ? "a" : "w")))
-        return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", o->metrics, strerror(errno));
+    /* "{rank}" in the path: every rank writes its own lines (its memory and
+     * traffic, which differ along a pipeline); otherwise rank 0 alone */
+    char path[4096] = "";
+    const char *mark = o->metrics ? strstr(o->metrics, "{rank}") : NULL;
+    if (mark)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - o->metrics), o->metrics, t->rank,
+                 mark + strlen("{rank}"));
+    else if (o->metrics)
+        snprintf(path, sizeof path, "%s", o->metrics);
+    if (o->metrics && (t->rank == 0 || mark) &&
+        !(metrics = fopen(path, restarted && atoi(restarted) > 0 ? "a" : "w")))
+        return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", path, strerror(errno));
     if (o->trace)
         loom_trace_enable(t->rank);
     int64_t sample_every = 0, sample_tokens = 0;
@@ -78,11 +87,10 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
                       (done == t->steps || (t->eval_every > 0 && done % t->eval_every == 0));
         if (r.evaluated && (rc = trainer_evaluate(t, &r.val_loss)) != LOOM_OK)
             break;
-        if (t->rank == 0) {
+        if (t->rank == 0)
             trainer_print_progress(t, &r);
-            if (metrics)
-                trainer_write_metrics(metrics, t, &r);
-        }
+        if (metrics)
+            trainer_write_metrics(metrics, t, &r);
         if ((rc = trainer_check_diverged(t, &r)) != LOOM_OK)
             break;
         t->step++;

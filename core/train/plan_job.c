@@ -1,0 +1,141 @@
+/* loom train — The job `loom plan` plans: the settings `loom train` reads,
+ * with the same defaults and the same refusals where they matter to a plan
+ * (the batch split, the stages), read from the config alone: no data, no
+ * ranks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/status.h"
+#include "runtime/log.h"
+#include "train/pipeline.h"
+#include "train/plan.h"
+#include "train/train.h"
+
+static int read_int(loom_config *cfg, const char *path)
+{
+    int64_t v = 0;
+    loom_config_int(cfg, path, &v);
+    return (int)v;
+}
+
+static void read_name(loom_config *cfg, const char *path, char *out, size_t cap)
+{
+    const char *v = "";
+    loom_config_string(cfg, path, &v);
+    snprintf(out, cap, "%s", v);
+}
+
+static int read_shape(loom_config *cfg, loom_plan_shape *out)
+{
+    const char *kind = "gpt2";
+    loom_config_string(cfg, "model.kind", &kind);
+    memset(out, 0, sizeof *out);
+    if (!strcmp(kind, "gpt2")) {
+        loom_gpt2_shape g;
+        int rc = loom_train_model_shape(cfg, &g);
+        if (rc != LOOM_OK)
+            return rc;
+        *out = (loom_plan_shape){LOOM_PLAN_GPT2, g.layers,   g.heads, g.heads,      g.channels,
+                                 4 * g.channels, g.vocab, g.padded_vocab, g.max_seq};
+        return LOOM_OK;
+    }
+    out->kind = LOOM_PLAN_LLAMA;
+    out->layers = read_int(cfg, "model.layers");
+    out->heads = read_int(cfg, "model.heads");
+    out->kv_heads = read_int(cfg, "model.kv_heads");
+    out->channels = read_int(cfg, "model.channels");
+    out->ffn = read_int(cfg, "model.ffn");
+    out->vocab = read_int(cfg, "model.vocab");
+    out->padded_vocab = read_int(cfg, "model.padded_vocab");
+    out->max_seq = read_int(cfg, "model.max_seq");
+    if (out->kv_heads == 0)
+        out->kv_heads = out->heads;
+    if (out->ffn == 0)
+        out->ffn = 4 * out->channels;
+    if (!loom_config_is_set(cfg, "model.padded_vocab"))
+        out->padded_vocab = out->vocab;
+    return LOOM_OK;
+}
+
+/* The batch split as `loom train` splits it (setup.c): a pipeline's
+ * micro-batches are its accumulation. */
+static int split_batch(loom_config *cfg, loom_plan_job *j)
+{
+    int dp = j->sizes[LOOM_AXIS_DP], pp = j->sizes[LOOM_AXIS_PP];
+    j->grad_accum = read_int(cfg, "train.grad_accum");
+    if (pp > 1) {
+        if (j->grad_accum != 1)
+            return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
+                             "the gradient accumulation; set train.grad_accum = 1",
+                             loom_config_where(cfg, "train.grad_accum"));
+        j->grad_accum = j->microbatches;
+    }
+    const char *path = pp > 1 ? "parallel.pp.microbatches" : "train.grad_accum";
+    if (j->batch % (dp * j->grad_accum) != 0)
+        return loom_fail(LOOM_ERR_INVALID, "%s: train.batch %d does not divide by "
+                         "parallel.dp.size %d × %s %d", loom_config_where(cfg, path), j->batch, dp,
+                         path, j->grad_accum);
+    j->micro_batch = j->batch / (dp * j->grad_accum);
+    return LOOM_OK;
+}
+
+int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
+{
+    static const char *const sizes[LOOM_AXIS_COUNT] = {"parallel.tp.size", "parallel.sp.size",
+                                                       "parallel.pp.size", "parallel.dp.size"};
+    loom_plan_job j;
+    memset(&j, 0, sizeof j);
+    int rc = read_shape(cfg, &j.shape);
+    if (rc != LOOM_OK)
+        return rc;
+    j.batch = read_int(cfg, "train.batch");
+    j.seq = read_int(cfg, "train.seq");
+    const char *precision = "fp32", *recompute = "none";
+    loom_config_string(cfg, "train.precision", &precision);
+    loom_config_string(cfg, "train.recompute", &recompute);
+    j.dtype = !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+    j.recompute = !strcmp(recompute, "block");
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        j.sizes[a] = read_int(cfg, sizes[a]);
+    read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
+    j.prefetch = read_int(cfg, "parallel.dp.prefetch");
+    j.shard_size = read_int(cfg, "parallel.dp.shard_size");
+    loom_config_bool(cfg, "parallel.tp.sequence_parallel", &j.sequence_parallel);
+    read_name(cfg, "parallel.sp.strategy", j.sp_strategy, sizeof j.sp_strategy);
+    read_name(cfg, "parallel.pp.schedule", j.schedule, sizeof j.schedule);
+    j.virtual_stages = read_int(cfg, "parallel.pp.virtual_stages");
+    j.microbatches = read_int(cfg, "parallel.pp.microbatches");
+    const char *where[2] = {"none", "none"};
+    loom_config_string(cfg, "memory.offload.optimizer", &where[0]);
+    loom_config_string(cfg, "memory.offload.params", &where[1]);
+    for (int k = 0; k < 2; k++) {
+        loom_offload o = !strcmp(where[k], "host") ? LOOM_OFFLOAD_HOST
+                         : !strcmp(where[k], "nvme") ? LOOM_OFFLOAD_NVME : LOOM_OFFLOAD_NONE;
+        if (k == 0)
+            j.offload[LOOM_PURPOSE_OPTIMIZER] = o;
+        else
+            j.offload[LOOM_PURPOSE_PARAMS] = j.offload[LOOM_PURPOSE_GRADS] = o;
+    }
+    if ((rc = split_batch(cfg, &j)) != LOOM_OK)
+        return rc;
+    int stages = j.sizes[LOOM_AXIS_PP] * j.virtual_stages;
+    j.stage_first = calloc((size_t)stages, sizeof *j.stage_first);
+    j.stage_last = calloc((size_t)stages, sizeof *j.stage_last);
+    if (!j.stage_first || !j.stage_last)
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
+    if (rc == LOOM_OK)
+        rc = loom_split_stages(cfg, j.shape.layers, stages, j.stage_first, j.stage_last);
+    if (rc != LOOM_OK) {
+        loom_plan_job_free(&j);
+        return rc;
+    }
+    *out = j;
+    return LOOM_OK;
+}
+
+void loom_plan_job_free(loom_plan_job *job)
+{
+    free(job->stage_first);
+    free(job->stage_last);
+    job->stage_first = job->stage_last = NULL;
+}
