@@ -72,6 +72,13 @@ static uint64_t zero_params_in_flight(const uint64_t *u, int n, int tied, int pr
     return most;
 }
 
+static void add_comm(loom_plan_rank *r, loom_axis axis, loom_comm_op op, uint64_t calls,
+                     uint64_t bytes_each)
+{
+    r->comm[axis][op].calls += calls;
+    r->comm[axis][op].bytes += calls * bytes_each;
+}
+
 static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int tied,
                               loom_plan_rank *r)
 {
@@ -87,6 +94,16 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
         host[LOOM_PURPOSE_PARAMS] += numel * e;
         host[LOOM_PURPOSE_GRADS] += numel * e;
         host[LOOM_PURPOSE_OPTIMIZER] += numel * opt;
+        /* buckets of consecutive units in backward order, each closing at
+         * bucket_mb, all-reduced once per step (the last micro-batch) */
+        uint64_t bucket = 0;
+        for (int i = n - 1; i >= 0; i--) {
+            bucket += su->numel[i];
+            if ((double)(bucket * e) >= j->bucket_mb * 1024.0 * 1024.0 || i == 0) {
+                add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, bucket * e);
+                bucket = 0;
+            }
+        }
         return LOOM_OK;
     }
     int stage = !strcmp(name, "zero1") ? 1 : !strcmp(name, "zero2") ? 2 : !strcmp(name, "zero3") ? 3 : 0;
@@ -108,6 +125,19 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
     for (int i = 0; i < n; i++)
         padded[i] *= e;
     host[LOOM_PURPOSE_OPTIMIZER] += owned * opt;
+    /* the global norm (one f64); per unit: zero1 reduce-scatters on the
+     * last micro-batch, zero2/3 on each; zero1/2 gather the updated
+     * parameters once, zero3 gathers for each forward and backward (the
+     * tied embedding's second forward keeps its gather); HSDP all-reduces
+     * each owned shard over the replicas */
+    int micro = j->grad_accum, replicas = j->sizes[LOOM_AXIS_DP] / shard_ranks;
+    add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 8);
+    for (int i = 0; i < n; i++) {
+        add_comm(r, LOOM_AXIS_DP, LOOM_OP_REDUCESCATTER, stage == 1 ? 1 : (uint64_t)micro, padded[i]);
+        add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLGATHER, stage == 3 ? 2 * (uint64_t)micro : 1, padded[i]);
+        if (replicas > 1)
+            add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, padded[i] / shard_ranks);
+    }
     if (stage == 1) {
         host[LOOM_PURPOSE_PARAMS] += full * e;
         host[LOOM_PURPOSE_GRADS] += full * e;
@@ -179,6 +209,7 @@ static int plan_gpt2_rank(const loom_plan_job *j, const struct loom_schedule *sc
         out->slot_bytes = loom_model_slot_bytes_of(m, NULL);
         out->live_microbatches = 1;
         host[LOOM_PURPOSE_ACTIVATIONS] += out->activation_shared + out->slot_bytes;
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 4); /* the step's loss */
         int tied = su.unit[0] == 0 && su.unit[su.n - 1] == L + 1;
         rc = plan_data_strategy(j, &su, tied, out);
     }

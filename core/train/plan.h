@@ -57,6 +57,7 @@ typedef struct loom_plan_job {
     int sizes[LOOM_AXIS_COUNT]; /* tp, sp, pp, dp */
     char dp_strategy[32];       /* ddp, zero1, zero2, zero3 */
     int prefetch;               /* zero3: units gathered ahead */
+    double bucket_mb;           /* ddp: gradient bytes per all-reduce bucket, MiB */
     int shard_size;             /* zero3 HSDP: ranks a shard group; 0 = dp */
     int sequence_parallel;      /* Megatron's, on the tp axis */
     char sp_strategy[32];       /* ulysses, ring */

@@ -98,8 +98,13 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
         j.sizes[a] = read_int(cfg, sizes[a]);
     read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
-    j.prefetch = read_int(cfg, "parallel.dp.prefetch");
+    /* the shipped strategies' own settings, at their defaults when unset
+     * (plugins/strategy/zero.c, ddp.c) */
+    j.prefetch = loom_config_is_set(cfg, "parallel.dp.prefetch") ? read_int(cfg, "parallel.dp.prefetch") : 1;
     j.shard_size = read_int(cfg, "parallel.dp.shard_size");
+    j.bucket_mb = 25.0;
+    if (loom_config_is_set(cfg, "parallel.dp.bucket_mb"))
+        loom_config_float(cfg, "parallel.dp.bucket_mb", &j.bucket_mb);
     loom_config_bool(cfg, "parallel.tp.sequence_parallel", &j.sequence_parallel);
     read_name(cfg, "parallel.sp.strategy", j.sp_strategy, sizeof j.sp_strategy);
     read_name(cfg, "parallel.pp.schedule", j.schedule, sizeof j.schedule);
