@@ -153,6 +153,102 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
     return LOOM_OK;
 }
 
+/* ---- the tensor and sequence axes (core/train/tensor.c, the model's
+ * borders, plugins/strategy/tp.c, ulysses.c, ring.c) ---- */
+
+/* Per micro-batch, for a unit the rank runs: the tensor group's border
+ * collectives, each an fp32 (N, C) buffer of the micro-batch's token rows
+ * as counted (with sequence parallelism the rows are split, the count the
+ * whole): a block enters and leaves two regions in forward and again in
+ * backward, and with recomputation runs its forward twice; the embedding
+ * leaves the vocabulary region, the head enters it (Megatron's f and g:
+ * identity/all-reduce, or all-gather/reduce-scatter). The sequence group
+ * sums each unit's fp32 gradients; with sequence parallelism the tensor
+ * group sums the runs of replicated tensors. */
+static void plan_unit_borders(const loom_plan_job *j, const loom_unit *unit, int L, double *blocks,
+                              loom_plan_rank *r)
+{
+    int tp = j->sizes[LOOM_AXIS_TP], sp = j->sizes[LOOM_AXIS_SP], sq = j->sequence_parallel;
+    uint64_t micro = (uint64_t)j->grad_accum, T = (uint64_t)j->seq / (uint64_t)sp;
+    uint64_t N = (uint64_t)j->micro_batch * T, C = (uint64_t)j->shape.channels;
+    uint64_t rows = N * C * 4;
+    int u = unit->index;
+    if (sp > 1)
+        add_comm(r, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, micro, unit->numel * 4);
+    if (u >= 1 && u <= L)
+        *blocks += 1;
+    if (tp == 1)
+        return;
+    /* a block: per forward pass (two with recomputation) two regions
+     * entered and left; in backward each border's conjugate, and the
+     * weight gradients' region inputs again. The embedding leaves the
+     * vocabulary region; the head enters it (and again for wte's
+     * gradient). gathers: forward enters, backward exits and the inputs
+     * again (identity without sequence parallelism); reductions: forward
+     * exits and backward enters. */
+    uint64_t passes = j->recompute ? 2 : 1, gathers = 2 * passes + 4, reductions = 2 * passes + 2;
+    if (u == 0)
+        gathers = reductions = 1;
+    else if (u == L + 1)
+        gathers = 2, reductions = 1;
+    if (sq) {
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLGATHER, micro * gathers, rows);
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_REDUCESCATTER, micro * reductions, rows);
+    } else {
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro * reductions, rows);
+    }
+    if (u == L + 1) { /* the vocabulary-parallel loss: rows' max, then their two sums */
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, N * 4);
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, 2 * N * 4);
+    }
+    for (int i = 0; sq && i < unit->ntensors;) {
+        if (unit->tensors[i].split != LOOM_SPLIT_REPLICATED) {
+            i++;
+            continue;
+        }
+        uint64_t n = 0;
+        while (i < unit->ntensors && unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
+            n += unit->tensors[i++].count;
+        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, n * 4);
+    }
+}
+
+/* The sequence strategy's buffers and traffic for `layers` blocks that
+ * keep attention state: Ulysses all-to-alls q, k, v there and the output
+ * back (backward the reverse), each an fp32 (B, T/sp, C/tp) buffer, and
+ * keeps each layer's head-sharded q, k, v, output and statistics; ring
+ * attention passes K and V around the ring (sp − 1 steps forward, and in
+ * backward sp − 1 more with the sp gradient passes), holding five
+ * double buffers. */
+static int plan_sequence(const loom_plan_job *j, double blocks, double saved_layers,
+                         loom_plan_rank *r)
+{
+    int sp = j->sizes[LOOM_AXIS_SP], tp = j->sizes[LOOM_AXIS_TP];
+    if (sp == 1)
+        return LOOM_OK;
+    uint64_t micro = (uint64_t)j->grad_accum, T = (uint64_t)j->seq / (uint64_t)sp;
+    uint64_t B = (uint64_t)j->micro_batch, NH = (uint64_t)(j->shape.heads / tp);
+    uint64_t local = B * T * (uint64_t)j->shape.channels / (uint64_t)tp * 4; /* q, k, v or out */
+    uint64_t passes = j->recompute ? 2 : 1; /* forwards per block */
+    uint64_t *host = r->peak[LOOM_TIER_HOST];
+    if (!strcmp(j->sp_strategy, "ulysses")) {
+        add_comm(r, LOOM_AXIS_SP, LOOM_OP_ALLTOALL, micro * (uint64_t)blocks * (4 * passes + 4), local);
+        host[LOOM_PURPOSE_COMM] += 2 * local;
+        host[LOOM_PURPOSE_ACTIVATIONS] += 4 * local + (uint64_t)saved_layers * (4 * local + B * NH * T * 4);
+        return LOOM_OK;
+    }
+    if (!strcmp(j->sp_strategy, "ring")) {
+        uint64_t steps = (uint64_t)(sp - 1) * passes + (uint64_t)(sp - 1) + (uint64_t)sp;
+        add_comm(r, LOOM_AXIS_SP, LOOM_OP_SEND, micro * (uint64_t)blocks * steps, 2 * local);
+        add_comm(r, LOOM_AXIS_SP, LOOM_OP_RECV, micro * (uint64_t)blocks * steps, 2 * local);
+        host[LOOM_PURPOSE_COMM] += 5 * 2 * local;
+        return LOOM_OK;
+    }
+    return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                     "plan: parallel.sp.strategy = \"%s\": loom plan knows ulysses and ring",
+                     j->sp_strategy);
+}
+
 /* ---- one pipeline rank ---- */
 
 static int plan_gpt2_rank(const loom_plan_job *j, const struct loom_schedule *schedule, int rank,
@@ -212,6 +308,18 @@ static int plan_gpt2_rank(const loom_plan_job *j, const struct loom_schedule *sc
         add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 4); /* the step's loss */
         int tied = su.unit[0] == 0 && su.unit[su.n - 1] == L + 1;
         rc = plan_data_strategy(j, &su, tied, out);
+        double blocks = 0;
+        for (int i = 0; i < su.n; i++)
+            plan_unit_borders(j, &units[su.unit[i]], L, &blocks, out);
+        /* Ulysses keys what it keeps on each layer's statistics buffer: one
+         * per block and slot, but recomputation's all share the scratch */
+        double saved = j->recompute ? 1 : blocks * out->live_microbatches;
+        if (rc == LOOM_OK)
+            rc = plan_sequence(j, blocks, saved, out);
+        if (j->sizes[LOOM_AXIS_SP] > 1)
+            add_comm(out, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, 1, 4); /* the loss, averaged */
+        if (j->sizes[LOOM_AXIS_TP] > 1)
+            add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, 1, 8); /* the replicated norm */
     }
     loom_model_destroy(m);
     free(runs);
