@@ -249,12 +249,143 @@ static int plan_sequence(const loom_plan_job *j, double blocks, double saved_lay
                      j->sp_strategy);
 }
 
+/* ---- the pipeline axis (core/train/pipeline.c) ---- */
+
+enum { RECV_AHEAD = 2 }; /* receives the executor keeps posted ahead */
+
+typedef struct walk {
+    uint64_t act, comm, act_peak, comm_peak;
+} walk;
+
+static void hold(walk *w, int purpose_act, int64_t bytes)
+{
+    uint64_t *cur = purpose_act ? &w->act : &w->comm, *peak = purpose_act ? &w->act_peak : &w->comm_peak;
+    *cur = (uint64_t)((int64_t)*cur + bytes);
+    if (*cur > *peak)
+        *peak = *cur;
+}
+
+/* The rank's actions in the order the executor runs them: a virtual
+ * stage's micro-batch takes a slot (recycled within the virtual stage once
+ * its backward is done, never freed during the step); a split backward
+ * keeps each unit's deferred gradients from its input half to its weight
+ * half; receives are posted RECV_AHEAD ahead and their buffers held until
+ * the compute that reads them; a gradient to send is copied out at the
+ * backward and held until its send. A send's buffer is freed once the
+ * network says it completed; planned at the next check, right after its
+ * action (an eager send), which is what small messages do. */
+static void walk_schedule(const loom_plan_job *j, const loom_schedule *sch, int rank, loom_model *m,
+                          uint64_t shared, loom_plan_rank *out)
+{
+    int p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages, n = sch->count[rank];
+    int L = j->shape.layers, S = p * v;
+    const loom_action *list = sch->actions[rank];
+    size_t count = 0;
+    loom_dtype dtype = LOOM_F32;
+    (void)loom_model_stream(m, 1, &count, &dtype);
+    int64_t stream = (int64_t)(count * loom_dtype_size(dtype)), gradient = (int64_t)(count * 4);
+    int *slots = calloc((size_t)v, sizeof *slots), *live = calloc((size_t)v, sizeof *live);
+    uint64_t *slot_bytes = calloc((size_t)v, sizeof *slot_bytes);
+    char *posted = calloc((size_t)n, 1), *waited = calloc((size_t)n, 1);
+    unsigned char *cover = calloc((size_t)L + 2, 1);
+    if (!slots || !live || !slot_bytes || !posted || !waited || !cover)
+        goto done;
+    for (int vs = 0; vs < v; vs++) {
+        int st = vs * p + rank;
+        memset(cover, 0, (size_t)L + 2);
+        for (int u = j->stage_first[st]; u <= j->stage_last[st]; u++)
+            cover[u] = 1;
+        slot_bytes[vs] = loom_model_slot_bytes_of(m, cover);
+    }
+    walk w = {shared, 0, shared, 0};
+    int next = 0, most_live = 0, now_live = 0;
+    for (int i = -1; i < n; i++) {
+        if (i >= 0) {
+            loom_action a = list[i];
+            int vs = a.virtual_stage, st = vs * p + rank;
+            int first = j->stage_first[st], last = j->stage_last[st];
+            int is_recv = a.kind == LOOM_ACT_RECV_ACTIVATION || a.kind == LOOM_ACT_RECV_GRADIENT;
+            if (is_recv && !posted[i]) {
+                posted[i] = 1;
+                hold(&w, 0, a.kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream);
+            }
+            if (is_recv)
+                waited[i] = 1;
+            int compute = a.kind <= LOOM_ACT_BACKWARD_WEIGHT;
+            if (compute && live[vs] == slots[vs] && a.kind == LOOM_ACT_FORWARD) {
+                slots[vs]++;
+                hold(&w, 1, (int64_t)slot_bytes[vs]);
+            }
+            if (a.kind == LOOM_ACT_FORWARD) {
+                live[vs]++;
+                if (++now_live > most_live)
+                    most_live = now_live;
+                if (st > 0) /* its received input, read and freed */
+                    hold(&w, 0, -stream);
+            }
+            if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st < S - 1)
+                hold(&w, 0, -gradient);
+            if (a.kind == LOOM_ACT_BACKWARD_INPUT)
+                for (int u = last; u >= first; u--)
+                    hold(&w, 1, (int64_t)loom_model_deferred_bytes(m, u));
+            if (a.kind == LOOM_ACT_BACKWARD_WEIGHT)
+                for (int u = last; u >= first; u--)
+                    hold(&w, 1, -(int64_t)loom_model_deferred_bytes(m, u));
+            if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st > 0)
+                hold(&w, 0, gradient);
+            if (a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_WEIGHT) {
+                live[vs]--;
+                now_live--;
+            }
+            if (a.kind == LOOM_ACT_SEND_ACTIVATION) {
+                hold(&w, 0, stream);
+                hold(&w, 0, -stream);
+                add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)stream);
+            }
+            if (a.kind == LOOM_ACT_SEND_GRADIENT) {
+                hold(&w, 0, -gradient);
+                add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)gradient);
+            }
+            if (is_recv)
+                add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1,
+                         (uint64_t)(a.kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream));
+        }
+        /* keep RECV_AHEAD receives posted beyond this action */
+        int ahead = 0;
+        for (int k = i + 1; k < next; k++)
+            ahead += posted[k] && !waited[k] &&
+                     (list[k].kind == LOOM_ACT_RECV_ACTIVATION || list[k].kind == LOOM_ACT_RECV_GRADIENT);
+        if (next < i + 1)
+            next = i + 1;
+        while (next < n && ahead < RECV_AHEAD) {
+            if (list[next].kind == LOOM_ACT_RECV_ACTIVATION || list[next].kind == LOOM_ACT_RECV_GRADIENT) {
+                posted[next] = 1;
+                hold(&w, 0, list[next].kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream);
+                ahead++;
+            }
+            next++;
+        }
+    }
+    out->live_microbatches = most_live;
+    out->slot_bytes = 0;
+    for (int vs = 0; vs < v; vs++)
+        out->slot_bytes += (uint64_t)slots[vs] * slot_bytes[vs];
+    out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS] += w.act_peak;
+    out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_COMM] += w.comm_peak;
+done:
+    free(slots);
+    free(live);
+    free(slot_bytes);
+    free(posted);
+    free(waited);
+    free(cover);
+}
+
 /* ---- one pipeline rank ---- */
 
-static int plan_gpt2_rank(const loom_plan_job *j, const struct loom_schedule *schedule, int rank,
+static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule, int rank,
                           loom_plan_rank *out)
 {
-    (void)schedule;
     int L = j->shape.layers, p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages;
     int tp = j->sizes[LOOM_AXIS_TP], sp = j->sizes[LOOM_AXIS_SP];
     unsigned char *runs = calloc((size_t)L + 2, 1);
@@ -304,7 +435,30 @@ static int plan_gpt2_rank(const loom_plan_job *j, const struct loom_schedule *sc
         host[LOOM_PURPOSE_OTHER] += loom_model_planned_bytes(m, LOOM_PURPOSE_OTHER);
         out->slot_bytes = loom_model_slot_bytes_of(m, NULL);
         out->live_microbatches = 1;
-        host[LOOM_PURPOSE_ACTIVATIONS] += out->activation_shared + out->slot_bytes;
+        if (p == 1)
+            host[LOOM_PURPOSE_ACTIVATIONS] += out->activation_shared + out->slot_bytes;
+        else
+            walk_schedule(j, schedule, rank, m, out->activation_shared, out);
+        if (p > 1) {
+            /* the step's loss and idle share, the norm, every stage's peaks */
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 16);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 8);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLGATHER, 1, 16 * (uint64_t)p);
+        }
+        int holds_first = runs[0], holds_last = runs[L + 1];
+        uint64_t tied_bytes = units[0].numel * loom_dtype_size(j->dtype);
+        if (p > 1 && holds_last && !holds_first) {
+            /* the head's copy of wte and its gradient share: sent to the
+             * first stage after the step, the updated wte received back */
+            host[LOOM_PURPOSE_PARAMS] += tied_bytes;
+            host[LOOM_PURPOSE_GRADS] += tied_bytes;
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
+        } else if (p > 1 && holds_first && !holds_last) {
+            host[LOOM_PURPOSE_COMM] = max64(host[LOOM_PURPOSE_COMM], tied_bytes);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
+        }
         add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 4); /* the step's loss */
         int tied = su.unit[0] == 0 && su.unit[su.n - 1] == L + 1;
         rc = plan_data_strategy(j, &su, tied, out);
