@@ -166,7 +166,7 @@ static void case_flops(void)
      * 6·12·1024·768 = 742,136,832 + 56,623,104. */
     CHECK_EQ(loom_plan_ref_flops_per_token(&gpt2_124m, 1024), 798759936.0);
     /* Llama 3 405B: the paper's budget, 3.8e25 FLOPs for 15.6T tokens, is
-     * 6·N·D with N the multiplied parameters (Dubey et al. 2024, §3.2.1);
+     * 6·N·D with N the multiplied parameters (Dubey et al. 2024, §1);
      * the attention term loom adds on top is printed. */
     double tokens = 15.6e12;
     double six_nd = 6.0 * loom_plan_ref_matmul_params(&llama3_405b) * tokens;
