@@ -209,9 +209,9 @@ static double kept_bytes(const saved_tensor *saved, int n, const loom_plan_ref_l
     double total = 0.0;
     for (int i = 0; i < n; i++) {
         const saved_tensor *x = &saved[i];
-        if (layout->recompute == LOOM_PLAN_RECOMPUTE_BLOCK && x->role != SAVED_LAYER_INPUT)
+        if (layout->recompute == LOOM_PLAN_REF_RECOMPUTE_BLOCK && x->role != SAVED_LAYER_INPUT)
             continue;
-        if (layout->recompute == LOOM_PLAN_RECOMPUTE_SELECTIVE &&
+        if (layout->recompute == LOOM_PLAN_REF_RECOMPUTE_SELECTIVE &&
             x->role == SAVED_ATTENTION_CORE)
             continue;
         double shards = x->tp_shards > 0 ? x->tp_shards

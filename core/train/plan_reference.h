@@ -40,12 +40,20 @@ double loom_plan_ref_model_state_bytes(int zero_stage, double params, int ranks,
 
 /* ---- activations per transformer layer ---- */
 
+/* What a layer keeps for its backward. The values of the first two are
+ * loom_plan_job.recompute's (train.recompute = "none" / "block"). */
+typedef enum loom_plan_ref_recompute {
+    LOOM_PLAN_REF_RECOMPUTE_NONE = 0,
+    LOOM_PLAN_REF_RECOMPUTE_BLOCK = 1,     /* full: keep each layer's input only */
+    LOOM_PLAN_REF_RECOMPUTE_SELECTIVE = 2, /* Korthikanti's: recompute attention's s×s core */
+} loom_plan_ref_recompute;
+
 /* How one layer's saved activations are split and which are kept. */
 typedef struct loom_plan_ref_layout {
     double seq, micro_batch;        /* s, b */
     int tp;                         /* t; 1 without tensor parallelism */
     int sequence_parallel;          /* Megatron's, on the tp ranks */
-    loom_plan_recompute recompute;  /* NONE, SELECTIVE, or BLOCK (full: keep the input) */
+    loom_plan_ref_recompute recompute;
     int flash_attention;            /* Llama only: no s×s tensor is ever stored */
 } loom_plan_ref_layout;
 

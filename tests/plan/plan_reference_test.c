@@ -207,7 +207,7 @@ static void case_zero(void)
 /* -------------------------------------------------- GPT activations */
 
 static double gpt_layer(int heads, int hidden, double s, double b, int t, int sp,
-                        loom_plan_recompute rc)
+                        loom_plan_ref_recompute rc)
 {
     loom_plan_shape shape = gpt_shape(heads, hidden);
     loom_plan_ref_layout layout = {s, b, t, sp, rc, 0};
@@ -227,16 +227,18 @@ static void case_gpt_activations(void)
         double sbh = s * b * h, quad = 5.0 * a * s / h;
         int H = cases[i].h, A = cases[i].a, T = cases[i].t;
         const double tol = 1e-12;
-        CHECK_REL(gpt_layer(A, H, s, b, 1, 0, LOOM_PLAN_RECOMPUTE_NONE), sbh * (34 + quad), tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_RECOMPUTE_NONE),
-                  sbh * (10 + 24 / t + quad / t), tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_RECOMPUTE_NONE), sbh / t * (34 + quad),
+        CHECK_REL(gpt_layer(A, H, s, b, 1, 0, LOOM_PLAN_REF_RECOMPUTE_NONE), sbh * (34 + quad),
                   tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_RECOMPUTE_SELECTIVE),
+        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_NONE),
+                  sbh * (10 + 24 / t + quad / t), tol);
+        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_NONE), sbh / t * (34 + quad),
+                  tol);
+        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE),
                   sbh * (10 + 24 / t), tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_RECOMPUTE_SELECTIVE), sbh * 34 / t, tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_RECOMPUTE_BLOCK), 2 * sbh, tol);
-        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_RECOMPUTE_BLOCK), 2 * sbh / t, tol);
+        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE), sbh * 34 / t,
+                  tol);
+        CHECK_REL(gpt_layer(A, H, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_BLOCK), 2 * sbh, tol);
+        CHECK_REL(gpt_layer(A, H, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_BLOCK), 2 * sbh / t, tol);
     }
 }
 
@@ -255,14 +257,15 @@ static void case_korthikanti(void)
     for (size_t i = 0; i < LOOM_ARRAY_LEN(paper_models); i++) {
         const paper_model *pm = &paper_models[i];
         loom_plan_shape shape = gpt_shape(pm->heads, pm->hidden);
-        double none = gpt_layer(pm->heads, pm->hidden, 2048, 1, 1, 0, LOOM_PLAN_RECOMPUTE_NONE);
+        double none = gpt_layer(pm->heads, pm->hidden, 2048, 1, 1, 0, LOOM_PLAN_REF_RECOMPUTE_NONE);
         double selective =
-            gpt_layer(pm->heads, pm->hidden, 2048, 1, 1, 0, LOOM_PLAN_RECOMPUTE_SELECTIVE);
+            gpt_layer(pm->heads, pm->hidden, 2048, 1, 1, 0, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE);
         double saving = 1.0 - selective / none;
         double overhead = loom_plan_ref_selective_recompute_overhead(&shape, 2048);
-        double tp_only = gpt_layer(pm->heads, pm->hidden, 2048, 1, 8, 0, LOOM_PLAN_RECOMPUTE_NONE);
+        double tp_only =
+            gpt_layer(pm->heads, pm->hidden, 2048, 1, 8, 0, LOOM_PLAN_REF_RECOMPUTE_NONE);
         double present =
-            gpt_layer(pm->heads, pm->hidden, 2048, 1, 8, 1, LOOM_PLAN_RECOMPUTE_SELECTIVE);
+            gpt_layer(pm->heads, pm->hidden, 2048, 1, 8, 1, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE);
         double reduction = tp_only / present;
         printf("%-12s %11.1f%% %9.2f%% %15.2fx %13.1f%%\n", pm->name, 100 * saving,
                100 * overhead, reduction, 100 * present / tp_only);
@@ -283,7 +286,7 @@ static void case_korthikanti(void)
 /* ------------------------------------------------ Llama activations */
 
 static double llama_layer(const loom_plan_shape *shape, double s, double b, int t, int sp,
-                          loom_plan_recompute rc, int flash)
+                          loom_plan_ref_recompute rc, int flash)
 {
     loom_plan_ref_layout layout = {s, b, t, sp, rc, flash};
     return loom_plan_ref_llama_layer_bytes(shape, &layout);
@@ -313,32 +316,33 @@ static void case_llama_activations(void)
                        + 2 * (2 * s * b * h * kv / a) / kv_split;           /* k and v */
         double lse = 4 * a * s * b / t, probs = 2 * a * s * s * b / t;
         const double tol = 1e-12;
-        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_RECOMPUTE_NONE, 1),
+        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_NONE, 1),
                   outside + split + lse, tol);
-        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_RECOMPUTE_NONE, 1),
+        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_NONE, 1),
                   outside / t + split + lse, tol);
-        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_RECOMPUTE_NONE, 0),
+        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_NONE, 0),
                   outside + split + probs, tol);
-        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_RECOMPUTE_NONE, 0),
+        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_NONE, 0),
                   outside / t + split + probs, tol);
         /* selective drops the probabilities; with FlashAttention there are none */
-        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_RECOMPUTE_SELECTIVE, 0),
+        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE, 0),
                   outside + split, tol);
-        CHECK_EQ(llama_layer(sh, s, b, T, 1, LOOM_PLAN_RECOMPUTE_SELECTIVE, 1),
-                 llama_layer(sh, s, b, T, 1, LOOM_PLAN_RECOMPUTE_NONE, 1));
-        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_RECOMPUTE_BLOCK, 1), 2 * s * b * h, tol);
-        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_RECOMPUTE_BLOCK, 1), 2 * s * b * h / t,
+        CHECK_EQ(llama_layer(sh, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE, 1),
+                 llama_layer(sh, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_NONE, 1));
+        CHECK_REL(llama_layer(sh, s, b, T, 0, LOOM_PLAN_REF_RECOMPUTE_BLOCK, 1), 2 * s * b * h,
+                  tol);
+        CHECK_REL(llama_layer(sh, s, b, T, 1, LOOM_PLAN_REF_RECOMPUTE_BLOCK, 1), 2 * s * b * h / t,
                   tol);
     }
     /* Llama 3 405B at s 8192, b 1 on 8 tp ranks with sequence parallelism,
      * by hand: per token 12·16384 + 4·1024 + 8·53248 + 4·128 = 627,200
      * bytes; ×8192 / 8 = 642,252,800 bytes a layer, 80.9 GB for 126. */
-    double layer = llama_layer(&llama3_405b, 8192, 1, 8, 1, LOOM_PLAN_RECOMPUTE_NONE, 1);
+    double layer = llama_layer(&llama3_405b, 8192, 1, 8, 1, LOOM_PLAN_REF_RECOMPUTE_NONE, 1);
     CHECK_EQ(layer, 642252800.0);
     printf("Llama 3 405B, s 8192, b 1, tp 8 + sp, FlashAttention: %.0f bytes a layer, "
            "%.1f GB for 126 layers; full recomputation %.1f GB\n",
            layer, 126 * layer / 1e9,
-           126 * llama_layer(&llama3_405b, 8192, 1, 8, 1, LOOM_PLAN_RECOMPUTE_BLOCK, 1) / 1e9);
+           126 * llama_layer(&llama3_405b, 8192, 1, 8, 1, LOOM_PLAN_REF_RECOMPUTE_BLOCK, 1) / 1e9);
 }
 
 /* ----------------------------------------------------------- bubble */
