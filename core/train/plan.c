@@ -173,8 +173,6 @@ static void plan_unit_borders(const loom_plan_job *j, const loom_unit *unit, int
     uint64_t N = (uint64_t)j->micro_batch * T, C = (uint64_t)j->shape.channels;
     uint64_t rows = N * C * 4;
     int u = unit->index;
-    if (sp > 1)
-        add_comm(r, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, micro, unit->numel * 4);
     if (u >= 1 && u <= L)
         *blocks += 1;
     if (tp == 1)
@@ -201,7 +199,19 @@ static void plan_unit_borders(const loom_plan_job *j, const loom_unit *unit, int
         add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, N * 4);
         add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, 2 * N * 4);
     }
-    for (int i = 0; sq && i < unit->ntensors;) {
+}
+
+/* Per micro-batch, a unit's fp32 gradients before the data strategy sees
+ * them: the sequence group sums them whole; with sequence parallelism the
+ * tensor group sums each run of replicated tensors. Returns the unit's
+ * replicated elements. */
+static uint64_t plan_reduce_grads(const loom_plan_job *j, const loom_unit *unit, loom_plan_rank *r)
+{
+    uint64_t replicated = 0;
+    uint64_t micro = (uint64_t)j->grad_accum;
+    if (r && j->sizes[LOOM_AXIS_SP] > 1)
+        add_comm(r, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, micro, unit->numel * 4);
+    for (int i = 0; i < unit->ntensors;) {
         if (unit->tensors[i].split != LOOM_SPLIT_REPLICATED) {
             i++;
             continue;
@@ -209,8 +219,11 @@ static void plan_unit_borders(const loom_plan_job *j, const loom_unit *unit, int
         uint64_t n = 0;
         while (i < unit->ntensors && unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
             n += unit->tensors[i++].count;
-        add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, n * 4);
+        replicated += n;
+        if (r && j->sizes[LOOM_AXIS_TP] > 1 && j->sequence_parallel)
+            add_comm(r, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, micro, n * 4);
     }
+    return replicated;
 }
 
 /* The sequence strategy's buffers and traffic for `layers` blocks that
@@ -463,8 +476,19 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
         int tied = su.unit[0] == 0 && su.unit[su.n - 1] == L + 1;
         rc = plan_data_strategy(j, &su, tied, out);
         double blocks = 0;
-        for (int i = 0; i < su.n; i++)
+        uint64_t replicated = 0;
+        for (int i = 0; i < su.n; i++) {
             plan_unit_borders(j, &units[su.unit[i]], L, &blocks, out);
+            plan_reduce_grads(j, &units[su.unit[i]], out);
+        }
+        /* a last stage without the embedding reduces its wte copy's share */
+        if (p > 1 && runs[L + 1] && !runs[0])
+            plan_reduce_grads(j, &units[0], out);
+        /* the norm's replicated gradients, averaged over dp (every unit's) */
+        for (int u = 0; u < count; u++)
+            replicated += plan_reduce_grads(j, &units[u], NULL);
+        if (j->sizes[LOOM_AXIS_TP] > 1 && j->sizes[LOOM_AXIS_DP] > 1)
+            add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, replicated * 4);
         /* Ulysses keys what it keeps on each layer's statistics buffer: one
          * per block and slot, but recomputation's all share the scratch */
         double saved = j->recompute ? 1 : blocks * out->live_microbatches;
