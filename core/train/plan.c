@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "runtime/log.h"
 #include "train/plan.h"
+#include "train/plan_reference.h"
 #include "train/schedule.h"
 
 /* zero.c: each unit padded to a multiple of ALIGN × shard-group ranks */
@@ -507,6 +508,104 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
     return rc;
 }
 
+/* ---- shapes loom plans but does not train (Llama): the published
+ * accounting, per pipeline rank ---- */
+
+/* Per-layer matrix parameters of a Llama block (q, o; k, v of the KV
+ * heads; gate, up, down) and its two norms. */
+static double llama_layer_params(const loom_plan_shape *sh, double *norms)
+{
+    double h = sh->channels, kv = h * sh->kv_heads / sh->heads;
+    *norms = 2 * h;
+    return 2 * h * h + 2 * h * kv + 3 * h * sh->ffn;
+}
+
+static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, loom_plan_rank *out)
+{
+    const loom_plan_shape *sh = &j->shape;
+    int p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages, tp = j->sizes[LOOM_AXIS_TP];
+    int dp = j->sizes[LOOM_AXIS_DP], L = sh->layers;
+    if (j->sizes[LOOM_AXIS_SP] > 1)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "plan: parallel.sp.size = %d with model.kind = "
+                         "\"llama\": context parallelism is planned for GPT-2 only; set it to 1",
+                         j->sizes[LOOM_AXIS_SP]);
+    double layers = 0, norms = 0, per_layer = llama_layer_params(sh, &norms);
+    int first = 0, last = 0;
+    for (int vs = 0; vs < v; vs++) {
+        int st = vs * p + rank;
+        for (int u = j->stage_first[st]; u <= j->stage_last[st]; u++) {
+            layers += u >= 1 && u <= L;
+            first |= u == 0;
+            last |= u == L + 1;
+        }
+    }
+    out->units_first = j->stage_first[rank];
+    out->units_last = j->stage_last[(v - 1) * p + rank];
+    double h = sh->channels, V = sh->padded_vocab;
+    /* this tp rank's parameters: matrices split, norms replicated */
+    double psi = layers * (per_layer / tp + norms) + (first ? V * h / tp : 0) +
+                 (last ? V * h / tp + h : 0);
+    double e = (double)loom_dtype_size(j->dtype), opt = j->dtype == LOOM_F32 ? 8 : 12;
+    int stage = !strcmp(j->dp_strategy, "ddp") ? 0 : j->dp_strategy[0] == 'z' ? j->dp_strategy[4] - '0' : -1;
+    if (stage < 0 || stage > 3)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "plan: parallel.dp.strategy = \"%s\": loom plan "
+                         "knows ddp, zero1, zero2 and zero3", j->dp_strategy);
+    int shard = j->shard_size > 0 ? j->shard_size : dp;
+    uint64_t *host = out->peak[LOOM_TIER_HOST];
+    host[LOOM_PURPOSE_PARAMS] = (uint64_t)(e * psi / (stage == 3 ? shard : 1));
+    host[LOOM_PURPOSE_GRADS] = (uint64_t)(e * psi / (stage >= 2 ? shard : 1));
+    host[LOOM_PURPOSE_OPTIMIZER] = (uint64_t)(opt * psi / (stage >= 1 ? shard : 1));
+    /* activations: Korthikanti's table for a Llama layer (FlashAttention:
+     * no s×s term), per micro-batch alive; the last stage's fp32 logits */
+    loom_plan_ref_layout lay = {(double)j->seq, (double)j->micro_batch, tp, j->sequence_parallel,
+                                (loom_plan_ref_recompute)j->recompute, 1};
+    double per_mb = layers * loom_plan_ref_llama_layer_bytes(sh, &lay);
+    out->live_microbatches = stash ? stash[rank] : 1;
+    out->slot_bytes = (uint64_t)per_mb;
+    out->activation_shared = last ? (uint64_t)(4.0 * j->seq * j->micro_batch * V / tp) : 0;
+    host[LOOM_PURPOSE_ACTIVATIONS] = (uint64_t)(per_mb * out->live_microbatches) + out->activation_shared;
+    /* traffic: the data strategy's as loom's shipped ones issue it */
+    uint64_t micro = (uint64_t)j->grad_accum, grads = (uint64_t)(e * psi);
+    if (stage == 0) {
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads);
+    } else {
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_REDUCESCATTER, stage == 1 ? 1 : micro, grads);
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLGATHER, stage == 3 ? 2 * micro : 1, grads);
+        if (dp / shard > 1)
+            add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads / (uint64_t)shard);
+    }
+    /* tensor parallelism: per layer and micro-batch two regions, each an
+     * all-reduce forward and one backward (recomputation: the forward's
+     * again), or all-gather + reduce-scatter with sequence parallelism */
+    uint64_t rows = (uint64_t)((double)j->seq * j->micro_batch * h * e);
+    uint64_t borders = (uint64_t)layers * micro * (j->recompute ? 6 : 4);
+    if (tp > 1 && j->sequence_parallel) {
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLGATHER, borders, rows);
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_REDUCESCATTER, borders, rows);
+    } else if (tp > 1) {
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, borders, rows);
+    }
+    /* the pipeline: each micro-batch's activation and gradient over each
+     * border of the rank's stages */
+    uint64_t border_rows = tp > 1 && j->sequence_parallel ? rows / (uint64_t)tp : rows;
+    for (int vs = 0; p > 1 && vs < v; vs++) {
+        int st = vs * p + rank;
+        if (st > 0) {
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
+        }
+        if (st < p * v - 1) {
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
+        }
+    }
+    double tokens = (double)j->micro_batch * j->seq * micro;
+    out->gemm_flops = tokens * (layers * 6 * (per_layer + h * j->seq) / tp + (last ? 6 * V * h / tp : 0));
+    out->other_bytes = 2.0 * per_mb * micro + (double)(host[LOOM_PURPOSE_PARAMS] +
+                       host[LOOM_PURPOSE_GRADS] + host[LOOM_PURPOSE_OPTIMIZER]);
+    return LOOM_OK;
+}
+
 int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
                    const struct loom_schedule *schedule, loom_plan *out)
 {
@@ -519,8 +618,19 @@ int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
     if (!out->ranks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
     int rc = LOOM_OK;
+    loom_schedule_timeline tl;
+    memset(&tl, 0, sizeof tl);
+    if (schedule) {
+        double cost[LOOM_ACT_KIND_COUNT];
+        loom_schedule_default_costs(cost);
+        rc = loom_schedule_simulate(schedule, cost, &tl);
+        out->bubble = tl.bubble;
+    }
     for (int r = 0; rc == LOOM_OK && r < out->nranks; r++)
-        rc = plan_gpt2_rank(job, schedule, r, &out->ranks[r]);
+        rc = job->shape.kind == LOOM_PLAN_GPT2
+                 ? plan_gpt2_rank(job, schedule, r, &out->ranks[r])
+                 : plan_llama_rank(job, schedule ? tl.peak_stash : NULL, r, &out->ranks[r]);
+    loom_schedule_timeline_free(schedule, &tl);
     if (rc != LOOM_OK)
         loom_plan_free(out);
     return rc;
