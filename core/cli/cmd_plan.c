@@ -74,7 +74,9 @@ static int write_json(const loom_plan *p, const char *path)
     FILE *f = fopen(path, "w");
     if (!f)
         return loom_fail(LOOM_ERR_INVALID, "--json %s: %s", path, strerror(errno));
-    fprintf(f, "{\"ranks\": [");
+    fprintf(f, "{\"mesh\": {\"tp\": %d, \"sp\": %d, \"pp\": %d, \"dp\": %d}, \"ranks\": [",
+            p->job.sizes[LOOM_AXIS_TP], p->job.sizes[LOOM_AXIS_SP], p->job.sizes[LOOM_AXIS_PP],
+            p->job.sizes[LOOM_AXIS_DP]);
     for (int r = 0; r < p->nranks; r++) {
         const loom_plan_rank *pr = &p->ranks[r];
         fprintf(f, "%s{\"pp_rank\": %d, \"units\": [%d, %d], \"peak_bytes\": {", r ? ", " : "", r,
