@@ -73,6 +73,44 @@ static uint64_t zero_params_in_flight(const uint64_t *u, int n, int tied, int pr
     return most;
 }
 
+/* A buffer the strategy asks the tiers for (host->tiered_alloc), one
+ * segment per unit. Kept on NVMe, its segments pass through host staging
+ * unit by unit, at most three at once (read ahead, in use, written
+ * behind: core/runtime/tier.c), so the host holds the largest run of three
+ * consecutive segments. */
+static void tiered(const loom_plan_job *j, loom_purpose purpose, const uint64_t *segment, int n,
+                   loom_plan_rank *r)
+{
+    uint64_t total = 0, staged = 0;
+    for (int i = 0; i < n; i++) {
+        total += segment[i];
+        uint64_t run = 0;
+        for (int k = i; k < i + 3 && k < n; k++)
+            run += segment[k];
+        staged = max64(staged, run);
+    }
+    if (j->offload[purpose] == LOOM_OFFLOAD_NVME) {
+        r->peak[LOOM_TIER_NVME][purpose] += total;
+        r->peak[LOOM_TIER_HOST][purpose] += staged;
+    } else {
+        r->peak[LOOM_TIER_HOST][purpose] += total;
+    }
+}
+
+/* Adam's m and v per unit, and the fp32 master weights of 16-bit runs
+ * (plugins/common/opt_state.c): tiered buffers of 4 bytes an element. */
+static void optimizer_state(const loom_plan_job *j, const size_t *elements, int n, loom_plan_rank *r)
+{
+    uint64_t *segment = calloc((size_t)n, sizeof *segment);
+    if (!segment)
+        return;
+    for (int i = 0; i < n; i++)
+        segment[i] = elements[i] * 4;
+    for (int k = j->dtype == LOOM_F32 ? 1 : 0; k < 3; k++)
+        tiered(j, LOOM_PURPOSE_OPTIMIZER, segment, n, r);
+    free(segment);
+}
+
 static void add_comm(loom_plan_rank *r, loom_axis axis, loom_comm_op op, uint64_t calls,
                      uint64_t bytes_each)
 {
@@ -85,7 +123,6 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
 {
     const char *name = j->dp_strategy;
     uint64_t e = loom_dtype_size(j->dtype);
-    uint64_t opt = j->dtype == LOOM_F32 ? 8 : 12; /* Adam m, v (+ fp32 master weights) */
     uint64_t *host = r->peak[LOOM_TIER_HOST];
     int n = su->n;
     if (!strcmp(name, "ddp")) {
@@ -94,7 +131,7 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
             numel += su->numel[i];
         host[LOOM_PURPOSE_PARAMS] += numel * e;
         host[LOOM_PURPOSE_GRADS] += numel * e;
-        host[LOOM_PURPOSE_OPTIMIZER] += numel * opt;
+        optimizer_state(j, su->numel, n, r);
         /* buckets of consecutive units in backward order, each closing at
          * bucket_mb, all-reduced once per step (the last micro-batch) */
         uint64_t bucket = 0;
@@ -113,19 +150,26 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
                          "plan: parallel.dp.strategy = \"%s\": loom plan knows ddp, zero1, zero2 "
                          "and zero3; a strategy of its own is not planned", name);
     int shard_ranks = j->shard_size > 0 ? j->shard_size : j->sizes[LOOM_AXIS_DP];
-    uint64_t *padded = calloc((size_t)n, sizeof *padded);
-    if (!padded)
+    uint64_t *padded = calloc((size_t)n, sizeof *padded), *shard = calloc((size_t)n, sizeof *shard);
+    size_t *owned_elements = calloc((size_t)n, sizeof *owned_elements);
+    if (!padded || !shard || !owned_elements) {
+        free(padded);
+        free(shard);
+        free(owned_elements);
         return loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
+    }
     uint64_t full = 0, owned = 0, biggest_shard = 0;
     for (int i = 0; i < n; i++) {
         padded[i] = round_up(su->numel[i], (uint64_t)ZERO_ALIGN * shard_ranks);
         full += padded[i];
         owned += padded[i] / shard_ranks;
         biggest_shard = max64(biggest_shard, padded[i] / shard_ranks);
+        owned_elements[i] = padded[i] / shard_ranks;
+        shard[i] = owned_elements[i] * e;
     }
     for (int i = 0; i < n; i++)
         padded[i] *= e;
-    host[LOOM_PURPOSE_OPTIMIZER] += owned * opt;
+    optimizer_state(j, owned_elements, n, r);
     /* the global norm (one f64); per unit: zero1 reduce-scatters on the
      * last micro-batch, zero2/3 on each; zero1/2 gather the updated
      * parameters once, zero3 gathers for each forward and backward (the
@@ -144,13 +188,19 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
         host[LOOM_PURPOSE_GRADS] += full * e;
         host[LOOM_PURPOSE_COMM] += owned * e;
     } else {
-        host[LOOM_PURPOSE_PARAMS] += stage == 3 ? owned * e : full * e;
-        host[LOOM_PURPOSE_GRADS] += owned * e + zero_grads_in_flight(padded, n, tied);
+        if (stage == 3)
+            tiered(j, LOOM_PURPOSE_PARAMS, shard, n, r);
+        else
+            host[LOOM_PURPOSE_PARAMS] += full * e;
+        tiered(j, LOOM_PURPOSE_GRADS, shard, n, r);
+        host[LOOM_PURPOSE_GRADS] += zero_grads_in_flight(padded, n, tied);
         host[LOOM_PURPOSE_COMM] += biggest_shard * e;
         if (stage == 3)
             host[LOOM_PURPOSE_PARAMS] += zero_params_in_flight(padded, n, tied, j->prefetch);
     }
     free(padded);
+    free(shard);
+    free(owned_elements);
     return LOOM_OK;
 }
 
@@ -459,6 +509,11 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
             add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 8);
             add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLGATHER, 1, 16 * (uint64_t)p);
         }
+        int nvme = 0;
+        for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
+            nvme |= j->offload[k] == LOOM_OFFLOAD_NVME;
+        if (nvme) /* offload-nvme's ring: queue_depth bounce buffers and a page */
+            host[LOOM_PURPOSE_OTHER] += (uint64_t)j->nvme_queue_depth * j->nvme_block_bytes + 4096;
         int holds_first = runs[0], holds_last = runs[L + 1];
         uint64_t tied_bytes = units[0].numel * loom_dtype_size(j->dtype);
         if (p > 1 && holds_last && !holds_first) {

@@ -66,6 +66,8 @@ typedef struct loom_plan_job {
     int microbatches;           /* pp: micro-batches per step */
     int *stage_first, *stage_last; /* [pp × virtual_stages] units of each stage (0..L+1) */
     loom_offload offload[LOOM_PURPOSE_COUNT]; /* memory.offload: where each purpose is kept */
+    int nvme_queue_depth;       /* memory.offload.queue_depth (offload-nvme's) */
+    uint64_t nvme_block_bytes;  /* memory.offload.block_bytes */
 } loom_plan_job;
 
 /* The job a config describes (the settings `loom train` reads, checked the

@@ -121,6 +121,12 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
         else
             j.offload[LOOM_PURPOSE_PARAMS] = j.offload[LOOM_PURPOSE_GRADS] = o;
     }
+    /* offload-nvme's own settings, at its defaults when unset */
+    int64_t depth = 8, block = 1048576;
+    loom_config_int(cfg, "memory.offload.queue_depth", &depth);
+    loom_config_int(cfg, "memory.offload.block_bytes", &block);
+    j.nvme_queue_depth = (int)depth;
+    j.nvme_block_bytes = (uint64_t)block;
     if ((rc = split_batch(cfg, &j)) != LOOM_OK)
         return rc;
     int stages = j.sizes[LOOM_AXIS_PP] * j.virtual_stages;
