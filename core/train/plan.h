@@ -183,4 +183,25 @@ void loom_plan_free(loom_plan *p);
 double loom_plan_comm_seconds(const loom_plan_cluster *c, loom_comm_op op, uint64_t bytes,
                               uint64_t calls, int ranks, int across);
 
+/* ---- additions of the cluster and time-model parts (plan_cluster.c, plan_time.c) ---- */
+
+/* Seconds of compute for one rank: gemm_flops at the cluster's peak for
+ * dtype, plus other_bytes (what the non-GEMM kernels read and write) at
+ * its memory_bytes_per_s. A dtype without a peak of its own runs at f32's. */
+double loom_plan_compute_seconds(const loom_plan_cluster *c, loom_dtype dtype, double gemm_flops,
+                                 double other_bytes);
+
+/* A comment written above one field of a cluster file: why its value is
+ * what it is (how --calibrate measured it). field is a dotted name under
+ * cluster ("peak", "intra", "measured.allreduce") or "cluster" for the
+ * file's head; text may hold several lines. */
+typedef struct loom_plan_cluster_note {
+    const char *field;
+    const char *text;
+} loom_plan_cluster_note;
+
+/* loom_plan_cluster_write with notes (nnotes of them; NULL, 0: none). */
+int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
+                                  const loom_plan_cluster_note *notes, int nnotes);
+
 #endif
