@@ -25,6 +25,43 @@ static const char *const axis_names[LOOM_AXIS_COUNT] = {"tp", "sp", "pp", "dp"};
 
 static void format_bytes(uint64_t bytes, char *buf, size_t cap) { loom_mem_format(bytes, buf, cap); }
 
+static void print_header(const loom_plan *p)
+{
+    const loom_plan_job *j = &p->job;
+    const loom_plan_shape *sh = &j->shape;
+    printf("loom plan: %s L=%d C=%d NH=%d", sh->kind == LOOM_PLAN_GPT2 ? "GPT-2" : "Llama", sh->layers,
+           sh->channels, sh->heads);
+    if (sh->kind == LOOM_PLAN_LLAMA)
+        printf(" KV=%d FFN=%d", sh->kv_heads, sh->ffn);
+    printf(" V=%d, %.4g M parameters; batch %d x seq %d (micro-batch %d x %d per dp rank); %s%s\n",
+           sh->vocab, p->params / 1e6, j->batch, j->seq, j->micro_batch, j->grad_accum,
+           loom_dtype_name(j->dtype), j->recompute ? ", recomputation" : "");
+    printf("  mesh tp %d x sp %d x pp %d x dp %d: dp %s", j->sizes[LOOM_AXIS_TP], j->sizes[LOOM_AXIS_SP],
+           j->sizes[LOOM_AXIS_PP], j->sizes[LOOM_AXIS_DP], j->dp_strategy);
+    if (j->sizes[LOOM_AXIS_TP] > 1)
+        printf(", tp%s", j->sequence_parallel ? " + sequence parallel" : "");
+    if (j->sizes[LOOM_AXIS_SP] > 1)
+        printf(", sp %s", j->sp_strategy);
+    if (j->sizes[LOOM_AXIS_PP] > 1)
+        printf(", pp %s x %d micro-batches%s", j->schedule, j->microbatches,
+               j->virtual_stages > 1 ? " (interleaved)" : "");
+    printf("\n  cluster: %s\n", p->cluster.name[0] ? p->cluster.name : "none (--cluster FILE for the step time)");
+}
+
+static void print_time(const loom_plan *p)
+{
+    if (!p->cluster.name[0])
+        return;
+    printf("step: %.3f ms (%s) -> %.0f tokens/s, MFU %.1f%% of %.1f TFLOP/s per rank; bubble %.1f%%\n",
+           p->step_s * 1e3, p->why, p->tokens_per_s, 100 * p->mfu,
+           (p->cluster.flops[p->job.dtype] > 0 ? p->cluster.flops[p->job.dtype]
+                                                : p->cluster.flops[LOOM_F32]) / 1e12,
+           100 * p->bubble);
+    printf("fits: %s\n", p->fits ? "yes" : "no");
+    for (int i = 0; i < p->nwarnings; i++)
+        printf("warning: %s\n", p->warnings[i]);
+}
+
 static void print_memory(const loom_plan *p)
 {
     printf("memory per rank, peak bytes by purpose (host tier):\n");
@@ -51,6 +88,8 @@ static void print_memory(const loom_plan *p)
 static void print_traffic(const loom_plan *p)
 {
     printf("traffic per rank per step (payload bytes as the comm counters count them):\n");
+    printf("  %-8s %-17s %7s %11s%s\n", "pp rank", "collective", "calls", "bytes",
+           p->cluster.name[0] ? "   time ms  exposed ms" : "");
     for (int r = 0; r < p->nranks; r++) {
         const loom_plan_rank *pr = &p->ranks[r];
         for (int a = 0; a < LOOM_AXIS_COUNT; a++)
@@ -60,8 +99,11 @@ static void print_traffic(const loom_plan *p)
                     continue;
                 char b[32];
                 format_bytes(c->bytes, b, sizeof b);
-                printf("  pp rank %d  %s.%-14s %6llu calls %11s\n", r, axis_names[a],
+                printf("  %-8d %s.%-14s %7llu %11s", r, axis_names[a],
                        loom_comm_op_name((loom_comm_op)op), (unsigned long long)c->calls, b);
+                if (p->cluster.name[0])
+                    printf(" %10.3f %10.3f", c->seconds * 1e3, c->exposed_s * 1e3);
+                printf("\n");
             }
     }
 }
@@ -95,8 +137,9 @@ static int write_json(const loom_plan *p, const char *path)
             fprintf(f, ", \"total\": %llu}", (unsigned long long)total);
             first_tier = 0;
         }
-        fprintf(f, "}, \"slot_bytes\": %llu, \"live_microbatches\": %d",
-                (unsigned long long)pr->slot_bytes, pr->live_microbatches);
+        fprintf(f, "}, \"slot_bytes\": %llu, \"live_microbatches\": %d, \"compute_s\": %.9g, "
+                "\"step_s\": %.9g", (unsigned long long)pr->slot_bytes, pr->live_microbatches,
+                pr->compute_s, pr->step_s);
         for (int k = 0; k < 2; k++) {
             fprintf(f, ", \"comm_%s\": {", k ? "calls" : "bytes");
             int first = 1;
@@ -114,17 +157,227 @@ static int write_json(const loom_plan *p, const char *path)
         }
         fprintf(f, "}");
     }
+    fprintf(f, "], \"params\": %.0f, \"bubble\": %.6f, \"fits\": %s", p->params, p->bubble,
+            p->fits ? "true" : "false");
+    if (p->cluster.name[0])
+        fprintf(f, ", \"step_s\": %.9g, \"tokens_per_s\": %.6g, \"mfu\": %.6f", p->step_s,
+                p->tokens_per_s, p->mfu);
+    fprintf(f, ", \"warnings\": [");
+    for (int i = 0; i < p->nwarnings; i++) {
+        fprintf(f, "%s\"", i ? ", " : "");
+        for (const char *c = p->warnings[i]; *c; c++)
+            fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+        fprintf(f, "\"");
+    }
     fprintf(f, "]}\n");
     if (fclose(f) != 0)
         return loom_fail(LOOM_ERR_INVALID, "--json %s: %s", path, strerror(errno));
     return LOOM_OK;
 }
 
+/* ---- --search ---- */
+
+typedef struct candidate {
+    char label[160];
+    int tp, pp, dp;
+    double step_s, tokens_per_s, mfu, bubble, compute_s, exposed_s;
+    double memory; /* the largest rank's sum of peaks */
+    char why[512];
+    int nwarnings;
+    char warning[256];
+} candidate;
+
+static int by_step(const void *a, const void *b)
+{
+    double x = ((const candidate *)a)->step_s, y = ((const candidate *)b)->step_s;
+    return (x > y) - (x < y);
+}
+
+/* One mesh of the search: the config with these settings over it, planned
+ * like any other. 1: planned and fits; 0: does not fit or cannot be laid
+ * out (the reason is dropped: the search only ranks what can run). */
+static int try_mesh(const loom_cli_config_args *args, const char *const *extra, int nextra,
+                    const loom_plan_cluster *cluster, candidate *out)
+{
+    const char *sets[LOOM_CLI_MAX_SETS + 16];
+    int n = 0;
+    for (int i = 0; i < args->noverrides; i++)
+        sets[n++] = args->overrides[i];
+    for (int i = 0; i < nextra; i++)
+        sets[n++] = extra[i];
+    loom_config *cfg = NULL;
+    loom_runtime *rt = NULL;
+    loom_schedule schedule;
+    memset(&schedule, 0, sizeof schedule);
+    loom_plan_job job;
+    memset(&job, 0, sizeof job);
+    loom_plan plan;
+    memset(&plan, 0, sizeof plan);
+    char desc[256];
+    const loom_strategy_ops *ops = NULL;
+    int rc = loom_config_load(args->config, sets, n, &cfg);
+    if (rc == LOOM_OK)
+        rc = loom_plan_job_read(cfg, &job);
+    if (rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1 && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
+        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
+    if (rc == LOOM_OK)
+        rc = loom_plan_make(&job, cluster, job.sizes[LOOM_AXIS_PP] > 1 ? &schedule : NULL, &plan);
+    int fits = rc == LOOM_OK && plan.fits;
+    if (fits) {
+        out->step_s = plan.step_s;
+        out->tokens_per_s = plan.tokens_per_s;
+        out->mfu = plan.mfu;
+        out->bubble = plan.bubble;
+        out->memory = 0;
+        for (int r = 0; r < plan.nranks; r++) {
+            double total = (double)plan.ranks[r].total[LOOM_TIER_HOST];
+            if (total > out->memory)
+                out->memory = total;
+            if (plan.ranks[r].step_s >= plan.step_s) {
+                out->compute_s = plan.ranks[r].compute_s;
+                out->exposed_s = plan.ranks[r].step_s * (1 - plan.bubble) - plan.ranks[r].compute_s;
+            }
+        }
+        snprintf(out->why, sizeof out->why, "%s", plan.why);
+        out->nwarnings = plan.nwarnings;
+        snprintf(out->warning, sizeof out->warning, "%s", plan.nwarnings ? plan.warnings[0] : "");
+    }
+    loom_plan_free(&plan);
+    loom_plan_job_free(&job);
+    loom_schedule_free(&schedule);
+    loom_runtime_destroy(rt);
+    loom_config_free(cfg);
+    return fits;
+}
+
+/* Every mesh of the cluster's ranks (or the config's): tp and pp powers of
+ * two that divide them and the model (tp within the heads, pp within the
+ * layers, their layers spread as evenly as they go with the first and last
+ * stage lighter), dp the rest; each dp strategy, with and without
+ * recomputation; a pipeline fed one sequence per micro-batch (the
+ * smallest bubble), no pipeline the whole per-rank batch at once or one
+ * sequence at a time (accumulation). Those that fit, fastest first. */
+static int search(const loom_cli_config_args *args, const loom_plan_job *base,
+                  const loom_plan_cluster *cluster, int top)
+{
+    int world = cluster->nodes > 0 && cluster->ranks_per_node > 0 ? cluster->nodes * cluster->ranks_per_node : 1;
+    if (world == 1)
+        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+            world *= base->sizes[a];
+    const loom_plan_shape *sh = &base->shape;
+    static const char *const strategies[] = {"ddp", "zero1", "zero2", "zero3"};
+    int cap = 4096, count = 0, tried = 0;
+    candidate *all = calloc((size_t)cap, sizeof *all);
+    if (!all)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
+    for (int tp = 1; tp <= world && tp <= sh->heads; tp *= 2) {
+        if (world % tp || sh->heads % tp || sh->channels % tp)
+            continue;
+        for (int pp = 1; pp * tp <= world && pp <= sh->layers; pp *= 2) {
+            if (world % (tp * pp))
+                continue;
+            int dp = world / (tp * pp);
+            if (base->batch % dp)
+                continue;
+            char layers[2048] = "", sizes[3][64], extra[4][64];
+            snprintf(sizes[0], sizeof sizes[0], "parallel.tp.size=%d", tp);
+            snprintf(sizes[1], sizeof sizes[1], "parallel.pp.size=%d", pp);
+            snprintf(sizes[2], sizeof sizes[2], "parallel.dp.size=%d", dp);
+            if (pp > 1) {
+                /* the blocks spread evenly, the remainder taken from the
+                 * first and last stages, which hold the embedding and head */
+                int per = (sh->layers + pp - 1) / pp, spare = per * pp - sh->layers, used = 0;
+                if (spare > 2 || per < 1 || (spare > 0 && pp < 2))
+                    continue;
+                used = snprintf(layers, sizeof layers, "parallel.pp.stage_layers=[");
+                for (int st = 0; st < pp; st++) {
+                    int n = per - ((st == 0 && spare >= 1) || (st == pp - 1 && spare >= 2));
+                    used += snprintf(layers + used, sizeof layers - (size_t)used, "%s%d", st ? "," : "", n);
+                }
+                snprintf(layers + used, sizeof layers - (size_t)used, "]");
+            }
+            int per_rank = base->batch / dp;
+            for (int sidx = 0; sidx < 4; sidx++)
+                for (int rec = 0; rec < 2; rec++)
+                    for (int acc = 0; acc < (pp > 1 ? 1 : 2); acc++) {
+                        const char *sets[10];
+                        int n = 0;
+                        for (int k = 0; k < 3; k++)
+                            sets[n++] = sizes[k];
+                        snprintf(extra[0], sizeof extra[0], "parallel.dp.strategy=%s", strategies[sidx]);
+                        snprintf(extra[1], sizeof extra[1], "train.recompute=%s", rec ? "block" : "none");
+                        snprintf(extra[2], sizeof extra[2], "parallel.tp.sequence_parallel=%s",
+                                 tp > 1 ? "true" : "false");
+                        if (pp > 1)
+                            snprintf(extra[3], sizeof extra[3], "parallel.pp.microbatches=%d", per_rank);
+                        else
+                            snprintf(extra[3], sizeof extra[3], "train.grad_accum=%d", acc ? per_rank : 1);
+                        for (int k = 0; k < 4; k++)
+                            sets[n++] = extra[k];
+                        if (pp > 1)
+                            sets[n++] = layers;
+                        if (acc && per_rank == 1)
+                            continue;
+                        candidate c;
+                        memset(&c, 0, sizeof c);
+                        tried++;
+                        if (!try_mesh(args, sets, n, cluster, &c))
+                            continue;
+                        c.tp = tp;
+                        c.pp = pp;
+                        c.dp = dp;
+                        snprintf(c.label, sizeof c.label, "tp %d x pp %d x dp %d, %s%s%s", tp, pp, dp,
+                                 strategies[sidx], rec ? ", recompute" : "",
+                                 pp > 1 ? "" : acc ? ", micro-batch 1" : "");
+                        if (count < cap)
+                            all[count++] = c;
+                    }
+        }
+    }
+    qsort(all, (size_t)count, sizeof *all, by_step);
+    printf("search: %d ranks, %d meshes tried, %d fit; the fastest %d:\n", world, tried, count,
+           top < count ? top : count);
+    printf("  %-4s %-42s %10s %10s %7s %8s %10s %10s %10s\n", "rank", "mesh", "step ms", "tokens/s",
+           "MFU", "bubble", "compute", "exposed", "memory");
+    for (int i = 0; i < count && i < top; i++) {
+        const candidate *c = &all[i];
+        char mem[32];
+        loom_mem_format((uint64_t)c->memory, mem, sizeof mem);
+        printf("  %-4d %-42s %10.3f %10.4g %6.1f%% %7.1f%% %10.3f %10.3f %10s\n", i + 1, c->label,
+               c->step_s * 1e3, c->tokens_per_s, 100 * c->mfu, 100 * c->bubble, c->compute_s * 1e3,
+               c->exposed_s * 1e3, mem);
+        if (c->nwarnings)
+            printf("       note: %s\n", c->warning);
+    }
+    if (count)
+        printf("why the first wins: %s\n", all[0].why);
+    /* the best of each tensor-parallel width: what widening tp costs, and
+     * where it leaves the node */
+    printf("the fastest mesh at each tp:\n");
+    for (int tp = 1; tp <= world; tp *= 2)
+        for (int i = 0; i < count; i++) {
+            if (all[i].tp != tp)
+                continue;
+            int nodes = cluster->ranks_per_node > 0 && tp > cluster->ranks_per_node
+                            ? tp / cluster->ranks_per_node : 1;
+            printf("  tp %-4d rank %-4d %-42s %10.3f ms: compute %.3f ms, exposed communication "
+                   "%.3f ms%s\n", tp, i + 1, all[i].label, all[i].step_s * 1e3, all[i].compute_s * 1e3,
+                   all[i].exposed_s * 1e3,
+                   nodes > 1 ? " (tp's all-reduces cross nodes)" : "");
+            break;
+        }
+    free(all);
+    return count ? LOOM_OK : loom_fail(LOOM_ERR_INVALID, "plan --search: no mesh of %d ranks fits", world);
+}
+
 int loom_cmd_plan(int argc, char **argv)
 {
-    const char *json = NULL, *cluster_path = NULL;
+    const char *json = NULL, *cluster_path = NULL, *top_text = NULL;
+    int searching = 0;
     const loom_cli_option options[] = {{"--json", NULL, &json, NULL},
                                        {"--cluster", NULL, &cluster_path, NULL},
+                                       {"--search", NULL, NULL, &searching},
+                                       {"--top", NULL, &top_text, NULL},
                                        {NULL, NULL, NULL, NULL}};
     loom_cli_config_args args;
     int bad = loom_cli_config_args_parse("loom plan", plan_usage, argc, argv, options, &args);
@@ -142,16 +395,26 @@ int loom_cmd_plan(int argc, char **argv)
     memset(&cluster, 0, sizeof cluster);
     char desc[256] = "";
     const loom_strategy_ops *ops = NULL;
-    int rc = loom_config_load(args.config, args.overrides, args.noverrides, &cfg);
+    int rc = cluster_path ? loom_plan_cluster_read(cluster_path, &cluster) : LOOM_OK;
+    if (rc == LOOM_OK)
+        rc = loom_config_load(args.config, args.overrides, args.noverrides, &cfg);
     if (rc == LOOM_OK)
         rc = loom_plan_job_read(cfg, &job);
     if (rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1 && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
         rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
     if (rc == LOOM_OK)
         rc = loom_plan_make(&job, &cluster, job.sizes[LOOM_AXIS_PP] > 1 ? &schedule : NULL, &plan);
-    if (rc == LOOM_OK) {
+    if (rc == LOOM_OK && searching) {
+        if (!cluster_path)
+            rc = loom_fail(LOOM_ERR_INVALID, "--search ranks meshes by step time: name the cluster "
+                           "with --cluster FILE (examples/clusters/)");
+        else
+            rc = search(&args, &job, &cluster, top_text ? atoi(top_text) : 8);
+    } else if (rc == LOOM_OK) {
+        print_header(&plan);
         print_memory(&plan);
         print_traffic(&plan);
+        print_time(&plan);
     }
     if (rc == LOOM_OK && json)
         rc = write_json(&plan, json);

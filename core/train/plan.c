@@ -554,6 +554,19 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
             add_comm(out, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, 1, 4); /* the loss, averaged */
         if (j->sizes[LOOM_AXIS_TP] > 1)
             add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, 1, 8); /* the replicated norm */
+        /* the work: 6 FLOPs per parameter and token (forward 2, backward 4),
+         * attention's scores and sums causal (6·T·C a block and token), a
+         * block's forward again with recomputation; the kernels between
+         * the GEMMs stream each micro-batch's activations about three
+         * times (written, read back, their gradients), the optimizer the
+         * model state twice */
+        double C = j->shape.channels, T = j->seq, tokens = (double)j->micro_batch * T / sp;
+        double block = (72 * C * C + 6 * T * C) / tp * (j->recompute ? 4.0 / 3.0 : 1.0);
+        out->gemm_flops = tokens * j->grad_accum *
+                          (blocks * block + (runs[L + 1] ? 6.0 * j->shape.padded_vocab * C / tp : 0));
+        out->other_bytes = 3.0 * (double)out->slot_bytes * j->grad_accum +
+                           2.0 * (double)(host[LOOM_PURPOSE_PARAMS] + host[LOOM_PURPOSE_GRADS] +
+                                          host[LOOM_PURPOSE_OPTIMIZER]);
     }
     loom_model_destroy(m);
     free(runs);
@@ -661,6 +674,142 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
     return LOOM_OK;
 }
 
+/* ---- the step time ---- */
+
+/* Nodes a group of `size` ranks spans, `stride` ranks apart in the mesh
+ * (tp innermost, then sp, pp, dp), ranks_per_node to a node. */
+static int nodes_spanned(int size, int stride, int per_node)
+{
+    if (per_node <= 0 || size * stride <= per_node)
+        return 1;
+    if (stride >= per_node)
+        return size;
+    return (size * stride + per_node - 1) / per_node;
+}
+
+/* Which of a step's collectives the compute hides. dp: the gradient
+ * reductions run beside the backward (ddp's buckets, zero's
+ * reduce-scatters) and zero3's gathers beside the previous unit's compute;
+ * zero1/2's gather of the updated parameters, the loss and the norm wait.
+ * tp, sp and pp sit on the critical path (Megatron's borders, Ulysses'
+ * all-to-alls, the pipeline's hand-offs). */
+static int overlapped(const loom_plan_job *j, int axis, int op)
+{
+    if (axis != LOOM_AXIS_DP)
+        return 0;
+    if (op == LOOM_OP_REDUCESCATTER)
+        return 1;
+    if (op == LOOM_OP_ALLGATHER)
+        return !strcmp(j->dp_strategy, "zero3");
+    return op == LOOM_OP_ALLREDUCE && !strcmp(j->dp_strategy, "ddp");
+}
+
+static void predict_time(loom_plan *p)
+{
+    const loom_plan_job *j = &p->job;
+    const loom_plan_cluster *c = &p->cluster;
+    int stride[LOOM_AXIS_COUNT], inner = 1, world = 1;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        stride[a] = inner;
+        inner *= j->sizes[a];
+        world *= j->sizes[a];
+    }
+    double slowest = 0, dp_comm = 0, exposed_all = 0, compute_all = 0;
+    for (int r = 0; r < p->nranks; r++) {
+        loom_plan_rank *pr = &p->ranks[r];
+        pr->compute_s = loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
+        double hidden = 0, exposed = 0;
+        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+            for (int op = 0; op < LOOM_OP_COUNT; op++) {
+                loom_plan_comm *cm = &pr->comm[a][op];
+                if (!cm->calls)
+                    continue;
+                int across = nodes_spanned(j->sizes[a], stride[a], c->ranks_per_node);
+                cm->seconds = loom_plan_comm_seconds(c, (loom_comm_op)op, cm->bytes, cm->calls,
+                                                     j->sizes[a], across);
+                if (overlapped(j, a, op))
+                    hidden += cm->seconds;
+                else
+                    cm->exposed_s = cm->seconds;
+                exposed += cm->exposed_s;
+                if (a == LOOM_AXIS_DP)
+                    dp_comm += cm->seconds;
+            }
+        /* what the backward (two thirds of the compute) cannot hide */
+        double backward = pr->compute_s * 2.0 / 3.0, left = hidden > backward ? hidden - backward : 0;
+        for (int a = 0; a < LOOM_AXIS_COUNT && hidden > 0; a++)
+            for (int op = 0; op < LOOM_OP_COUNT; op++)
+                if (pr->comm[a][op].calls && overlapped(j, a, op))
+                    pr->comm[a][op].exposed_s = pr->comm[a][op].seconds * left / hidden;
+        exposed += left;
+        pr->step_s = (pr->compute_s + exposed) / (1.0 - p->bubble);
+        if (pr->step_s > slowest) {
+            slowest = pr->step_s;
+            exposed_all = exposed;
+            compute_all = pr->compute_s;
+        }
+    }
+    p->params = loom_plan_ref_params(&j->shape);
+    p->flops_per_token = loom_plan_ref_flops_per_token(&j->shape, j->seq);
+    p->step_s = slowest;
+    p->tokens_per_s = slowest > 0 ? (double)j->batch * j->seq / slowest : 0;
+    double peak = c->flops[j->dtype] > 0 ? c->flops[j->dtype] : c->flops[LOOM_F32];
+    p->mfu = peak > 0 ? p->flops_per_token * p->tokens_per_s / (world * peak) : 0;
+    /* fit: each rank's sum of peaks against its share of the memory */
+    double room = c->device ? c->device_bytes
+                            : (c->ranks_per_node > 0 ? c->host_bytes / c->ranks_per_node : c->host_bytes);
+    double biggest = 0, activations = 0;
+    for (int r = 0; r < p->nranks; r++) {
+        double total = 0;
+        for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
+            total += (double)p->ranks[r].peak[LOOM_TIER_HOST][k];
+        for (int t = 0; t < LOOM_TIER_COUNT; t++) {
+            uint64_t sum = 0;
+            for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
+                sum += p->ranks[r].peak[t][k];
+            p->ranks[r].total[t] = sum;
+        }
+        if (total > biggest) {
+            biggest = total;
+            activations = (double)p->ranks[r].peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS];
+        }
+    }
+    p->fits = room <= 0 || biggest <= room;
+    snprintf(p->why, sizeof p->why,
+             "compute %.3g ms, exposed communication %.3g ms, bubble %.1f%%",
+             compute_all * 1e3, exposed_all * 1e3, 100 * p->bubble);
+    /* what a careful engineer would say */
+#define WARN(...)                                                                                  \
+    do {                                                                                           \
+        if (p->nwarnings < LOOM_PLAN_WARNINGS_MAX)                                                 \
+            snprintf(p->warnings[p->nwarnings++], sizeof p->warnings[0], __VA_ARGS__);             \
+    } while (0)
+    int tp = j->sizes[LOOM_AXIS_TP], pp = j->sizes[LOOM_AXIS_PP];
+    if (c->ranks_per_node > 0 && tp > c->ranks_per_node)
+        WARN("tp = %d spans %d nodes of %d ranks: its all-reduces on every layer cross the "
+             "slower inter-node links; keep tp within a node", tp,
+             nodes_spanned(tp, 1, c->ranks_per_node), c->ranks_per_node);
+    if (pp > 1 && j->microbatches < pp)
+        WARN("pp = %d stages with %d micro-batches: the bubble takes %.0f%% of the step; use at "
+             "least %d micro-batches", pp, j->microbatches, 100 * p->bubble, 4 * pp);
+    if (pp == 1 && j->grad_accum > 1)
+        WARN("the global batch of %d needs %d micro-batches of %d per dp rank (gradient "
+             "accumulation): each step runs %d forward/backward passes in a row",
+             j->batch, j->grad_accum, j->micro_batch, j->grad_accum);
+    if (biggest > 0 && activations > 0.5 * biggest)
+        WARN("activations are %.0f%% of the largest rank's memory: train.recompute = \"block\", "
+             "sequence parallelism or a smaller micro-batch would free most of them",
+             100 * activations / biggest);
+    if (compute_all > 0 && dp_comm / p->nranks > compute_all)
+        WARN("the dp group moves more per step than the step computes (%.3g ms of traffic, "
+             "%.3g ms of compute): a larger micro-batch, gradient accumulation or fewer dp "
+             "ranks would hide it", dp_comm / p->nranks * 1e3, compute_all * 1e3);
+    if (!p->fits)
+        WARN("the largest rank needs %.2f GiB, more than the %.2f GiB a rank has",
+             biggest / 1073741824.0, room / 1073741824.0);
+#undef WARN
+}
+
 int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
                    const struct loom_schedule *schedule, loom_plan *out)
 {
@@ -686,6 +835,8 @@ int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
                  ? plan_gpt2_rank(job, schedule, r, &out->ranks[r])
                  : plan_llama_rank(job, schedule ? tl.peak_stash : NULL, r, &out->ranks[r]);
     loom_schedule_timeline_free(schedule, &tl);
+    if (rc == LOOM_OK)
+        predict_time(out);
     if (rc != LOOM_OK)
         loom_plan_free(out);
     return rc;
