@@ -429,6 +429,9 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     int rc = loom_config_load(o->config, o->overrides, o->noverrides, &t->cfg);
     if (rc != LOOM_OK)
         return rc;
+    /* a shape loom plans but cannot train, said before anything else */
+    if ((rc = loom_train_model_shape(t->cfg, &t->shape)) != LOOM_OK)
+        return rc;
     if ((rc = loom_runtime_create(t->cfg, &t->rt)) != LOOM_OK)
         return rc;
     t->rank = loom_runtime_env(t->rt)->rank;
@@ -441,8 +444,6 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     loom_mem_defer_limit(1);
     if ((rc = check_mesh_shape(t)) != LOOM_OK || (rc = loom_mesh_create(t->rt, &t->mesh)) != LOOM_OK ||
         (rc = check_unused_axes(t)) != LOOM_OK)
-        return rc;
-    if ((rc = loom_train_model_shape(t->cfg, &t->shape)) != LOOM_OK)
         return rc;
     read_settings(t);
     if ((rc = open_data(t)) != LOOM_OK)
