@@ -52,11 +52,10 @@ static void print_time(const loom_plan *p)
 {
     if (!p->cluster.name[0])
         return;
-    printf("step: %.3f ms (%s) -> %.0f tokens/s, MFU %.1f%% of %.1f TFLOP/s per rank; bubble %.1f%%\n",
+    printf("step: %.3f ms (%s) -> %.0f tokens/s, MFU %.1f%% of %.1f TFLOP/s per rank\n",
            p->step_s * 1e3, p->why, p->tokens_per_s, 100 * p->mfu,
            (p->cluster.flops[p->job.dtype] > 0 ? p->cluster.flops[p->job.dtype]
-                                                : p->cluster.flops[LOOM_F32]) / 1e12,
-           100 * p->bubble);
+                                                : p->cluster.flops[LOOM_F32]) / 1e12);
     printf("fits: %s\n", p->fits ? "yes" : "no");
     for (int i = 0; i < p->nwarnings; i++)
         printf("warning: %s\n", p->warnings[i]);

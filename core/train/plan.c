@@ -715,7 +715,8 @@ static void predict_time(loom_plan *p)
         world *= j->sizes[a];
     }
     double slowest = 0, dp_comm = 0, exposed_all = 0, compute_all = 0;
-    for (int r = 0; r < p->nranks; r++) {
+    int timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
+    for (int r = 0; timed && r < p->nranks; r++) {
         loom_plan_rank *pr = &p->ranks[r];
         pr->compute_s = loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
         double hidden = 0, exposed = 0;
@@ -774,10 +775,11 @@ static void predict_time(loom_plan *p)
             activations = (double)p->ranks[r].peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS];
         }
     }
-    p->fits = room <= 0 || biggest <= room;
-    snprintf(p->why, sizeof p->why,
-             "compute %.3g ms, exposed communication %.3g ms, bubble %.1f%%",
-             compute_all * 1e3, exposed_all * 1e3, 100 * p->bubble);
+    p->fits = !timed || room <= 0 || biggest <= room;
+    if (timed)
+        snprintf(p->why, sizeof p->why,
+                 "compute %.3g ms, exposed communication %.3g ms, bubble %.1f%%",
+                 compute_all * 1e3, exposed_all * 1e3, 100 * p->bubble);
     /* what a careful engineer would say */
 #define WARN(...)                                                                                  \
     do {                                                                                           \
