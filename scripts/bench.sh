@@ -37,6 +37,8 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
     echo "[benchmarks-pipeline.md](benchmarks-pipeline.md), from \`scripts/bench-pipeline.sh\`."
     echo "Offload (ZeRO-Offload and ZeRO-Infinity on the nvme tier, the tier against the disk):"
     echo "[benchmarks-offload.md](benchmarks-offload.md), from \`scripts/bench-offload.sh\`."
+    echo "\`loom plan\`'s step time against measured steps on this machine:"
+    echo "[benchmarks-plan.md](benchmarks-plan.md), from \`scripts/bench-plan.sh\`."
     for n in 2 4; do
         echo
         echo "## loom bench, $n ranks"
