@@ -30,61 +30,63 @@ typedef enum quantity_kind {
     Q_TIME,      /* latency: s, ms, us, ns */
 } quantity_kind;
 
-/* value = number · mul / div: one of mul and div is 1, so a unit below the
- * base (ms, bits) divides by an exact integer instead of multiplying by an
- * inexact fraction. writes: the units a written file uses, smallest first. */
+/* value = number·10^exp10·2^exp2. The decimal part is applied by strtod
+ * to the number's own digits ("9.162 us" reads as 9.162e-6, rounded
+ * once), the binary part exactly, so "80 GiB", "400 Gb/s" and "2.5 us"
+ * are the doubles nearest their values. writes: the units a written file
+ * uses, smallest first within a kind. */
 typedef struct unit {
     const char *name;
     quantity_kind kind;
-    double mul, div;
+    int exp10, exp2;
     int writes;
 } unit;
 
 static const unit units[] = {
-    {"B", Q_BYTES, 1, 1, 1},
-    {"KiB", Q_BYTES, 1024.0, 1, 1},
-    {"MiB", Q_BYTES, 1048576.0, 1, 1},
-    {"GiB", Q_BYTES, 1073741824.0, 1, 1},
-    {"TiB", Q_BYTES, 1099511627776.0, 1, 1},
-    {"PiB", Q_BYTES, 1125899906842624.0, 1, 1},
-    {"kB", Q_BYTES, 1e3, 1, 0},
-    {"KB", Q_BYTES, 1e3, 1, 0},
-    {"MB", Q_BYTES, 1e6, 1, 0},
-    {"GB", Q_BYTES, 1e9, 1, 0},
-    {"TB", Q_BYTES, 1e12, 1, 0},
-    {"PB", Q_BYTES, 1e15, 1, 0},
+    {"B", Q_BYTES, 0, 0, 1},
+    {"KiB", Q_BYTES, 0, 10, 1},
+    {"MiB", Q_BYTES, 0, 20, 1},
+    {"GiB", Q_BYTES, 0, 30, 1},
+    {"TiB", Q_BYTES, 0, 40, 1},
+    {"PiB", Q_BYTES, 0, 50, 1},
+    {"kB", Q_BYTES, 3, 0, 0},
+    {"KB", Q_BYTES, 3, 0, 0},
+    {"MB", Q_BYTES, 6, 0, 0},
+    {"GB", Q_BYTES, 9, 0, 0},
+    {"TB", Q_BYTES, 12, 0, 0},
+    {"PB", Q_BYTES, 15, 0, 0},
 
-    {"B/s", Q_BYTE_RATE, 1, 1, 1},
-    {"kB/s", Q_BYTE_RATE, 1e3, 1, 1},
-    {"MB/s", Q_BYTE_RATE, 1e6, 1, 1},
-    {"GB/s", Q_BYTE_RATE, 1e9, 1, 1},
-    {"TB/s", Q_BYTE_RATE, 1e12, 1, 1},
-    {"KB/s", Q_BYTE_RATE, 1e3, 1, 0},
-    {"PB/s", Q_BYTE_RATE, 1e15, 1, 0},
-    {"KiB/s", Q_BYTE_RATE, 1024.0, 1, 0},
-    {"MiB/s", Q_BYTE_RATE, 1048576.0, 1, 0},
-    {"GiB/s", Q_BYTE_RATE, 1073741824.0, 1, 0},
-    {"TiB/s", Q_BYTE_RATE, 1099511627776.0, 1, 0},
+    {"B/s", Q_BYTE_RATE, 0, 0, 1},
+    {"kB/s", Q_BYTE_RATE, 3, 0, 1},
+    {"MB/s", Q_BYTE_RATE, 6, 0, 1},
+    {"GB/s", Q_BYTE_RATE, 9, 0, 1},
+    {"TB/s", Q_BYTE_RATE, 12, 0, 1},
+    {"KB/s", Q_BYTE_RATE, 3, 0, 0},
+    {"PB/s", Q_BYTE_RATE, 15, 0, 0},
+    {"KiB/s", Q_BYTE_RATE, 0, 10, 0},
+    {"MiB/s", Q_BYTE_RATE, 0, 20, 0},
+    {"GiB/s", Q_BYTE_RATE, 0, 30, 0},
+    {"TiB/s", Q_BYTE_RATE, 0, 40, 0},
     /* bits, as links are sold: 8 bits a byte */
-    {"b/s", Q_BYTE_RATE, 1, 8, 0},
-    {"kb/s", Q_BYTE_RATE, 125.0, 1, 0},
-    {"Kb/s", Q_BYTE_RATE, 125.0, 1, 0},
-    {"Mb/s", Q_BYTE_RATE, 125e3, 1, 0},
-    {"Gb/s", Q_BYTE_RATE, 125e6, 1, 0},
-    {"Tb/s", Q_BYTE_RATE, 125e9, 1, 0},
+    {"b/s", Q_BYTE_RATE, 0, -3, 0},
+    {"kb/s", Q_BYTE_RATE, 3, -3, 0},
+    {"Kb/s", Q_BYTE_RATE, 3, -3, 0},
+    {"Mb/s", Q_BYTE_RATE, 6, -3, 0},
+    {"Gb/s", Q_BYTE_RATE, 9, -3, 0},
+    {"Tb/s", Q_BYTE_RATE, 12, -3, 0},
 
-    {"FLOP/s", Q_FLOP_RATE, 1, 1, 1},
-    {"kFLOP/s", Q_FLOP_RATE, 1e3, 1, 0},
-    {"MFLOP/s", Q_FLOP_RATE, 1e6, 1, 1},
-    {"GFLOP/s", Q_FLOP_RATE, 1e9, 1, 1},
-    {"TFLOP/s", Q_FLOP_RATE, 1e12, 1, 1},
-    {"PFLOP/s", Q_FLOP_RATE, 1e15, 1, 1},
+    {"FLOP/s", Q_FLOP_RATE, 0, 0, 1},
+    {"kFLOP/s", Q_FLOP_RATE, 3, 0, 0},
+    {"MFLOP/s", Q_FLOP_RATE, 6, 0, 1},
+    {"GFLOP/s", Q_FLOP_RATE, 9, 0, 1},
+    {"TFLOP/s", Q_FLOP_RATE, 12, 0, 1},
+    {"PFLOP/s", Q_FLOP_RATE, 15, 0, 1},
 
-    {"ns", Q_TIME, 1, 1e9, 1},
-    {"us", Q_TIME, 1, 1e6, 1},
-    {"µs", Q_TIME, 1, 1e6, 0},
-    {"ms", Q_TIME, 1, 1e3, 1},
-    {"s", Q_TIME, 1, 1, 1},
+    {"ns", Q_TIME, -9, 0, 1},
+    {"us", Q_TIME, -6, 0, 1},
+    {"µs", Q_TIME, -6, 0, 0},
+    {"ms", Q_TIME, -3, 0, 1},
+    {"s", Q_TIME, 0, 0, 1},
 };
 
 static const char *const kind_example[] = {
@@ -98,23 +100,41 @@ static const char *const kind_example[] = {
  * of kind; -1 otherwise. */
 static int parse_quantity(const char *text, quantity_kind kind, double *out)
 {
+    text += strspn(text, " \t");
     char *end;
     errno = 0;
     double x = strtod(text, &end);
-    if (end == text || errno || !isfinite(x) || x < 0)
+    int digits = (int)(end - text);
+    if (digits == 0 || digits > 40 || (int)strspn(text, "0123456789.eE+-") != digits || errno ||
+        !isfinite(x) || x < 0)
         return -1;
-    while (*end == ' ' || *end == '\t')
-        end++;
-    size_t len = strlen(end);
-    while (len > 0 && (end[len - 1] == ' ' || end[len - 1] == '\t'))
+    const char *unit_text = end + strspn(end, " \t");
+    size_t len = strlen(unit_text);
+    while (len > 0 && (unit_text[len - 1] == ' ' || unit_text[len - 1] == '\t'))
         len--;
     for (size_t i = 0; i < LOOM_ARRAY_LEN(units); i++)
         if (units[i].kind == kind && strlen(units[i].name) == len &&
-            !strncmp(units[i].name, end, len)) {
-            *out = x * units[i].mul / units[i].div;
+            !strncmp(units[i].name, unit_text, len)) {
+            /* the unit's power of ten added to the number's own exponent,
+             * so strtod rounds once */
+            const char *e = memchr(text, 'e', (size_t)digits);
+            if (!e)
+                e = memchr(text, 'E', (size_t)digits);
+            int mantissa = e ? (int)(e - text) : digits;
+            long exponent = e ? strtol(e + 1, NULL, 10) : 0;
+            char scaled[64];
+            snprintf(scaled, sizeof scaled, "%.*se%ld", mantissa, text,
+                     exponent + units[i].exp10);
+            *out = ldexp(strtod(scaled, NULL), units[i].exp2);
             return isfinite(*out) ? 0 : -1;
         }
     return -1;
+}
+
+static double in_unit(double v, const unit *u)
+{
+    double x = ldexp(v, -u->exp2);
+    return u->exp10 >= 0 ? x / pow(10, u->exp10) : x * pow(10, -u->exp10);
 }
 
 /* The shortest text in the largest unit that reads back as exactly v; else
@@ -127,12 +147,12 @@ static void format_quantity(double v, quantity_kind kind, char *buf, size_t cap)
         const unit *u = &units[i];
         if (u->kind != kind || !u->writes)
             continue;
-        if (u->mul == 1 && u->div == 1)
+        if (u->exp10 == 0 && u->exp2 == 0)
             base = i;
         if (!strcmp(u->name, "us"))
             zero = i; /* "0 us" reads better than "0 ns" */
         /* the smallest unit, or a larger one v holds at least once */
-        if (!found || v * u->div / u->mul >= 1)
+        if (!found || in_unit(v, u) >= 1)
             pick = i;
         found = 1;
     }
@@ -144,7 +164,7 @@ static void format_quantity(double v, quantity_kind kind, char *buf, size_t cap)
             const unit *u = &units[i];
             if (u->kind != kind || !u->writes)
                 continue;
-            snprintf(buf, cap, "%.*g %s", digits, v * u->div / u->mul, u->name);
+            snprintf(buf, cap, "%.*g %s", digits, in_unit(v, u), u->name);
             double back; /* "1e+02 us" reads back, but "100 us" reads better */
             if (!strchr(buf, 'e') && !parse_quantity(buf, kind, &back) && back == v)
                 return;
@@ -468,14 +488,8 @@ static int read_measured(const reader *r, const config_setting_t *cluster, loom_
             if ((rc = read_int(r, e, epath, "ranks", "ranks = 2; (the ranks it was measured on)",
                                2, &m->ranks)))
                 return rc;
-            if (m->ranks > out->ranks_per_node) {
-                char rpath[128];
-                snprintf(rpath, sizeof rpath, "%s.ranks", epath);
-                return fail_at(r, config_setting_get_member(e, "ranks"), rpath,
-                               "%d ranks do not fit in one node of %d (cluster.ranks_per_node); "
-                               "a measured fit is of ranks inside one node", m->ranks,
-                               out->ranks_per_node);
-            }
+            /* more ranks than ranks_per_node is allowed: CPU ranks may share
+             * a node's cores (--calibrate times 4 ranks on 2 cores) */
             for (int k = 0; k < i; k++)
                 if (out->measured[op][k].ranks == m->ranks) {
                     char rpath[128];

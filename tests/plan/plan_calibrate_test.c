@@ -1,0 +1,194 @@
+/* loom plan --calibrate (core/cli/plan_calibrate.c):
+ *   fake     against tests/plan/fake_loom.sh, whose bench rows are exact
+ *            lines of known latency and bandwidth: the fits must give
+ *            those back, on mpi after ucx gave nothing; the reference
+ *            run's median and the effective rate by hand;
+ *   machine  this machine, 2 ranks: cores and memory as /proc says, the
+ *            written file read back;
+ *   write    LOOM OUT MAX_RANKS: calibrate and write OUT (how
+ *            examples/clusters/this-machine.cfg was made).
+ *
+ *   plan_calibrate_test CASE ARGS... */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/plan_calibrate.h"
+#include "loom/status.h"
+#include "runtime/log.h"
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_EQ(got, want)                                                                        \
+    do {                                                                                           \
+        double g_ = (got), w_ = (want);                                                            \
+        if (g_ != w_) {                                                                            \
+            fprintf(stderr, "%s:%d: got %.17g, want %.17g\n", __FILE__, __LINE__, g_, w_);         \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static void write_and_read_back(const loom_plan_calibration *cal, loom_plan_cluster *back)
+{
+    char path[] = "/tmp/loom-calibrated-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    CHECK(loom_plan_calibration_write(cal, path) == LOOM_OK);
+    if (loom_plan_cluster_read(path, back) != LOOM_OK) {
+        fprintf(stderr, "read back: %s\n", loom_last_error());
+        failures++;
+    }
+    unlink(path);
+}
+
+/* fake_loom.sh's op k (1 = allreduce ... 7 = sendrecv) at r ranks:
+ * latency k + r microseconds, bandwidth k / r GB/s. */
+static void case_fake(const char *fake)
+{
+    loom_plan_calibration cal;
+    if (loom_plan_calibrate(fake, 4, NULL, &cal) != LOOM_OK) {
+        fprintf(stderr, "calibrate: %s\n", loom_last_error());
+        failures++;
+        return;
+    }
+    CHECK(!strcmp(cal.comm, "mpi")); /* ucx gave no rows */
+    const loom_plan_cluster *c = &cal.cluster;
+    /* bench's ops in fake_loom.sh's order; sendrecv gives send and recv */
+    static const int ops[7][2] = {
+        {LOOM_OP_ALLREDUCE, -1},     {LOOM_OP_BROADCAST, -1}, {LOOM_OP_REDUCE, -1},
+        {LOOM_OP_ALLGATHER, -1},     {LOOM_OP_REDUCESCATTER, -1}, {LOOM_OP_ALLTOALL, -1},
+        {LOOM_OP_SEND, LOOM_OP_RECV}};
+    for (int k = 1; k <= 7; k++)
+        for (int j = 0; j < 2; j++) {
+            int op = ops[k - 1][j];
+            if (op < 0)
+                continue;
+            CHECK(c->nmeasured[op] == 2);
+            for (int i = 0; i < 2; i++) {
+                int r = i ? 4 : 2;
+                CHECK(c->measured[op][i].ranks == r);
+                CHECK_EQ(c->measured[op][i].latency_s, (k + r) / 1e6);
+                CHECK_EQ(c->measured[op][i].bytes_per_s, k / (double)r * 1e9);
+            }
+        }
+    CHECK(c->nmeasured[LOOM_OP_BARRIER] == 0);
+    /* intra: the 2-rank allreduce (3 us, 0.5 GB/s) as a link of 2 messages */
+    CHECK_EQ(c->intra.latency_s, 1.5e-6);
+    CHECK_EQ(c->intra.bytes_per_s, 0.5e9);
+    CHECK(c->inter.latency_s == c->intra.latency_s && c->inter.bytes_per_s == c->intra.bytes_per_s);
+    CHECK(c->flops[LOOM_F32] > 0 && c->flops[LOOM_BF16] == c->flops[LOOM_F32]);
+    CHECK(c->memory_bytes_per_s > 0 && c->nodes == 1 && !c->device);
+
+    loom_plan_cluster back;
+    write_and_read_back(&cal, &back);
+    CHECK_EQ(back.measured[LOOM_OP_ALLTOALL][1].bytes_per_s, 1.5e9);
+    CHECK_EQ(back.intra.latency_s, 1.5e-6);
+
+    /* max 2 ranks: the 4-rank runs are not made */
+    if (loom_plan_calibrate(fake, 3, NULL, &cal) == LOOM_OK)
+        CHECK(cal.cluster.nmeasured[LOOM_OP_ALLREDUCE] == 1);
+    else
+        failures++;
+    CHECK(loom_plan_calibrate(fake, 1, NULL, &cal) == LOOM_ERR_INVALID);
+    CHECK(loom_plan_calibrate("/nonexistent/loom", 2, NULL, &cal) == LOOM_ERR_NOT_FOUND);
+
+    /* the reference: steps 3..13 take 2..12 ms, median 7 ms */
+    double step_s = 0;
+    const char *sets[] = {"data.train=corpus.bin"};
+    CHECK(loom_plan_calibrate_reference(fake, "ref.cfg", sets, 1, &step_s) == LOOM_OK);
+    CHECK_EQ(step_s, 7e-3);
+    /* at a peak of 100 GFLOP/s, 2e8 FLOP of GEMMs take 2 ms of the 7; the
+     * other 5 ms move 1e8 bytes: 20 GB/s */
+    cal.cluster.flops[LOOM_F32] = 1e11;
+    CHECK(loom_plan_calibrate_effective_memory(&cal, "ref.cfg", 7e-3, 2e8, 1e8) == LOOM_OK);
+    CHECK_EQ(cal.cluster.memory_bytes_per_s, 20e9);
+    /* GEMMs explaining all but 2% of a step leave nothing to fit */
+    CHECK(loom_plan_calibrate_effective_memory(&cal, "ref.cfg", 7e-3, 6.86e8, 1e8) ==
+          LOOM_ERR_INVALID);
+    CHECK_EQ(cal.cluster.memory_bytes_per_s, 20e9);
+}
+
+static double proc_number(const char *file, const char *key, int count_lines)
+{
+    FILE *f = fopen(file, "r");
+    double v = 0;
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key)))
+            v = count_lines ? v + 1 : strtod(strchr(line, ':') + 1, NULL);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static void case_machine(const char *loom)
+{
+    loom_plan_calibration cal;
+    if (loom_plan_calibrate(loom, 2, stderr, &cal) != LOOM_OK) {
+        fprintf(stderr, "calibrate: %s\n", loom_last_error());
+        failures++;
+        return;
+    }
+    const loom_plan_cluster *c = &cal.cluster;
+    CHECK(c->ranks_per_node == (int)proc_number("/proc/cpuinfo", "processor", 1));
+    CHECK_EQ(c->host_bytes, proc_number("/proc/meminfo", "MemTotal:", 0) * 1024);
+    CHECK(c->nmeasured[LOOM_OP_ALLREDUCE] == 1 && c->measured[LOOM_OP_ALLREDUCE][0].ranks == 2);
+    for (int op = 0; op < LOOM_OP_BARRIER; op++)
+        CHECK(c->nmeasured[op] == 1 && c->measured[op][0].bytes_per_s > 0);
+    loom_plan_cluster back;
+    write_and_read_back(&cal, &back);
+    CHECK_EQ(back.flops[LOOM_F32], c->flops[LOOM_F32]);
+    fprintf(stderr, "calibrated in %.1f s on comm %s\n", cal.seconds, cal.comm);
+}
+
+static int write_calibration(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: plan_calibrate_test write LOOM OUT MAX_RANKS\n");
+        return 2;
+    }
+    loom_plan_calibration cal;
+    if (loom_plan_calibrate(argv[2], atoi(argv[4]), stdout, &cal) != LOOM_OK ||
+        loom_plan_calibration_write(&cal, argv[3]) != LOOM_OK) {
+        fprintf(stderr, "%s\n", loom_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = argc > 1 ? argv[1] : "";
+    if (!strcmp(which, "write"))
+        return write_calibration(argc, argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: plan_calibrate_test fake FAKE_LOOM | machine LOOM | write ...\n");
+        return 2;
+    }
+    if (!strcmp(which, "fake"))
+        case_fake(argv[2]);
+    else if (!strcmp(which, "machine"))
+        case_machine(argv[2]);
+    else {
+        fprintf(stderr, "plan_calibrate_test: no case '%s'\n", which);
+        return 2;
+    }
+    if (failures) {
+        fprintf(stderr, "plan_calibrate_test %s: %d check(s) failed\n", which, failures);
+        return 1;
+    }
+    return 0;
+}
