@@ -624,7 +624,7 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
 int loom_plan_calibrate_reference(const char *loom_exe, const char *config,
                                   const char *const *sets, int nsets, double *step_s)
 {
-    enum { STEPS = 12, FIRST_TIMED = 3, MAX_ARGS = 64 };
+    enum { STEPS = 30, FIRST_TIMED = 3, MAX_ARGS = 64 };
     scratch s;
     int rc = make_scratch(&s);
     if (rc)

@@ -5,8 +5,9 @@
  *            run's median and the effective rate by hand;
  *   machine  this machine, 2 ranks: cores and memory as /proc says, the
  *            written file read back;
- *   write    LOOM OUT MAX_RANKS: calibrate and write OUT (how
- *            examples/clusters/this-machine.cfg was made).
+ *   write    LOOM OUT MAX_RANKS [CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]:
+ *            calibrate and write OUT (how examples/clusters/this-machine.cfg
+ *            was made, until `loom plan --calibrate` calls the same).
  *
  *   plan_calibrate_test CASE ARGS... */
 #include <math.h>
@@ -154,15 +155,38 @@ static void case_machine(const char *loom)
     fprintf(stderr, "calibrated in %.1f s on comm %s\n", cal.seconds, cal.comm);
 }
 
+/* write LOOM OUT MAX_RANKS [CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]: with
+ * CONFIG, time one rank of it as the reference; with the planner's count
+ * of its step, the effective non-GEMM rate goes into the file. */
 static int write_calibration(int argc, char **argv)
 {
-    if (argc < 5) {
-        fprintf(stderr, "usage: plan_calibrate_test write LOOM OUT MAX_RANKS\n");
+    if (argc < 5 || argc == 6 || argc == 8 || argc > 9) {
+        fprintf(stderr, "usage: plan_calibrate_test write LOOM OUT MAX_RANKS "
+                        "[CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]\n");
         return 2;
     }
     loom_plan_calibration cal;
-    if (loom_plan_calibrate(argv[2], atoi(argv[4]), stdout, &cal) != LOOM_OK ||
-        loom_plan_calibration_write(&cal, argv[3]) != LOOM_OK) {
+    if (loom_plan_calibrate(argv[2], atoi(argv[4]), stdout, &cal) != LOOM_OK) {
+        fprintf(stderr, "%s\n", loom_last_error());
+        return 1;
+    }
+    if (argc >= 7) {
+        char data[512];
+        snprintf(data, sizeof data, "data.train=%s", argv[6]);
+        const char *sets[] = {data};
+        double step_s;
+        if (loom_plan_calibrate_reference(argv[2], argv[5], sets, 1, &step_s) != LOOM_OK) {
+            fprintf(stderr, "%s\n", loom_last_error());
+            return 1;
+        }
+        printf("reference: one rank of %s: %.3f ms a step\n", argv[5], step_s * 1e3);
+        if (argc == 9 && loom_plan_calibrate_effective_memory(&cal, argv[5], step_s,
+                                                              atof(argv[7]), atof(argv[8]))) {
+            fprintf(stderr, "%s\n", loom_last_error());
+            return 1;
+        }
+    }
+    if (loom_plan_calibration_write(&cal, argv[3]) != LOOM_OK) {
         fprintf(stderr, "%s\n", loom_last_error());
         return 1;
     }
