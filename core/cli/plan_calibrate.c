@@ -560,9 +560,6 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
     c->ranks_per_node = (int)cores;
     c->device = 0;
     c->host_bytes = (double)pages * (double)page;
-    set_note(out, "cluster",
-             "Measured by loom plan --calibrate on %s in %%TOOK%% s: re-run it rather than edit "
-             "the figures.\nEach figure's comment says how it was measured.", date);
     set_note(out, "ranks_per_node", "The cores online (sysconf): one rank a core, as loom "
                                     "launch runs ranks here.");
     set_note(out, "host_memory", "Physical pages times the page size (sysconf).");
@@ -605,16 +602,9 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
     if (rc)
         return rc;
     out->seconds = seconds_since(t0);
-    for (int i = 0; i < out->nnotes; i++) {
-        char *at = strstr(out->note_text[i], "%TOOK%");
-        if (at) {
-            char rest[1024], took[16];
-            snprintf(rest, sizeof rest, "%s", at + strlen("%TOOK%"));
-            snprintf(took, sizeof took, "%.0f", out->seconds);
-            snprintf(at, sizeof out->note_text[i] - (size_t)(at - out->note_text[i]), "%s%s",
-                     took, rest);
-        }
-    }
+    set_note(out, "cluster",
+             "Measured by loom plan --calibrate on %s in %.0f s: re-run it rather than edit the "
+             "figures.\nEach figure's comment says how it was measured.", date, out->seconds);
     say(progress, "calibrate: done in %.1f s\n", out->seconds);
     return LOOM_OK;
 }

@@ -164,9 +164,13 @@ static void format_quantity(double v, quantity_kind kind, char *buf, size_t cap)
             const unit *u = &units[i];
             if (u->kind != kind || !u->writes)
                 continue;
-            snprintf(buf, cap, "%.*g %s", digits, in_unit(v, u), u->name);
-            double back; /* "1e+02 us" reads back, but "100 us" reads better */
-            if (!strchr(buf, 'e') && !parse_quantity(buf, kind, &back) && back == v)
+            char number[32];
+            snprintf(number, sizeof number, "%.*g", digits, in_unit(v, u));
+            if (strchr(number, 'e')) /* "1e+02 us" reads back, but "100 us" reads better */
+                continue;
+            snprintf(buf, cap, "%s %s", number, u->name);
+            double back;
+            if (!parse_quantity(buf, kind, &back) && back == v)
                 return;
         }
     if (kind == Q_BYTES && v == floor(v) && v < 9e15)
@@ -294,7 +298,7 @@ static int require(const reader *r, const config_setting_t *group, const char *p
  * 32 bits, silently. The literal on the setting's line says what was
  * meant; a mismatch is refused. */
 static int int_as_written(const reader *r, const config_setting_t *s, const char *path,
-                          double value)
+                          double value, int size)
 {
     const char *line = r->text;
     for (int n = 1; line && n < line_of(s); n++)
@@ -313,6 +317,9 @@ static int int_as_written(const reader *r, const config_setting_t *s, const char
     double literal = strtod(at + 1, NULL);
     if (literal == value)
         return LOOM_OK;
+    if (!size)
+        return fail_at(r, s, path, "%.0f does not fit a 32-bit integer, and libconfig read it as "
+                       "%.0f; write a number below 2^31", literal, value);
     return fail_at(r, s, path, "%.0f does not fit a 32-bit integer, and libconfig read it as "
                    "%.0f; write %.0fL, or the size with its unit (%s)",
                    literal, value, literal, kind_example[Q_BYTES]);
@@ -339,7 +346,7 @@ static int read_quantity(const reader *r, const config_setting_t *group, const c
         *out = type == CONFIG_TYPE_FLOAT ? config_setting_get_float(s)
                                          : (double)config_setting_get_int64(s);
         if (type == CONFIG_TYPE_INT) {
-            int rc = int_as_written(r, s, full, *out);
+            int rc = int_as_written(r, s, full, *out, 1);
             if (rc)
                 return rc;
         }
@@ -380,7 +387,7 @@ static int read_int(const reader *r, const config_setting_t *group, const char *
     if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64)
         return fail_at(r, s, full, "expected an integer; found %s", type_name(s));
     long long v = config_setting_get_int64(s);
-    if (type == CONFIG_TYPE_INT && (rc = int_as_written(r, s, full, (double)v)))
+    if (type == CONFIG_TYPE_INT && (rc = int_as_written(r, s, full, (double)v, 0)))
         return rc;
     if (v < min || v > 1000000000)
         return fail_at(r, s, full, "%lld is out of range; it must be %d or more (up to 10^9)", v,

@@ -398,6 +398,9 @@ static void case_refusals(void)
                  "cluster.nodes: expected an integer; found a string");
     expect_error(replaced("nodes", "  nodes = -1;"), 3,
                  "cluster.nodes: -1 is out of range; it must be 0 or more (up to 10^9)");
+    expect_error(replaced("nodes", "  nodes = 4294967297;"), 3,
+                 "cluster.nodes: 4294967297 does not fit a 32-bit integer, and libconfig read "
+                 "it as 1; write a number below 2^31");
     expect_error(replaced("ranks_per_node", "  ranks_per_node = 0;"), 4,
                  "cluster.ranks_per_node: 0 is out of range; it must be 1 or more (up to 10^9)");
     expect_error(replaced("device", "  device = 1;"), 5,
