@@ -20,6 +20,7 @@
 #include "cli/plan_calibrate.h"
 #include "loom/status.h"
 #include "model/kernels.h"
+#include "runtime/config.h"
 #include "runtime/log.h"
 
 /* ---- notes ---- */
@@ -677,13 +678,66 @@ int loom_plan_calibrate_effective_memory(loom_plan_calibration *cal, const char 
     double rate = other_bytes / rest_s;
     c->memory_bytes_per_s = round4(rate);
     set_note(cal, "memory_bandwidth",
-             "Effective, not memcpy's: one rank of loom train %s took %.4g ms a step (median "
-             "of\nsteps 3 on); its GEMMs, %.4g GFLOP at the peak above, take %.4g ms; the rest, "
-             "%.4g MB the\nnon-GEMM kernels read and write (the planner's count), took %.4g ms: "
-             "%.4g GB/s.\nmemcpy's roof here is %.4g GB/s read + written; loom's non-GEMM "
-             "kernels run below it\n(exp, tanh and divisions on data the caches hold).",
+             "Effective, not memcpy's: one rank of loom train %s\ntook %.4g ms a step (median "
+             "of steps 3 on); its GEMMs, %.4g GFLOP at the peak above, take\n%.4g ms; the rest, "
+             "%.4g MB the non-GEMM kernels read and write (the planner's count),\ntook %.4g ms: "
+             "%.4g GB/s. memcpy's roof here is %.4g GB/s read + written; loom's non-GEMM\n"
+             "kernels run below it (exp, tanh and divisions on data the caches hold).",
              config, step_s * 1e3, gemm_flops / 1e9, gemm_s * 1e3, other_bytes / 1e6,
              rest_s * 1e3, rate / 1e9, cal->memcpy_bytes_per_s / 1e9);
+    return LOOM_OK;
+}
+
+int loom_plan_calibrate_count(const char *config, const char *const *sets, int nsets,
+                              const loom_plan_cluster *cluster, double *gemm_flops,
+                              double *other_bytes)
+{
+    loom_config *cfg = NULL;
+    loom_plan_job job;
+    memset(&job, 0, sizeof job);
+    loom_plan plan;
+    memset(&plan, 0, sizeof plan);
+    int rc = loom_config_load(config, sets, nsets, &cfg);
+    if (rc == LOOM_OK)
+        rc = loom_plan_job_read(cfg, &job);
+    int ranks = 1;
+    for (int a = 0; rc == LOOM_OK && a < LOOM_AXIS_COUNT; a++)
+        ranks *= job.sizes[a];
+    if (rc == LOOM_OK && (ranks != 1 || job.dtype != LOOM_F32))
+        rc = loom_fail(LOOM_ERR_INVALID, "calibrate: the reference %s runs on %d ranks in %s; "
+                       "a reference is one rank in fp32, so that its step is compute alone at "
+                       "the fp32 peak", config, ranks, loom_dtype_name(job.dtype));
+    if (rc == LOOM_OK)
+        rc = loom_plan_make(&job, cluster, NULL, &plan);
+    if (rc == LOOM_OK) {
+        *gemm_flops = plan.ranks[0].gemm_flops;
+        *other_bytes = plan.ranks[0].other_bytes;
+    }
+    loom_plan_free(&plan);
+    loom_plan_job_free(&job);
+    loom_config_free(cfg);
+    return rc;
+}
+
+int loom_plan_calibrate_compute(loom_plan_calibration *cal, const char *loom_exe,
+                                const char *config, const char *const *sets, int nsets,
+                                FILE *progress)
+{
+    double step_s, gemm_flops, other_bytes;
+    int rc = loom_plan_calibrate_count(config, sets, nsets, &cal->cluster, &gemm_flops,
+                                       &other_bytes);
+    if (rc)
+        return rc;
+    say(progress, "calibrate: one rank of loom train %s ...\n", config);
+    if ((rc = loom_plan_calibrate_reference(loom_exe, config, sets, nsets, &step_s)))
+        return rc;
+    say(progress, "calibrate: %.3f ms a step; the planner counts %.4g GFLOP of GEMMs (%.3f ms "
+        "at the peak) and %.4g MB for the other kernels\n", step_s * 1e3, gemm_flops / 1e9,
+        gemm_flops / cal->cluster.flops[LOOM_F32] * 1e3, other_bytes / 1e6);
+    if ((rc = loom_plan_calibrate_effective_memory(cal, config, step_s, gemm_flops, other_bytes)))
+        return rc;
+    say(progress, "calibrate: the other kernels run at %.4g GB/s (memcpy's roof: %.4g GB/s)\n",
+        cal->cluster.memory_bytes_per_s / 1e9, cal->memcpy_bytes_per_s / 1e9);
     return LOOM_OK;
 }
 

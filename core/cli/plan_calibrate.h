@@ -6,9 +6,10 @@
  *     rate, and `loom bench`'s collectives at 2 and 4 ranks, fitted;
  *   - loom_plan_calibrate_reference: one rank of `loom train` on a
  *     reference config, its median step time;
- *   - loom_plan_calibrate_effective_memory: with the planner's count of
- *     that step, the rate the non-GEMM kernels really run at here, in
- *     place of the memcpy roof. */
+ *   - loom_plan_calibrate_count and _effective_memory: the planner's count
+ *     of that step, and from it the rate the non-GEMM kernels really run
+ *     at here, in place of the memcpy roof (loom_plan_calibrate_compute
+ *     does the three). */
 #ifndef LOOM_CLI_PLAN_CALIBRATE_H
 #define LOOM_CLI_PLAN_CALIBRATE_H
 
@@ -43,13 +44,24 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
 int loom_plan_calibrate_reference(const char *loom_exe, const char *config,
                                   const char *const *sets, int nsets, double *step_s);
 
-/* The reference step (step_s) counted by the planner as gemm_flops and
- * other_bytes: the non-GEMM kernels' effective rate, other_bytes / (step_s
- * - gemm_flops / flops[f32]), replaces cluster.memory_bytes_per_s, and a
- * note says so. Refused when the GEMMs alone explain the step (nothing
- * left to fit). */
+/* The planner's count of one step of the job config describes (one rank,
+ * fp32): loom_plan_make's gemm_flops and other_bytes on cluster. */
+int loom_plan_calibrate_count(const char *config, const char *const *sets, int nsets,
+                              const loom_plan_cluster *cluster, double *gemm_flops,
+                              double *other_bytes);
+
+/* The reference step (step_s) counted as gemm_flops and other_bytes: the
+ * non-GEMM kernels' effective rate, other_bytes / (step_s - gemm_flops /
+ * flops[f32]), replaces cluster.memory_bytes_per_s, and a note says so.
+ * Refused when the GEMMs alone explain the step (nothing left to fit). */
 int loom_plan_calibrate_effective_memory(loom_plan_calibration *cal, const char *config,
                                          double step_s, double gemm_flops, double other_bytes);
+
+/* The three above on config (tests/zero/tiny.cfg with data.train among
+ * sets, say), after loom_plan_calibrate filled cal. */
+int loom_plan_calibrate_compute(loom_plan_calibration *cal, const char *loom_exe,
+                                const char *config, const char *const *sets, int nsets,
+                                FILE *progress);
 
 /* The cluster with its notes (loom_plan_cluster_write_notes). */
 int loom_plan_calibration_write(const loom_plan_calibration *cal, const char *path);

@@ -5,9 +5,11 @@
  *            run's median and the effective rate by hand;
  *   machine  this machine, 2 ranks: cores and memory as /proc says, the
  *            written file read back;
- *   write    LOOM OUT MAX_RANKS [CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]:
- *            calibrate and write OUT (how examples/clusters/this-machine.cfg
- *            was made, until `loom plan --calibrate` calls the same).
+ *   reference FAKE_LOOM TINY_CFG: the reference step counted by the
+ *            planner, the effective rate from the stand-in's step time;
+ *   write    LOOM OUT MAX_RANKS [CONFIG DATA]: calibrate and write OUT (how
+ *            examples/clusters/this-machine.cfg was made, until `loom plan
+ *            --calibrate` calls the same).
  *
  *   plan_calibrate_test CASE ARGS... */
 #include <math.h>
@@ -122,6 +124,45 @@ static void case_fake(const char *fake)
     CHECK_EQ(cal.cluster.memory_bytes_per_s, 20e9);
 }
 
+/* The reference counted by the planner: tests/zero/tiny.cfg's GEMMs are
+ * loom's own FLOPs a token (loom_model_flops_per_token: 6 per parameter
+ * but the position embeddings', and 6·L·T·C of causal attention) times
+ * the 384 tokens of a step, to the planner's rounding of the small
+ * parameters (biases, norms): within 2%. */
+static void case_reference(const char *fake, const char *tiny)
+{
+    loom_plan_calibration cal;
+    if (loom_plan_calibrate(fake, 2, NULL, &cal) != LOOM_OK) {
+        fprintf(stderr, "calibrate: %s\n", loom_last_error());
+        failures++;
+        return;
+    }
+    cal.cluster.flops[LOOM_F32] = 1e11;
+    const char *sets[] = {"data.train=corpus.bin"};
+    double gemm = 0, other = 0;
+    if (loom_plan_calibrate_count(tiny, sets, 1, &cal.cluster, &gemm, &other) != LOOM_OK) {
+        fprintf(stderr, "count: %s\n", loom_last_error());
+        failures++;
+        return;
+    }
+    /* L 2, C 64, T 32, Vp 256, max_seq 64: 120,576 parameters, 4,096 of
+     * them position embeddings */
+    double model = 384.0 * (6.0 * (120576 - 4096) + 6.0 * 2 * 32 * 64);
+    CHECK(fabs(gemm - model) <= 0.02 * model);
+    /* the model's accounted state (params, grads, Adam: 482,304 + 482,304
+     * + 964,608 bytes) is streamed at least once */
+    CHECK(other >= 482304.0 + 482304 + 964608);
+    /* the fake step is 7 ms; at 100 GFLOP/s the GEMMs take gemm / 1e11 */
+    CHECK(loom_plan_calibrate_compute(&cal, fake, tiny, sets, 1, NULL) == LOOM_OK);
+    char want[32];
+    snprintf(want, sizeof want, "%.4g", other / (7e-3 - gemm / 1e11));
+    CHECK_EQ(cal.cluster.memory_bytes_per_s, strtod(want, NULL));
+    /* a reference of two ranks is refused */
+    const char *two[] = {"data.train=corpus.bin", "parallel.dp.size=2"};
+    CHECK(loom_plan_calibrate_count(tiny, two, 2, &cal.cluster, &gemm, &other) ==
+          LOOM_ERR_INVALID);
+}
+
 static double proc_number(const char *file, const char *key, int count_lines)
 {
     FILE *f = fopen(file, "r");
@@ -155,42 +196,27 @@ static void case_machine(const char *loom)
     fprintf(stderr, "calibrated in %.1f s on comm %s\n", cal.seconds, cal.comm);
 }
 
-/* write LOOM OUT MAX_RANKS [CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]: with
- * CONFIG, time one rank of it as the reference; with the planner's count
- * of its step, the effective non-GEMM rate goes into the file. */
+/* write LOOM OUT MAX_RANKS [CONFIG DATA]: with CONFIG, one rank of it is
+ * the reference for the non-GEMM kernels' rate. */
 static int write_calibration(int argc, char **argv)
 {
-    if (argc < 5 || argc == 6 || argc == 8 || argc > 9) {
-        fprintf(stderr, "usage: plan_calibrate_test write LOOM OUT MAX_RANKS "
-                        "[CONFIG DATA [GEMM_FLOPS OTHER_BYTES]]\n");
+    if (argc != 5 && argc != 7) {
+        fprintf(stderr, "usage: plan_calibrate_test write LOOM OUT MAX_RANKS [CONFIG DATA]\n");
         return 2;
     }
     loom_plan_calibration cal;
-    if (loom_plan_calibrate(argv[2], atoi(argv[4]), stdout, &cal) != LOOM_OK) {
-        fprintf(stderr, "%s\n", loom_last_error());
-        return 1;
-    }
-    if (argc >= 7) {
+    int rc = loom_plan_calibrate(argv[2], atoi(argv[4]), stdout, &cal);
+    if (rc == LOOM_OK && argc == 7) {
         char data[512];
         snprintf(data, sizeof data, "data.train=%s", argv[6]);
         const char *sets[] = {data};
-        double step_s;
-        if (loom_plan_calibrate_reference(argv[2], argv[5], sets, 1, &step_s) != LOOM_OK) {
-            fprintf(stderr, "%s\n", loom_last_error());
-            return 1;
-        }
-        printf("reference: one rank of %s: %.3f ms a step\n", argv[5], step_s * 1e3);
-        if (argc == 9 && loom_plan_calibrate_effective_memory(&cal, argv[5], step_s,
-                                                              atof(argv[7]), atof(argv[8]))) {
-            fprintf(stderr, "%s\n", loom_last_error());
-            return 1;
-        }
+        rc = loom_plan_calibrate_compute(&cal, argv[2], argv[5], sets, 1, stdout);
     }
-    if (loom_plan_calibration_write(&cal, argv[3]) != LOOM_OK) {
+    if (rc == LOOM_OK)
+        rc = loom_plan_calibration_write(&cal, argv[3]);
+    if (rc != LOOM_OK)
         fprintf(stderr, "%s\n", loom_last_error());
-        return 1;
-    }
-    return 0;
+    return rc == LOOM_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv)
@@ -199,11 +225,14 @@ int main(int argc, char **argv)
     if (!strcmp(which, "write"))
         return write_calibration(argc, argv);
     if (argc < 3) {
-        fprintf(stderr, "usage: plan_calibrate_test fake FAKE_LOOM | machine LOOM | write ...\n");
+        fprintf(stderr, "usage: plan_calibrate_test fake FAKE_LOOM | reference FAKE_LOOM TINY_CFG "
+                        "| machine LOOM | write ...\n");
         return 2;
     }
     if (!strcmp(which, "fake"))
         case_fake(argv[2]);
+    else if (!strcmp(which, "reference") && argc > 3)
+        case_reference(argv[2], argv[3]);
     else if (!strcmp(which, "machine"))
         case_machine(argv[2]);
     else {
