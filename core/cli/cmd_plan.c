@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/status.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/plan_calibrate.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -18,8 +20,77 @@
 #include "train/schedule.h"
 
 static const char plan_usage[] =
-    "usage: loom plan CONFIG [--cluster FILE] [--set path=value ...] [--json FILE] [--search]\n"
-    "       loom plan --calibrate FILE\n";
+    "usage: loom plan CONFIG [--cluster FILE] [--set path=value ...] [--json FILE] [--search [--top N]]\n"
+    "       loom plan --calibrate FILE [--data SHARD] [--ranks N]\n";
+
+/* The reference job whose measured step fits the non-GEMM kernels' rate
+ * (tests/zero/tiny.cfg's model: small enough that they dominate). */
+static const char reference_config[] =
+    "model = { layers = 2; heads = 4; channels = 64; vocab = 256; padded_vocab = 256; max_seq = 64; };\n"
+    "train = { batch = 12; seq = 32; steps = 30; lr = 1e-3; };\n";
+
+/* `loom plan --calibrate FILE [--data SHARD] [--ranks N]`: this machine's
+ * cores, memory, sgemm and memcpy rates, `loom bench`'s collectives at 2
+ * and 4 ranks (up to N), and the non-GEMM kernels' rate from one rank of a
+ * reference job on SHARD (a token shard; examples/data/corpus.bin). */
+static int calibrate(int argc, char **argv)
+{
+    const char *out = argc > 2 ? argv[2] : NULL, *data = "examples/data/corpus.bin";
+    int ranks = 4;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--data") && i + 1 < argc)
+            data = argv[++i];
+        else if (!strcmp(argv[i], "--ranks") && i + 1 < argc)
+            ranks = atoi(argv[++i]);
+        else
+            out = NULL;
+    }
+    if (!out || out[0] == '-' || ranks < 2) {
+        fprintf(stderr, "%s", plan_usage);
+        return 2;
+    }
+    if (access(data, R_OK) != 0) {
+        fprintf(stderr, "loom plan --calibrate: the reference job's data %s: %s; name a token shard "
+                "with --data SHARD (examples/data/corpus.bin in loom's source tree)\n", data,
+                strerror(errno));
+        return 1;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "loom plan --calibrate: cannot find this program: %s\n", strerror(errno));
+        return 1;
+    }
+    exe[n] = '\0';
+    char config[] = "/tmp/loom-calibrate-XXXXXX";
+    int fd = mkstemp(config);
+    if (fd < 0 || write(fd, reference_config, sizeof reference_config - 1) !=
+                      (ssize_t)(sizeof reference_config - 1)) {
+        fprintf(stderr, "loom plan --calibrate: cannot write the reference config: %s\n",
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    close(fd);
+    char set[4200];
+    snprintf(set, sizeof set, "data.train=%s", data);
+    const char *sets[] = {set};
+    loom_plan_calibration *cal = calloc(1, sizeof *cal);
+    int rc = cal ? loom_plan_calibrate(exe, ranks, stdout, cal)
+                 : loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
+    if (rc == LOOM_OK)
+        rc = loom_plan_calibrate_compute(cal, exe, config, sets, 1, stdout);
+    if (rc == LOOM_OK)
+        rc = loom_plan_calibration_write(cal, out);
+    unlink(config);
+    if (rc == LOOM_OK)
+        printf("loom plan: wrote %s (%.0f s)\n", out, cal->seconds);
+    else
+        fprintf(stderr, "loom plan --calibrate: %s\n", loom_last_error());
+    free(cal);
+    return rc == LOOM_OK ? 0 : 1;
+}
 
 static const char *const axis_names[LOOM_AXIS_COUNT] = {"tp", "sp", "pp", "dp"};
 
@@ -371,6 +442,8 @@ static int search(const loom_cli_config_args *args, const loom_plan_job *base,
 
 int loom_cmd_plan(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--calibrate"))
+        return calibrate(argc, argv);
     const char *json = NULL, *cluster_path = NULL, *top_text = NULL;
     int searching = 0;
     const loom_cli_option options[] = {{"--json", NULL, &json, NULL},

@@ -431,9 +431,9 @@ static void walk_schedule(const loom_plan_job *j, const loom_schedule *sch, int 
         }
     }
     out->live_microbatches = most_live;
-    out->slot_bytes = 0;
+    out->slot_bytes = 0; /* one micro-batch through each of the rank's stages */
     for (int vs = 0; vs < v; vs++)
-        out->slot_bytes += (uint64_t)slots[vs] * slot_bytes[vs];
+        out->slot_bytes += slot_bytes[vs];
     out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS] += w.act_peak;
     out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_COMM] += w.comm_peak;
 done:
@@ -678,9 +678,10 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
 
 /* Nodes a group of `size` ranks spans, `stride` ranks apart in the mesh
  * (tp innermost, then sp, pp, dp), ranks_per_node to a node. */
-static int nodes_spanned(int size, int stride, int per_node)
+static int nodes_spanned(const loom_plan_cluster *c, int size, int stride)
 {
-    if (per_node <= 0 || size * stride <= per_node)
+    int per_node = c->ranks_per_node;
+    if (c->nodes == 1 || per_node <= 0 || size * stride <= per_node)
         return 1;
     if (stride >= per_node)
         return size;
@@ -718,16 +719,25 @@ static void predict_time(loom_plan *p)
     int timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
     for (int r = 0; timed && r < p->nranks; r++) {
         loom_plan_rank *pr = &p->ranks[r];
-        pr->compute_s = loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
+        /* CPU ranks beyond a node's cores share them (one node of a
+         * cluster with nodes = 1 takes the whole job) */
+        double share = 1;
+        if (!c->device && c->nodes == 1 && c->ranks_per_node > 0 && world > c->ranks_per_node)
+            share = (double)world / c->ranks_per_node;
+        pr->compute_s = share * loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
         double hidden = 0, exposed = 0;
         for (int a = 0; a < LOOM_AXIS_COUNT; a++)
             for (int op = 0; op < LOOM_OP_COUNT; op++) {
                 loom_plan_comm *cm = &pr->comm[a][op];
                 if (!cm->calls)
                     continue;
-                int across = nodes_spanned(j->sizes[a], stride[a], c->ranks_per_node);
-                cm->seconds = loom_plan_comm_seconds(c, (loom_comm_op)op, cm->bytes, cm->calls,
-                                                     j->sizes[a], across);
+                int across = nodes_spanned(c, j->sizes[a], stride[a]);
+                /* a receive runs while the rank's own sends do (a ring's
+                 * passes, 1F1B's steady state): the pair takes the time
+                 * of one, counted on the send */
+                cm->seconds = op == LOOM_OP_RECV ? 0
+                              : loom_plan_comm_seconds(c, (loom_comm_op)op, cm->bytes, cm->calls,
+                                                       j->sizes[a], across);
                 if (overlapped(j, a, op))
                     hidden += cm->seconds;
                 else
@@ -787,10 +797,10 @@ static void predict_time(loom_plan *p)
             snprintf(p->warnings[p->nwarnings++], sizeof p->warnings[0], __VA_ARGS__);             \
     } while (0)
     int tp = j->sizes[LOOM_AXIS_TP], pp = j->sizes[LOOM_AXIS_PP];
-    if (c->ranks_per_node > 0 && tp > c->ranks_per_node)
+    if (nodes_spanned(c, tp, 1) > 1)
         WARN("tp = %d spans %d nodes of %d ranks: its all-reduces on every layer cross the "
              "slower inter-node links; keep tp within a node", tp,
-             nodes_spanned(tp, 1, c->ranks_per_node), c->ranks_per_node);
+             nodes_spanned(c, tp, 1), c->ranks_per_node);
     if (pp > 1 && j->microbatches < pp)
         WARN("pp = %d stages with %d micro-batches: the bubble takes %.0f%% of the step; use at "
              "least %d micro-batches", pp, j->microbatches, 100 * p->bubble, 4 * pp);
