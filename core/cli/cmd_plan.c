@@ -245,6 +245,34 @@ static int write_json(const loom_plan *p, const char *path)
     return LOOM_OK;
 }
 
+/* The config at path with the overrides, planned on the cluster: the job
+ * read as `loom train` reads it, the pipeline schedule its plugin emits. */
+static int plan_config(const char *path, const char *const *sets, int nsets,
+                       const loom_plan_cluster *cluster, loom_plan *out)
+{
+    loom_config *cfg = NULL;
+    loom_runtime *rt = NULL;
+    loom_schedule schedule;
+    memset(&schedule, 0, sizeof schedule);
+    loom_plan_job job;
+    memset(&job, 0, sizeof job);
+    char desc[256];
+    const loom_strategy_ops *ops = NULL;
+    int rc = loom_config_load(path, sets, nsets, &cfg);
+    if (rc == LOOM_OK)
+        rc = loom_plan_job_read(cfg, &job);
+    int pipeline = rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1;
+    if (pipeline && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
+        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
+    if (rc == LOOM_OK)
+        rc = loom_plan_make(&job, cluster, pipeline ? &schedule : NULL, out);
+    loom_plan_job_free(&job);
+    loom_schedule_free(&schedule);
+    loom_runtime_destroy(rt);
+    loom_config_free(cfg);
+    return rc;
+}
+
 /* ---- --search ---- */
 
 typedef struct candidate {
@@ -275,23 +303,9 @@ static int try_mesh(const loom_cli_config_args *args, const char *const *extra, 
         sets[n++] = args->overrides[i];
     for (int i = 0; i < nextra; i++)
         sets[n++] = extra[i];
-    loom_config *cfg = NULL;
-    loom_runtime *rt = NULL;
-    loom_schedule schedule;
-    memset(&schedule, 0, sizeof schedule);
-    loom_plan_job job;
-    memset(&job, 0, sizeof job);
     loom_plan plan;
     memset(&plan, 0, sizeof plan);
-    char desc[256];
-    const loom_strategy_ops *ops = NULL;
-    int rc = loom_config_load(args->config, sets, n, &cfg);
-    if (rc == LOOM_OK)
-        rc = loom_plan_job_read(cfg, &job);
-    if (rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1 && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
-        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
-    if (rc == LOOM_OK)
-        rc = loom_plan_make(&job, cluster, job.sizes[LOOM_AXIS_PP] > 1 ? &schedule : NULL, &plan);
+    int rc = plan_config(args->config, sets, n, cluster, &plan);
     int fits = rc == LOOM_OK && plan.fits;
     if (fits) {
         out->step_s = plan.step_s;
@@ -313,10 +327,6 @@ static int try_mesh(const loom_cli_config_args *args, const char *const *extra, 
         snprintf(out->warning, sizeof out->warning, "%s", plan.nwarnings ? plan.warnings[0] : "");
     }
     loom_plan_free(&plan);
-    loom_plan_job_free(&job);
-    loom_schedule_free(&schedule);
-    loom_runtime_destroy(rt);
-    loom_config_free(cfg);
     return fits;
 }
 
@@ -455,33 +465,24 @@ int loom_cmd_plan(int argc, char **argv)
     int bad = loom_cli_config_args_parse("loom plan", plan_usage, argc, argv, options, &args);
     if (bad)
         return bad;
-    loom_config *cfg = NULL;
-    loom_runtime *rt = NULL;
-    loom_schedule schedule;
-    memset(&schedule, 0, sizeof schedule);
-    loom_plan_job job;
-    memset(&job, 0, sizeof job);
+    int top = top_text ? atoi(top_text) : 8;
+    if (top < 1) {
+        fprintf(stderr, "loom plan: --top %s: expected a count of meshes, 1 or more\n", top_text);
+        return 2;
+    }
     loom_plan plan;
     memset(&plan, 0, sizeof plan);
     loom_plan_cluster cluster;
     memset(&cluster, 0, sizeof cluster);
-    char desc[256] = "";
-    const loom_strategy_ops *ops = NULL;
     int rc = cluster_path ? loom_plan_cluster_read(cluster_path, &cluster) : LOOM_OK;
     if (rc == LOOM_OK)
-        rc = loom_config_load(args.config, args.overrides, args.noverrides, &cfg);
-    if (rc == LOOM_OK)
-        rc = loom_plan_job_read(cfg, &job);
-    if (rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1 && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
-        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
-    if (rc == LOOM_OK)
-        rc = loom_plan_make(&job, &cluster, job.sizes[LOOM_AXIS_PP] > 1 ? &schedule : NULL, &plan);
+        rc = plan_config(args.config, args.overrides, args.noverrides, &cluster, &plan);
     if (rc == LOOM_OK && searching) {
         if (!cluster_path)
             rc = loom_fail(LOOM_ERR_INVALID, "--search ranks meshes by step time: name the cluster "
                            "with --cluster FILE (examples/clusters/)");
         else
-            rc = search(&args, &job, &cluster, top_text ? atoi(top_text) : 8);
+            rc = search(&args, &plan.job, &cluster, top);
     } else if (rc == LOOM_OK) {
         print_header(&plan);
         print_memory(&plan);
@@ -494,9 +495,5 @@ int loom_cmd_plan(int argc, char **argv)
         fprintf(stderr, "loom plan: %s\n", loom_last_error());
     fflush(stdout);
     loom_plan_free(&plan);
-    loom_plan_job_free(&job);
-    loom_schedule_free(&schedule);
-    loom_runtime_destroy(rt);
-    loom_config_free(cfg);
     return rc == LOOM_OK ? 0 : 1;
 }
