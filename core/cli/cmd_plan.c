@@ -330,7 +330,7 @@ static int try_mesh(const loom_cli_config_args *args, const char *const *extra, 
     return fits;
 }
 
-/* Every mesh of the cluster's ranks (or the config's): tp and pp powers of
+/* Every mesh of the config's ranks (or the cluster's): tp and pp powers of
  * two that divide them and the model (tp within the heads, pp within the
  * layers, their layers spread as evenly as they go with the first and last
  * stage lighter), dp the rest; each dp strategy, with and without
@@ -340,10 +340,13 @@ static int try_mesh(const loom_cli_config_args *args, const char *const *extra, 
 static int search(const loom_cli_config_args *args, const loom_plan_job *base,
                   const loom_plan_cluster *cluster, int top)
 {
-    int world = cluster->nodes > 0 && cluster->ranks_per_node > 0 ? cluster->nodes * cluster->ranks_per_node : 1;
-    if (world == 1)
-        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-            world *= base->sizes[a];
+    /* the ranks the config's mesh asks for; a config of one rank: the
+     * whole cluster */
+    int world = 1;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        world *= base->sizes[a];
+    if (world == 1 && cluster->nodes > 0 && cluster->ranks_per_node > 0)
+        world = cluster->nodes * cluster->ranks_per_node;
     const loom_plan_shape *sh = &base->shape;
     static const char *const strategies[] = {"ddp", "zero1", "zero2", "zero3"};
     int cap = 4096, count = 0, tried = 0;

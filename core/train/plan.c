@@ -456,6 +456,7 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
     int *positions = calloc((size_t)j->seq, sizeof *positions);
     stage_units su = {0, calloc((size_t)L + 2, sizeof(int)), calloc((size_t)L + 2, sizeof(size_t))};
     loom_model *m = NULL;
+    double streamed = 0; /* one micro-batch's activations, as the kernels pass over them */
     int rc = runs && positions && su.unit && su.numel ? LOOM_OK
                                                       : loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
     for (int vs = 0; rc == LOOM_OK && vs < v; vs++)
@@ -483,6 +484,14 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
         lay.npositions = sp > 1 ? j->seq / sp : j->seq;
         lay.runs_unit = p > 1 ? runs : NULL;
         rc = loom_model_plan(&setup, &lay, &m);
+        /* what the kernels stream does not shrink with recomputation (it
+         * grows): counted on the layout that keeps everything */
+        loom_model *kept = NULL;
+        setup.recompute = 0;
+        if (rc == LOOM_OK && (rc = loom_model_plan(&setup, &lay, &kept)) == LOOM_OK)
+            streamed = (double)loom_model_slot_bytes_of(kept, p > 1 ? runs : NULL) *
+                       (j->recompute ? 4.0 / 3.0 : 1.0);
+        loom_model_destroy(kept);
     }
     if (rc == LOOM_OK) {
         int count = 0;
@@ -564,7 +573,7 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
         double block = (72 * C * C + 6 * T * C) / tp * (j->recompute ? 4.0 / 3.0 : 1.0);
         out->gemm_flops = tokens * j->grad_accum *
                           (blocks * block + (runs[L + 1] ? 6.0 * j->shape.padded_vocab * C / tp : 0));
-        out->other_bytes = 3.0 * (double)out->slot_bytes * j->grad_accum +
+        out->other_bytes = 3.0 * streamed * j->grad_accum +
                            2.0 * (double)(host[LOOM_PURPOSE_PARAMS] + host[LOOM_PURPOSE_GRADS] +
                                           host[LOOM_PURPOSE_OPTIMIZER]);
     }
@@ -628,6 +637,9 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
     loom_plan_ref_layout lay = {(double)j->seq, (double)j->micro_batch, tp, j->sequence_parallel,
                                 (loom_plan_ref_recompute)j->recompute, 1};
     double per_mb = layers * loom_plan_ref_llama_layer_bytes(sh, &lay);
+    loom_plan_ref_layout all = lay;
+    all.recompute = LOOM_PLAN_REF_RECOMPUTE_NONE;
+    double streamed = layers * loom_plan_ref_llama_layer_bytes(sh, &all) * (j->recompute ? 4.0 / 3.0 : 1.0);
     out->live_microbatches = stash ? stash[rank] : 1;
     out->slot_bytes = (uint64_t)per_mb;
     out->activation_shared = last ? (uint64_t)(4.0 * j->seq * j->micro_batch * V / tp) : 0;
@@ -668,8 +680,9 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
         }
     }
     double tokens = (double)j->micro_batch * j->seq * micro;
-    out->gemm_flops = tokens * (layers * 6 * (per_layer + h * j->seq) / tp + (last ? 6 * V * h / tp : 0));
-    out->other_bytes = 2.0 * per_mb * micro + (double)(host[LOOM_PURPOSE_PARAMS] +
+    out->gemm_flops = tokens * (layers * 6 * (per_layer + h * j->seq) / tp * (j->recompute ? 4.0 / 3.0 : 1.0) +
+                                (last ? 6 * V * h / tp : 0));
+    out->other_bytes = 2.0 * streamed * micro + (double)(host[LOOM_PURPOSE_PARAMS] +
                        host[LOOM_PURPOSE_GRADS] + host[LOOM_PURPOSE_OPTIMIZER]);
     return LOOM_OK;
 }
