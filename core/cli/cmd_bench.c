@@ -34,6 +34,9 @@ typedef enum bench_op {
     BENCH_SENDRECV,
     BENCH_OP_COUNT
 } bench_op;
+/* bench's ops are the comm ops of the same number (sendrecv: send) */
+_Static_assert(BENCH_ALLTOALL == (int)LOOM_OP_ALLTOALL && BENCH_SENDRECV == (int)LOOM_OP_SEND,
+               "bench_op follows loom_comm_op");
 
 static const char *bench_op_names[BENCH_OP_COUNT] = {
     "allreduce", "broadcast", "reduce", "allgather", "reducescatter", "alltoall", "sendrecv"};
@@ -131,17 +134,6 @@ static size_t per_rank_count(bench_op op, size_t bytes, size_t es, int n)
     if (op == BENCH_ALLGATHER || op == BENCH_REDUCESCATTER || op == BENCH_ALLTOALL)
         return count / (size_t)n;
     return count;
-}
-
-static double bus_factor(bench_op op, int n)
-{
-    switch (op) {
-    case BENCH_ALLREDUCE: return 2.0 * (n - 1) / n;
-    case BENCH_ALLGATHER:
-    case BENCH_REDUCESCATTER:
-    case BENCH_ALLTOALL: return (double)(n - 1) / n;
-    default: return 1.0;
-    }
 }
 
 /* send/recv are the op's buffers, of bench.memory's kind. With device
@@ -359,7 +351,7 @@ static int run_size(loom_group *g, bench_op op, const bench_settings *st, bench_
         return rc;
     row->time_us = worst;
     row->algbw = worst > 0 ? (double)row->bytes / worst / 1e3 : 0;
-    row->busbw = row->algbw * bus_factor(op, n);
+    row->busbw = row->algbw * loom_comm_bus_factor((loom_comm_op)op, n);
     row->wrong = all_wrong;
     return LOOM_OK;
 }

@@ -998,3 +998,18 @@ const loom_comm_api loom_core_comm_api = {
     .wait = g_wait,
     .split = g_split,
 };
+
+double loom_comm_bus_factor(loom_comm_op op, int n)
+{
+    switch (op) {
+    case LOOM_OP_ALLREDUCE: return 2.0 * (n - 1) / n;
+    case LOOM_OP_REDUCESCATTER:
+    case LOOM_OP_ALLGATHER:
+    case LOOM_OP_ALLTOALL: return (double)(n - 1) / n;
+    case LOOM_OP_BROADCAST:
+    case LOOM_OP_REDUCE:
+    case LOOM_OP_SEND:
+    case LOOM_OP_RECV: return 1;
+    default: return 0;
+    }
+}

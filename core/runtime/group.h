@@ -35,4 +35,11 @@ void loom_group_counters(const loom_group *g, loom_comm_counters *out);
 void loom_group_set_name(loom_group *g, const char *name);
 const char *loom_group_name(const loom_group *g);
 
+/* Bytes each rank sends over its link per byte of op's payload on n ranks,
+ * by the ring and pipelined algorithms (nccl-tests' bus factor): all-reduce
+ * 2(n-1)/n, all-gather, reduce-scatter and all-to-all (n-1)/n, broadcast,
+ * reduce, send and recv 1, barrier 0. loom bench's bus bandwidth and loom
+ * plan's time model both use it. */
+double loom_comm_bus_factor(loom_comm_op op, int n);
+
 #endif

@@ -10,7 +10,7 @@
  *
  *     steps(op, n) · α + moved(op, n) · P / β
  *
- *   op              steps      moved: the share of P each rank sends
+ *   op              steps      moved (loom_comm_bus_factor): the share of P each rank sends
  *   allreduce       2(n-1)     2(n-1)/n   ring: reduce-scatter, then allgather
  *   reducescatter   n-1        (n-1)/n    ring
  *   allgather       n-1        (n-1)/n    ring
@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "runtime/group.h"
 #include "train/plan.h"
 
 static double steps(loom_comm_op op, int n)
@@ -48,21 +49,6 @@ static double steps(loom_comm_op op, int n)
     case LOOM_OP_SEND:
     case LOOM_OP_RECV: return 1;
     case LOOM_OP_BARRIER: return ceil(log2(n));
-    default: return 0;
-    }
-}
-
-static double moved(loom_comm_op op, int n)
-{
-    switch (op) {
-    case LOOM_OP_ALLREDUCE: return 2.0 * (n - 1) / n;
-    case LOOM_OP_REDUCESCATTER:
-    case LOOM_OP_ALLGATHER:
-    case LOOM_OP_ALLTOALL: return (double)(n - 1) / n;
-    case LOOM_OP_BROADCAST:
-    case LOOM_OP_REDUCE:
-    case LOOM_OP_SEND:
-    case LOOM_OP_RECV: return 1;
     default: return 0;
     }
 }
@@ -92,7 +78,7 @@ double loom_plan_comm_seconds(const loom_plan_cluster *c, loom_comm_op op, uint6
         return (double)calls * fit->latency_s + (double)bytes / fit->bytes_per_s;
     if (fit) {
         link.latency_s = fit->latency_s / steps(op, fit->ranks);
-        link.bytes_per_s = moved(op, fit->ranks) * fit->bytes_per_s;
+        link.bytes_per_s = loom_comm_bus_factor(op, fit->ranks) * fit->bytes_per_s;
     } else if (across > 1) {
         link.latency_s = fmax(c->intra.latency_s, c->inter.latency_s);
         link.bytes_per_s = fmin(c->intra.bytes_per_s, c->inter.bytes_per_s);
@@ -100,7 +86,7 @@ double loom_plan_comm_seconds(const loom_plan_cluster *c, loom_comm_op op, uint6
     /* calls · steps · α + moved · (all calls' payload) / β: the bytes term
      * is linear in P, so the calls' payloads add up before dividing. */
     return (double)calls * steps(op, ranks) * link.latency_s +
-           moved(op, ranks) * (double)bytes / link.bytes_per_s;
+           loom_comm_bus_factor(op, ranks) * (double)bytes / link.bytes_per_s;
 }
 
 /* A roofline with two roofs added, not overlapped: loom's kernels run one
