@@ -116,12 +116,12 @@ static void print_header(const loom_plan *p)
     if (j->sizes[LOOM_AXIS_PP] > 1)
         printf(", pp %s x %d micro-batches%s", j->schedule, j->microbatches,
                j->virtual_stages > 1 ? " (interleaved)" : "");
-    printf("\n  cluster: %s\n", p->cluster.name[0] ? p->cluster.name : "none (--cluster FILE for the step time)");
+    printf("\n  cluster: %s\n", p->timed ? p->cluster.name : "none (--cluster FILE for the step time)");
 }
 
 static void print_time(const loom_plan *p)
 {
-    if (!p->cluster.name[0])
+    if (!p->timed)
         return;
     printf("step: %.3f ms (%s) -> %.0f tokens/s, MFU %.1f%% of %.1f TFLOP/s per rank\n",
            p->step_s * 1e3, p->why, p->tokens_per_s, 100 * p->mfu,
@@ -159,7 +159,7 @@ static void print_traffic(const loom_plan *p)
 {
     printf("traffic per rank per step (payload bytes as the comm counters count them):\n");
     printf("  %-8s %-17s %7s %11s%s\n", "pp rank", "collective", "calls", "bytes",
-           p->cluster.name[0] ? "   time ms  exposed ms" : "");
+           p->timed ? "   time ms  exposed ms" : "");
     for (int r = 0; r < p->nranks; r++) {
         const loom_plan_rank *pr = &p->ranks[r];
         for (int a = 0; a < LOOM_AXIS_COUNT; a++)
@@ -171,7 +171,7 @@ static void print_traffic(const loom_plan *p)
                 format_bytes(c->bytes, b, sizeof b);
                 printf("  %-8d %s.%-14s %7llu %11s", r, axis_names[a],
                        loom_comm_op_name((loom_comm_op)op), (unsigned long long)c->calls, b);
-                if (p->cluster.name[0])
+                if (p->timed)
                     printf(" %10.3f %10.3f", c->seconds * 1e3, c->exposed_s * 1e3);
                 printf("\n");
             }
@@ -229,7 +229,7 @@ static int write_json(const loom_plan *p, const char *path)
     }
     fprintf(f, "], \"params\": %.0f, \"bubble\": %.6f, \"fits\": %s", p->params, p->bubble,
             p->fits ? "true" : "false");
-    if (p->cluster.name[0])
+    if (p->timed)
         fprintf(f, ", \"step_s\": %.9g, \"tokens_per_s\": %.6g, \"mfu\": %.6f", p->step_s,
                 p->tokens_per_s, p->mfu);
     fprintf(f, ", \"warnings\": [");

@@ -118,14 +118,24 @@ static void add_comm(loom_plan_rank *r, loom_axis axis, loom_comm_op op, uint64_
     r->comm[axis][op].bytes += calls * bytes_each;
 }
 
+/* The shipped data strategies: 0 ddp, 1..3 the ZeRO stage; -1 another
+ * (loom_plan_make refuses it before any rank is planned). */
+static int dp_stage(const loom_plan_job *j)
+{
+    static const char *const names[] = {"ddp", "zero1", "zero2", "zero3"};
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(j->dp_strategy, names[k]))
+            return k;
+    return -1;
+}
+
 static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int tied,
                               loom_plan_rank *r)
 {
-    const char *name = j->dp_strategy;
     uint64_t e = loom_dtype_size(j->dtype);
     uint64_t *host = r->peak[LOOM_TIER_HOST];
-    int n = su->n;
-    if (!strcmp(name, "ddp")) {
+    int n = su->n, stage = dp_stage(j);
+    if (stage == 0) {
         uint64_t numel = 0;
         for (int i = 0; i < n; i++)
             numel += su->numel[i];
@@ -144,11 +154,6 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
         }
         return LOOM_OK;
     }
-    int stage = !strcmp(name, "zero1") ? 1 : !strcmp(name, "zero2") ? 2 : !strcmp(name, "zero3") ? 3 : 0;
-    if (!stage)
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                         "plan: parallel.dp.strategy = \"%s\": loom plan knows ddp, zero1, zero2 "
-                         "and zero3; a strategy of its own is not planned", name);
     int shard_ranks = j->shard_size > 0 ? j->shard_size : j->sizes[LOOM_AXIS_DP];
     uint64_t *padded = calloc((size_t)n, sizeof *padded), *shard = calloc((size_t)n, sizeof *shard);
     size_t *owned_elements = calloc((size_t)n, sizeof *owned_elements);
@@ -623,10 +628,7 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
     double psi = layers * (per_layer / tp + norms) + (first ? V * h / tp : 0) +
                  (last ? V * h / tp + h : 0);
     double e = (double)loom_dtype_size(j->dtype), opt = j->dtype == LOOM_F32 ? 8 : 12;
-    int stage = !strcmp(j->dp_strategy, "ddp") ? 0 : j->dp_strategy[0] == 'z' ? j->dp_strategy[4] - '0' : -1;
-    if (stage < 0 || stage > 3)
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "plan: parallel.dp.strategy = \"%s\": loom plan "
-                         "knows ddp, zero1, zero2 and zero3", j->dp_strategy);
+    int stage = dp_stage(j);
     int shard = j->shard_size > 0 ? j->shard_size : dp;
     uint64_t *host = out->peak[LOOM_TIER_HOST];
     host[LOOM_PURPOSE_PARAMS] = (uint64_t)(e * psi / (stage == 3 ? shard : 1));
@@ -729,7 +731,7 @@ static void predict_time(loom_plan *p)
         world *= j->sizes[a];
     }
     double slowest = 0, dp_comm = 0, exposed_all = 0, compute_all = 0;
-    int timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
+    int timed = p->timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
     for (int r = 0; timed && r < p->nranks; r++) {
         loom_plan_rank *pr = &p->ranks[r];
         /* CPU ranks beyond a node's cores share them (one node of a
@@ -846,10 +848,15 @@ int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
     out->ranks = calloc((size_t)out->nranks, sizeof *out->ranks);
     if (!out->ranks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
-    int rc = LOOM_OK;
+    int rc = dp_stage(job) >= 0
+                 ? LOOM_OK
+                 : loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                             "plan: parallel.dp.strategy = \"%s\": loom plan knows ddp, zero1, "
+                             "zero2 and zero3; a strategy of its own is not planned",
+                             job->dp_strategy);
     loom_schedule_timeline tl;
     memset(&tl, 0, sizeof tl);
-    if (schedule) {
+    if (rc == LOOM_OK && schedule) {
         double cost[LOOM_ACT_KIND_COUNT];
         loom_schedule_default_costs(cost);
         rc = loom_schedule_simulate(schedule, cost, &tl);

@@ -157,6 +157,7 @@ typedef struct loom_plan {
     double params;              /* Ψ: parameters of the whole model */
     double flops_per_token;     /* forward + backward, the whole model */
     double bubble;              /* idle fraction of the pipeline (0 without pp) */
+    int timed;                  /* the cluster has rates: the times below are set */
     double step_s;              /* the slowest rank's */
     double tokens_per_s;
     double mfu;                 /* flops_per_token × tokens/s / (ranks × peak) */
