@@ -10,13 +10,7 @@
 #include "train/pipeline.h"
 #include "train/plan.h"
 #include "train/train.h"
-
-static int read_int(loom_config *cfg, const char *path)
-{
-    int64_t v = 0;
-    loom_config_int(cfg, path, &v);
-    return (int)v;
-}
+#include "train/trainer.h"
 
 static void read_name(loom_config *cfg, const char *path, char *out, size_t cap)
 {
@@ -40,14 +34,14 @@ static int read_shape(loom_config *cfg, loom_plan_shape *out)
         return LOOM_OK;
     }
     out->kind = LOOM_PLAN_LLAMA;
-    out->layers = read_int(cfg, "model.layers");
-    out->heads = read_int(cfg, "model.heads");
-    out->kv_heads = read_int(cfg, "model.kv_heads");
-    out->channels = read_int(cfg, "model.channels");
-    out->ffn = read_int(cfg, "model.ffn");
-    out->vocab = read_int(cfg, "model.vocab");
-    out->padded_vocab = read_int(cfg, "model.padded_vocab");
-    out->max_seq = read_int(cfg, "model.max_seq");
+    trainer_read_int(cfg, "model.layers", &out->layers);
+    trainer_read_int(cfg, "model.heads", &out->heads);
+    trainer_read_int(cfg, "model.kv_heads", &out->kv_heads);
+    trainer_read_int(cfg, "model.channels", &out->channels);
+    trainer_read_int(cfg, "model.ffn", &out->ffn);
+    trainer_read_int(cfg, "model.vocab", &out->vocab);
+    trainer_read_int(cfg, "model.padded_vocab", &out->padded_vocab);
+    trainer_read_int(cfg, "model.max_seq", &out->max_seq);
     if (out->kv_heads == 0)
         out->kv_heads = out->heads;
     if (out->ffn == 0)
@@ -62,7 +56,7 @@ static int read_shape(loom_config *cfg, loom_plan_shape *out)
 static int split_batch(loom_config *cfg, loom_plan_job *j)
 {
     int dp = j->sizes[LOOM_AXIS_DP], pp = j->sizes[LOOM_AXIS_PP];
-    j->grad_accum = read_int(cfg, "train.grad_accum");
+    trainer_read_int(cfg, "train.grad_accum", &j->grad_accum);
     if (pp > 1) {
         if (j->grad_accum != 1)
             return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
@@ -88,28 +82,29 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     int rc = read_shape(cfg, &j.shape);
     if (rc != LOOM_OK)
         return rc;
-    j.batch = read_int(cfg, "train.batch");
-    j.seq = read_int(cfg, "train.seq");
-    const char *precision = "fp32", *recompute = "none";
-    loom_config_string(cfg, "train.precision", &precision);
+    trainer_read_int(cfg, "train.batch", &j.batch);
+    trainer_read_int(cfg, "train.seq", &j.seq);
+    const char *recompute = "none";
     loom_config_string(cfg, "train.recompute", &recompute);
-    j.dtype = !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+    j.dtype = trainer_read_precision(cfg);
     j.recompute = !strcmp(recompute, "block");
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        j.sizes[a] = read_int(cfg, sizes[a]);
+        trainer_read_int(cfg, sizes[a], &j.sizes[a]);
     read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
     /* the shipped strategies' own settings, at their defaults when unset
      * (plugins/strategy/zero.c, ddp.c) */
-    j.prefetch = loom_config_is_set(cfg, "parallel.dp.prefetch") ? read_int(cfg, "parallel.dp.prefetch") : 1;
-    j.shard_size = read_int(cfg, "parallel.dp.shard_size");
+    j.prefetch = 1;
+    if (loom_config_is_set(cfg, "parallel.dp.prefetch"))
+        trainer_read_int(cfg, "parallel.dp.prefetch", &j.prefetch);
+    trainer_read_int(cfg, "parallel.dp.shard_size", &j.shard_size);
     j.bucket_mb = 25.0;
     if (loom_config_is_set(cfg, "parallel.dp.bucket_mb"))
         loom_config_float(cfg, "parallel.dp.bucket_mb", &j.bucket_mb);
     loom_config_bool(cfg, "parallel.tp.sequence_parallel", &j.sequence_parallel);
     read_name(cfg, "parallel.sp.strategy", j.sp_strategy, sizeof j.sp_strategy);
     read_name(cfg, "parallel.pp.schedule", j.schedule, sizeof j.schedule);
-    j.virtual_stages = read_int(cfg, "parallel.pp.virtual_stages");
-    j.microbatches = read_int(cfg, "parallel.pp.microbatches");
+    trainer_read_int(cfg, "parallel.pp.virtual_stages", &j.virtual_stages);
+    trainer_read_int(cfg, "parallel.pp.microbatches", &j.microbatches);
     const char *where[2] = {"none", "none"};
     loom_config_string(cfg, "memory.offload.optimizer", &where[0]);
     loom_config_string(cfg, "memory.offload.params", &where[1]);

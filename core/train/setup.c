@@ -22,6 +22,13 @@ int trainer_read_int(const loom_config *cfg, const char *path, int *out)
     return rc;
 }
 
+loom_dtype trainer_read_precision(const loom_config *cfg)
+{
+    const char *precision = "fp32";
+    loom_config_string(cfg, "train.precision", &precision);
+    return !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+}
+
 float trainer_read_float(const loom_config *cfg, const char *path)
 {
     double v = 0;
@@ -289,10 +296,9 @@ static void read_settings(trainer *t)
     trainer_read_int(t->cfg, "train.seq", &t->seq);
     trainer_read_int(t->cfg, "train.grad_accum", &t->grad_accum);
     loom_config_int(t->cfg, "train.steps", &t->steps);
-    const char *precision = "fp32", *lr_shape = "constant";
-    loom_config_string(t->cfg, "train.precision", &precision);
+    const char *lr_shape = "constant";
     loom_config_string(t->cfg, "train.schedule", &lr_shape);
-    t->dtype = !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+    t->dtype = trainer_read_precision(t->cfg);
     t->lr_schedule.lr = trainer_read_float(t->cfg, "train.lr");
     loom_config_int(t->cfg, "train.warmup", &t->lr_schedule.warmup);
     t->lr_schedule.steps = t->steps;

@@ -122,6 +122,7 @@ typedef struct step_result {
 /* setup.c */
 int trainer_read_int(const loom_config *cfg, const char *path, int *out);
 float trainer_read_float(const loom_config *cfg, const char *path);
+loom_dtype trainer_read_precision(const loom_config *cfg); /* train.precision's dtype */
 int trainer_fail_at(const trainer *t, int rc, const char *path);
 int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count);
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
