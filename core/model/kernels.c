@@ -1,6 +1,6 @@
 /* loom core — the GPT-2 kernels of llm.c's train_gpt2.c, fp32 on the CPU.
  *
- * Matrix products, attention's included, go to cblas_sgemm. Everything
+ * Matrix products, attention's included, go to loom_gemm (gemm.h). Everything
  * else is plain loops over contiguous rows, written so that the build's
  * -O2 vectorises them (see "helpers"). Float reductions are summed in 8
  * independent lanes in a fixed order, so results are deterministic.
@@ -12,10 +12,10 @@
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/gemm.h"
 #include "model/kernels.h"
 #include "runtime/log.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +37,16 @@
 #define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
 
-void loom_kernels_set_threads(int threads)
+void loom_kernels_set_threads(int threads) { loom_gemm_set_threads(threads); }
+
+/* c = alpha · op(a) · op(b) + beta · c on f32 rows, multiplied as the
+ * run's matrix products are (model products) or always in f32 (attention's
+ * small tiles, where the softmax needs the precision). */
+static void product(int ta, int tb, int M, int N, int K, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc, loom_dtype multiply)
 {
-    openblas_set_num_threads(threads > 0 ? threads : 1);
+    loom_gemm(c, ldc, M, N, K, loom_gemm_f32(a, lda, ta), loom_gemm_f32(b, ldb, tb), alpha, beta,
+              multiply);
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -311,23 +318,21 @@ void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
 void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                          int N, int C, int OC)
 {
-    /* Start from the bias so sgemm can add onto it in the same pass. */
+    /* Start from the bias so the product can add onto it in the same pass. */
     float beta = 0.0f;
     if (bias) {
         for (int n = 0; n < N; n++)
             memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
-                beta, out, OC);
+    product(0, 1, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC, loom_gemm_multiply_dtype());
 }
 
 void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
                                 int OC)
 {
     /* (N, C) += (N, OC) · (OC, C) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
+    product(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, loom_gemm_multiply_dtype());
 }
 
 static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
@@ -340,8 +345,7 @@ void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout
                                  const float *inp, int N, int C, int OC)
 {
     /* (OC, C) += (OC, N) · (N, C) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    product(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, loom_gemm_multiply_dtype());
     if (dbias)
         matmul_bias_backward(dbias, dout, N, OC);
 }
@@ -575,7 +579,7 @@ void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype sr
  * the scores of one tile and chunk live in scratch, and each chunk is
  * merged into out through the row's lse, exactly as separate blocks from a
  * sequence strategy (ring attention) are. Backward recomputes the
- * probabilities from lse. The products are sgemm calls on the head's rows
+ * probabilities from lse. The products are products on the head's rows
  * in place (they are C = NH·HS floats apart); keys no query of the tile can
  * see are trimmed off the chunk's ends, so the causal half costs little.
  *
@@ -775,8 +779,8 @@ static int next_chunk_scores(head_rows q, int i0, int nq, int qmax, head_rows k,
         if (!chunk_visible(k_pos, *c0, *c0 + ATTN_KT < tk ? *c0 + ATTN_KT : tk, qmax, j0, &j1))
             continue;
         const int nk = j1 - *j0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, scale, head_row(q, i0),
-                    q.ld, head_row(k, *j0), k.ld, 0.0f, w->s, nk);
+        product(0, 1, nq, nk, HS, scale, head_row(q, i0), q.ld,
+                head_row(k, *j0), k.ld, 0.0f, w->s, nk, LOOM_F32);
         *c0 += ATTN_KT;
         return nk;
     }
@@ -809,8 +813,8 @@ static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, hea
                 masked_exp(s, k_pos + j0, qp, m, nk);
                 w->row_sum[r] = sum_f32(s, nk);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HS, nk, 1.0f, w->s, nk,
-                        head_row(v, j0), v.ld, 0.0f, w->acc, HS);
+            product(0, 0, nq, HS, nk, 1.0f, w->s, nk, head_row(v, j0), v.ld,
+                    0.0f, w->acc, HS, LOOM_F32);
             for (int r = 0; r < nq; r++)
                 if (w->row_max[r] != -INFINITY)
                     merge_row(head_row(o, i0 + r), lse + i0 + r, w->acc + (size_t)r * HS,
@@ -853,18 +857,18 @@ static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, he
                     masked_exp(p, k_pos + j0, q_pos[i0 + r], L, nk);
             }
             /* dV += Pᵀ·dO */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, nq, 1.0f, w->s, nk,
-                        head_row(dout, i0), dout.ld, 1.0f, head_row(dv, j0), dv.ld);
+            product(1, 0, nk, HS, nq, 1.0f, w->s, nk, head_row(dout, i0),
+                    dout.ld, 1.0f, head_row(dv, j0), dv.ld, LOOM_F32);
             /* dS = P ∘ (dO·Vᵀ - D) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HS, 1.0f,
-                        head_row(dout, i0), dout.ld, head_row(v, j0), v.ld, 0.0f, w->ds, nk);
+            product(0, 1, nq, nk, HS, 1.0f, head_row(dout, i0), dout.ld,
+                    head_row(v, j0), v.ld, 0.0f, w->ds, nk, LOOM_F32);
             for (int r = 0; r < nq; r++)
                 softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
             /* dQ += scale·dS·K, dK += scale·dSᵀ·Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HS, nk, scale, w->ds, nk,
-                        head_row(k, j0), k.ld, 1.0f, head_row(dq, i0), dq.ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, nq, scale, w->ds, nk,
-                        head_row(q, i0), q.ld, 1.0f, head_row(dk, j0), dk.ld);
+            product(0, 0, nq, HS, nk, scale, w->ds, nk, head_row(k, j0), k.ld,
+                    1.0f, head_row(dq, i0), dq.ld, LOOM_F32);
+            product(1, 0, nk, HS, nq, scale, w->ds, nk, head_row(q, i0), q.ld,
+                    1.0f, head_row(dk, j0), dk.ld, LOOM_F32);
         }
     }
 }

@@ -9,6 +9,7 @@
 #include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "model/formats.h"
+#include "model/gemm.h"
 #include "model/kernels.h"
 #include "model/model.h"
 #include "runtime/log.h"
@@ -117,6 +118,8 @@ struct loom_model {
 
     /* fp32 copies of 16-bit parameters/gradients while a unit computes */
     float *param32, *grad32, *emb_param32, *emb_grad32;
+    void *gemm_scratch;           /* lent to loom_gemm for bf16 products */
+    size_t gemm_scratch_bytes;
     loom_model_ops ops;
     int *positions;               /* the global position of each of the T rows of a sequence */
     block_acts scratch_own;       /* the scratch set as allocated (recomputation) */
@@ -667,6 +670,13 @@ static int alloc_shared(loom_model *m)
     if (ok && m->seqpar)
         ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
              (m->dsmall = f32(m, R * C));
+    if (ok && m->s.dtype == LOOM_BF16 && loom_gemm_multiply_dtype() == LOOM_BF16) {
+        /* the bf16 copies of the f32 operands of the products */
+        m->gemm_scratch_bytes = loom_gemm_scratch_bytes(N, wide > C ? wide : C);
+        ok = (m->gemm_scratch = model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, m->gemm_scratch_bytes)) != NULL;
+        if (ok && !m->planning)
+            loom_gemm_lend_scratch(m->gemm_scratch, m->gemm_scratch_bytes);
+    }
     if (ok && m->scratch_grads) {
         /* the head reads unit 0's wte, so it needs the embedding's copies too */
         size_t biggest = m->units[1].numel > m->units[L + 1].numel ? m->units[1].numel
@@ -781,6 +791,8 @@ void loom_model_destroy(loom_model *m)
 {
     if (!m)
         return;
+    if (m->gemm_scratch && !m->planning)
+        loom_gemm_lend_scratch(NULL, 0);
     for (int i = 0; i < m->nallocations; i++)
         loom_mem_free(m->allocations[i]);
     m->nallocations = 0;

@@ -60,6 +60,7 @@ typedef struct schema_entry {
     const char *help;
 } schema_entry;
 
+static const char *const gemm_libraries[] = {"auto", "onednn", "openblas", NULL};
 static const char *const model_kinds[] = {"gpt2", "llama", NULL};
 static const char *const model_inits[] = {"random", "checkpoint", NULL};
 static const char *const lr_schedules[] = {"constant", "cosine", NULL};
@@ -100,6 +101,8 @@ static const schema_entry schema[] = {
     S("model.init", V_STRING, "random", .choices = model_inits,
       .help = "random weights, or load model.checkpoint (which then gives the shape "
       "settings left unset)"),
+    S("model.gemm", V_STRING, "auto", .choices = gemm_libraries,
+      .help = "library of the matrix products; auto = oneDNN when built with it, else OpenBLAS"),
     S("model.seed", V_INT, "1337", .flags = WIDE, .help = "seed of the random init"),
     S("model.checkpoint", V_STRING, "",
       .help = "llm.c checkpoint file (version 3 fp32 or 5 bf16) for init = checkpoint"),
@@ -138,9 +141,10 @@ static const schema_entry schema[] = {
       .help = "activation recomputation"),
     S("train.lr_final_frac", V_FLOAT, "0.0", .lo = 0, .hi = 1, .flags = GE | LE,
       .help = "cosine lr schedule: final learning rate as a fraction of train.lr"),
-    S("train.threads", V_INT, "1", .lo = 1, .flags = GE, .help = "BLAS threads per rank"),
+    S("train.threads", V_INT, "1", .lo = 1, .flags = GE,
+      .help = "threads per rank: the matrix products and the kernels"),
     S("train.peak_gflops", V_FLOAT, "0.0", .lo = 0, .flags = GE,
-      .help = "per-rank peak for MFU; 0 = measure sgemm at start"),
+      .help = "per-rank peak for MFU; 0 = measure the matrix products at start"),
     S("train.loss_scale", V_FLOAT, "65536.0", .lo = 0, .flags = GT,
       .help = "fp16: initial dynamic loss scale"),
     S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE | WIDE,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "loom/status.h"
+#include "model/gemm.h"
 #include "runtime/log.h"
 #include "train/pipeline.h"
 #include "train/plan.h"
@@ -87,6 +88,14 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     const char *recompute = "none";
     loom_config_string(cfg, "train.recompute", &recompute);
     j.dtype = trainer_read_precision(cfg);
+    /* a bf16 run on oneDNN holds the bf16 copies of its products' operands */
+    const char *gemm = "auto";
+    loom_config_string(cfg, "model.gemm", &gemm);
+    if ((rc = loom_gemm_select((loom_gemm_library)loom_gemm_library_parse(gemm), j.dtype)) != LOOM_OK) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", loom_last_error());
+        return loom_fail(rc, "%s: %s", loom_config_where(cfg, "model.gemm"), detail);
+    }
     j.recompute = !strcmp(recompute, "block");
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
         trainer_read_int(cfg, sizes[a], &j.sizes[a]);

@@ -233,7 +233,6 @@ void trainer_print_header(const trainer *t)
             axes[i]->ops->describe(axes[i]->s, desc + n + 2, sizeof desc - n - 2);
         }
     }
-    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
            "(micro-batch %d x %d %s); %s; %s; %d rank%s, dp over %s; MFU against "
            "%.1f GFLOP/s per rank (%s)\n",
@@ -242,7 +241,7 @@ void trainer_print_header(const trainer *t)
            t->micro_batches, t->pipeline ? "pipelined" : "accumulation",
            loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
-           stated > 0 ? "train.peak_gflops" : "sgemm measured at start");
+           t->peak_source);
     if (t->pipeline)
         print_stages(t);
     fflush(stdout);

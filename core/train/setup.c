@@ -3,10 +3,10 @@
  * data strategy. */
 #include <stdlib.h>
 #include <string.h>
-#include <cblas.h>
 
 #include "loom/plugin.h"
 #include "loom/status.h"
+#include "model/gemm.h"
 #include "model/kernels.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -36,31 +36,30 @@ float trainer_read_float(const loom_config *cfg, const char *path)
     return (float)v;
 }
 
-/* sgemm on this rank, for MFU when the config states no peak. */
-static double measure_peak_flops(void)
+/* The library of the matrix products (model.gemm) and the dtype they
+ * multiply in (the run's precision), and the peak MFU is measured against:
+ * train.peak_gflops, or that library's rate on this rank measured at start
+ * on the model's MLP-up product of one micro-batch (rows x 4C x C). */
+static int choose_gemm(trainer *t)
 {
-    /* GPT-2 small's QKV product at 1024 tokens: big enough for every
-     * thread to have work, best of a few so a busy moment does not count. */
-    enum { M = 1024, K = 768, N = 2304, REPS = 10 };
-    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
-    double best = 0;
-    if (a && b && c) {
-        /* one untimed call: thread start-up and first touch of the pages */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
-        for (int r = 0; r < REPS; r++) {
-            uint64_t t0 = loom_now_ns();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f,
-                        c, N);
-            double s = (double)(loom_now_ns() - t0) / 1e9;
-            double flops = 2.0 * M * N * K / s;
-            if (flops > best)
-                best = flops;
-        }
+    const char *name = "auto";
+    loom_config_string(t->cfg, "model.gemm", &name);
+    int rc = loom_gemm_select((loom_gemm_library)loom_gemm_library_parse(name), t->dtype);
+    if (rc != LOOM_OK)
+        return trainer_fail_at(t, rc, "model.gemm");
+    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
+    if (stated > 0) {
+        t->peak_flops = stated * 1e9;
+        snprintf(t->peak_source, sizeof t->peak_source, "train.peak_gflops");
+        return LOOM_OK;
     }
-    free(a);
-    free(b);
-    free(c);
-    return best;
+    int rows = t->micro_batch * t->seq, C = t->shape.channels;
+    t->peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
+    if (t->peak_flops <= 0)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix products");
+    snprintf(t->peak_source, sizeof t->peak_source, "%s, measured at start on %dx%dx%d",
+             loom_gemm_describe(), rows, 4 * C, C);
+    return LOOM_OK;
 }
 
 /* The mesh's shape against the job, before any group is made, so the
@@ -318,8 +317,6 @@ static void read_settings(trainer *t)
     int threads = 1;
     trainer_read_int(t->cfg, "train.threads", &threads);
     loom_kernels_set_threads(threads);
-    double peak_gflops = trainer_read_float(t->cfg, "train.peak_gflops");
-    t->peak_flops = peak_gflops > 0 ? peak_gflops * 1e9 : measure_peak_flops();
 }
 
 /* A setting of files (data.train, data.val): one path or pattern, or a list
@@ -452,7 +449,7 @@ int trainer_setup(trainer *t, const loom_train_options *o)
         (rc = check_unused_axes(t)) != LOOM_OK)
         return rc;
     read_settings(t);
-    if ((rc = open_data(t)) != LOOM_OK)
+    if ((rc = open_data(t)) != LOOM_OK || (rc = choose_gemm(t)) != LOOM_OK)
         return rc;
     int pp = t->mesh->sizes[LOOM_AXIS_PP];
     if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)

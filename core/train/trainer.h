@@ -58,6 +58,7 @@ typedef struct trainer {
     int diverged_steps;  /* step_result.diverged, in a row */
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
     double peak_flops;   /* per rank */
+    char peak_source[160]; /* where peak_flops comes from, for the header */
     int *inputs, *targets;
     /* The tensor and sequence axes (loaded when their size is > 1). */
     axis_strategy tp, sp;

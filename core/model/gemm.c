@@ -1,0 +1,472 @@
+/* loom core — matrix products on oneDNN or OpenBLAS (see gemm.h).
+ *
+ * oneDNN: a matmul primitive is specific to its shape, strides, dtypes,
+ * alpha and beta, and creating one costs far more than running a small
+ * one, so each is created the first time its key is seen and kept in an
+ * open-addressing table for the life of the process. The memory objects
+ * are created with the primitive and pointed at the caller's buffers on
+ * each call. Products run on one thread of the caller's (the model is not
+ * called from two threads at once); oneDNN threads inside with OpenMP. */
+#include "model/gemm.h"
+
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/kernels.h"
+#include "runtime/log.h"
+
+#ifdef LOOM_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static loom_gemm_library library_in_use = LOOM_GEMM_AUTO; /* resolved on first use */
+static loom_dtype multiply_dtype = LOOM_F32;
+
+int loom_gemm_library_parse(const char *name)
+{
+    if (!strcmp(name, "auto"))
+        return LOOM_GEMM_AUTO;
+    if (!strcmp(name, "onednn"))
+        return LOOM_GEMM_ONEDNN;
+    if (!strcmp(name, "openblas"))
+        return LOOM_GEMM_OPENBLAS;
+    return -1;
+}
+
+int loom_gemm_library_built(loom_gemm_library library)
+{
+#ifdef LOOM_HAVE_ONEDNN
+    (void)library;
+    return 1;
+#else
+    return library != LOOM_GEMM_ONEDNN;
+#endif
+}
+
+static loom_gemm_library resolve(loom_gemm_library library)
+{
+    if (library != LOOM_GEMM_AUTO)
+        return library;
+    return loom_gemm_library_built(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
+}
+
+int loom_gemm_select(loom_gemm_library library, loom_dtype multiply)
+{
+    if (!loom_gemm_library_built(library))
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "model.gemm = \"onednn\", but this loom was built without oneDNN "
+                         "(Debian: apt-get install libdnnl-dev, then rebuild; or use \"auto\")");
+    loom_gemm_library resolved = resolve(library);
+    if (multiply == LOOM_F16)
+        multiply = LOOM_F32;
+    if (resolved == LOOM_GEMM_OPENBLAS)
+        multiply = LOOM_F32; /* it has no bf16 product */
+    library_in_use = resolved;
+    multiply_dtype = multiply;
+    return LOOM_OK;
+}
+
+loom_gemm_library loom_gemm_library_in_use(void) { return resolve(library_in_use); }
+loom_dtype loom_gemm_multiply_dtype(void) { return multiply_dtype; }
+
+void loom_gemm_set_threads(int threads)
+{
+    if (threads < 1)
+        threads = 1;
+    openblas_set_num_threads(threads);
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+}
+
+/* ---------------------------------------------------------------- OpenBLAS */
+
+/* A buffer of the library's own, grown as needed: OpenBLAS's f32 copies
+ * of bf16 operands (it has none), oneDNN's bf16 copies when no scratch
+ * was lent. */
+typedef struct scratch {
+    void *data;
+    size_t bytes;
+} scratch;
+
+static void *scratch_get(scratch *s, size_t bytes)
+{
+    if (bytes > s->bytes) {
+        free(s->data);
+        s->data = malloc(bytes);
+        s->bytes = s->data ? bytes : 0;
+        if (!s->data) {
+            fprintf(stderr, "loom: gemm: out of memory for %zu bytes of operand scratch\n", bytes);
+            abort();
+        }
+    }
+    return s->data;
+}
+
+static scratch operand_scratch[2];
+
+/* The operand rewritten contiguously in dtype into out: its stored rows
+ * (rows x cols as laid out in memory), now with ld = cols. */
+static loom_gemm_operand converted(const loom_gemm_operand *x, int rows, int cols, loom_dtype dtype,
+                                   void *out)
+{
+    size_t es = dtype == LOOM_F32 ? 4 : 2, xs = x->dtype == LOOM_F32 ? 4 : 2;
+    for (int r = 0; r < rows; r++)
+        loom_convert((char *)out + (size_t)r * cols * es, dtype,
+                     (const char *)x->data + (size_t)r * x->ld * xs, x->dtype, (size_t)cols);
+    return (loom_gemm_operand){out, dtype, cols, x->transposed};
+}
+
+static void openblas_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
+                          loom_gemm_operand b, float alpha, float beta)
+{
+    if (a.dtype != LOOM_F32)
+        a = converted(&a, a.transposed ? K : M, a.transposed ? M : K, LOOM_F32,
+                      scratch_get(&operand_scratch[0], (size_t)M * K * 4));
+    if (b.dtype != LOOM_F32)
+        b = converted(&b, b.transposed ? N : K, b.transposed ? K : N, LOOM_F32,
+                      scratch_get(&operand_scratch[1], (size_t)K * N * 4));
+    cblas_sgemm(CblasRowMajor, a.transposed ? CblasTrans : CblasNoTrans,
+                b.transposed ? CblasTrans : CblasNoTrans, M, N, K, alpha, a.data, a.ld, b.data,
+                b.ld, beta, c, ldc);
+}
+
+/* ---------------------------------------------------------------- oneDNN */
+
+#ifdef LOOM_HAVE_ONEDNN
+
+typedef struct gemm_key {
+    int M, N, K, lda, ldb, ldc;
+    unsigned char ta, tb, dtype_a, dtype_b;
+    float alpha, beta;
+} gemm_key;
+
+typedef struct gemm_entry {
+    gemm_key key;
+    int used;
+    dnnl_primitive_t primitive;
+    dnnl_memory_t a, b, c;
+} gemm_entry;
+
+static struct {
+    int ready;
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    gemm_entry *table;
+    size_t capacity, count;
+} dnn;
+
+static void dnn_check(dnnl_status_t status, const char *what)
+{
+    if (status != dnnl_success) {
+        fprintf(stderr, "loom: gemm: oneDNN %s failed (status %d)\n", what, (int)status);
+        abort();
+    }
+}
+
+static void dnn_start(void)
+{
+    if (dnn.ready)
+        return;
+    dnn_check(dnnl_engine_create(&dnn.engine, dnnl_cpu, 0), "engine_create");
+    dnn_check(dnnl_stream_create(&dnn.stream, dnn.engine, dnnl_stream_default_flags),
+              "stream_create");
+    dnn.ready = 1;
+}
+
+static dnnl_data_type_t dnn_type(loom_dtype t) { return t == LOOM_BF16 ? dnnl_bf16 : dnnl_f32; }
+
+/* The (rows, cols) matrix of an operand, as strides of its memory. */
+static void dnn_desc(dnnl_memory_desc_t *md, int rows, int cols, int ld, int transposed,
+                     dnnl_data_type_t type)
+{
+    dnnl_dims_t dims = {rows, cols};
+    dnnl_dims_t strides = {transposed ? 1 : ld, transposed ? ld : 1};
+    dnn_check(dnnl_memory_desc_init_by_strides(md, 2, dims, type, strides), "memory_desc");
+}
+
+static void dnn_create(gemm_entry *e)
+{
+    const gemm_key *k = &e->key;
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnn_desc(&a_md, k->M, k->K, k->lda, k->ta, k->dtype_a);
+    dnn_desc(&b_md, k->K, k->N, k->ldb, k->tb, k->dtype_b);
+    dnn_desc(&c_md, k->M, k->N, k->ldc, 0, dnnl_f32);
+    dnnl_matmul_desc_t desc;
+    dnn_check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md), "matmul_desc_init");
+    dnnl_primitive_attr_t attr;
+    dnn_check(dnnl_primitive_attr_create(&attr), "attr_create");
+    if (k->alpha != 1.0f)
+        dnn_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha), "output_scales");
+    if (k->beta != 0.0f) {
+        dnnl_post_ops_t ops;
+        dnn_check(dnnl_post_ops_create(&ops), "post_ops_create");
+        dnn_check(dnnl_post_ops_append_sum(ops, k->beta), "append_sum");
+        dnn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "set_post_ops");
+        dnnl_post_ops_destroy(ops);
+    }
+    dnnl_primitive_desc_t pd;
+    dnn_check(dnnl_primitive_desc_create(&pd, &desc, attr, dnn.engine, NULL), "matmul pd");
+    dnnl_primitive_attr_destroy(attr);
+    dnn_check(dnnl_primitive_create(&e->primitive, pd), "primitive_create");
+    dnnl_primitive_desc_destroy(pd);
+    dnn_check(dnnl_memory_create(&e->a, &a_md, dnn.engine, DNNL_MEMORY_NONE), "memory a");
+    dnn_check(dnnl_memory_create(&e->b, &b_md, dnn.engine, DNNL_MEMORY_NONE), "memory b");
+    dnn_check(dnnl_memory_create(&e->c, &c_md, dnn.engine, DNNL_MEMORY_NONE), "memory c");
+}
+
+static uint64_t key_hash(const gemm_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static gemm_entry *dnn_find(const gemm_key *k);
+
+static void dnn_grow(void)
+{
+    gemm_entry *old = dnn.table;
+    size_t old_capacity = dnn.capacity;
+    dnn.capacity = old_capacity ? 2 * old_capacity : 64;
+    dnn.table = calloc(dnn.capacity, sizeof *dnn.table);
+    if (!dnn.table) {
+        fprintf(stderr, "loom: gemm: out of memory for the primitive cache\n");
+        abort();
+    }
+    for (size_t i = 0; i < old_capacity; i++)
+        if (old[i].used)
+            *dnn_find(&old[i].key) = old[i];
+    free(old);
+}
+
+/* The slot of key: its entry, or the free slot where it belongs. */
+static gemm_entry *dnn_find(const gemm_key *k)
+{
+    size_t i = key_hash(k) & (dnn.capacity - 1);
+    while (dnn.table[i].used && memcmp(&dnn.table[i].key, k, sizeof *k))
+        i = (i + 1) & (dnn.capacity - 1);
+    return &dnn.table[i];
+}
+
+static void onednn_run(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
+                       loom_gemm_operand b, float alpha, float beta)
+{
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* the padding is hashed and compared */
+    key.M = M, key.N = N, key.K = K, key.lda = a.ld, key.ldb = b.ld, key.ldc = ldc;
+    key.ta = (unsigned char)a.transposed, key.tb = (unsigned char)b.transposed;
+    key.dtype_a = (unsigned char)dnn_type(a.dtype), key.dtype_b = (unsigned char)dnn_type(b.dtype);
+    key.alpha = alpha, key.beta = beta;
+    if (2 * (dnn.count + 1) > dnn.capacity)
+        dnn_grow();
+    gemm_entry *e = dnn_find(&key);
+    if (!e->used) {
+        e->key = key;
+        dnn_create(e);
+        e->used = 1;
+        dnn.count++;
+    }
+    dnn_check(dnnl_memory_set_data_handle(e->a, (void *)a.data), "set a");
+    dnn_check(dnnl_memory_set_data_handle(e->b, (void *)b.data), "set b");
+    dnn_check(dnnl_memory_set_data_handle(e->c, c), "set c");
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+    dnn_check(dnnl_primitive_execute(e->primitive, dnn.stream, 3, args), "matmul");
+    dnn_check(dnnl_stream_wait(dnn.stream), "stream_wait");
+}
+
+static struct {
+    void *buf;
+    size_t bytes;
+} lent;
+
+void loom_gemm_lend_scratch(void *buf, size_t bytes)
+{
+    lent.buf = buf;
+    lent.bytes = buf ? bytes : 0;
+}
+
+/* Room for the bf16 copies of both operands of a rows x width by
+ * width x width product. */
+size_t loom_gemm_scratch_bytes(size_t rows, size_t width) { return 2 * (2 * rows * width); }
+
+/* The operand's element (r, c) from on: the same view, moved. */
+static loom_gemm_operand moved(loom_gemm_operand x, int r, int c)
+{
+    size_t es = x.dtype == LOOM_F32 ? 4 : 2;
+    size_t offset = x.transposed ? (size_t)c * x.ld + r : (size_t)r * x.ld + c;
+    x.data = (const char *)x.data + offset * es;
+    return x;
+}
+
+/* A bf16 product: the operands' bf16 copies in the scratch, split in
+ * halves along the largest dimension while they do not fit (a split of K
+ * accumulates its second half onto the first). */
+static void onednn_bf16(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
+                        loom_gemm_operand b, float alpha, float beta, char *buf, size_t bytes)
+{
+    size_t need_a = a.dtype != LOOM_BF16 ? (size_t)M * K * 2 : 0;
+    size_t need_b = b.dtype != LOOM_BF16 ? (size_t)K * N * 2 : 0;
+    if (need_a + need_b > bytes && (M > 1 || N > 1 || K > 1)) {
+        if (M >= N && M >= K) {
+            int h = M / 2;
+            onednn_bf16(c, ldc, h, N, K, a, b, alpha, beta, buf, bytes);
+            onednn_bf16(c + (size_t)h * ldc, ldc, M - h, N, K, moved(a, h, 0), b, alpha, beta,
+                        buf, bytes);
+        } else if (N >= K) {
+            int h = N / 2;
+            onednn_bf16(c, ldc, M, h, K, a, b, alpha, beta, buf, bytes);
+            onednn_bf16(c + h, ldc, M, N - h, K, a, moved(b, 0, h), alpha, beta, buf, bytes);
+        } else {
+            int h = K / 2;
+            onednn_bf16(c, ldc, M, N, h, a, b, alpha, beta, buf, bytes);
+            onednn_bf16(c, ldc, M, N, K - h, moved(a, 0, h), moved(b, h, 0), alpha, 1.0f, buf,
+                        bytes);
+        }
+        return;
+    }
+    if (need_a + need_b > bytes) {
+        fprintf(stderr, "loom: gemm: %zu bytes of scratch cannot hold one element\n", bytes);
+        abort();
+    }
+    if (need_a) {
+        a = converted(&a, a.transposed ? K : M, a.transposed ? M : K, LOOM_BF16, buf);
+        buf += need_a;
+    }
+    if (need_b)
+        b = converted(&b, b.transposed ? N : K, b.transposed ? K : N, LOOM_BF16, buf);
+    onednn_run(c, ldc, M, N, K, a, b, alpha, beta);
+}
+
+static scratch own_scratch;
+
+static void onednn_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
+                        loom_gemm_operand b, float alpha, float beta, loom_dtype multiply)
+{
+    dnn_start();
+    if (multiply != LOOM_BF16) {
+        onednn_run(c, ldc, M, N, K, a, b, alpha, beta);
+        return;
+    }
+    void *buf = lent.buf;
+    size_t bytes = lent.bytes;
+    if (!buf) { /* nobody lent one: a buffer that fits the whole product */
+        bytes = (size_t)M * K * 2 + (size_t)K * N * 2;
+        buf = scratch_get(&own_scratch, bytes);
+    }
+    onednn_bf16(c, ldc, M, N, K, a, b, alpha, beta, buf, bytes);
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    default: return "isa below avx2";
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- both */
+
+void loom_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a, loom_gemm_operand b,
+               float alpha, float beta, loom_dtype multiply)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) { /* an empty sum: c = beta · c */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : c[(size_t)i * ldc + j];
+        return;
+    }
+    if (multiply != LOOM_BF16)
+        multiply = LOOM_F32;
+#ifdef LOOM_HAVE_ONEDNN
+    if (loom_gemm_library_in_use() == LOOM_GEMM_ONEDNN) {
+        onednn_gemm(c, ldc, M, N, K, a, b, alpha, beta, multiply);
+        return;
+    }
+#endif
+    openblas_gemm(c, ldc, M, N, K, a, b, alpha, beta);
+}
+
+const char *loom_gemm_describe(void)
+{
+    static char text[96];
+    const char *dtype = multiply_dtype == LOOM_BF16 ? "bf16" : "f32";
+#ifdef LOOM_HAVE_ONEDNN
+    if (loom_gemm_library_in_use() == LOOM_GEMM_ONEDNN) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(text, sizeof text, "oneDNN %d.%d.%d %s (%s)", v->major, v->minor, v->patch, dtype,
+                 isa_name(dnnl_get_effective_cpu_isa()));
+        return text;
+    }
+#endif
+    snprintf(text, sizeof text, "%sf32 (%s)", OPENBLAS_VERSION + 1, openblas_get_corename());
+    return text;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double loom_gemm_measure(int M, int N, int K, double seconds)
+{
+    float *a = malloc((size_t)M * K * sizeof(float));
+    float *b = malloc((size_t)N * K * sizeof(float));
+    float *c = malloc((size_t)M * N * sizeof(float));
+    double rate = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)M * K; i++)
+            a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+        for (size_t i = 0; i < (size_t)N * K; i++)
+            b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+        loom_dtype multiply = loom_gemm_multiply_dtype();
+        loom_gemm_operand x = loom_gemm_f32(a, K, 0), w = loom_gemm_f32(b, K, 1);
+        loom_gemm(c, N, M, N, K, x, w, 1.0f, 0.0f, multiply); /* warm-up, primitive creation */
+        double one = now_s();
+        loom_gemm(c, N, M, N, K, x, w, 1.0f, 0.0f, multiply);
+        one = now_s() - one;
+        enum { REPEATS = 5 };
+        int per_repeat = (int)(seconds / REPEATS / (one > 1e-6 ? one : 1e-6));
+        if (per_repeat < 1)
+            per_repeat = 1;
+        double rates[REPEATS];
+        for (int r = 0; r < REPEATS; r++) {
+            double t0 = now_s();
+            for (int i = 0; i < per_repeat; i++)
+                loom_gemm(c, N, M, N, K, x, w, 1.0f, 0.0f, multiply);
+            rates[r] = 2.0 * M * N * K * per_repeat / (now_s() - t0);
+        }
+        qsort(rates, REPEATS, sizeof *rates, compare_double);
+        rate = rates[REPEATS / 2];
+    }
+    free(a);
+    free(b);
+    free(c);
+    return rate;
+}
