@@ -417,7 +417,7 @@ const char *loom_gemm_describe(void)
         return text;
     }
 #endif
-    snprintf(text, sizeof text, "%sf32 (%s)", OPENBLAS_VERSION + 1, openblas_get_corename());
+    snprintf(text, sizeof text, "%sf32 (%s)", &OPENBLAS_VERSION[1], openblas_get_corename());
     return text;
 }
 
