@@ -315,7 +315,7 @@ void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
 
 /* ----------------------------------------------------------------- matmul */
 
-void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+void loom_matmul_forward(float *out, const float *inp, loom_weight weight, const float *bias,
                          int N, int C, int OC)
 {
     /* Start from the bias so the product can add onto it in the same pass. */
@@ -325,14 +325,18 @@ void loom_matmul_forward(float *out, const float *inp, const float *weight, cons
             memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    product(0, 1, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC, loom_gemm_multiply_dtype());
+    loom_gemm_operand w = {weight.data, weight.dtype, C, 1};
+    loom_gemm(out, OC, N, OC, C, loom_gemm_f32(inp, C, 0), w, 1.0f, beta,
+              loom_gemm_multiply_dtype());
 }
 
-void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+void loom_matmul_backward_input(float *dinp, const float *dout, loom_weight weight, int N, int C,
                                 int OC)
 {
     /* (N, C) += (N, OC) · (OC, C) */
-    product(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, loom_gemm_multiply_dtype());
+    loom_gemm_operand w = {weight.data, weight.dtype, C, 0};
+    loom_gemm(dinp, C, N, C, OC, loom_gemm_f32(dout, OC, 0), w, 1.0f, 1.0f,
+              loom_gemm_multiply_dtype());
 }
 
 static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
@@ -351,7 +355,7 @@ void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout
 }
 
 void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC)
+                          const float *inp, loom_weight weight, int N, int C, int OC)
 {
     if (dinp)
         loom_matmul_backward_input(dinp, dout, weight, N, C, OC);

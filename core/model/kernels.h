@@ -38,16 +38,25 @@ void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *d
                                     const float *inp, const float *mean, const float *rstd,
                                     int N, int C);
 
+/* A product's weight: f32, or in a bf16 run that multiplies in bf16 the
+ * stored bf16 parameters themselves (see gemm.h). */
+typedef struct loom_weight {
+    const void *data;
+    loom_dtype dtype;
+} loom_weight;
+
+static inline loom_weight loom_weight_f32(const float *w) { return (loom_weight){w, LOOM_F32}; }
+
 /* out (N, OC) = inp (N, C) · weight (OC, C)^T + bias (OC; may be NULL). */
-void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+void loom_matmul_forward(float *out, const float *inp, loom_weight weight, const float *bias,
                          int N, int C, int OC);
 /* dinp += dout·weight; dweight += dout^T·inp; dbias += column sums of dout
  * (dbias may be NULL; dinp may be NULL when not needed). It is
  * loom_matmul_backward_input then _weight, so the halves called apart give
  * the same bits. */
 void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC);
-void loom_matmul_backward_input(float *dinp, const float *dout, const float *weight, int N, int C,
+                          const float *inp, loom_weight weight, int N, int C, int OC);
+void loom_matmul_backward_input(float *dinp, const float *dout, loom_weight weight, int N, int C,
                                 int OC);
 void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
                                  const float *inp, int N, int C, int OC); /* dbias may be NULL */

@@ -965,6 +965,22 @@ static void from_stored(loom_model *m, float *dst, const void *src, size_t n)
 
 /* ---- blocks ---- */
 
+/* Whether the products read the stored bf16 weights as they are. */
+static int bf16_weights(const loom_model *m)
+{
+    return m->s.dtype == LOOM_BF16 && loom_gemm_multiply_dtype() == LOOM_BF16;
+}
+
+/* The weight at w, a tensor in unit's f32 parameters p, as the products
+ * read it: the same elements of the stored bf16 parameters in a bf16 run
+ * that multiplies in bf16, else w. */
+static loom_weight weight(const loom_model *m, int unit, const float *p, const float *w)
+{
+    if (bf16_weights(m))
+        return (loom_weight){(const uint16_t *)m->units[unit].params + (w - p), LOOM_BF16};
+    return loom_weight_f32(w);
+}
+
 static const float *tensor(const loom_model *m, int unit, const float *base, int t)
 {
     return base + m->units[unit].tensors[t].offset;
@@ -1066,13 +1082,13 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
                            tensor(m, unit, p, LN1B), R, C);
     const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     /* QKV as three products so q, k and v land contiguous, heads side by side */
-    loom_matmul_forward(a->q, in, qkvw, qkvb, N, C, Cq);
-    loom_matmul_forward(a->k, in, qkvw + CqC, qkvb + Cq, N, C, Cq);
-    loom_matmul_forward(a->v, in, qkvw + 2 * CqC, qkvb + 2 * Cq, N, C, Cq);
+    loom_matmul_forward(a->q, in, weight(m, unit, p, qkvw), qkvb, N, C, Cq);
+    loom_matmul_forward(a->k, in, weight(m, unit, p, qkvw + CqC), qkvb + Cq, N, C, Cq);
+    loom_matmul_forward(a->v, in, weight(m, unit, p, qkvw + 2 * CqC), qkvb + 2 * Cq, N, C, Cq);
     attention(m, a, NULL, NULL, NULL, NULL);
     float *proj = m->dtmp_a; /* free during forward, as is dtmp_b */
-    loom_matmul_forward(proj, a->atty, tensor(m, unit, p, ATTPROJW), split ? NULL : attprojb, N,
-                        Cq, C);
+    loom_matmul_forward(proj, a->atty, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
+                        split ? NULL : attprojb, N, Cq, C);
     float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
     if (split)
         add_bias(y, attprojb, R, C);
@@ -1080,10 +1096,11 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2, tensor(m, unit, p, LN2W),
                            tensor(m, unit, p, LN2B), R, C);
     in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    loom_matmul_forward(a->fch, in, tensor(m, unit, p, FCW), tensor(m, unit, p, FCB), N, C, F);
+    loom_matmul_forward(a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
+                        tensor(m, unit, p, FCB), N, C, F);
     loom_gelu_forward(a->fch_gelu, a->fch, N * F);
-    loom_matmul_forward(proj, a->fch_gelu, tensor(m, unit, p, FCPROJW), split ? NULL : fcprojb,
-                        N, F, C);
+    loom_matmul_forward(proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
+                        split ? NULL : fcprojb, N, F, C);
     y = region_out(m, LOOM_REGION_MLP, proj, m->dtmp_b);
     if (split)
         add_bias(y, fcprojb, R, C);
@@ -1154,11 +1171,12 @@ static void mlp_backward_input(loom_model *m, int unit, const float *p, const bl
     float *din = m->seqpar ? m->dtmp_b : d->dln2;
     region_out_backward(m, LOOM_REGION_MLP, d->dfcprojb, d->dmlp);
     memset(dfch_gelu, 0, NF * sizeof(float));
-    loom_matmul_backward_input(dfch_gelu, d->dmlp, tensor(m, unit, p, FCPROJW), N, F, C);
+    loom_matmul_backward_input(dfch_gelu, d->dmlp, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
+                               N, F, C);
     memset(d->dfch, 0, NF * sizeof(float));
     loom_gelu_backward(d->dfch, a->fch, dfch_gelu, N * F);
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, d->dfch, tensor(m, unit, p, FCW), N, C, F);
+    loom_matmul_backward_input(din, d->dfch, weight(m, unit, p, tensor(m, unit, p, FCW)), N, C, F);
     layernorm_in_backward(m, LOOM_REGION_MLP, din, d->dln2, a->res2, tensor(m, unit, p, LN2W),
                           a->mean2, a->rstd2);
 }
@@ -1186,15 +1204,16 @@ static void attention_backward_input(loom_model *m, int unit, const float *p, bl
     float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
     region_out_backward(m, LOOM_REGION_ATTENTION, d->dattprojb, d->datt);
     memset(datty, 0, NCq * sizeof(float));
-    loom_matmul_backward_input(datty, d->datt, tensor(m, unit, p, ATTPROJW), N, Cq, C);
+    loom_matmul_backward_input(datty, d->datt, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)), N,
+                               Cq, C);
     memset(d->dqkv, 0, 3 * NCq * sizeof(float));
     attention(m, a, datty, dq, dk, dv);
     const float *qkvw = tensor(m, unit, p, QKVW);
     float *din = m->seqpar ? m->dtmp_b : d->dln1; /* datty is spent */
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, dq, qkvw, N, C, Cq);
-    loom_matmul_backward_input(din, dk, qkvw + CqC, N, C, Cq);
-    loom_matmul_backward_input(din, dv, qkvw + 2 * CqC, N, C, Cq);
+    loom_matmul_backward_input(din, dq, weight(m, unit, p, qkvw), N, C, Cq);
+    loom_matmul_backward_input(din, dk, weight(m, unit, p, qkvw + CqC), N, C, Cq);
+    loom_matmul_backward_input(din, dv, weight(m, unit, p, qkvw + 2 * CqC), N, C, Cq);
     layernorm_in_backward(m, LOOM_REGION_ATTENTION, din, d->dln1, a->x,
                           tensor(m, unit, p, LN1W), a->mean1, a->rstd1);
 }
@@ -1379,6 +1398,15 @@ static void parallel_loss_backward(loom_model *m)
 }
 
 /* The head's input, fp32: in place, or converted into dtmp_b. */
+/* The LM head's weight, the tied wte of unit 0: its stored bf16 as it is
+ * (no f32 copy of the whole embedding), or its f32 parameters. */
+static loom_weight head_weight(loom_model *m)
+{
+    if (bf16_weights(m))
+        return (loom_weight){m->units[0].params, LOOM_BF16};
+    return loom_weight_f32(tensor(m, 0, unit_params32(m, 0), 0));
+}
+
 static const float *head_input32(loom_model *m)
 {
     if (m->inplace)
@@ -1428,9 +1456,8 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
                            tensor(m, unit, p, 1), R, C);
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-    const float *wte = tensor(m, 0, unit_params32(m, 0), 0);
     float *logits = m->dlogits; /* free until backward */
-    loom_matmul_forward(logits, in, wte, NULL, N, C, m->Vl);
+    loom_matmul_forward(logits, in, head_weight(m), NULL, N, C, m->Vl);
     if (m->tp > 1) {
         parallel_loss(m, logits);
     } else {
@@ -1472,8 +1499,7 @@ static void head_backward_input(loom_model *m, const float *x, deferred *d)
     const float *p = unit_params32(m, unit);
     float *din = m->seqpar ? m->dtmp_a : d->dlnf;
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, m->dlogits, tensor(m, 0, unit_params32(m, 0), 0), N, C,
-                               m->Vl);
+    loom_matmul_backward_input(din, m->dlogits, head_weight(m), N, C, m->Vl);
     memset(m->dresid, 0, (size_t)m->R * C * sizeof(float));
     layernorm_in_backward(m, LOOM_REGION_VOCAB, din, d->dlnf, x, tensor(m, unit, p, 0), h->meanf,
                           h->rstdf);

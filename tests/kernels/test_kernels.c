@@ -319,12 +319,12 @@ static void matmul_forward_case(int N, int C, int OC, int threads)
                     to_double(bias, OC), NULL, zerod((size_t)N * OC)};
     char what[96];
     loom_kernels_set_threads(threads);
-    loom_matmul_forward(out, inp, weight, bias, N, C, OC);
+    loom_matmul_forward(out, inp, loom_weight_f32(weight), bias, N, C, OC);
     matmul_ref(&c);
     snprintf(what, sizeof what, "matmul forward %dx%dx%d, %d thread(s)", N, C, OC, threads);
     check(what, rel_err(out, NULL, c.out, (size_t)N * OC), TOL_FWD);
     c.bias = NULL;
-    loom_matmul_forward(out, inp, weight, NULL, N, C, OC);
+    loom_matmul_forward(out, inp, loom_weight_f32(weight), NULL, N, C, OC);
     matmul_ref(&c);
     snprintf(what, sizeof what, "matmul forward %dx%dx%d no bias", N, C, OC);
     check(what, rel_err(out, NULL, c.out, (size_t)N * OC), TOL_FWD);
@@ -345,7 +345,7 @@ static void test_matmul(void)
     float *db0 = randf(OC, -1, 1);
     float *dinp = copyf(dinp0, (size_t)N * C), *dw = copyf(dw0, (size_t)OC * C),
           *db = copyf(db0, OC);
-    loom_matmul_backward(dinp, dw, db, w, inp, weight, N, C, OC);
+    loom_matmul_backward(dinp, dw, db, w, inp, loom_weight_f32(weight), N, C, OC);
     double *g = zerod((size_t)OC * C);
     fd_grad(matmul_loss, &c, c.inp, (size_t)N * C, g);
     check("matmul dinp", rel_err(dinp, dinp0, g, (size_t)N * C), TOL_GRAD);
@@ -356,12 +356,12 @@ static void test_matmul(void)
 
     /* dinp and dbias are optional: dweight alone must be the same */
     float *dw_only = copyf(dw0, (size_t)OC * C);
-    loom_matmul_backward(NULL, dw_only, NULL, w, inp, weight, N, C, OC);
+    loom_matmul_backward(NULL, dw_only, NULL, w, inp, loom_weight_f32(weight), N, C, OC);
     fd_grad(matmul_loss, &c, c.weight, (size_t)OC * C, g);
     check("matmul dweight (dinp, dbias NULL)", rel_err(dw_only, dw0, g, (size_t)OC * C), TOL_GRAD);
     /* and the input gradient alone */
     float *dinp_only = copyf(dinp0, (size_t)N * C);
-    loom_matmul_backward(dinp_only, NULL, NULL, w, inp, weight, N, C, OC);
+    loom_matmul_backward(dinp_only, NULL, NULL, w, inp, loom_weight_f32(weight), N, C, OC);
     fd_grad(matmul_loss, &c, c.inp, (size_t)N * C, g);
     check("matmul dinp (dweight, dbias NULL)", rel_err(dinp_only, dinp0, g, (size_t)N * C),
           TOL_GRAD);
