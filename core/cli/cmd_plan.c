@@ -30,7 +30,7 @@ static const char reference_config[] =
     "train = { batch = 12; seq = 32; steps = 30; lr = 1e-3; };\n";
 
 /* `loom plan --calibrate FILE [--data SHARD] [--ranks N]`: this machine's
- * cores, memory, sgemm and memcpy rates, `loom bench`'s collectives at 2
+ * cores, memory, the matrix products' and memcpy's rates, `loom bench`'s collectives at 2
  * and 4 ranks (up to N), and the non-GEMM kernels' rate from one rank of a
  * reference job on SHARD (a token shard; examples/data/corpus.bin). */
 static int calibrate(int argc, char **argv)

@@ -1,11 +1,10 @@
 /* `loom plan --calibrate`: this machine measured into a cluster file.
  *
  * Each figure is measured the way loom uses it: the GEMM rate with
- * cblas_sgemm on one thread (a rank's BLAS runs one thread, train.threads),
+ * the matrix products on one thread (a rank runs train.threads = 1 here),
  * the memory roof with one thread's memcpy, and the links with `loom bench`
  * itself, run through `loom launch` as a job would be, its rows fitted to
  * seconds = latency + bytes / bandwidth per op and rank count. */
-#include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -19,6 +18,7 @@
 
 #include "cli/plan_calibrate.h"
 #include "loom/status.h"
+#include "model/gemm.h"
 #include "model/kernels.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
@@ -70,42 +70,50 @@ static double seconds_since(uint64_t t0) { return (double)(loom_now_ns() - t0) /
 
 /* A linear layer of the models loom trains here (2048 tokens of C = 256
  * into an MLP of 1024) as training runs it: forward, backward to the
- * input, backward to the weight, the three layouts loom_matmul_* call. */
+ * input, backward to the weight, through loom_matmul_* on the library
+ * model.gemm = "auto" picks, multiplied as a run of dtype multiplies (a
+ * bf16 run's weights in bf16, as it stores them). */
 enum { GEMM_N = 2048, GEMM_C = 256, GEMM_OC = 1024, GEMM_ROUNDS = 5 };
 
-static int measure_sgemm(double *flops_per_s)
+static int measure_products(loom_dtype dtype, double *flops_per_s)
 {
+    int rc = loom_gemm_select(LOOM_GEMM_AUTO, dtype);
+    if (rc != LOOM_OK)
+        return rc;
     float *x = calloc((size_t)GEMM_N * GEMM_C, sizeof(float));
     float *w = calloc((size_t)GEMM_OC * GEMM_C, sizeof(float));
+    uint16_t *w16 = calloc((size_t)GEMM_OC * GEMM_C, sizeof(uint16_t));
     float *y = calloc((size_t)GEMM_N * GEMM_OC, sizeof(float));
     float *dx = calloc((size_t)GEMM_N * GEMM_C, sizeof(float));
     float *dw = calloc((size_t)GEMM_OC * GEMM_C, sizeof(float));
-    if (!x || !w || !y || !dx || !dw) {
-        free(x), free(w), free(y), free(dx), free(dw);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "calibrate: out of memory for the sgemm buffers");
+    if (!x || !w || !w16 || !y || !dx || !dw) {
+        free(x), free(w), free(w16), free(y), free(dx), free(dw);
+        return loom_fail(LOOM_ERR_NO_MEMORY, "calibrate: out of memory for the products' buffers");
     }
     for (size_t i = 0; i < (size_t)GEMM_N * GEMM_C; i++)
         x[i] = (float)(i % 7) * 0.125f;
     for (size_t i = 0; i < (size_t)GEMM_OC * GEMM_C; i++)
         w[i] = (float)(i % 5) * 0.0625f;
+    loom_convert(w16, LOOM_BF16, w, LOOM_F32, (size_t)GEMM_OC * GEMM_C);
+    loom_weight weight = loom_gemm_multiply_dtype() == LOOM_BF16
+                             ? (loom_weight){w16, LOOM_BF16}
+                             : loom_weight_f32(w);
     loom_kernels_set_threads(1);
     double rates[GEMM_ROUNDS];
     for (int r = -1; r < GEMM_ROUNDS; r++) { /* round -1: first touch, untimed */
         uint64_t t0 = loom_now_ns();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GEMM_N, GEMM_OC, GEMM_C, 1.0f, x,
-                    GEMM_C, w, GEMM_C, 0.0f, y, GEMM_OC);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GEMM_N, GEMM_C, GEMM_OC, 1.0f, y,
-                    GEMM_OC, w, GEMM_C, 0.0f, dx, GEMM_C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, GEMM_OC, GEMM_C, GEMM_N, 1.0f, y,
-                    GEMM_OC, x, GEMM_C, 1.0f, dw, GEMM_C);
+        loom_matmul_forward(y, x, weight, NULL, GEMM_N, GEMM_C, GEMM_OC);
+        loom_matmul_backward_input(dx, y, weight, GEMM_N, GEMM_C, GEMM_OC);
+        loom_matmul_backward_weight(dw, NULL, y, x, GEMM_N, GEMM_C, GEMM_OC);
         double s = seconds_since(t0);
         if (r >= 0)
             rates[r] = 3.0 * 2.0 * GEMM_N * GEMM_C * GEMM_OC / s;
     }
     *flops_per_s = median(rates, GEMM_ROUNDS);
     int ok = isfinite(dw[1]); /* the products are used, so none is skipped */
-    free(x), free(w), free(y), free(dx), free(dw);
-    return ok ? LOOM_OK : loom_fail(LOOM_ERR_INTERNAL, "calibrate: sgemm gave a non-finite value");
+    free(x), free(w), free(w16), free(y), free(dx), free(dw);
+    return ok ? LOOM_OK
+              : loom_fail(LOOM_ERR_INTERNAL, "calibrate: a product gave a non-finite value");
 }
 
 /* scripts/memcpy_bw.c's measure: 64 MiB, far past the caches, pages
@@ -567,19 +575,25 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
 
     say(progress, "calibrate: %ld cores, %.2f GiB of memory\n", cores,
         c->host_bytes / (1u << 30));
-    int rc = measure_sgemm(&out->sgemm_flops);
+    double bf16_flops = 0;
+    int rc = measure_products(LOOM_BF16, &bf16_flops);
+    char bf16_library[96];
+    snprintf(bf16_library, sizeof bf16_library, "%s", loom_gemm_describe());
+    if (rc == LOOM_OK)
+        rc = measure_products(LOOM_F32, &out->gemm_flops);
     if (rc)
         return rc;
-    /* loom computes bf16 and fp16 on a CPU by converting to fp32 and
-     * calling sgemm: the same rate */
-    c->flops[LOOM_F32] = c->flops[LOOM_BF16] = c->flops[LOOM_F16] = round4(out->sgemm_flops);
-    say(progress, "calibrate: sgemm, one thread: %.1f GFLOP/s\n", out->sgemm_flops / 1e9);
+    /* f16 runs multiply in f32 on a CPU (gemm.h) */
+    c->flops[LOOM_F32] = c->flops[LOOM_F16] = round4(out->gemm_flops);
+    c->flops[LOOM_BF16] = round4(bf16_flops);
+    say(progress, "calibrate: matrix products, one thread: f32 %.1f GFLOP/s (%s), bf16 %.1f (%s)\n",
+        out->gemm_flops / 1e9, loom_gemm_describe(), bf16_flops / 1e9, bf16_library);
     set_note(out, "peak",
-             "cblas_sgemm on one thread (a rank's BLAS threads: train.threads = 1), a linear "
-             "layer's three\nproducts as training runs them (%d x %d by %d x %d: forward, "
-             "backward to the input, to the\nweight), median of %d. bf16 and fp16 are the same "
-             "rate: loom multiplies them in fp32 on a\nCPU (converted, then sgemm).",
-             GEMM_N, GEMM_C, GEMM_C, GEMM_OC, GEMM_ROUNDS);
+             "The matrix products on one thread (train.threads = 1), a linear layer's three as "
+             "training\nruns them (%d x %d by %d x %d: forward, backward to the input, to the "
+             "weight), median of %d,\non the library model.gemm = \"auto\" picks: fp32 and fp16 "
+             "on %s, bf16 on %s.\n(fp16 runs multiply in fp32 on a CPU.)",
+             GEMM_N, GEMM_C, GEMM_C, GEMM_OC, GEMM_ROUNDS, loom_gemm_describe(), bf16_library);
     double copied = 0;
     if ((rc = measure_memcpy(&copied)))
         return rc;

@@ -2,7 +2,7 @@
  * (docs/plan.md, "Calibrating this machine").
  *
  * Three parts, each usable alone:
- *   - loom_plan_calibrate: cores, host memory, the sgemm rate, the memcpy
+ *   - loom_plan_calibrate: cores, host memory, the matrix products' rate, the memcpy
  *     rate, and `loom bench`'s collectives at 2 and 4 ranks, fitted;
  *   - loom_plan_calibrate_reference: one rank of `loom train` on a
  *     reference config, its median step time;
@@ -24,7 +24,7 @@ enum { LOOM_PLAN_CALIBRATION_NOTES = 16 };
 typedef struct loom_plan_calibration {
     loom_plan_cluster cluster;
     char comm[16];        /* the backend the collectives ran on: "ucx", else "mpi" */
-    double sgemm_flops;   /* single thread, f32: cluster.flops[f32] */
+    double gemm_flops;    /* the matrix products, one thread, f32: cluster.flops[f32] */
     double memcpy_bytes_per_s; /* single thread, reads + writes: the roof before any reference */
     double seconds;       /* how long loom_plan_calibrate took */
     int nnotes;

@@ -92,7 +92,9 @@ static void case_fake(const char *fake)
     CHECK_EQ(c->intra.latency_s, 1.5e-6);
     CHECK_EQ(c->intra.bytes_per_s, 0.5e9);
     CHECK(c->inter.latency_s == c->intra.latency_s && c->inter.bytes_per_s == c->intra.bytes_per_s);
-    CHECK(c->flops[LOOM_F32] > 0 && c->flops[LOOM_BF16] == c->flops[LOOM_F32]);
+    /* fp16 multiplies as fp32; bf16 at its own rate (the library's bf16 product) */
+    CHECK(c->flops[LOOM_F32] > 0 && c->flops[LOOM_F16] == c->flops[LOOM_F32] &&
+          c->flops[LOOM_BF16] > 0);
     CHECK(c->memory_bytes_per_s > 0 && c->nodes == 1 && !c->device);
 
     loom_plan_cluster back;
