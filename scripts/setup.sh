@@ -5,11 +5,12 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-# For the test suite: python3 (an SVG check, checkpoint editing), procps
+# libdnnl-dev: oneDNN, the model's matrix products (model.gemm; without it
+# they run on OpenBLAS). For the test suite: python3 (an SVG check, checkpoint editing), procps
 # (pgrep: finding a rank's process), iproute2 (two network namespaces as
 # two nodes), clang and its libFuzzer runtime (the fuzzers).
 PACKAGES="build-essential cmake pkg-config libconfig-dev libopenmpi-dev openmpi-bin
-libucx-dev ucx-utils libopenblas-dev liburing-dev python3 procps iproute2 clang
+libucx-dev ucx-utils libopenblas-dev libdnnl-dev liburing-dev python3 procps iproute2 clang
 libclang-rt-14-dev"
 
 missing=""
