@@ -1,66 +1,162 @@
 #!/bin/sh
-# Training throughput, printed as a markdown section: loom vs PyTorch
-# (Debian's python3-torch) on the same GPT-2 shapes and thread counts, MFU
-# against the sgemm peak loom measures, and DDP with and without overlap.
-#   usage: bash scripts/bench-train.sh > fragment.md   (scripts/bench.sh calls it)
+# Regenerate docs/benchmarks-train.md: training throughput of one rank,
+# loom against PyTorch (Debian's python3-torch: the same GPT-2, the same
+# first batch of examples/data/corpus.bin) on two shapes, 1 and 2 threads;
+# loom in fp32 and bf16 with its products on oneDNN and on OpenBLAS; MFU
+# against the rate of the library each run used, measured by the run at
+# start; the per-kernel breakdown; DDP's overlap at 2 ranks.
+#
+#   usage: sh scripts/bench-train.sh
+#   env:   REPS=3   runs of each configuration; rows are medians, and the
+#                   runs alternate which configuration goes first
+#          BUILD=build
+#          OUT=docs/benchmarks-train.md
 # Installs python3-torch with apt-get if it is missing (a few hundred MB).
+# Takes about 15 minutes here; run it on an otherwise idle machine.
 set -eu
 cd "$(dirname "$0")/.."
-LOOM=build/bin/loom
+BUILD=${BUILD:-build}
+LOOM=$BUILD/bin/loom
+REPS=${REPS:-3}
+OUT=${OUT:-docs/benchmarks-train.md}
 PY=/usr/bin/python3
+[ -x "$LOOM" ] || { echo "bench-train.sh: $LOOM not built; run: bash scripts/setup.sh" >&2; exit 1; }
 if ! $PY -c "import torch" 2>/dev/null; then
-    echo "bench-train: installing python3-torch" >&2
+    echo "bench-train.sh: installing python3-torch" >&2
     apt-get install -y -q --no-install-recommends python3-torch >&2
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+DATA=examples/data/corpus.bin
 
-median_ms() { # metrics file -> median step_ms after the first step
-    $PY -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print('%.1f' % statistics.median(x['step_ms'] for x in r))" "$1"
-}
-median_mfu() {
-    $PY -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print('%.1f' % (100*statistics.median(x['mfu'] for x in r)))" "$1"
+# name | loom settings | torch arguments | steps
+SHAPES="gpt2-124m|--set model.layers=12 --set model.channels=768 --set model.heads=12 --set model.vocab=50257 --set model.padded_vocab=50304 --set model.max_seq=1024 --set train.batch=4 --set train.seq=256|--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256|4
+small|--set model.layers=6 --set model.channels=384 --set model.heads=6 --set model.vocab=8192 --set model.padded_vocab=8192 --set model.max_seq=256 --set train.batch=4 --set train.seq=128|--layers 6 --channels 384 --heads 6 --vocab 8192 --padded-vocab 8192 --batch 4 --seq 128|12"
+CONFIGS="onednn-fp32 onednn-bf16 openblas-fp32 openblas-bf16 torch"
+
+# run SHAPE_LINE THREADS CONFIG REP: one run, its figures into $TMP/<shape>-<threads>-<config>-<rep>.*
+run() {
+    name=$(echo "$1" | cut -d'|' -f1); sets=$(echo "$1" | cut -d'|' -f2)
+    targs=$(echo "$1" | cut -d'|' -f3); steps=$(echo "$1" | cut -d'|' -f4)
+    out="$TMP/$name-$2-$3-$4"
+    if [ "$3" = torch ]; then
+        # shellcheck disable=SC2086
+        $PY scripts/bench/torch_gpt2.py $targs --threads "$2" --steps "$steps" --data "$DATA" \
+            > "$out.torch"
+        return
+    fi
+    gemm=${3%-*}; precision=${3#*-}
+    # shellcheck disable=SC2086
+    "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.steps="$steps" \
+        --set train.threads="$2" --set model.gemm="$gemm" --set train.precision="$precision" \
+        --set data.train="$DATA" --metrics "$out.jsonl" > "$out.log" 2>&1 ||
+        { cat "$out.log" >&2; exit 1; }
 }
 
-# shape name, loom --set args, torch args, steps
-run_shape() {
-    name=$1; sets=$2; targs=$3
-    for threads in 1 2; do
-        # shellcheck disable=SC2086
-        "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.threads=$threads \
-            --metrics "$TMP/m.jsonl" > "$TMP/log" 2>&1 || { cat "$TMP/log" >&2; exit 1; }
-        peak=$(sed -n 's/.*MFU against \([0-9.]*\) GFLOP.*/\1/p' "$TMP/log")
-        lms=$(median_ms "$TMP/m.jsonl"); lmfu=$(median_mfu "$TMP/m.jsonl")
-        # shellcheck disable=SC2086
-        tms=$($PY scripts/bench/torch_gpt2.py $targs --threads $threads | sed 's/.*step \([0-9.]*\) ms.*/\1/')
-        tver=$($PY -c "import torch; print(torch.__version__)")
-        $PY -c "
-l, t, mfu, peak = float('$lms'), float('$tms'), float('$lmfu'), float('$peak')
-print('| %s | %d | %.1f | %.1f | %.2f | %.1f%% | %.1f%% | %.0f |' % ('$name', $threads, l, t, t / l, mfu, mfu * l / t, peak))"
+echo "bench-train.sh: $REPS repeats of $(echo "$CONFIGS" | wc -w) configurations x 2 shapes x 2 thread counts" >&2
+for rep in $(seq 1 "$REPS"); do
+    echo "$SHAPES" | while IFS= read -r shape; do
+        for threads in 1 2; do
+            # rotate the order each repeat so no configuration always goes first
+            order=$(echo "$CONFIGS" | tr ' ' '\n' | awk -v r="$rep" '{a[NR]=$0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}')
+            for c in $order; do
+                run "$shape" "$threads" "$c" "$rep"
+            done
+            echo "  repeat $rep, $(echo "$shape" | cut -d'|' -f1), $threads thread(s) done" >&2
+        done
     done
-}
+done
 
-echo "## Training throughput: loom vs PyTorch"
-echo
-echo "One rank, fp32, AdamW, the same model (llm.c's GPT-2) in both; median step"
-echo "time over the steps after the first. MFU counts 6 FLOPs per parameter per"
-echo "token plus causal attention, against the sgemm rate loom measures at start"
-echo "(the peak column, per thread count). PyTorch $($PY -c 'import torch; print(torch.__version__)') from Debian's python3-torch."
-echo
-echo "| model | threads | loom ms/step | PyTorch ms/step | PyTorch / loom | loom MFU | PyTorch MFU | sgemm peak GFLOP/s |"
-echo "|---|---|---|---|---|---|---|---|"
-run_shape "GPT-2 small (L12 C768, V 50257), B4 T256" \
-    "--set train.batch=4 --set train.steps=4" \
-    "--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256 --steps 4"
-run_shape "demo (L4 C128, V 256), B8 T64" \
-    "--set model.layers=4 --set model.channels=128 --set model.heads=4 --set model.vocab=256 --set model.padded_vocab=256 --set model.max_seq=256 --set train.batch=8 --set train.seq=64 --set train.steps=30" \
-    "--layers 4 --channels 128 --heads 4 --vocab 256 --padded-vocab 256 --batch 8 --seq 64 --steps 30"
+nproc_now=$(nproc)
+cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
+TORCH_VERSION=$($PY -c 'import torch; print(torch.__version__)')
+$PY - "$TMP" "$REPS" "$TORCH_VERSION" "$nproc_now" "$cpu" "${OPENBLAS_CORETYPE:-unset}" > "$OUT.tmp" <<'PY'
+import glob, json, os, re, statistics, sys
+tmp, reps, torch_version, ncpu, cpu, coretype = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+shapes = [("gpt2-124m", "GPT-2 124M (L12 C768 V50304), B4 T256", 1024),
+          ("small", "small (L6 C384 V8192), B4 T128", 512)]
+configs = ["onednn-fp32", "onednn-bf16", "openblas-fp32", "openblas-bf16"]
+med = statistics.median
 
-echo
+def loom_run(name, threads, config, rep):
+    base = f"{tmp}/{name}-{threads}-{config}-{rep}"
+    rows = [json.loads(l) for l in open(base + ".jsonl")][1:]  # the first step warms up
+    log = open(base + ".log").read()
+    m = re.search(r"MFU against ([0-9.]+) GFLOP/s per rank \((.*?), measured at start on (\S+)\)", log)
+    return {"ms": med(r["step_ms"] for r in rows), "mfu": med(r["mfu"] for r in rows),
+            "peak": float(m.group(1)), "library": m.group(2), "shape": m.group(3),
+            "kernels": {k: med(r.get("kernel_ms", {}).get(k, 0) for r in rows)
+                        for k in rows[-1].get("kernel_ms", {})}}
+
+def torch_ms(name, threads, rep):
+    line = open(f"{tmp}/{name}-{threads}-torch-{rep}.torch").read()
+    return float(re.search(r"step ([0-9.]+) ms", line).group(1))
+
+print("# Training throughput: loom against PyTorch, oneDNN against OpenBLAS\n")
+print("Generated by `sh scripts/bench-train.sh` (do not edit by hand). One rank;")
+print(f"{cpu}, {ncpu} cores; `OPENBLAS_CORETYPE={coretype}`. Each row is the median over")
+print(f"{reps} runs (the runs alternate which configuration goes first) of each run's")
+print("median step time over its steps after the first. Both trainers run the same")
+print("model (llm.c's GPT-2: tied LM head, tanh GELU, AdamW) on the same first batch of")
+print(f"`examples/data/corpus.bin`; PyTorch {torch_version} is Debian's python3-torch, fp32.")
+print("MFU counts 6 FLOPs per parameter per token plus causal attention, against the")
+print("rate of the library the run multiplied on, in the run's dtype, measured by the run")
+print("at start on the model's own MLP product (the peak column). bf16 runs keep")
+print("parameters, gradients and saved activations in bf16 with fp32 master weights and")
+print("Adam state; on oneDNN they multiply bf16 x bf16 with fp32 accumulation, on")
+print("OpenBLAS (which has no bf16 product) in fp32.\n")
+
+print("| model | threads | loom run | ms/step | tokens/s | MFU | peak GFLOP/s (library, dtype, ISA) | PyTorch ms/step | PyTorch / loom |")
+print("|---|---|---|---|---|---|---|---|---|")
+summary = {}
+for name, title, tokens in shapes:
+    for threads in (1, 2):
+        t = med(torch_ms(name, threads, r) for r in range(1, reps + 1))
+        for c in configs:
+            runs = [loom_run(name, threads, c, r) for r in range(1, reps + 1)]
+            ms, mfu, peak = med(x["ms"] for x in runs), med(x["mfu"] for x in runs), med(x["peak"] for x in runs)
+            summary[(name, threads, c)] = (ms, mfu, runs)
+            print(f"| {title} | {threads} | {c} | {ms:.1f} | {tokens / ms * 1e3:.0f} | {100 * mfu:.1f}% | "
+                  f"{peak:.1f} ({runs[0]['library']}) | {t:.1f} | {t / ms:.2f} |")
+        summary[(name, threads, "torch")] = t
+
+print("\n## Against the goals\n")
+print("| model | threads | fp32 (oneDNN) vs PyTorch | bf16 vs fp32 (oneDNN) | MFU fp32 / bf16 (oneDNN) | oneDNN vs OpenBLAS, fp32 |")
+print("|---|---|---|---|---|---|")
+for name, title, _ in shapes:
+    for threads in (1, 2):
+        f32 = summary[(name, threads, "onednn-fp32")]
+        b16 = summary[(name, threads, "onednn-bf16")]
+        ob = summary[(name, threads, "openblas-fp32")]
+        t = summary[(name, threads, "torch")]
+        print(f"| {title} | {threads} | {t / f32[0]:.2f}x | {f32[0] / b16[0]:.2f}x | "
+              f"{100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | {ob[0] / f32[0]:.2f}x |")
+
+print("\n## Where a step's time goes\n")
+print("The per-kernel breakdown `loom train --metrics` writes (`kernel_ms`), one thread,")
+print("medians; the products (forward, to the input, to the weight, the LM head) apart from")
+print("everything else.\n")
+for name, title, _ in shapes:
+    for c in ("onednn-fp32", "onednn-bf16"):
+        ms, _, runs = summary[(name, 1, c)]
+        kinds = runs[0]["kernels"]
+        if not kinds:
+            continue
+        print(f"**{title}, {c}** ({ms:.1f} ms/step)\n")
+        print("| kernel | ms/step | share of the step |")
+        print("|---|---|---|")
+        for k in sorted(kinds, key=lambda k: -med(x["kernels"].get(k, 0) for x in runs)):
+            v = med(x["kernels"].get(k, 0) for x in runs)
+            print(f"| {k} | {v:.1f} | {100 * v / ms:.1f}% |")
+        print()
+PY
+
+# DDP's overlap, as before (2 ranks)
+{
 echo "## DDP: overlap of the gradient all-reduce with backward"
 echo
-echo "2 ranks (\`loom launch\`, comm-mpi), GPT-2 L6 C384 V256, batch 8 × seq 128,"
+echo "2 ranks (\`loom launch\`), GPT-2 L6 C384 V256, batch 8 × seq 128,"
 echo "\`bucket_mb = 1\`; median step time over 10 steps. The exposed communication"
 echo "is the time of the bucket all-reduces when they all run after backward"
 echo "(overlap off, from the trace); the hidden share is how much of it overlap"
@@ -98,8 +194,9 @@ print(f"All-reduce time with overlap off (rank 0's bucket spans, after backward)
       f"{comm:.1f} ms/step, {100 * comm / off:.0f}% of the step. Overlap changes the step "
       f"by {on - off:+.1f} ms, i.e. it hides {100 * (off - on) / comm:.0f}% of that time "
       f"(negative: overlap costs more than it hides). On this machine 2 ranks fill both "
-      f"cores with compute, and moving the bytes (shared-memory copies or loopback TCP) "
-      f"needs a core too, so there is little idle time for communication to hide in; "
-      f"and Open MPI progresses a non-blocking collective only inside MPI calls, which "
-      f"DDP makes once per unit.")
+      f"cores with compute, and moving the bytes needs a core too, so there is little "
+      f"idle time for communication to hide in.")
 PY
+} >> "$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+echo "bench-train.sh: wrote $OUT" >&2

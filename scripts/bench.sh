@@ -48,7 +48,9 @@ ompi=$(ompi_info --version 2>/dev/null | head -1 || echo "not installed")
         echo '```'
     done
     echo
-    bash scripts/bench-train.sh
+    echo "Training throughput (loom against PyTorch, oneDNN against OpenBLAS, fp32 and"
+    echo "bf16, the per-kernel breakdown) and DDP's overlap:"
+    echo "[benchmarks-train.md](benchmarks-train.md), from \`scripts/bench-train.sh\`."
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "bench.sh: wrote $OUT"

@@ -3,12 +3,18 @@ tied LM head, padded vocabulary), trained with AdamW on the CPU, to time
 PyTorch against `loom train` on identical shapes.
 
     python3 torch_gpt2.py --layers 12 --channels 768 --heads 12 --vocab 50257 \
-        --padded-vocab 50304 --batch 1 --seq 256 --threads 1 --steps 5
+        --padded-vocab 50304 --batch 1 --seq 256 --threads 1 --steps 5 \
+        [--data examples/data/corpus.bin]
+
+--data reads the first batch x (seq + 1) tokens of an llm.c token shard (a
+256-int32 header, then uint16 tokens), the batch loom's first step trains
+on; without it the tokens are random.
 
 Prints one line: the median step time (ms) and tokens/s over the steps after
 the first (warm-up)."""
 import argparse
 import math
+import struct
 import statistics
 import time
 
@@ -63,12 +69,22 @@ def main():
                           ("padded-vocab", 50304), ("batch", 1), ("seq", 256), ("threads", 1),
                           ("steps", 5)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--data", default="")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT2(a.layers, a.channels, a.heads, a.vocab, a.padded_vocab, max(a.seq, 1024))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    idx = torch.randint(0, 256, (a.batch, a.seq + 1))
+    n = a.batch * a.seq + 1
+    if a.data:
+        with open(a.data, "rb") as f:
+            f.seek(256 * 4)
+            raw = f.read(2 * n)
+        tokens = torch.tensor(struct.unpack(f"<{n}H", raw), dtype=torch.long)
+        # rows of seq + 1 tokens that overlap by one, as llm.c's loader reads them
+        idx = torch.stack([tokens[b * a.seq: b * a.seq + a.seq + 1] for b in range(a.batch)])
+    else:
+        idx = torch.randint(0, 256, (a.batch, a.seq + 1))
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
