@@ -74,7 +74,7 @@ void loom_gemm_set_threads(int threads);
 /* The library's rate on this rank, FLOP/s: products of the given shape
  * (c (M, N) = a (M, K) · b (K, N)^T as the model's forward runs them, in
  * the process's multiply dtype), timed for about seconds after a warm-up;
- * median of repeats. Returns 0 on failure (out of memory). */
+ * the best of 5 repeats. Returns 0 on failure (out of memory). */
 double loom_gemm_measure(int M, int N, int K, double seconds);
 
 #endif
