@@ -76,8 +76,11 @@ int loom_gemm_select(loom_gemm_library library, loom_dtype multiply)
 loom_gemm_library loom_gemm_library_in_use(void) { return resolve(library_in_use); }
 loom_dtype loom_gemm_multiply_dtype(void) { return multiply_dtype; }
 
+static int threads_chosen;
+
 void loom_gemm_set_threads(int threads)
 {
+    threads_chosen = 1;
     if (threads < 1)
         threads = 1;
     openblas_set_num_threads(threads);
@@ -175,6 +178,8 @@ static void dnn_start(void)
 {
     if (dnn.ready)
         return;
+    if (!threads_chosen) /* one thread unless asked (train.threads): ranks share the cores */
+        loom_gemm_set_threads(1);
     dnn_check(dnnl_engine_create(&dnn.engine, dnnl_cpu, 0), "engine_create");
     dnn_check(dnnl_stream_create(&dnn.stream, dnn.engine, dnnl_stream_default_flags),
               "stream_create");
