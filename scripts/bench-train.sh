@@ -1,7 +1,8 @@
 #!/bin/sh
 # Training throughput, printed as a markdown section: loom vs PyTorch
 # (Debian's python3-torch) on the same GPT-2 shapes and thread counts, MFU
-# against the sgemm peak loom measures, and DDP with and without overlap.
+# against the sgemm peak loom measures, where loom's step goes by kernel
+# (--metrics' kernel_ms), and DDP with and without overlap.
 #   usage: bash scripts/bench-train.sh > fragment.md   (scripts/bench.sh calls it)
 # Installs python3-torch with apt-get if it is missing (a few hundred MB).
 set -eu
@@ -23,13 +24,39 @@ median_mfu() {
     $PY -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print('%.1f' % (100*statistics.median(x['mfu'] for x in r)))" "$1"
 }
 
-# shape name, loom --set args, torch args, steps
+# the per-kernel breakdown of the runs kept by run_shape: per kind the
+# median ms/step after the first step and its share of the compute
+KERNEL_RUNS=""
+kernel_table() {
+    $PY - $KERNEL_RUNS <<'PY'
+import json, statistics, sys
+runs = [(sys.argv[i], sys.argv[i + 1]) for i in range(1, len(sys.argv), 2)]
+cols = []
+for label, path in runs:
+    lines = [json.loads(l) for l in open(path)][1:]
+    steps = [s["kernel_ms"] for s in lines]
+    kinds = list(steps[0])
+    ms = {k: statistics.median(s[k] for s in steps) for k in kinds}
+    cols.append((label, ms, sum(ms.values()), statistics.median(s["step_ms"] for s in lines)))
+print("| kernel | " + " | ".join(c[0] for c in cols) + " |")
+print("|---|" + "---|" * len(cols))
+for k in kinds:
+    print("| %s | " % k + " | ".join("%.1f ms (%.1f%%)" % (ms[k], 100 * ms[k] / total)
+                                     for _, ms, total, _ in cols) + " |")
+print("| all kernels | " + " | ".join("%.1f ms" % c[2] for c in cols) + " |")
+print("| step | " + " | ".join("%.1f ms" % c[3] for c in cols) + " |")
+PY
+}
+
+# shape name, loom --set args, torch args, a short label (no spaces)
 run_shape() {
-    name=$1; sets=$2; targs=$3
+    name=$1; sets=$2; targs=$3; label=$4
     for threads in 1 2; do
         # shellcheck disable=SC2086
         "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.threads=$threads \
             --metrics "$TMP/m.jsonl" > "$TMP/log" 2>&1 || { cat "$TMP/log" >&2; exit 1; }
+        cp "$TMP/m.jsonl" "$TMP/kernels-$label-$threads.jsonl"
+        KERNEL_RUNS="$KERNEL_RUNS $label,${threads}t $TMP/kernels-$label-$threads.jsonl"
         peak=$(sed -n 's/.*MFU against \([0-9.]*\) GFLOP.*/\1/p' "$TMP/log")
         lms=$(median_ms "$TMP/m.jsonl"); lmfu=$(median_mfu "$TMP/m.jsonl")
         # shellcheck disable=SC2086
@@ -52,10 +79,25 @@ echo "| model | threads | loom ms/step | PyTorch ms/step | PyTorch / loom | loom
 echo "|---|---|---|---|---|---|---|---|"
 run_shape "GPT-2 small (L12 C768, V 50257), B4 T256" \
     "--set train.batch=4 --set train.steps=4" \
-    "--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256 --steps 4"
+    "--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256 --steps 4" \
+    "GPT-2-small"
 run_shape "demo (L4 C128, V 256), B8 T64" \
     "--set model.layers=4 --set model.channels=128 --set model.heads=4 --set model.vocab=256 --set model.padded_vocab=256 --set model.max_seq=256 --set train.batch=8 --set train.seq=64 --set train.steps=30" \
-    "--layers 4 --channels 128 --heads 4 --vocab 256 --padded-vocab 256 --batch 8 --seq 64 --steps 30"
+    "--layers 4 --channels 128 --heads 4 --vocab 256 --padded-vocab 256 --batch 8 --seq 64 --steps 30" \
+    "demo"
+
+echo
+echo "## Where loom's step goes, by kernel"
+echo
+echo "The runs above (model, threads), \`--metrics\`' \`kernel_ms\`: per kernel kind the"
+echo "median ms per step after the first, and its share of the time inside the"
+echo "model and AdamW (all kernels; the rest of the step is the data loader,"
+echo "the loss and norm reductions and the step's bookkeeping). \`matmul_*\` are"
+echo "the blocks' GEMMs (forward, input gradient, weight gradient), \`lm_head\`"
+echo "the tied head's three; \`other\` is what the model does outside any kernel"
+echo "(zeroing gradients, copies)."
+echo
+kernel_table
 
 echo
 echo "## DDP: overlap of the gradient all-reduce with backward"
