@@ -261,7 +261,8 @@ static int zero_grads(trainer *t)
  * in the trace a counter track of each (ms) at the step's end. */
 static void read_kernel_times(step_result *r, uint64_t end)
 {
-    _Static_assert((int)LOOM_KERNEL_KINDS <= (int)LOOM_TRACE_COUNTER_KEYS, "a trace counter per kind");
+    _Static_assert((int)LOOM_KERNEL_KINDS <= (int)LOOM_TRACE_COUNTER_KEYS,
+                   "a trace counter per kind");
     uint64_t ns[LOOM_KERNEL_KINDS];
     loom_kernel_time_read(ns);
     const char *keys[LOOM_KERNEL_KINDS];
