@@ -10,10 +10,19 @@
 #include "loom/tensor.h"
 #include "model/formats.h"
 #include "model/gemm.h"
+#include "model/kernel_time.h"
 #include "model/kernels.h"
 #include "model/model.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
+
+/* A kernel call, its time charged to its kind (model/kernel_time.h). */
+#define TIMED(kind, ...)                                                                           \
+    do {                                                                                           \
+        loom_kernel_time_begin(LOOM_KERNEL_##kind);                                                \
+        __VA_ARGS__;                                                                               \
+        loom_kernel_time_end();                                                                    \
+    } while (0)
 
 /* The tensors of one block, in llm.c's order within the unit. */
 enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
@@ -905,7 +914,7 @@ static const float *unit_params32(loom_model *m, int unit)
     if (m->s.dtype == LOOM_F32)
         return u->params;
     float *dst = unit == 0 ? m->emb_param32 : m->param32;
-    loom_convert(dst, LOOM_F32, u->params, m->s.dtype, u->numel);
+    TIMED(CONVERT, loom_convert(dst, LOOM_F32, u->params, m->s.dtype, u->numel));
     return dst;
 }
 
@@ -936,31 +945,33 @@ static void commit_grads(loom_model *m, int unit)
     float *g32 = unit == 0 ? m->emb_grad32 : m->grad32;
     size_t n = u->numel;
     if (m->ops.reduce_grads)
-        record(m, m->ops.reduce_grads(m->ops.ctx, u, g32));
+        TIMED(COMM, record(m, m->ops.reduce_grads(m->ops.ctx, u, g32)));
     if (m->s.dtype == LOOM_F32) {
         float *g = u->grads;
         for (size_t i = 0; i < n; i++)
             g[i] += g32[i];
-    } else if (m->s.dtype == LOOM_BF16) {
-        uint16_t *g = u->grads;
-        for (size_t i = 0; i < n; i++)
-            g[i] = loom_f32_to_bf16(loom_bf16_to_f32(g[i]) + g32[i]);
     } else {
         uint16_t *g = u->grads;
-        for (size_t i = 0; i < n; i++)
-            g[i] = loom_f32_to_f16(loom_f16_to_f32(g[i]) + g32[i]);
+        loom_kernel_time_begin(LOOM_KERNEL_CONVERT);
+        if (m->s.dtype == LOOM_BF16)
+            for (size_t i = 0; i < n; i++)
+                g[i] = loom_f32_to_bf16(loom_bf16_to_f32(g[i]) + g32[i]);
+        else
+            for (size_t i = 0; i < n; i++)
+                g[i] = loom_f32_to_f16(loom_f16_to_f32(g[i]) + g32[i]);
+        loom_kernel_time_end();
     }
     memset(g32, 0, n * sizeof(float));
 }
 
 static void to_stored(loom_model *m, void *dst, const float *src, size_t n)
 {
-    loom_convert(dst, m->s.dtype, src, LOOM_F32, n);
+    TIMED(CONVERT, loom_convert(dst, m->s.dtype, src, LOOM_F32, n));
 }
 
 static void from_stored(loom_model *m, float *dst, const void *src, size_t n)
 {
-    loom_convert(dst, LOOM_F32, src, m->s.dtype, n);
+    TIMED(CONVERT, loom_convert(dst, LOOM_F32, src, m->s.dtype, n));
 }
 
 /* ---- blocks ---- */
@@ -1038,7 +1049,7 @@ static float *border(loom_model *m, border_fn fn, loom_region region, float *in,
         return out;
     }
     loom_tensor x = view(in, in_rows, cols), y = view(out, m->seqpar ? out_rows : in_rows, cols);
-    record(m, fn(m->ops.ctx, region, &x, &y));
+    TIMED(COMM, record(m, fn(m->ops.ctx, region, &x, &y)));
     return out;
 }
 
@@ -1078,33 +1089,39 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     int split = m->tp > 1; /* row-parallel biases go after the border */
     const float *qkvw = tensor(m, unit, p, QKVW), *qkvb = tensor(m, unit, p, QKVB);
     const float *attprojb = tensor(m, unit, p, ATTPROJB), *fcprojb = tensor(m, unit, p, FCPROJB);
-    loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x, tensor(m, unit, p, LN1W),
-                           tensor(m, unit, p, LN1B), R, C);
+    TIMED(LAYERNORM, loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x,
+                                            tensor(m, unit, p, LN1W), tensor(m, unit, p, LN1B),
+                                            R, C));
     const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     /* QKV as three products so q, k and v land contiguous, heads side by side */
-    loom_matmul_forward(a->q, in, weight(m, unit, p, qkvw), qkvb, N, C, Cq);
-    loom_matmul_forward(a->k, in, weight(m, unit, p, qkvw + CqC), qkvb + Cq, N, C, Cq);
-    loom_matmul_forward(a->v, in, weight(m, unit, p, qkvw + 2 * CqC), qkvb + 2 * Cq, N, C, Cq);
-    attention(m, a, NULL, NULL, NULL, NULL);
+    TIMED(MATMUL_FWD, loom_matmul_forward(a->q, in, weight(m, unit, p, qkvw), qkvb, N, C, Cq));
+    TIMED(MATMUL_FWD,
+          loom_matmul_forward(a->k, in, weight(m, unit, p, qkvw + CqC), qkvb + Cq, N, C, Cq));
+    TIMED(MATMUL_FWD, loom_matmul_forward(a->v, in, weight(m, unit, p, qkvw + 2 * CqC),
+                                          qkvb + 2 * Cq, N, C, Cq));
+    TIMED(ATTENTION, attention(m, a, NULL, NULL, NULL, NULL));
     float *proj = m->dtmp_a; /* free during forward, as is dtmp_b */
-    loom_matmul_forward(proj, a->atty, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
-                        split ? NULL : attprojb, N, Cq, C);
+    TIMED(MATMUL_FWD,
+          loom_matmul_forward(proj, a->atty, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
+                              split ? NULL : attprojb, N, Cq, C));
     float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
     if (split)
         add_bias(y, attprojb, R, C);
-    loom_residual_forward(a->res2, a->x, y, R * C);
-    loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2, tensor(m, unit, p, LN2W),
-                           tensor(m, unit, p, LN2B), R, C);
+    TIMED(RESIDUAL, loom_residual_forward(a->res2, a->x, y, R * C));
+    TIMED(LAYERNORM, loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2,
+                                            tensor(m, unit, p, LN2W), tensor(m, unit, p, LN2B),
+                                            R, C));
     in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    loom_matmul_forward(a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
-                        tensor(m, unit, p, FCB), N, C, F);
-    loom_gelu_forward(a->fch_gelu, a->fch, N * F);
-    loom_matmul_forward(proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
-                        split ? NULL : fcprojb, N, F, C);
+    TIMED(MATMUL_FWD, loom_matmul_forward(a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
+                                          tensor(m, unit, p, FCB), N, C, F));
+    TIMED(GELU, loom_gelu_forward(a->fch_gelu, a->fch, N * F));
+    TIMED(MATMUL_FWD,
+          loom_matmul_forward(proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
+                              split ? NULL : fcprojb, N, F, C));
     y = region_out(m, LOOM_REGION_MLP, proj, m->dtmp_b);
     if (split)
         add_bias(y, fcprojb, R, C);
-    loom_residual_forward(a->out, a->res2, y, R * C);
+    TIMED(RESIDUAL, loom_residual_forward(a->out, a->res2, y, R * C));
 }
 
 /* ---- a block's backward, region by region ----
@@ -1144,7 +1161,8 @@ static void layernorm_in_backward(loom_model *m, loom_region region, float *din,
                                   const float *rstd)
 {
     border(m, m->ops.region_enter_backward, region, din, m->N, dln, m->R, m->C);
-    loom_layernorm_backward_input(m->dresid, dln, x, weight, mean, rstd, m->R, m->C);
+    TIMED(LAYERNORM, loom_layernorm_backward_input(m->dresid, dln, x, weight, mean, rstd,
+                                                   m->R, m->C));
 }
 
 /* A region's output projection (weight w, bias b, K inputs per row): its
@@ -1156,8 +1174,9 @@ static void projection_backward_weight(loom_model *m, int unit, float *g, int w,
     int split = m->tp > 1;
     if (split)
         bias_grad(gtensor(m, unit, g, b), dbias, 1, m->C);
-    loom_matmul_backward_weight(gtensor(m, unit, g, w), split ? NULL : gtensor(m, unit, g, b), dy,
-                                in, m->N, K, m->C);
+    TIMED(MATMUL_DW, loom_matmul_backward_weight(gtensor(m, unit, g, w),
+                                                 split ? NULL : gtensor(m, unit, g, b), dy, in,
+                                                 m->N, K, m->C));
 }
 
 /* out = res2 + fcproj(gelu(fc(ln2(res2)))): m->dresid gains the gradient
@@ -1171,12 +1190,15 @@ static void mlp_backward_input(loom_model *m, int unit, const float *p, const bl
     float *din = m->seqpar ? m->dtmp_b : d->dln2;
     region_out_backward(m, LOOM_REGION_MLP, d->dfcprojb, d->dmlp);
     memset(dfch_gelu, 0, NF * sizeof(float));
-    loom_matmul_backward_input(dfch_gelu, d->dmlp, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
-                               N, F, C);
+    TIMED(MATMUL_DX, loom_matmul_backward_input(dfch_gelu, d->dmlp,
+                                                weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
+                                                N, F, C));
     memset(d->dfch, 0, NF * sizeof(float));
-    loom_gelu_backward(d->dfch, a->fch, dfch_gelu, N * F);
+    TIMED(GELU, loom_gelu_backward(d->dfch, a->fch, dfch_gelu, N * F));
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, d->dfch, weight(m, unit, p, tensor(m, unit, p, FCW)), N, C, F);
+    TIMED(MATMUL_DX, loom_matmul_backward_input(din, d->dfch,
+                                                weight(m, unit, p, tensor(m, unit, p, FCW)), N, C,
+                                                F));
     layernorm_in_backward(m, LOOM_REGION_MLP, din, d->dln2, a->res2, tensor(m, unit, p, LN2W),
                           a->mean2, a->rstd2);
 }
@@ -1187,10 +1209,11 @@ static void mlp_backward_weight(loom_model *m, int unit, float *g, const block_a
     projection_backward_weight(m, unit, g, FCPROJW, FCPROJB, d->dfcprojb, d->dmlp, a->fch_gelu,
                                m->F);
     const float *in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB), d->dfch, in,
-                                m->N, m->C, m->F);
-    loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W), gtensor(m, unit, g, LN2B), d->dln2,
-                                   a->res2, a->mean2, a->rstd2, m->R, m->C);
+    TIMED(MATMUL_DW, loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB),
+                                                 d->dfch, in, m->N, m->C, m->F));
+    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W),
+                                                    gtensor(m, unit, g, LN2B), d->dln2, a->res2,
+                                                    a->mean2, a->rstd2, m->R, m->C));
 }
 
 /* res2 = x + attproj(attention(qkv(ln1(x)))): m->dresid gains the
@@ -1204,16 +1227,19 @@ static void attention_backward_input(loom_model *m, int unit, const float *p, bl
     float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
     region_out_backward(m, LOOM_REGION_ATTENTION, d->dattprojb, d->datt);
     memset(datty, 0, NCq * sizeof(float));
-    loom_matmul_backward_input(datty, d->datt, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)), N,
-                               Cq, C);
+    TIMED(MATMUL_DX, loom_matmul_backward_input(datty, d->datt,
+                                                weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
+                                                N, Cq, C));
     memset(d->dqkv, 0, 3 * NCq * sizeof(float));
-    attention(m, a, datty, dq, dk, dv);
+    TIMED(ATTENTION, attention(m, a, datty, dq, dk, dv));
     const float *qkvw = tensor(m, unit, p, QKVW);
     float *din = m->seqpar ? m->dtmp_b : d->dln1; /* datty is spent */
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, dq, weight(m, unit, p, qkvw), N, C, Cq);
-    loom_matmul_backward_input(din, dk, weight(m, unit, p, qkvw + CqC), N, C, Cq);
-    loom_matmul_backward_input(din, dv, weight(m, unit, p, qkvw + 2 * CqC), N, C, Cq);
+    TIMED(MATMUL_DX, loom_matmul_backward_input(din, dq, weight(m, unit, p, qkvw), N, C, Cq));
+    TIMED(MATMUL_DX,
+          loom_matmul_backward_input(din, dk, weight(m, unit, p, qkvw + CqC), N, C, Cq));
+    TIMED(MATMUL_DX,
+          loom_matmul_backward_input(din, dv, weight(m, unit, p, qkvw + 2 * CqC), N, C, Cq));
     layernorm_in_backward(m, LOOM_REGION_ATTENTION, din, d->dln1, a->x,
                           tensor(m, unit, p, LN1W), a->mean1, a->rstd1);
 }
@@ -1228,11 +1254,13 @@ static void attention_backward_weight(loom_model *m, int unit, float *g, const b
     const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     const float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
     float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
-    loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq);
-    loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq);
-    loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in, N, C, Cq);
-    loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W), gtensor(m, unit, g, LN1B), d->dln1,
-                                   a->x, a->mean1, a->rstd1, m->R, C);
+    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq));
+    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq));
+    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in,
+                                                 N, C, Cq));
+    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W),
+                                                    gtensor(m, unit, g, LN1B), d->dln1, a->x,
+                                                    a->mean1, a->rstd1, m->R, C));
 }
 
 /* Saved 16-bit tensors of layer l <-> the fp32 scratch set (save: scratch
@@ -1334,7 +1362,7 @@ static void embed_parallel_backward(loom_model *m, float *dwte, float *dwpe, flo
 static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op)
 {
     if (m->ops.vocab_reduce)
-        record(m, m->ops.vocab_reduce(m->ops.ctx, data, count, op));
+        TIMED(COMM, record(m, m->ops.vocab_reduce(m->ops.ctx, data, count, op)));
 }
 
 /* The vocabulary-parallel cross-entropy: each rank has the logits of its
@@ -1426,10 +1454,12 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
         memcpy(s->tokens, inputs, (size_t)N * sizeof(int));
         float *enc = m->inplace ? s->stream[1] : m->scratch.out;
         if (m->tp > 1)
-            embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc);
+            TIMED(ENCODER, embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc));
         else
-            loom_encoder_forward(enc, s->tokens, m->lay.positions ? m->positions : NULL,
-                                 tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch, m->T, C);
+            TIMED(ENCODER, loom_encoder_forward(enc, s->tokens,
+                                                m->lay.positions ? m->positions : NULL,
+                                                tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch,
+                                                m->T, C));
         if (!m->inplace)
             to_stored(m, s->stream[1], enc, RC);
         return LOOM_OK;
@@ -1453,17 +1483,19 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     head_acts *h = &s->head;
     memcpy(s->targets, targets, (size_t)N * sizeof(int));
     const float *x = head_input32(m);
-    loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
-                           tensor(m, unit, p, 1), R, C);
+    TIMED(LAYERNORM, loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
+                                            tensor(m, unit, p, 1), R, C));
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
     float *logits = m->dlogits; /* free until backward */
-    loom_matmul_forward(logits, in, head_weight(m), NULL, N, C, m->Vl);
+    TIMED(LM_HEAD, loom_matmul_forward(logits, in, head_weight(m), NULL, N, C, m->Vl));
+    loom_kernel_time_begin(LOOM_KERNEL_CROSSENTROPY);
     if (m->tp > 1) {
         parallel_loss(m, logits);
     } else {
         loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
         loom_crossentropy_forward(h->losses, h->probs, s->targets, N, m->Vp);
     }
+    loom_kernel_time_end();
     double sum = 0;
     for (int i = 0; i < N; i++)
         sum += h->losses[i];
@@ -1484,10 +1516,11 @@ static void loss_backward(loom_model *m, float dloss)
         m->dlosses[i] = dloss;
     memset(m->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
     if (m->tp > 1)
-        parallel_loss_backward(m);
+        TIMED(CROSSENTROPY, parallel_loss_backward(m));
     else
-        loom_crossentropy_softmax_backward(m->dlogits, m->dlosses, s->head.probs, s->targets, N,
-                                           m->V, m->Vp);
+        TIMED(CROSSENTROPY, loom_crossentropy_softmax_backward(m->dlogits, m->dlosses,
+                                                               s->head.probs, s->targets, N, m->V,
+                                                               m->Vp));
 }
 
 /* The head's input half, x its input: through the tied LM head and the
@@ -1499,7 +1532,7 @@ static void head_backward_input(loom_model *m, const float *x, deferred *d)
     const float *p = unit_params32(m, unit);
     float *din = m->seqpar ? m->dtmp_a : d->dlnf;
     memset(din, 0, (size_t)N * C * sizeof(float));
-    loom_matmul_backward_input(din, m->dlogits, head_weight(m), N, C, m->Vl);
+    TIMED(LM_HEAD, loom_matmul_backward_input(din, m->dlogits, head_weight(m), N, C, m->Vl));
     memset(m->dresid, 0, (size_t)m->R * C * sizeof(float));
     layernorm_in_backward(m, LOOM_REGION_VOCAB, din, d->dlnf, x, tensor(m, unit, p, 0), h->meanf,
                           h->rstdf);
@@ -1512,11 +1545,11 @@ static void head_backward_weight(loom_model *m, const float *x, const deferred *
     int N = m->N, C = m->C, unit = m->L + 1;
     const head_acts *h = &m->slots[m->slot].head;
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-    loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL, m->dlogits, in, N, C,
-                                m->Vl);
+    TIMED(LM_HEAD, loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL,
+                                               m->dlogits, in, N, C, m->Vl));
     float *g = unit_grads32(m, unit);
-    loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1), d->dlnf, x,
-                                   h->meanf, h->rstdf, m->R, C);
+    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1),
+                                                    d->dlnf, x, h->meanf, h->rstdf, m->R, C));
     commit_grads(m, unit);
     /* wte's share goes to unit 0's grads now when this rank does not run
      * the embedding (the pipeline's copy of unit 0 on the last stage);
@@ -1532,10 +1565,11 @@ static void embedding_backward_weight(loom_model *m, float *dout)
     const model_slot *s = &m->slots[m->slot];
     float *g = unit_grads32(m, 0);
     if (m->tp > 1)
-        embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout);
+        TIMED(ENCODER, embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout));
     else
-        loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout, s->tokens,
-                              m->lay.positions ? m->positions : NULL, m->s.batch, m->T, m->C);
+        TIMED(ENCODER, loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout,
+                                             s->tokens, m->lay.positions ? m->positions : NULL,
+                                             m->s.batch, m->T, m->C));
     commit_grads(m, 0);
 }
 
@@ -1675,7 +1709,7 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
 {
     int rc = check_unit(m, unit, "forward");
     if (rc == LOOM_OK)
-        rc = model_forward(m, unit, inputs, targets, loss);
+        TIMED(OTHER, rc = model_forward(m, unit, inputs, targets, loss));
     return rc != LOOM_OK ? rc : m->status;
 }
 
@@ -1690,7 +1724,7 @@ int loom_model_backward(loom_model *m, int unit, float dloss)
 {
     int rc = check_unit(m, unit, "backward");
     if (rc == LOOM_OK)
-        unit_backward(m, unit, dloss);
+        TIMED(OTHER, unit_backward(m, unit, dloss));
     return rc != LOOM_OK ? rc : m->status;
 }
 
@@ -1710,7 +1744,7 @@ int loom_model_backward_input(loom_model *m, int unit, float dloss)
         return rc;
     carver c = {d->mem, 0};
     layout_deferred(m, &c, d, unit);
-    unit_backward_input(m, unit, dloss, d);
+    TIMED(OTHER, unit_backward_input(m, unit, dloss, d));
     return m->status;
 }
 
@@ -1724,7 +1758,7 @@ int loom_model_backward_weight(loom_model *m, int unit)
         return loom_fail(LOOM_ERR_INVALID,
                          "model: backward_weight of unit %d in slot %d without its "
                          "backward_input first", unit, m->slot);
-    unit_backward_weight(m, unit, d);
+    TIMED(OTHER, unit_backward_weight(m, unit, d));
     loom_mem_free(d->mem);
     memset(d, 0, sizeof *d);
     return m->status;

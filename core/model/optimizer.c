@@ -3,10 +3,11 @@
 
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/kernel_time.h"
 #include "model/optimizer.h"
 
-void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,
-                       loom_dtype grad_dtype, float *m, float *v, size_t n)
+static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
+                  loom_dtype grad_dtype, float *m, float *v, size_t n)
 {
     float b1 = s->beta1, b2 = s->beta2;
     float bias1 = 1.0f - powf(b1, (float)s->step);
@@ -28,6 +29,14 @@ void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *
         v[i] = vi;
         master[i] -= s->lr * (m_hat / (sqrtf(v_hat) + s->eps) + s->weight_decay * master[i]);
     }
+}
+
+void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,
+                       loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
+    adamw(s, master, grad, grad_dtype, m, v, n);
+    loom_kernel_time_end();
 }
 
 void loom_adamw_update_range_all(const loom_optimizer_step *s, const loom_unit *unit,
@@ -64,12 +73,14 @@ void loom_adamw_update_range_matrices(const loom_optimizer_step *s, const loom_u
     loom_optimizer_step plain = *s;
     plain.weight_decay = 0.0f;
     size_t esize = loom_dtype_size(grad_dtype), end = offset + n;
+    loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
     for (size_t i = offset, until; i < end; i = until) {
         const loom_optimizer_step *step = decays_until(unit, i, end, &until) ? s : &plain;
         size_t k = i - offset;
-        loom_adamw_update(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k,
-                          v + k, until - i);
+        adamw(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k, v + k,
+              until - i);
     }
+    loom_kernel_time_end();
 }
 
 float loom_lr_at(const loom_lr_schedule *s, int64_t step)

@@ -18,11 +18,21 @@ typedef struct span {
     int lane;
 } span;
 
+typedef struct counter_sample {
+    char name[48];
+    uint64_t ts_ns;
+    int nkeys;
+    const char *keys[LOOM_TRACE_COUNTER_KEYS];
+    double values[LOOM_TRACE_COUNTER_KEYS];
+} counter_sample;
+
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static int trace_on;
 static int trace_rank;
 static span *spans;
 static size_t nspans, capspans;
+static counter_sample *samples;
+static size_t nsamples, capsamples;
 
 void loom_trace_enable(int rank)
 {
@@ -55,6 +65,33 @@ void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
     pthread_mutex_unlock(&trace_lock);
 }
 
+void loom_trace_counters(const char *name, uint64_t ts_ns, const char *const *keys,
+                         const double *values, int nkeys)
+{
+    if (!trace_on)
+        return;
+    pthread_mutex_lock(&trace_lock);
+    if (nsamples == capsamples) {
+        size_t cap = capsamples ? 2 * capsamples : 256;
+        counter_sample *grown = realloc(samples, cap * sizeof *samples);
+        if (!grown) {
+            pthread_mutex_unlock(&trace_lock);
+            return;
+        }
+        samples = grown;
+        capsamples = cap;
+    }
+    counter_sample *c = &samples[nsamples++];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->ts_ns = ts_ns;
+    c->nkeys = nkeys < LOOM_TRACE_COUNTER_KEYS ? nkeys : LOOM_TRACE_COUNTER_KEYS;
+    for (int k = 0; k < c->nkeys; k++) {
+        c->keys[k] = keys[k];
+        c->values[k] = values[k];
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
 /* One JSON object per line, no separators: a rank's part of the timeline. */
 static void write_events(FILE *f)
 {
@@ -73,6 +110,14 @@ static void write_events(FILE *f)
                 "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}\n",
                 s->name, trace_rank, s->lane, (double)s->start_ns / 1e3,
                 (double)(s->end_ns - s->start_ns) / 1e3, (unsigned long long)s->bytes);
+    }
+    for (size_t i = 0; i < nsamples; i++) {
+        const counter_sample *c = &samples[i];
+        fprintf(f, "{\"name\":\"%s\",\"ph\":\"C\",\"pid\":%d,\"ts\":%.3f,\"args\":{", c->name,
+                trace_rank, (double)c->ts_ns / 1e3);
+        for (int k = 0; k < c->nkeys; k++)
+            fprintf(f, "%s\"%s\":%.6g", k ? "," : "", c->keys[k], c->values[k]);
+        fprintf(f, "}}\n");
     }
 }
 
@@ -108,10 +153,16 @@ int loom_trace_merge(const char *path, const char *const *parts, int nparts)
                            i, parts[i], strerror(errno));
             break;
         }
+        /* an event longer than the buffer arrives in pieces: separate events only */
+        int event_start = 1;
         while (fgets(line, sizeof line, in)) {
-            line[strcspn(line, "\n")] = '\0';
-            fprintf(out, "%s%s", first ? "" : ",\n", line);
+            size_t n = strlen(line);
+            int event_end = n > 0 && line[n - 1] == '\n';
+            if (event_end)
+                line[n - 1] = '\0';
+            fprintf(out, "%s%s", event_start && !first ? ",\n" : "", line);
             first = 0;
+            event_start = event_end;
         }
         fclose(in);
         remove(parts[i]);

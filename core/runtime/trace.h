@@ -10,6 +10,12 @@
 void loom_trace_enable(int rank);
 void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
                      uint64_t end_ns, uint64_t bytes);
+/* A sample of counters at ts_ns: one track per key in Perfetto, under
+ * name. keys are kept, not copied: they must outlive the trace (string
+ * literals). At most LOOM_TRACE_COUNTER_KEYS of them. */
+enum { LOOM_TRACE_COUNTER_KEYS = 16 };
+void loom_trace_counters(const char *name, uint64_t ts_ns, const char *const *keys,
+                         const double *values, int nkeys);
 /* Each rank writes its part (one event per line); rank 0 merges the parts
  * into one Chrome/Perfetto JSON file and removes them. */
 int loom_trace_write_part(const char *path);

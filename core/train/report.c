@@ -192,10 +192,60 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
             }
         fprintf(f, "}");
     }
+    /* where the step's compute went: "kernel_ms": {"matmul_fwd": 1.5, ...} */
+    fprintf(f, ", \"kernel_ms\": {");
+    for (int k = 0; k < LOOM_KERNEL_KINDS; k++)
+        fprintf(f, "%s\"%s\": %.3f", k ? ", " : "", loom_kernel_kind_name((loom_kernel_kind)k),
+                r->kernel_s[k] * 1e3);
+    fprintf(f, "}");
     if (r->evaluated)
         json_number(f, "val_loss", "%.9g", r->val_loss);
     fprintf(f, "}\n");
     fflush(f);
+}
+
+void trainer_count_kernel_times(trainer *t, const step_result *r)
+{
+    for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
+        t->kernel_sum_s[k] += r->kernel_s[k];
+        if (t->steps_timed == 0)
+            t->kernel_first_s[k] = r->kernel_s[k];
+    }
+    t->step_sum_s += r->seconds;
+    if (t->steps_timed == 0)
+        t->step_first_s = r->seconds;
+    t->steps_timed++;
+}
+
+/* The end of the run: per kernel kind its mean ms per step and its share
+ * of the compute (the time inside the model and the optimizer), on this
+ * rank, over the steps after the first (or the only one). */
+void trainer_print_kernel_summary(const trainer *t)
+{
+    if (t->steps_timed == 0)
+        return;
+    int64_t n = t->steps_timed > 1 ? t->steps_timed - 1 : 1;
+    double ms[LOOM_KERNEL_KINDS], compute = 0;
+    for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
+        double s = t->kernel_sum_s[k] - (t->steps_timed > 1 ? t->kernel_first_s[k] : 0);
+        ms[k] = 1e3 * s / (double)n;
+        compute += ms[k];
+    }
+    double step = 1e3 * (t->step_sum_s - (t->steps_timed > 1 ? t->step_first_s : 0)) / (double)n;
+    char which[64];
+    if (t->steps_timed > 1)
+        snprintf(which, sizeof which, "mean of the %lld steps after the first", (long long)n);
+    else
+        snprintf(which, sizeof which, "the only step");
+    printf("compute by kernel (%s%s): %.1f ms a step of %.1f ms (%.0f%%) in the model and the "
+           "optimizer\n",
+           which, t->world > 1 ? ", rank 0" : "", compute, step,
+           step > 0 ? 100 * compute / step : 0.0);
+    printf("  %-13s %10s %12s\n", "kernel", "ms/step", "% of compute");
+    for (int k = 0; k < LOOM_KERNEL_KINDS; k++)
+        printf("  %-13s %10.2f %11.1f%%\n", loom_kernel_kind_name((loom_kernel_kind)k), ms[k],
+               compute > 0 ? 100 * ms[k] / compute : 0.0);
+    fflush(stdout);
 }
 
 /* Which units each pipeline stage holds, and on which pp rank. */

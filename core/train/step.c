@@ -257,11 +257,30 @@ static int zero_grads(trainer *t)
     return LOOM_OK;
 }
 
+/* The step's time inside the model and the optimizer by kernel kind, and
+ * in the trace a counter track of each (ms) at the step's end. */
+static void read_kernel_times(step_result *r, uint64_t end)
+{
+    _Static_assert((int)LOOM_KERNEL_KINDS <= (int)LOOM_TRACE_COUNTER_KEYS,
+                   "a trace counter per kind");
+    uint64_t ns[LOOM_KERNEL_KINDS];
+    loom_kernel_time_read(ns);
+    const char *keys[LOOM_KERNEL_KINDS];
+    double ms[LOOM_KERNEL_KINDS];
+    for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
+        r->kernel_s[k] = (double)ns[k] / 1e9;
+        keys[k] = loom_kernel_kind_name((loom_kernel_kind)k);
+        ms[k] = (double)ns[k] / 1e6;
+    }
+    loom_trace_counters("kernel_ms", end, keys, ms, LOOM_KERNEL_KINDS);
+}
+
 int trainer_step(trainer *t, step_result *r)
 {
     uint64_t t0 = loom_now_ns();
     double loss_sum = 0;
     count_traffic(t, 0);
+    loom_kernel_time_reset();
     loom_flight_step(t->step + 1);
     int rc;
     if (t->pipeline) {
@@ -353,7 +372,9 @@ int trainer_step(trainer *t, step_result *r)
             t->good_steps = 0;
         }
     }
-    r->seconds = (double)(loom_now_ns() - t0) / 1e9;
+    uint64_t end = loom_now_ns();
+    r->seconds = (double)(end - t0) / 1e9;
+    read_kernel_times(r, end);
     count_traffic(t, 1);
     loom_flight_issuer("between steps");
     return LOOM_OK;

@@ -82,6 +82,7 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
         if ((rc = trainer_step(t, &r)) != LOOM_OK)
             break;
         r.seconds += checkpoint_seconds;
+        trainer_count_kernel_times(t, &r);
         int64_t done = t->step + 1;
         r.evaluated = t->validating &&
                       (done == t->steps || (t->eval_every > 0 && done % t->eval_every == 0));
@@ -117,6 +118,8 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
         trainer_checkpoint_abandon(t);
     if (metrics)
         fclose(metrics);
+    if (rc == LOOM_OK && t->rank == 0)
+        trainer_print_kernel_summary(t);
     if (rc == LOOM_OK && o->save && (rc = trainer_save_weights(t, o->save, o->save_dtype)) == LOOM_OK && t->rank == 0)
         printf("saved %s\n", o->save);
     if (rc == LOOM_OK && o->trace)

@@ -11,6 +11,7 @@
 #include "loom/tensor.h"
 #include "model/dataloader.h"
 #include "model/formats.h"
+#include "model/kernel_time.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "runtime/config.h"
@@ -102,6 +103,12 @@ typedef struct trainer {
     int restarting;
     int64_t agreements;
     ckpt_async *async; /* train.checkpoint_async; NULL: checkpoints are synchronous */
+    /* The kernel times' summary at the end (report.c): sums over the steps
+     * this run ran, and the first one's alone, a warm-up the summary leaves
+     * out when others follow. */
+    double kernel_sum_s[LOOM_KERNEL_KINDS], kernel_first_s[LOOM_KERNEL_KINDS];
+    double step_sum_s, step_first_s;
+    int64_t steps_timed;
 } trainer;
 
 /* ---- strategy hooks ---- */
@@ -118,6 +125,7 @@ typedef struct step_result {
     int evaluated;  /* after this step: val_loss is set */
     float val_loss;
     double seconds;
+    double kernel_s[LOOM_KERNEL_KINDS]; /* inside the model and the optimizer, by kind */
 } step_result;
 
 /* setup.c */
@@ -191,6 +199,8 @@ void trainer_remove_made_dirs(const char *path, const char *made);
 void trainer_print_progress(const trainer *t, const step_result *r);
 void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
+void trainer_count_kernel_times(trainer *t, const step_result *r);
+void trainer_print_kernel_summary(const trainer *t);
 void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss);
 int trainer_write_trace(trainer *t, const char *path);
 int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent);

@@ -283,6 +283,83 @@ static void case_korthikanti(void)
     }
 }
 
+/* ------------------------------------ loom's own layer against the table */
+
+/* What one GPT-2 layer keeps for its backward in loom, from loom's own
+ * accounting (loom_model_plan, which plan.accounting checks against the
+ * runs' ACTIVATIONS peaks to the byte): a micro-batch slot of the model
+ * with one layer more, less the slot of the model as it is. */
+static double loom_layer_bytes(const loom_gpt2_shape *g, loom_dtype dtype, int seq, int batch)
+{
+    double slot[2];
+    for (int k = 0; k < 2; k++) {
+        loom_gpt2_shape shape = *g;
+        shape.layers += k;
+        loom_model_setup setup = {shape, batch, seq, dtype, 0};
+        loom_model *m;
+        if (loom_model_plan(&setup, NULL, &m) != LOOM_OK) {
+            fprintf(stderr, "plan_reference_test: %s\n", loom_last_error());
+            exit(2);
+        }
+        slot[k] = (double)loom_model_slot_bytes_of(m, NULL);
+        loom_model_destroy(m);
+    }
+    return slot[1] - slot[0];
+}
+
+/* Korthikanti et al.'s sbh(34 + 5as/h) stores the softmax's probabilities,
+ * their dropout mask and the dropout's output: the 5as²b term. loom's
+ * attention never stores them (online softmax over blocks; backward
+ * recomputes the probabilities from the log-sum-exp of each row), so its
+ * layer keeps the table's linear part (34sbh less the two 1-byte dropout
+ * masks GPT-2 does not have: 32sbh in 16 bits, 64sbh in fp32) plus what the
+ * table leaves out, the two LayerNorms' fp32 mean and rstd (16sb) and the
+ * fp32 lse (4asb) in place of the s×s tensors. Checked at T = 1024 for
+ * GPT-2 124M, to the byte, and linear in s. */
+static void case_flash_attention(void)
+{
+    const loom_gpt2_shape g = {1024, 50257, 12, 12, 768, 50304}; /* maxT V L NH C Vp */
+    const double s = 1024, b = 1, h = g.channels, a = g.heads;
+    const double sbh = s * b * h, sb = s * b, as2b = a * s * s * b, asb = a * s * b;
+    loom_plan_ref_layout full = {s, b, 1, 0, LOOM_PLAN_REF_RECOMPUTE_NONE, 0};
+    loom_plan_ref_layout selective = {s, b, 1, 0, LOOM_PLAN_REF_RECOMPUTE_SELECTIVE, 0};
+    double table = loom_plan_ref_gpt_layer_bytes(&gpt2_124m, &full);
+    double linear = loom_plan_ref_gpt_layer_bytes(&gpt2_124m, &selective);
+    CHECK_EQ(table, sbh * 34 + 5 * as2b);
+    CHECK_EQ(linear, sbh * 34);
+
+    double bf16 = loom_layer_bytes(&g, LOOM_BF16, 1024, 1);
+    double fp32 = loom_layer_bytes(&g, LOOM_F32, 1024, 1);
+    /* 16 (s, b, h)-sized tensors (x, ln1, q, k, v, atty, res2, ln2, and
+     * fch and fch_gelu of 4h each), every buffer a multiple of 64 bytes here */
+    CHECK_EQ(bf16, 2 * 16 * sbh + 4 * 4 * sb + 4 * asb);
+    CHECK_EQ(fp32, 4 * 16 * sbh + 4 * 4 * sb + 4 * asb);
+    /* below the table without its s² term, and below the table with it by
+     * that whole term, less the lse and statistics kept instead */
+    CHECK(bf16 <= linear);
+    double saved = table - bf16;
+    CHECK_EQ(saved, 5 * as2b + 2 * sbh - 4 * asb - 4 * 4 * sb);
+    CHECK(saved >= 0.99 * 5 * as2b);
+    /* no s² term at all: half the sequence, half the bytes */
+    CHECK_EQ(loom_layer_bytes(&g, LOOM_BF16, 512, 1) * 2, bf16);
+    CHECK_EQ(loom_layer_bytes(&g, LOOM_F32, 512, 1) * 2, fp32);
+    /* and per sequence: b sequences keep b times one's */
+    CHECK_EQ(loom_layer_bytes(&g, LOOM_BF16, 1024, 4), 4 * bf16);
+
+    printf("GPT-2 124M (h %d, a %d), one layer at s = %.0f, b = %.0f, in MB (1e6 bytes):\n",
+           g.channels, g.heads, s, b);
+    printf("  %-56s %9.3f\n", "Korthikanti sbh(34 + 5as/h), 16-bit", table / 1e6);
+    printf("  %-56s %9.3f\n", "  of which 5as^2b (probabilities, mask, dropout)", 5 * as2b / 1e6);
+    printf("  %-56s %9.3f\n", "  sbh*34 (selective recomputation's row)", linear / 1e6);
+    printf("  %-56s %9.3f\n", "loom bf16: 32sbh + 16sb (LayerNorm stats) + 4asb (lse)",
+           bf16 / 1e6);
+    printf("  %-56s %9.3f\n", "loom fp32: 64sbh + 16sb + 4asb", fp32 / 1e6);
+    printf("  %-56s %9.3f (%.1f%% of the 5as^2b term; %.2fx less)\n",
+           "saved against the table, bf16", saved / 1e6, 100 * saved / (5 * as2b), table / bf16);
+    printf("  12 layers: table %.1f MB, loom bf16 %.1f MB, loom fp32 %.1f MB\n", 12 * table / 1e6,
+           12 * bf16 / 1e6, 12 * fp32 / 1e6);
+}
+
 /* ------------------------------------------------ Llama activations */
 
 static double llama_layer(const loom_plan_shape *shape, double s, double b, int t, int sp,
@@ -474,6 +551,7 @@ int main(int argc, char **argv)
                  {"zero", case_zero},
                  {"gpt_activations", case_gpt_activations},
                  {"korthikanti", case_korthikanti},
+                 {"flash_attention", case_flash_attention},
                  {"llama_activations", case_llama_activations},
                  {"bubble", case_bubble}};
     const char *which = argc > 1 ? argv[1] : "all";

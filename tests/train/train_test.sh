@@ -107,6 +107,61 @@ trace)
     done
     ls "$TMP"/trace.json.rank* 2>/dev/null && { echo "train_test: parts left behind"; exit 1; }
     echo "trace: both ranks, compute and comm lanes" ;;
+kernel_times)
+    # --metrics' kernel_ms: every kind, none negative, together no more than
+    # the step and most of it on one rank (the model and AdamW are nearly
+    # all a tiny step does); the summary table; the trace's kernel spans
+    # inside the unit spans and its kernel_ms counter
+    run timed 1 --set train.steps=6 --trace "$TMP/trace.json"
+    run timed_bf16 1 --set train.steps=6 --set train.precision=bf16
+    python3 - timed.jsonl timed_bf16.jsonl "$TMP/trace.json" <<'PY' || { cat timed.log; exit 1; }
+import json, sys
+kinds = ["matmul_fwd", "matmul_dx", "matmul_dw", "lm_head", "attention", "layernorm", "gelu",
+         "residual", "crossentropy", "encoder", "convert", "optimizer", "comm", "other"]
+gemm = ["matmul_fwd", "matmul_dx", "matmul_dw", "lm_head"]
+for path in sys.argv[1:3]:
+    bf16 = "bf16" in path
+    for s in map(json.loads, open(path)):
+        k = s["kernel_ms"]
+        assert list(k) == kinds, "%s step %d: kinds %s" % (path, s["step"], list(k))
+        assert all(v >= 0 for v in k.values()), "%s step %d: negative %s" % (path, s["step"], k)
+        total = sum(k.values())
+        assert total <= s["step_ms"] + 0.002, "%s step %d: %.3f ms of kernels in a %.3f ms step" % (path, s["step"], total, s["step_ms"])
+        assert total >= 0.5 * s["step_ms"], "%s step %d: kernels %.3f ms, only %.0f%% of the %.3f ms step" % (path, s["step"], total, 100 * total / s["step_ms"], s["step_ms"])
+        assert all(k[g] > 0 for g in gemm + ["attention", "layernorm", "gelu", "crossentropy", "optimizer"]), "%s step %d: a kind the step runs is 0: %s" % (path, s["step"], k)
+        assert (k["convert"] > 0) == bf16 and k["comm"] == 0, "%s step %d: convert/comm %s" % (path, s["step"], k)
+    print("%s: kernel_ms on every step, %.0f%% of the last step (%.2f of %.2f ms), GEMMs %.0f%% of it" %
+          (path, 100 * total / s["step_ms"], total, s["step_ms"], 100 * sum(k[g] for g in gemm) / total))
+ev = json.load(open(sys.argv[3]))["traceEvents"]
+units = [e for e in ev if e["ph"] == "X" and e["name"].split(" ")[0] in ("forward", "backward")]
+kernels = [e for e in ev if e["ph"] == "X" and e["name"] in kinds]
+assert {e["name"] for e in kernels} >= set(gemm + ["attention", "layernorm", "optimizer"]), "trace: kernel spans missing"
+inside = lambda k: any(u["ts"] - 0.001 <= k["ts"] and k["ts"] + k["dur"] <= u["ts"] + u["dur"] + 0.001 for u in units)
+model = [k for k in kernels if k["name"] != "optimizer"]
+assert all(inside(k) for k in model), "trace: a kernel span outside every unit span"
+counters = [e for e in ev if e["ph"] == "C" and e["name"] == "kernel_ms"]
+assert len(counters) == 6 and list(counters[0]["args"]) == kinds, "trace: %d kernel_ms counters" % len(counters)
+print("trace: %d kernel spans inside the unit spans, %d optimizer spans, a kernel_ms counter per step" % (len(model), len(kernels) - len(model)))
+PY
+    for log in timed timed_bf16; do
+        grep -q "^compute by kernel (mean of the 5 steps after the first): .* ms a step of .* ms" $log.log &&
+            grep -q "^  matmul_fwd  *[0-9.]*  *[0-9.]*%$" $log.log && grep -q "^  other  " $log.log ||
+            { cat $log.log; echo "$TEST: $log: no kernel summary"; exit 1; }
+    done
+    sed -n '/^compute by kernel/,$p' timed.log ;;
+kernel_times_tp)
+    # on a tensor axis the borders' all-reduces are comm, not other
+    "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.tp.size=2 \
+        --set parallel.tp.strategy=tp --set train.steps=3 --metrics tp.jsonl > tp.log 2>&1 ||
+        { cat tp.log; echo "$TEST: tp run failed"; exit 1; }
+    python3 - tp.jsonl <<'PY'
+import json, sys
+for s in map(json.loads, open(sys.argv[1])):
+    k = s["kernel_ms"]
+    assert k["comm"] > 0 and sum(k.values()) <= s["step_ms"] + 0.002, "step %d: %s" % (s["step"], k)
+print("tp 2: comm %.3f ms of %.3f ms of kernels in the last step" % (k["comm"], sum(k.values())))
+PY
+    ;;
 output_paths)
     # the files a run will write are checked before step 1, so a bad path
     # fails at once instead of after the run, with its result lost
