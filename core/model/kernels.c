@@ -1,9 +1,19 @@
 /* loom core — the GPT-2 kernels of llm.c's train_gpt2.c, fp32 on the CPU.
  *
- * Matrix products, attention's included, go to loom_gemm (gemm.h). Everything
- * else is plain loops over contiguous rows, written so that the build's
- * -O2 vectorises them (see "helpers"). Float reductions are summed in 8
+ * Matrix products go to loom_gemm (gemm.h), attention's small tiles to
+ * OpenBLAS. Everything else is plain loops over contiguous rows, written
+ * so that the compiler vectorises them (see "helpers"). Float reductions
+ * are summed in 8 or 16
  * independent lanes in a fixed order, so results are deterministic.
+ *
+ * Threads (train.threads, OpenMP) split rows, or columns where a loop sums
+ * over rows, never a sum: each value is computed by one thread in the
+ * order a single thread would, so every thread count gives the same bits.
+ *
+ * Three fusions follow llm.c's CUDA trainer: the residual sum with the
+ * LayerNorm that reads it, the MLP's bias with its GELU, and softmax with
+ * cross-entropy (the loss from the logits and their log-sum-exp; backward
+ * writes the logits' gradient over them).
  *
  * Two places compute llm.c's formulas in a different but equal form, for
  * speed: GELU uses 0.5·x·(1 + tanh a) = x·σ(2a) with σ from one exp
@@ -16,37 +26,94 @@
 #include "model/kernels.h"
 #include "runtime/log.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
-
-/* The build targets baseline x86-64 (SSE2, 4 floats wide). The loops that
- * spend their time in exp_fast are also compiled for AVX2 and picked when
- * the library loads. Neither version uses FMA, so both round alike. */
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define WIDE_LOOP __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef WIDE_LOOP
-#define WIDE_LOOP
-#endif
+/* The build targets baseline x86-64 (SSE2); the loops also compile for
+ * AVX2 and AVX-512 (kernels.h). ISO C mode contracts nothing into FMA, so
+ * every version rounds alike: the same bits on any x86-64. */
+#define WIDE_LOOP LOOM_WIDE_LOOP
 
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
 
-void loom_kernels_set_threads(int threads) { loom_gemm_set_threads(threads); }
+/* ---------------------------------------------------------------- threads */
+
+static int kernel_threads = 1;
+
+void loom_kernels_set_threads(int threads)
+{
+    kernel_threads = threads > 0 ? threads : 1;
+    loom_gemm_set_threads(kernel_threads); /* OpenBLAS's, and OpenMP's for oneDNN */
+}
+
+int loom_kernels_threads(void) { return kernel_threads; }
+
+/* Loops over fewer elements than this stay on the calling thread: a
+ * parallel region costs microseconds. */
+#define PARALLEL_MIN_WORK 32768
+
+static int threads_for(size_t work) { return work < PARALLEL_MIN_WORK ? 1 : kernel_threads; }
+
+/* PARALLEL_FOR(nt) before `for (int p = 0; p < nt; p++)`: one part each. */
+#ifdef _OPENMP
+#define PRAGMA(x) _Pragma(#x)
+#define PARALLEL_FOR(nt) PRAGMA(omp parallel for num_threads(nt) schedule(static) if (nt > 1))
+static int thread_index(void) { return omp_get_thread_num(); }
+#else
+#define PARALLEL_FOR(nt) (void)(nt);
+static int thread_index(void) { return 0; }
+#endif
+
+/* Part p of `parts` of [0, n), cut at multiples of `align`. */
+static size_t part_begin(size_t n, int parts, int p, size_t align)
+{
+    size_t b = (n + align - 1) / align * (size_t)p / (size_t)parts * align;
+    return b < n ? b : n;
+}
+
+/* Elements go in parts of whole cache lines, so no two threads write one. */
+#define LINE_FLOATS 16
+
+void loom_kernels_for_spans(size_t n, void (*fn)(void *ctx, size_t begin, size_t end), void *ctx)
+{
+    const int nt = threads_for(n);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++) {
+        size_t b = part_begin(n, nt, p, LINE_FLOATS), e = part_begin(n, nt, p + 1, LINE_FLOATS);
+        if (e > b)
+            fn(ctx, b, e);
+    }
+}
 
 /* c = alpha · op(a) · op(b) + beta · c on f32 rows, multiplied as the
- * run's matrix products are (model products) or always in f32 (attention's
- * small tiles, where the softmax needs the precision). */
+ * run's matrix products are. */
 static void product(int ta, int tb, int M, int N, int K, float alpha, const float *a, int lda,
                     const float *b, int ldb, float beta, float *c, int ldc, loom_dtype multiply)
 {
     loom_gemm(c, ldc, M, N, K, loom_gemm_f32(a, lda, ta), loom_gemm_f32(b, ldb, tb), alpha, beta,
               multiply);
+}
+
+/* The same for attention's small tiles: always f32 (the softmax needs the
+ * precision), on one-thread OpenBLAS whatever model.gemm says, because the
+ * heads' threads call it at once, which loom_gemm (one primitive cache,
+ * one stream) does not allow. One-thread OpenBLAS ran these tiles as fast
+ * as one-thread oneDNN here (GPT-2 124M's attention, T = 256 to 2048). */
+static void tile_product(int ta, int tb, int M, int N, int K, float alpha, const float *a,
+                         int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                N, K, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -57,33 +124,28 @@ static inline float lanes_total(const float *lane)
            ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-/* The elementwise loops are blocked by 8 with a fixed inner loop: -O2's
+static inline float lanes16_total(const float *lane)
+{
+    float half[8];
+    for (int l = 0; l < 8; l++)
+        half[l] = lane[l] + lane[l + 8];
+    return lanes_total(half);
+}
+
+/* The elementwise loops are blocked by 16 with a fixed inner loop: -O2's
  * cost model (very-cheap) vectorises only loops that need no scalar
- * epilogue and no run-time alias check, which a fixed 8-iteration loop on
- * restrict parameters is. Conditionals inside them select on integers:
- * with -ftrapping-math (the default) a float comparison is control flow
- * the vectoriser will not touch. */
+ * epilogue and no run-time alias check, which a fixed 16-iteration loop on
+ * restrict parameters is. Conditionals inside them select on integers. */
 
 /* y += x */
 static inline void vec_acc(float *restrict y, const float *restrict x, int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             y[i + l] += x[i + l];
     for (; i < n; i++)
         y[i] += x[i];
-}
-
-/* y += a * x */
-static inline void vec_axpy(float *restrict y, float a, const float *restrict x, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            y[i + l] += a * x[i + l];
-    for (; i < n; i++)
-        y[i] += a * x[i];
 }
 
 /* o = a + b */
@@ -91,8 +153,8 @@ static inline void vec_add(float *restrict o, const float *restrict a, const flo
                            int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             o[i + l] = a[i + l] + b[i + l];
     for (; i < n; i++)
         o[i] = a[i] + b[i];
@@ -102,8 +164,8 @@ static inline void vec_add(float *restrict o, const float *restrict a, const flo
 static inline void vec_scale(float *restrict y, float a, const float *restrict x, int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             y[i + l] = a * x[i + l];
     for (; i < n; i++)
         y[i] = a * x[i];
@@ -113,14 +175,14 @@ static inline void vec_scale(float *restrict y, float a, const float *restrict x
 static inline void vec_blend(float *restrict y, float a, float b, const float *restrict x, int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             y[i + l] = a * y[i + l] + b * x[i + l];
     for (; i < n; i++)
         y[i] = a * y[i] + b * x[i];
 }
 
-static float sum_f32(const float *restrict x, int n)
+static inline float sum_f32(const float *restrict x, int n)
 {
     float lane[8] = {0};
     int i = 0;
@@ -144,6 +206,24 @@ static inline float dot_f32(const float *restrict a, const float *restrict b, in
     for (; i < n; i++)
         s += a[i] * b[i];
     return s;
+}
+
+/* max of x[0..n), -inf for n = 0; exact whatever the order */
+static inline float max_f32(const float *restrict x, int n)
+{
+    float lane[16];
+    for (int l = 0; l < 16; l++)
+        lane[l] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
+            lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+    float m = -INFINITY;
+    for (int l = 0; l < 16; l++)
+        m = lane[l] > m ? lane[l] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
 }
 
 /* A float's bits and back (C11 reads a union through its other member). */
@@ -185,34 +265,55 @@ static inline float exp_fast(float x)
 
 /* ---------------------------------------------------------------- encoder */
 
+WIDE_LOOP static void encoder_rows(float *out, const int *inp, const int *pos, const float *wte,
+                                   const float *wpe, int T, int C, int r0, int r1)
+{
+    for (int r = r0; r < r1; r++) {
+        const float *te = wte + (size_t)inp[r] * C;
+        const float *pe = wpe + (size_t)(pos ? pos[r % T] : r % T) * C;
+        vec_add(out + (size_t)r * C, te, pe, C);
+    }
+}
+
 void loom_encoder_forward(float *out, const int *inp, const int *pos, const float *wte,
                           const float *wpe, int B, int T, int C)
 {
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            const float *te = wte + (size_t)inp[b * T + t] * C;
-            const float *pe = wpe + (size_t)(pos ? pos[t] : t) * C;
-            vec_add(out + ((size_t)b * T + t) * C, te, pe, C);
-        }
+    const int N = B * T, nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        encoder_rows(out, inp, pos, wte, wpe, T, C, (int)part_begin(N, nt, p, 1),
+                     (int)part_begin(N, nt, p + 1, 1));
+}
+
+/* Rows that share a token (or a position) add into the same gradient row,
+ * so threads split the columns; each column adds its rows in order. */
+WIDE_LOOP static void encoder_backward_columns(float *dwte, float *dwpe, const float *dout,
+                                               const int *inp, const int *pos, int N, int T,
+                                               int C, int c0, int c1)
+{
+    for (int r = 0; r < N; r++) {
+        const float *d = dout + (size_t)r * C + c0;
+        vec_acc(dwte + (size_t)inp[r] * C + c0, d, c1 - c0);
+        vec_acc(dwpe + (size_t)(pos ? pos[r % T] : r % T) * C + c0, d, c1 - c0);
     }
 }
 
 void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
                            const int *pos, int B, int T, int C)
 {
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            const float *d = dout + ((size_t)b * T + t) * C;
-            vec_acc(dwte + (size_t)inp[b * T + t] * C, d, C);
-            vec_acc(dwpe + (size_t)(pos ? pos[t] : t) * C, d, C);
-        }
-    }
+    const int N = B * T, nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        encoder_backward_columns(dwte, dwpe, dout, inp, pos, N, T, C,
+                                 (int)part_begin(C, nt, p, LINE_FLOATS),
+                                 (int)part_begin(C, nt, p + 1, LINE_FLOATS));
 }
 
 /* -------------------------------------------------------------- layernorm */
 
-static void layernorm_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
-                          const float *restrict w, const float *restrict bias, int C)
+static inline void layernorm_row(float *restrict o, float *mean, float *rstd,
+                                 const float *restrict x, const float *restrict w,
+                                 const float *restrict bias, int C)
 {
     const float m = sum_f32(x, C) / (float)C;
     /* biased variance, as llm.c */
@@ -228,8 +329,8 @@ static void layernorm_row(float *restrict o, float *mean, float *rstd, const flo
         v += (x[i] - m) * (x[i] - m);
     v /= (float)C;
     const float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
-    for (i = 0; i + 8 <= C; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (i = 0; i + 16 <= C; i += 16)
+        for (int l = 0; l < 16; l++)
             o[i + l] = (s * (x[i + l] - m)) * w[i + l] + bias[i + l];
     for (; i < C; i++)
         o[i] = (s * (x[i] - m)) * w[i] + bias[i];
@@ -237,19 +338,54 @@ static void layernorm_row(float *restrict o, float *mean, float *rstd, const flo
     *rstd = s;
 }
 
+WIDE_LOOP static void layernorm_rows(float *out, float *mean, float *rstd, const float *inp,
+                                     const float *weight, const float *bias, int C, int r0,
+                                     int r1)
+{
+    for (int r = r0; r < r1; r++)
+        layernorm_row(out + (size_t)r * C, mean + r, rstd + r, inp + (size_t)r * C, weight, bias,
+                      C);
+}
+
 void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C)
 {
-    for (int n = 0; n < N; n++)
-        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias,
-                      C);
+    const int nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        layernorm_rows(out, mean, rstd, inp, weight, bias, C, (int)part_begin(N, nt, p, 1),
+                       (int)part_begin(N, nt, p + 1, 1));
+}
+
+/* Each row's sum is written, then normalised while it is still in L1. */
+WIDE_LOOP static void residual_layernorm_rows(float *res, float *out, float *mean, float *rstd,
+                                              const float *a, const float *b,
+                                              const float *weight, const float *bias, int C,
+                                              int r0, int r1)
+{
+    for (int r = r0; r < r1; r++) {
+        const size_t o = (size_t)r * C;
+        vec_add(res + o, a + o, b + o, C);
+        layernorm_row(out + o, mean + r, rstd + r, res + o, weight, bias, C);
+    }
+}
+
+void loom_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                     const float *a, const float *b, const float *weight,
+                                     const float *bias, int N, int C)
+{
+    const int nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        residual_layernorm_rows(res, out, mean, rstd, a, b, weight, bias, C,
+                                (int)part_begin(N, nt, p, 1), (int)part_begin(N, nt, p + 1, 1));
 }
 
 /* The input gradient of one row: the two means it needs (of w*dout and of
  * w*dout*norm), then each element. */
-static void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
-                                         const float *restrict x, const float *restrict w,
-                                         float m, float s, int C)
+static inline void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
+                                                const float *restrict x, const float *restrict w,
+                                                float m, float s, int C)
 {
     float lane_a[8] = {0}, lane_b[8] = {0};
     int i = 0;
@@ -269,21 +405,27 @@ static void layernorm_row_backward_input(float *restrict dx, const float *restri
     }
     dnorm_mean /= (float)C;
     dnorm_norm_mean /= (float)C;
-    for (i = 0; i < C; i++) {
+    for (i = 0; i + 16 <= C; i += 16)
+        for (int l = 0; l < 16; l++) {
+            float norm = (x[i + l] - m) * s;
+            float dnorm = w[i + l] * d[i + l];
+            dx[i + l] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    for (; i < C; i++) {
         float norm = (x[i] - m) * s;
         float dnorm = w[i] * d[i];
         dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
 }
 
-static void layernorm_row_backward_weight(float *restrict dw, float *restrict db,
-                                          const float *restrict d, const float *restrict x,
-                                          float m, float s, int C)
+WIDE_LOOP static void layernorm_backward_input_rows(float *dinp, const float *dout,
+                                                    const float *inp, const float *weight,
+                                                    const float *mean, const float *rstd, int C,
+                                                    int r0, int r1)
 {
-    for (int i = 0; i < C; i++) {
-        float norm = (x[i] - m) * s;
-        db[i] += d[i];
-        dw[i] += norm * d[i];
+    for (int r = r0; r < r1; r++) {
+        const size_t o = (size_t)r * C;
+        layernorm_row_backward_input(dinp + o, dout + o, inp + o, weight, mean[r], rstd[r], C);
     }
 }
 
@@ -291,18 +433,52 @@ void loom_layernorm_backward_input(float *dinp, const float *dout, const float *
                                    const float *weight, const float *mean, const float *rstd,
                                    int N, int C)
 {
-    for (int n = 0; n < N; n++)
-        layernorm_row_backward_input(dinp + (size_t)n * C, dout + (size_t)n * C,
-                                     inp + (size_t)n * C, weight, mean[n], rstd[n], C);
+    const int nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        layernorm_backward_input_rows(dinp, dout, inp, weight, mean, rstd, C,
+                                      (int)part_begin(N, nt, p, 1),
+                                      (int)part_begin(N, nt, p + 1, 1));
+}
+
+/* Columns [c0, c1) of dweight and dbias, summing the rows in order. */
+WIDE_LOOP static void layernorm_backward_weight_columns(float *restrict dw, float *restrict db,
+                                                        const float *dout, const float *inp,
+                                                        const float *mean, const float *rstd,
+                                                        int N, int C, int c0, int c1)
+{
+    const int n = c1 - c0;
+    dw += c0;
+    db += c0;
+    for (int r = 0; r < N; r++) {
+        const float *restrict d = dout + (size_t)r * C + c0;
+        const float *restrict x = inp + (size_t)r * C + c0;
+        const float m = mean[r], s = rstd[r];
+        int i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int l = 0; l < 16; l++) {
+                float norm = (x[i + l] - m) * s;
+                db[i + l] += d[i + l];
+                dw[i + l] += norm * d[i + l];
+            }
+        for (; i < n; i++) {
+            float norm = (x[i] - m) * s;
+            db[i] += d[i];
+            dw[i] += norm * d[i];
+        }
+    }
 }
 
 void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *mean, const float *rstd,
                                     int N, int C)
 {
-    for (int n = 0; n < N; n++)
-        layernorm_row_backward_weight(dweight, dbias, dout + (size_t)n * C, inp + (size_t)n * C,
-                                      mean[n], rstd[n], C);
+    const int nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        layernorm_backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C,
+                                          (int)part_begin(C, nt, p, LINE_FLOATS),
+                                          (int)part_begin(C, nt, p + 1, LINE_FLOATS));
 }
 
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -339,10 +515,21 @@ void loom_matmul_backward_input(float *dinp, const float *dout, loom_weight weig
               loom_gemm_multiply_dtype());
 }
 
-static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
+/* dbias += column sums of dout: threads split the columns */
+WIDE_LOOP static void bias_backward_columns(float *dbias, const float *dout, int N, int OC,
+                                            int c0, int c1)
 {
     for (int n = 0; n < N; n++)
-        vec_acc(dbias, dout + (size_t)n * OC, OC);
+        vec_acc(dbias + c0, dout + (size_t)n * OC + c0, c1 - c0);
+}
+
+static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    const int nt = threads_for((size_t)N * OC);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        bias_backward_columns(dbias, dout, N, OC, (int)part_begin(OC, nt, p, LINE_FLOATS),
+                              (int)part_begin(OC, nt, p + 1, LINE_FLOATS));
 }
 
 void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
@@ -387,16 +574,18 @@ static inline float gelu_gate(float a, float *slope)
     return as_float((as_bits(inv) & ~neg) | (as_bits(e * inv) & neg));
 }
 
-WIDE_LOOP static void gelu_forward_span(float *restrict o, const float *restrict x, int n)
+static inline void gelu_values(float *restrict o, const float *restrict x, int n)
 {
     float slope;
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             o[i + l] = x[i + l] * gelu_gate(gelu_arg(x[i + l]), &slope);
     for (; i < n; i++)
         o[i] = x[i] * gelu_gate(gelu_arg(x[i]), &slope);
 }
+
+WIDE_LOOP static void gelu_forward_span(float *o, const float *x, int n) { gelu_values(o, x, n); }
 
 /* d/dx x·σ(2a) = σ(2a) + x·2σ(2a)(1 - σ(2a))·a'(x), a' = sqrt(2/pi)·(1 + 3·0.044715·x²);
  * the same as llm.c's 0.5(1 + tanh a) + x·0.5·sech²(a)·a'(x). */
@@ -411,8 +600,8 @@ WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restri
                                          const float *restrict d, int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             dx[i + l] += gelu_local_grad(x[i + l]) * d[i + l];
     for (; i < n; i++)
         dx[i] += gelu_local_grad(x[i]) * d[i];
@@ -420,95 +609,159 @@ WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restri
 
 void loom_gelu_forward(float *out, const float *inp, int N)
 {
-    gelu_forward_span(out, inp, N);
+    const int nt = threads_for((size_t)N);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++) {
+        const size_t b = part_begin(N, nt, p, LINE_FLOATS), e = part_begin(N, nt, p + 1, LINE_FLOATS);
+        gelu_forward_span(out + b, inp + b, (int)(e - b));
+    }
 }
 
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N)
 {
-    gelu_backward_span(dinp, inp, dout, N);
+    const int nt = threads_for((size_t)N);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++) {
+        const size_t b = part_begin(N, nt, p, LINE_FLOATS), e = part_begin(N, nt, p + 1, LINE_FLOATS);
+        gelu_backward_span(dinp + b, inp + b, dout + b, (int)(e - b));
+    }
+}
+
+WIDE_LOOP static void bias_gelu_rows(float *out, float *pre, const float *bias, int C, int r0,
+                                     int r1)
+{
+    for (int r = r0; r < r1; r++) {
+        float *x = pre + (size_t)r * C;
+        vec_acc(x, bias, C);
+        gelu_values(out + (size_t)r * C, x, C);
+    }
+}
+
+void loom_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int C)
+{
+    const int nt = threads_for((size_t)N * C);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        bias_gelu_rows(out, pre, bias, C, (int)part_begin(N, nt, p, 1),
+                       (int)part_begin(N, nt, p + 1, 1));
 }
 
 /* --------------------------------------------------------------- residual */
 
+WIDE_LOOP static void residual_span(float *o, const float *a, const float *b, int n)
+{
+    vec_add(o, a, b, n);
+}
+
+WIDE_LOOP static void residual_backward_span(float *da, float *db, const float *d, int n)
+{
+    vec_acc(da, d, n);
+    vec_acc(db, d, n);
+}
+
 void loom_residual_forward(float *out, const float *a, const float *b, int N)
 {
-    vec_add(out, a, b, N);
+    const int nt = threads_for((size_t)N);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++) {
+        const size_t s = part_begin(N, nt, p, LINE_FLOATS), e = part_begin(N, nt, p + 1, LINE_FLOATS);
+        residual_span(out + s, a + s, b + s, (int)(e - s));
+    }
 }
 
 void loom_residual_backward(float *da, float *db, const float *dout, int N)
 {
-    vec_acc(da, dout, N);
-    vec_acc(db, dout, N);
+    const int nt = threads_for((size_t)N);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++) {
+        const size_t s = part_begin(N, nt, p, LINE_FLOATS), e = part_begin(N, nt, p + 1, LINE_FLOATS);
+        residual_backward_span(da + s, db + s, dout + s, (int)(e - s));
+    }
 }
 
 /* ---------------------------------------------------- softmax and the loss */
 
-WIDE_LOOP static void softmax_row(float *restrict p, const float *restrict x, int V, int Vp)
+/* Per row: the max m of the V real logits, then Σ exp(x - m) in 16 lanes,
+ * a row's 200 KB (GPT-2's vocabulary) read the second time from L2. The
+ * loss is llm.c's -log p_target, p_target = exp(x_target - m) / Σ, which
+ * is inf once p_target underflows (how a diverged run shows), and
+ * lse = m + log Σ what backward needs; no probabilities are stored. */
+WIDE_LOOP static void softmax_crossentropy_rows(float *losses, float *lse, const float *logits,
+                                                const int *targets, int V, int Vp, int r0,
+                                                int r1)
 {
-    float lane[8];
-    for (int l = 0; l < 8; l++)
-        lane[l] = -INFINITY;
-    int i = 0;
-    for (; i + 8 <= V; i += 8)
-        for (int l = 0; l < 8; l++)
-            lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
-    float maxval = -INFINITY;
-    for (int l = 0; l < 8; l++)
-        maxval = lane[l] > maxval ? lane[l] : maxval;
-    for (; i < V; i++)
-        maxval = x[i] > maxval ? x[i] : maxval;
-    for (i = 0; i + 8 <= V; i += 8)
-        for (int l = 0; l < 8; l++)
-            p[i + l] = exp_fast(x[i + l] - maxval);
-    for (; i < V; i++)
-        p[i] = exp_fast(x[i] - maxval);
-    const float sum = sum_f32(p, V);
-    for (i = 0; i + 8 <= V; i += 8)
-        for (int l = 0; l < 8; l++)
-            p[i + l] /= sum;
-    for (; i < V; i++)
-        p[i] /= sum;
-    for (i = V; i < Vp; i++)
-        p[i] = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        const float *restrict x = logits + (size_t)r * Vp;
+        const float m = max_f32(x, V);
+        float lane[16] = {0};
+        int i = 0;
+        for (; i + 16 <= V; i += 16)
+            for (int l = 0; l < 16; l++)
+                lane[l] += exp_fast(x[i + l] - m);
+        float sum = lanes16_total(lane);
+        for (; i < V; i++)
+            sum += exp_fast(x[i] - m);
+        lse[r] = m + logf(sum);
+        losses[r] = -logf(exp_fast(x[targets[r]] - m) / sum);
+    }
 }
 
-void loom_softmax_forward(float *probs, const float *logits, int N, int V, int Vp)
+void loom_softmax_crossentropy_forward(float *losses, float *lse, const float *logits,
+                                       const int *targets, int N, int V, int Vp)
 {
-    for (int n = 0; n < N; n++)
-        softmax_row(probs + (size_t)n * Vp, logits + (size_t)n * Vp, V, Vp);
+    const int nt = threads_for((size_t)N * Vp);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        softmax_crossentropy_rows(losses, lse, logits, targets, V, Vp,
+                                  (int)part_begin(N, nt, p, 1), (int)part_begin(N, nt, p + 1, 1));
 }
 
-void loom_crossentropy_forward(float *losses, const float *probs, const int *targets, int N,
-                               int Vp)
+/* dlogit_i = (p_i - [i = target])·dloss with p_i = exp(x_i - lse), over x */
+WIDE_LOOP static void softmax_crossentropy_backward_rows(float *logits, const float *dlosses,
+                                                         const float *lse, const int *targets,
+                                                         int V, int Vp, int r0, int r1)
 {
-    for (int n = 0; n < N; n++)
-        losses[n] = -logf(probs[(size_t)n * Vp + targets[n]]);
+    for (int r = r0; r < r1; r++) {
+        float *restrict x = logits + (size_t)r * Vp;
+        const float L = lse[r], d = dlosses[r];
+        const int t = targets[r];
+        const float p_target = exp_fast(x[t] - L);
+        int i = 0;
+        for (; i + 16 <= V; i += 16)
+            for (int l = 0; l < 16; l++)
+                x[i + l] = exp_fast(x[i + l] - L) * d;
+        for (; i < V; i++)
+            x[i] = exp_fast(x[i] - L) * d;
+        for (i = V; i < Vp; i++)
+            x[i] = 0.0f;
+        x[t] = (p_target - 1.0f) * d; /* rounded once, like the rest */
+    }
 }
 
-void loom_crossentropy_softmax_backward(float *dlogits, const float *dlosses, const float *probs,
+void loom_softmax_crossentropy_backward(float *logits, const float *dlosses, const float *lse,
                                         const int *targets, int N, int V, int Vp)
 {
-    for (int n = 0; n < N; n++) {
-        float *dl = dlogits + (size_t)n * Vp;
-        const float *p = probs + (size_t)n * Vp;
-        const float dloss = dlosses[n];
-        const int t = targets[n];
-        /* the target's term is (p - 1) * dloss, rounded once like the rest */
-        const float dl_target = dl[t];
-        vec_axpy(dl, dloss, p, V);
-        dl[t] = dl_target + (p[t] - 1.0f) * dloss;
-    }
+    const int nt = threads_for((size_t)N * Vp);
+    PARALLEL_FOR(nt)
+    for (int p = 0; p < nt; p++)
+        softmax_crossentropy_backward_rows(logits, dlosses, lse, targets, V, Vp,
+                                           (int)part_begin(N, nt, p, 1),
+                                           (int)part_begin(N, nt, p + 1, 1));
 }
 
 /* ------------------------------------------------------------- conversion */
 
-/* loom_f32_to_bf16 without its branch, so the loop vectorises: round to
- * nearest even, NaN stays a (quiet) NaN. */
-static void f32_to_bf16_span(uint16_t *restrict d, const float *restrict s, size_t n)
+/* The portable paths: tensor.h's conversions, bf16's without its branch so
+ * the loop vectorises (round to nearest even; NaN keeps its sign and top
+ * payload, quieted). The native ones use the CPU's instructions and must
+ * give the same bits (tests/kernels compares them): where an instruction
+ * rounds otherwise (AVX-512 BF16 flushes subnormals to 0; F16C keeps a
+ * NaN's payload), the block it met is done again the portable way. */
+static inline void f32_to_bf16_values(uint16_t *restrict d, const float *restrict s, size_t n)
 {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) {
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
             const uint32_t u = as_bits(s[i + l]);
             const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
             const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -518,26 +771,154 @@ static void f32_to_bf16_span(uint16_t *restrict d, const float *restrict s, size
         d[i] = loom_f32_to_bf16(s[i]);
 }
 
-static void bf16_to_f32_span(float *restrict d, const uint16_t *restrict s, size_t n)
+static inline void bf16_to_f32_values(float *restrict d, const uint16_t *restrict s, size_t n)
 {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++)
             d[i + l] = as_float((uint32_t)s[i + l] << 16);
     for (; i < n; i++)
         d[i] = loom_bf16_to_f32(s[i]);
 }
 
-static void f32_to_f16_span(uint16_t *restrict d, const float *restrict s, size_t n)
+static void f32_to_f16_values(uint16_t *restrict d, const float *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = loom_f32_to_f16(s[i]);
 }
 
-static void f16_to_f32_span(float *restrict d, const uint16_t *restrict s, size_t n)
+static void f16_to_f32_values(float *restrict d, const uint16_t *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = loom_f16_to_f32(s[i]);
+}
+
+/* The span converters, all of one type: (dst, src, n). */
+typedef void (*convert_fn)(void *dst, const void *src, size_t n);
+
+WIDE_LOOP static void f32_to_bf16_portable(void *d, const void *s, size_t n)
+{
+    f32_to_bf16_values(d, s, n);
+}
+
+WIDE_LOOP static void bf16_to_f32_portable(void *d, const void *s, size_t n)
+{
+    bf16_to_f32_values(d, s, n);
+}
+
+static void f32_to_f16_portable(void *d, const void *s, size_t n) { f32_to_f16_values(d, s, n); }
+
+static void f16_to_f32_portable(void *d, const void *s, size_t n) { f16_to_f32_values(d, s, n); }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NATIVE_CONVERT 1
+
+__attribute__((target("avx512f,avx512bf16"))) static void
+f32_to_bf16_avx512(void *dst, const void *src, size_t n)
+{
+    uint16_t *d = dst;
+    const float *s = src;
+    const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x7fffff);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 lo = _mm512_loadu_ps(s + i), hi = _mm512_loadu_ps(s + i + 16);
+        const __m512i lo_bits = _mm512_castps_si512(lo), hi_bits = _mm512_castps_si512(hi);
+        /* subnormal: exponent 0, mantissa not */
+        const __mmask16 sub_lo = _mm512_mask_test_epi32_mask(
+                            _mm512_testn_epi32_mask(lo_bits, exponent), lo_bits, mantissa),
+                        sub_hi = _mm512_mask_test_epi32_mask(
+                            _mm512_testn_epi32_mask(hi_bits, exponent), hi_bits, mantissa);
+        if (sub_lo | sub_hi)
+            f32_to_bf16_portable(d + i, s + i, 32);
+        else
+            _mm512_storeu_si512((void *)(d + i), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+    f32_to_bf16_portable(d + i, s + i, n - i);
+}
+
+__attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(void *dst, const void *src,
+                                                                 size_t n)
+{
+    uint16_t *d = dst;
+    const float *s = src;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(s + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) /* a NaN */
+            f32_to_f16_values(d + i, s + i, 8);
+        else
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    f32_to_f16_values(d + i, s + i, n - i);
+}
+
+__attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(void *dst, const void *src,
+                                                                 size_t n)
+{
+    float *d = dst;
+    const uint16_t *s = src;
+    const __m128i abs = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
+        if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, abs), inf))) /* a NaN */
+            f16_to_f32_values(d + i, s + i, 8);
+        else
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+    }
+    f16_to_f32_values(d + i, s + i, n - i);
+}
+#else
+#define NATIVE_CONVERT 0
+#endif
+
+static int convert_native = 1;
+
+void loom_convert_set_path(loom_convert_path path) { convert_native = path == LOOM_CONVERT_NATIVE; }
+
+/* The span converter of f32 <-> bf16/f16, whichever the CPU and the path
+ * setting allow; NULL for other pairs. */
+static convert_fn converter(loom_dtype dst, loom_dtype src, const char **name)
+{
+    const char *unused;
+    if (!name)
+        name = &unused;
+    *name = "portable";
+#if NATIVE_CONVERT
+    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 &&
+        __builtin_cpu_supports("avx512bf16")) {
+        *name = "avx512-bf16";
+        return f32_to_bf16_avx512;
+    }
+    const int f16c = convert_native && __builtin_cpu_supports("f16c") &&
+                     __builtin_cpu_supports("avx2");
+    if (f16c && src == LOOM_F32 && dst == LOOM_F16) {
+        *name = "f16c";
+        return f32_to_f16_f16c;
+    }
+    if (f16c && src == LOOM_F16 && dst == LOOM_F32) {
+        *name = "f16c";
+        return f16_to_f32_f16c;
+    }
+#endif
+    if (src == LOOM_F32 && dst == LOOM_BF16)
+        return f32_to_bf16_portable;
+    if (src == LOOM_BF16 && dst == LOOM_F32)
+        return bf16_to_f32_portable;
+    if (src == LOOM_F32 && dst == LOOM_F16)
+        return f32_to_f16_portable;
+    if (src == LOOM_F16 && dst == LOOM_F32)
+        return f16_to_f32_portable;
+    *name = NULL;
+    return NULL;
+}
+
+const char *loom_convert_path_name(loom_dtype dst, loom_dtype src)
+{
+    const char *name;
+    converter(dst, src, &name);
+    return name;
 }
 
 void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n)
@@ -546,17 +927,18 @@ void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype sr
         memmove(dst, src, n * loom_dtype_size(src_type));
         return;
     }
-    const int wide_src = src_type == LOOM_F32, wide_dst = dst_type == LOOM_F32;
+    const convert_fn fn = converter(dst_type, src_type, NULL);
+    const size_t dsize = loom_dtype_size(dst_type), ssize = loom_dtype_size(src_type);
     const int half_src = src_type == LOOM_BF16 || src_type == LOOM_F16;
     const int half_dst = dst_type == LOOM_BF16 || dst_type == LOOM_F16;
-    if (wide_src && dst_type == LOOM_BF16) {
-        f32_to_bf16_span(dst, src, n);
-    } else if (wide_src && dst_type == LOOM_F16) {
-        f32_to_f16_span(dst, src, n);
-    } else if (src_type == LOOM_BF16 && wide_dst) {
-        bf16_to_f32_span(dst, src, n);
-    } else if (src_type == LOOM_F16 && wide_dst) {
-        f16_to_f32_span(dst, src, n);
+    if (fn) {
+        const int nt = threads_for(n);
+        PARALLEL_FOR(nt)
+        for (int p = 0; p < nt; p++) {
+            /* parts of 32 elements: the AVX-512 loop's step, whole cache lines */
+            const size_t b = part_begin(n, nt, p, 32), e = part_begin(n, nt, p + 1, 32);
+            fn((char *)dst + b * dsize, (const char *)src + b * ssize, e - b);
+        }
     } else if (half_src && half_dst) {
         /* exact through f32, which holds every bf16 and f16 */
         float chunk[256];
@@ -708,20 +1090,20 @@ static int tile_max(const int *pos, int n)
 }
 
 /* max over the keys at positions <= qp of s; -inf when there are none */
-static float masked_max(const float *restrict s, const int *restrict kp, int qp, int n)
+static inline float masked_max(const float *restrict s, const int *restrict kp, int qp, int n)
 {
-    float lane[8];
-    for (int l = 0; l < 8; l++)
+    float lane[16];
+    for (int l = 0; l < 16; l++)
         lane[l] = -INFINITY;
     int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) {
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; l++) {
             const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
             const float v = as_float((as_bits(s[j + l]) & seen) | (0xff800000u & ~seen));
             lane[l] = v > lane[l] ? v : lane[l];
         }
     float m = -INFINITY;
-    for (int l = 0; l < 8; l++)
+    for (int l = 0; l < 16; l++)
         m = lane[l] > m ? lane[l] : m;
     for (; j < n; j++)
         if (kp[j] <= qp && s[j] > m)
@@ -730,12 +1112,12 @@ static float masked_max(const float *restrict s, const int *restrict kp, int qp,
 }
 
 /* s = exp(s - shift) for keys at positions <= qp, 0 for the others */
-WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
-                                 int n)
+static inline void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
+                              int n)
 {
     int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) {
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; l++) {
             const uint32_t seen = 0u - (uint32_t)(kp[j + l] <= qp);
             s[j + l] = as_float(as_bits(exp_fast(s[j + l] - shift)) & seen);
         }
@@ -746,7 +1128,7 @@ WIDE_LOOP static void masked_exp(float *restrict s, const int *restrict kp, int 
 /* Merge a chunk's row (acc = Σ exp(s_j - m)·v_j, l = Σ exp(s_j - m)) into
  * the row's out and lse. A row at lse -inf has seen no key yet: overwrite,
  * whatever out holds. */
-static void merge_row(float *o, float *lse, const float *acc, float m, float l, int HS)
+static inline void merge_row(float *o, float *lse, const float *acc, float m, float l, int HS)
 {
     const float chunk_lse = m + logf(l);
     const float old_lse = *lse;
@@ -762,13 +1144,47 @@ static void merge_row(float *o, float *lse, const float *acc, float m, float l, 
     *lse = new_lse;
 }
 
+/* A call's buffers, at most this many (backward's). */
+#define ATTN_MAX_BUFS 8
+
+/* What one thread computes a head in. */
 typedef struct attn_scratch {
     float *s;        /* ATTN_QT x ATTN_KT: scores, then probabilities */
     float *ds;       /* ATTN_QT x ATTN_KT: dP, then dS (backward) */
     float *acc;      /* ATTN_QT x HS (forward) */
     float *row_max;  /* ATTN_QT */
     float *row_sum;  /* ATTN_QT; D_i = dout_i·out_i in backward */
+    float *packed[ATTN_MAX_BUFS]; /* 16-bit types: each buffer's head as f32 (rows x HS) */
 } attn_scratch;
+
+/* A tile's scores (nq x nk in w->s) -> exp(s - row max), masked, with each
+ * row's max and sum; a row that sees no key of the chunk gets max -inf. */
+WIDE_LOOP static void tile_exp(const attn_scratch *w, const int *q_pos, const int *k_pos, int nq,
+                               int nk)
+{
+    for (int r = 0; r < nq; r++) {
+        float *s = w->s + (size_t)r * nk;
+        const int qp = q_pos[r];
+        const float m = masked_max(s, k_pos, qp, nk);
+        w->row_max[r] = m;
+        if (m == -INFINITY) { /* this row sees no key of the chunk */
+            memset(s, 0, (size_t)nk * sizeof(float));
+            continue;
+        }
+        masked_exp(s, k_pos, qp, m, nk);
+        w->row_sum[r] = sum_f32(s, nk);
+    }
+}
+
+/* A tile's rows of w->acc merged into out and lse. */
+WIDE_LOOP static void tile_merge(const attn_scratch *w, float *o, int ldo, float *lse, int nq,
+                                 int HS)
+{
+    for (int r = 0; r < nq; r++)
+        if (w->row_max[r] != -INFINITY)
+            merge_row(o + (size_t)r * ldo, lse + r, w->acc + (size_t)r * HS, w->row_max[r],
+                      w->row_sum[r], HS);
+}
 
 /* The next chunk of keys, from *c0 on, that some query of the tile [i0,
  * i0 + nq) (at positions <= qmax) can see: its keys [*j0, *j0 + nk) and
@@ -783,8 +1199,8 @@ static int next_chunk_scores(head_rows q, int i0, int nq, int qmax, head_rows k,
         if (!chunk_visible(k_pos, *c0, *c0 + ATTN_KT < tk ? *c0 + ATTN_KT : tk, qmax, j0, &j1))
             continue;
         const int nk = j1 - *j0;
-        product(0, 1, nq, nk, HS, scale, head_row(q, i0), q.ld,
-                head_row(k, *j0), k.ld, 0.0f, w->s, nk, LOOM_F32);
+        tile_product(0, 1, nq, nk, HS, scale, head_row(q, i0), q.ld, head_row(k, *j0), k.ld,
+                     0.0f, w->s, nk);
         *c0 += ATTN_KT;
         return nk;
     }
@@ -805,37 +1221,41 @@ static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, hea
         const int qmax = tile_max(q_pos + i0, nq);
         int c0 = 0, j0, nk;
         while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
-            for (int r = 0; r < nq; r++) {
-                float *s = w->s + (size_t)r * nk;
-                const int qp = q_pos[i0 + r];
-                const float m = masked_max(s, k_pos + j0, qp, nk);
-                w->row_max[r] = m;
-                if (m == -INFINITY) { /* this row sees no key of the chunk */
-                    memset(s, 0, (size_t)nk * sizeof(float));
-                    continue;
-                }
-                masked_exp(s, k_pos + j0, qp, m, nk);
-                w->row_sum[r] = sum_f32(s, nk);
-            }
-            product(0, 0, nq, HS, nk, 1.0f, w->s, nk, head_row(v, j0), v.ld,
-                    0.0f, w->acc, HS, LOOM_F32);
-            for (int r = 0; r < nq; r++)
-                if (w->row_max[r] != -INFINITY)
-                    merge_row(head_row(o, i0 + r), lse + i0 + r, w->acc + (size_t)r * HS,
-                              w->row_max[r], w->row_sum[r], HS);
+            tile_exp(w, q_pos + i0, k_pos + j0, nq, nk);
+            tile_product(0, 0, nq, HS, nk, 1.0f, w->s, nk, head_row(v, j0), v.ld, 0.0f, w->acc,
+                         HS);
+            tile_merge(w, head_row(o, i0), o.ld, lse + i0, nq, HS);
         }
     }
 }
 
-/* ds = p ∘ (dp - D) */
-static void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
+/* A tile's P = exp(s - lse) in w->s, masked; a row that saw no key
+ * anywhere (lse -inf) gets 0: its out is 0, nothing flows. */
+WIDE_LOOP static void tile_probabilities(const attn_scratch *w, const int *q_pos,
+                                         const int *k_pos, const float *lse, int nq, int nk)
 {
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++)
-            ds[j + l] = p[j + l] * (ds[j + l] - D);
-    for (; j < n; j++)
-        ds[j] = p[j] * (ds[j] - D);
+    for (int r = 0; r < nq; r++) {
+        float *p = w->s + (size_t)r * nk;
+        if (!isfinite(lse[r]))
+            memset(p, 0, (size_t)nk * sizeof(float));
+        else
+            masked_exp(p, k_pos, q_pos[r], lse[r], nk);
+    }
+}
+
+/* dS = P ∘ (dP - D), over dP in w->ds */
+WIDE_LOOP static void tile_softmax_grad(const attn_scratch *w, const float *D, int nq, int nk)
+{
+    for (int r = 0; r < nq; r++) {
+        float *restrict ds = w->ds + (size_t)r * nk;
+        const float *restrict p = w->s + (size_t)r * nk;
+        int j = 0;
+        for (; j + 16 <= nk; j += 16)
+            for (int l = 0; l < 16; l++)
+                ds[j + l] = p[j + l] * (ds[j + l] - D[r]);
+        for (; j < nk; j++)
+            ds[j] = p[j] * (ds[j] - D[r]);
+    }
 }
 
 static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
@@ -852,68 +1272,67 @@ static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, he
         int c0 = 0, j0, nk;
         while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
             /* P = exp(scale·Q·Kᵀ - lse), masked */
-            for (int r = 0; r < nq; r++) {
-                float *p = w->s + (size_t)r * nk;
-                const float L = lse[i0 + r];
-                if (!isfinite(L)) /* the row saw no key anywhere: out is 0, nothing flows */
-                    memset(p, 0, (size_t)nk * sizeof(float));
-                else
-                    masked_exp(p, k_pos + j0, q_pos[i0 + r], L, nk);
-            }
+            tile_probabilities(w, q_pos + i0, k_pos + j0, lse + i0, nq, nk);
             /* dV += Pᵀ·dO */
-            product(1, 0, nk, HS, nq, 1.0f, w->s, nk, head_row(dout, i0),
-                    dout.ld, 1.0f, head_row(dv, j0), dv.ld, LOOM_F32);
+            tile_product(1, 0, nk, HS, nq, 1.0f, w->s, nk, head_row(dout, i0), dout.ld, 1.0f,
+                         head_row(dv, j0), dv.ld);
             /* dS = P ∘ (dO·Vᵀ - D) */
-            product(0, 1, nq, nk, HS, 1.0f, head_row(dout, i0), dout.ld,
-                    head_row(v, j0), v.ld, 0.0f, w->ds, nk, LOOM_F32);
-            for (int r = 0; r < nq; r++)
-                softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
+            tile_product(0, 1, nq, nk, HS, 1.0f, head_row(dout, i0), dout.ld, head_row(v, j0),
+                         v.ld, 0.0f, w->ds, nk);
+            tile_softmax_grad(w, D, nq, nk);
             /* dQ += scale·dS·K, dK += scale·dSᵀ·Q */
-            product(0, 0, nq, HS, nk, scale, w->ds, nk, head_row(k, j0), k.ld,
-                    1.0f, head_row(dq, i0), dq.ld, LOOM_F32);
-            product(1, 0, nk, HS, nq, scale, w->ds, nk, head_row(q, i0), q.ld,
-                    1.0f, head_row(dk, j0), dk.ld, LOOM_F32);
+            tile_product(0, 0, nq, HS, nk, scale, w->ds, nk, head_row(k, j0), k.ld, 1.0f,
+                         head_row(dq, i0), dq.ld);
+            tile_product(1, 0, nk, HS, nq, scale, w->ds, nk, head_row(q, i0), q.ld, 1.0f,
+                         head_row(dk, j0), dk.ld);
         }
     }
 }
 
 /* One (B, rows, NH, HS) buffer of a call, as the per-head loop uses it:
  * read before each head (in) and/or written after it (out). A 16-bit
- * buffer goes through its packed f32 copy of one head (rows x HS). */
+ * buffer goes through a packed f32 copy of one head (rows x HS). */
 typedef struct head_buf {
     const void *in; /* NULL: not read */
     void *out;      /* NULL: not written */
     int rows;
-    float *packed;
 } head_buf;
 
 /* One call of the attention kernels: its shape, its buffers, and the
- * scratch it runs in. */
+ * scratch each of its threads runs in. Threads take whole (batch, head)
+ * pairs, which share nothing they write, and compute each as one thread
+ * would: the same bits for any thread count. */
 typedef struct attn_call {
     int B, NH, HS;
     loom_dtype dtype;
     head_buf *bufs;
     int nbufs;
     float scale;
-    attn_scratch w;
+    int threads;
+    attn_scratch *w; /* one per thread */
     attn_positions pos;
     float *mem;
 } attn_call;
 
-/* The scratch: the tile buffers, then for 16-bit types the packed heads;
- * and the positions as arrays. Out of memory: -1, why recorded, and the
+/* Per thread the tile buffers, then for 16-bit types the packed heads; and
+ * the positions as arrays. Out of memory: -1, why recorded, and the
  * buffers the call writes poisoned. */
 static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, const int *k_pos,
                       int tk)
 {
     const size_t tile = (size_t)ATTN_QT * ATTN_KT;
     const int packed = c->dtype != LOOM_F32;
+    const int heads = c->B * c->NH;
+    c->threads = threads_for((size_t)heads * tq * tk);
+    c->threads = c->threads < heads ? c->threads : heads > 0 ? heads : 1;
     size_t floats = 2 * tile + (size_t)ATTN_QT * c->HS + 2 * (size_t)ATTN_QT;
     for (int i = 0; packed && i < c->nbufs; i++)
         floats += (size_t)c->bufs[i].rows * c->HS;
-    c->mem = malloc(floats * sizeof(float));
-    if (!c->mem || positions_init(&c->pos, q_pos, tq, k_pos, tk) != 0) {
+    c->mem = malloc(floats * (size_t)c->threads * sizeof(float));
+    c->w = calloc((size_t)c->threads, sizeof *c->w);
+    if (!c->mem || !c->w || positions_init(&c->pos, q_pos, tq, k_pos, tk) != 0) {
         free(c->mem);
+        free(c->w);
         loom_fail(LOOM_ERR_NO_MEMORY, "attention %s: out of memory for the scratch of "
                                       "%d queries and %d keys",
                   what, tq, tk);
@@ -923,29 +1342,41 @@ static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, 
         return -1;
     }
     c->scale = 1.0f / sqrtf((float)c->HS);
-    attn_scratch *w = &c->w;
-    w->s = c->mem;
-    w->ds = w->s + tile;
-    w->acc = w->ds + tile;
-    w->row_max = w->acc + (size_t)ATTN_QT * c->HS;
-    w->row_sum = w->row_max + ATTN_QT;
-    float *next = w->row_sum + ATTN_QT;
-    for (int i = 0; packed && i < c->nbufs; i++) {
-        c->bufs[i].packed = next;
-        next += (size_t)c->bufs[i].rows * c->HS;
+    float *next = c->mem;
+    for (int t = 0; t < c->threads; t++) {
+        attn_scratch *w = &c->w[t];
+        w->s = next;
+        w->ds = w->s + tile;
+        w->acc = w->ds + tile;
+        w->row_max = w->acc + (size_t)ATTN_QT * c->HS;
+        w->row_sum = w->row_max + ATTN_QT;
+        next = w->row_sum + ATTN_QT;
+        for (int i = 0; packed && i < c->nbufs; i++) {
+            w->packed[i] = next;
+            next += (size_t)c->bufs[i].rows * c->HS;
+        }
     }
+    /* each tile's product on its head's thread alone, whatever the number
+     * of threads (the same bits; BLAS threads would fight the heads' for
+     * the cores) */
+    if (kernel_threads > 1)
+        openblas_set_num_threads(1);
     return 0;
 }
 
 static void attn_end(attn_call *c)
 {
+    if (kernel_threads > 1)
+        openblas_set_num_threads(kernel_threads);
     free(c->pos.owned);
     free(c->mem);
+    free(c->w);
 }
 
-/* Head h of batch b of each buffer: in place for f32, else its packed
- * copy, read in when the buffer is. */
-static void open_heads(const attn_call *c, int b, int h, head_rows *heads)
+/* Head h of batch b of each buffer: in place for f32, else the thread's
+ * packed copy, read in when the buffer is. */
+static void open_heads(const attn_call *c, const attn_scratch *w, int b, int h,
+                       head_rows *heads)
 {
     for (int i = 0; i < c->nbufs; i++) {
         const head_buf *t = &c->bufs[i];
@@ -954,18 +1385,18 @@ static void open_heads(const attn_call *c, int b, int h, head_rows *heads)
             continue;
         }
         if (t->in)
-            gather_head(t->packed, t->in, c->dtype, b, h, t->rows, c->NH, c->HS);
-        heads[i] = packed_head(t->packed, c->HS);
+            gather_head(w->packed[i], t->in, c->dtype, b, h, t->rows, c->NH, c->HS);
+        heads[i] = packed_head(w->packed[i], c->HS);
     }
 }
 
 /* ... and written back, rounded, where the buffer is written. */
-static void close_heads(const attn_call *c, int b, int h)
+static void close_heads(const attn_call *c, const attn_scratch *w, int b, int h)
 {
     for (int i = 0; c->dtype != LOOM_F32 && i < c->nbufs; i++) {
         const head_buf *t = &c->bufs[i];
         if (t->out)
-            scatter_head(t->out, c->dtype, t->packed, b, h, t->rows, c->NH, c->HS);
+            scatter_head(t->out, c->dtype, w->packed[i], b, h, t->rows, c->NH, c->HS);
     }
 }
 
@@ -976,21 +1407,22 @@ static void attention_block_forward(const void *q, const int *q_pos, int tq, con
 {
     enum { Q, K, V, OUT, NBUFS };
     /* a first block overwrites out */
-    head_buf bufs[NBUFS] = {{q, NULL, tq, NULL}, {k, NULL, tk, NULL}, {v, NULL, tk, NULL},
-                            {first_block ? NULL : out, out, tq, NULL}};
+    head_buf bufs[NBUFS] = {{q, NULL, tq}, {k, NULL, tk}, {v, NULL, tk},
+                            {first_block ? NULL : out, out, tq}};
     attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
     if (attn_begin(&c, "forward", q_pos, tq, k_pos, tk) != 0) {
         poison(lse, LOOM_F32, (size_t)B * NH * tq);
         return;
     }
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            head_rows r[NBUFS];
-            open_heads(&c, b, h, r);
-            forward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
-                         lse + ((size_t)b * NH + h) * tq, first_block, &c.w);
-            close_heads(&c, b, h);
-        }
+    PARALLEL_FOR(c.threads)
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        const attn_scratch *w = &c.w[thread_index()];
+        head_rows r[NBUFS];
+        open_heads(&c, w, b, h, r);
+        forward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
+                     lse + (size_t)bh * tq, first_block, w);
+        close_heads(&c, w, b, h);
     }
     attn_end(&c);
 }
@@ -1001,21 +1433,22 @@ static void attention_block_backward(const void *q, const int *q_pos, int tq, co
                                      const float *lse, void *dq, void *dk, void *dv)
 {
     enum { Q, OUT, DOUT, DQ, K, V, DK, DV, NBUFS };
+    _Static_assert(NBUFS <= ATTN_MAX_BUFS, "a thread's scratch packs every buffer");
     /* dq, dk and dv accumulate */
-    head_buf bufs[NBUFS] = {{q, NULL, tq, NULL},  {out, NULL, tq, NULL}, {dout, NULL, tq, NULL},
-                            {dq, dq, tq, NULL},   {k, NULL, tk, NULL},   {v, NULL, tk, NULL},
-                            {dk, dk, tk, NULL},   {dv, dv, tk, NULL}};
+    head_buf bufs[NBUFS] = {{q, NULL, tq},  {out, NULL, tq}, {dout, NULL, tq}, {dq, dq, tq},
+                            {k, NULL, tk},  {v, NULL, tk},   {dk, dk, tk},     {dv, dv, tk}};
     attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
     if (attn_begin(&c, "backward", q_pos, tq, k_pos, tk) != 0)
         return;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            head_rows r[NBUFS];
-            open_heads(&c, b, h, r);
-            backward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
-                          r[DOUT], lse + ((size_t)b * NH + h) * tq, r[DQ], r[DK], r[DV], &c.w);
-            close_heads(&c, b, h);
-        }
+    PARALLEL_FOR(c.threads)
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        const attn_scratch *w = &c.w[thread_index()];
+        head_rows r[NBUFS];
+        open_heads(&c, w, b, h, r);
+        backward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT], r[DOUT],
+                      lse + (size_t)bh * tq, r[DQ], r[DK], r[DV], w);
+        close_heads(&c, w, b, h);
     }
     attn_end(&c);
 }

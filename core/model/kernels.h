@@ -1,10 +1,13 @@
 /* loom core — the GPT-2 compute kernels, fp32 on the CPU (DESIGN §7):
  * exactly the math of llm.c's train_gpt2.c, matrix products through
- * OpenBLAS cblas_sgemm, the rest plain C the compiler vectorises.
+ * OpenBLAS cblas_sgemm, the rest plain C the compiler vectorises and
+ * OpenMP threads.
  *
  * Conventions: N = B*T rows; activations row-major (N, C). Backward kernels
  * ACCUMULATE (+=) into every gradient they write, as llm.c's do, so
- * gradients from several consumers add up; callers zero them first. */
+ * gradients from several consumers add up; callers zero them first (the
+ * fused softmax/cross-entropy backward alone writes over its input).
+ * Every result is the same bits for any number of threads. */
 #ifndef LOOM_KERNELS_H
 #define LOOM_KERNELS_H
 
@@ -14,8 +17,27 @@
 #include "loom/tensor.h"
 #include "loom/strategy.h"
 
-/* Single-threaded BLAS unless the run asks for more. */
+/* Before a function whose loops the compiler vectorises: also compiled for
+ * AVX2 and AVX-512 (x86-64-v4), the version picked when the program loads.
+ * No version uses FMA and the loops' order does not depend on the width,
+ * so every version gives the same bits. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define LOOM_WIDE_LOOP __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+#endif
+#ifndef LOOM_WIDE_LOOP
+#define LOOM_WIDE_LOOP
+#endif
+
+/* Threads for the kernels (OpenMP) and BLAS: one unless the run asks for
+ * more (train.threads). */
 void loom_kernels_set_threads(int threads);
+int loom_kernels_threads(void);
+/* fn(ctx, begin, end) over parts of [0, n) cut at multiples of 16, in
+ * parallel on the kernels' threads when n is large enough to pay for it:
+ * for element-wise work, where any split gives the same bits. */
+void loom_kernels_for_spans(size_t n, void (*fn)(void *ctx, size_t begin, size_t end), void *ctx);
 
 /* out[b,t,:] = wte[inp[b,t],:] + wpe[pos[t],:]. pos NULL: pos[t] = t. */
 void loom_encoder_forward(float *out, const int *inp, const int *pos, const float *wte,
@@ -26,6 +48,11 @@ void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
 /* eps 1e-5; mean and rstd (N) are saved for backward. */
 void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C);
+/* res = a + b, then out = layernorm(res): loom_residual_forward and
+ * loom_layernorm_forward in one pass, the same bits. */
+void loom_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                     const float *a, const float *b, const float *weight,
+                                     const float *bias, int N, int C);
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
@@ -64,17 +91,21 @@ void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout
 /* GELU, tanh approximation. */
 void loom_gelu_forward(float *out, const float *inp, int N);
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N);
+/* pre (N, C) += bias, then out = gelu(pre): a bias-less matmul's output
+ * made the pre-activation the GELU's backward reads. */
+void loom_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int C);
 
 void loom_residual_forward(float *out, const float *a, const float *b, int N);
 void loom_residual_backward(float *da, float *db, const float *dout, int N);
 
-/* Softmax over the first V of Vp logits per row (the padding gets 0), the
- * per-token losses, and the fused backward into dlogits (+=) with the
- * padding's gradient left 0. */
-void loom_softmax_forward(float *probs, const float *logits, int N, int V, int Vp);
-void loom_crossentropy_forward(float *losses, const float *probs, const int *targets, int N,
-                               int Vp);
-void loom_crossentropy_softmax_backward(float *dlogits, const float *dlosses, const float *probs,
+/* Softmax and cross-entropy fused, over the first V of Vp logits per row
+ * (the padding is ignored): each row's loss and the log-sum-exp lse of its
+ * logits, and no probabilities stored. Backward writes the logits'
+ * gradient, (softmax - one-hot)·dloss, over the logits themselves, 0 in the
+ * padding: it does not accumulate. */
+void loom_softmax_crossentropy_forward(float *losses, float *lse, const float *logits,
+                                       const int *targets, int N, int V, int Vp);
+void loom_softmax_crossentropy_backward(float *logits, const float *dlosses, const float *lse,
                                         const int *targets, int N, int V, int Vp);
 
 /* Causal attention as blocks with an online softmax (see loom_attention_kernels
@@ -94,7 +125,16 @@ void loom_attention_backward(float *dq, float *dk, float *dv, const float *q, co
                              const float *v, const float *out, const float *dout,
                              const float *lse, int B, int T, int NH, int HS);
 
-/* Array conversions for 16-bit storage (round to nearest even). */
+/* Array conversions for 16-bit storage (round to nearest even; NaN stays
+ * NaN as tensor.h's scalar conversions have it). */
 void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n);
+/* loom_convert's code: the CPU's conversion instructions where it has them
+ * (AVX-512 BF16 for f32 -> bf16, F16C for f16; the default), or the
+ * portable loops only. Both give the same bits; tests compare them. */
+typedef enum loom_convert_path { LOOM_CONVERT_NATIVE, LOOM_CONVERT_PORTABLE } loom_convert_path;
+void loom_convert_set_path(loom_convert_path path);
+/* What converts src to dst now: "avx512-bf16", "f16c" or "portable"
+ * (NULL: not a pair with its own code). */
+const char *loom_convert_path_name(loom_dtype dst, loom_dtype src);
 
 #endif

@@ -53,7 +53,8 @@ typedef struct block_saved {
 /* The head's activations of one micro-batch. */
 typedef struct head_acts {
     float *lnf, *meanf, *rstdf; /* (R, C), (R), (R) */
-    float *probs;               /* (N, Vl), kept fp32 for the loss */
+    float *logits;              /* (N, Vl) fp32; backward writes their gradient over them */
+    float *lse;                 /* (N) their log-sum-exp (over the whole vocabulary) */
     float *losses;              /* (N) */
 } head_acts;
 
@@ -62,9 +63,8 @@ typedef struct head_acts {
  * borders, the row-parallel biases' gradients (tp > 1: summed over the
  * rows before the border, which are gone by the weight half), and with
  * recomputation the recomputed activations the weight gradients read. The
- * head: the final LayerNorm's output gradient and dloss (its logits'
- * gradient is computed again from the saved probabilities, the same bits).
- * The embedding: its output's gradient. A split backward (zero-bubble
+ * head: the final LayerNorm's output gradient (its logits' gradient stays
+ * in the slot, over the logits). The embedding: its output's gradient. A split backward (zero-bubble
  * schedules) keeps one in its slot, in one allocation; the whole backward
  * uses the model's own (whole), which points into the shared scratch. */
 typedef struct deferred {
@@ -72,7 +72,7 @@ typedef struct deferred {
     float *dfcprojb, *dattprojb;
     float *dmlp, *dfch, *dln2, *datt, *dqkv, *dln1;
     float *ln1, *ln2, *res2, *atty, *fch_gelu, *mean1, *rstd1, *mean2, *rstd2;
-    float *dlnf, dloss;
+    float *dlnf;
     float *dresid;
 } deferred;
 
@@ -118,7 +118,6 @@ struct loom_model {
 
     /* shared by all slots */
     block_acts scratch;           /* the borrowed fp32 set (not inplace) */
-    float *dlogits;               /* (N, Vl): the logits in forward, their gradient in backward */
     float *rowstat;               /* (3N) the parallel loss's max, sum and target logit */
     float *dresid, *dtmp_a, *dtmp_b, *dwide_a, *dwide_b; /* backward scratch */
     float *gathered, *dfull, *dsmall; /* sequence parallelism's row-gathered and -scattered */
@@ -285,7 +284,8 @@ static void layout_slot(const loom_model *m, carver *c, model_slot *s)
         h->lnf = carve_f32(c, RC);
         h->meanf = carve_f32(c, R);
         h->rstdf = carve_f32(c, R);
-        h->probs = carve_f32(c, N * (size_t)m->Vl);
+        h->logits = carve_f32(c, N * (size_t)m->Vl);
+        h->lse = carve_f32(c, N);
         h->losses = carve_f32(c, N);
         s->targets = carve(c, N * sizeof(int));
     }
@@ -673,7 +673,7 @@ static int alloc_shared(loom_model *m)
     if (ok && blocks && m->tp > 1)
         ok = (m->whole.dfcprojb = f32(m, C)) != NULL;
     if (ok && head)
-        ok = (m->dlogits = f32(m, N * (size_t)m->Vl)) && (m->dlosses = f32(m, N));
+        ok = (m->dlosses = f32(m, N)) != NULL;
     if (ok && head && m->tp > 1)
         ok = (m->rowstat = f32(m, 3 * N)) != NULL;
     if (ok && m->seqpar)
@@ -1107,14 +1107,13 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
     if (split)
         add_bias(y, attprojb, R, C);
-    TIMED(RESIDUAL, loom_residual_forward(a->res2, a->x, y, R * C));
-    TIMED(LAYERNORM, loom_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->res2,
-                                            tensor(m, unit, p, LN2W), tensor(m, unit, p, LN2B),
-                                            R, C));
+    TIMED(LAYERNORM, loom_residual_layernorm_forward(a->res2, a->ln2, a->mean2, a->rstd2, a->x, y,
+                                                     tensor(m, unit, p, LN2W),
+                                                     tensor(m, unit, p, LN2B), R, C));
     in = region_in(m, LOOM_REGION_MLP, a->ln2);
     TIMED(MATMUL_FWD, loom_matmul_forward(a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
-                                          tensor(m, unit, p, FCB), N, C, F));
-    TIMED(GELU, loom_gelu_forward(a->fch_gelu, a->fch, N * F));
+                                          NULL, N, C, F));
+    TIMED(GELU, loom_bias_gelu_forward(a->fch_gelu, a->fch, tensor(m, unit, p, FCB), N, F));
     TIMED(MATMUL_FWD,
           loom_matmul_forward(proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
                               split ? NULL : fcprojb, N, F, C));
@@ -1368,16 +1367,16 @@ static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op
 /* The vocabulary-parallel cross-entropy: each rank has the logits of its
  * Vl rows of the vocabulary for every token. The softmax's row max and
  * sum of exponentials, and the target's logit, are reduced over the
- * tensor group (3 floats per token), never the logits. probs keeps this
- * rank's columns of the softmax for backward. */
-static void parallel_loss(loom_model *m, const float *logits)
+ * tensor group (3 floats per token), never the logits; each row's
+ * log-sum-exp over the whole vocabulary is kept for backward. */
+static void parallel_loss(loom_model *m)
 {
     const model_slot *slot = &m->slots[m->slot];
     const head_acts *h = &slot->head;
     int N = m->N, Vl = m->Vl, Vr = m->Vreal;
     float *mx = m->rowstat, *sum = mx + N, *tgt = sum + N;
     for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * Vl;
+        const float *x = h->logits + (size_t)n * Vl;
         float best = -INFINITY;
         for (int i = 0; i < Vr; i++)
             best = x[i] > best ? x[i] : best;
@@ -1385,43 +1384,38 @@ static void parallel_loss(loom_model *m, const float *logits)
     }
     vocab_reduce(m, mx, (size_t)N, LOOM_MAX);
     for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * Vl;
-        float *p = h->probs + (size_t)n * Vl;
+        const float *x = h->logits + (size_t)n * Vl;
         double s = 0;
-        for (int i = 0; i < Vr; i++) {
-            p[i] = expf(x[i] - mx[n]);
-            s += p[i];
-        }
-        for (int i = Vr; i < Vl; i++)
-            p[i] = 0.0f;
+        for (int i = 0; i < Vr; i++)
+            s += expf(x[i] - mx[n]);
         sum[n] = (float)s;
         int t = slot->targets[n] - m->v0;
         tgt[n] = t >= 0 && t < Vr ? x[t] : 0.0f;
     }
     vocab_reduce(m, sum, 2 * (size_t)N, LOOM_SUM);
     for (int n = 0; n < N; n++) {
-        float *p = h->probs + (size_t)n * Vl;
-        float inv = 1.0f / sum[n];
-        for (int i = 0; i < Vr; i++)
-            p[i] *= inv;
+        h->lse[n] = logf(sum[n]) + mx[n];
         h->losses[n] = logf(sum[n]) + mx[n] - tgt[n];
     }
 }
 
+/* The logits' gradient over them, this rank's columns of (softmax -
+ * one-hot)·dloss; the padding's 0. */
 static void parallel_loss_backward(loom_model *m)
 {
     const model_slot *s = &m->slots[m->slot];
     const head_acts *h = &s->head;
     int N = m->N, Vl = m->Vl, Vr = m->Vreal;
     for (int n = 0; n < N; n++) {
-        float *dl = m->dlogits + (size_t)n * Vl;
-        const float *p = h->probs + (size_t)n * Vl;
-        const float d = m->dlosses[n];
+        float *x = h->logits + (size_t)n * Vl;
+        const float d = m->dlosses[n], L = h->lse[n];
         for (int i = 0; i < Vr; i++)
-            dl[i] += p[i] * d;
+            x[i] = expf(x[i] - L) * d;
+        for (int i = Vr; i < Vl; i++)
+            x[i] = 0.0f;
         int t = s->targets[n] - m->v0;
         if (t >= 0 && t < Vr)
-            dl[t] -= d;
+            x[t] -= d;
     }
 }
 
@@ -1486,15 +1480,13 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     TIMED(LAYERNORM, loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
                                             tensor(m, unit, p, 1), R, C));
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-    float *logits = m->dlogits; /* free until backward */
-    TIMED(LM_HEAD, loom_matmul_forward(logits, in, head_weight(m), NULL, N, C, m->Vl));
+    TIMED(LM_HEAD, loom_matmul_forward(h->logits, in, head_weight(m), NULL, N, C, m->Vl));
     loom_kernel_time_begin(LOOM_KERNEL_CROSSENTROPY);
-    if (m->tp > 1) {
-        parallel_loss(m, logits);
-    } else {
-        loom_softmax_forward(h->probs, logits, N, m->V, m->Vp);
-        loom_crossentropy_forward(h->losses, h->probs, s->targets, N, m->Vp);
-    }
+    if (m->tp > 1)
+        parallel_loss(m);
+    else
+        loom_softmax_crossentropy_forward(h->losses, h->lse, h->logits, s->targets, N, m->V,
+                                          m->Vp);
     loom_kernel_time_end();
     double sum = 0;
     for (int i = 0; i < N; i++)
@@ -1506,20 +1498,19 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
 
 /* ---- backward, unit by unit ---- */
 
-/* The logits' gradient, into m->dlogits, from the slot's probabilities,
- * for a gradient of dloss on each token's loss. */
+/* The logits' gradient, over the slot's logits, for a gradient of dloss
+ * on each token's loss. */
 static void loss_backward(loom_model *m, float dloss)
 {
     const model_slot *s = &m->slots[m->slot];
     int N = m->N;
     for (int i = 0; i < N; i++)
         m->dlosses[i] = dloss;
-    memset(m->dlogits, 0, (size_t)N * m->Vl * sizeof(float));
     if (m->tp > 1)
         TIMED(CROSSENTROPY, parallel_loss_backward(m));
     else
-        TIMED(CROSSENTROPY, loom_crossentropy_softmax_backward(m->dlogits, m->dlosses,
-                                                               s->head.probs, s->targets, N, m->V,
+        TIMED(CROSSENTROPY, loom_softmax_crossentropy_backward(s->head.logits, m->dlosses,
+                                                               s->head.lse, s->targets, N, m->V,
                                                                m->Vp));
 }
 
@@ -1532,7 +1523,7 @@ static void head_backward_input(loom_model *m, const float *x, deferred *d)
     const float *p = unit_params32(m, unit);
     float *din = m->seqpar ? m->dtmp_a : d->dlnf;
     memset(din, 0, (size_t)N * C * sizeof(float));
-    TIMED(LM_HEAD, loom_matmul_backward_input(din, m->dlogits, head_weight(m), N, C, m->Vl));
+    TIMED(LM_HEAD, loom_matmul_backward_input(din, h->logits, head_weight(m), N, C, m->Vl));
     memset(m->dresid, 0, (size_t)m->R * C * sizeof(float));
     layernorm_in_backward(m, LOOM_REGION_VOCAB, din, d->dlnf, x, tensor(m, unit, p, 0), h->meanf,
                           h->rstdf);
@@ -1546,7 +1537,7 @@ static void head_backward_weight(loom_model *m, const float *x, const deferred *
     const head_acts *h = &m->slots[m->slot].head;
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
     TIMED(LM_HEAD, loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL,
-                                               m->dlogits, in, N, C, m->Vl));
+                                               h->logits, in, N, C, m->Vl));
     float *g = unit_grads32(m, unit);
     TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1),
                                                     d->dlnf, x, h->meanf, h->rstdf, m->R, C));
@@ -1650,7 +1641,6 @@ static void unit_backward_input(loom_model *m, int unit, float dloss, deferred *
     if (unit == m->L + 1) {
         loss_backward(m, dloss);
         head_backward_input(m, head_input32(m), d);
-        d->dloss = dloss;
     } else if (unit >= 1) {
         const float *p = unit_params32(m, unit);
         block_acts *a = backward_acts(m, unit, p);
@@ -1664,11 +1654,10 @@ static void unit_backward_input(loom_model *m, int unit, float dloss, deferred *
 }
 
 /* Its weight half. What other slots' units may have overwritten since is
- * got again: the logits' gradient, the head's input, a block's activations. */
+ * got again: the head's input, a block's activations. */
 static void unit_backward_weight(loom_model *m, int unit, const deferred *d)
 {
     if (unit == m->L + 1) {
-        loss_backward(m, d->dloss);
         head_backward_weight(m, head_input32(m), d);
     } else if (unit >= 1) {
         block_acts kept;
@@ -1715,9 +1704,10 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
 
 const float *loom_model_logits(const loom_model *m, int row)
 {
-    if (m->tp > 1 || !m->runs[m->L + 1] || row < 0 || row >= m->N)
+    if (m->tp > 1 || row < 0 || row >= m->N || m->slot < 0 || m->slot >= m->nslots ||
+        !m->slots[m->slot].mem || !covers(m, &m->slots[m->slot], m->L + 1))
         return NULL;
-    return m->dlogits + (size_t)row * m->Vp;
+    return m->slots[m->slot].head.logits + (size_t)row * m->Vp;
 }
 
 int loom_model_backward(loom_model *m, int unit, float dloss)

@@ -95,12 +95,12 @@ void loom_model_slice(const loom_model *m, int unit, const float *full, float *l
  * only). A unit outside runs_unit, or no slot in use, is refused. */
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss);
-/* The logits the head's last forward computed for token row `row` of the
- * micro-batch: padded_vocab floats, the first vocab of them real tokens.
- * Sampling draws the next token from them (the head keeps only the
- * losses). Valid until the next backward, which reuses the buffer; NULL
- * on a tensor axis of more than one rank (each holds a vocabulary slice)
- * or where the head does not run. */
+/* The logits the head's forward computed for token row `row` of the
+ * micro-batch in the slot in use: padded_vocab floats, the first vocab of
+ * them real tokens. Sampling draws the next token from them. Valid until
+ * the head's backward of that slot, which writes their gradient over
+ * them; NULL on a tensor axis of more than one rank (each holds a
+ * vocabulary slice) or where the slot does not hold the head. */
 const float *loom_model_logits(const loom_model *m, int row);
 /* One unit backward of the slot in use; dloss is the gradient of each
  * token's loss (the head seeds it). Adds into units[unit].grads (and, for

@@ -4,31 +4,78 @@
 #include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "model/kernel_time.h"
+#include "model/kernels.h"
 #include "model/optimizer.h"
 
-static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
-                  loom_dtype grad_dtype, float *m, float *v, size_t n)
+/* One step's constants and buffers, for the spans the kernels' threads
+ * take (each element is independent: any split gives the same bits). */
+typedef struct adamw_call {
+    float lr, b1, b2, one_minus_b1, one_minus_b2, bias1, bias2, eps, weight_decay, grad_scale;
+    float *master, *m, *v;
+    const void *grad;
+    loom_dtype grad_dtype;
+} adamw_call;
+
+/* llm.c's update of n elements, f32 gradients; blocked by 16 so the
+ * compiler vectorises it, each element computed as the scalar formula. */
+LOOM_WIDE_LOOP static void adamw_values(const adamw_call *k, float *restrict master,
+                                        const float *restrict grad, float *restrict m,
+                                        float *restrict v, size_t n)
 {
-    float b1 = s->beta1, b2 = s->beta2;
-    float bias1 = 1.0f - powf(b1, (float)s->step);
-    float bias2 = 1.0f - powf(b2, (float)s->step);
-    for (size_t i = 0; i < n; i++) {
-        float g;
-        if (grad_dtype == LOOM_F32)
-            g = ((const float *)grad)[i];
-        else if (grad_dtype == LOOM_BF16)
-            g = loom_bf16_to_f32(((const uint16_t *)grad)[i]);
-        else
-            g = loom_f16_to_f32(((const uint16_t *)grad)[i]);
-        g *= s->grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    const float lr = k->lr, b1 = k->b1, b2 = k->b2, c1 = k->one_minus_b1, c2 = k->one_minus_b2;
+    const float bias1 = k->bias1, bias2 = k->bias2, eps = k->eps, wd = k->weight_decay;
+    const float scale = k->grad_scale;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            float g = grad[i + l] * scale;
+            float mi = b1 * m[i + l] + c1 * g;
+            float vi = b2 * v[i + l] + c2 * g * g;
+            float m_hat = mi / bias1;
+            float v_hat = vi / bias2;
+            m[i + l] = mi;
+            v[i + l] = vi;
+            master[i + l] -= lr * (m_hat / (sqrtf(v_hat) + eps) + wd * master[i + l]);
+        }
+    for (; i < n; i++) {
+        float g = grad[i] * scale;
+        float mi = b1 * m[i] + c1 * g;
+        float vi = b2 * v[i] + c2 * g * g;
         float m_hat = mi / bias1;
         float v_hat = vi / bias2;
         m[i] = mi;
         v[i] = vi;
-        master[i] -= s->lr * (m_hat / (sqrtf(v_hat) + s->eps) + s->weight_decay * master[i]);
+        master[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + wd * master[i]);
     }
+}
+
+static void adamw_span(void *ctx, size_t begin, size_t end)
+{
+    const adamw_call *k = ctx;
+    if (k->grad_dtype == LOOM_F32) {
+        adamw_values(k, k->master + begin, (const float *)k->grad + begin, k->m + begin,
+                     k->v + begin, end - begin);
+        return;
+    }
+    /* 16-bit gradients widen exactly, a block at a time */
+    float g[1024];
+    for (size_t i = begin; i < end; i += 1024) {
+        size_t n = end - i < 1024 ? end - i : 1024;
+        loom_convert(g, LOOM_F32, (const uint16_t *)k->grad + i, k->grad_dtype, n);
+        adamw_values(k, k->master + i, g, k->m + i, k->v + i, n);
+    }
+}
+
+static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
+                  loom_dtype grad_dtype, float *m, float *v, size_t n)
+{
+    adamw_call k = {.lr = s->lr, .b1 = s->beta1, .b2 = s->beta2,
+                    .one_minus_b1 = 1.0f - s->beta1, .one_minus_b2 = 1.0f - s->beta2,
+                    .bias1 = 1.0f - powf(s->beta1, (float)s->step),
+                    .bias2 = 1.0f - powf(s->beta2, (float)s->step), .eps = s->eps,
+                    .weight_decay = s->weight_decay, .grad_scale = s->grad_scale,
+                    .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = grad_dtype};
+    loom_kernels_for_spans(n, adamw_span, &k);
 }
 
 void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,

@@ -13,9 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "model/kernels.h"
+#include "model/optimizer.h"
 
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define FD_EPS 1e-6
 #define TOL_FWD 1e-5  /* f32 forward vs double reference (relative, normwise) */
 #define TOL_GRAD 1e-4 /* f32 backward vs double finite differences */
@@ -470,21 +473,19 @@ static void test_residual(void)
 typedef struct softmax_ctx {
     int N, V, Vp;
     const int *targets;
-    double *logits, *dlosses, *probs, *losses;
+    double *logits, *dlosses, *lse, *losses;
 } softmax_ctx;
 
 static void softmax_ref(softmax_ctx *c)
 {
     for (int n = 0; n < c->N; n++) {
         const double *x = c->logits + (size_t)n * c->Vp;
-        double *p = c->probs + (size_t)n * c->Vp;
         double m = -INFINITY, s = 0.0;
         for (int i = 0; i < c->V; i++)
             m = x[i] > m ? x[i] : m;
         for (int i = 0; i < c->V; i++)
             s += exp(x[i] - m);
-        for (int i = 0; i < c->Vp; i++)
-            p[i] = i < c->V ? exp(x[i] - m) / s : 0.0;
+        c->lse[n] = m + log(s);
         c->losses[n] = -(x[c->targets[n]] - m - log(s));
     }
 }
@@ -497,20 +498,20 @@ static double softmax_loss(void *ctx)
     return weighted_sum(c->dlosses, c->losses, (size_t)c->N);
 }
 
-/* Logits far apart: most probabilities underflow to 0, the rest must still
- * be right relative to the largest. */
+/* Logits far apart: most probabilities underflow to 0, the loss must
+ * still be right, whether the target's probability is near 1 or near 0. */
 static void softmax_wide_case(void)
 {
     enum { N = 3, V = 203, Vp = 208 };
     const int targets[N] = {0, 100, 202};
     const size_t n = (size_t)N * Vp;
-    float *logits = randf(n, -120, 120), *probs = test_malloc(n * sizeof(float));
-    float *losses = test_malloc(N * sizeof(float));
-    softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), NULL, zerod(n), zerod(N)};
-    loom_softmax_forward(probs, logits, N, V, Vp);
-    loom_crossentropy_forward(losses, probs, targets, N, Vp);
+    float *logits = randf(n, -120, 120);
+    logits[0] = 130.0f; /* row 0's target is its largest logit: loss near 0 */
+    float *losses = test_malloc(N * sizeof(float)), *lse = test_malloc(N * sizeof(float));
+    softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), NULL, zerod(N), zerod(N)};
+    loom_softmax_crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
     softmax_ref(&c);
-    check("softmax forward probs, logits in [-120, 120]", rel_err(probs, NULL, c.probs, n),
+    check("softmax-crossentropy lse, logits in [-120, 130]", rel_err(lse, NULL, c.lse, N),
           TOL_FWD);
     double worst = 0.0; /* losses that stay finite in f32 */
     for (int r = 0; r < N; r++)
@@ -518,53 +519,41 @@ static void softmax_wide_case(void)
             double e = fabs(losses[r] - c.losses[r]) / (c.losses[r] + 1.0);
             worst = e > worst ? e : worst;
         }
-    check("crossentropy losses, logits in [-120, 120]", worst, TOL_FWD);
+    check("softmax-crossentropy losses, logits in [-120, 130]", worst, TOL_FWD);
 }
 
 static void test_softmax_crossentropy(void)
 {
     softmax_wide_case();
 
-    enum { N = 5, V = 21, Vp = 24 };
-    const int targets[N] = {0, 20, 7, 7, 13};
+    enum { N = 5, V = 37, Vp = 40 }; /* V: two 16-lane steps and a tail */
+    const int targets[N] = {0, 36, 7, 7, 13};
     const size_t n = (size_t)N * Vp;
     float *logits = randf(n, -4, 4);
     for (int r = 0; r < N; r++) /* padding logits must be ignored, however large */
         for (int i = V; i < Vp; i++)
             logits[(size_t)r * Vp + i] = 1e4f;
     float *dlosses = randf(N, 0.1, 1.0);
-    float *probs = test_malloc(n * sizeof(float)), *losses = test_malloc(N * sizeof(float));
-    softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), to_double(dlosses, N), zerod(n),
+    float *lse = test_malloc(N * sizeof(float)), *losses = test_malloc(N * sizeof(float));
+    softmax_ctx c = {N, V, Vp, targets, to_double(logits, n), to_double(dlosses, N), zerod(N),
                      zerod(N)};
 
-    loom_softmax_forward(probs, logits, N, V, Vp);
-    loom_crossentropy_forward(losses, probs, targets, N, Vp);
+    loom_softmax_crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
     softmax_ref(&c);
-    check("softmax forward probs", rel_err(probs, NULL, c.probs, n), TOL_FWD);
-    check("crossentropy forward losses", rel_err(losses, NULL, c.losses, N), TOL_FWD);
+    check("softmax-crossentropy forward lse", rel_err(lse, NULL, c.lse, N), TOL_FWD);
+    check("softmax-crossentropy forward losses", rel_err(losses, NULL, c.losses, N), TOL_FWD);
+
+    /* backward writes the gradient over the logits */
+    float *dl = copyf(logits, n);
+    loom_softmax_crossentropy_backward(dl, dlosses, lse, targets, N, V, Vp);
+    double *g = zerod(n);
+    fd_grad(softmax_loss, &c, c.logits, n, g);
+    check("softmax-crossentropy dlogits", rel_err(dl, NULL, g, n), TOL_GRAD);
     int pad_zero = 1;
     for (int r = 0; r < N; r++)
         for (int i = V; i < Vp; i++)
-            pad_zero &= probs[(size_t)r * Vp + i] == 0.0f;
-    check_true("softmax padding probs are 0", pad_zero);
-
-    float *dl0 = randf(n, -1, 1);
-    for (int r = 0; r < N; r++)
-        for (int i = V; i < Vp; i++)
-            dl0[(size_t)r * Vp + i] = 42.0f;
-    float *dl = copyf(dl0, n);
-    loom_crossentropy_softmax_backward(dl, dlosses, probs, targets, N, V, Vp);
-    double *g = zerod(n);
-    fd_grad(softmax_loss, &c, c.logits, n, g);
-    for (size_t i = 0; i < n; i++) /* the padding's FD is 0 already; its buffer must stay */
-        if ((int)(i % Vp) >= V)
-            g[i] = 0.0;
-    check("crossentropy-softmax dlogits", rel_err(dl, dl0, g, n), TOL_GRAD);
-    int pad_kept = 1;
-    for (int r = 0; r < N; r++)
-        for (int i = V; i < Vp; i++)
-            pad_kept &= dl[(size_t)r * Vp + i] == 42.0f;
-    check_true("crossentropy-softmax leaves the padding's gradient alone", pad_kept);
+            pad_zero &= dl[(size_t)r * Vp + i] == 0.0f;
+    check_true("softmax-crossentropy: the padding's gradient is 0", pad_zero);
 }
 
 /* ------------------------------------------------------------ attention */
@@ -1098,6 +1087,228 @@ static void test_convert(void)
     check_true("convert f32 -> f32 copies", memcmp(same, x, N * sizeof(float)) == 0);
 }
 
+
+/* The native conversions (AVX-512 BF16, F16C) against the portable loops,
+ * bit for bit: every 16-bit pattern, and f32 patterns at random, with the
+ * special values, subnormals and rounding ties among them. */
+static uint32_t random_bits(void) { return (uint32_t)(uniform(0, 4294967296.0)); }
+
+static void test_convert_paths(void)
+{
+    enum { M = 1 << 16, F = 1 << 20 };
+    uint16_t *h = test_malloc(M * sizeof *h), *nat16 = test_malloc(F * 2), *port16 = test_malloc(F * 2);
+    float *nat32 = test_malloc(F * sizeof(float)), *port32 = test_malloc(F * sizeof(float));
+    uint32_t *x = test_malloc(F * sizeof *x);
+    for (int i = 0; i < M; i++)
+        h[i] = (uint16_t)i;
+    const uint32_t special[] = {
+        0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x00400000, 0x007fffff, /* zeros, subnormals */
+        0x00800000, 0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,             /* normal edges, infs */
+        0x7fc00000, 0xffc00000, 0x7f800001, 0xffbfffff, 0x7fc12345, 0x7fa00000, /* NaNs, with payloads */
+        0x3f808000, 0x3f818000, 0x3f80ffff, 0x3f807fff,                         /* bf16 ties and near */
+        0x477ff000, 0x477fefff, 0x33000000, 0x33000001, 0x387fc000, 0x38800000, /* f16 edges */
+        0x3f801000, 0x3f803000, 0xc7800000, 0x37800000};
+    for (int i = 0; i < F; i++) /* random bits: every exponent, NaNs included */
+        x[i] = random_bits();
+    for (size_t i = 0; i < ARRAY_LEN(special); i++) /* in and across 32-element blocks */
+        x[i] = x[40 + 33 * i] = special[i];
+    for (int i = 0; i < 4096; i++) /* whole blocks of f32 subnormals, and of small values */
+        x[8192 + i] = (random_bits() & 0x807fffffu) | (i & 1 ? 0x00800000u : 0u);
+    struct {
+        loom_dtype dst, src;
+        const void *in;
+        size_t n;
+    } pairs[] = {{LOOM_BF16, LOOM_F32, x, F},
+                 {LOOM_F16, LOOM_F32, x, F},
+                 {LOOM_F32, LOOM_BF16, h, M},
+                 {LOOM_F32, LOOM_F16, h, M}};
+    int natives = 0;
+    for (size_t i = 0; i < ARRAY_LEN(pairs); i++) {
+        const char *name = loom_convert_path_name(pairs[i].dst, pairs[i].src);
+        void *nat = pairs[i].dst == LOOM_F32 ? (void *)nat32 : (void *)nat16;
+        void *port = pairs[i].dst == LOOM_F32 ? (void *)port32 : (void *)port16;
+        size_t bytes = pairs[i].n * loom_dtype_size(pairs[i].dst);
+        /* odd lengths and offsets: the blocks' tails, unaligned loads */
+        loom_convert(nat, pairs[i].dst, pairs[i].in, pairs[i].src, pairs[i].n);
+        loom_convert_set_path(LOOM_CONVERT_PORTABLE);
+        loom_convert(port, pairs[i].dst, pairs[i].in, pairs[i].src, pairs[i].n);
+        check_true("convert: the portable path can be chosen",
+                   strcmp(loom_convert_path_name(pairs[i].dst, pairs[i].src), "portable") == 0);
+        loom_convert_set_path(LOOM_CONVERT_NATIVE);
+        int same = memcmp(nat, port, bytes) == 0;
+        const size_t es = loom_dtype_size(pairs[i].src);
+        loom_convert(nat, pairs[i].dst, (const char *)pairs[i].in + 3 * es, pairs[i].src,
+                     pairs[i].n - 7);
+        same &= memcmp(nat, (const char *)port + 3 * loom_dtype_size(pairs[i].dst),
+                       (pairs[i].n - 7) * loom_dtype_size(pairs[i].dst)) == 0;
+        char what[128];
+        snprintf(what, sizeof what, "convert %s -> %s: %s path = portable, bit for bit",
+                 loom_dtype_name(pairs[i].src), loom_dtype_name(pairs[i].dst), name);
+        check_true(what, same);
+        natives += strcmp(name, "portable") != 0;
+    }
+    printf("note %d of 4 conversions have a native path on this CPU\n", natives);
+}
+
+/* ------------------------------------------------------------ fused */
+
+/* The fused kernels against their parts, bit for bit. */
+static void test_fused(void)
+{
+    enum { N = 7, C = 53 }; /* C: three 16-lane steps and a tail */
+    const size_t n = (size_t)N * C;
+    float *a = randf(n, -2, 2), *b = randf(n, -2, 2), *w = randf(C, 0.5, 1.5);
+    float *bias = randf(C, -0.5, 0.5);
+    float *res1 = test_malloc(n * 4), *out1 = test_malloc(n * 4), *mean1 = test_malloc(N * 4),
+          *rstd1 = test_malloc(N * 4);
+    float *res2 = test_malloc(n * 4), *out2 = test_malloc(n * 4), *mean2 = test_malloc(N * 4),
+          *rstd2 = test_malloc(N * 4);
+    loom_residual_forward(res1, a, b, (int)n);
+    loom_layernorm_forward(out1, mean1, rstd1, res1, w, bias, N, C);
+    loom_residual_layernorm_forward(res2, out2, mean2, rstd2, a, b, w, bias, N, C);
+    check_true("residual + layernorm fused = apart, bit for bit",
+               memcmp(res1, res2, n * 4) == 0 && memcmp(out1, out2, n * 4) == 0 &&
+                   memcmp(mean1, mean2, N * 4) == 0 && memcmp(rstd1, rstd2, N * 4) == 0);
+
+    float *pre1 = randf(n, -4, 4), *pre2 = copyf(pre1, n);
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < C; i++)
+            pre1[(size_t)r * C + i] += bias[i];
+    loom_gelu_forward(out1, pre1, (int)n);
+    loom_bias_gelu_forward(out2, pre2, bias, N, C);
+    check_true("bias + gelu fused = apart, bit for bit",
+               memcmp(pre1, pre2, n * 4) == 0 && memcmp(out1, out2, n * 4) == 0);
+}
+
+/* ------------------------------------------------------------ threads */
+
+/* Runs one kernel on copies of the same inputs with 1 and 2 threads and
+ * compares every output bit for bit. Sizes are past the point where the
+ * kernels split work (32768 elements). */
+typedef struct threads_case {
+    const char *name;
+    void (*run)(float **bufs);
+    int nbufs;
+    size_t len[12];
+    float lo[12], hi[12];
+} threads_case;
+
+enum { TN = 96, TC = 1000, TV = 700, TVP = 720, TB = 2, TT = 48, TNH = 4, THS = 24 };
+
+static int tokens[TN];
+
+static void run_encoder(float **x)
+{
+    loom_encoder_forward(x[0], tokens, NULL, x[1], x[2], TB, TT, TC);
+    loom_encoder_backward(x[3], x[4], x[0], tokens, NULL, TB, TT, TC);
+}
+
+static void run_layernorm(float **x)
+{
+    loom_layernorm_forward(x[0], x[1], x[2], x[3], x[4], x[5], TN, TC);
+    loom_residual_layernorm_forward(x[6], x[0], x[1], x[2], x[3], x[7], x[4], x[5], TN, TC);
+    loom_layernorm_backward(x[8], x[9], x[10], x[7], x[3], x[4], x[1], x[2], TN, TC);
+}
+
+static void run_gelu(float **x)
+{
+    loom_gelu_forward(x[0], x[1], TN * TC);
+    loom_gelu_backward(x[2], x[1], x[3], TN * TC);
+    loom_bias_gelu_forward(x[0], x[1], x[4], TN, TC);
+}
+
+static void run_residual(float **x)
+{
+    loom_residual_forward(x[0], x[1], x[2], TN * TC);
+    loom_residual_backward(x[1], x[2], x[0], TN * TC);
+}
+
+static void run_bias_backward(float **x) /* matmul_backward without dweight: dbias only */
+{
+    loom_matmul_backward(NULL, NULL, x[0], x[1], NULL, loom_weight_f32(NULL), TN, 8, TC);
+}
+
+static void run_softmax(float **x)
+{
+    loom_softmax_crossentropy_forward(x[0], x[1], x[2], tokens, TN, TV, TVP);
+    loom_softmax_crossentropy_backward(x[2], x[3], x[1], tokens, TN, TV, TVP);
+}
+
+static void run_attention(float **x)
+{
+    loom_attention_forward(x[3], x[4], x[0], x[1], x[2], TB, TT, TNH, THS);
+    loom_attention_backward(x[5], x[6], x[7], x[0], x[1], x[2], x[3], x[8], x[4], TB, TT, TNH,
+                            THS);
+    /* the same in bf16, through the threads' packed heads */
+    const size_t n = (size_t)TB * TT * TNH * THS;
+    uint16_t *h = (uint16_t *)x[9];
+    for (int i = 0; i < 3; i++)
+        loom_convert(h + i * n, LOOM_BF16, x[i], LOOM_F32, n);
+    loom_attention_kernels_cpu.block_forward(h, NULL, TT, h + n, h + 2 * n, NULL, TT, TB, TNH, THS,
+                                             LOOM_BF16, h + 3 * n, x[10], 1);
+}
+
+static void run_adamw(float **x)
+{
+    loom_optimizer_step s = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .step = 3, .grad_scale = 0.5f};
+    loom_adamw_update(&s, x[0], x[1], LOOM_F32, x[2], x[3], (size_t)TN * TC);
+    uint16_t *g16 = (uint16_t *)x[4];
+    loom_convert(g16, LOOM_BF16, x[1], LOOM_F32, (size_t)TN * TC);
+    loom_adamw_update(&s, x[0], g16, LOOM_BF16, x[2], x[3], (size_t)TN * TC);
+}
+
+static void run_convert(float **x)
+{
+    const size_t n = (size_t)TN * TC;
+    loom_convert(x[1], LOOM_BF16, x[0], LOOM_F32, n);
+    loom_convert(x[2], LOOM_F16, x[0], LOOM_F32, n);
+    loom_convert(x[3], LOOM_F32, x[1], LOOM_BF16, n);
+    loom_convert(x[4], LOOM_F32, x[2], LOOM_F16, n);
+}
+
+static void test_threads(void)
+{
+    const size_t NC = (size_t)TN * TC, NV = (size_t)TN * TVP, A = (size_t)TB * TT * TNH * THS;
+    const size_t L = (size_t)TB * TNH * TT;
+    const threads_case cases[] = {
+        {"encoder", run_encoder, 5, {NC, (size_t)TV * TC, (size_t)TT * TC, (size_t)TV * TC, (size_t)TT * TC},
+         {0, -1, -1, -1, -1}, {0, 1, 1, 1, 1}},
+        {"layernorm", run_layernorm, 11, {NC, TN, TN, NC, TC, TC, NC, NC, NC, TC, TC},
+         {0, 0, 0, -2, 0.5f, -1, 0, -1, -1, -1, -1}, {0, 0, 0, 2, 1.5f, 1, 0, 1, 1, 1, 1}},
+        {"gelu", run_gelu, 5, {NC, NC, NC, NC, TC}, {0, -4, -1, -1, -1}, {0, 4, 1, 1, 1}},
+        {"residual", run_residual, 3, {NC, NC, NC}, {0, -1, -1}, {0, 1, 1}},
+        {"bias gradient", run_bias_backward, 2, {TC, NC}, {-1, -1}, {1, 1}},
+        {"softmax-crossentropy", run_softmax, 4, {TN, TN, NV, TN}, {0, 0, -8, 0.1f}, {0, 0, 8, 1}},
+        {"attention (f32, bf16)", run_attention, 11, {A, A, A, A, L, A, A, A, A, 2 * A, L},
+         {-1, -1, -1, 0, 0, -1, -1, -1, -1, 0, 0}, {1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0}},
+        {"adamw (f32, bf16 gradients)", run_adamw, 5, {NC, NC, NC, NC, NC},
+         {-1, -1e-2f, -1e-3f, 0, 0}, {1, 1e-2f, 1e-3f, 1e-5f, 0}},
+        {"convert", run_convert, 5, {NC, NC, NC, NC, NC}, {-1e5f, 0, 0, 0, 0}, {1e5f, 0, 0, 0, 0}},
+    };
+    for (int i = 0; i < TN; i++)
+        tokens[i] = (i * 7) % 50; /* repeats: the embedding's gradient rows add up */
+    for (size_t k = 0; k < ARRAY_LEN(cases); k++) {
+        const threads_case *t = &cases[k];
+        float *one[12], *two[12];
+        for (int i = 0; i < t->nbufs; i++) {
+            one[i] = randf(t->len[i], t->lo[i], t->hi[i]);
+            two[i] = copyf(one[i], t->len[i]);
+        }
+        loom_kernels_set_threads(1);
+        t->run(one);
+        loom_kernels_set_threads(2);
+        t->run(two);
+        loom_kernels_set_threads(1);
+        int same = 1;
+        for (int i = 0; i < t->nbufs; i++)
+            same &= memcmp(one[i], two[i], t->len[i] * sizeof(float)) == 0;
+        char what[96];
+        snprintf(what, sizeof what, "%s: 1 and 2 threads, bit for bit", t->name);
+        check_true(what, same);
+    }
+}
+
 /* ------------------------------------------------------------ main */
 
 static const struct {
@@ -1115,6 +1326,9 @@ static const struct {
     {"attention_bf16", test_attention_bf16},
     {"attention_f16", test_attention_f16},
     {"convert", test_convert},
+    {"convert_paths", test_convert_paths},
+    {"fused", test_fused},
+    {"threads", test_threads},
 };
 
 int main(int argc, char **argv)

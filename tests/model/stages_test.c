@@ -176,8 +176,8 @@ static size_t expected_slot(const mode *md, const unsigned char *runs)
     }
     if (runs[0])
         bytes += r64(N * sizeof(int));
-    if (runs[L + 1]) /* lnf, its statistics, probabilities, losses, targets */
-        bytes += r64(RC * 4) + 2 * r64(R * 4) + r64((size_t)N * VP * 4) + r64(N * 4) +
+    if (runs[L + 1]) /* lnf, its statistics, logits (then their gradient), lse, losses, targets */
+        bytes += r64(RC * 4) + 2 * r64(R * 4) + r64((size_t)N * VP * 4) + 2 * r64(N * 4) +
                  r64(N * sizeof(int));
     return bytes;
 }
@@ -193,7 +193,7 @@ static size_t expected_shared(const mode *md, const unsigned char *runs)
     if (blocks)
         bytes += 4 * (NF + NF); /* dwide_a (max of 3C and 4C wide), dwide_b */
     if (runs[L + 1])
-        bytes += 4 * ((size_t)N * VP + N); /* logits/their gradient, dlosses */
+        bytes += 4 * (size_t)N; /* dlosses (the logits live in the slot) */
     if (!(md->dtype == LOOM_F32 && !md->recompute)) {
         if (blocks) /* the fp32 scratch set a block borrows, with its input */
             bytes += 4 * (4 * RC + 4 * NC + 2 * NF + 4 * R + lse);
