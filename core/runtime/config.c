@@ -142,7 +142,8 @@ static const schema_entry schema[] = {
     S("train.lr_final_frac", V_FLOAT, "0.0", .lo = 0, .hi = 1, .flags = GE | LE,
       .help = "cosine lr schedule: final learning rate as a fraction of train.lr"),
     S("train.threads", V_INT, "1", .lo = 1, .flags = GE,
-      .help = "threads per rank: the matrix products and the kernels"),
+      .help = "threads per rank: the matrix products and the kernels (OpenMP), the same "
+              "results for any count; ranks x threads should not exceed the cores"),
     S("train.peak_gflops", V_FLOAT, "0.0", .lo = 0, .flags = GE,
       .help = "per-rank peak for MFU; 0 = measure the matrix products at start"),
     S("train.loss_scale", V_FLOAT, "65536.0", .lo = 0, .flags = GT,

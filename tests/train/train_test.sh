@@ -90,6 +90,21 @@ bf16|fp16)
     run "$CASE" 1 --set train.steps=20 --set train.precision="$CASE"
     compare fp32 "$CASE" 0.02
     losses "$CASE" | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.5)) { print "loss did not fall: " first " -> " last; exit 1 } print "loss falls: " first " -> " last }' ;;
+threads)
+    # train.threads splits the kernels' rows (or columns) and attention's
+    # heads, never a sum: the same losses and weights, bit for bit. C = 128
+    # puts every kernel past the size where it splits; bf16 goes through
+    # the threaded conversions, recomputation through forward again.
+    for precision in fp32 bf16; do
+        run "t1_$precision" 1 --set train.steps=4 --set model.channels=128 --set train.precision=$precision \
+            --set train.recompute=block --set train.threads=1 --save "t1_$precision.bin"
+        run "t2_$precision" 1 --set train.steps=4 --set model.channels=128 --set train.precision=$precision \
+            --set train.recompute=block --set train.threads=2 --save "t2_$precision.bin"
+        bitwise "t1_$precision" "t2_$precision"
+    done
+    run plain1 1 --set train.steps=4 --set model.channels=128 --set train.threads=1 --save plain1.bin
+    run plain2 1 --set train.steps=4 --set model.channels=128 --set train.threads=2 --save plain2.bin
+    bitwise plain1 plain2 ;;
 save)
     run saved 1 --set train.steps=3 --save "$TMP/model.bin"
     [ -s "$TMP/model.bin" ] || { echo "train_test: --save wrote nothing"; exit 1; }
