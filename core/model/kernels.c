@@ -955,6 +955,52 @@ void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype sr
     }
 }
 
+/* dst (dtype t) += src, rounded to t, and src zeroed: a gradient scratch
+ * committed into a unit's buffer. 16-bit blocks go through f32 and back,
+ * the same bits as tensor.h's scalar conversions. */
+typedef struct accumulate_call {
+    void *dst;
+    loom_dtype type;
+    float *src;
+} accumulate_call;
+
+WIDE_LOOP static void add_and_clear(float *restrict y, float *restrict x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            y[i + l] += x[i + l];
+            x[i + l] = 0.0f;
+        }
+    for (; i < n; i++) {
+        y[i] += x[i];
+        x[i] = 0.0f;
+    }
+}
+
+static void accumulate_span(void *ctx, size_t begin, size_t end)
+{
+    const accumulate_call *a = ctx;
+    if (a->type == LOOM_F32) {
+        add_and_clear((float *)a->dst + begin, a->src + begin, end - begin);
+        return;
+    }
+    float y[1024];
+    for (size_t i = begin; i < end; i += 1024) {
+        const size_t n = end - i < 1024 ? end - i : 1024;
+        uint16_t *d = (uint16_t *)a->dst + i;
+        loom_convert(y, LOOM_F32, d, a->type, n);
+        add_and_clear(y, a->src + i, n);
+        loom_convert(d, a->type, y, LOOM_F32, n);
+    }
+}
+
+void loom_accumulate(void *dst, loom_dtype dst_type, float *src, size_t n)
+{
+    accumulate_call a = {dst, dst_type, src};
+    loom_kernels_for_spans(n, accumulate_span, &a);
+}
+
 /* -------------------------------------------------------------- attention */
 
 /* Causal attention over blocks of keys with an online softmax. Per (batch,
@@ -1243,19 +1289,22 @@ WIDE_LOOP static void tile_probabilities(const attn_scratch *w, const int *q_pos
     }
 }
 
+/* ds = p ∘ (ds - D) */
+static inline void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
+{
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; l++)
+            ds[j + l] = p[j + l] * (ds[j + l] - D);
+    for (; j < n; j++)
+        ds[j] = p[j] * (ds[j] - D);
+}
+
 /* dS = P ∘ (dP - D), over dP in w->ds */
 WIDE_LOOP static void tile_softmax_grad(const attn_scratch *w, const float *D, int nq, int nk)
 {
-    for (int r = 0; r < nq; r++) {
-        float *restrict ds = w->ds + (size_t)r * nk;
-        const float *restrict p = w->s + (size_t)r * nk;
-        int j = 0;
-        for (; j + 16 <= nk; j += 16)
-            for (int l = 0; l < 16; l++)
-                ds[j + l] = p[j + l] * (ds[j + l] - D[r]);
-        for (; j < nk; j++)
-            ds[j] = p[j] * (ds[j] - D[r]);
-    }
+    for (int r = 0; r < nq; r++)
+        softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
 }
 
 static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,

@@ -128,6 +128,8 @@ void loom_attention_backward(float *dq, float *dk, float *dv, const float *q, co
 /* Array conversions for 16-bit storage (round to nearest even; NaN stays
  * NaN as tensor.h's scalar conversions have it). */
 void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type, size_t n);
+/* dst (f32, bf16 or f16) += src, rounded to dst's type, and src zeroed. */
+void loom_accumulate(void *dst, loom_dtype dst_type, float *src, size_t n);
 /* loom_convert's code: the CPU's conversion instructions where it has them
  * (AVX-512 BF16 for f32 -> bf16, F16C for f16; the default), or the
  * portable loops only. Both give the same bits; tests compare them. */

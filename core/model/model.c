@@ -946,22 +946,10 @@ static void commit_grads(loom_model *m, int unit)
     size_t n = u->numel;
     if (m->ops.reduce_grads)
         TIMED(COMM, record(m, m->ops.reduce_grads(m->ops.ctx, u, g32)));
-    if (m->s.dtype == LOOM_F32) {
-        float *g = u->grads;
-        for (size_t i = 0; i < n; i++)
-            g[i] += g32[i];
-    } else {
-        uint16_t *g = u->grads;
-        loom_kernel_time_begin(LOOM_KERNEL_CONVERT);
-        if (m->s.dtype == LOOM_BF16)
-            for (size_t i = 0; i < n; i++)
-                g[i] = loom_f32_to_bf16(loom_bf16_to_f32(g[i]) + g32[i]);
-        else
-            for (size_t i = 0; i < n; i++)
-                g[i] = loom_f32_to_f16(loom_f16_to_f32(g[i]) + g32[i]);
-        loom_kernel_time_end();
-    }
-    memset(g32, 0, n * sizeof(float));
+    if (m->s.dtype == LOOM_F32)
+        loom_accumulate(u->grads, LOOM_F32, g32, n);
+    else /* through f32 and back: a conversion */
+        TIMED(CONVERT, loom_accumulate(u->grads, m->s.dtype, g32, n));
 }
 
 static void to_stored(loom_model *m, void *dst, const float *src, size_t n)

@@ -1150,6 +1150,35 @@ static void test_convert_paths(void)
     printf("note %d of 4 conversions have a native path on this CPU\n", natives);
 }
 
+/* loom_accumulate against tensor.h's scalar conversions, bit for bit, in
+ * every storage type; the source left zero. */
+static void test_accumulate(void)
+{
+    enum { N = 70001 }; /* past the size threads split, with a tail */
+    const loom_dtype types[] = {LOOM_F32, LOOM_BF16, LOOM_F16};
+    float *base = randf(N, -10, 10);
+    for (size_t k = 0; k < ARRAY_LEN(types); k++) {
+        const loom_dtype t = types[k];
+        void *got = test_malloc(N * sizeof(float)), *want = test_malloc(N * sizeof(float));
+        loom_convert(got, t, base, LOOM_F32, N);
+        loom_convert(want, t, base, LOOM_F32, N);
+        float *src = randf(N, -1, 1);
+        src[5] = NAN;
+        for (size_t i = 0; i < N; i++)
+            loom_store_f32(want, t, i, loom_load_f32(want, t, i) + src[i]);
+        loom_kernels_set_threads(2);
+        loom_accumulate(got, t, src, N);
+        loom_kernels_set_threads(1);
+        int zero = 1;
+        for (size_t i = 0; i < N; i++)
+            zero &= src[i] == 0.0f;
+        char what[80];
+        snprintf(what, sizeof what, "accumulate into %s: the scalar sums, bit for bit; source 0",
+                 loom_dtype_name(t));
+        check_true(what, memcmp(got, want, N * loom_dtype_size(t)) == 0 && zero);
+    }
+}
+
 /* ------------------------------------------------------------ fused */
 
 /* The fused kernels against their parts, bit for bit. */
@@ -1327,6 +1356,7 @@ static const struct {
     {"attention_f16", test_attention_f16},
     {"convert", test_convert},
     {"convert_paths", test_convert_paths},
+    {"accumulate", test_accumulate},
     {"fused", test_fused},
     {"threads", test_threads},
 };
