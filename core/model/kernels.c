@@ -41,6 +41,9 @@
  * AVX2 and AVX-512 (kernels.h). ISO C mode contracts nothing into FMA, so
  * every version rounds alike: the same bits on any x86-64. */
 #define WIDE_LOOP LOOM_WIDE_LOOP
+/* The helpers the WIDE_LOOP functions call: inlined into each version, so
+ * they are compiled (and vectorised) for its instruction set. */
+#define INLINE static inline __attribute__((always_inline))
 
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
@@ -118,13 +121,13 @@ static void tile_product(int ta, int tb, int M, int N, int K, float alpha, const
 
 /* ---------------------------------------------------------------- helpers */
 
-static inline float lanes_total(const float *lane)
+INLINE float lanes_total(const float *lane)
 {
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
            ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-static inline float lanes16_total(const float *lane)
+INLINE float lanes16_total(const float *lane)
 {
     float half[8];
     for (int l = 0; l < 8; l++)
@@ -138,7 +141,7 @@ static inline float lanes16_total(const float *lane)
  * restrict parameters is. Conditionals inside them select on integers. */
 
 /* y += x */
-static inline void vec_acc(float *restrict y, const float *restrict x, int n)
+INLINE void vec_acc(float *restrict y, const float *restrict x, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -149,8 +152,8 @@ static inline void vec_acc(float *restrict y, const float *restrict x, int n)
 }
 
 /* o = a + b */
-static inline void vec_add(float *restrict o, const float *restrict a, const float *restrict b,
-                           int n)
+INLINE void vec_add(float *restrict o, const float *restrict a, const float *restrict b,
+                    int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -161,7 +164,7 @@ static inline void vec_add(float *restrict o, const float *restrict a, const flo
 }
 
 /* y = a * x */
-static inline void vec_scale(float *restrict y, float a, const float *restrict x, int n)
+INLINE void vec_scale(float *restrict y, float a, const float *restrict x, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -172,7 +175,7 @@ static inline void vec_scale(float *restrict y, float a, const float *restrict x
 }
 
 /* y = a * y + b * x */
-static inline void vec_blend(float *restrict y, float a, float b, const float *restrict x, int n)
+INLINE void vec_blend(float *restrict y, float a, float b, const float *restrict x, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -182,7 +185,7 @@ static inline void vec_blend(float *restrict y, float a, float b, const float *r
         y[i] = a * y[i] + b * x[i];
 }
 
-static inline float sum_f32(const float *restrict x, int n)
+INLINE float sum_f32(const float *restrict x, int n)
 {
     float lane[8] = {0};
     int i = 0;
@@ -195,7 +198,7 @@ static inline float sum_f32(const float *restrict x, int n)
     return s;
 }
 
-static inline float dot_f32(const float *restrict a, const float *restrict b, int n)
+INLINE float dot_f32(const float *restrict a, const float *restrict b, int n)
 {
     float lane[8] = {0};
     int i = 0;
@@ -209,7 +212,7 @@ static inline float dot_f32(const float *restrict a, const float *restrict b, in
 }
 
 /* max of x[0..n), -inf for n = 0; exact whatever the order */
-static inline float max_f32(const float *restrict x, int n)
+INLINE float max_f32(const float *restrict x, int n)
 {
     float lane[16];
     for (int l = 0; l < 16; l++)
@@ -232,14 +235,14 @@ typedef union float_bits {
     uint32_t u;
 } float_bits;
 
-static inline uint32_t as_bits(float f) { return ((float_bits){.f = f}).u; }
+INLINE uint32_t as_bits(float f) { return ((float_bits){.f = f}).u; }
 
-static inline float as_float(uint32_t u) { return ((float_bits){.u = u}).f; }
+INLINE float as_float(uint32_t u) { return ((float_bits){.u = u}).f; }
 
 /* exp(x) within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial),
  * branch-free so loops of it vectorise. x < -87 gives 0, x > 88 +inf, NaN
  * NaN. */
-static inline float exp_fast(float x)
+INLINE float exp_fast(float x)
 {
     const uint32_t xb = as_bits(x);
     const uint32_t is_nan = 0u - (uint32_t)((xb & 0x7fffffffu) > 0x7f800000u);
@@ -311,9 +314,9 @@ void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
 
 /* -------------------------------------------------------------- layernorm */
 
-static inline void layernorm_row(float *restrict o, float *mean, float *rstd,
-                                 const float *restrict x, const float *restrict w,
-                                 const float *restrict bias, int C)
+INLINE void layernorm_row(float *restrict o, float *mean, float *rstd,
+                          const float *restrict x, const float *restrict w,
+                          const float *restrict bias, int C)
 {
     const float m = sum_f32(x, C) / (float)C;
     /* biased variance, as llm.c */
@@ -383,9 +386,9 @@ void loom_residual_layernorm_forward(float *res, float *out, float *mean, float 
 
 /* The input gradient of one row: the two means it needs (of w*dout and of
  * w*dout*norm), then each element. */
-static inline void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
-                                                const float *restrict x, const float *restrict w,
-                                                float m, float s, int C)
+INLINE void layernorm_row_backward_input(float *restrict dx, const float *restrict d,
+                                         const float *restrict x, const float *restrict w,
+                                         float m, float s, int C)
 {
     float lane_a[8] = {0}, lane_b[8] = {0};
     int i = 0;
@@ -558,13 +561,13 @@ void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float
  * Since 0.5·(1 + tanh a) = σ(2a), with e = exp(-2|a|) ≤ 1:
  *   σ(2a) = 1/(1+e) for a ≥ 0, e/(1+e) for a < 0; σ(2a)·(1 - σ(2a)) = e/(1+e)²
  * which stays accurate at both tails, where tanh's 1 ± t would cancel. */
-static inline float gelu_arg(float x)
+INLINE float gelu_arg(float x)
 {
     return GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x);
 }
 
 /* σ(2a) and σ(2a)·(1 - σ(2a)) */
-static inline float gelu_gate(float a, float *slope)
+INLINE float gelu_gate(float a, float *slope)
 {
     const uint32_t ab = as_bits(a);
     const float e = exp_fast(as_float(as_bits(2.0f * a) | 0x80000000u)); /* exp(-2|a|) */
@@ -574,7 +577,7 @@ static inline float gelu_gate(float a, float *slope)
     return as_float((as_bits(inv) & ~neg) | (as_bits(e * inv) & neg));
 }
 
-static inline void gelu_values(float *restrict o, const float *restrict x, int n)
+INLINE void gelu_values(float *restrict o, const float *restrict x, int n)
 {
     float slope;
     int i = 0;
@@ -589,7 +592,7 @@ WIDE_LOOP static void gelu_forward_span(float *o, const float *x, int n) { gelu_
 
 /* d/dx x·σ(2a) = σ(2a) + x·2σ(2a)(1 - σ(2a))·a'(x), a' = sqrt(2/pi)·(1 + 3·0.044715·x²);
  * the same as llm.c's 0.5(1 + tanh a) + x·0.5·sech²(a)·a'(x). */
-static inline float gelu_local_grad(float x)
+INLINE float gelu_local_grad(float x)
 {
     float slope;
     const float gate = gelu_gate(gelu_arg(x), &slope);
@@ -757,7 +760,7 @@ void loom_softmax_crossentropy_backward(float *logits, const float *dlosses, con
  * give the same bits (tests/kernels compares them): where an instruction
  * rounds otherwise (AVX-512 BF16 flushes subnormals to 0; F16C keeps a
  * NaN's payload), the block it met is done again the portable way. */
-static inline void f32_to_bf16_values(uint16_t *restrict d, const float *restrict s, size_t n)
+INLINE void f32_to_bf16_values(uint16_t *restrict d, const float *restrict s, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -771,7 +774,7 @@ static inline void f32_to_bf16_values(uint16_t *restrict d, const float *restric
         d[i] = loom_f32_to_bf16(s[i]);
 }
 
-static inline void bf16_to_f32_values(float *restrict d, const uint16_t *restrict s, size_t n)
+INLINE void bf16_to_f32_values(float *restrict d, const uint16_t *restrict s, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -1027,7 +1030,7 @@ typedef struct head_rows {
     int ld;
 } head_rows;
 
-static inline float *head_row(head_rows h, int r) { return h.base + (size_t)r * h.ld; }
+INLINE float *head_row(head_rows h, int r) { return h.base + (size_t)r * h.ld; }
 
 /* In-place view of head h of batch b in an f32 (B, rows, NH, HS) buffer. */
 static head_rows f32_head(const void *buf, int b, int h, int rows, int NH, int HS)
@@ -1136,7 +1139,7 @@ static int tile_max(const int *pos, int n)
 }
 
 /* max over the keys at positions <= qp of s; -inf when there are none */
-static inline float masked_max(const float *restrict s, const int *restrict kp, int qp, int n)
+INLINE float masked_max(const float *restrict s, const int *restrict kp, int qp, int n)
 {
     float lane[16];
     for (int l = 0; l < 16; l++)
@@ -1158,8 +1161,8 @@ static inline float masked_max(const float *restrict s, const int *restrict kp, 
 }
 
 /* s = exp(s - shift) for keys at positions <= qp, 0 for the others */
-static inline void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
-                              int n)
+INLINE void masked_exp(float *restrict s, const int *restrict kp, int qp, float shift,
+                       int n)
 {
     int j = 0;
     for (; j + 16 <= n; j += 16)
@@ -1174,7 +1177,7 @@ static inline void masked_exp(float *restrict s, const int *restrict kp, int qp,
 /* Merge a chunk's row (acc = Σ exp(s_j - m)·v_j, l = Σ exp(s_j - m)) into
  * the row's out and lse. A row at lse -inf has seen no key yet: overwrite,
  * whatever out holds. */
-static inline void merge_row(float *o, float *lse, const float *acc, float m, float l, int HS)
+INLINE void merge_row(float *o, float *lse, const float *acc, float m, float l, int HS)
 {
     const float chunk_lse = m + logf(l);
     const float old_lse = *lse;
@@ -1290,7 +1293,7 @@ WIDE_LOOP static void tile_probabilities(const attn_scratch *w, const int *q_pos
 }
 
 /* ds = p ∘ (ds - D) */
-static inline void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
+INLINE void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
 {
     int j = 0;
     for (; j + 16 <= n; j += 16)
