@@ -64,9 +64,10 @@ typedef struct head_acts {
  * rows before the border, which are gone by the weight half), and with
  * recomputation the recomputed activations the weight gradients read. The
  * head: the final LayerNorm's output gradient (its logits' gradient stays
- * in the slot, over the logits). The embedding: its output's gradient. A split backward (zero-bubble
- * schedules) keeps one in its slot, in one allocation; the whole backward
- * uses the model's own (whole), which points into the shared scratch. */
+ * in the slot, over the logits). The embedding: its output's gradient. A
+ * split backward (zero-bubble schedules) keeps one in its slot, in one
+ * allocation; the whole backward uses the model's own (whole), which
+ * points into the shared scratch. */
 typedef struct deferred {
     void *mem; /* a split backward's allocation; NULL: none in flight */
     float *dfcprojb, *dattprojb;

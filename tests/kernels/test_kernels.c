@@ -1096,16 +1096,17 @@ static uint32_t random_bits(void) { return (uint32_t)(uniform(0, 4294967296.0));
 static void test_convert_paths(void)
 {
     enum { M = 1 << 16, F = 1 << 20 };
-    uint16_t *h = test_malloc(M * sizeof *h), *nat16 = test_malloc(F * 2), *port16 = test_malloc(F * 2);
+    uint16_t *h = test_malloc(M * sizeof *h);
+    uint16_t *nat16 = test_malloc(F * 2), *port16 = test_malloc(F * 2);
     float *nat32 = test_malloc(F * sizeof(float)), *port32 = test_malloc(F * sizeof(float));
     uint32_t *x = test_malloc(F * sizeof *x);
     for (int i = 0; i < M; i++)
         h[i] = (uint16_t)i;
     const uint32_t special[] = {
-        0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x00400000, 0x007fffff, /* zeros, subnormals */
-        0x00800000, 0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,             /* normal edges, infs */
-        0x7fc00000, 0xffc00000, 0x7f800001, 0xffbfffff, 0x7fc12345, 0x7fa00000, /* NaNs, with payloads */
-        0x3f808000, 0x3f818000, 0x3f80ffff, 0x3f807fff,                         /* bf16 ties and near */
+        0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x00400000, 0x007fffff, /* 0, subnormal */
+        0x00800000, 0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,             /* edges, inf */
+        0x7fc00000, 0xffc00000, 0x7f800001, 0xffbfffff, 0x7fc12345, 0x7fa00000, /* NaNs */
+        0x3f808000, 0x3f818000, 0x3f80ffff, 0x3f807fff,                         /* bf16 ties */
         0x477ff000, 0x477fefff, 0x33000000, 0x33000001, 0x387fc000, 0x38800000, /* f16 edges */
         0x3f801000, 0x3f803000, 0xc7800000, 0x37800000};
     for (int i = 0; i < F; i++) /* random bits: every exponent, NaNs included */
@@ -1299,10 +1300,9 @@ static void run_convert(float **x)
 static void test_threads(void)
 {
     const size_t NC = (size_t)TN * TC, NV = (size_t)TN * TVP, A = (size_t)TB * TT * TNH * THS;
-    const size_t L = (size_t)TB * TNH * TT;
+    const size_t L = (size_t)TB * TNH * TT, VC = (size_t)TV * TC, PC = (size_t)TT * TC;
     const threads_case cases[] = {
-        {"encoder", run_encoder, 5, {NC, (size_t)TV * TC, (size_t)TT * TC, (size_t)TV * TC, (size_t)TT * TC},
-         {0, -1, -1, -1, -1}, {0, 1, 1, 1, 1}},
+        {"encoder", run_encoder, 5, {NC, VC, PC, VC, PC}, {0, -1, -1, -1, -1}, {0, 1, 1, 1, 1}},
         {"layernorm", run_layernorm, 11, {NC, TN, TN, NC, TC, TC, NC, NC, NC, TC, TC},
          {0, 0, 0, -2, 0.5f, -1, 0, -1, -1, -1, -1}, {0, 0, 0, 2, 1.5f, 1, 0, 1, 1, 1, 1}},
         {"gelu", run_gelu, 5, {NC, NC, NC, NC, TC}, {0, -4, -1, -1, -1}, {0, 4, 1, 1, 1}},
