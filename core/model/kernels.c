@@ -34,6 +34,7 @@
 #include <omp.h>
 #endif
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -893,6 +894,24 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(void *dst, cons
 
 static int convert_native = 1;
 
+/* CPUID's word for the two extensions compilers' __builtin_cpu_supports
+ * does not name alike; AVX2 and AVX-512F it does, with the OS's support
+ * for their registers. */
+static int cpu_has(int avx512_bf16)
+{
+#if NATIVE_CONVERT
+    unsigned a, b, c, d;
+    if (avx512_bf16)
+        return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+               ((a >> 5) & 1u); /* AVX512_BF16 */
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+           ((c >> 29) & 1u); /* F16C */
+#else
+    (void)avx512_bf16;
+    return 0;
+#endif
+}
+
 void loom_convert_set_path(loom_convert_path path) { convert_native = path == LOOM_CONVERT_NATIVE; }
 
 /* The span converter of f32 <-> bf16/f16, whichever the CPU and the path
@@ -904,13 +923,11 @@ static convert_fn converter(loom_dtype dst, loom_dtype src, const char **name)
         name = &unused;
     *name = "portable";
 #if NATIVE_CONVERT
-    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 &&
-        __builtin_cpu_supports("avx512bf16")) {
+    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 && cpu_has(1)) {
         *name = "avx512-bf16";
         return f32_to_bf16_avx512;
     }
-    const int f16c = convert_native && __builtin_cpu_supports("f16c") &&
-                     __builtin_cpu_supports("avx2");
+    const int f16c = convert_native && cpu_has(0);
     if (f16c && src == LOOM_F32 && dst == LOOM_F16) {
         *name = "f16c";
         return f32_to_f16_f16c;
