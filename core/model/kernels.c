@@ -79,7 +79,8 @@ int loom_kernels_threads(void) { return kernel_threads; }
 
 static int threads_for(size_t work) { return work < PARALLEL_MIN_WORK ? 1 : kernel_threads; }
 
-/* PARALLEL_FOR(nt) before `for (int p = 0; p < nt; p++)`: one part each. */
+/* PARALLEL_FOR(nt) before a for loop: its iterations split in nt equal
+ * parts, one a thread. */
 #ifdef _OPENMP
 #define PRAGMA(x) _Pragma(#x)
 #define PARALLEL_FOR(nt) PRAGMA(omp parallel for num_threads(nt) schedule(static) if (nt > 1))
@@ -88,6 +89,23 @@ static int thread_index(void) { return omp_get_thread_num(); }
 #define PARALLEL_FOR(nt) (void)(nt);
 static int thread_index(void) { return 0; }
 #endif
+
+/* The statement for each part p = 0 .. nt-1, part p on thread p; one part
+ * runs on the calling thread outside OpenMP, whose region costs half a
+ * microsecond even with one thread (the attention's gather calls
+ * loom_convert per row). */
+#define FOR_PARTS(nt, ...)                                                                         \
+    do {                                                                                           \
+        if ((nt) == 1) {                                                                           \
+            const int p = 0;                                                                       \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            PARALLEL_FOR(nt)                                                                       \
+            for (int p = 0; p < (nt); p++) {                                                       \
+                __VA_ARGS__;                                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
 
 /* Part p of `parts` of [0, n), cut at multiples of `align`. */
 static size_t part_begin(size_t n, int parts, int p, size_t align)
@@ -102,12 +120,11 @@ static size_t part_begin(size_t n, int parts, int p, size_t align)
 void loom_kernels_for_spans(size_t n, void (*fn)(void *ctx, size_t begin, size_t end), void *ctx)
 {
     const int nt = threads_for(n);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++) {
+    FOR_PARTS(nt, {
         size_t b = part_begin(n, nt, p, LINE_FLOATS), e = part_begin(n, nt, p + 1, LINE_FLOATS);
         if (e > b)
             fn(ctx, b, e);
-    }
+    });
 }
 
 /* c = alpha · op(a) · op(b) + beta · c on f32 rows, multiplied as the
@@ -294,10 +311,8 @@ void loom_encoder_forward(float *out, const int *inp, const int *pos, const floa
                           const float *wpe, int B, int T, int C)
 {
     const int N = B * T, nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        encoder_rows(out, inp, pos, wte, wpe, T, C, (int)part_begin(N, nt, p, 1),
-                     (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, encoder_rows(out, inp, pos, wte, wpe, T, C, (int)part_begin(N, nt, p, 1),
+                               (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* Rows that share a token (or a position) add into the same gradient row,
@@ -317,11 +332,9 @@ void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
                            const int *pos, int B, int T, int C)
 {
     const int N = B * T, nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        encoder_backward_columns(dwte, dwpe, dout, inp, pos, N, T, C,
-                                 (int)part_begin(C, nt, p, LINE_FLOATS),
-                                 (int)part_begin(C, nt, p + 1, LINE_FLOATS));
+    FOR_PARTS(nt, encoder_backward_columns(dwte, dwpe, dout, inp, pos, N, T, C,
+                                           (int)part_begin(C, nt, p, LINE_FLOATS),
+                                           (int)part_begin(C, nt, p + 1, LINE_FLOATS)));
 }
 
 /* -------------------------------------------------------------- layernorm */
@@ -366,10 +379,8 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
                             const float *weight, const float *bias, int N, int C)
 {
     const int nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        layernorm_rows(out, mean, rstd, inp, weight, bias, C, (int)part_begin(N, nt, p, 1),
-                       (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, layernorm_rows(out, mean, rstd, inp, weight, bias, C,
+                                 (int)part_begin(N, nt, p, 1), (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* Each row's sum is written, then normalised while it is still in L1. */
@@ -390,10 +401,9 @@ void loom_residual_layernorm_forward(float *res, float *out, float *mean, float 
                                      const float *bias, int N, int C)
 {
     const int nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        residual_layernorm_rows(res, out, mean, rstd, a, b, weight, bias, C,
-                                (int)part_begin(N, nt, p, 1), (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, residual_layernorm_rows(res, out, mean, rstd, a, b, weight, bias, C,
+                                          (int)part_begin(N, nt, p, 1),
+                                          (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* The input gradient of one row: the two means it needs (of w*dout and of
@@ -449,11 +459,9 @@ void loom_layernorm_backward_input(float *dinp, const float *dout, const float *
                                    int N, int C)
 {
     const int nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        layernorm_backward_input_rows(dinp, dout, inp, weight, mean, rstd, C,
-                                      (int)part_begin(N, nt, p, 1),
-                                      (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, layernorm_backward_input_rows(dinp, dout, inp, weight, mean, rstd, C,
+                                                (int)part_begin(N, nt, p, 1),
+                                                (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* Columns [c0, c1) of dweight and dbias, summing the rows in order. */
@@ -489,11 +497,9 @@ void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *d
                                     int N, int C)
 {
     const int nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        layernorm_backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C,
-                                          (int)part_begin(C, nt, p, LINE_FLOATS),
-                                          (int)part_begin(C, nt, p + 1, LINE_FLOATS));
+    FOR_PARTS(nt, layernorm_backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C,
+                                                    (int)part_begin(C, nt, p, LINE_FLOATS),
+                                                    (int)part_begin(C, nt, p + 1, LINE_FLOATS)));
 }
 
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -541,10 +547,8 @@ STREAM_LOOP static void bias_backward_columns(float *dbias, const float *dout, i
 static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
 {
     const int nt = threads_for((size_t)N * OC);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        bias_backward_columns(dbias, dout, N, OC, (int)part_begin(OC, nt, p, LINE_FLOATS),
-                              (int)part_begin(OC, nt, p + 1, LINE_FLOATS));
+    FOR_PARTS(nt, bias_backward_columns(dbias, dout, N, OC, (int)part_begin(OC, nt, p, LINE_FLOATS),
+                                        (int)part_begin(OC, nt, p + 1, LINE_FLOATS)));
 }
 
 void loom_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
@@ -625,23 +629,21 @@ WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restri
 void loom_gelu_forward(float *out, const float *inp, int N)
 {
     const int nt = threads_for((size_t)N);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++) {
+    FOR_PARTS(nt, {
         const size_t b = part_begin(N, nt, p, LINE_FLOATS);
         const size_t e = part_begin(N, nt, p + 1, LINE_FLOATS);
         gelu_forward_span(out + b, inp + b, (int)(e - b));
-    }
+    });
 }
 
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N)
 {
     const int nt = threads_for((size_t)N);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++) {
+    FOR_PARTS(nt, {
         const size_t b = part_begin(N, nt, p, LINE_FLOATS);
         const size_t e = part_begin(N, nt, p + 1, LINE_FLOATS);
         gelu_backward_span(dinp + b, inp + b, dout + b, (int)(e - b));
-    }
+    });
 }
 
 WIDE_LOOP static void bias_gelu_rows(float *out, float *pre, const float *bias, int C, int r0,
@@ -657,10 +659,8 @@ WIDE_LOOP static void bias_gelu_rows(float *out, float *pre, const float *bias, 
 void loom_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int C)
 {
     const int nt = threads_for((size_t)N * C);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        bias_gelu_rows(out, pre, bias, C, (int)part_begin(N, nt, p, 1),
-                       (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, bias_gelu_rows(out, pre, bias, C, (int)part_begin(N, nt, p, 1),
+                                 (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* --------------------------------------------------------------- residual */
@@ -679,23 +679,21 @@ STREAM_LOOP static void residual_backward_span(float *da, float *db, const float
 void loom_residual_forward(float *out, const float *a, const float *b, int N)
 {
     const int nt = threads_for((size_t)N);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++) {
+    FOR_PARTS(nt, {
         const size_t s = part_begin(N, nt, p, LINE_FLOATS);
         const size_t e = part_begin(N, nt, p + 1, LINE_FLOATS);
         residual_span(out + s, a + s, b + s, (int)(e - s));
-    }
+    });
 }
 
 void loom_residual_backward(float *da, float *db, const float *dout, int N)
 {
     const int nt = threads_for((size_t)N);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++) {
+    FOR_PARTS(nt, {
         const size_t s = part_begin(N, nt, p, LINE_FLOATS);
         const size_t e = part_begin(N, nt, p + 1, LINE_FLOATS);
         residual_backward_span(da + s, db + s, dout + s, (int)(e - s));
-    }
+    });
 }
 
 /* ---------------------------------------------------- softmax and the loss */
@@ -729,10 +727,9 @@ void loom_softmax_crossentropy_forward(float *losses, float *lse, const float *l
                                        const int *targets, int N, int V, int Vp)
 {
     const int nt = threads_for((size_t)N * Vp);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        softmax_crossentropy_rows(losses, lse, logits, targets, V, Vp,
-                                  (int)part_begin(N, nt, p, 1), (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, softmax_crossentropy_rows(losses, lse, logits, targets, V, Vp,
+                                            (int)part_begin(N, nt, p, 1),
+                                            (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* dlogit_i = (p_i - [i = target])·dloss with p_i = exp(x_i - lse), over x */
@@ -761,11 +758,9 @@ void loom_softmax_crossentropy_backward(float *logits, const float *dlosses, con
                                         const int *targets, int N, int V, int Vp)
 {
     const int nt = threads_for((size_t)N * Vp);
-    PARALLEL_FOR(nt)
-    for (int p = 0; p < nt; p++)
-        softmax_crossentropy_backward_rows(logits, dlosses, lse, targets, V, Vp,
-                                           (int)part_begin(N, nt, p, 1),
-                                           (int)part_begin(N, nt, p + 1, 1));
+    FOR_PARTS(nt, softmax_crossentropy_backward_rows(logits, dlosses, lse, targets, V, Vp,
+                                                     (int)part_begin(N, nt, p, 1),
+                                                     (int)part_begin(N, nt, p + 1, 1)));
 }
 
 /* ------------------------------------------------------------- conversion */
@@ -894,23 +889,23 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(void *dst, cons
 
 static int convert_native = 1;
 
-/* CPUID's word for the two extensions compilers' __builtin_cpu_supports
- * does not name alike; AVX2 and AVX-512F it does, with the OS's support
- * for their registers. */
-static int cpu_has(int avx512_bf16)
-{
+/* Whether the CPU (and the OS, for the registers) has AVX-512 BF16, and
+ * F16C with AVX2: asked once, at load (CPUID traps to the hypervisor in a
+ * VM, a microsecond or more a time). CPUID's own words for BF16 and F16C,
+ * which compilers' __builtin_cpu_supports does not name alike. */
+static int cpu_avx512_bf16, cpu_f16c;
+
 #if NATIVE_CONVERT
+__attribute__((constructor)) static void detect_cpu(void)
+{
     unsigned a, b, c, d;
-    if (avx512_bf16)
-        return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
-               ((a >> 5) & 1u); /* AVX512_BF16 */
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
-           ((c >> 29) & 1u); /* F16C */
-#else
-    (void)avx512_bf16;
-    return 0;
-#endif
+    __builtin_cpu_init();
+    cpu_avx512_bf16 = __builtin_cpu_supports("avx512f") &&
+                      __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u);
+    cpu_f16c = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+               ((c >> 29) & 1u);
 }
+#endif
 
 void loom_convert_set_path(loom_convert_path path) { convert_native = path == LOOM_CONVERT_NATIVE; }
 
@@ -923,11 +918,11 @@ static convert_fn converter(loom_dtype dst, loom_dtype src, const char **name)
         name = &unused;
     *name = "portable";
 #if NATIVE_CONVERT
-    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 && cpu_has(1)) {
+    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 && cpu_avx512_bf16) {
         *name = "avx512-bf16";
         return f32_to_bf16_avx512;
     }
-    const int f16c = convert_native && cpu_has(0);
+    const int f16c = convert_native && cpu_f16c;
     if (f16c && src == LOOM_F32 && dst == LOOM_F16) {
         *name = "f16c";
         return f32_to_f16_f16c;
@@ -968,12 +963,11 @@ void loom_convert(void *dst, loom_dtype dst_type, const void *src, loom_dtype sr
     const int half_dst = dst_type == LOOM_BF16 || dst_type == LOOM_F16;
     if (fn) {
         const int nt = threads_for(n);
-        PARALLEL_FOR(nt)
-        for (int p = 0; p < nt; p++) {
+        FOR_PARTS(nt, {
             /* parts of 32 elements: the AVX-512 loop's step, whole cache lines */
             const size_t b = part_begin(n, nt, p, 32), e = part_begin(n, nt, p + 1, 32);
             fn((char *)dst + b * dsize, (const char *)src + b * ssize, e - b);
-        }
+        });
     } else if (half_src && half_dst) {
         /* exact through f32, which holds every bf16 and f16 */
         float chunk[256];
