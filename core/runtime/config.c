@@ -188,8 +188,9 @@ static const schema_entry schema[] = {
     S("parallel.pp.stage_layers", V_INTS, "", .lo = 0, .flags = GE,
       .help = "layers per stage; empty = split evenly"),
 
-    S("comm.default", V_STRING, "mpi", .flags = NONEMPTY,
-      .help = "comm plugin of every axis not named below"),
+    S("comm.default", V_STRING, "auto", .flags = NONEMPTY,
+      .help = "comm plugin of every axis not named below; \"auto\": comm-ucx for host memory "
+      "when it loads on every rank, comm-nccl for device memory, else comm-mpi"),
     S("comm.timeout_s", V_FLOAT, "60.0", .lo = 0, .flags = GT,
       .help = "no communication waits longer than this"),
     S("comm.tp", V_STRING, "", .help = "comm plugin of the tp axis; empty = comm.default"),
@@ -205,7 +206,9 @@ static const schema_entry schema[] = {
     S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE | WIDE,
       .help = "host bytes per rank the accounting may hold; 0: no limit"),
 
-    S("bench.comms", V_STRINGS, "mpi", .flags = NONEMPTY | SOME, .help = "comm plugins to compare"),
+    S("bench.comms", V_STRINGS, "auto", .flags = NONEMPTY | SOME,
+      .help = "comm plugins to compare; \"auto\": the one comm.default = \"auto\" picks for "
+      "bench.memory"),
     S("bench.ops", V_STRINGS,
       "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, sendrecv",
       .choices = bench_ops, .flags = SOME, .help = "operations to time"),
