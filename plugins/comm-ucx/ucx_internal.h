@@ -111,6 +111,7 @@ typedef struct ucx_proc {
     ucp_worker_h worker;
     int efd;               /* the worker's event fd, -1 when UCX has none */
     double spin_us;        /* the progress thread's, from the first world */
+    int busy_polls;        /* empty polls a wait spins before it first yields */
     int world_size, world_rank;
     ucx_peer *peers;       /* by world rank */
     int generation;        /* contexts made so far in this process: part of store keys */
@@ -123,9 +124,11 @@ typedef struct ucx_proc {
     /* progress thread */
     int thread_on, thread_stop;
     pthread_t thread;
-    /* scratch buffers kept for reuse */
+    /* scratch buffers and requests kept for reuse */
     struct scratch_buf *scratch_free;
     size_t scratch_cached;
+    struct loom_comm_request *pool; /* linked by anext */
+    int npool;
 } ucx_proc;
 
 extern ucx_proc ucx;
@@ -232,7 +235,12 @@ void slots_used_idx(slot_ring *s, int idx, int op);
 void sched_activate(loom_comm_request *r);
 int sched_progress_all(void);   /* worker progress + advance every active request */
 void sched_cancel(loom_comm_request *r); /* drop UCX requests still posted */
-void sched_free(loom_comm_request *r);   /* ops, deps, scratch (with ucx.lock held) */
+/* A request, zeroed but for the arrays a pooled one keeps (without
+ * ucx.lock held; NULL when out of memory). sched_free gives it back (with
+ * ucx.lock held): its scratch, and itself to the pool or to free. */
+loom_comm_request *sched_request(void);
+void sched_free(loom_comm_request *r);
+void sched_pool_release(void); /* at teardown, with ucx.lock held */
 void scratch_release_all(void);
 /* "allreduce #12 on group of 4" or "recv #3 from rank 2 (tag 7) on group of 4" */
 void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap);
@@ -253,11 +261,15 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-/* Waiting without hogging a core: yield for spin_us, then sleep on UCX's
- * event fd until a message comes (4 ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: spin ucx.busy_polls empty polls, then
+ * yield for spin_us, then sleep on UCX's event fd until a message comes (4
+ * ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
+    int polls;         /* empty polls since it became idle */
 } ucx_idle_state;
+/* ucx.busy_polls for this process: some when it has a core of its own. */
+int ucx_busy_polls(const loom_host *host);
 void ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sched.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -257,12 +258,34 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* A small message's answer is often under a microsecond away, about what
+ * a sched_yield costs, so a wait first polls this many times without
+ * yielding (about a microsecond here). Only where each rank has a core of
+ * its own: with more ranks than cores the rank it waits for may need this
+ * core, and spinning would starve it. */
+#define BUSY_POLLS 32
+
+int ucx_busy_polls(const loom_host *host)
+{
+    if (getenv("DEVPOLLS")) return atoi(getenv("DEVPOLLS"));
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0)
+        return 0;
+    /* one cpu: a launcher pinned this rank (loom launch and mpirun pin one
+     * rank per core when they fit); else the ranks here share our cpus */
+    int cpus = CPU_COUNT(&mine), ranks = host->local_size > 0 ? host->local_size : 1;
+    return cpus == 1 || ranks <= cpus ? BUSY_POLLS : 0;
+}
+
 void ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
         s->since_ns = 0;
+        s->polls = 0;
         return;
     }
+    if (s->polls++ < ucx.busy_polls)
+        return;
     uint64_t now = now_ns();
     if (!s->since_ns)
         s->since_ns = now;
@@ -291,7 +314,7 @@ static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t seq)
 {
-    loom_comm_request *r = calloc(1, sizeof *r);
+    loom_comm_request *r = sched_request();
     if (!r)
         return NULL;
     r->comm = c;
@@ -307,11 +330,10 @@ static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t 
 /* With ucx.lock held. */
 static void req_release(loom_comm_request *r)
 {
-    sched_free(r);
     loom_comm *c = r->comm;
     if (c)
         group_untrack(&c->group, &r->pending);
-    free(r);
+    sched_free(r);
 }
 
 /* Start a built request. Returns LOOM_OK with *out (NULL when it completed
@@ -508,6 +530,12 @@ static int finish(loom_comm_request *r)
 {
     const loom_host *h = r->host;
     int st = r->status;
+    if (st == LOOM_OK) {
+        pthread_mutex_lock(&ucx.lock);
+        req_release(r);
+        pthread_mutex_unlock(&ucx.lock);
+        return LOOM_OK;
+    }
     char err[1536];
     memcpy(err, r->error, sizeof r->error);
     loom_comm *c = r->comm;

@@ -169,6 +169,7 @@ static void process_teardown(const loom_host *host)
     ucx.worker = NULL;
     ucx.ctx = NULL;
     scratch_release_all();
+    sched_pool_release();
     ucx.failed = 0;
 }
 
@@ -220,6 +221,7 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     ucx.world_rank = me;
     ucx.timeout_s = s->timeout_s;
     ucx.spin_us = s->spin_us;
+    ucx.busy_polls = ucx_busy_polls(host);
     if (ucp_worker_get_efd(ucx.worker, &ucx.efd) != UCS_OK)
         ucx.efd = -1;
     ucx.peers = calloc((size_t)n, sizeof *ucx.peers);
