@@ -14,6 +14,11 @@
  *  reducescatter ring            n-1 steps; the partial sum of a block
  *                                travels the ring and ends on its owner.
  *  reducescatter recursive halving  log2(p) steps halving the range.
+ *  reducescatter direct          every rank sends each block straight to
+ *                                its owner at once, and the owner reduces
+ *                                the n-1 it gets into its own: one step,
+ *                                so no rank waits for a slower one to pass
+ *                                a partial sum on (ranks that share cores).
  *
  * Blocks are `count` elements; rank r's block is at r * count. The ring
  * ones move in chunks so a step starts as soon as its first chunk is in. */
@@ -250,4 +255,42 @@ void build_reducescatter_rh(loom_comm_request *r)
         int s = sched_send(r, me - 1, acc + (size_t)(me - 1) * count * es, count * es, final_step, 0);
         sched_after(r, s, join);
     }
+}
+
+void build_reducescatter_direct(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype), bytes = count * es;
+    const char *sb = r->call.send;
+    char *rb = r->call.recv;
+    /* in[s - 1]: the block rank me - s sends */
+    char *in = sched_scratch(r, (size_t)(n - 1) * bytes);
+    if (!in)
+        return;
+    int *got = malloc(sizeof(int) * (size_t)n);
+    if (!got) {
+        r->build_failed = 1;
+        return;
+    }
+    for (int s = 1; s < n; s++)
+        got[s] = sched_recv(r, mod(me - s, n), in + (size_t)(s - 1) * bytes, bytes, 0, 0);
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n);
+        sched_send(r, to, sb + (size_t)to * bytes, bytes, 0, 0);
+    }
+    /* in the order of s, the same on every rank: the first reduce reads
+     * this rank's own block, the others the sum so far */
+    int last = -1;
+    for (int s = 1; s < n; s++) {
+        const char *acc = s == 1 ? sb + (size_t)me * bytes : rb;
+        int rd = sched_reduce(r, rb, in + (size_t)(s - 1) * bytes, acc, count);
+        sched_after(r, rd, got[s]);
+        sched_after(r, rd, last);
+        last = rd;
+    }
+    if (r->call.redop == LOOM_AVG) {
+        int d = sched_divide(r, rb, count);
+        sched_after(r, d, last);
+    }
+    free(got);
 }

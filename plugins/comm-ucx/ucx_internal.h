@@ -46,6 +46,7 @@ enum {
     /* reducescatter */
     RS_RING = 1,
     RS_RECURSIVE_HALVING,
+    RS_DIRECT,
     /* broadcast */
     BC_BINOMIAL = 1,
     BC_CHAIN,
@@ -82,6 +83,7 @@ typedef struct ucx_settings {
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
+    size_t reducescatter_ring_bytes; /* at or above, on one host: ring (below: direct) */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
@@ -417,6 +419,7 @@ void build_allgather_rd(loom_comm_request *r);
 void build_allgather_bruck(loom_comm_request *r);
 void build_reducescatter_ring(loom_comm_request *r);
 void build_reducescatter_rh(loom_comm_request *r);
+void build_reducescatter_direct(loom_comm_request *r);
 void build_broadcast_binomial(loom_comm_request *r);
 void build_broadcast_direct(loom_comm_request *r);
 void build_broadcast_chain(loom_comm_request *r);

@@ -10,7 +10,8 @@
  *   allreduce      recursive_doubling (small), rabenseifner, ring (large)
  *   allgather      recursive_doubling / bruck (small), ring (large), direct
  *                  (large, every member on one host)
- *   reducescatter  recursive_halving (small), ring (large)
+ *   reducescatter  recursive_halving (small), direct (larger, one host), ring
+ *                  (large)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
  *   reduce         binomial (small), chain (large)
@@ -57,7 +58,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
                        {"direct", "direct", build_exchange_posted}},
     [UOP_REDUCESCATTER] = {{"auto"},
                            {"ring", "ring", build_reducescatter_ring},
-                           {"recursive_halving", "recursive halving", build_reducescatter_rh}},
+                           {"recursive_halving", "recursive halving", build_reducescatter_rh},
+                           {"direct", "direct", build_reducescatter_direct}},
     [UOP_BROADCAST] = {{"auto"},
                        {"binomial", "binomial tree", build_broadcast_binomial},
                        {"chain", "chain", build_broadcast_chain},
@@ -102,7 +104,7 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, ring, recursive_doubling, bruck or direct"},
     {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, ring or recursive_halving"},
+     .help = "auto, ring, recursive_halving or direct"},
     {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
     {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
@@ -123,7 +125,12 @@ const loom_setting_spec ucx_settings_spec[] = {
      "when the group is on one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
-     .help = "auto reducescatter below this: recursive halving; else ring",
+     .help = "auto reducescatter below this: recursive halving; else direct when the group is on "
+     "one host (below reducescatter_ring_bytes), ring",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "reducescatter_ring_bytes", .type = LOOM_SETTING_INT, .default_value = "4194304",
+     .help = "auto reducescatter on one host from this on: ring (its chunks reduce from cache); "
+     "below: direct, every block straight to its owner in one step",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "broadcast_small_bytes", .type = LOOM_SETTING_INT, .default_value = "32768",
      .help = "auto broadcast below this: binomial tree; else direct when the group is on one host",
@@ -213,6 +220,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     }
     read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "reducescatter_ring_bytes", 4194304, &v);
+    s->reducescatter_ring_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -385,7 +394,10 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
         return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
-    case UOP_REDUCESCATTER: return small ? RS_RECURSIVE_HALVING : RS_RING;
+    case UOP_REDUCESCATTER:
+        return small                                                  ? RS_RECURSIVE_HALVING
+               : c->local && bytes < s->reducescatter_ring_bytes ? RS_DIRECT
+                                                                      : RS_RING;
     case UOP_BROADCAST:
         return small || n == 2                    ? BC_BINOMIAL
                : c->local                         ? BC_DIRECT
