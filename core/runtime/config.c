@@ -217,6 +217,9 @@ static const schema_entry schema[] = {
       .help = "largest message (sizes double from min_bytes)"),
     S("bench.iters", V_INT, "20", .lo = 1, .flags = GE, .help = "timed iterations per size"),
     S("bench.warmup", V_INT, "5", .lo = 0, .flags = GE, .help = "untimed iterations per size"),
+    S("bench.barrier", V_BOOL, "false",
+      .help = "true: a barrier before every timed iteration, each timed alone (as ucc_perftest "
+      "and the OSU benchmarks time); false: back to back (as nccl-tests)"),
     S("bench.memory", V_STRING, "host", .choices = mem_kinds, .help = "buffer memory kind"),
     S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
     S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),

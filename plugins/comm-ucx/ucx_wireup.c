@@ -194,6 +194,8 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     /* WAKEUP: idle waits sleep on the worker's event fd (it keeps the
      * shared-memory and cma transports, unlike peer error handling). */
     prm.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    if (getenv("DEVNOWAKE")) prm.features = UCP_FEATURE_TAG;
+    if (getenv("DEVRMA")) prm.features |= UCP_FEATURE_RMA | UCP_FEATURE_AM;
     prm.estimated_num_eps = (size_t)n;
     prm.estimated_num_ppn = (size_t)(host->local_size > 0 ? host->local_size : 1);
     us = ucp_init(&prm, cfg, &ucx.ctx);

@@ -57,6 +57,14 @@ large_reduce)
         --set bench.warmup=2 > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
     grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: no ok line"; exit 1; }
     grep "67108864" "$TMP/out" ;;
+barrier)
+    # bench.barrier times each iteration alone after a barrier, and checks it
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set bench.barrier=true \
+        --set 'bench.ops=["allreduce","broadcast"]' --set bench.max_bytes=4096 --set bench.iters=3 \
+        > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
+    grep -q "^\[0\] # loom bench: backend .*, 2 ranks, host memory, 5 warm-up + 3 timed iterations, each after a barrier" "$TMP/out" &&
+        grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: bench.barrier"; exit 1; }
+    echo "bench_test: bench.barrier ok" ;;
 auto)
     # "auto" benches the backend a training run gets, and says which and why
     "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["auto"]' \
