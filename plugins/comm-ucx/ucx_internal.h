@@ -89,6 +89,7 @@ typedef struct ucx_settings {
     size_t forward_chunk_bytes; /* and of those that only pass data on */
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
     double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
+    double own_core_spin_us; /* the same for a rank with a core of its own */
 } ucx_settings;
 
 extern const loom_setting_spec ucx_settings_spec[];
@@ -113,7 +114,7 @@ typedef struct ucx_proc {
     ucp_worker_h worker;
     int efd;               /* the worker's event fd, -1 when UCX has none */
     double spin_us;        /* the progress thread's, from the first world */
-    int busy_polls;        /* empty polls a wait spins before it first yields */
+    int own_core;          /* this rank has a core to itself: waits spin before yielding */
     int world_size, world_rank;
     ucx_peer *peers;       /* by world rank */
     int generation;        /* contexts made so far in this process: part of store keys */
@@ -263,15 +264,18 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-/* Waiting without hogging a core: spin ucx.busy_polls empty polls, then
- * yield for spin_us, then sleep on UCX's event fd until a message comes (4
- * ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: spin a few empty polls (on a core of its
+ * own), then yield for spin_us (ucx_spin_us), then sleep on UCX's event fd
+ * until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
     int polls;         /* empty polls since it became idle */
+    int beside_caller; /* the progress thread: the core is the caller's too, never spin */
 } ucx_idle_state;
-/* ucx.busy_polls for this process: some when it has a core of its own. */
-int ucx_busy_polls(const loom_host *host);
+/* Whether this process has a core of its own (ucx.own_core), and the
+ * spin_us of its waits by that. */
+int ucx_own_core(const loom_host *host);
+double ucx_spin_us(const ucx_settings *s);
 void ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */
