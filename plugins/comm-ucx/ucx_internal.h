@@ -38,6 +38,7 @@ enum {
     AR_RECURSIVE_DOUBLING = 1,
     AR_RING,
     AR_RABENSEIFNER,
+    AR_DIRECT,
     /* allgather */
     AG_RING = 1,
     AG_RECURSIVE_DOUBLING,
@@ -83,7 +84,6 @@ typedef struct ucx_settings {
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
-    size_t reducescatter_ring_bytes; /* at or above, on one host: ring (below: direct) */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
@@ -227,6 +227,8 @@ typedef struct slot_ring {
 /* Slots of `elems` elements of the call's dtype, as many as the group's
  * pipeline_depth. */
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems);
+/* The same with `depth` slots (at most SLOTS_MAX). */
+int slots_init_depth(loom_comm_request *r, slot_ring *s, size_t elems, int depth);
 /* The next slot; *dep is the op to wait for before writing it. Its index
  * is s->taken until the next take. */
 char *slots_take(slot_ring *s, int *dep);
@@ -418,6 +420,7 @@ int doubling_gather(loom_comm_request *r, char *buf, block_start_fn start, size_
 void build_allreduce_rd(loom_comm_request *r);
 void build_allreduce_ring(loom_comm_request *r);
 void build_allreduce_rabenseifner(loom_comm_request *r);
+void build_allreduce_direct(loom_comm_request *r);
 void build_allgather_ring(loom_comm_request *r);
 void build_allgather_rd(loom_comm_request *r);
 void build_allgather_bruck(loom_comm_request *r);

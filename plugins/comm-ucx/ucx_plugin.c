@@ -11,7 +11,7 @@
  *   allgather      recursive_doubling / bruck (small), ring (large), direct
  *                  (large, every member on one host)
  *   reducescatter  recursive_halving (small), direct (larger, one host), ring
- *                  (large)
+ *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
  *   reduce         binomial (small), chain (large)
@@ -50,7 +50,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
     [UOP_ALLREDUCE] = {{"auto"},
                        {"recursive_doubling", "recursive doubling", build_allreduce_rd},
                        {"ring", "ring", build_allreduce_ring},
-                       {"rabenseifner", "rabenseifner", build_allreduce_rabenseifner}},
+                       {"rabenseifner", "rabenseifner", build_allreduce_rabenseifner},
+                       {"direct", "direct", build_allreduce_direct}},
     [UOP_ALLGATHER] = {{"auto"},
                        {"ring", "ring", build_allgather_ring},
                        {"recursive_doubling", "recursive doubling", build_allgather_rd},
@@ -100,7 +101,7 @@ const loom_setting_spec ucx_settings_spec[] = {
      "UCX reports failed peers itself (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 then cannot use "
      "shared memory or cma, so this is much slower on one host"},
     {.name = "allreduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, recursive_doubling, ring or rabenseifner"},
+     .help = "auto, recursive_doubling, ring, rabenseifner or direct"},
     {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, ring, recursive_doubling, bruck or direct"},
     {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
@@ -126,11 +127,7 @@ const loom_setting_spec ucx_settings_spec[] = {
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
      .help = "auto reducescatter below this: recursive halving; else direct when the group is on "
-     "one host (below reducescatter_ring_bytes), ring",
-     .bounds = LOOM_SETTING_MIN, .min = 0},
-    {.name = "reducescatter_ring_bytes", .type = LOOM_SETTING_INT, .default_value = "4194304",
-     .help = "auto reducescatter on one host from this on: ring (its chunks reduce from cache); "
-     "below: direct, every block straight to its owner in one step",
+     "one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "broadcast_small_bytes", .type = LOOM_SETTING_INT, .default_value = "32768",
      .help = "auto broadcast below this: binomial tree; else direct when the group is on one host",
@@ -226,8 +223,6 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     }
     read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
-    read_int(h, "reducescatter_ring_bytes", 4194304, &v);
-    s->reducescatter_ring_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -408,9 +403,9 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
     case UOP_REDUCESCATTER:
-        return small                                                  ? RS_RECURSIVE_HALVING
-               : c->local && bytes < s->reducescatter_ring_bytes ? RS_DIRECT
-                                                                      : RS_RING;
+        return small      ? RS_RECURSIVE_HALVING
+               : c->local ? RS_DIRECT /* one step, each sum made once in cache */
+                          : RS_RING;
     case UOP_BROADCAST:
         return small || n == 2                    ? BC_BINOMIAL
                : c->local                         ? BC_DIRECT

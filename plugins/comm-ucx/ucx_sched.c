@@ -232,8 +232,13 @@ int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
 
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
 {
+    return slots_init_depth(r, s, elems, r->comm->set.pipeline_depth);
+}
+
+int slots_init_depth(loom_comm_request *r, slot_ring *s, size_t elems, int depth)
+{
     size_t slot_bytes = elems * loom_dtype_size(r->call.dtype);
-    int count = r->comm->set.pipeline_depth;
+    int count = depth;
     if (count < 1)
         count = 1;
     if (count > SLOTS_MAX)
