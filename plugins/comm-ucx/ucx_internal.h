@@ -84,6 +84,7 @@ typedef struct ucx_settings {
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
+    size_t allreduce_direct_bytes; /* at or above, on one host: direct */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */

@@ -7,7 +7,8 @@
  * the process (ucx_wireup.c).
  *
  * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
- *   allreduce      recursive_doubling (small), rabenseifner, ring (large)
+ *   allreduce      recursive_doubling (small), rabenseifner, ring (large), direct
+ *                  (large, one host)
  *   allgather      recursive_doubling / bruck (small), ring (large), direct
  *                  (large, every member on one host)
  *   reducescatter  recursive_halving (small), direct (larger, one host), ring
@@ -121,6 +122,10 @@ const loom_setting_spec ucx_settings_spec[] = {
      .help = "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
      "Rabenseifner, whose fold-in step costs a whole-vector transfer there)",
      .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "allreduce_direct_bytes", .type = LOOM_SETTING_INT, .default_value = "8388608",
+     .help = "auto allreduce from this on, when the group is on one host: direct (each block "
+     "reduced once, in cache, by the rank that owns it, then sent to every rank at once)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
      "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
      "when the group is on one host, ring across hosts",
@@ -223,6 +228,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     }
     read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "allreduce_direct_bytes", 8388608, &v);
+    s->allreduce_direct_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -395,9 +402,10 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
     int n = c->group.size, small = bytes < s->small_bytes[uop];
     switch (uop) {
     case UOP_ALLREDUCE:
-        return small                                           ? AR_RECURSIVE_DOUBLING
-               : is_pow2(n) || bytes < s->allreduce_ring_bytes ? AR_RABENSEIFNER
-                                                               : AR_RING;
+        return small                                            ? AR_RECURSIVE_DOUBLING
+               : c->local && bytes >= s->allreduce_direct_bytes ? AR_DIRECT
+               : is_pow2(n) || bytes < s->allreduce_ring_bytes  ? AR_RABENSEIFNER
+                                                                : AR_RING;
     case UOP_ALLGATHER:
         return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
