@@ -88,8 +88,11 @@ while [ "$rep" -le "$REPS" ]; do
         echo "bench-ucx.sh: $n ranks, run $rep of $REPS" >&2
         for op in $OPS; do
             # alternate which goes first, run to run
-            runs="launch:ucx mpirun:ucx ucc mpirun:mpi launch:mpi"
-            [ $((rep % 2)) -eq 0 ] && runs="ucc mpirun:ucx launch:ucx launch:mpi mpirun:mpi"
+            # ucx as UCC times (each op alone after a barrier) for the
+            # comparison with it, and back to back (as nccl-tests) elsewhere
+            runs="launch:ucx mpirun:ucx mpirun:ucxbarrier ucc mpirun:mpi launch:mpi"
+            [ $((rep % 2)) -eq 0 ] &&
+                runs="ucc mpirun:ucxbarrier mpirun:ucx launch:ucx launch:mpi mpirun:mpi"
             for run in $runs; do
                 if [ "$run" = ucc ]; then
                     uop=$(ucc_name "$op")
@@ -103,10 +106,12 @@ while [ "$rep" -le "$REPS" ]; do
                         > "$TMP/ucc-$n-$rep-$op.txt" 2>&1 || true
                     continue
                 fi
-                launcher=${run%%:*} backend=${run#*:}
+                launcher=${run%%:*} backend=${run#*:} barrier=false
                 base="$TMP/$launcher-$backend-$n-$rep-$op"
+                [ "$backend" = ucxbarrier ] && backend=ucx barrier=true
                 set -- bench "$CONFIG" --set "bench.comms=[\"$backend\"]" --set "bench.ops=[\"$op\"]" \
-                    --set "plugins.path=[\"$BUILD/lib/loom\"]" --json "$base.json"
+                    --set "plugins.path=[\"$BUILD/lib/loom\"]" --set "bench.barrier=$barrier" \
+                    --json "$base.json"
                 if [ "$launcher" = mpirun ]; then
                     mpirun -np "$n" "$LOOM" "$@" > "$base.txt" 2>&1 || true
                 else
@@ -168,6 +173,7 @@ for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
     for r in rows:
         wrong += r["wrong"]
         t.setdefault(("%s/%s" % (backend, launcher), int(n), op, r["size"]), []).append(r["time_us"])
+        # "ucxbarrier/mpirun": ucx with each op timed alone, as UCC's
 ucc_names = {"bcast": "broadcast", "reduce_scatter": "reducescatter"}
 for path in glob.glob(os.path.join(tmp, "ucc-*.txt")):
     _, n, rep, op = os.path.basename(path)[:-4].split("-")
@@ -210,13 +216,16 @@ w("- **ucx**: comm-ucx, loom's own collectives over UCX tag matching (shared mem
 w("- **UCC**: UCC 1.3's `ucc_perftest` (tl/ucp over the same UCX), under mpirun; " +
   ("version: %s. " % ucc_version if ucc_version else "") +
   "Where ranks outnumber cores its busy-polling waits are replaced by yielding ones (see "
-  "*UCC, measured by hand* below). Its time is the slowest rank's mean per op, as loom's; "
-  "each of its iterations starts after a barrier, loom bench's run back to back.")
+  "*By hand* below). Its time is the slowest rank's mean per op, each op timed alone after a "
+  "barrier, as the **ucx per op** column's.")
 w("- **mpi**: comm-mpi, Open MPI's non-blocking collectives: under `loom launch` joined "
   "singletons that talk TCP over loopback, under mpirun shared memory (vader).")
-w("- time: the slowest rank's mean per op (us). Ratios are of bus bandwidth at the same size "
-  "(the inverse ratio of times), above 1 when the first is faster: **l/m** ucx under loom "
-  "launch over ucx under mpirun; **ucx/UCC** and **ucx/mpi** under mpirun.")
+w("- time: the slowest rank's mean per op (us); **ucx mpirun**, **ucx launch** and the mpi "
+  "columns time the iterations back to back (as nccl-tests), **ucx per op** each alone after "
+  "a barrier (`bench.barrier = true`), as ucc_perftest times. Ratios are of bus bandwidth at "
+  "the same size (the inverse ratio of times), above 1 when the first is faster: **l/m** ucx "
+  "under loom launch over ucx under mpirun; **ucx/UCC** ucx per op over UCC; **ucx/mpi** "
+  "back to back, under mpirun.")
 w("- `loom bench` writes every input before its warm-up and checks the result of the timed "
   "iterations: %d wrong results over all runs." % wrong)
 w("")
@@ -235,15 +244,16 @@ for n in (2, 4):
     for op in ops:
         for s in sorted({k[3] for k in t if k[1] == n and k[2] == op}):
             um, ul, cc = med("ucx/mpirun", n, op, s), med("ucx/launch", n, op, s), med("ucc", n, op, s)
+            ub = med("ucxbarrier/mpirun", n, op, s)
             if um and ul and 8 <= s <= 64 << 20 and ul > um / 0.9:
                 misses["launch"].append((n, op, size_text(s), um / ul))
-            if um and cc and s >= 64 << 10 and cc < um:
-                misses["ucc_bw"].append((n, op, size_text(s), cc / um))
-            if um and cc and n == 2 and s <= 4096:
-                lat_rows.append(um / cc)
-                if um > 1.5 * cc:
-                    misses["ucc_lat"].append((n, op, size_text(s), um / cc))
-            for src in ("ucx/mpirun", "ucx/launch"):
+            if ub and cc and s >= 64 << 10 and cc < ub:
+                misses["ucc_bw"].append((n, op, size_text(s), cc / ub))
+            if ub and cc and n == 2 and s <= 4096:
+                lat_rows.append(ub / cc)
+                if ub > 1.5 * cc:
+                    misses["ucc_lat"].append((n, op, size_text(s), ub / cc))
+            for src in ("ucx/mpirun", "ucx/launch", "ucxbarrier/mpirun"):
                 v = med(src, n, op, s)
                 # a wait that burns the core its peer needs: ms for what moves in us
                 if v and s <= 64 << 10 and v > 1000:
@@ -284,18 +294,20 @@ def shown(s):
 for n in (2, 4):
     w("## %d ranks" % n)
     w("")
-    w("| op | size | ucx mpirun | ucx launch | l/m | UCC | ucx/UCC | mpi mpirun | ucx/mpi | mpi launch |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    w("| op | size | ucx mpirun | ucx launch | l/m | ucx per op | UCC | ucx/UCC | mpi mpirun | ucx/mpi | mpi launch |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for op in ops:
         for s in sorted({k[3] for k in t if k[1] == n and k[2] == op}):
             if not shown(s):
                 continue
             um, ul = med("ucx/mpirun", n, op, s), med("ucx/launch", n, op, s)
+            ub = med("ucxbarrier/mpirun", n, op, s)
             cc, mm, ml = med("ucc", n, op, s), med("mpi/mpirun", n, op, s), med("mpi/launch", n, op, s)
-            f = lambda v: "%.1f" % v if v else "-"
+            f = lambda v: ("%.2f" if v < 10 else "%.1f") % v if v else "-"
             r = lambda a, b: "%.2f" % (a / b) if a and b else "-"
-            w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                op, size_text(s), f(um), f(ul), r(um, ul), f(cc), r(cc, um), f(mm), r(mm, um), f(ml)))
+            w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                op, size_text(s), f(um), f(ul), r(um, ul), f(ub), f(cc), r(cc, ub), f(mm),
+                r(mm, um), f(ml)))
     w("")
     ar = med("ucx/mpirun", n, "allreduce", 64 << 20)
     if ar:
