@@ -22,6 +22,7 @@
 #include "runtime/loader.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
+#include "runtime/mesh.h"
 #include "runtime/runtime.h"
 
 typedef enum bench_op {
@@ -43,6 +44,7 @@ static const char *bench_op_names[BENCH_OP_COUNT] = {
 
 typedef struct bench_settings {
     int64_t min_bytes, max_bytes, iters, warmup;
+    int barrier;      /* bench.barrier: each timed iteration after a barrier */
     loom_dtype dtype;
     loom_redop redop;
     const char *memory;
@@ -229,38 +231,57 @@ static int issue(loom_group *g, bench_op op, const bench_settings *st, bench_buf
     return rc != LOOM_OK ? rc : rc2;
 }
 
-/* Fill inputs, run the op once, and count wrong elements on this rank. */
+/* Elements of the op's send and receive buffers on this rank. */
+static void buffer_counts(bench_op op, size_t count, int n, size_t *send_count, size_t *recv_count)
+{
+    *send_count = *recv_count = count;
+    if (op == BENCH_ALLGATHER || op == BENCH_ALLTOALL)
+        *recv_count = count * (size_t)n;
+    if (op == BENCH_REDUCESCATTER || op == BENCH_ALLTOALL)
+        *send_count = count * (size_t)n;
+}
+
+/* Write the inputs and poison the outputs, before the first untimed
+ * iteration: a send buffer never written maps the kernel's zero page, and
+ * reading it is faster than reading memory, so timing it would flatter
+ * every backend at large sizes. */
+static int write_inputs(loom_group *g, bench_op op, const bench_settings *st, bench_buffers *b,
+                        size_t count)
+{
+    const loom_comm_api *c = &loom_core_comm_api;
+    int rank = c->rank(g), n = c->size(g);
+    size_t es = loom_dtype_size(st->dtype), send_count, recv_count;
+    buffer_counts(op, count, n, &send_count, &recv_count);
+    if (op == BENCH_ALLTOALL) {
+        /* block j of rank r's send: the values rank r addresses to rank j */
+        for (int j = 0; j < n; j++)
+            fill_input((char *)b->host_send + (size_t)j * count * es, st->dtype, rank,
+                       (size_t)j * count, count);
+    } else {
+        fill_input(b->host_send, st->dtype, rank, 0, send_count);
+    }
+    memset(b->host_recv, 0xff, recv_count * es); /* no stale right answers */
+    int rc = to_op(b, b->send, b->host_send, send_count * es);
+    return rc == LOOM_OK ? to_op(b, b->recv, b->host_recv, recv_count * es) : rc;
+}
+
+/* Count the wrong elements of the result the timed iterations left on this
+ * rank. Every op here reads only its inputs, so the last iteration's result
+ * is the one of the inputs write_inputs wrote: a timed op that read
+ * anything else shows up here. */
 static int check(loom_group *g, bench_op op, const bench_settings *st, bench_buffers *b,
                  size_t count, uint64_t *wrong)
 {
     const loom_comm_api *c = &loom_core_comm_api;
     int rank = c->rank(g), n = c->size(g);
-    size_t es = loom_dtype_size(st->dtype);
-    size_t send_count = count, recv_count = count;
-    if (op == BENCH_ALLGATHER)
-        recv_count = count * (size_t)n;
-    if (op == BENCH_REDUCESCATTER || op == BENCH_ALLTOALL)
-        send_count = count * (size_t)n;
-    if (op == BENCH_ALLTOALL)
-        recv_count = count * (size_t)n;
+    size_t send_count, recv_count;
+    buffer_counts(op, count, n, &send_count, &recv_count);
     void *hsend = b->host_send, *hrecv = b->host_recv;
-    if (op == BENCH_ALLTOALL) {
-        /* block j of rank r's send: the values rank r addresses to rank j */
-        for (int j = 0; j < n; j++)
-            fill_input((char *)hsend + (size_t)j * count * es, st->dtype, rank,
-                       (size_t)j * count, count);
-    } else {
-        fill_input(hsend, st->dtype, rank, 0, send_count);
-    }
-    memset(hrecv, 0xff, recv_count * es); /* no stale right answers */
-    int rc = to_op(b, b->send, hsend, send_count * es);
-    if (rc == LOOM_OK)
-        rc = to_op(b, b->recv, hrecv, recv_count * es);
-    if (rc == LOOM_OK)
-        rc = issue(g, op, st, b, count);
+    int rc = LOOM_OK;
 #ifdef LOOM_HAVE_CUDA
     /* the broadcast root's buffer is its send buffer */
-    if (rc == LOOM_OK && b->device) {
+    size_t es = loom_dtype_size(st->dtype);
+    if (b->device) {
         if (op == BENCH_BROADCAST && rank == 0)
             rc = loom_device_copy(hsend, b->send, count * es, b->timeout_s);
         else
@@ -326,16 +347,36 @@ static int run_size(loom_group *g, bench_op op, const bench_settings *st, bench_
     row->op = op;
     row->bytes = total * es;
     row->count = total;
-    int rc = LOOM_OK;
+    int rc = write_inputs(g, op, st, b, count);
     for (int64_t i = 0; i < st->warmup && rc == LOOM_OK; i++)
         rc = issue(g, op, st, b, count);
     loom_request *req = NULL;
     if (rc == LOOM_OK && (rc = c->barrier(g, &req)) == LOOM_OK)
         rc = c->wait(req);
-    uint64_t t0 = loom_now_ns();
-    for (int64_t i = 0; i < st->iters && rc == LOOM_OK; i++)
-        rc = issue(g, op, st, b, count);
-    double us = (double)(loom_now_ns() - t0) / 1e3 / (double)st->iters;
+    double us;
+    if (st->barrier) {
+        /* each iteration alone, from a common start: the time of one op,
+         * without the overlap of back-to-back ones */
+        uint64_t busy = 0;
+        for (int64_t i = 0; i < st->iters && rc == LOOM_OK; i++) {
+            if ((rc = c->barrier(g, &req)) == LOOM_OK && (rc = c->wait(req)) == LOOM_OK) {
+                uint64_t t0 = loom_now_ns();
+                rc = issue(g, op, st, b, count);
+                busy += loom_now_ns() - t0;
+            }
+        }
+        us = (double)busy / 1e3 / (double)st->iters;
+    } else {
+        uint64_t t0 = loom_now_ns();
+        for (int64_t i = 0; i < st->iters && rc == LOOM_OK; i++)
+            rc = issue(g, op, st, b, count);
+        us = (double)(loom_now_ns() - t0) / 1e3 / (double)st->iters;
+    }
+    /* No rank starts its check (a pass over the whole result on the CPU)
+     * while another still times: where ranks share cores it would slow
+     * their last iterations, by milliseconds at 4 ranks on 2 cores. */
+    if (rc == LOOM_OK && (rc = c->barrier(g, &req)) == LOOM_OK)
+        rc = c->wait(req);
     uint64_t wrong = 0;
     if (rc == LOOM_OK)
         rc = check(g, op, st, b, count, &wrong);
@@ -356,10 +397,15 @@ static int run_size(loom_group *g, bench_op op, const bench_settings *st, bench_
     return LOOM_OK;
 }
 
-static void print_header(const char *backend, int n, const bench_settings *st)
+/* why: how "auto" chose the backend, or "" when the config named it. */
+static void print_header(const char *backend, const char *why, int n, const bench_settings *st)
 {
-    printf("#\n# loom bench: backend %s, %d ranks, %s memory, %lld warm-up + %lld timed iterations\n",
-           backend, n, st->memory, (long long)st->warmup, (long long)st->iters);
+    printf("#\n# loom bench: backend %s%s%s%s, %d ranks, %s memory, %lld warm-up + %lld timed "
+           "iterations%s\n", backend, why[0] ? " (" : "", why, why[0] ? ")" : "", n, st->memory,
+           (long long)st->warmup, (long long)st->iters,
+           st->barrier ? ", each after a barrier" : " back to back");
+    if (loom_launch_binding())
+        printf("# launch: %s\n", loom_launch_binding());
     printf("# %-13s %12s %12s %6s %6s %10s %9s %9s %7s\n", "op", "size", "count", "type",
            "redop", "time", "algbw", "busbw", "#wrong");
     printf("# %-13s %12s %12s %6s %6s %10s %9s %9s %7s\n", "", "(B)", "(elements)", "", "",
@@ -400,6 +446,7 @@ static int read_settings(const loom_config *cfg, bench_settings *st)
     loom_config_int(cfg, "bench.max_bytes", &st->max_bytes);
     loom_config_int(cfg, "bench.iters", &st->iters);
     loom_config_int(cfg, "bench.warmup", &st->warmup);
+    loom_config_bool(cfg, "bench.barrier", &st->barrier);
     st->memory = "host";
     loom_config_string(cfg, "bench.memory", &st->memory);
     s = "f32";
@@ -434,7 +481,8 @@ static int read_settings(const loom_config *cfg, bench_settings *st)
  * an error only when the backend failed mid-way. *ran is set when it
  * started; an unavailable one is reported and skipped, and why kept in
  * unavailable (the last one's). */
-static int bench_backend(loom_runtime *rt, const char *backend, const bench_settings *st,
+static int bench_backend(loom_runtime *rt, const char *backend, const char *why,
+                         const bench_settings *st,
                          const int *ops, int nops, FILE *json, int *json_first,
                          uint64_t *wrong_total, int *ran, char *unavailable, size_t why_cap)
 {
@@ -485,7 +533,7 @@ static int bench_backend(loom_runtime *rt, const char *backend, const bench_sett
         b.host_recv = b.recv;
     }
     if (rank == 0)
-        print_header(backend, n, st);
+        print_header(backend, why, n, st);
     for (int k = 0; k < nops && rc == LOOM_OK; k++) {
         bench_op op = (bench_op)ops[k];
         for (int64_t bytes = st->min_bytes; bytes <= st->max_bytes; bytes = bytes ? bytes * 2 : 1) {
@@ -581,8 +629,13 @@ int loom_cmd_bench(int argc, char **argv)
     char unavailable[1024] = "";
     for (int i = 0; i < nbackends && rc == LOOM_OK; i++) {
         const char *backend = loom_config_list_string(cfg, "bench.comms", i);
+        char why[1024] = "";
+        if (!strcmp(backend, "auto") &&
+            (rc = loom_comm_auto(rt, strcmp(st.memory, "device") ? LOOM_MEM_HOST : LOOM_MEM_DEVICE,
+                                 &backend, why, sizeof why)) != LOOM_OK)
+            break;
         int started = 0;
-        rc = bench_backend(rt, backend, &st, ops, nops, json, &json_first, &wrong, &started,
+        rc = bench_backend(rt, backend, why, &st, ops, nops, json, &json_first, &wrong, &started,
                            unavailable, sizeof unavailable);
         ran += started;
     }

@@ -2,6 +2,11 @@
  * machine, for development and tests; across machines jobs run under
  * mpirun or srun (DESIGN §3).
  *
+ * Ranks are pinned to cores by default, one core each when they fit, as
+ * mpirun's --bind-to core: a rank that migrates between cores pays for it
+ * in every small message (2.4-3.3 us per small allreduce unpinned against
+ * 0.8-1.0 us pinned over comm-ucx here).
+ *
  * The launcher is one poll loop over the ranks' output pipes and a
  * self-pipe that the signal handlers write to. Each rank runs in its own
  * process group, so stopping a rank stops what it started too (a shell and
@@ -12,6 +17,7 @@
 #include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +36,22 @@
 #define MAX_PARTIAL 65536 /* a longer line is cut rather than held */
 
 static const char usage_text[] =
-    "usage: loom launch -n N [--timeout S] [--max-restarts R] "
+    "usage: loom launch -n N [--timeout S] [--max-restarts R] [--bind core|none] "
     "[--nnodes M --node-rank K --master HOST:PORT] [-v] [--flight FILE] [--] CMD [ARGS...]";
+
+/* --bind: unset pins one core per rank when the ranks fit on the cores
+ * the launcher may use, and leaves them free when they do not; core pins
+ * them whatever (rank i on core i mod cores); none never pins. */
+typedef enum bind_mode { BIND_FIT, BIND_CORE, BIND_NONE } bind_mode;
+
+/* Which cpu each local rank gets, and the sentence the ranks' headers
+ * show (LOOM_BIND): "bound rank 0 to cpu 0, rank 1 to cpu 1". */
+typedef struct binding {
+    int on;
+    int cpus[CPU_SETSIZE]; /* the allowed cpus, in order */
+    int ncpus;
+    char text[512];
+} binding;
 
 /* One of a rank's output pipes and the unfinished line read from it. */
 typedef struct rank_stream {
@@ -69,6 +89,7 @@ typedef struct launcher {
     char flight_dir[4096];  /* the ranks' flight recorder tables; "" when none */
     int verbose;            /* -v: each rank's last operations with the diagnosis */
     const char *flight_out; /* --flight FILE: them into FILE */
+    const binding *bind;    /* which cpu each rank gets */
 } launcher;
 
 static int signal_pipe[2] = {-1, -1};
@@ -516,6 +537,15 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
     set_env_int("LOOM_LOCAL_RANK", r);
     set_env_int("LOOM_LOCAL_SIZE", L->n);
     set_env_int("LOOM_RESTART", L->restart);
+    setenv("LOOM_BIND", L->bind->text, 1);
+    if (L->bind->on) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(L->bind->cpus[r % L->bind->ncpus], &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0)
+            fprintf(stderr, "loom launch: cannot bind rank %d to cpu %d: %s; it runs unbound\n",
+                    L->first_rank + r, L->bind->cpus[r % L->bind->ncpus], strerror(errno));
+    }
     if (job_tmpdir[0])
         setenv("TMPDIR", job_tmpdir, 1);
     setenv("MASTER_ADDR", L->master, 1);
@@ -605,6 +635,7 @@ typedef struct launch_args {
     int master_port;
     int verbose;            /* -v */
     const char *flight_out; /* --flight FILE */
+    bind_mode bind;         /* --bind */
     int cmd_index;
 } launch_args;
 
@@ -642,6 +673,12 @@ static const char *take_value(const char *name, const char *value, launch_args *
         a->flight_out = value;
         return value[0] ? NULL : "--flight needs a file name";
     }
+    if (!strcmp(name, "--bind")) {
+        if (strcmp(value, "core") && strcmp(value, "none"))
+            return "--bind needs core (one core per rank) or none";
+        a->bind = !strcmp(value, "core") ? BIND_CORE : BIND_NONE;
+        return NULL;
+    }
     long v = strtol(value, &end, 10);
     int bad = end == value || *end || errno;
     if (!strcmp(name, "-n")) {
@@ -666,8 +703,9 @@ static const char *take_value(const char *name, const char *value, launch_args *
 
 static int parse_args(int argc, char **argv, launch_args *a)
 {
-    static const char *const options[] = {"-n", "--timeout", "--max-restarts", "--nnodes",
-                                          "--node-rank", "--master", "--flight", NULL};
+    static const char *const options[] = {"-n",     "--timeout", "--max-restarts", "--nnodes",
+                                          "--node-rank", "--master", "--flight", "--bind",
+                                          NULL};
     *a = (launch_args){.nnodes = 1};
     int i = 1;
     while (i < argc) {
@@ -728,6 +766,46 @@ static int parse_args(int argc, char **argv, launch_args *a)
         return usage_error("no command to run");
     a->cmd_index = i;
     return -1;
+}
+
+/* The cpus the launcher may use (its own affinity: a cgroup, taskset or an
+ * outer launcher's binding) and, by --bind, the one each rank gets. */
+static void plan_binding(const launch_args *a, binding *b)
+{
+    cpu_set_t allowed;
+    b->on = 0;
+    b->ncpus = 0;
+    int got = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+    for (int c = 0; got && c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed))
+            b->cpus[b->ncpus++] = c;
+    if (a->bind == BIND_NONE) {
+        snprintf(b->text, sizeof b->text, "not bound (--bind none)");
+        return;
+    }
+    if (b->ncpus == 0) {
+        snprintf(b->text, sizeof b->text, "not bound: sched_getaffinity: %s", strerror(errno));
+        return;
+    }
+    if (a->bind == BIND_FIT && a->n > b->ncpus) {
+        snprintf(b->text, sizeof b->text,
+                 "not bound: %d ranks on %d cpu%s (--bind core would pin them, sharing cpus)",
+                 a->n, b->ncpus, b->ncpus == 1 ? "" : "s");
+        return;
+    }
+    b->on = 1;
+    enum { SHOWN = 8 };
+    size_t len = (size_t)snprintf(b->text, sizeof b->text, "bound");
+    int first = a->node_rank * a->n;
+    for (int r = 0; r < a->n && r < SHOWN; r++)
+        len += (size_t)snprintf(b->text + len, sizeof b->text - len, "%s rank %d to cpu %d",
+                                r ? "," : "", first + r, b->cpus[r % b->ncpus]);
+    if (a->n > SHOWN)
+        len += (size_t)snprintf(b->text + len, sizeof b->text - len, ", ... (%d ranks, one cpu "
+                                "each in turn)", a->n);
+    if (a->n > b->ncpus)
+        snprintf(b->text + len, sizeof b->text - len, " (%d ranks share %d cpu%s)", a->n,
+                 b->ncpus, b->ncpus == 1 ? "" : "s");
 }
 
 /* Ranks, their streams closed, and the signal pipe; 0, or -1 reported. */
@@ -899,7 +977,8 @@ static void make_flight_dir(launcher *L)
 /* One run of every rank: its exit code (0 when all succeeded); *stop set
  * when nothing should be restarted (the user's signal, the --timeout, or
  * a failure of the launcher itself). */
-static int run_once(const launch_args *a, int restart, uint64_t end_deadline, char **cmd, int *stop)
+static int run_once(const launch_args *a, const binding *bind, int restart,
+                    uint64_t end_deadline, char **cmd, int *stop)
 {
     launcher L;
     if (launcher_init(&L, a->n, a->timeout_s) != 0) {
@@ -921,6 +1000,7 @@ static int run_once(const launch_args *a, int restart, uint64_t end_deadline, ch
     L.end_deadline = end_deadline;
     L.verbose = a->verbose;
     L.flight_out = a->flight_out;
+    L.bind = bind;
     make_flight_dir(&L);
     saved_signals saved;
     take_signals(&saved);
@@ -956,11 +1036,15 @@ static void remove_job_tmpdir(void)
 
 static int launch(const launch_args *a, char **cmd)
 {
+    static binding bind; /* CPU_SETSIZE cpus: not on the stack */
+    plan_binding(a, &bind);
+    if (a->verbose)
+        fprintf(stderr, "loom launch: %s\n", bind.text);
     /* the --timeout covers the whole job, restarts included */
     uint64_t end_deadline = a->timeout_s > 0 ? loom_now_ns() + (uint64_t)(a->timeout_s * 1e9) : 0;
     for (int restart = 0;; restart++) {
         int stop = 0;
-        int rc = run_once(a, restart, end_deadline, cmd, &stop);
+        int rc = run_once(a, &bind, restart, end_deadline, cmd, &stop);
         if (rc == 0 || stop || restart == a->max_restarts)
             return rc;
         /* as torchrun: every rank again, the job resuming from its latest

@@ -160,6 +160,12 @@ static int detect_from(const launcher_vars *lv, loom_launch_env *out)
     return LOOM_OK;
 }
 
+const char *loom_launch_binding(void)
+{
+    const char *text = getenv("LOOM_BIND");
+    return text && text[0] ? text : NULL;
+}
+
 int loom_bootstrap_detect(loom_launch_env *out)
 {
     out->rank = 0;

@@ -13,6 +13,10 @@ typedef struct loom_launch_env {
     const char *source; /* "LOOM", "OMPI", "PMI", "SLURM", "torchrun", "none" */
 } loom_launch_env;
 int loom_bootstrap_detect(loom_launch_env *out);
+/* What `loom launch` pinned this job's ranks to, for the run's header
+ * ("bound rank 0 to cpu 0, rank 1 to cpu 1", "not bound (--bind none)");
+ * NULL when another launcher started it. */
+const char *loom_launch_binding(void);
 
 /* The TCP key-value store rank 0 serves (a thread in rank 0). The address is
  * MASTER_ADDR/MASTER_PORT, else LOOM_STORE_ADDR/LOOM_STORE_PORT, else

@@ -193,8 +193,9 @@ static const schema_entry schema[] = {
     S("parallel.pp.stage_layers", V_INTS, "", .lo = 0, .flags = GE,
       .help = "layers per stage; empty = split evenly"),
 
-    S("comm.default", V_STRING, "mpi", .flags = NONEMPTY,
-      .help = "comm plugin of every axis not named below"),
+    S("comm.default", V_STRING, "auto", .flags = NONEMPTY,
+      .help = "comm plugin of every axis not named below; \"auto\": comm-ucx for host memory "
+      "when it loads on every rank, comm-nccl for device memory, else comm-mpi"),
     S("comm.timeout_s", V_FLOAT, "60.0", .lo = 0, .flags = GT,
       .help = "no communication waits longer than this"),
     S("comm.tp", V_STRING, "", .help = "comm plugin of the tp axis; empty = comm.default"),
@@ -210,7 +211,9 @@ static const schema_entry schema[] = {
     S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE | WIDE,
       .help = "host bytes per rank the accounting may hold; 0: no limit"),
 
-    S("bench.comms", V_STRINGS, "mpi", .flags = NONEMPTY | SOME, .help = "comm plugins to compare"),
+    S("bench.comms", V_STRINGS, "auto", .flags = NONEMPTY | SOME,
+      .help = "comm plugins to compare; \"auto\": the one comm.default = \"auto\" picks for "
+      "bench.memory"),
     S("bench.ops", V_STRINGS,
       "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, sendrecv",
       .choices = bench_ops, .flags = SOME, .help = "operations to time"),
@@ -219,6 +222,9 @@ static const schema_entry schema[] = {
       .help = "largest message (sizes double from min_bytes)"),
     S("bench.iters", V_INT, "20", .lo = 1, .flags = GE, .help = "timed iterations per size"),
     S("bench.warmup", V_INT, "5", .lo = 0, .flags = GE, .help = "untimed iterations per size"),
+    S("bench.barrier", V_BOOL, "false",
+      .help = "true: a barrier before every timed iteration, each timed alone (as ucc_perftest "
+      "and the OSU benchmarks time); false: back to back (as nccl-tests)"),
     S("bench.memory", V_STRING, "host", .choices = mem_kinds, .help = "buffer memory kind"),
     S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
     S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),

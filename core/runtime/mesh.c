@@ -29,17 +29,78 @@ void loom_mesh_coords_of(const int sizes[LOOM_AXIS_COUNT], int rank, int coords[
     }
 }
 
-/* The backend of an axis: comm.<axis> if set, else comm.default (whose
- * default the config schema holds). */
-static const char *axis_backend(const loom_config *cfg, loom_axis axis)
+/* The name of an axis's backend as the config gives it: comm.<axis> if
+ * set, else comm.default (whose default the config schema holds); *path
+ * says which. May be "auto". */
+static const char *axis_setting(const loom_config *cfg, loom_axis axis, const char **path)
 {
-    char path[32];
+    static char axis_path[LOOM_AXIS_COUNT][32];
     const char *name = NULL;
-    snprintf(path, sizeof path, "comm.%s", loom_axis_name(axis));
-    if (loom_config_string(cfg, path, &name) == LOOM_OK && name && name[0])
+    snprintf(axis_path[axis], sizeof axis_path[axis], "comm.%s", loom_axis_name(axis));
+    *path = axis_path[axis];
+    if (loom_config_string(cfg, axis_path[axis], &name) == LOOM_OK && name && name[0])
         return name;
+    *path = "comm.default";
     loom_config_string(cfg, "comm.default", &name);
     return name;
+}
+
+int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, char *why,
+                   size_t cap)
+{
+    /* Every rank resolves in the same order, so the n-th call of each
+     * agrees under keys of its own. */
+    static int rounds;
+    int round = rounds++, device = memory == LOOM_MEM_DEVICE;
+    const char *want = device ? "nccl" : "ucx", *kind = device ? "device" : "host";
+    char refused[768] = "";
+    const loom_plugin *plugin = NULL;
+    /* refused: why not, as ": <reason>", then " on rank N: <reason>" */
+    if (loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, want, &plugin) != LOOM_OK)
+        snprintf(refused, sizeof refused, ": %.700s", loom_last_error());
+    else if (!(plugin->ops.comm.mem_kinds & LOOM_MEM_BIT(memory)))
+        snprintf(refused, sizeof refused, ": it does not take %s memory", kind);
+    /* A plugin that loads on some ranks only (a node without UCX) must not
+     * split the job: any rank that cannot use it makes every rank fall
+     * back, and says why. */
+    loom_store *store = loom_runtime_store(rt);
+    if (store) {
+        int rank = loom_runtime_env(rt)->rank;
+        char count_key[64], why_key[64], barrier[64];
+        snprintf(count_key, sizeof count_key, "comm.auto/%d/refused", round);
+        snprintf(why_key, sizeof why_key, "comm.auto/%d/why", round);
+        snprintf(barrier, sizeof barrier, "comm.auto/%d", round);
+        int64_t refusals = 0;
+        int rc = LOOM_OK;
+        if (refused[0]) {
+            char mine[sizeof refused];
+            snprintf(mine, sizeof mine, " on rank %d%.700s", rank, refused);
+            rc = loom_store_put(store, why_key, mine, strlen(mine) + 1);
+            if (rc == LOOM_OK)
+                rc = loom_store_add(store, count_key, 1, NULL);
+        }
+        if (rc == LOOM_OK)
+            rc = loom_store_barrier(store, barrier, loom_runtime_timeout(rt));
+        if (rc == LOOM_OK)
+            rc = loom_store_add(store, count_key, 0, &refusals);
+        size_t len = 0;
+        if (rc == LOOM_OK && refusals > 0 &&
+            (rc = loom_store_get(store, why_key, refused, sizeof refused - 1, &len,
+                                 loom_runtime_timeout(rt))) == LOOM_OK)
+            refused[len < sizeof refused - 1 ? len : sizeof refused - 1] = '\0';
+        if (rc != LOOM_OK) {
+            char detail[1024];
+            snprintf(detail, sizeof detail, "%s", loom_last_error());
+            return loom_fail(rc, "comm.default = \"auto\": the ranks could not agree on a "
+                             "backend: %s", detail);
+        }
+    }
+    *name = refused[0] ? "mpi" : want;
+    if (refused[0])
+        snprintf(why, cap, "auto: %s memory, comm-%s does not load%s", kind, want, refused);
+    else
+        snprintf(why, cap, "auto: %s memory, comm-%s loads", kind, want);
+    return LOOM_OK;
 }
 
 /* A comm plugin the config names: it must exist and its group
@@ -48,7 +109,7 @@ static const char *axis_backend(const loom_config *cfg, loom_axis axis)
 static int check_backend(loom_runtime *rt, const char *name, const char *path)
 {
     const loom_config *cfg = loom_runtime_config(rt);
-    if (!strcmp(name, "self"))
+    if (!strcmp(name, "self") || !strcmp(name, "auto")) /* auto: loom_comm_auto says */
         return LOOM_OK;
     const loom_plugin *plugin = NULL;
     const loom_host *host = NULL;
@@ -89,6 +150,35 @@ static int check_named_backends(loom_runtime *rt)
     return rc;
 }
 
+/* mesh->comm_choice, why each axis uses its backend: "ucx (auto: host
+ * memory, comm-ucx loads)" or "mpi (comm.default)" when every axis that
+ * communicates agrees, else per axis: "tp mpi (comm.tp); dp ucx (auto: ...)".
+ * whys[a]: the auto reason, or the setting that named the backend. */
+static void describe_choice(loom_mesh *mesh, const char *const backends[LOOM_AXIS_COUNT],
+                            const char *const whys[LOOM_AXIS_COUNT])
+{
+    const char *first = NULL, *first_why = NULL;
+    int mixed = 0;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        if (!backends[a])
+            continue;
+        if (first)
+            mixed |= strcmp(first, backends[a]) != 0 || strcmp(first_why, whys[a]) != 0;
+        else
+            first = backends[a], first_why = whys[a];
+    }
+    size_t n = 0, cap = sizeof mesh->comm_choice;
+    mesh->comm_choice[0] = '\0';
+    if (first && !mixed) {
+        snprintf(mesh->comm_choice, cap, "%s (%s)", first, first_why);
+        return;
+    }
+    for (int a = 0; a < LOOM_AXIS_COUNT && n < cap; a++)
+        if (backends[a])
+            n += (size_t)snprintf(mesh->comm_choice + n, cap - n, "%s%s %s (%s)", n ? "; " : "",
+                                  loom_axis_name((loom_axis)a), backends[a], whys[a]);
+}
+
 typedef struct backend_world {
     const char *name;
     loom_group *group;
@@ -127,15 +217,38 @@ int loom_mesh_create(loom_runtime *rt, loom_mesh **out)
         return LOOM_ERR_INVALID;
     }
 
+    /* Each axis's backend; "auto" resolved once, for host memory: the
+     * trainer's tensors live on the host. */
+    const char *backends[LOOM_AXIS_COUNT] = {0}, *whys[LOOM_AXIS_COUNT] = {0};
+    const char *auto_name = NULL;
+    char auto_why[1024] = "";
+    int rc = LOOM_OK;
+    for (int a = 0; a < LOOM_AXIS_COUNT && rc == LOOM_OK; a++) {
+        if (mesh->sizes[a] == 1)
+            continue;
+        backends[a] = axis_setting(cfg, (loom_axis)a, &whys[a]);
+        if (strcmp(backends[a], "auto") != 0)
+            continue;
+        if (!auto_name)
+            rc = loom_comm_auto(rt, LOOM_MEM_HOST, &auto_name, auto_why, sizeof auto_why);
+        backends[a] = auto_name;
+        whys[a] = auto_why;
+    }
+    if (rc != LOOM_OK) {
+        free(mesh);
+        return rc;
+    }
+    describe_choice(mesh, backends, whys);
+
     /* One world group per backend in use; axes of size one get self. */
     backend_world worlds[LOOM_AXIS_COUNT] = {{0}};
-    int nworlds = 0, rc = LOOM_OK;
+    int nworlds = 0;
     for (int a = 0; a < LOOM_AXIS_COUNT && rc == LOOM_OK; a++) {
         if (mesh->sizes[a] == 1) {
             rc = loom_group_self(rt, &mesh->groups[a]);
             continue;
         }
-        const char *backend = axis_backend(cfg, (loom_axis)a);
+        const char *backend = backends[a];
         backend_world *bw = NULL;
         for (int i = 0; i < nworlds; i++)
             if (!strcmp(worlds[i].name, backend))

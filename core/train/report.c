@@ -292,6 +292,10 @@ void trainer_print_header(const trainer *t)
            loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
            t->peak_source);
+    if (t->mesh->comm_choice[0])
+        printf("comm: %s\n", t->mesh->comm_choice);
+    if (loom_launch_binding())
+        printf("launch: %s\n", loom_launch_binding());
     if (t->pipeline)
         print_stages(t);
     fflush(stdout);

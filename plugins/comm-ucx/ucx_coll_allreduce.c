@@ -11,6 +11,13 @@
  *                      reduction of a chunk reads it from cache, just
  *                      received, rather than from memory.
  *
+ *  direct              every rank sends each block of its vector straight
+ *                      to the rank that owns it, which reduces them chunk
+ *                      by chunk in cache (reducescatter direct), then sends
+ *                      its reduced block to every rank at once: two steps
+ *                      at any rank count, for ranks on one host, where cma
+ *                      lets every receiver pull at once.
+ *
  * Rank counts that are not a power of two fold the extra ranks in (see
  * real_rank in ucx_internal.h); the ranks that sat out get the result from
  * their partners at the end.
@@ -215,4 +222,54 @@ void build_allreduce_ring(loom_comm_request *r)
         next_prod = swap;
     }
     free(prod < next_prod ? prod : next_prod);
+}
+
+void build_allreduce_direct(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0), mo = blk_off(count, n, me), ml = blk_len(count, n, me);
+    const char *sb = r->call.send;
+    char *rb = r->call.recv;
+    int depth = r->comm->set.pipeline_depth > n - 1 ? r->comm->set.pipeline_depth : n - 1;
+    slot_ring in;
+    if (slots_init_depth(r, &in, ml < ce ? ml : ce, depth) != LOOM_OK)
+        return;
+    /* The gathered blocks land in recv at once. In place, block j of recv is
+     * also what this rank sends j to reduce; j's reduced block comes only
+     * after j has all of its parts, so never over one still to be read. */
+    for (int s = 1; s < n; s++) {
+        int from = mod(me - s, n);
+        sched_recv(r, from, rb + blk_off(count, n, from) * es, blk_len(count, n, from) * es,
+                   1, 0);
+    }
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n);
+        send_chunks(r, to, sb, es, blk_off(count, n, to), blk_len(count, n, to), ce, 0, -1);
+    }
+    int first = r->nops;
+    for (int k = 0; k < nchunks(ml, ce); k++) {
+        size_t o = mo + (size_t)k * ce, l = chunk_len(ml, k, ce);
+        int last = -1;
+        for (int s = 1; s < n; s++) {
+            int free_dep;
+            char *t = slots_take(&in, &free_dep);
+            int rv = sched_recv(r, mod(me - s, n), t, l * es, 0, k);
+            sched_after(r, rv, free_dep);
+            int rd = sched_reduce(r, rb + o * es, t, (s == 1 ? sb : rb) + o * es, l);
+            sched_after(r, rd, rv);
+            sched_after(r, rd, last);
+            slots_used(&in, rd);
+            last = rd;
+        }
+        if (r->call.redop == LOOM_AVG) {
+            int d = sched_divide(r, rb + o * es, l);
+            sched_after(r, d, last);
+        }
+    }
+    int mine = join_since(r, first);
+    for (int s = 1; s < n; s++) {
+        int so = sched_send(r, mod(me + s, n), rb + mo * es, ml * es, 1, 0);
+        sched_after(r, so, mine);
+    }
 }

@@ -14,6 +14,13 @@
  *  reducescatter ring            n-1 steps; the partial sum of a block
  *                                travels the ring and ends on its owner.
  *  reducescatter recursive halving  log2(p) steps halving the range.
+ *  reducescatter direct          every rank sends each block straight to
+ *                                its owner at once, and the owner reduces
+ *                                the n-1 it gets into its own, chunk by
+ *                                chunk: one step, so no rank waits for a
+ *                                slower one to pass a partial sum on (ranks
+ *                                that share cores), and each byte of the
+ *                                result is written once, from cache.
  *
  * Blocks are `count` elements; rank r's block is at r * count. The ring
  * ones move in chunks so a step starts as soon as its first chunk is in. */
@@ -249,5 +256,44 @@ void build_reducescatter_rh(loom_comm_request *r)
     if (me < 2 * extra) {
         int s = sched_send(r, me - 1, acc + (size_t)(me - 1) * count * es, count * es, final_step, 0);
         sched_after(r, s, join);
+    }
+}
+
+void build_reducescatter_direct(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0);
+    const char *sb = r->call.send, *mine = sb + (size_t)me * count * es;
+    char *rb = r->call.recv;
+    /* a slot per peer, so every peer's chunk can be on its way at once */
+    int depth = r->comm->set.pipeline_depth > n - 1 ? r->comm->set.pipeline_depth : n - 1;
+    slot_ring in;
+    if (slots_init_depth(r, &in, count < ce ? count : ce, depth) != LOOM_OK)
+        return;
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n);
+        send_chunks(r, to, sb, es, (size_t)to * count, count, ce, 0, -1);
+    }
+    /* chunk by chunk, so the sum being made stays in cache while the peers'
+     * parts of it come in; in the order of s, the same on every rank */
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
+        int last = -1;
+        for (int s = 1; s < n; s++) {
+            int free_dep;
+            char *t = slots_take(&in, &free_dep);
+            int rv = sched_recv(r, mod(me - s, n), t, l * es, 0, k);
+            sched_after(r, rv, free_dep);
+            int rd = sched_reduce(r, rb + o * es, t, s == 1 ? mine + o * es : rb + o * es, l);
+            sched_after(r, rd, rv);
+            sched_after(r, rd, last);
+            slots_used(&in, rd);
+            last = rd;
+        }
+        if (r->call.redop == LOOM_AVG) {
+            int d = sched_divide(r, rb + o * es, l);
+            sched_after(r, d, last);
+        }
     }
 }

@@ -38,6 +38,7 @@ enum {
     AR_RECURSIVE_DOUBLING = 1,
     AR_RING,
     AR_RABENSEIFNER,
+    AR_DIRECT,
     /* allgather */
     AG_RING = 1,
     AG_RECURSIVE_DOUBLING,
@@ -46,6 +47,7 @@ enum {
     /* reducescatter */
     RS_RING = 1,
     RS_RECURSIVE_HALVING,
+    RS_DIRECT,
     /* broadcast */
     BC_BINOMIAL = 1,
     BC_CHAIN,
@@ -82,11 +84,13 @@ typedef struct ucx_settings {
     int algo[UOP_COUNT];     /* forced algorithm, ALG_AUTO to choose by size */
     size_t small_bytes[UOP_COUNT]; /* below: the latency algorithm */
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
+    size_t allreduce_direct_bytes; /* at or above, on one host: direct */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
     int pipeline_depth;      /* receive buffers in flight per transfer stream */
     double spin_us;          /* a wait yields this long before sleeping on UCX's event fd */
+    double own_core_spin_us; /* the same for a rank with a core of its own */
 } ucx_settings;
 
 extern const loom_setting_spec ucx_settings_spec[];
@@ -111,6 +115,7 @@ typedef struct ucx_proc {
     ucp_worker_h worker;
     int efd;               /* the worker's event fd, -1 when UCX has none */
     double spin_us;        /* the progress thread's, from the first world */
+    int own_core;          /* this rank has a core to itself: waits spin before yielding */
     int world_size, world_rank;
     ucx_peer *peers;       /* by world rank */
     int generation;        /* contexts made so far in this process: part of store keys */
@@ -123,9 +128,11 @@ typedef struct ucx_proc {
     /* progress thread */
     int thread_on, thread_stop;
     pthread_t thread;
-    /* scratch buffers kept for reuse */
+    /* scratch buffers and requests kept for reuse */
     struct scratch_buf *scratch_free;
     size_t scratch_cached;
+    struct loom_comm_request *pool; /* linked by anext */
+    int npool;
 } ucx_proc;
 
 extern ucx_proc ucx;
@@ -221,6 +228,8 @@ typedef struct slot_ring {
 /* Slots of `elems` elements of the call's dtype, as many as the group's
  * pipeline_depth. */
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems);
+/* The same with `depth` slots (at most SLOTS_MAX). */
+int slots_init_depth(loom_comm_request *r, slot_ring *s, size_t elems, int depth);
 /* The next slot; *dep is the op to wait for before writing it. Its index
  * is s->taken until the next take. */
 char *slots_take(slot_ring *s, int *dep);
@@ -232,7 +241,12 @@ void slots_used_idx(slot_ring *s, int idx, int op);
 void sched_activate(loom_comm_request *r);
 int sched_progress_all(void);   /* worker progress + advance every active request */
 void sched_cancel(loom_comm_request *r); /* drop UCX requests still posted */
-void sched_free(loom_comm_request *r);   /* ops, deps, scratch (with ucx.lock held) */
+/* A request, zeroed but for the arrays a pooled one keeps (without
+ * ucx.lock held; NULL when out of memory). sched_free gives it back (with
+ * ucx.lock held): its scratch, and itself to the pool or to free. */
+loom_comm_request *sched_request(void);
+void sched_free(loom_comm_request *r);
+void sched_pool_release(void); /* at teardown, with ucx.lock held */
 void scratch_release_all(void);
 /* "allreduce #12 on group of 4" or "recv #3 from rank 2 (tag 7) on group of 4" */
 void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap);
@@ -253,11 +267,18 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-/* Waiting without hogging a core: yield for spin_us, then sleep on UCX's
- * event fd until a message comes (4 ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: spin a few empty polls (on a core of its
+ * own), then yield for spin_us (ucx_spin_us), then sleep on UCX's event fd
+ * until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
     uint64_t since_ns; /* 0: not idle */
+    int polls;         /* empty polls since it became idle */
+    int beside_caller; /* the progress thread: the core is the caller's too, never spin */
 } ucx_idle_state;
+/* Whether this process has a core of its own (ucx.own_core), and the
+ * spin_us of its waits by that. */
+int ucx_own_core(const loom_host *host);
+double ucx_spin_us(const ucx_settings *s);
 void ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */
@@ -400,11 +421,13 @@ int doubling_gather(loom_comm_request *r, char *buf, block_start_fn start, size_
 void build_allreduce_rd(loom_comm_request *r);
 void build_allreduce_ring(loom_comm_request *r);
 void build_allreduce_rabenseifner(loom_comm_request *r);
+void build_allreduce_direct(loom_comm_request *r);
 void build_allgather_ring(loom_comm_request *r);
 void build_allgather_rd(loom_comm_request *r);
 void build_allgather_bruck(loom_comm_request *r);
 void build_reducescatter_ring(loom_comm_request *r);
 void build_reducescatter_rh(loom_comm_request *r);
+void build_reducescatter_direct(loom_comm_request *r);
 void build_broadcast_binomial(loom_comm_request *r);
 void build_broadcast_direct(loom_comm_request *r);
 void build_broadcast_chain(loom_comm_request *r);

@@ -7,10 +7,12 @@
  * the process (ucx_wireup.c).
  *
  * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
- *   allreduce      recursive_doubling (small), rabenseifner, ring (large)
+ *   allreduce      recursive_doubling (small), rabenseifner, ring (large), direct
+ *                  (large, one host)
  *   allgather      recursive_doubling / bruck (small), ring (large), direct
  *                  (large, every member on one host)
- *   reducescatter  recursive_halving (small), ring (large)
+ *   reducescatter  recursive_halving (small), direct (larger, one host), ring
+ *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
  *   reduce         binomial (small), chain (large)
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sched.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -48,7 +51,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
     [UOP_ALLREDUCE] = {{"auto"},
                        {"recursive_doubling", "recursive doubling", build_allreduce_rd},
                        {"ring", "ring", build_allreduce_ring},
-                       {"rabenseifner", "rabenseifner", build_allreduce_rabenseifner}},
+                       {"rabenseifner", "rabenseifner", build_allreduce_rabenseifner},
+                       {"direct", "direct", build_allreduce_direct}},
     [UOP_ALLGATHER] = {{"auto"},
                        {"ring", "ring", build_allgather_ring},
                        {"recursive_doubling", "recursive doubling", build_allgather_rd},
@@ -56,7 +60,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
                        {"direct", "direct", build_exchange_posted}},
     [UOP_REDUCESCATTER] = {{"auto"},
                            {"ring", "ring", build_reducescatter_ring},
-                           {"recursive_halving", "recursive halving", build_reducescatter_rh}},
+                           {"recursive_halving", "recursive halving", build_reducescatter_rh},
+                           {"direct", "direct", build_reducescatter_direct}},
     [UOP_BROADCAST] = {{"auto"},
                        {"binomial", "binomial tree", build_broadcast_binomial},
                        {"chain", "chain", build_broadcast_chain},
@@ -97,11 +102,11 @@ const loom_setting_spec ucx_settings_spec[] = {
      "UCX reports failed peers itself (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 then cannot use "
      "shared memory or cma, so this is much slower on one host"},
     {.name = "allreduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, recursive_doubling, ring or rabenseifner"},
+     .help = "auto, recursive_doubling, ring, rabenseifner or direct"},
     {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, ring, recursive_doubling, bruck or direct"},
     {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, ring or recursive_halving"},
+     .help = "auto, ring, recursive_halving or direct"},
     {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
     {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
@@ -117,12 +122,17 @@ const loom_setting_spec ucx_settings_spec[] = {
      .help = "auto allreduce from this on, at rank counts that are not a power of two: ring (else "
      "Rabenseifner, whose fold-in step costs a whole-vector transfer there)",
      .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "allreduce_direct_bytes", .type = LOOM_SETTING_INT, .default_value = "8388608",
+     .help = "auto allreduce from this on, when the group is on one host: direct (each block "
+     "reduced once, in cache, by the rank that owns it, then sent to every rank at once)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
      "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
      "when the group is on one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
-     .help = "auto reducescatter below this: recursive halving; else ring",
+     .help = "auto reducescatter below this: recursive halving; else direct when the group is on "
+     "one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "broadcast_small_bytes", .type = LOOM_SETTING_INT, .default_value = "32768",
      .help = "auto broadcast below this: binomial tree; else direct when the group is on one host",
@@ -148,8 +158,14 @@ const loom_setting_spec ucx_settings_spec[] = {
      .help = "receive buffers per pipelined transfer (1-16)",
      .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 1, .max = SLOTS_MAX},
     {.name = "spin_us", .type = LOOM_SETTING_FLOAT, .default_value = "50", .help =
-     "a wait polls (yielding the core) this many microseconds before sleeping until UCX has an "
-     "event: lower frees the cores sooner for other ranks, higher answers small messages faster",
+     "where ranks share cores, a wait polls (yielding the core) this many microseconds before "
+     "sleeping until UCX has an event: lower frees the cores sooner for other ranks, higher "
+     "answers small messages faster",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "own_core_spin_us", .type = LOOM_SETTING_FLOAT, .default_value = "1000", .help =
+     "the same for a rank with a core of its own (its launcher pinned it, or this host runs no "
+     "more ranks than cores): it keeps polling through transfers of a few hundred microseconds "
+     "instead of waking from a sleep, which takes 100-200 us on a virtual machine",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "late_grace_s", .type = LOOM_SETTING_FLOAT, .default_value = "2.0", .help =
      "after a timeout, how long the core collects the other ranks' reports before naming the "
@@ -212,6 +228,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     }
     read_int(h, "allreduce_ring_bytes", 1048576, &v);
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "allreduce_direct_bytes", 8388608, &v);
+    s->allreduce_direct_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -235,6 +253,9 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     s->spin_us = 50;
     if (h->config_float && h->config_float(h, "spin_us", &d) == LOOM_OK && d >= 0)
         s->spin_us = d;
+    s->own_core_spin_us = 1000;
+    if (h->config_float && h->config_float(h, "own_core_spin_us", &d) == LOOM_OK && d >= 0)
+        s->own_core_spin_us = d;
     return LOOM_OK;
 }
 
@@ -257,12 +278,38 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* A small message's answer is often under a microsecond away, about what
+ * a sched_yield costs, so a wait first polls this many times without
+ * yielding (about a microsecond here), where the rank has a core of its
+ * own. With more ranks than cores the rank it waits for may need this
+ * core, and spinning would starve it. */
+#define BUSY_POLLS 32
+
+int ucx_own_core(const loom_host *host)
+{
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0)
+        return 0;
+    /* one cpu: a launcher pinned this rank (loom launch and mpirun pin one
+     * rank per core when they fit); else the ranks here share our cpus */
+    int cpus = CPU_COUNT(&mine), ranks = host->local_size > 0 ? host->local_size : 1;
+    return cpus == 1 || ranks <= cpus;
+}
+
+double ucx_spin_us(const ucx_settings *s)
+{
+    return ucx.own_core ? s->own_core_spin_us : s->spin_us;
+}
+
 void ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
         s->since_ns = 0;
+        s->polls = 0;
         return;
     }
+    if (ucx.own_core && !s->beside_caller && s->polls++ < BUSY_POLLS)
+        return;
     uint64_t now = now_ns();
     if (!s->since_ns)
         s->since_ns = now;
@@ -291,7 +338,7 @@ static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t seq)
 {
-    loom_comm_request *r = calloc(1, sizeof *r);
+    loom_comm_request *r = sched_request();
     if (!r)
         return NULL;
     r->comm = c;
@@ -307,11 +354,10 @@ static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t 
 /* With ucx.lock held. */
 static void req_release(loom_comm_request *r)
 {
-    sched_free(r);
     loom_comm *c = r->comm;
     if (c)
         group_untrack(&c->group, &r->pending);
-    free(r);
+    sched_free(r);
 }
 
 /* Start a built request. Returns LOOM_OK with *out (NULL when it completed
@@ -356,14 +402,18 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
     int n = c->group.size, small = bytes < s->small_bytes[uop];
     switch (uop) {
     case UOP_ALLREDUCE:
-        return small                                           ? AR_RECURSIVE_DOUBLING
-               : is_pow2(n) || bytes < s->allreduce_ring_bytes ? AR_RABENSEIFNER
-                                                               : AR_RING;
+        return small                                            ? AR_RECURSIVE_DOUBLING
+               : c->local && bytes >= s->allreduce_direct_bytes ? AR_DIRECT
+               : is_pow2(n) || bytes < s->allreduce_ring_bytes  ? AR_RABENSEIFNER
+                                                                : AR_RING;
     case UOP_ALLGATHER:
         return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
-    case UOP_REDUCESCATTER: return small ? RS_RECURSIVE_HALVING : RS_RING;
+    case UOP_REDUCESCATTER:
+        return small      ? RS_RECURSIVE_HALVING
+               : c->local ? RS_DIRECT /* one step, each sum made once in cache */
+                          : RS_RING;
     case UOP_BROADCAST:
         return small || n == 2                    ? BC_BINOMIAL
                : c->local                         ? BC_DIRECT
@@ -508,6 +558,12 @@ static int finish(loom_comm_request *r)
 {
     const loom_host *h = r->host;
     int st = r->status;
+    if (st == LOOM_OK) {
+        pthread_mutex_lock(&ucx.lock);
+        req_release(r);
+        pthread_mutex_unlock(&ucx.lock);
+        return LOOM_OK;
+    }
     char err[1536];
     memcpy(err, r->error, sizeof r->error);
     loom_comm *c = r->comm;
@@ -617,7 +673,7 @@ static int ucx_wait(loom_comm_request *r)
             return finish(r);
         if (t - t0 > timeout)
             break;
-        ucx_idle(&idle, events, r->comm ? r->comm->set.spin_us : 50);
+        ucx_idle(&idle, events, r->comm ? ucx_spin_us(&r->comm->set) : 50);
     }
 
     /* Timed out: say what we wait for; the core adds who did not come. */

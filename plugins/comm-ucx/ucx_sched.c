@@ -232,8 +232,13 @@ int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
 
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
 {
+    return slots_init_depth(r, s, elems, r->comm->set.pipeline_depth);
+}
+
+int slots_init_depth(loom_comm_request *r, slot_ring *s, size_t elems, int depth)
+{
     size_t slot_bytes = elems * loom_dtype_size(r->call.dtype);
-    int count = r->comm->set.pipeline_depth;
+    int count = depth;
     if (count < 1)
         count = 1;
     if (count > SLOTS_MAX)
@@ -581,6 +586,12 @@ void sched_check_peers(loom_comm_request *r)
     }
 }
 
+/* Requests are kept for reuse with their op and dependency arrays: a
+ * small collective would otherwise spend as long in malloc and free as on
+ * the wire. */
+#define REQ_POOL_MAX 64
+#define REQ_POOL_OPS_MAX 4096 /* larger arrays are freed, not kept */
+
 void sched_free(loom_comm_request *r)
 {
     sched_cancel(r);
@@ -588,9 +599,50 @@ void sched_free(loom_comm_request *r)
     for (int i = 0; i < r->nscratch; i++)
         scratch_put(r->scratch[i]);
     r->nscratch = 0;
+    if (ucx.worker && ucx.npool < REQ_POOL_MAX && r->cap_ops <= REQ_POOL_OPS_MAX &&
+        r->cap_deps <= 2 * REQ_POOL_OPS_MAX) {
+        r->anext = ucx.pool;
+        ucx.pool = r;
+        ucx.npool++;
+        return;
+    }
     free(r->ops);
     free(r->deps);
-    r->ops = NULL;
-    r->deps = NULL;
-    r->nops = r->cap_ops = r->ndeps = r->cap_deps = 0;
+    free(r);
+}
+
+loom_comm_request *sched_request(void)
+{
+    pthread_mutex_lock(&ucx.lock);
+    loom_comm_request *r = ucx.pool;
+    if (r) {
+        ucx.pool = r->anext;
+        ucx.npool--;
+    }
+    pthread_mutex_unlock(&ucx.lock);
+    if (!r)
+        return calloc(1, sizeof *r);
+    sop *ops = r->ops;
+    struct sdep *deps = r->deps;
+    int cap_ops = r->cap_ops, cap_deps = r->cap_deps;
+    memset(r, 0, offsetof(loom_comm_request, error));
+    r->error[0] = '\0';
+    memset(&r->active, 0, sizeof *r - offsetof(loom_comm_request, active));
+    r->ops = ops;
+    r->deps = deps;
+    r->cap_ops = cap_ops;
+    r->cap_deps = cap_deps;
+    return r;
+}
+
+void sched_pool_release(void)
+{
+    for (loom_comm_request *r = ucx.pool, *next; r; r = next) {
+        next = r->anext;
+        free(r->ops);
+        free(r->deps);
+        free(r);
+    }
+    ucx.pool = NULL;
+    ucx.npool = 0;
 }

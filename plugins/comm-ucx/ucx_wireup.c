@@ -169,6 +169,7 @@ static void process_teardown(const loom_host *host)
     ucx.worker = NULL;
     ucx.ctx = NULL;
     scratch_release_all();
+    sched_pool_release();
     ucx.failed = 0;
 }
 
@@ -219,7 +220,8 @@ static int process_start(const loom_host *host, const ucx_settings *s)
     ucx.world_size = n;
     ucx.world_rank = me;
     ucx.timeout_s = s->timeout_s;
-    ucx.spin_us = s->spin_us;
+    ucx.own_core = ucx_own_core(host);
+    ucx.spin_us = s->spin_us; /* the progress thread shares the caller's core */
     if (ucp_worker_get_efd(ucx.worker, &ucx.efd) != UCS_OK)
         ucx.efd = -1;
     ucx.peers = calloc((size_t)n, sizeof *ucx.peers);
@@ -317,8 +319,9 @@ static int process_start(const loom_host *host, const ucx_settings *s)
         }
         ucx.thread_on = 1;
     }
-    host->log(host, LOOM_LOG_DEBUG, "comm-ucx: UCX %s up, %d endpoints%s", ucp_get_version_string(),
-              n, s->progress_thread ? ", progress thread" : "");
+    host->log(host, LOOM_LOG_DEBUG, "comm-ucx: UCX %s up, %d endpoints%s; %s: waits spin %.0f us",
+              ucp_get_version_string(), n, s->progress_thread ? ", progress thread" : "",
+              ucx.own_core ? "a core of its own" : "cores shared with other ranks", ucx_spin_us(s));
     return LOOM_OK;
 }
 
@@ -335,7 +338,7 @@ void ucx_wake_progress(void)
 static void *progress_main(void *arg)
 {
     (void)arg;
-    ucx_idle_state idle = {0};
+    ucx_idle_state idle = {.beside_caller = 1};
     pthread_mutex_lock(&ucx.lock);
     while (!ucx.thread_stop) {
         if (ucx.nactive == 0) {

@@ -53,15 +53,32 @@ large_reduce)
     # 64 MiB reductions at 2 ranks: Open MPI 4.1's segmented ireduce
     # overflowed the stack here (comm-mpi picks binomial)
     "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.ops=["reduce","allreduce"]' \
-        --set bench.min_bytes=67108864 --set bench.max_bytes=67108864 --set bench.iters=12 \
+        --set 'bench.comms=["mpi"]' --set bench.min_bytes=67108864 --set bench.max_bytes=67108864 --set bench.iters=12 \
         --set bench.warmup=2 > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
     grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: no ok line"; exit 1; }
     grep "67108864" "$TMP/out" ;;
+barrier)
+    # bench.barrier times each iteration alone after a barrier, and checks it
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set bench.barrier=true \
+        --set 'bench.ops=["allreduce","broadcast"]' --set bench.max_bytes=4096 --set bench.iters=3 \
+        > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
+    grep -q "^\[0\] # loom bench: backend .*, 2 ranks, host memory, 5 warm-up + 3 timed iterations, each after a barrier" "$TMP/out" &&
+        grep -q "# ok: 0 wrong" "$TMP/out" || { cat "$TMP/out"; echo "bench_test: bench.barrier"; exit 1; }
+    echo "bench_test: bench.barrier ok" ;;
+auto)
+    # "auto" benches the backend a training run gets, and says which and why
+    "$LOOM" launch -n 2 -- "$LOOM" bench "$CFG" --set 'bench.comms=["auto"]' \
+        --set 'bench.ops=["allreduce"]' --set bench.max_bytes=64 --set bench.iters=2 \
+        > "$TMP/out" 2>&1 || { cat "$TMP/out"; exit 1; }
+    grep -q "^\[0\] # loom bench: backend ucx (auto: host memory, comm-ucx loads), 2 ranks" "$TMP/out" &&
+        grep -q "^\[0\] # launch: " "$TMP/out" || { cat "$TMP/out"; echo "bench_test: auto not said"; exit 1; }
+    echo "bench_test: auto is ucx here" ;;
 stopped_rank)
     # a rank that stops answering mid-bench: the others fail within the
     # timeout, naming it, and the launcher exits non-zero
+    # (comm-mpi's message; comm-ucx's names the rank in its own words)
     "$LOOM" launch -n 3 -- "$LOOM" bench "$CFG" --set comm.timeout_s=3 --set bench.iters=100000 \
-        --set bench.ops=allreduce > "$TMP/out" 2>&1 &
+        --set bench.ops=allreduce --set 'bench.comms=["mpi"]' > "$TMP/out" 2>&1 &
     launcher=$!
     # a failing check must not leave the job running (the launcher stops its ranks)
     trap 'kill "$launcher" 2>/dev/null || true; rm -rf "$TMP"' EXIT

@@ -157,14 +157,14 @@ static void case_defaults(void)
     CHECK(get_int(cfg, "parallel.pp.microbatches") == 1);
     CHECK(get_int(cfg, "parallel.pp.virtual_stages") == 1);
     CHECK(loom_config_list_len(cfg, "parallel.pp.stage_layers") == 0);
-    CHECK_STR(get_str(cfg, "comm.default"), "mpi");
+    CHECK_STR(get_str(cfg, "comm.default"), "auto");
     CHECK(get_float(cfg, "comm.timeout_s") == 60.0);
     CHECK_STR(get_str(cfg, "memory.offload.optimizer"), "none");
     CHECK_STR(get_str(cfg, "memory.offload.params"), "none");
     CHECK(get_int(cfg, "memory.host_limit") == 0);
     CHECK(loom_config_list_len(cfg, "plugins.path") == 0);
     CHECK(loom_config_list_len(cfg, "bench.comms") == 1);
-    CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "mpi");
+    CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "auto");
     const char *ops[] = {"allreduce",     "broadcast", "reduce",  "allgather",
                          "reducescatter", "alltoall",  "sendrecv"};
     CHECK(loom_config_list_len(cfg, "bench.ops") == 7);
@@ -450,7 +450,7 @@ static void case_lists(void)
     int64_t v;
     /* Past the end of a list the user wrote is not found, not a default. */
     CHECK(loom_config_int(cfg, "parallel.pp.stage_layers[2]", &v) == LOOM_ERR_NOT_FOUND);
-    CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "mpi"); /* default list */
+    CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "auto"); /* default list */
     loom_config_free(cfg);
 
     /* libconfig wraps integers above 2^31 written without L; say so. */
@@ -817,7 +817,7 @@ static void case_examples(const char *dir)
         if (!strcmp(ent->d_name, "bench.cfg")) {
             saw_bench = 1;
             CHECK(loom_config_list_len(cfg, "bench.comms") == 1);
-            CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "mpi");
+            CHECK_STR(loom_config_list_string(cfg, "bench.comms", 0), "auto");
             CHECK(loom_config_list_len(cfg, "bench.ops") == 7);
             CHECK(get_int(cfg, "bench.min_bytes") == 4);
             CHECK(get_int(cfg, "bench.max_bytes") == 4194304);

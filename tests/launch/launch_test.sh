@@ -120,8 +120,53 @@ path)
     expect_rc 0
     grep -q '^\[1\] usage: loom <command>' out || fail "loom from PATH did not run"
     ;;
+bind)
+    # Each rank reports the cpus it may run on (its sched_getaffinity, as
+    # /proc shows it) and what the launcher told it (LOOM_BIND).
+    report='echo "cpus $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status) | $LOOM_BIND"'
+    all=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+    ncpus=$(nproc)
+    # --bind core: one cpu each, different cpus while there are enough
+    "$LOOM" launch -n 2 --bind core -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    for r in 0 1; do
+        grep -qE "^\[$r\] cpus [0-9]+ \| bound rank 0 to cpu [0-9]+, rank 1 to cpu [0-9]+" out ||
+            fail "rank $r is not on one cpu, or was not told"
+    done
+    if [ "$ncpus" -ge 2 ]; then
+        [ "$(sed -n 's/^\[[01]\] cpus \([0-9]*\) .*/\1/p' out | sort -u | wc -l)" = 2 ] ||
+            fail "the two ranks share a cpu on a machine of $ncpus"
+    fi
+    [ -s err ] && fail "unexpected stderr"
+    # the default binds the same way when the ranks fit
+    "$LOOM" launch -n 1 -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    grep -qE '^\[0\] cpus [0-9]+ \| bound rank 0 to cpu [0-9]+$' out || fail "-n 1 is not bound by default"
+    # --bind none: the launcher's whole set
+    "$LOOM" launch -n 2 --bind none -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    for r in 0 1; do
+        expect_line out "[$r] cpus $all | not bound (--bind none)"
+    done
+    # more ranks than cpus: left free by default, and said so
+    n=$((ncpus + 1))
+    "$LOOM" launch -n $n -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    s=s; [ "$ncpus" = 1 ] && s=
+    expect_line out "[0] cpus $all | not bound: $n ranks on $ncpus cpu$s (--bind core would pin them, sharing cpus)"
+    # a bad value: one line
+    "$LOOM" launch -n 2 --bind socket -- true >out 2>err
+    rc=$?
+    expect_rc 2
+    [ "$(wc -l <err)" = 1 ] || fail "--bind socket wants one line"
+    grep -q '^loom launch: --bind needs core (one core per rank) or none; usage: ' err || fail "--bind socket: no reason"
+    ;;
 usage)
-    for args in "" "-n" "-n 0 true" "-n x true" "-n 2" "-n 2 --" "-x 2 true" "--timeout -1 -n 2 true" "-n 2 --timeout"; do
+    for args in "" "-n" "-n 0 true" "-n x true" "-n 2" "-n 2 --" "-x 2 true" "--timeout -1 -n 2 true" "-n 2 --timeout" "-n 2 --bind" "-n 2 --bind all true"; do
         # shellcheck disable=SC2086
         "$LOOM" launch $args >out 2>err
         rc=$?

@@ -266,6 +266,30 @@ fp16_average)
         [ "$got" -le "$want" ] || { grep skipped $r.log; echo "$TEST: $r skipped $got steps, 1 rank $want"; exit 1; }
         compare one $r 1e-4
     done ;;
+comm_auto)
+    # comm.default = "auto": comm-ucx for the trainer's host memory when it
+    # loads on every rank, and the header says so; a name is still obeyed
+    run auto 2 --set train.steps=2 --set comm.default=auto
+    grep -qx "\[0\] comm: ucx (auto: host memory, comm-ucx loads)" auto.log ||
+        { cat auto.log; echo "$TEST: no 'comm: ucx (auto: ...)' line"; exit 1; }
+    grep -q "^\[0\] launch: " auto.log || { cat auto.log; echo "$TEST: no 'launch:' line"; exit 1; }
+    run named 2 --set train.steps=2 --set comm.default=mpi
+    grep -qx "\[0\] comm: mpi (comm.default)" named.log ||
+        { cat named.log; echo "$TEST: comm.default=mpi not obeyed or not said"; exit 1; }
+    compare named auto 1e-5
+    # comm-ucx missing on rank 1 alone (a loom beside a plugin folder
+    # without it): every rank falls back to comm-mpi, and says why
+    mkdir -p nox/bin nox/lib/loom
+    cp "$LOOM" nox/bin/loom
+    for f in "$(dirname "$LOOM")"/../lib/loom/*.so; do
+        case $f in *comm-ucx*) ;; *) ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" nox/lib/loom/ ;; esac
+    done
+    "$LOOM" launch -n 2 -- sh -c 'if [ "$LOOM_RANK" = 1 ]; then unset LOOM_PLUGIN_PATH; exec nox/bin/loom "$@"; fi; exec "$0" "$@"' \
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=2 --set parallel.dp.size=2 \
+        --set comm.default=auto > partial.log 2>&1 || { cat partial.log; echo "$TEST: partial run failed"; exit 1; }
+    grep -q "^\[0\] comm: mpi (auto: host memory, comm-ucx does not load on rank 1: plugin comm 'ucx' not found" partial.log ||
+        { cat partial.log; echo "$TEST: no fallback to mpi naming rank 1"; exit 1; }
+    echo "comm auto: ucx where it loads, mpi when one rank lacks it; names obeyed" ;;
 ompi_server_tmpdir)
     # ompi-server's folder goes under TMPDIR (loom launch makes that the
     # job's own folder, removed at the end whatever became of the ranks),
@@ -275,7 +299,8 @@ ompi_server_tmpdir)
     chmod +x hang.sh
     ls -d /tmp/loom-mpi-* > before.txt 2>/dev/null || true
     TMPDIR="$TMP/t" "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
-        --set parallel.dp.size=2 --set comm.mpi.ompi_server="$TMP/hang.sh" > hang.log 2>&1 &
+        --set parallel.dp.size=2 --set comm.default=mpi --set comm.mpi.ompi_server="$TMP/hang.sh" \
+        > hang.log 2>&1 &
     pid=$!
     for i in $(seq 1 200); do
         ls -d t/loom-launch-*/loom-mpi-* > /dev/null 2>&1 && break
