@@ -9,8 +9,9 @@
  *
  * The launcher is one poll loop over the ranks' output pipes and a
  * self-pipe that the signal handlers write to. Each rank runs in its own
- * process group, so stopping a rank stops what it started too (a shell and
- * its children), and a Ctrl-C reaches the ranks once, through us. */
+ * session and process group, so stopping a rank stops what it started too
+ * (a shell and its children), and a Ctrl-C reaches the ranks once, through
+ * us. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -518,15 +519,19 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    setpgid(0, 0);
+    /* A session of its own, as mpirun's ranks have (orted --set-sid): its
+     * own process group, and with the kernel's autogroup its own share of
+     * the cpus, so a job shares a busy machine the same way under either. */
+    if (setsid() < 0)
+        setpgid(0, 0);
     /* If the launcher dies without stopping us (SIGKILL), go too. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher_pid)
         _exit(1);
     dup2(out_fd, 1);
     dup2(err_fd, 2);
-    /* Rank 0 reads the launcher's input, as under mpirun; but a terminal
-     * cannot be read from our own process group. */
+    /* Rank 0 reads the launcher's input, as under mpirun; but not a
+     * terminal, which is not its own session's. */
     if (r != 0 || isatty(0)) {
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0)
@@ -703,9 +708,9 @@ static const char *take_value(const char *name, const char *value, launch_args *
 
 static int parse_args(int argc, char **argv, launch_args *a)
 {
-    static const char *const options[] = {"-n",     "--timeout", "--max-restarts", "--nnodes",
-                                          "--node-rank", "--master", "--flight", "--bind",
-                                          NULL};
+    static const char *const options[] = {"-n",          "--timeout", "--max-restarts",
+                                          "--nnodes",    "--node-rank", "--master",
+                                          "--flight",    "--bind",      NULL};
     *a = (launch_args){.nnodes = 1};
     int i = 1;
     while (i < argc) {
@@ -800,6 +805,7 @@ static void plan_binding(const launch_args *a, binding *b)
     for (int r = 0; r < a->n && r < SHOWN; r++)
         len += (size_t)snprintf(b->text + len, sizeof b->text - len, "%s rank %d to cpu %d",
                                 r ? "," : "", first + r, b->cpus[r % b->ncpus]);
+    /* at most 8 of ~30 characters above: room for the rest */
     if (a->n > SHOWN)
         len += (size_t)snprintf(b->text + len, sizeof b->text - len, ", ... (%d ranks, one cpu "
                                 "each in turn)", a->n);

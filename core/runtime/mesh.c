@@ -91,8 +91,8 @@ int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, ch
         if (rc != LOOM_OK) {
             char detail[1024];
             snprintf(detail, sizeof detail, "%s", loom_last_error());
-            return loom_fail(rc, "comm.default = \"auto\": the ranks could not agree on a "
-                             "backend: %s", detail);
+            return loom_fail(rc, "comm \"auto\": the ranks could not agree on a backend: %s",
+                             detail);
         }
     }
     *name = refused[0] ? "mpi" : want;
