@@ -16,7 +16,11 @@
  *                              ranks reduce their children's chunks into a
  *                              scratch buffer and pass the sum up.
  *  reduce chain                n-1 -> ... -> 1 -> root in chunks, each rank
- *                              adding its own contribution on the way. */
+ *                              adding its own contribution on the way.
+ *  reduce direct               every rank sends its vector straight to the
+ *                              root, which reduces the n-1 chunk by chunk:
+ *                              each byte of the result made once, in cache;
+ *                              one host, where the root pulls them all. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -229,6 +233,42 @@ void build_reduce_chain(loom_comm_request *r)
         } else if (r->call.redop == LOOM_AVG) {
             int d = sched_divide(r, dst, l);
             sched_after(r, d, rd);
+        }
+    }
+}
+
+void build_reduce_direct(loom_comm_request *r)
+{
+    int n = r->comm->group.size, v = root_virtual(r);
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0);
+    const char *mine = r->call.send;
+    if (v != 0) {
+        send_chunks(r, r->call.root, mine, es, 0, count, ce, 0, -1);
+        return;
+    }
+    char *rb = r->call.recv;
+    int depth = r->comm->set.pipeline_depth > n - 1 ? r->comm->set.pipeline_depth : n - 1;
+    slot_ring in;
+    if (slots_init_depth(r, &in, count < ce ? count : ce, depth) != LOOM_OK)
+        return;
+    for (int k = 0; k < nchunks(count, ce); k++) {
+        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
+        int last = -1;
+        for (int u = 1; u < n; u++) { /* in the order of virtual ranks */
+            int free_dep;
+            char *t = slots_take(&in, &free_dep);
+            int rv = sched_recv(r, root_real(r, u), t, l * es, 0, k);
+            sched_after(r, rv, free_dep);
+            int rd = sched_reduce(r, rb + o * es, t, (u == 1 ? mine : rb) + o * es, l);
+            sched_after(r, rd, rv);
+            sched_after(r, rd, last);
+            slots_used(&in, rd);
+            last = rd;
+        }
+        if (r->call.redop == LOOM_AVG) {
+            int d = sched_divide(r, rb + o * es, l);
+            sched_after(r, d, last);
         }
     }
 }

@@ -15,7 +15,7 @@
  *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
- *   reduce         binomial (small), chain (large)
+ *   reduce         binomial (small), direct (larger, one host), chain (large)
  *   alltoall       posted, bruck (small), pairwise (large)
  *   barrier        dissemination
  * Every one works at any rank count; the power-of-two ones fold the extra
@@ -69,7 +69,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
                        {"direct", "direct", build_broadcast_direct}},
     [UOP_REDUCE] = {{"auto"},
                     {"binomial", "binomial tree", build_reduce_binomial},
-                    {"chain", "chain", build_reduce_chain}},
+                    {"chain", "chain", build_reduce_chain},
+                    {"direct", "direct", build_reduce_direct}},
     [UOP_ALLTOALL] = {{"auto"},
                       {"pairwise", "pairwise exchange", build_alltoall_pairwise},
                       {"bruck", "bruck", build_alltoall_bruck},
@@ -110,7 +111,7 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
     {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, binomial or chain"},
+     .help = "auto, binomial, chain or direct"},
     {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, pairwise, bruck or posted"},
     {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
@@ -142,6 +143,10 @@ const loom_setting_spec ucx_settings_spec[] = {
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1048576",
      .help = "auto reduce below this: binomial tree; else pipelined chain",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "reduce_direct_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
+     .help = "auto reduce from this on, when the group is on one host: direct (the root pulls "
+     "every rank's vector and reduces it chunk by chunk in cache)",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "alltoall_small_bytes", .type = LOOM_SETTING_INT, .default_value = "262144",
      .help = "auto alltoall below this: all sends and receives posted at once; else pairwise",
@@ -230,6 +235,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     s->allreduce_ring_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "allreduce_direct_bytes", 8388608, &v);
     s->allreduce_direct_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "reduce_direct_bytes", 16384, &v);
+    s->reduce_direct_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -419,7 +426,10 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : c->local                         ? BC_DIRECT
                : bytes < s->broadcast_large_bytes ? BC_BINOMIAL
                                                   : BC_SCATTER_ALLGATHER;
-    case UOP_REDUCE: return small ? RD_BINOMIAL : RD_CHAIN;
+    case UOP_REDUCE:
+        return c->local && bytes >= s->reduce_direct_bytes ? RD_DIRECT
+               : small                                     ? RD_BINOMIAL
+                                                           : RD_CHAIN;
     case UOP_ALLTOALL: return small ? A2A_POSTED : A2A_PAIRWISE;
     default: return BAR_DISSEMINATION;
     }
