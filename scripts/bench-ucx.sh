@@ -17,6 +17,7 @@
 #                      built): the second with yielding waits, used where
 #                      ranks outnumber cores; without them no UCC column
 #          UCC_LIB=/path/lib  LD_LIBRARY_PATH for UCC's ranks
+#          KEEP=DIR    keep every run's raw output (--json rows, logs) in DIR
 #
 # Writes docs/benchmarks-ucx.md (docs/benchmarks.md belongs to
 # scripts/bench.sh). Needs python3 for the tables. Figures on a shared
@@ -39,7 +40,7 @@ command -v mpirun >/dev/null || { echo "bench-ucx.sh: mpirun is needed (launch a
 CC=${CC:-cc}
 mkdir -p docs
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp -r "$TMP"/. "$KEEP"/; rm -rf "$TMP"' EXIT
 
 "$CC" -O2 -o "$TMP/memcpy_bw" scripts/memcpy_bw.c
 memcpy_runs() { for i in 1 2 3; do "$TMP/memcpy_bw"; done; }
