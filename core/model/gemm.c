@@ -121,9 +121,17 @@ static loom_gemm_operand converted(const loom_gemm_operand *x, int rows, int col
                                    void *out)
 {
     size_t es = dtype == LOOM_F32 ? 4 : 2, xs = x->dtype == LOOM_F32 ? 4 : 2;
-    for (int r = 0; r < rows; r++)
-        loom_convert((char *)out + (size_t)r * cols * es, dtype,
-                     (const char *)x->data + (size_t)r * x->ld * xs, x->dtype, (size_t)cols);
+    if (x->ld == cols || rows == 1) /* one span: loom_convert threads it */
+        loom_convert(out, dtype, x->data, x->dtype, (size_t)rows * cols);
+    else {
+        /* rows apart: as many threads as the products use, each its rows */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= 65536)
+#endif
+        for (int r = 0; r < rows; r++)
+            loom_convert((char *)out + (size_t)r * cols * es, dtype,
+                         (const char *)x->data + (size_t)r * x->ld * xs, x->dtype, (size_t)cols);
+    }
     return (loom_gemm_operand){out, dtype, cols, x->transposed};
 }
 

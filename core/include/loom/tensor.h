@@ -72,10 +72,10 @@ static inline uint16_t loom_f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    /* both computed, one chosen: no branch, so loops over it vectorise */
+    uint32_t quiet_nan = (u >> 16) | 0x40u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 /* IEEE half <-> f32, round to nearest even, with subnormals and infinities. */
@@ -160,6 +160,12 @@ static inline void loom_from_f32(void *dst, loom_dtype t, const float *src, size
     if (t == LOOM_F32) {
         if (dst != src)
             memmove(dst, src, n * sizeof(float));
+        return;
+    }
+    if (t == LOOM_BF16) { /* apart: the switch inside loom_store_f32 stays in a loop */
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; i++)
+            h[i] = loom_f32_to_bf16(src[i]);
         return;
     }
     for (size_t i = 0; i < n; i++)
