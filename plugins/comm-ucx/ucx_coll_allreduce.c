@@ -248,25 +248,7 @@ void build_allreduce_direct(loom_comm_request *r)
         send_chunks(r, to, sb, es, blk_off(count, n, to), blk_len(count, n, to), ce, 0, -1);
     }
     int first = r->nops;
-    for (int k = 0; k < nchunks(ml, ce); k++) {
-        size_t o = mo + (size_t)k * ce, l = chunk_len(ml, k, ce);
-        int last = -1;
-        for (int s = 1; s < n; s++) {
-            int free_dep;
-            char *t = slots_take(&in, &free_dep);
-            int rv = sched_recv(r, mod(me - s, n), t, l * es, 0, k);
-            sched_after(r, rv, free_dep);
-            int rd = sched_reduce(r, rb + o * es, t, (s == 1 ? sb : rb) + o * es, l);
-            sched_after(r, rd, rv);
-            sched_after(r, rd, last);
-            slots_used(&in, rd);
-            last = rd;
-        }
-        if (r->call.redop == LOOM_AVG) {
-            int d = sched_divide(r, rb + o * es, l);
-            sched_after(r, d, last);
-        }
-    }
+    sum_from_peers(r, peer_behind, &in, rb, sb, mo, ml, ce);
     int mine = join_since(r, first);
     for (int s = 1; s < n; s++) {
         int so = sched_send(r, mod(me + s, n), rb + mo * es, ml * es, 1, 0);

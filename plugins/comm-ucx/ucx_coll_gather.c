@@ -277,23 +277,5 @@ void build_reducescatter_direct(loom_comm_request *r)
     }
     /* chunk by chunk, so the sum being made stays in cache while the peers'
      * parts of it come in; in the order of s, the same on every rank */
-    for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
-        int last = -1;
-        for (int s = 1; s < n; s++) {
-            int free_dep;
-            char *t = slots_take(&in, &free_dep);
-            int rv = sched_recv(r, mod(me - s, n), t, l * es, 0, k);
-            sched_after(r, rv, free_dep);
-            int rd = sched_reduce(r, rb + o * es, t, s == 1 ? mine + o * es : rb + o * es, l);
-            sched_after(r, rd, rv);
-            sched_after(r, rd, last);
-            slots_used(&in, rd);
-            last = rd;
-        }
-        if (r->call.redop == LOOM_AVG) {
-            int d = sched_divide(r, rb + o * es, l);
-            sched_after(r, d, last);
-        }
-    }
+    sum_from_peers(r, peer_behind, &in, rb, mine, 0, count, ce);
 }

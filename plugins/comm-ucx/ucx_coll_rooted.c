@@ -252,23 +252,5 @@ void build_reduce_direct(loom_comm_request *r)
     slot_ring in;
     if (slots_init_depth(r, &in, count < ce ? count : ce, depth) != LOOM_OK)
         return;
-    for (int k = 0; k < nchunks(count, ce); k++) {
-        size_t o = (size_t)k * ce, l = chunk_len(count, k, ce);
-        int last = -1;
-        for (int u = 1; u < n; u++) { /* in the order of virtual ranks */
-            int free_dep;
-            char *t = slots_take(&in, &free_dep);
-            int rv = sched_recv(r, root_real(r, u), t, l * es, 0, k);
-            sched_after(r, rv, free_dep);
-            int rd = sched_reduce(r, rb + o * es, t, (u == 1 ? mine : rb) + o * es, l);
-            sched_after(r, rd, rv);
-            sched_after(r, rd, last);
-            slots_used(&in, rd);
-            last = rd;
-        }
-        if (r->call.redop == LOOM_AVG) {
-            int d = sched_divide(r, rb + o * es, l);
-            sched_after(r, d, last);
-        }
-    }
+    sum_from_peers(r, root_real, &in, rb, mine, 0, count, ce); /* in virtual rank order */
 }

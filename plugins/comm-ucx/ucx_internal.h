@@ -408,6 +408,17 @@ void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst
                         int dep);
 /* A join op that waits for every op created from index `first` on. */
 int join_since(loom_comm_request *r, int first);
+/* The direct algorithms' sum of elements [off, off + len), chunk by chunk
+ * (ce elements) so the sum being made stays in cache while the peers'
+ * parts come in: chunk k from peer(r, s) for s = 1 .. n-1, in that order
+ * on every rank, received into a slot of sl and added onto own's chunk
+ * (s = 1) or the sum so far, into sum; divided by n for LOOM_AVG. own and
+ * sum are indexed like the range. */
+void sum_from_peers(loom_comm_request *r, int (*peer)(const loom_comm_request *r, int s),
+                    slot_ring *sl, char *sum, const char *own, size_t off, size_t len, size_t ce);
+/* A peer for sum_from_peers: the rank s behind this one (a rooted op's
+ * is root_real, virtual rank s). */
+int peer_behind(const loom_comm_request *r, int s);
 
 /* Where virtual block i of buf starts, in elements (i == p: the end). */
 typedef size_t (*block_start_fn)(const loom_comm_request *r, int i);

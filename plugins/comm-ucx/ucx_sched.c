@@ -317,6 +317,37 @@ int join_since(loom_comm_request *r, int first)
     return j;
 }
 
+int peer_behind(const loom_comm_request *r, int s)
+{
+    return mod(r->comm->group.rank - s, r->comm->group.size);
+}
+
+void sum_from_peers(loom_comm_request *r, int (*peer)(const loom_comm_request *r, int s),
+                    slot_ring *sl, char *sum, const char *own, size_t off, size_t len, size_t ce)
+{
+    int n = r->comm->group.size;
+    size_t es = loom_dtype_size(r->call.dtype);
+    for (int k = 0; k < nchunks(len, ce); k++) {
+        size_t o = off + (size_t)k * ce, l = chunk_len(len, k, ce);
+        int last = -1;
+        for (int s = 1; s < n; s++) {
+            int free_dep;
+            char *t = slots_take(sl, &free_dep);
+            int rv = sched_recv(r, peer(r, s), t, l * es, 0, k);
+            sched_after(r, rv, free_dep);
+            int rd = sched_reduce(r, sum + o * es, t, (s == 1 ? own : sum) + o * es, l);
+            sched_after(r, rd, rv);
+            sched_after(r, rd, last);
+            slots_used(sl, rd);
+            last = rd;
+        }
+        if (r->call.redop == LOOM_AVG) {
+            int d = sched_divide(r, sum + o * es, l);
+            sched_after(r, d, last);
+        }
+    }
+}
+
 /* ------------------------------------------------------------- messages */
 
 void ucx_req_describe(const loom_comm_request *r, char *buf, size_t cap)
