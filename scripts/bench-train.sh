@@ -42,7 +42,11 @@ run() {
     out="$TMP/$name-$2-$3-$4"
     if [ "$3" = torch ]; then
         # shellcheck disable=SC2086
-        $PY scripts/bench/torch_gpt2.py $targs --threads "$2" --steps "$steps" --data "$DATA" \
+        # Debian's torch multiplies on OpenBLAS's pthread build, whose threads
+        # torch.set_num_threads does not bound: without this, "1 thread" ran
+        # its GEMMs on both cores and 2 threads ran four
+        OPENBLAS_NUM_THREADS="$2" OMP_NUM_THREADS="$2" \
+            $PY scripts/bench/torch_gpt2.py $targs --threads "$2" --steps "$steps" --data "$DATA" \
             > "$out.torch"
         return
     fi
@@ -192,8 +196,9 @@ print(f"| off | {off:.1f} |")
 print()
 print(f"All-reduce time with overlap off (rank 0's bucket spans, after backward): "
       f"{comm:.1f} ms/step, {100 * comm / off:.0f}% of the step. Overlap changes the step "
-      f"by {on - off:+.1f} ms, i.e. it hides {100 * (off - on) / comm:.0f}% of that time "
-      f"(negative: overlap costs more than it hides). On this machine 2 ranks fill both "
+      f"by {on - off:+.1f} ms, i.e. it hides {100 * (off - on) / comm:.0f}% of that time"
+      f"{' (less than none: overlap costs more than it hides)' if on > off else ''}. "
+      f"On this machine 2 ranks fill both "
       f"cores with compute, and moving the bytes needs a core too, so there is little "
       f"idle time for communication to hide in.")
 PY
