@@ -909,12 +909,26 @@ void loom_model_join_params(const loom_model *m, float *const *unit_params, floa
 
 /* ---- precision plumbing ---- */
 
+static int bf16_weights(const loom_model *m);
+
 static const float *unit_params32(loom_model *m, int unit)
 {
     loom_unit *u = &m->units[unit];
     if (m->s.dtype == LOOM_F32)
         return u->params;
     float *dst = unit == 0 ? m->emb_param32 : m->param32;
+    if (unit >= 1 && unit <= m->L && bf16_weights(m)) {
+        /* The products read a block's four matrices as stored (weight());
+         * only the LayerNorms and biases are wanted in f32, 1% of it. */
+        for (int t = 0; t < u->ntensors; t++) {
+            const loom_param_desc *d = &u->tensors[t];
+            if (t != QKVW && t != ATTPROJW && t != FCW && t != FCPROJW)
+                TIMED(CONVERT, loom_convert(dst + d->offset, LOOM_F32,
+                                            (const uint16_t *)u->params + d->offset, m->s.dtype,
+                                            d->count));
+        }
+        return dst;
+    }
     TIMED(CONVERT, loom_convert(dst, LOOM_F32, u->params, m->s.dtype, u->numel));
     return dst;
 }
