@@ -9,9 +9,8 @@
  *
  * The launcher is one poll loop over the ranks' output pipes and a
  * self-pipe that the signal handlers write to. Each rank runs in its own
- * session and process group, so stopping a rank stops what it started too
- * (a shell and its children), and a Ctrl-C reaches the ranks once, through
- * us. */
+ * process group, so stopping a rank stops what it started too (a shell and
+ * its children), and a Ctrl-C reaches the ranks once, through us. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -519,19 +518,21 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    /* A session of its own, as mpirun's ranks have (orted --set-sid): its
-     * own process group, and with the kernel's autogroup its own share of
-     * the cpus, so a job shares a busy machine the same way under either. */
-    if (setsid() < 0)
-        setpgid(0, 0);
+    /* A process group of its own, in the launcher's session, as mpirun's
+     * ranks share theirs. Not a session each: with the kernel's autogroup
+     * that is a scheduling group each, where a rank's sched_yield passes
+     * the core to nobody (it yields only within its group), and ranks that
+     * outnumber the cores ran small collectives 2-10x slower than under
+     * mpirun. */
+    setpgid(0, 0);
     /* If the launcher dies without stopping us (SIGKILL), go too. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher_pid)
         _exit(1);
     dup2(out_fd, 1);
     dup2(err_fd, 2);
-    /* Rank 0 reads the launcher's input, as under mpirun; but not a
-     * terminal, which is not its own session's. */
+    /* Rank 0 reads the launcher's input, as under mpirun; but a terminal
+     * cannot be read from our own process group. */
     if (r != 0 || isatty(0)) {
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0)
