@@ -919,7 +919,7 @@ static const float *unit_params32(loom_model *m, int unit)
     float *dst = unit == 0 ? m->emb_param32 : m->param32;
     if (unit >= 1 && unit <= m->L && bf16_weights(m)) {
         /* The products read a block's four matrices as stored (weight());
-         * only the LayerNorms and biases are wanted in f32, 1% of it. */
+         * only the LayerNorms and biases (0.2% of it) are wanted in f32. */
         for (int t = 0; t < u->ntensors; t++) {
             const loom_param_desc *d = &u->tensors[t];
             if (t != QKVW && t != ATTPROJW && t != FCW && t != FCPROJW)
