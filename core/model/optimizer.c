@@ -14,6 +14,8 @@ typedef struct adamw_call {
     float *master, *m, *v;
     const void *grad;
     loom_dtype grad_dtype;
+    void *params; /* NULL: the master weights are the parameters */
+    loom_dtype params_dtype;
 } adamw_call;
 
 /* llm.c's update of n elements, f32 gradients; blocked by 16 so the
@@ -49,32 +51,47 @@ LOOM_WIDE_LOOP static void adamw_values(const adamw_call *k, float *restrict mas
     }
 }
 
+/* A block at a time, so that 16-bit gradients widen and the updated
+ * weights are stored into the parameters while the block is in cache. */
+#define ADAMW_BLOCK 1024
+
 static void adamw_span(void *ctx, size_t begin, size_t end)
 {
     const adamw_call *k = ctx;
-    if (k->grad_dtype == LOOM_F32) {
+    if (k->grad_dtype == LOOM_F32 && !k->params) {
         adamw_values(k, k->master + begin, (const float *)k->grad + begin, k->m + begin,
                      k->v + begin, end - begin);
         return;
     }
-    /* 16-bit gradients widen exactly, a block at a time */
-    float g[1024];
-    for (size_t i = begin; i < end; i += 1024) {
-        size_t n = end - i < 1024 ? end - i : 1024;
-        loom_convert(g, LOOM_F32, (const uint16_t *)k->grad + i, k->grad_dtype, n);
-        adamw_values(k, k->master + i, g, k->m + i, k->v + i, n);
+    const size_t gsize = loom_dtype_size(k->grad_dtype), psize = loom_dtype_size(k->params_dtype);
+    float g[ADAMW_BLOCK];
+    for (size_t i = begin; i < end; i += ADAMW_BLOCK) {
+        size_t n = end - i < ADAMW_BLOCK ? end - i : ADAMW_BLOCK;
+        const void *grad = (const char *)k->grad + i * gsize;
+        if (k->grad_dtype != LOOM_F32) /* widens exactly */
+            loom_convert(g, LOOM_F32, grad, k->grad_dtype, n);
+        adamw_values(k, k->master + i, k->grad_dtype == LOOM_F32 ? grad : g, k->m + i, k->v + i,
+                     n);
+        if (k->params)
+            loom_convert((char *)k->params + i * psize, k->params_dtype, k->master + i, LOOM_F32,
+                         n);
     }
 }
 
+/* params: where the updated weights are also stored, as params_dtype
+ * (NULL, or the master weights themselves: nowhere). */
 static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
-                  loom_dtype grad_dtype, float *m, float *v, size_t n)
+                  loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
+                  loom_dtype params_dtype)
 {
     adamw_call k = {.lr = s->lr, .b1 = s->beta1, .b2 = s->beta2,
                     .one_minus_b1 = 1.0f - s->beta1, .one_minus_b2 = 1.0f - s->beta2,
                     .bias1 = 1.0f - powf(s->beta1, (float)s->step),
                     .bias2 = 1.0f - powf(s->beta2, (float)s->step), .eps = s->eps,
                     .weight_decay = s->weight_decay, .grad_scale = s->grad_scale,
-                    .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = grad_dtype};
+                    .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = grad_dtype,
+                    .params = params != (void *)master ? params : NULL,
+                    .params_dtype = params_dtype};
     loom_kernels_for_spans(n, adamw_span, &k);
 }
 
@@ -82,7 +99,7 @@ void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *
                        loom_dtype grad_dtype, float *m, float *v, size_t n)
 {
     loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
-    adamw(s, master, grad, grad_dtype, m, v, n);
+    adamw(s, master, grad, grad_dtype, m, v, n, NULL, LOOM_F32);
     loom_kernel_time_end();
 }
 
@@ -90,9 +107,20 @@ void loom_adamw_update_range_all(const loom_optimizer_step *s, const loom_unit *
                                  size_t offset, float *master, const void *grad,
                                  loom_dtype grad_dtype, float *m, float *v, size_t n)
 {
+    loom_adamw_update_range_store_all(s, unit, offset, master, grad, grad_dtype, m, v, n, NULL,
+                                      LOOM_F32);
+}
+
+void loom_adamw_update_range_store_all(const loom_optimizer_step *s, const loom_unit *unit,
+                                       size_t offset, float *master, const void *grad,
+                                       loom_dtype grad_dtype, float *m, float *v, size_t n,
+                                       void *params, loom_dtype params_dtype)
+{
     (void)unit;
     (void)offset;
-    loom_adamw_update(s, master, grad, grad_dtype, m, v, n);
+    loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
+    adamw(s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+    loom_kernel_time_end();
 }
 
 /* Whether element i of the unit's flat buffer lies in a tensor that decays,
@@ -117,15 +145,25 @@ void loom_adamw_update_range_matrices(const loom_optimizer_step *s, const loom_u
                                       size_t offset, float *master, const void *grad,
                                       loom_dtype grad_dtype, float *m, float *v, size_t n)
 {
+    loom_adamw_update_range_store_matrices(s, unit, offset, master, grad, grad_dtype, m, v, n,
+                                           NULL, LOOM_F32);
+}
+
+void loom_adamw_update_range_store_matrices(const loom_optimizer_step *s, const loom_unit *unit,
+                                            size_t offset, float *master, const void *grad,
+                                            loom_dtype grad_dtype, float *m, float *v, size_t n,
+                                            void *params, loom_dtype params_dtype)
+{
     loom_optimizer_step plain = *s;
     plain.weight_decay = 0.0f;
-    size_t esize = loom_dtype_size(grad_dtype), end = offset + n;
+    size_t esize = loom_dtype_size(grad_dtype), psize = loom_dtype_size(params_dtype);
+    size_t end = offset + n;
     loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
     for (size_t i = offset, until; i < end; i = until) {
         const loom_optimizer_step *step = decays_until(unit, i, end, &until) ? s : &plain;
         size_t k = i - offset;
         adamw(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k, v + k,
-              until - i);
+              until - i, params ? (char *)params + k * psize : NULL, params_dtype);
     }
     loom_kernel_time_end();
 }

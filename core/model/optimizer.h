@@ -22,6 +22,17 @@ void loom_adamw_update_range_matrices(const loom_optimizer_step *s, const loom_u
                                       size_t offset, float *master, const void *grad,
                                       loom_dtype grad_dtype, float *m, float *v, size_t n);
 
+/* The same, then the updated weights stored into params as params_dtype
+ * in the same pass (update_range_store, ABI 1.7). */
+void loom_adamw_update_range_store_all(const loom_optimizer_step *s, const loom_unit *unit,
+                                       size_t offset, float *master, const void *grad,
+                                       loom_dtype grad_dtype, float *m, float *v, size_t n,
+                                       void *params, loom_dtype params_dtype);
+void loom_adamw_update_range_store_matrices(const loom_optimizer_step *s, const loom_unit *unit,
+                                            size_t offset, float *master, const void *grad,
+                                            loom_dtype grad_dtype, float *m, float *v, size_t n,
+                                            void *params, loom_dtype params_dtype);
+
 typedef struct loom_lr_schedule {
     float lr;
     int64_t warmup, steps;

@@ -32,7 +32,9 @@ static int optimizer_step(trainer *t, const step_result *r, float norm)
         .weight_decay = t->weight_decay, .grad_scale = 1.0f / t->loss_scale,
         .update = t->decay_matrices ? count_whole_update : loom_adamw_update,
         .update_range = t->decay_matrices ? loom_adamw_update_range_matrices
-                                          : loom_adamw_update_range_all};
+                                          : loom_adamw_update_range_all,
+        .update_range_store = t->decay_matrices ? loom_adamw_update_range_store_matrices
+                                                : loom_adamw_update_range_store_all};
     if (t->clip > 0 && norm > t->clip)
         s.grad_scale *= t->clip / norm;
     atomic_store(&whole_updates, 0);

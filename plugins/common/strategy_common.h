@@ -129,6 +129,26 @@ static inline double strategy_add_squares(double sum, const void *g, loom_dtype 
     return sum;
 }
 
+/* AdamW on n elements of unit from offset, then the updated master weights
+ * stored into params as dtype (16-bit copies; params == master for fp32):
+ * in one pass on a core with update_range_store (ABI 1.7), else
+ * update_range, then loom_from_f32. */
+static inline void strategy_update_store(const loom_host *h, const loom_optimizer_step *step,
+                                         const loom_unit *unit, size_t offset, float *master,
+                                         const void *grad, float *m, float *v, size_t n,
+                                         void *params, loom_dtype dtype)
+{
+    if (h->version >= 5 && step->update_range_store) {
+        if (n)
+            step->update_range_store(step, unit, offset, master, grad, dtype, m, v, n, params,
+                                     dtype);
+        return;
+    }
+    if (n)
+        step->update_range(step, unit, offset, master, grad, dtype, m, v, n);
+    loom_from_f32(params, dtype, master, n);
+}
+
 /* A zeroed host buffer, accounted under purpose; *out is set only on
  * success. A byte is asked for even when bytes is 0, so an empty unit still
  * has an address. */

@@ -481,11 +481,9 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
         float *master = NULL;
         if ((rc = unit_state(s, i, &st, &master)) != LOOM_OK)
             break;
-        if (n)
-            step->update_range(step, &s->units[i], 0, master,
-                               (const char *)s->grads + off * s->esize, s->dtype, st.m, st.v, n);
-        if (s->dtype != LOOM_F32)
-            loom_from_f32((char *)s->params + off * s->esize, s->dtype, master, n);
+        strategy_update_store(s->host, step, &s->units[i], 0, master,
+                              (const char *)s->grads + off * s->esize, st.m, st.v, n,
+                              (char *)s->params + off * s->esize, s->dtype);
         rc = opt_state_release(&s->opt, i, 1);
     }
     if (rc != LOOM_OK)

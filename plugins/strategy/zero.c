@@ -1199,10 +1199,8 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
             put_unit_state(s, z, 0);
             break;
         }
-        if (z->own_count)
-            step->update_range(step, z->unit, z->own_begin, master, grad, s->dtype, st.m, st.v,
-                               z->own_count);
-        loom_from_f32(shard, s->dtype, master, z->own_count);
+        strategy_update_store(h, step, z->unit, z->own_begin, master, grad, st.m, st.v,
+                              z->own_count, shard, s->dtype);
         rc = put_grad_shard(s, z, 0);
         int r2 = put_unit_state(s, z, 1);
         if (rc == LOOM_OK)

@@ -28,7 +28,8 @@ PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 4); /* 4 since 1.6: loom_optimizer_step.update_range */
+PIN_VALUE(LOOM_HOST_VERSION, 5); /* 4 since 1.6: loom_optimizer_step.update_range;
+                                     5 since 1.7: update_range_store */
 PIN_VALUE(LOOM_TIERED_READ, 0);
 PIN_VALUE(LOOM_TIERED_OVERWRITE, 1);
 PIN_VALUE(LOOM_OK, 0);
@@ -219,9 +220,10 @@ PIN(loom_comm_api, split, 136); /* since 1.3 */
 PIN_SIZE(loom_tensor, 88);
 PIN_SIZE(loom_param_desc, 104);
 PIN_SIZE(loom_unit, 72);
-PIN_SIZE(loom_optimizer_step, 48);
+PIN_SIZE(loom_optimizer_step, 56);
 PIN(loom_optimizer_step, update, 32);
-PIN(loom_optimizer_step, update_range, 40); /* since 1.6 */
+PIN(loom_optimizer_step, update_range, 40);       /* since 1.6 */
+PIN(loom_optimizer_step, update_range_store, 48); /* since 1.7 */
 PIN_SIZE(loom_param_shard, 16);
 PIN_SIZE(loom_attention_kernels, 24);
 PIN_SIZE(loom_attention, 112);

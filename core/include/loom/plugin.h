@@ -24,7 +24,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 6
+#define LOOM_ABI_MINOR 7
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -185,8 +185,8 @@ typedef struct loom_tiered loom_tiered;
 #define LOOM_TIERED_OVERWRITE 1u /* the caller writes all of it before reading: nothing is read */
 
 /* Version 4 (ABI 1.6) adds no member: it says the loom_optimizer_step the
- * core passes has update_range. */
-#define LOOM_HOST_VERSION 4
+ * core passes has update_range; version 5 (ABI 1.7), update_range_store. */
+#define LOOM_HOST_VERSION 5
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;

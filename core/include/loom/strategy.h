@@ -112,6 +112,18 @@ typedef struct loom_optimizer_step {
     void (*update_range)(const struct loom_optimizer_step *s, const loom_unit *unit,
                          size_t offset, float *master, const void *grad, loom_dtype grad_dtype,
                          float *m, float *v, size_t n);
+    /* Since ABI 1.7: update_range, then the n updated weights stored into
+     * params as params_dtype (16-bit types rounded to nearest even; params
+     * NULL or master itself: nowhere), block by block while each is in
+     * cache, on the optimizer's threads. A strategy whose parameters are
+     * 16-bit copies of its master weights calls this rather than
+     * update_range and then loom_from_f32, which reads every master weight
+     * back from memory on one thread. A core older than 1.7 passes no such
+     * member: call it only when host->version >= 5. */
+    void (*update_range_store)(const struct loom_optimizer_step *s, const loom_unit *unit,
+                               size_t offset, float *master, const void *grad,
+                               loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
+                               loom_dtype params_dtype);
 } loom_optimizer_step;
 
 /* ---- tensor axis ---- */
