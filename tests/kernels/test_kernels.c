@@ -1286,6 +1286,9 @@ static void run_adamw(float **x)
     uint16_t *g16 = (uint16_t *)x[4];
     loom_convert(g16, LOOM_BF16, x[1], LOOM_F32, (size_t)TN * TC);
     loom_adamw_update(&s, x[0], g16, LOOM_BF16, x[2], x[3], (size_t)TN * TC);
+    /* and storing bf16 parameters in the same pass */
+    loom_adamw_update_range_store_all(&s, NULL, 0, x[0], g16, LOOM_BF16, x[2], x[3],
+                                      (size_t)TN * TC, x[5], LOOM_BF16);
 }
 
 static void run_convert(float **x)
@@ -1311,8 +1314,8 @@ static void test_threads(void)
         {"softmax-crossentropy", run_softmax, 4, {TN, TN, NV, TN}, {0, 0, -8, 0.1f}, {0, 0, 8, 1}},
         {"attention (f32, bf16)", run_attention, 11, {A, A, A, A, L, A, A, A, A, 2 * A, L},
          {-1, -1, -1, 0, 0, -1, -1, -1, -1, 0, 0}, {1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0}},
-        {"adamw (f32, bf16 gradients)", run_adamw, 5, {NC, NC, NC, NC, NC},
-         {-1, -1e-2f, -1e-3f, 0, 0}, {1, 1e-2f, 1e-3f, 1e-5f, 0}},
+        {"adamw (f32, bf16 gradients, bf16 parameters stored)", run_adamw, 6,
+         {NC, NC, NC, NC, NC, NC}, {-1, -1e-2f, -1e-3f, 0, 0, 0}, {1, 1e-2f, 1e-3f, 1e-5f, 0, 0}},
         {"convert", run_convert, 5, {NC, NC, NC, NC, NC}, {-1e5f, 0, 0, 0, 0}, {1e5f, 0, 0, 0, 0}},
     };
     for (int i = 0; i < TN; i++)

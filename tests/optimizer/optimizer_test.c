@@ -1,12 +1,16 @@
 /* AdamW against the update written out by hand, weight decay on the
  * matrices only (train.decay = "matrices") over a range that crosses
- * tensors and padding, and the learning-rate schedule's warm-up and cosine
+ * tensors and padding, update_range_store against update_range and then
+ * loom_from_f32, and the learning-rate schedule's warm-up and cosine
  * values. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/kernels.h"
 #include "model/optimizer.h"
 
 static int failures;
@@ -91,6 +95,84 @@ int main(void)
         double gi = 0.5 * gr[i];
         NEAR(qa[i], pr[i] - 1e-2 * (gi / (fabs(gi) + 1e-8) + 0.1 * pr[i]), 1e-6);
     }
+
+    /* update_range_store: the same master, m and v bit for bit as
+     * update_range, and params exactly what loom_from_f32 then writes;
+     * 3000 elements of a unit cross the blocks it stores by at odd places */
+    enum { BIG = 3000 };
+    loom_param_desc big_descs[2] = {
+        {.name = "w", .offset = 0, .count = 2048, .ndim = 2, .shape = {32, 64}},
+        {.name = "b", .offset = 2048, .count = 1100, .ndim = 1, .shape = {1100}},
+    };
+    loom_unit big = {.ntensors = 2, .tensors = big_descs, .numel = 3148};
+    float *p0 = malloc(BIG * sizeof(float)), *g0 = malloc(BIG * sizeof(float));
+    float *ref[3], *got[3]; /* master, m, v */
+    /* want and params have room for f32, which loom_from_f32 could be asked for */
+    uint16_t *g16 = malloc(BIG * 2), *want = malloc(BIG * 4), *params = malloc(BIG * 4);
+    for (int i = 0; i < BIG; i++) {
+        p0[i] = sinf(0.37f * (float)i);
+        g0[i] = cosf(0.11f * (float)i) * 0.01f;
+    }
+    loom_convert(g16, LOOM_BF16, g0, LOOM_F32, BIG);
+    for (int k = 0; k < 3; k++) {
+        ref[k] = malloc(BIG * sizeof(float));
+        got[k] = malloc(BIG * sizeof(float));
+    }
+    const loom_dtype params_types[2] = {LOOM_BF16, LOOM_F16};
+    int stored_ok = 1;
+    for (int matrices = 0; matrices < 2; matrices++)
+        for (int gt = 0; gt < 2; gt++)
+            for (int pt = 0; pt < 2; pt++) {
+                const void *grad = gt ? (const void *)g16 : g0;
+                loom_dtype gdt = gt ? LOOM_BF16 : LOOM_F32, pdt = params_types[pt];
+                for (int k = 0; k < 3; k++) {
+                    memcpy(ref[k], k ? g0 : p0, BIG * sizeof(float)); /* m, v: any start */
+                    memcpy(got[k], ref[k], BIG * sizeof(float));
+                }
+                s.step = 4;
+                if (matrices) {
+                    loom_adamw_update_range_matrices(&s, &big, 100, ref[0], grad, gdt, ref[1],
+                                                     ref[2], BIG);
+                    loom_adamw_update_range_store_matrices(&s, &big, 100, got[0], grad, gdt,
+                                                           got[1], got[2], BIG, params, pdt);
+                } else {
+                    loom_adamw_update_range_all(&s, &big, 100, ref[0], grad, gdt, ref[1], ref[2],
+                                                BIG);
+                    loom_adamw_update_range_store_all(&s, &big, 100, got[0], grad, gdt, got[1],
+                                                      got[2], BIG, params, pdt);
+                }
+                loom_from_f32(want, pdt, ref[0], BIG);
+                for (int k = 0; k < 3; k++)
+                    stored_ok &= memcmp(ref[k], got[k], BIG * sizeof(float)) == 0;
+                stored_ok &= memcmp(want, params, BIG * 2) == 0;
+                if (!stored_ok) {
+                    printf("FAIL: update_range_store (%s, %s gradients, %s parameters) differs "
+                           "from update_range and loom_from_f32\n",
+                           matrices ? "matrices" : "all", loom_dtype_name(gdt),
+                           loom_dtype_name(pdt));
+                    failures++;
+                    stored_ok = 1;
+                }
+            }
+    /* params NULL or the master weights themselves: nothing stored */
+    memcpy(ref[0], p0, BIG * sizeof(float));
+    memcpy(got[0], p0, BIG * sizeof(float));
+    memset(ref[1], 0, BIG * sizeof(float));
+    memset(ref[2], 0, BIG * sizeof(float));
+    memset(got[1], 0, BIG * sizeof(float));
+    memset(got[2], 0, BIG * sizeof(float));
+    loom_adamw_update_range_all(&s, &big, 0, ref[0], g0, LOOM_F32, ref[1], ref[2], BIG);
+    loom_adamw_update_range_store_all(&s, &big, 0, got[0], g0, LOOM_F32, got[1], got[2], BIG,
+                                      got[0], LOOM_F32);
+    if (memcmp(ref[0], got[0], BIG * sizeof(float))) {
+        printf("FAIL: update_range_store into the master weights themselves changed them\n");
+        failures++;
+    }
+    for (int k = 0; k < 3; k++) {
+        free(ref[k]);
+        free(got[k]);
+    }
+    free(p0), free(g0), free(g16), free(want), free(params);
 
     loom_lr_schedule c = {1e-3f, 10, 110, 1, 0.1f};
     NEAR(loom_lr_at(&c, 0), 1e-4, 1e-6);           /* warm-up: lr * 1/10 */
