@@ -5,11 +5,16 @@
  * one, so each is created the first time its key is seen and kept in an
  * open-addressing table for the life of the process. The memory objects
  * are created with the primitive and pointed at the caller's buffers on
- * each call. Products run on one thread of the caller's (the model is not
- * called from two threads at once); oneDNN threads inside with OpenMP. */
+ * each call. A stream and its memory objects serve one thread at a time,
+ * so each thread that multiplies keeps its own table and stream (the
+ * engine is shared; oneDNN's own cache makes a second thread's primitive
+ * of a known shape cheap): the model's products come from one thread,
+ * which oneDNN threads inside with OpenMP, and attention's tile products
+ * from the kernels' threads at once, each alone on its core. */
 #include "model/gemm.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +104,16 @@ typedef struct scratch {
     size_t bytes;
 } scratch;
 
+/* Inside the kernels' threads (attention's tile products). */
+static int on_kernel_thread(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
 static void *scratch_get(scratch *s, size_t bytes)
 {
     if (bytes > s->bytes) {
@@ -113,7 +128,7 @@ static void *scratch_get(scratch *s, size_t bytes)
     return s->data;
 }
 
-static scratch operand_scratch[2];
+static _Thread_local scratch operand_scratch[2];
 
 /* The operand rewritten contiguously in dtype into out: its stored rows
  * (rows x cols as laid out in memory), now with ld = cols. */
@@ -166,9 +181,12 @@ typedef struct gemm_entry {
     dnnl_memory_t a, b, c;
 } gemm_entry;
 
-static struct {
+static dnnl_engine_t dnn_engine;
+static pthread_once_t dnn_engine_once = PTHREAD_ONCE_INIT;
+
+/* One thread's stream and primitives. */
+static _Thread_local struct {
     int ready;
-    dnnl_engine_t engine;
     dnnl_stream_t stream;
     gemm_entry *table;
     size_t capacity, count;
@@ -182,14 +200,19 @@ static void dnn_check(dnnl_status_t status, const char *what)
     }
 }
 
+static void dnn_create_engine(void)
+{
+    if (!threads_chosen) /* one thread unless asked (train.threads): ranks share the cores */
+        loom_gemm_set_threads(1);
+    dnn_check(dnnl_engine_create(&dnn_engine, dnnl_cpu, 0), "engine_create");
+}
+
 static void dnn_start(void)
 {
     if (dnn.ready)
         return;
-    if (!threads_chosen) /* one thread unless asked (train.threads): ranks share the cores */
-        loom_gemm_set_threads(1);
-    dnn_check(dnnl_engine_create(&dnn.engine, dnnl_cpu, 0), "engine_create");
-    dnn_check(dnnl_stream_create(&dnn.stream, dnn.engine, dnnl_stream_default_flags),
+    pthread_once(&dnn_engine_once, dnn_create_engine);
+    dnn_check(dnnl_stream_create(&dnn.stream, dnn_engine, dnnl_stream_default_flags),
               "stream_create");
     dnn.ready = 1;
 }
@@ -226,13 +249,13 @@ static void dnn_create(gemm_entry *e)
         dnnl_post_ops_destroy(ops);
     }
     dnnl_primitive_desc_t pd;
-    dnn_check(dnnl_primitive_desc_create(&pd, &desc, attr, dnn.engine, NULL), "matmul pd");
+    dnn_check(dnnl_primitive_desc_create(&pd, &desc, attr, dnn_engine, NULL), "matmul pd");
     dnnl_primitive_attr_destroy(attr);
     dnn_check(dnnl_primitive_create(&e->primitive, pd), "primitive_create");
     dnnl_primitive_desc_destroy(pd);
-    dnn_check(dnnl_memory_create(&e->a, &a_md, dnn.engine, DNNL_MEMORY_NONE), "memory a");
-    dnn_check(dnnl_memory_create(&e->b, &b_md, dnn.engine, DNNL_MEMORY_NONE), "memory b");
-    dnn_check(dnnl_memory_create(&e->c, &c_md, dnn.engine, DNNL_MEMORY_NONE), "memory c");
+    dnn_check(dnnl_memory_create(&e->a, &a_md, dnn_engine, DNNL_MEMORY_NONE), "memory a");
+    dnn_check(dnnl_memory_create(&e->b, &b_md, dnn_engine, DNNL_MEMORY_NONE), "memory b");
+    dnn_check(dnnl_memory_create(&e->c, &c_md, dnn_engine, DNNL_MEMORY_NONE), "memory c");
 }
 
 static uint64_t key_hash(const gemm_key *k)
@@ -361,7 +384,7 @@ static void onednn_bf16(float *c, int ldc, int M, int N, int K, loom_gemm_operan
     onednn_run(c, ldc, M, N, K, a, b, alpha, beta);
 }
 
-static scratch own_scratch;
+static _Thread_local scratch own_scratch;
 
 static void onednn_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
                         loom_gemm_operand b, float alpha, float beta, loom_dtype multiply)
@@ -371,8 +394,9 @@ static void onednn_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operan
         onednn_run(c, ldc, M, N, K, a, b, alpha, beta);
         return;
     }
-    void *buf = lent.buf;
-    size_t bytes = lent.bytes;
+    /* the lent buffer is the model's thread's */
+    void *buf = on_kernel_thread() ? NULL : lent.buf;
+    size_t bytes = buf ? lent.bytes : 0;
     if (!buf) { /* nobody lent one: a buffer that fits the whole product */
         bytes = (size_t)M * K * 2 + (size_t)K * N * 2;
         buf = scratch_get(&own_scratch, bytes);

@@ -1,7 +1,7 @@
 /* loom core — the GPT-2 kernels of llm.c's train_gpt2.c, fp32 on the CPU.
  *
- * Matrix products go to loom_gemm (gemm.h), attention's small tiles to
- * OpenBLAS. Everything else is plain loops over contiguous rows, written
+ * Matrix products go to loom_gemm (gemm.h), attention's small tiles too,
+ * from the heads' threads at once. Everything else is plain loops over contiguous rows, written
  * so that the compiler vectorises them (see "helpers"). Float reductions
  * are summed in 8 or 16
  * independent lanes in a fixed order, so results are deterministic.
@@ -134,18 +134,6 @@ static void product(int ta, int tb, int M, int N, int K, float alpha, const floa
 {
     loom_gemm(c, ldc, M, N, K, loom_gemm_f32(a, lda, ta), loom_gemm_f32(b, ldb, tb), alpha, beta,
               multiply);
-}
-
-/* The same for attention's small tiles: always f32 (the softmax needs the
- * precision), on one-thread OpenBLAS whatever model.gemm says, because the
- * heads' threads call it at once, which loom_gemm (one primitive cache,
- * one stream) does not allow. One-thread OpenBLAS ran these tiles as fast
- * as one-thread oneDNN here (GPT-2 124M's attention, T = 256 to 2048). */
-static void tile_product(int ta, int tb, int M, int N, int K, float alpha, const float *a,
-                         int lda, const float *b, int ldb, float beta, float *c, int ldc)
-{
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-                N, K, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -1040,35 +1028,53 @@ void loom_accumulate(void *dst, loom_dtype dst_type, float *src, size_t n)
  * the scores of one tile and chunk live in scratch, and each chunk is
  * merged into out through the row's lse, exactly as separate blocks from a
  * sequence strategy (ring attention) are. Backward recomputes the
- * probabilities from lse. The products are products on the head's rows
- * in place (they are C = NH·HS floats apart); keys no query of the tile can
- * see are trimmed off the chunk's ends, so the causal half costs little.
+ * probabilities from lse. The products are loom_gemm's on the head's rows
+ * in place (they are C = NH·HS elements apart); keys no query of the tile
+ * can see are trimmed off the chunk's ends, so the causal half costs
+ * little.
  *
- * bf16/f16 buffers are converted per (batch, head) into f32 scratch,
- * computed in f32, and written back rounded; lse is always f32. */
+ * The products multiply in the run's dtype (loom_gemm_multiply_dtype):
+ * in a bf16 run on oneDNN, bf16 q, k, v and dout are read in place, and
+ * the probabilities P and their gradient dS are rounded to bf16 for the
+ * products they feed, as FlashAttention does on GPUs; softmax, its row
+ * sums, lse and every accumulation (out, dq, dk, dv) stay f32. Buffers
+ * of another 16-bit type than the products' go through an f32 copy of
+ * the head per thread, written back rounded; lse is always f32. */
 
 #define ATTN_QT 64
 #define ATTN_KT 256
 
-/* One head's rows: element (row r, dim d) at base[r * ld + d]. */
+/* One head's rows: element (row r, dim d) at base[r * ld + d], of dtype
+ * f32, or (read only, in products) the products' 16-bit type. */
 typedef struct head_rows {
-    float *base;
+    void *base;
     int ld;
+    loom_dtype dtype;
 } head_rows;
 
-INLINE float *head_row(head_rows h, int r) { return h.base + (size_t)r * h.ld; }
+INLINE float *head_row(head_rows h, int r) { return (float *)h.base + (size_t)r * h.ld; }
 
-/* In-place view of head h of batch b in an f32 (B, rows, NH, HS) buffer. */
-static head_rows f32_head(const void *buf, int b, int h, int rows, int NH, int HS)
+/* Rows [r, ...) of h as a product's operand, transposed or not. */
+static loom_gemm_operand head_operand(head_rows h, int r, int transposed)
+{
+    const size_t es = loom_dtype_size(h.dtype);
+    return (loom_gemm_operand){(const char *)h.base + (size_t)r * h.ld * es, h.dtype, h.ld,
+                               transposed};
+}
+
+/* In-place view of head h of batch b in a (B, rows, NH, HS) buffer. */
+static head_rows buffer_head(const void *buf, loom_dtype dt, int b, int h, int rows, int NH,
+                             int HS)
 {
     const size_t C = (size_t)NH * HS;
-    head_rows v = {(float *)buf + (size_t)b * rows * C + (size_t)h * HS, NH * HS};
+    head_rows v = {(char *)buf + ((size_t)b * rows * C + (size_t)h * HS) * loom_dtype_size(dt),
+                   NH * HS, dt};
     return v;
 }
 
 static head_rows packed_head(float *buf, int HS)
 {
-    head_rows v = {buf, HS};
+    head_rows v = {buf, HS, LOOM_F32};
     return v;
 }
 
@@ -1226,11 +1232,23 @@ INLINE void merge_row(float *o, float *lse, const float *acc, float m, float l, 
 typedef struct attn_scratch {
     float *s;        /* ATTN_QT x ATTN_KT: scores, then probabilities */
     float *ds;       /* ATTN_QT x ATTN_KT: dP, then dS (backward) */
-    float *acc;      /* ATTN_QT x HS (forward) */
+    uint16_t *low;   /* ATTN_QT x ATTN_KT: P or dS rounded, for 16-bit products */
+    float *acc;      /* ATTN_QT x HS (forward); two rows widened for D (backward) */
     float *row_max;  /* ATTN_QT */
     float *row_sum;  /* ATTN_QT; D_i = dout_i·out_i in backward */
-    float *packed[ATTN_MAX_BUFS]; /* 16-bit types: each buffer's head as f32 (rows x HS) */
+    float *packed[ATTN_MAX_BUFS]; /* buffers not read in place: the head as f32 (rows x HS) */
 } attn_scratch;
+
+/* The multiply's operand of an (nq, nk) tile of w's in tile: itself, or
+ * rounded into w->low for a 16-bit multiply. */
+static loom_gemm_operand tile_operand(const attn_scratch *w, const float *tile, int nq, int nk,
+                                      int transposed, loom_dtype multiply)
+{
+    if (multiply == LOOM_F32)
+        return loom_gemm_f32(tile, nk, transposed);
+    loom_convert(w->low, multiply, tile, LOOM_F32, (size_t)nq * nk);
+    return (loom_gemm_operand){w->low, multiply, nk, transposed};
+}
 
 /* A tile's scores (nq x nk in w->s) -> exp(s - row max), masked, with each
  * row's max and sum; a row that sees no key of the chunk gets max -inf. */
@@ -1267,15 +1285,15 @@ WIDE_LOOP static void tile_merge(const attn_scratch *w, float *o, int ldo, float
  * is left. */
 static int next_chunk_scores(head_rows q, int i0, int nq, int qmax, head_rows k,
                              const int *k_pos, int tk, int HS, float scale,
-                             const attn_scratch *w, int *c0, int *j0)
+                             const attn_scratch *w, int *c0, int *j0, loom_dtype multiply)
 {
     for (; *c0 < tk; *c0 += ATTN_KT) {
         int j1;
         if (!chunk_visible(k_pos, *c0, *c0 + ATTN_KT < tk ? *c0 + ATTN_KT : tk, qmax, j0, &j1))
             continue;
         const int nk = j1 - *j0;
-        tile_product(0, 1, nq, nk, HS, scale, head_row(q, i0), q.ld, head_row(k, *j0), k.ld,
-                     0.0f, w->s, nk);
+        loom_gemm(w->s, nk, nq, nk, HS, head_operand(q, i0, 0), head_operand(k, *j0, 1), scale,
+                  0.0f, multiply);
         *c0 += ATTN_KT;
         return nk;
     }
@@ -1284,7 +1302,7 @@ static int next_chunk_scores(head_rows q, int i0, int nq, int qmax, head_rows k,
 
 static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
                          const int *k_pos, int tk, int HS, float scale, head_rows o, float *lse,
-                         int first_block, const attn_scratch *w)
+                         int first_block, const attn_scratch *w, loom_dtype multiply)
 {
     if (first_block)
         for (int i = 0; i < tq; i++) {
@@ -1295,10 +1313,11 @@ static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, hea
         const int nq = tq - i0 < ATTN_QT ? tq - i0 : ATTN_QT;
         const int qmax = tile_max(q_pos + i0, nq);
         int c0 = 0, j0, nk;
-        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
+        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0,
+                                       multiply))) {
             tile_exp(w, q_pos + i0, k_pos + j0, nq, nk);
-            tile_product(0, 0, nq, HS, nk, 1.0f, w->s, nk, head_row(v, j0), v.ld, 0.0f, w->acc,
-                         HS);
+            loom_gemm(w->acc, HS, nq, HS, nk, tile_operand(w, w->s, nq, nk, 0, multiply),
+                      head_operand(v, j0, 0), 1.0f, 0.0f, multiply);
             tile_merge(w, head_row(o, i0), o.ld, lse + i0, nq, HS);
         }
     }
@@ -1336,40 +1355,53 @@ WIDE_LOOP static void tile_softmax_grad(const attn_scratch *w, const float *D, i
         softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
 }
 
+/* Row r of h as f32: in place, or widened into tmp (HS floats). */
+static const float *row_f32(head_rows h, int r, float *tmp, int HS)
+{
+    if (h.dtype == LOOM_F32)
+        return head_row(h, r);
+    loom_convert(tmp, LOOM_F32, (const char *)h.base + (size_t)r * h.ld * 2, h.dtype,
+                 (size_t)HS);
+    return tmp;
+}
+
 static void backward_head(head_rows q, const int *q_pos, int tq, head_rows k, head_rows v,
                           const int *k_pos, int tk, int HS, float scale, head_rows o,
                           head_rows dout, const float *lse, head_rows dq, head_rows dk,
-                          head_rows dv, const attn_scratch *w)
+                          head_rows dv, const attn_scratch *w, loom_dtype multiply)
 {
     for (int i0 = 0; i0 < tq; i0 += ATTN_QT) {
         const int nq = tq - i0 < ATTN_QT ? tq - i0 : ATTN_QT;
         const int qmax = tile_max(q_pos + i0, nq);
         float *D = w->row_sum;
         for (int r = 0; r < nq; r++)
-            D[r] = dot_f32(head_row(dout, i0 + r), head_row(o, i0 + r), HS);
+            D[r] = dot_f32(row_f32(dout, i0 + r, w->acc, HS), row_f32(o, i0 + r, w->acc + HS, HS),
+                           HS);
         int c0 = 0, j0, nk;
-        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0))) {
+        while ((nk = next_chunk_scores(q, i0, nq, qmax, k, k_pos, tk, HS, scale, w, &c0, &j0,
+                                       multiply))) {
             /* P = exp(scale·Q·Kᵀ - lse), masked */
             tile_probabilities(w, q_pos + i0, k_pos + j0, lse + i0, nq, nk);
             /* dV += Pᵀ·dO */
-            tile_product(1, 0, nk, HS, nq, 1.0f, w->s, nk, head_row(dout, i0), dout.ld, 1.0f,
-                         head_row(dv, j0), dv.ld);
+            loom_gemm(head_row(dv, j0), dv.ld, nk, HS, nq, tile_operand(w, w->s, nq, nk, 1, multiply),
+                      head_operand(dout, i0, 0), 1.0f, 1.0f, multiply);
             /* dS = P ∘ (dO·Vᵀ - D) */
-            tile_product(0, 1, nq, nk, HS, 1.0f, head_row(dout, i0), dout.ld, head_row(v, j0),
-                         v.ld, 0.0f, w->ds, nk);
+            loom_gemm(w->ds, nk, nq, nk, HS, head_operand(dout, i0, 0), head_operand(v, j0, 1),
+                      1.0f, 0.0f, multiply);
             tile_softmax_grad(w, D, nq, nk);
-            /* dQ += scale·dS·K, dK += scale·dSᵀ·Q */
-            tile_product(0, 0, nq, HS, nk, scale, w->ds, nk, head_row(k, j0), k.ld, 1.0f,
-                         head_row(dq, i0), dq.ld);
-            tile_product(1, 0, nk, HS, nq, scale, w->ds, nk, head_row(q, i0), q.ld, 1.0f,
-                         head_row(dk, j0), dk.ld);
+            /* dQ += scale·dS·K, dK += scale·dSᵀ·Q (dS rounded once for both) */
+            loom_gemm_operand ds = tile_operand(w, w->ds, nq, nk, 0, multiply);
+            loom_gemm(head_row(dq, i0), dq.ld, nq, HS, nk, ds, head_operand(k, j0, 0), scale, 1.0f,
+                      multiply);
+            ds.transposed = 1;
+            loom_gemm(head_row(dk, j0), dk.ld, nk, HS, nq, ds, head_operand(q, i0, 0), scale, 1.0f,
+                      multiply);
         }
     }
 }
 
 /* One (B, rows, NH, HS) buffer of a call, as the per-head loop uses it:
- * read before each head (in) and/or written after it (out). A 16-bit
- * buffer goes through a packed f32 copy of one head (rows x HS). */
+ * read before each head (in) and/or written after it (out). */
 typedef struct head_buf {
     const void *in; /* NULL: not read */
     void *out;      /* NULL: not written */
@@ -1383,6 +1415,7 @@ typedef struct head_buf {
 typedef struct attn_call {
     int B, NH, HS;
     loom_dtype dtype;
+    loom_dtype multiply; /* the products' dtype */
     head_buf *bufs;
     int nbufs;
     float scale;
@@ -1392,20 +1425,29 @@ typedef struct attn_call {
     float *mem;
 } attn_call;
 
-/* Per thread the tile buffers, then for 16-bit types the packed heads; and
- * the positions as arrays. Out of memory: -1, why recorded, and the
- * buffers the call writes poisoned. */
+/* Whether buffer i is used in place: f32 always; a buffer of the
+ * products' 16-bit type when it is only read (the products read it as it
+ * is). The others go through a thread's f32 copy of the head. */
+static int in_place(const attn_call *c, int i)
+{
+    return c->dtype == LOOM_F32 || (c->dtype == c->multiply && !c->bufs[i].out);
+}
+
+/* Per thread the tile buffers, then the packed heads; and the positions
+ * as arrays. Out of memory: -1, why recorded, and the buffers the call
+ * writes poisoned. */
 static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, const int *k_pos,
                       int tk)
 {
     const size_t tile = (size_t)ATTN_QT * ATTN_KT;
-    const int packed = c->dtype != LOOM_F32;
     const int heads = c->B * c->NH;
+    c->multiply = c->dtype == LOOM_BF16 ? loom_gemm_multiply_dtype() : LOOM_F32;
     c->threads = threads_for((size_t)heads * tq * tk);
     c->threads = c->threads < heads ? c->threads : heads > 0 ? heads : 1;
-    size_t floats = 2 * tile + (size_t)ATTN_QT * c->HS + 2 * (size_t)ATTN_QT;
-    for (int i = 0; packed && i < c->nbufs; i++)
-        floats += (size_t)c->bufs[i].rows * c->HS;
+    size_t floats = 2 * tile + tile / 2 + (size_t)ATTN_QT * c->HS + 2 * (size_t)ATTN_QT;
+    for (int i = 0; i < c->nbufs; i++)
+        if (!in_place(c, i))
+            floats += (size_t)c->bufs[i].rows * c->HS;
     c->mem = malloc(floats * (size_t)c->threads * sizeof(float));
     c->w = calloc((size_t)c->threads, sizeof *c->w);
     if (!c->mem || !c->w || positions_init(&c->pos, q_pos, tq, k_pos, tk) != 0) {
@@ -1425,14 +1467,16 @@ static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, 
         attn_scratch *w = &c->w[t];
         w->s = next;
         w->ds = w->s + tile;
-        w->acc = w->ds + tile;
+        w->low = (uint16_t *)(w->ds + tile);
+        w->acc = w->ds + tile + tile / 2;
         w->row_max = w->acc + (size_t)ATTN_QT * c->HS;
         w->row_sum = w->row_max + ATTN_QT;
         next = w->row_sum + ATTN_QT;
-        for (int i = 0; packed && i < c->nbufs; i++) {
-            w->packed[i] = next;
-            next += (size_t)c->bufs[i].rows * c->HS;
-        }
+        for (int i = 0; i < c->nbufs; i++)
+            if (!in_place(c, i)) {
+                w->packed[i] = next;
+                next += (size_t)c->bufs[i].rows * c->HS;
+            }
     }
     /* each tile's product on its head's thread alone, whatever the number
      * of threads (the same bits; BLAS threads would fight the heads' for
@@ -1451,15 +1495,15 @@ static void attn_end(attn_call *c)
     free(c->w);
 }
 
-/* Head h of batch b of each buffer: in place for f32, else the thread's
- * packed copy, read in when the buffer is. */
+/* Head h of batch b of each buffer: in place, or the thread's packed
+ * copy, read in when the buffer is. */
 static void open_heads(const attn_call *c, const attn_scratch *w, int b, int h,
                        head_rows *heads)
 {
     for (int i = 0; i < c->nbufs; i++) {
         const head_buf *t = &c->bufs[i];
-        if (c->dtype == LOOM_F32) {
-            heads[i] = f32_head(t->out ? t->out : t->in, b, h, t->rows, c->NH, c->HS);
+        if (in_place(c, i)) {
+            heads[i] = buffer_head(t->out ? t->out : t->in, c->dtype, b, h, t->rows, c->NH, c->HS);
             continue;
         }
         if (t->in)
@@ -1471,9 +1515,9 @@ static void open_heads(const attn_call *c, const attn_scratch *w, int b, int h,
 /* ... and written back, rounded, where the buffer is written. */
 static void close_heads(const attn_call *c, const attn_scratch *w, int b, int h)
 {
-    for (int i = 0; c->dtype != LOOM_F32 && i < c->nbufs; i++) {
+    for (int i = 0; i < c->nbufs; i++) {
         const head_buf *t = &c->bufs[i];
-        if (t->out)
+        if (t->out && !in_place(c, i))
             scatter_head(t->out, c->dtype, w->packed[i], b, h, t->rows, c->NH, c->HS);
     }
 }
@@ -1499,7 +1543,7 @@ static void attention_block_forward(const void *q, const int *q_pos, int tq, con
         head_rows r[NBUFS];
         open_heads(&c, w, b, h, r);
         forward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT],
-                     lse + (size_t)bh * tq, first_block, w);
+                     lse + (size_t)bh * tq, first_block, w, c.multiply);
         close_heads(&c, w, b, h);
     }
     attn_end(&c);
@@ -1525,7 +1569,7 @@ static void attention_block_backward(const void *q, const int *q_pos, int tq, co
         head_rows r[NBUFS];
         open_heads(&c, w, b, h, r);
         backward_head(r[Q], c.pos.q, tq, r[K], r[V], c.pos.k, tk, HS, c.scale, r[OUT], r[DOUT],
-                      lse + (size_t)bh * tq, r[DQ], r[DK], r[DV], w);
+                      lse + (size_t)bh * tq, r[DQ], r[DK], r[DV], w, c.multiply);
         close_heads(&c, w, b, h);
     }
     attn_end(&c);

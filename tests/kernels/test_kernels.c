@@ -15,6 +15,7 @@
 
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/gemm.h"
 #include "model/kernels.h"
 #include "model/optimizer.h"
 
@@ -1032,6 +1033,60 @@ static void test_attention_lowp(loom_dtype dt)
 }
 
 static void test_attention_bf16(void) { test_attention_lowp(LOOM_BF16); }
+
+static int same_result(const attn_problem *p, attn_result a, attn_result b)
+{
+    const int C = p->NH * p->HS;
+    const size_t es = loom_dtype_size(p->dtype);
+    const size_t nq = (size_t)p->B * p->tq * C * es, nk = (size_t)p->B * p->tk * C * es;
+    return !memcmp(a.out, b.out, nq) && !memcmp(a.dq, b.dq, nq) && !memcmp(a.dk, b.dk, nk) &&
+           !memcmp(a.dv, b.dv, nk) &&
+           !memcmp(a.lse, b.lse, (size_t)p->B * p->NH * p->tq * sizeof(float));
+}
+
+/* A bf16 run on oneDNN multiplies attention's tiles in bf16 (q, k, v, dout
+ * as stored, P and dS rounded): within bf16's reach of the f32 result at a
+ * length past one chunk of keys, in one key block or two, on 1 and 2
+ * threads alike; and not the f32 products' bits (so the path is taken). */
+static void test_attention_bf16_products(void)
+{
+    if (!loom_gemm_library_built(LOOM_GEMM_ONEDNN)) {
+        printf("ok   no oneDNN in this build: bf16 products do not exist\n");
+        return;
+    }
+    enum { B = 2, NH = 3, HS = 32, T = 300 };
+    const int C = NH * HS;
+    const size_t n = (size_t)B * T * C;
+    int pos[T];
+    for (int i = 0; i < T; i++)
+        pos[i] = i;
+    float *q = randf(n, -2, 2), *k = randf(n, -2, 2), *v = randf(n, -1, 1);
+    float *dout = randf(n, -1, 1);
+    attn_problem p32 = {B, NH, HS, T, T, pos, pos, LOOM_F32, q, k, v, dout};
+    const int one[2] = {0, T}, two[3] = {0, 137, T};
+    loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_F32);
+    attn_result ref = run_blocks(&p32, one, 1);
+    void *q16 = test_malloc(n * 2), *k16 = test_malloc(n * 2), *v16 = test_malloc(n * 2),
+         *d16 = test_malloc(n * 2);
+    loom_convert(q16, LOOM_BF16, q, LOOM_F32, n);
+    loom_convert(k16, LOOM_BF16, k, LOOM_F32, n);
+    loom_convert(v16, LOOM_BF16, v, LOOM_F32, n);
+    loom_convert(d16, LOOM_BF16, dout, LOOM_F32, n);
+    attn_problem p16 = {B, NH, HS, T, T, pos, pos, LOOM_BF16, q16, k16, v16, d16};
+    attn_result f32_products = run_blocks(&p16, one, 1);
+    loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_BF16);
+    attn_result whole = run_blocks(&p16, one, 1);
+    compare_results("bf16 products, one key block, vs f32", &p16, whole, ref, 1e-2);
+    compare_results("bf16 products, two key blocks, vs f32", &p16, run_blocks(&p16, two, 2), ref,
+                    1e-2);
+    check_true("bf16 products are not the f32 products' bits", !same_result(&p16, whole,
+                                                                            f32_products));
+    loom_kernels_set_threads(2);
+    check_true("bf16 products: 1 and 2 threads, bit for bit",
+               same_result(&p16, whole, run_blocks(&p16, one, 1)));
+    loom_kernels_set_threads(1);
+    loom_gemm_select(LOOM_GEMM_AUTO, LOOM_F32);
+}
 static void test_attention_f16(void) { test_attention_lowp(LOOM_F16); }
 
 /* ------------------------------------------------------------ convert */
@@ -1356,6 +1411,7 @@ static const struct {
     {"attention", test_attention},
     {"attention_blocks", test_attention_blocks},
     {"attention_bf16", test_attention_bf16},
+    {"attention_bf16_products", test_attention_bf16_products},
     {"attention_f16", test_attention_f16},
     {"convert", test_convert},
     {"convert_paths", test_convert_paths},
