@@ -1005,28 +1005,34 @@ static void test_attention_blocks(void)
     }
 }
 
-static void test_attention_lowp(loom_dtype dt)
+/* A random problem of T queries and keys (positions 0..T-1) in f32, and
+ * the same rounded to dt. */
+static void problem_pair(int B, int NH, int HS, int T, loom_dtype dt, attn_problem *p32,
+                         attn_problem *low)
 {
-    enum { B = 2, NH = 2, HS = 16, T = 12 };
-    const int C = NH * HS;
-    const size_t n = (size_t)B * T * C;
-    int pos[T];
+    const size_t n = (size_t)B * T * NH * HS, es = loom_dtype_size(dt);
+    int *pos = test_malloc((size_t)T * sizeof(int));
     for (int i = 0; i < T; i++)
         pos[i] = i;
     float *q = randf(n, -2, 2), *k = randf(n, -2, 2), *v = randf(n, -1, 1);
     float *dout = randf(n, -1, 1);
-    attn_problem p32 = {B, NH, HS, T, T, pos, pos, LOOM_F32, q, k, v, dout};
-    const int one[2] = {0, T}, two[3] = {0, 5, T};
-    attn_result ref = run_blocks(&p32, one, 1);
-
-    const size_t es = loom_dtype_size(dt);
+    *p32 = (attn_problem){B, NH, HS, T, T, pos, pos, LOOM_F32, q, k, v, dout};
     void *q16 = test_malloc(n * es), *k16 = test_malloc(n * es), *v16 = test_malloc(n * es),
          *d16 = test_malloc(n * es);
     loom_convert(q16, dt, q, LOOM_F32, n);
     loom_convert(k16, dt, k, LOOM_F32, n);
     loom_convert(v16, dt, v, LOOM_F32, n);
     loom_convert(d16, dt, dout, LOOM_F32, n);
-    attn_problem p16 = {B, NH, HS, T, T, pos, pos, dt, q16, k16, v16, d16};
+    *low = (attn_problem){B, NH, HS, T, T, pos, pos, dt, q16, k16, v16, d16};
+}
+
+static void test_attention_lowp(loom_dtype dt)
+{
+    enum { T = 12 };
+    attn_problem p32, p16;
+    problem_pair(2, 2, 16, T, dt, &p32, &p16);
+    const int one[2] = {0, T}, two[3] = {0, 5, T};
+    attn_result ref = run_blocks(&p32, one, 1);
     char label[64];
     snprintf(label, sizeof label, "%s in 2 key blocks vs f32", loom_dtype_name(dt));
     compare_results(label, &p16, run_blocks(&p16, two, 2), ref, 1e-2);
@@ -1054,25 +1060,12 @@ static void test_attention_bf16_products(void)
         printf("ok   no oneDNN in this build: bf16 products do not exist\n");
         return;
     }
-    enum { B = 2, NH = 3, HS = 32, T = 300 };
-    const int C = NH * HS;
-    const size_t n = (size_t)B * T * C;
-    int pos[T];
-    for (int i = 0; i < T; i++)
-        pos[i] = i;
-    float *q = randf(n, -2, 2), *k = randf(n, -2, 2), *v = randf(n, -1, 1);
-    float *dout = randf(n, -1, 1);
-    attn_problem p32 = {B, NH, HS, T, T, pos, pos, LOOM_F32, q, k, v, dout};
+    enum { T = 300 };
+    attn_problem p32, p16;
+    problem_pair(2, 3, 32, T, LOOM_BF16, &p32, &p16);
     const int one[2] = {0, T}, two[3] = {0, 137, T};
     loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_F32);
     attn_result ref = run_blocks(&p32, one, 1);
-    void *q16 = test_malloc(n * 2), *k16 = test_malloc(n * 2), *v16 = test_malloc(n * 2),
-         *d16 = test_malloc(n * 2);
-    loom_convert(q16, LOOM_BF16, q, LOOM_F32, n);
-    loom_convert(k16, LOOM_BF16, k, LOOM_F32, n);
-    loom_convert(v16, LOOM_BF16, v, LOOM_F32, n);
-    loom_convert(d16, LOOM_BF16, dout, LOOM_F32, n);
-    attn_problem p16 = {B, NH, HS, T, T, pos, pos, LOOM_BF16, q16, k16, v16, d16};
     attn_result f32_products = run_blocks(&p16, one, 1);
     loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_BF16);
     attn_result whole = run_blocks(&p16, one, 1);
