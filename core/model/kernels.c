@@ -1034,12 +1034,13 @@ void loom_accumulate(void *dst, loom_dtype dst_type, float *src, size_t n)
  * little.
  *
  * The products multiply in the run's dtype (loom_gemm_multiply_dtype):
- * in a bf16 run on oneDNN, bf16 q, k, v and dout are read in place, and
- * the probabilities P and their gradient dS are rounded to bf16 for the
- * products they feed, as FlashAttention does on GPUs; softmax, its row
- * sums, lse and every accumulation (out, dq, dk, dv) stay f32. Buffers
- * of another 16-bit type than the products' go through an f32 copy of
- * the head per thread, written back rounded; lse is always f32. */
+ * in a bf16 run on oneDNN, q, k, v and dout go in as bf16 (read in place
+ * when they are stored so, else rounded per head into the thread's copy),
+ * and the probabilities P and their gradient dS are rounded to bf16 for
+ * the products they feed, as FlashAttention does on GPUs; softmax, its
+ * row sums, lse and every accumulation (out, dq, dk, dv) stay f32. A
+ * written buffer of a 16-bit type goes through an f32 copy of the head
+ * per thread, written back rounded; lse is always f32. */
 
 #define ATTN_QT 64
 #define ATTN_KT 256
@@ -1072,21 +1073,21 @@ static head_rows buffer_head(const void *buf, loom_dtype dt, int b, int h, int r
     return v;
 }
 
-static head_rows packed_head(float *buf, int HS)
+static head_rows packed_head(float *buf, loom_dtype dt, int HS)
 {
-    head_rows v = {buf, HS, LOOM_F32};
+    head_rows v = {buf, HS, dt};
     return v;
 }
 
 /* Rows [b, 0..rows) of head h of a (B, rows, NH, HS) buffer of type dt,
- * to and from contiguous f32 (rows, HS). */
-static void gather_head(float *dst, const void *src, loom_dtype dt, int b, int h, int rows,
-                        int NH, int HS)
+ * to contiguous (rows, HS) of type to, and from contiguous f32. */
+static void gather_head(void *dst, loom_dtype to, const void *src, loom_dtype dt, int b, int h,
+                        int rows, int NH, int HS)
 {
-    const size_t C = (size_t)NH * HS, es = loom_dtype_size(dt);
+    const size_t C = (size_t)NH * HS, es = loom_dtype_size(dt), ts = loom_dtype_size(to);
     for (int r = 0; r < rows; r++) {
         const char *s = (const char *)src + (((size_t)b * rows + r) * C + (size_t)h * HS) * es;
-        loom_convert(dst + (size_t)r * HS, LOOM_F32, s, dt, (size_t)HS);
+        loom_convert((char *)dst + (size_t)r * HS * ts, to, s, dt, (size_t)HS);
     }
 }
 
@@ -1236,7 +1237,7 @@ typedef struct attn_scratch {
     float *acc;      /* ATTN_QT x HS (forward); two rows widened for D (backward) */
     float *row_max;  /* ATTN_QT */
     float *row_sum;  /* ATTN_QT; D_i = dout_i·out_i in backward */
-    float *packed[ATTN_MAX_BUFS]; /* buffers not read in place: the head as f32 (rows x HS) */
+    float *packed[ATTN_MAX_BUFS]; /* buffers not used in place: the head (rows x HS) */
 } attn_scratch;
 
 /* The multiply's operand of an (nq, nk) tile of w's in tile: itself, or
@@ -1360,8 +1361,8 @@ static const float *row_f32(head_rows h, int r, float *tmp, int HS)
 {
     if (h.dtype == LOOM_F32)
         return head_row(h, r);
-    loom_convert(tmp, LOOM_F32, (const char *)h.base + (size_t)r * h.ld * 2, h.dtype,
-                 (size_t)HS);
+    loom_convert(tmp, LOOM_F32, (const char *)h.base + (size_t)r * h.ld * loom_dtype_size(h.dtype),
+                 h.dtype, (size_t)HS);
     return tmp;
 }
 
@@ -1406,6 +1407,7 @@ typedef struct head_buf {
     const void *in; /* NULL: not read */
     void *out;      /* NULL: not written */
     int rows;
+    int rows_only;  /* read by rows alone, never a product's operand (out, for D) */
 } head_buf;
 
 /* One call of the attention kernels: its shape, its buffers, and the
@@ -1425,12 +1427,21 @@ typedef struct attn_call {
     float *mem;
 } attn_call;
 
-/* Whether buffer i is used in place: f32 always; a buffer of the
- * products' 16-bit type when it is only read (the products read it as it
- * is). The others go through a thread's f32 copy of the head. */
+/* Whether buffer i is used in place: a buffer that is only read, when it
+ * is of the products' dtype or no product reads it; a written one (an
+ * accumulator), when it is f32. The others go through a thread's copy of
+ * the head. */
 static int in_place(const attn_call *c, int i)
 {
-    return c->dtype == LOOM_F32 || (c->dtype == c->multiply && !c->bufs[i].out);
+    const head_buf *t = &c->bufs[i];
+    return t->out ? c->dtype == LOOM_F32 : t->rows_only || c->dtype == c->multiply;
+}
+
+/* The dtype of buffer i's copy: an accumulator's f32, a read buffer's the
+ * products'. */
+static loom_dtype packed_dtype(const attn_call *c, int i)
+{
+    return c->bufs[i].out ? LOOM_F32 : c->multiply;
 }
 
 /* Per thread the tile buffers, then the packed heads; and the positions
@@ -1441,7 +1452,7 @@ static int attn_begin(attn_call *c, const char *what, const int *q_pos, int tq, 
 {
     const size_t tile = (size_t)ATTN_QT * ATTN_KT;
     const int heads = c->B * c->NH;
-    c->multiply = c->dtype == LOOM_BF16 ? loom_gemm_multiply_dtype() : LOOM_F32;
+    c->multiply = c->dtype == LOOM_F16 ? LOOM_F32 : loom_gemm_multiply_dtype();
     c->threads = threads_for((size_t)heads * tq * tk);
     c->threads = c->threads < heads ? c->threads : heads > 0 ? heads : 1;
     size_t floats = 2 * tile + tile / 2 + (size_t)ATTN_QT * c->HS + 2 * (size_t)ATTN_QT;
@@ -1507,8 +1518,9 @@ static void open_heads(const attn_call *c, const attn_scratch *w, int b, int h,
             continue;
         }
         if (t->in)
-            gather_head(w->packed[i], t->in, c->dtype, b, h, t->rows, c->NH, c->HS);
-        heads[i] = packed_head(w->packed[i], c->HS);
+            gather_head(w->packed[i], packed_dtype(c, i), t->in, c->dtype, b, h, t->rows, c->NH,
+                        c->HS);
+        heads[i] = packed_head(w->packed[i], packed_dtype(c, i), c->HS);
     }
 }
 
@@ -1529,8 +1541,8 @@ static void attention_block_forward(const void *q, const int *q_pos, int tq, con
 {
     enum { Q, K, V, OUT, NBUFS };
     /* a first block overwrites out */
-    head_buf bufs[NBUFS] = {{q, NULL, tq}, {k, NULL, tk}, {v, NULL, tk},
-                            {first_block ? NULL : out, out, tq}};
+    head_buf bufs[NBUFS] = {{q, NULL, tq, 0}, {k, NULL, tk, 0}, {v, NULL, tk, 0},
+                            {first_block ? NULL : out, out, tq, 0}};
     attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
     if (attn_begin(&c, "forward", q_pos, tq, k_pos, tk) != 0) {
         poison(lse, LOOM_F32, (size_t)B * NH * tq);
@@ -1557,8 +1569,9 @@ static void attention_block_backward(const void *q, const int *q_pos, int tq, co
     enum { Q, OUT, DOUT, DQ, K, V, DK, DV, NBUFS };
     _Static_assert(NBUFS <= ATTN_MAX_BUFS, "a thread's scratch packs every buffer");
     /* dq, dk and dv accumulate */
-    head_buf bufs[NBUFS] = {{q, NULL, tq},  {out, NULL, tq}, {dout, NULL, tq}, {dq, dq, tq},
-                            {k, NULL, tk},  {v, NULL, tk},   {dk, dk, tk},     {dv, dv, tk}};
+    head_buf bufs[NBUFS] = {{q, NULL, tq, 0}, {out, NULL, tq, 1}, {dout, NULL, tq, 0},
+                            {dq, dq, tq, 0},  {k, NULL, tk, 0},   {v, NULL, tk, 0},
+                            {dk, dk, tk, 0},  {dv, dv, tk, 0}};
     attn_call c = {.B = B, .NH = NH, .HS = HS, .dtype = dtype, .bufs = bufs, .nbufs = NBUFS};
     if (attn_begin(&c, "backward", q_pos, tq, k_pos, tk) != 0)
         return;

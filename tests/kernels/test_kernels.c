@@ -1051,9 +1051,10 @@ static int same_result(const attn_problem *p, attn_result a, attn_result b)
 }
 
 /* A bf16 run on oneDNN multiplies attention's tiles in bf16 (q, k, v, dout
- * as stored, P and dS rounded): within bf16's reach of the f32 result at a
- * length past one chunk of keys, in one key block or two, on 1 and 2
- * threads alike; and not the f32 products' bits (so the path is taken). */
+ * as stored, or rounded from f32 buffers, P and dS rounded): within
+ * bf16's reach of the f32 result at a length past one chunk of keys, in
+ * one key block or two, on 1 and 2 threads alike; and not the f32
+ * products' bits (so the path is taken). */
 static void test_attention_bf16_products(void)
 {
     if (!loom_gemm_library_built(LOOM_GEMM_ONEDNN)) {
@@ -1065,7 +1066,7 @@ static void test_attention_bf16_products(void)
     problem_pair(2, 3, 32, T, LOOM_BF16, &p32, &p16);
     const int one[2] = {0, T}, two[3] = {0, 137, T};
     loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_F32);
-    attn_result ref = run_blocks(&p32, one, 1);
+    attn_result ref = run_blocks(&p32, one, 1), ref_two = run_blocks(&p32, two, 2);
     attn_result f32_products = run_blocks(&p16, one, 1);
     loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_BF16);
     attn_result whole = run_blocks(&p16, one, 1);
@@ -1078,6 +1079,12 @@ static void test_attention_bf16_products(void)
     check_true("bf16 products: 1 and 2 threads, bit for bit",
                same_result(&p16, whole, run_blocks(&p16, one, 1)));
     loom_kernels_set_threads(1);
+    /* f32 buffers (the model's) in a bf16 run: their products in bf16 too */
+    attn_result from_f32 = run_blocks(&p32, two, 2);
+    compare_results("bf16 products of f32 buffers, two key blocks, vs f32", &p32, from_f32, ref,
+                    1e-2);
+    check_true("bf16 products of f32 buffers are not the f32 products' bits",
+               !same_result(&p32, from_f32, ref_two));
     loom_gemm_select(LOOM_GEMM_AUTO, LOOM_F32);
 }
 static void test_attention_f16(void) { test_attention_lowp(LOOM_F16); }
