@@ -126,33 +126,47 @@ for name, title, tokens in shapes:
         summary[(name, threads, "torch")] = t
 
 print("\n## Against the goals\n")
-print("| model | threads | fp32 (oneDNN) vs PyTorch | bf16 vs fp32 (oneDNN) | MFU fp32 / bf16 (oneDNN) | oneDNN vs OpenBLAS, fp32 |")
-print("|---|---|---|---|---|---|")
+print("PyTorch's MFU is its step's FLOPs against the same fp32 peak as loom's fp32 run:")
+print("loom can be faster than PyTorch by at most that MFU's inverse, where loom's")
+print("own products would run at the library's peak.\n")
+print("| model | threads | fp32 (oneDNN) vs PyTorch | PyTorch MFU (fp32 peak) | bf16 vs fp32 (oneDNN) | MFU fp32 / bf16 (oneDNN) | oneDNN vs OpenBLAS, fp32 |")
+print("|---|---|---|---|---|---|---|")
 for name, title, _ in shapes:
     for threads in (1, 2):
         f32 = summary[(name, threads, "onednn-fp32")]
         b16 = summary[(name, threads, "onednn-bf16")]
         ob = summary[(name, threads, "openblas-fp32")]
         t = summary[(name, threads, "torch")]
-        print(f"| {title} | {threads} | {t / f32[0]:.2f}x | {f32[0] / b16[0]:.2f}x | "
-              f"{100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | {ob[0] / f32[0]:.2f}x |")
+        torch_mfu = f32[1] * f32[0] / t
+        print(f"| {title} | {threads} | {t / f32[0]:.2f}x | {100 * torch_mfu:.1f}% | "
+              f"{f32[0] / b16[0]:.2f}x | {100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | "
+              f"{ob[0] / f32[0]:.2f}x |")
 
 print("\n## Where a step's time goes\n")
-print("The per-kernel breakdown `loom train --metrics` writes (`kernel_ms`), one thread,")
-print("medians; the products (forward, to the input, to the weight, the LM head) apart from")
-print("everything else.\n")
+print("The per-kernel breakdown `loom train --metrics` writes (`kernel_ms`), medians,")
+print("one table per shape and thread count, fp32 and bf16 side by side; the products")
+print("(forward, to the input, to the weight, the LM head) apart from everything else.")
+print("What the kinds leave of the step is the trainer's own work between units.\n")
 for name, title, _ in shapes:
-    for c in ("onednn-fp32", "onednn-bf16"):
-        ms, _, runs = summary[(name, 1, c)]
-        kinds = runs[0]["kernels"]
+    for threads in (1, 2):
+        cols = [summary[(name, threads, c)] for c in ("onednn-fp32", "onednn-bf16")]
+        kinds = cols[0][2][0]["kernels"]
         if not kinds:
             continue
-        print(f"**{title}, {c}** ({ms:.1f} ms/step)\n")
-        print("| kernel | ms/step | share of the step |")
-        print("|---|---|---|")
-        for k in sorted(kinds, key=lambda k: -med(x["kernels"].get(k, 0) for x in runs)):
-            v = med(x["kernels"].get(k, 0) for x in runs)
-            print(f"| {k} | {v:.1f} | {100 * v / ms:.1f}% |")
+        def kind_ms(col, k):
+            return med(x["kernels"].get(k, 0) for x in col[2])
+        print(f"**{title}, {threads} thread{'s' if threads > 1 else ''}**\n")
+        print(f"| kernel | onednn-fp32 ms/step | share | onednn-bf16 ms/step | share |")
+        print("|---|---|---|---|---|")
+        for k in sorted(kinds, key=lambda k: -kind_ms(cols[0], k)):
+            cells = " | ".join(f"{kind_ms(col, k):.1f} | {100 * kind_ms(col, k) / col[0]:.1f}%"
+                               for col in cols)
+            print(f"| {k} | {cells} |")
+        rest = " | ".join(f"{col[0] - sum(kind_ms(col, k) for k in kinds):.1f} | "
+                          f"{100 * (1 - sum(kind_ms(col, k) for k in kinds) / col[0]):.1f}%"
+                          for col in cols)
+        print(f"| (outside the kernels) | {rest} |")
+        print(f"| **step** | {cols[0][0]:.1f} | | {cols[1][0]:.1f} | |")
         print()
 PY
 
