@@ -204,7 +204,8 @@ struct loom_comm_request {
     comm_pending pending; /* on the group's list until released */
 };
 
-/* ucx_sched.c: building (no lock needed: the request is not active yet) */
+/* ucx_sched.c: building (with ucx.lock held: an op is built and started
+ * in one hold of the lock) */
 int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step,
                int chunk);
 int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk);
@@ -243,9 +244,9 @@ void slots_used_idx(slot_ring *s, int idx, int op);
 void sched_activate(loom_comm_request *r);
 int sched_progress_all(void);   /* worker progress + advance every active request */
 void sched_cancel(loom_comm_request *r); /* drop UCX requests still posted */
-/* A request, zeroed but for the arrays a pooled one keeps (without
- * ucx.lock held; NULL when out of memory). sched_free gives it back (with
- * ucx.lock held): its scratch, and itself to the pool or to free. */
+/* A request, zeroed but for the arrays a pooled one keeps (NULL when out
+ * of memory). sched_free gives it back: its scratch, and itself to the
+ * pool or to free. Both with ucx.lock held. */
 loom_comm_request *sched_request(void);
 void sched_free(loom_comm_request *r);
 void sched_pool_release(void); /* at teardown, with ucx.lock held */
@@ -281,7 +282,8 @@ typedef struct ucx_idle_state {
  * spin_us of its waits by that. */
 int ucx_own_core(const loom_host *host);
 double ucx_spin_us(const ucx_settings *s);
-void ucx_idle(ucx_idle_state *s, int events, double spin_us);
+/* Returns whether it paused (yielded or slept), so time passed. */
+int ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */
 

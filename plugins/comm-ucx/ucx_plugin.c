@@ -308,21 +308,21 @@ double ucx_spin_us(const ucx_settings *s)
     return ucx.own_core ? s->own_core_spin_us : s->spin_us;
 }
 
-void ucx_idle(ucx_idle_state *s, int events, double spin_us)
+int ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
         s->since_ns = 0;
         s->polls = 0;
-        return;
+        return 0;
     }
     if (ucx.own_core && !s->beside_caller && s->polls++ < BUSY_POLLS)
-        return;
+        return 0;
     uint64_t now = now_ns();
     if (!s->since_ns)
         s->since_ns = now;
     if ((double)(now - s->since_ns) < spin_us * 1e3) {
         sched_yield();
-        return;
+        return 1;
     }
     /* Sleep in the kernel until UCX has something for us (a message, a
      * rendezvous reply), for at most a few ms so the caller still checks
@@ -337,12 +337,18 @@ void ucx_idle(ucx_idle_state *s, int events, double spin_us)
         struct timespec t = {0, 20000};
         nanosleep(&t, NULL);
     }
+    return 1;
 }
 
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-/* ------------------------------------------------------------ requests */
+/* ------------------------------------------------------------ requests
+ *
+ * An op takes ucx.lock once to be numbered, built and started, and a wait
+ * once per poll, releasing the request in the poll that sees it done: each
+ * lock round trip is on the path of every small collective. */
 
+/* With ucx.lock held. */
 static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t seq)
 {
     loom_comm_request *r = sched_request();
@@ -367,8 +373,9 @@ static void req_release(loom_comm_request *r)
     sched_free(r);
 }
 
-/* Start a built request. Returns LOOM_OK with *out (NULL when it completed
- * at once) or an error (the request released). */
+/* Start a built request; called with ucx.lock held, returns with it
+ * released. LOOM_OK with *out (left NULL when it completed at once) or an
+ * error (the request released). */
 static int req_start(loom_comm_request *r, loom_comm_request **out)
 {
     loom_comm *c = r->comm;
@@ -376,12 +383,10 @@ static int req_start(loom_comm_request *r, loom_comm_request **out)
     if (r->build_failed) {
         const char *name = loom_comm_op_name(r->call.op);
         uint64_t seq = r->seq;
-        pthread_mutex_lock(&ucx.lock);
         req_release(r);
         pthread_mutex_unlock(&ucx.lock);
         return group_no_memory(&c->group, name, seq);
     }
-    pthread_mutex_lock(&ucx.lock);
     group_track(&c->group, &r->pending, r);
     sched_activate(r);
     int st = r->status;
@@ -390,12 +395,16 @@ static int req_start(loom_comm_request *r, loom_comm_request **out)
         *out = r;
         return LOOM_OK;
     }
+    if (st == LOOM_OK) {
+        req_release(r);
+        pthread_mutex_unlock(&ucx.lock);
+        return LOOM_OK;
+    }
     char err[sizeof r->error];
     memcpy(err, r->error, sizeof err);
     req_release(r);
     pthread_mutex_unlock(&ucx.lock);
-    *out = NULL;
-    return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
+    return h->error(h, st, "%s", err);
 }
 
 /* ------------------------------------------------------------------ ops */
@@ -463,40 +472,52 @@ static void build(loom_comm_request *r, size_t bytes)
     algorithms[uop][algo].build(r);
 }
 
+/* A call that needs no request, refused or done at once: on a failed
+ * group, an empty call, buffers that overlap where comm.h allows no
+ * overlap, a collective of one rank. */
+static int post_nothing(loom_comm *c, const comm_call *call, uint64_t seq, int failed,
+                        int bad_overlap, size_t recv_bytes)
+{
+    const char *name = loom_comm_op_name(call->op);
+    if (failed)
+        return group_refuse_op(&c->group, name, seq);
+    if (call_is_empty(call))
+        return LOOM_OK;
+    if (bad_overlap)
+        return c->group.host->error(
+            c->group.host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: %s", name,
+            (unsigned long long)seq, c->group.desc,
+            call->op == LOOM_OP_ALLGATHER ? "send overlaps recv without being this rank's block of it"
+                                          : "send and recv overlap without being the same buffer");
+    if (call->send != call->recv && recv_bytes) /* the result is the input */
+        memmove(call->recv, call->send, recv_bytes);
+    return LOOM_OK;
+}
+
 /* Every op (common/call.h). Buffers that overlap other than in comm.h's
  * in-place forms: reducescatter and alltoall copy their input aside first
  * (reducescatter's send == recv then leaves the result at the start of
  * recv, as MPI_IN_PLACE does); the other ops refuse. */
 int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
 {
-    const char *name = loom_comm_op_name(call->op);
     int collective = !call_is_p2p(call), rank = c->group.rank;
-    uint64_t seq;
-    int st = group_begin(&c->group, name, collective, &seq);
-    if (st != LOOM_OK || call_is_empty(call))
-        return st;
     size_t send_bytes, recv_bytes;
     call_extents(call, rank, c->group.size, &send_bytes, &recv_bytes);
-    int copy_aside = 0;
-    if (!call_in_place(call, rank) &&
-        buffers_overlap(call->send, send_bytes, call->recv, recv_bytes)) {
-        copy_aside = call->op == LOOM_OP_REDUCESCATTER || call->op == LOOM_OP_ALLTOALL;
-        if (!copy_aside)
-            return c->group.host->error(
-                c->group.host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: %s", name,
-                (unsigned long long)seq, c->group.desc,
-                call->op == LOOM_OP_ALLGATHER
-                    ? "send overlaps recv without being this rank's block of it"
-                    : "send and recv overlap without being the same buffer");
-    }
-    if (collective && c->group.size == 1) { /* the result is the input */
-        if (call->send != call->recv && recv_bytes)
-            memmove(call->recv, call->send, recv_bytes);
-        return LOOM_OK;
+    int overlap = !call_in_place(call, rank) &&
+                  buffers_overlap(call->send, send_bytes, call->recv, recv_bytes);
+    int copy_aside = overlap && (call->op == LOOM_OP_REDUCESCATTER || call->op == LOOM_OP_ALLTOALL);
+    uint64_t seq;
+    pthread_mutex_lock(&ucx.lock);
+    int failed = group_number(&c->group, collective, &seq), bad_overlap = overlap && !copy_aside;
+    if (failed || call_is_empty(call) || bad_overlap || (collective && c->group.size == 1)) {
+        pthread_mutex_unlock(&ucx.lock);
+        return post_nothing(c, call, seq, failed, bad_overlap, recv_bytes);
     }
     loom_comm_request *r = req_new(c, call, seq);
-    if (!r)
-        return group_no_memory(&c->group, name, seq);
+    if (!r) {
+        pthread_mutex_unlock(&ucx.lock);
+        return group_no_memory(&c->group, loom_comm_op_name(call->op), seq);
+    }
     if (copy_aside) {
         void *copy = sched_scratch(r, send_bytes);
         if (copy)
@@ -595,19 +616,33 @@ static int finish(loom_comm_request *r)
     return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
 }
 
+/* One poll, under ucx.lock; a request found done is released in the same
+ * hold, a failed one by finish. now: the time, when the caller read it
+ * (else 0); from 0.1 s after the first such poll, one every 0.1 s also
+ * checks that the request's peers live. */
+static int poll_once(loom_comm_request *r, int *events, double now)
+{
+    pthread_mutex_lock(&ucx.lock);
+    int check = 0;
+    if (now > 0 && !r->next_check) {
+        r->next_check = now + 0.1;
+    } else if (now > 0 && now >= r->next_check) {
+        check = 1;
+        r->next_check = now + 0.1;
+    }
+    int st = poll_req(r, events, check);
+    if (st == LOOM_OK)
+        req_release(r);
+    pthread_mutex_unlock(&ucx.lock);
+    return st == LOOM_OK || st == LOOM_IN_PROGRESS ? st : finish(r);
+}
+
 static int ucx_test(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
     int events = 0;
-    pthread_mutex_lock(&ucx.lock);
-    double t = clock_now_s();
-    int check = t >= r->next_check;
-    if (check)
-        r->next_check = t + 0.1;
-    int st = poll_req(r, &events, check);
-    pthread_mutex_unlock(&ucx.lock);
-    return st == LOOM_IN_PROGRESS ? LOOM_IN_PROGRESS : finish(r);
+    return poll_once(r, &events, clock_now_s());
 }
 
 /* "waiting for rank 2 (step 1 of ring)": the peers whose messages (or, for
@@ -652,20 +687,32 @@ static void pending_peers(const loom_comm_request *r, char *buf, size_t cap)
         snprintf(buf, cap, " waiting for rank%s %s to receive%s", count > 1 ? "s" : "", list, step);
 }
 
+/* Polls between two readings of the clock in a wait that does not pause:
+ * a poll takes ~100 ns, and reading the clock at each one (~25 ns on a
+ * virtual machine) was a fifth of a waiting rank's time. A pause (a yield
+ * or a sleep) is followed by a reading, so the timeout still holds. */
+#define POLLS_PER_CLOCK 16
+
 static int ucx_wait(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
     ucx_idle_state idle = {0};
-    double t0 = clock_now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
+    double t0 = clock_now_s(), t = t0, timeout = r->comm ? r->comm->set.timeout_s : 0;
     double report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
-    int reported = !r->collective;
+    double spin_us = r->comm ? ucx_spin_us(&r->comm->set) : 50;
+    int reported = !r->collective, polls = 0;
     for (;;) {
-        int events = 0;
-        double t = clock_now_s();
-        int check = t >= next_check;
-        if (check)
-            next_check = t + 0.1;
+        int events = 0, st = poll_once(r, &events, t);
+        if (st != LOOM_IN_PROGRESS)
+            return st;
+        t = 0;
+        if (!ucx_idle(&idle, events, spin_us) && ++polls < POLLS_PER_CLOCK)
+            continue;
+        polls = 0;
+        t = clock_now_s();
+        if (t - t0 > timeout)
+            break;
         if (!reported && t >= report_at && r->comm) {
             /* slow: tell the store we got here, in case someone times out */
             pthread_mutex_lock(&ucx.lock);
@@ -676,14 +723,6 @@ static int ucx_wait(loom_comm_request *r)
                 h->comm_waiting(h, c);
             reported = 1;
         }
-        pthread_mutex_lock(&ucx.lock);
-        int st = poll_req(r, &events, check);
-        pthread_mutex_unlock(&ucx.lock);
-        if (st != LOOM_IN_PROGRESS)
-            return finish(r);
-        if (t - t0 > timeout)
-            break;
-        ucx_idle(&idle, events, r->comm ? ucx_spin_us(&r->comm->set) : 50);
     }
 
     /* Timed out: say what we wait for; the core adds who did not come. */

@@ -37,7 +37,7 @@
 #define TAG_SEQ_SHIFT 21
 #define TAG_STEP_SHIFT 12
 
-static uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
+static inline uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
 {
     const loom_comm *c = r->comm;
     uint64_t t = (c->tag_id & 0x3fffull) << TAG_COMM_SHIFT;
@@ -114,9 +114,7 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
         r->build_failed = 1;
         return NULL;
     }
-    pthread_mutex_lock(&ucx.lock);
     struct scratch_buf *b = scratch_get(bytes ? bytes : 1);
-    pthread_mutex_unlock(&ucx.lock);
     if (!b) {
         r->build_failed = 1;
         return NULL;
@@ -127,7 +125,7 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
 
 /* ------------------------------------------------------------- building */
 
-static int op_new(loom_comm_request *r, sop_kind kind)
+static int op_add(loom_comm_request *r, const sop *op)
 {
     if (r->build_failed)
         return -1;
@@ -141,12 +139,7 @@ static int op_new(loom_comm_request *r, sop_kind kind)
         r->ops = ops;
         r->cap_ops = cap;
     }
-    sop *o = &r->ops[r->nops];
-    memset(o, 0, sizeof *o);
-    o->kind = (uint8_t)kind;
-    o->state = SOP_WAITING;
-    o->dep_head = -1;
-    o->peer = -1;
+    r->ops[r->nops] = *op;
     return r->nops++;
 }
 
@@ -171,64 +164,41 @@ void sched_after(loom_comm_request *r, int op, int dep)
 
 int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step, int chunk)
 {
-    int i = op_new(r, SOP_SEND);
-    if (i >= 0) {
-        r->ops[i].peer = peer;
-        r->ops[i].a = buf;
-        r->ops[i].n = bytes;
-        r->ops[i].step = (uint16_t)step;
-        r->ops[i].chunk = (uint32_t)chunk;
-    }
-    return i;
+    sop o = {.kind = SOP_SEND, .step = (uint16_t)step, .chunk = (uint32_t)chunk, .peer = peer,
+             .dep_head = -1, .a = buf, .n = bytes};
+    return op_add(r, &o);
 }
 
 int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk)
 {
-    int i = op_new(r, SOP_RECV);
-    if (i >= 0) {
-        r->ops[i].peer = peer;
-        r->ops[i].dst = buf;
-        r->ops[i].n = bytes;
-        r->ops[i].step = (uint16_t)step;
-        r->ops[i].chunk = (uint32_t)chunk;
-    }
-    return i;
+    sop o = {.kind = SOP_RECV, .step = (uint16_t)step, .chunk = (uint32_t)chunk, .peer = peer,
+             .dep_head = -1, .dst = buf, .n = bytes};
+    return op_add(r, &o);
 }
 
 int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count)
 {
-    int i = op_new(r, SOP_REDUCE);
-    if (i >= 0) {
-        r->ops[i].dst = dst;
-        r->ops[i].a = a;
-        r->ops[i].b = b;
-        r->ops[i].n = count;
-    }
-    return i;
+    sop o = {.kind = SOP_REDUCE, .peer = -1, .dep_head = -1, .dst = dst, .a = a, .b = b, .n = count};
+    return op_add(r, &o);
 }
 
 int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
 {
-    int i = op_new(r, SOP_COPY);
-    if (i >= 0) {
-        r->ops[i].dst = dst;
-        r->ops[i].a = src;
-        r->ops[i].n = bytes;
-    }
-    return i;
+    sop o = {.kind = SOP_COPY, .peer = -1, .dep_head = -1, .dst = dst, .a = src, .n = bytes};
+    return op_add(r, &o);
 }
 
 int sched_divide(loom_comm_request *r, void *buf, size_t count)
 {
-    int i = op_new(r, SOP_DIVIDE);
-    if (i >= 0) {
-        r->ops[i].dst = buf;
-        r->ops[i].n = count;
-    }
-    return i;
+    sop o = {.kind = SOP_DIVIDE, .peer = -1, .dep_head = -1, .dst = buf, .n = count};
+    return op_add(r, &o);
 }
 
-int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
+int sched_join(loom_comm_request *r)
+{
+    sop o = {.kind = SOP_JOIN, .peer = -1, .dep_head = -1};
+    return op_add(r, &o);
+}
 
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
 {
@@ -466,9 +436,9 @@ static void op_start(loom_comm_request *r, sop *o)
     loom_comm *c = r->comm;
     switch (o->kind) {
     case SOP_SEND: {
+        static const ucp_request_param_t plain;
         ucx_peer *p = &ucx.peers[c->group.world_ranks[o->peer]];
-        ucp_request_param_t prm = {0};
-        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->group.rank, o), &prm);
+        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->group.rank, o), &plain);
         if (st == NULL) {
             o->state = SOP_DONE;
         } else if (UCS_PTR_IS_ERR(st)) {
@@ -482,10 +452,10 @@ static void op_start(loom_comm_request *r, sop *o)
     case SOP_RECV: {
         /* Always a request: UCX 1.13 leaves recv_info unfilled on some
          * immediate completions, and the received length must be checked. */
-        ucp_request_param_t prm = {0};
-        prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        static const ucp_request_param_t always_request = {.op_attr_mask =
+                                                               UCP_OP_ATTR_FLAG_NO_IMM_CMPL};
         ucs_status_ptr_t st =
-            ucp_tag_recv_nbx(ucx.worker, o->dst, o->n, tag_of(r, o->peer, o), ~0ull, &prm);
+            ucp_tag_recv_nbx(ucx.worker, o->dst, o->n, tag_of(r, o->peer, o), ~0ull, &always_request);
         if (UCS_PTR_IS_ERR(st)) {
             op_failed(r, o, UCS_PTR_STATUS(st), 0);
         } else {
@@ -644,13 +614,11 @@ void sched_free(loom_comm_request *r)
 
 loom_comm_request *sched_request(void)
 {
-    pthread_mutex_lock(&ucx.lock);
     loom_comm_request *r = ucx.pool;
     if (r) {
         ucx.pool = r->anext;
         ucx.npool--;
     }
-    pthread_mutex_unlock(&ucx.lock);
     if (!r)
         return calloc(1, sizeof *r);
     sop *ops = r->ops;
