@@ -127,6 +127,7 @@ typedef struct ucx_proc {
     /* requests with ops still to do, oldest first */
     struct loom_comm_request *active_head, *active_tail;
     int nactive;
+    unsigned completions;  /* sends and receives of ours UCX finished in its progress */
     /* progress thread */
     int thread_on, thread_stop;
     pthread_t thread;

@@ -698,19 +698,23 @@ static int ucx_wait(loom_comm_request *r)
     if (!r)
         return LOOM_OK;
     ucx_idle_state idle = {0};
-    double t0 = clock_now_s(), t = t0, timeout = r->comm ? r->comm->set.timeout_s : 0;
-    double report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
-    double spin_us = r->comm ? ucx_spin_us(&r->comm->set) : 50;
+    double timeout = r->comm ? r->comm->set.timeout_s : 0;
+    double spin_us = r->comm ? ucx_spin_us(&r->comm->set) : 50, t0 = 0, t = 0, report_at = 0;
     int reported = !r->collective, polls = 0;
     for (;;) {
         int events = 0, st = poll_once(r, &events, t);
         if (st != LOOM_IN_PROGRESS)
             return st;
         t = 0;
-        if (!ucx_idle(&idle, events, spin_us) && ++polls < POLLS_PER_CLOCK)
+        /* the clock starts after the first poll: a small op is often done by then */
+        if (!ucx_idle(&idle, events, spin_us) && ++polls < POLLS_PER_CLOCK && t0 > 0)
             continue;
         polls = 0;
         t = clock_now_s();
+        if (t0 == 0) {
+            t0 = t;
+            report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
+        }
         if (t - t0 > timeout)
             break;
         if (!reported && t >= report_at && r->comm) {
