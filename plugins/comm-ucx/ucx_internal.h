@@ -197,25 +197,80 @@ struct loom_comm_request {
 #define REQ_SCRATCH_MAX 4
     struct scratch_buf *scratch[REQ_SCRATCH_MAX];
     int nscratch;
+    size_t inline_used;  /* of inline_scratch */
     int status;          /* LOOM_IN_PROGRESS, LOOM_OK or an error */
     double next_check;   /* when a wait next checks that its peers live */
     char error[640];     /* the detail of a failure found while advancing */
+    /* Small scratch buffers, carved out here: a small collective's
+     * scratch costs no search of the process's cache of buffers. Not
+     * zeroed when a pooled request is reused, like error. */
+#define REQ_INLINE_SCRATCH 512
+    _Alignas(64) char inline_scratch[REQ_INLINE_SCRATCH];
     int active;          /* on ucx.active_* */
     struct loom_comm_request *anext, *aprev; /* ucx.active_* */
     comm_pending pending; /* on the group's list until released */
 };
 
 /* ucx_sched.c: building (with ucx.lock held: an op is built and started
- * in one hold of the lock) */
-int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step,
-               int chunk);
-int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk);
-int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count);
-int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes);
-int sched_divide(loom_comm_request *r, void *buf, size_t count);
-int sched_join(loom_comm_request *r);
+ * in one hold of the lock). The calls that add ops and dependencies are
+ * inline: a small collective's whole schedule is a few of them, on the
+ * path of every op. Each returns the new op's index, or -1 when memory ran
+ * out (then or before: build_failed). */
+
+/* Room for one more op or dependency; -1 (build_failed set) when there is
+ * none. */
+int sched_grow_ops(loom_comm_request *r);
+int sched_grow_deps(loom_comm_request *r);
+
+static inline int sched_op(loom_comm_request *r, sop op)
+{
+    if (r->build_failed || (r->nops == r->cap_ops && sched_grow_ops(r) != 0))
+        return -1;
+    r->ops[r->nops] = op;
+    return r->nops++;
+}
+static inline int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes,
+                             int step, int chunk)
+{
+    return sched_op(r, (sop){.kind = SOP_SEND, .state = SOP_WAITING, .step = (uint16_t)step,
+                             .chunk = (uint32_t)chunk, .peer = peer, .dep_head = -1, .a = buf,
+                             .n = bytes});
+}
+static inline int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step,
+                             int chunk)
+{
+    return sched_op(r, (sop){.kind = SOP_RECV, .state = SOP_WAITING, .step = (uint16_t)step,
+                             .chunk = (uint32_t)chunk, .peer = peer, .dep_head = -1, .dst = buf,
+                             .n = bytes});
+}
+static inline int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    return sched_op(r, (sop){.kind = SOP_REDUCE, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = dst, .a = a, .b = b, .n = count});
+}
+static inline int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
+{
+    return sched_op(r, (sop){.kind = SOP_COPY, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = dst, .a = src, .n = bytes});
+}
+static inline int sched_divide(loom_comm_request *r, void *buf, size_t count)
+{
+    return sched_op(r, (sop){.kind = SOP_DIVIDE, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = buf, .n = count});
+}
+static inline int sched_join(loom_comm_request *r)
+{
+    return sched_op(r, (sop){.kind = SOP_JOIN, .state = SOP_WAITING, .peer = -1, .dep_head = -1});
+}
 /* Op `op` waits for op `dep`; either < 0 is ignored (a skipped op). */
-void sched_after(loom_comm_request *r, int op, int dep);
+static inline void sched_after(loom_comm_request *r, int op, int dep)
+{
+    if (op < 0 || dep < 0 || r->build_failed || (r->ndeps == r->cap_deps && sched_grow_deps(r)))
+        return;
+    r->deps[r->ndeps] = (struct sdep){.op = dep, .next = r->ops[op].dep_head};
+    r->ops[op].dep_head = r->ndeps++;
+}
 /* A scratch buffer for the request, kept until it is released. */
 void *sched_scratch(loom_comm_request *r, size_t bytes);
 
@@ -306,7 +361,11 @@ static inline int pow2_floor(int n)
         p *= 2;
     return p;
 }
-static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+static inline int mod(int a, int n)
+{
+    int m = a % n;
+    return m < 0 ? m + n : m;
+}
 static inline int log2_ceil(int n)
 {
     int k = 0;
@@ -409,7 +468,8 @@ void recv_chunks(loom_comm_request *r, int peer, void *buf, size_t es, size_t of
 void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst,
                         const void *src, size_t es, size_t off, size_t len, size_t ce, int step,
                         int dep);
-/* A join op that waits for every op created from index `first` on. */
+/* An op that is done when every op created from index `first` on is: a
+ * join op, or the one such op, or -1 for none (a dependency on nothing). */
 int join_since(loom_comm_request *r, int first);
 /* The direct algorithms' sum of elements [off, off + len), chunk by chunk
  * (ce elements) so the sum being made stays in cache while the peers'

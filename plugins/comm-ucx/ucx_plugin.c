@@ -9,8 +9,8 @@
  * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
  *   allreduce      recursive_doubling (small), rabenseifner, ring (large), direct
  *                  (large, one host)
- *   allgather      recursive_doubling / bruck (small), ring (large), direct
- *                  (large, every member on one host)
+ *   allgather      recursive_doubling / bruck (small; direct at 2 ranks), ring
+ *                  (large), direct (large, every member on one host)
  *   reducescatter  recursive_halving (small), direct (larger, one host), ring
  *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
@@ -128,8 +128,8 @@ const loom_setting_spec ucx_settings_spec[] = {
      "reduced once, in cache, by the rank that owns it, then sent to every rank at once)",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
-     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
-     "when the group is on one host, ring across hosts",
+     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck, direct at 2 "
+     "ranks; else direct when the group is on one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
      .help = "auto reducescatter below this: recursive halving; else direct when the group is on "
@@ -423,7 +423,9 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : is_pow2(n) || bytes < s->allreduce_ring_bytes  ? AR_RABENSEIFNER
                                                                 : AR_RING;
     case UOP_ALLGATHER:
-        return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
+        /* two ranks: one exchange whatever the algorithm, and direct lays it
+         * out with no steps to join */
+        return small      ? (n == 2 ? AG_DIRECT : is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
     case UOP_REDUCESCATTER:

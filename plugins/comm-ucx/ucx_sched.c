@@ -110,6 +110,12 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
 {
     if (r->build_failed)
         return NULL;
+    size_t rounded = bytes ? (bytes + 63) & ~(size_t)63 : 64;
+    if (rounded <= REQ_INLINE_SCRATCH - r->inline_used) {
+        void *p = r->inline_scratch + r->inline_used;
+        r->inline_used += rounded;
+        return p;
+    }
     if (r->nscratch == REQ_SCRATCH_MAX) {
         r->build_failed = 1;
         return NULL;
@@ -125,79 +131,30 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
 
 /* ------------------------------------------------------------- building */
 
-static int op_add(loom_comm_request *r, const sop *op)
+int sched_grow_ops(loom_comm_request *r)
 {
-    if (r->build_failed)
+    int cap = r->cap_ops ? 2 * r->cap_ops : 16;
+    sop *ops = realloc(r->ops, (size_t)cap * sizeof *ops);
+    if (!ops) {
+        r->build_failed = 1;
         return -1;
-    if (r->nops == r->cap_ops) {
-        int cap = r->cap_ops ? 2 * r->cap_ops : 16;
-        sop *ops = realloc(r->ops, (size_t)cap * sizeof *ops);
-        if (!ops) {
-            r->build_failed = 1;
-            return -1;
-        }
-        r->ops = ops;
-        r->cap_ops = cap;
     }
-    r->ops[r->nops] = *op;
-    return r->nops++;
+    r->ops = ops;
+    r->cap_ops = cap;
+    return 0;
 }
 
-void sched_after(loom_comm_request *r, int op, int dep)
+int sched_grow_deps(loom_comm_request *r)
 {
-    if (op < 0 || dep < 0 || r->build_failed)
-        return;
-    if (r->ndeps == r->cap_deps) {
-        int cap = r->cap_deps ? 2 * r->cap_deps : 32;
-        struct sdep *d = realloc(r->deps, (size_t)cap * sizeof *d);
-        if (!d) {
-            r->build_failed = 1;
-            return;
-        }
-        r->deps = d;
-        r->cap_deps = cap;
+    int cap = r->cap_deps ? 2 * r->cap_deps : 32;
+    struct sdep *d = realloc(r->deps, (size_t)cap * sizeof *d);
+    if (!d) {
+        r->build_failed = 1;
+        return -1;
     }
-    r->deps[r->ndeps].op = dep;
-    r->deps[r->ndeps].next = r->ops[op].dep_head;
-    r->ops[op].dep_head = r->ndeps++;
-}
-
-int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step, int chunk)
-{
-    sop o = {.kind = SOP_SEND, .step = (uint16_t)step, .chunk = (uint32_t)chunk, .peer = peer,
-             .dep_head = -1, .a = buf, .n = bytes};
-    return op_add(r, &o);
-}
-
-int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk)
-{
-    sop o = {.kind = SOP_RECV, .step = (uint16_t)step, .chunk = (uint32_t)chunk, .peer = peer,
-             .dep_head = -1, .dst = buf, .n = bytes};
-    return op_add(r, &o);
-}
-
-int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count)
-{
-    sop o = {.kind = SOP_REDUCE, .peer = -1, .dep_head = -1, .dst = dst, .a = a, .b = b, .n = count};
-    return op_add(r, &o);
-}
-
-int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
-{
-    sop o = {.kind = SOP_COPY, .peer = -1, .dep_head = -1, .dst = dst, .a = src, .n = bytes};
-    return op_add(r, &o);
-}
-
-int sched_divide(loom_comm_request *r, void *buf, size_t count)
-{
-    sop o = {.kind = SOP_DIVIDE, .peer = -1, .dep_head = -1, .dst = buf, .n = count};
-    return op_add(r, &o);
-}
-
-int sched_join(loom_comm_request *r)
-{
-    sop o = {.kind = SOP_JOIN, .peer = -1, .dep_head = -1};
-    return op_add(r, &o);
+    r->deps = d;
+    r->cap_deps = cap;
+    return 0;
 }
 
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
@@ -281,7 +238,10 @@ void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst
 
 int join_since(loom_comm_request *r, int first)
 {
-    int last = r->nops, j = sched_join(r);
+    int last = r->nops;
+    if (last - first <= 1) /* nothing or one op to wait for: itself stands for the join */
+        return last > first ? first : -1;
+    int j = sched_join(r);
     for (int i = first; i < last; i++)
         sched_after(r, j, i);
     return j;
@@ -637,12 +597,15 @@ void sched_free(loom_comm_request *r)
 loom_comm_request *sched_request(void)
 {
     loom_comm_request *r = ucx.pool;
-    if (r) {
-        ucx.pool = r->anext;
-        ucx.npool--;
+    if (!r) {
+        /* inline_scratch is 64-byte aligned, and so the request */
+        r = aligned_alloc(_Alignof(loom_comm_request), sizeof *r);
+        if (r)
+            memset(r, 0, sizeof *r);
+        return r;
     }
-    if (!r)
-        return calloc(1, sizeof *r);
+    ucx.pool = r->anext;
+    ucx.npool--;
     sop *ops = r->ops;
     struct sdep *deps = r->deps;
     int cap_ops = r->cap_ops, cap_deps = r->cap_deps;
