@@ -199,6 +199,8 @@ struct loom_comm_request {
     int nscratch;
     size_t inline_used;  /* of inline_scratch */
     int status;          /* LOOM_IN_PROGRESS, LOOM_OK or an error */
+    int moved;           /* the last pass over the ops finished one */
+    unsigned completions_seen; /* ucx.completions at that pass */
     double next_check;   /* when a wait next checks that its peers live */
     char error[640];     /* the detail of a failure found while advancing */
     /* Small scratch buffers, carved out here: a small collective's

@@ -486,6 +486,13 @@ static void op_check(loom_comm_request *r, sop *o)
 /* One pass over the request's ops; returns how many finished. */
 static int advance(loom_comm_request *r)
 {
+    /* A pass can change something only after a send or receive of ours
+     * finished (the callbacks count them) or after the last pass finished
+     * an op, which may have freed others to start: a wait's empty polls
+     * skip the walk over the ops. */
+    if (!r->moved && r->completions_seen == ucx.completions)
+        return 0;
+    r->completions_seen = ucx.completions;
     int finished = 0;
     for (int i = r->low; i < r->nops && r->status == LOOM_IN_PROGRESS; i++) {
         sop *o = &r->ops[i];
@@ -504,6 +511,7 @@ static int advance(loom_comm_request *r)
         r->status = LOOM_OK;
         active_unlink(r);
     }
+    r->moved = finished > 0;
     return finished;
 }
 
@@ -520,6 +528,7 @@ void sched_activate(loom_comm_request *r)
     ucx.active_tail = r;
     ucx.nactive++;
     /* Post the first receives and sends now, so peers find them matched. */
+    r->moved = 1;
     advance(r);
     if (r->active)
         ucx_wake_progress();
