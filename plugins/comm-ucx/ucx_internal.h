@@ -328,20 +328,22 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-/* Waiting without hogging a core: spin a few empty polls (on a core of its
- * own), then yield for spin_us (ucx_spin_us), then sleep on UCX's event fd
- * until a message comes (4 ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: poll a few microseconds (on a core of
+ * its own), then yield for spin_us (ucx_spin_us), then sleep on UCX's
+ * event fd until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
-    uint64_t since_ns; /* 0: not idle */
-    int polls;         /* empty polls since it became idle */
+    double since;      /* when it became idle (clock_now_s); 0: not idle */
+    int polls;         /* polls since the clock was last read */
     int beside_caller; /* the progress thread: the core is the caller's too, never spin */
 } ucx_idle_state;
 /* Whether this process has a core of its own (ucx.own_core), and the
  * spin_us of its waits by that. */
 int ucx_own_core(const loom_host *host);
 double ucx_spin_us(const ucx_settings *s);
-/* Returns whether it paused (yielded or slept), so time passed. */
-int ucx_idle(ucx_idle_state *s, int events, double spin_us);
+/* One idle step after a poll that found `events`. Returns the time
+ * (clock_now_s) when it read the clock, which it does before every pause
+ * and every few polls, else 0. */
+double ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */
 

@@ -278,19 +278,19 @@ size_t ucx_chunk_elems(const loom_comm_request *r, size_t count, int forward)
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
+/* The answer to a message of up to a few KiB is a few microseconds away
+ * (4 KiB: ~3 us), so a rank with a core of its own polls this long before
+ * it yields: a sched_yield costs ~0.5 us on a virtual machine, and a
+ * message that arrives meanwhile waits it out. (Counted in polls, the
+ * phase shrank as polls got cheaper, and 2-4 KiB ops began to yield.)
+ * With more ranks than cores the rank it waits for may need this core, so
+ * a rank that shares one yields at once. */
+#define BUSY_S 10e-6
 
-/* A small message's answer is often under a microsecond away, about what
- * a sched_yield costs, so a wait first polls this many times without
- * yielding (about a microsecond here), where the rank has a core of its
- * own. With more ranks than cores the rank it waits for may need this
- * core, and spinning would starve it. */
-#define BUSY_POLLS 32
+/* Polls between two readings of the clock while a wait does not pause: a
+ * poll takes ~100 ns, and reading the clock at each one (~25 ns on a
+ * virtual machine) was a fifth of a waiting rank's time. */
+#define POLLS_PER_CLOCK 16
 
 int ucx_own_core(const loom_host *host)
 {
@@ -308,21 +308,25 @@ double ucx_spin_us(const ucx_settings *s)
     return ucx.own_core ? s->own_core_spin_us : s->spin_us;
 }
 
-int ucx_idle(ucx_idle_state *s, int events, double spin_us)
+double ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
-        s->since_ns = 0;
+        s->since = 0;
         s->polls = 0;
         return 0;
     }
-    if (ucx.own_core && !s->beside_caller && s->polls++ < BUSY_POLLS)
+    int busy = ucx.own_core && !s->beside_caller;
+    if (busy && s->since > 0 && ++s->polls < POLLS_PER_CLOCK)
         return 0;
-    uint64_t now = now_ns();
-    if (!s->since_ns)
-        s->since_ns = now;
-    if ((double)(now - s->since_ns) < spin_us * 1e3) {
+    s->polls = 0;
+    double now = clock_now_s();
+    if (s->since == 0)
+        s->since = now;
+    if (busy && now - s->since < BUSY_S)
+        return now;
+    if (now - s->since < spin_us * 1e-6) {
         sched_yield();
-        return 1;
+        return now;
     }
     /* Sleep in the kernel until UCX has something for us (a message, a
      * rendezvous reply), for at most a few ms so the caller still checks
@@ -337,7 +341,7 @@ int ucx_idle(ucx_idle_state *s, int events, double spin_us)
         struct timespec t = {0, 20000};
         nanosleep(&t, NULL);
     }
-    return 1;
+    return now;
 }
 
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
@@ -689,12 +693,6 @@ static void pending_peers(const loom_comm_request *r, char *buf, size_t cap)
         snprintf(buf, cap, " waiting for rank%s %s to receive%s", count > 1 ? "s" : "", list, step);
 }
 
-/* Polls between two readings of the clock in a wait that does not pause:
- * a poll takes ~100 ns, and reading the clock at each one (~25 ns on a
- * virtual machine) was a fifth of a waiting rank's time. A pause (a yield
- * or a sleep) is followed by a reading, so the timeout still holds. */
-#define POLLS_PER_CLOCK 16
-
 static int ucx_wait(loom_comm_request *r)
 {
     if (!r)
@@ -707,12 +705,14 @@ static int ucx_wait(loom_comm_request *r)
         int events = 0, st = poll_once(r, &events, t);
         if (st != LOOM_IN_PROGRESS)
             return st;
-        t = 0;
-        /* the clock starts after the first poll: a small op is often done by then */
-        if (!ucx_idle(&idle, events, spin_us) && ++polls < POLLS_PER_CLOCK && t0 > 0)
+        /* the clock starts after the first poll: a small op is often done
+         * by then; while UCX has events for us, it is read every few polls */
+        t = ucx_idle(&idle, events, spin_us);
+        if (t == 0 && ++polls < POLLS_PER_CLOCK && t0 > 0)
             continue;
+        if (t == 0)
+            t = clock_now_s();
         polls = 0;
-        t = clock_now_s();
         if (t0 == 0) {
             t0 = t;
             report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
