@@ -57,6 +57,7 @@ enum {
     RD_BINOMIAL = 1,
     RD_CHAIN,
     RD_DIRECT,
+    RD_SCATTER_GATHER,
     /* alltoall */
     A2A_PAIRWISE = 1,
     A2A_BRUCK,
@@ -87,6 +88,7 @@ typedef struct ucx_settings {
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
     size_t allreduce_direct_bytes; /* at or above, on one host: direct */
     size_t reduce_direct_bytes;    /* at or above, on one host: direct */
+    size_t reduce_scatter_gather_bytes; /* bytes x (n - 1) at or above, on one host, n > 2 */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
@@ -515,6 +517,7 @@ void build_broadcast_scatter_allgather(loom_comm_request *r);
 void build_reduce_binomial(loom_comm_request *r);
 void build_reduce_chain(loom_comm_request *r);
 void build_reduce_direct(loom_comm_request *r);
+void build_reduce_scatter_gather(loom_comm_request *r);
 void build_alltoall_pairwise(loom_comm_request *r);
 void build_exchange_posted(loom_comm_request *r); /* alltoall posted, allgather direct */
 void build_alltoall_bruck(loom_comm_request *r);

@@ -15,7 +15,8 @@
  *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
- *   reduce         binomial (small), direct (larger, one host), chain (large)
+ *   reduce         binomial (small), direct (larger, one host), scatter_gather
+ *                  (large, one host, 3+ ranks), chain (large)
  *   alltoall       posted, bruck (small), pairwise (large)
  *   barrier        dissemination
  * Every one works at any rank count; the power-of-two ones fold the extra
@@ -70,7 +71,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
     [UOP_REDUCE] = {{"auto"},
                     {"binomial", "binomial tree", build_reduce_binomial},
                     {"chain", "chain", build_reduce_chain},
-                    {"direct", "direct", build_reduce_direct}},
+                    {"direct", "direct", build_reduce_direct},
+                    {"scatter_gather", "scatter-reduce-gather", build_reduce_scatter_gather}},
     [UOP_ALLTOALL] = {{"auto"},
                       {"pairwise", "pairwise exchange", build_alltoall_pairwise},
                       {"bruck", "bruck", build_alltoall_bruck},
@@ -111,7 +113,7 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
     {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, binomial, chain or direct"},
+     .help = "auto, binomial, chain, direct or scatter_gather"},
     {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, pairwise, bruck or posted"},
     {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
@@ -147,6 +149,12 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "reduce_direct_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
      .help = "auto reduce from this on, when the group is on one host: direct (the root pulls "
      "every rank's vector and reduces it chunk by chunk in cache)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "reduce_scatter_gather_bytes", .type = LOOM_SETTING_INT, .default_value = "6291456",
+     .help = "auto reduce on one host, at 3 ranks or more, once what direct leaves the root to "
+     "reduce (the size times the ranks but one) reaches this: scatter_gather (every rank reduces "
+     "one block, in parallel, and sends it to the root); at 2 ranks the root would still move a "
+     "whole vector",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "alltoall_small_bytes", .type = LOOM_SETTING_INT, .default_value = "262144",
      .help = "auto alltoall below this: all sends and receives posted at once; else pairwise",
@@ -237,6 +245,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     s->allreduce_direct_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "reduce_direct_bytes", 16384, &v);
     s->reduce_direct_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "reduce_scatter_gather_bytes", 6291456, &v);
+    s->reduce_scatter_gather_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -442,7 +452,9 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : bytes < s->broadcast_large_bytes ? BC_BINOMIAL
                                                   : BC_SCATTER_ALLGATHER;
     case UOP_REDUCE:
-        return c->local && bytes >= s->reduce_direct_bytes ? RD_DIRECT
+        return c->local && n > 2 && bytes * (size_t)(n - 1) >= s->reduce_scatter_gather_bytes
+                   ? RD_SCATTER_GATHER
+               : c->local && bytes >= s->reduce_direct_bytes ? RD_DIRECT
                : small                                     ? RD_BINOMIAL
                                                            : RD_CHAIN;
     case UOP_ALLTOALL: return small ? A2A_POSTED : A2A_PAIRWISE;
