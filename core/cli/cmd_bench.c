@@ -44,7 +44,7 @@ static const char *bench_op_names[BENCH_OP_COUNT] = {
 
 typedef struct bench_settings {
     int64_t min_bytes, max_bytes, iters, warmup;
-    int barrier;      /* bench.barrier: each timed iteration after a barrier */
+    int barrier;      /* bench.barrier: each iteration (warm-up too) after a barrier */
     loom_dtype dtype;
     loom_redop redop;
     const char *memory;
@@ -348,9 +348,18 @@ static int run_size(loom_group *g, bench_op op, const bench_settings *st, bench_
     row->bytes = total * es;
     row->count = total;
     int rc = write_inputs(g, op, st, b, count);
-    for (int64_t i = 0; i < st->warmup && rc == LOOM_OK; i++)
-        rc = issue(g, op, st, b, count);
     loom_request *req = NULL;
+    /* Warm-up runs as the timed loop does (ucc_perftest too): iterations
+     * issued back to back, with no barrier between them, left the first
+     * size timed while a rank was still slow from sleeping in the kernel
+     * through the bootstrap store's exchange (its first row up to 2x
+     * slower than the next on a virtual machine). */
+    for (int64_t i = 0; i < st->warmup && rc == LOOM_OK; i++) {
+        if (st->barrier && (rc = c->barrier(g, &req)) == LOOM_OK)
+            rc = c->wait(req);
+        if (rc == LOOM_OK)
+            rc = issue(g, op, st, b, count);
+    }
     if (rc == LOOM_OK && (rc = c->barrier(g, &req)) == LOOM_OK)
         rc = c->wait(req);
     double us;

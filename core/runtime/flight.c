@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/status.h"
@@ -159,8 +160,15 @@ void loom_flight_leave(loom_flight_group *fg)
     atomic_store_explicit(&fg->in_use, GROUP_CLOSED, memory_order_release);
 }
 
+uint64_t loom_flight_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t loom_flight_post(loom_flight_group *fg, loom_comm_op op, uint64_t seq, uint64_t bytes,
-                          int peer, uint64_t posted_ns)
+                          int peer)
 {
     if (!fg)
         return 0;
@@ -172,7 +180,7 @@ uint64_t loom_flight_post(loom_flight_group *fg, loom_comm_op op, uint64_t seq, 
     loom_flight_entry *e = &s->fixed;
     e->seq = seq;
     e->bytes = bytes;
-    e->posted_ns = posted_ns;
+    e->posted_ns = loom_flight_now_ns();
     e->step = current_step;
     e->op = (int32_t)op;
     e->peer = peer;
@@ -197,9 +205,9 @@ void loom_flight_mark(loom_flight_group *fg, uint64_t ticket, loom_flight_state 
     if (was == LOOM_FLIGHT_COMPLETED || was == LOOM_FLIGHT_FAILED)
         return; /* a timeout marks its op failed before the wait returns */
     if (state == LOOM_FLIGHT_WAITING)
-        atomic_store_explicit(&s->waited_ns, loom_now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&s->waited_ns, loom_flight_now_ns(), memory_order_relaxed);
     else if (state != LOOM_FLIGHT_POSTED)
-        atomic_store_explicit(&s->ended_ns, loom_now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&s->ended_ns, loom_flight_now_ns(), memory_order_relaxed);
     atomic_store_explicit(&s->state, (int)state, memory_order_release);
 }
 
@@ -523,7 +531,7 @@ void loom_flight_write(int fd, const char *why)
 {
     if (!table || atomic_flag_test_and_set(&writing))
         return;
-    uint64_t now = loom_now_ns();
+    uint64_t now = loom_flight_now_ns();
     text t = {dump_buf, 0, sizeof dump_buf};
     dump_buf[0] = '\0';
     put(&t, "flight recorder of rank ");
@@ -569,11 +577,12 @@ static wait_at wait_of(const loom_flight_view *v)
     for (int i = 0; v && i < v->ngroups; i++)
         for (int k = 0; k < v->groups[i].count; k++) {
             const loom_flight_entry *e = &v->groups[i].entries[k];
+            /* >=: stamps a clock tick apart tie, and entries come oldest first */
             if (e->state == LOOM_FLIGHT_WAITING &&
-                (!best.entry || e->waited_ns > best.entry->waited_ns))
+                (!best.entry || e->waited_ns >= best.entry->waited_ns))
                 best = (wait_at){&v->groups[i], e};
             if (e->state == LOOM_FLIGHT_FAILED &&
-                (!failed.entry || e->ended_ns > failed.entry->ended_ns))
+                (!failed.entry || e->ended_ns >= failed.entry->ended_ns))
                 failed = (wait_at){&v->groups[i], e};
         }
     return best.entry ? best : failed;

@@ -31,8 +31,8 @@ typedef enum loom_flight_state {
     LOOM_FLIGHT_FAILED = 4,    /* its wait or test failed: a timeout, mostly */
 } loom_flight_state;
 
-/* One op as a reader sees it. Times are CLOCK_MONOTONIC (loom_now_ns),
- * the same clock in every process of a machine; 0: not yet. */
+/* One op as a reader sees it. Times are loom_flight_now_ns(), the same
+ * clock in every process of a machine; 0: not yet. */
 typedef struct loom_flight_entry {
     uint64_t seq;              /* its number on the group: collectives, and sends with
                                 * receives, are counted apart, as error messages count them */
@@ -86,10 +86,16 @@ loom_flight_group *loom_flight_join(const char *id, const char *name, const char
                                     int rank, int size);
 void loom_flight_rename(loom_flight_group *fg, const char *name);
 void loom_flight_leave(loom_flight_group *fg);
+/* The recorder's clock: CLOCK_MONOTONIC as of the kernel's last tick, so
+ * it steps by 1-4 ms and never runs ahead of loom_now_ns(). The recorder
+ * diagnoses waits of seconds, and stamps every op three times: at ~5 ns a
+ * reading instead of ~25 (a virtual machine's CLOCK_MONOTONIC) it stays
+ * off the path of a small op, which takes a few hundred ns. */
+uint64_t loom_flight_now_ns(void);
 /* Record an op as posted; returns its ticket for loom_flight_mark (0: not
  * recorded). peer: a world rank, or -1. */
 uint64_t loom_flight_post(loom_flight_group *fg, loom_comm_op op, uint64_t seq, uint64_t bytes,
-                          int peer, uint64_t posted_ns);
+                          int peer);
 void loom_flight_mark(loom_flight_group *fg, uint64_t ticket, loom_flight_state state);
 /* What the ops posted from now on say issued them (printf-like; cut to
  * LOOM_FLIGHT_ISSUER), and the training step (0: none). */

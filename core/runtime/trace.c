@@ -40,6 +40,8 @@ void loom_trace_enable(int rank)
     trace_rank = rank;
 }
 
+int loom_trace_enabled(void) { return trace_on; }
+
 void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
                      uint64_t end_ns, uint64_t bytes)
 {

@@ -8,6 +8,8 @@
 /* Spans on the Chrome/Perfetto timeline (one process per rank, one thread
  * per lane), recorded only after loom_trace_enable(). */
 void loom_trace_enable(int rank);
+/* Whether spans are recorded: callers skip reading the clock when not. */
+int loom_trace_enabled(void);
 void loom_trace_span(loom_trace_lane lane, const char *name, uint64_t start_ns,
                      uint64_t end_ns, uint64_t bytes);
 /* A sample of counters at ts_ns: one track per key in Perfetto, under

@@ -20,7 +20,6 @@ void build_alltoall_pairwise(loom_comm_request *r)
 {
     int n = r->comm->group.size, me = r->comm->group.rank;
     size_t bytes = block_bytes(r);
-    sched_copy(r, recv_block(r, me), send_block(r, me), bytes);
     int joins[PAIRWISE_WINDOW];
     for (int i = 0; i < PAIRWISE_WINDOW; i++)
         joins[i] = -1;
@@ -33,6 +32,9 @@ void build_alltoall_pairwise(loom_comm_request *r)
         sched_after(r, so, dep);
         joins[s % PAIRWISE_WINDOW] = join_since(r, first);
     }
+    /* last: the first steps' messages go out before this rank spends its
+     * time copying its own block (a quarter of 64 MiB at 4 ranks) */
+    sched_copy(r, recv_block(r, me), send_block(r, me), bytes);
 }
 
 /* Also allgather's direct algorithm: there the block sent to every peer

@@ -123,8 +123,6 @@ void build_allgather_ring(loom_comm_request *r)
         return;
     }
     int *next_prod = prod + nch;
-    if (send_block(r, me) != recv_block(r, me))
-        sched_copy(r, recv_block(r, me), send_block(r, me), count * es);
     for (int s = 0; s < n - 1; s++) {
         /* forward the block received last; at first, this rank's own */
         const char *out = s == 0 ? send_block(r, me) : recv_block(r, mod(me - s, n));
@@ -140,6 +138,9 @@ void build_allgather_ring(loom_comm_request *r)
         prod = next_prod;
         next_prod = swap;
     }
+    /* last, so the first chunks go out before this rank copies its block */
+    if (send_block(r, me) != recv_block(r, me))
+        sched_copy(r, recv_block(r, me), send_block(r, me), count * es);
     free(prod < next_prod ? prod : next_prod);
 }
 

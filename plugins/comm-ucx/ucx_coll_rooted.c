@@ -20,7 +20,11 @@
  *  reduce direct               every rank sends its vector straight to the
  *                              root, which reduces the n-1 chunk by chunk:
  *                              each byte of the result made once, in cache;
- *                              one host, where the root pulls them all. */
+ *                              one host, where the root pulls them all.
+ *  reduce scatter_gather       every rank reduces one block of the vector
+ *                              (the direct reduce-scatter), then sends it to
+ *                              the root: the sums are made on every core at
+ *                              once instead of all on the root's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -253,4 +257,39 @@ void build_reduce_direct(loom_comm_request *r)
     if (slots_init_depth(r, &in, count < ce ? count : ce, depth) != LOOM_OK)
         return;
     sum_from_peers(r, root_real, &in, rb, mine, 0, count, ce); /* in virtual rank order */
+}
+
+void build_reduce_scatter_gather(loom_comm_request *r)
+{
+    int n = r->comm->group.size, me = r->comm->group.rank, root = r->call.root;
+    size_t count = r->call.count, es = loom_dtype_size(r->call.dtype);
+    size_t ce = ucx_chunk_elems(r, count, 0), mo = blk_off(count, n, me), ml = blk_len(count, n, me);
+    const char *sb = r->call.send;
+    char *rb = r->call.recv; /* the root's */
+    char *sum = me == root ? rb + mo * es : sched_scratch(r, ml * es);
+    int depth = r->comm->set.pipeline_depth > n - 1 ? r->comm->set.pipeline_depth : n - 1;
+    slot_ring in;
+    if (!sum || slots_init_depth(r, &in, ml < ce ? ml : ce, depth) != LOOM_OK)
+        return;
+    /* step 0: block j of every vector to rank j; sent[j]: done reading it */
+    int *sent = malloc(sizeof(int) * (size_t)n);
+    if (!sent) {
+        r->build_failed = 1;
+        return;
+    }
+    for (int s = 1; s < n; s++) {
+        int to = mod(me + s, n), first = r->nops;
+        send_chunks(r, to, sb, es, blk_off(count, n, to), blk_len(count, n, to), ce, 0, -1);
+        sent[to] = join_since(r, first);
+    }
+    int first = r->nops;
+    sum_from_peers(r, peer_behind, &in, sum, sb + mo * es, 0, ml, ce);
+    int mine = join_since(r, first);
+    /* step 1: the reduced blocks to the root, in place over its sent blocks */
+    if (me != root)
+        send_chunks(r, root, sum, es, 0, ml, ce, 1, mine);
+    for (int j = 0; j < n && me == root; j++)
+        if (j != root)
+            recv_chunks(r, j, rb, es, blk_off(count, n, j), blk_len(count, n, j), ce, 1, sent[j]);
+    free(sent);
 }

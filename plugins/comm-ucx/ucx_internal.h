@@ -57,6 +57,7 @@ enum {
     RD_BINOMIAL = 1,
     RD_CHAIN,
     RD_DIRECT,
+    RD_SCATTER_GATHER,
     /* alltoall */
     A2A_PAIRWISE = 1,
     A2A_BRUCK,
@@ -87,6 +88,7 @@ typedef struct ucx_settings {
     size_t allreduce_ring_bytes;   /* at or above, for n not a power of two: ring */
     size_t allreduce_direct_bytes; /* at or above, on one host: direct */
     size_t reduce_direct_bytes;    /* at or above, on one host: direct */
+    size_t reduce_scatter_gather_bytes; /* bytes x (n - 1) at or above, on one host, n > 2 */
     size_t broadcast_large_bytes;  /* at or above, across hosts: scatter+allgather */
     size_t chunk_bytes;      /* pipeline chunks of the ops that reduce */
     size_t forward_chunk_bytes; /* and of those that only pass data on */
@@ -127,6 +129,7 @@ typedef struct ucx_proc {
     /* requests with ops still to do, oldest first */
     struct loom_comm_request *active_head, *active_tail;
     int nactive;
+    unsigned completions;  /* sends and receives of ours UCX finished in its progress */
     /* progress thread */
     int thread_on, thread_stop;
     pthread_t thread;
@@ -196,24 +199,82 @@ struct loom_comm_request {
 #define REQ_SCRATCH_MAX 4
     struct scratch_buf *scratch[REQ_SCRATCH_MAX];
     int nscratch;
+    size_t inline_used;  /* of inline_scratch */
     int status;          /* LOOM_IN_PROGRESS, LOOM_OK or an error */
+    int moved;           /* the last pass over the ops finished one */
+    unsigned completions_seen; /* ucx.completions at that pass */
     double next_check;   /* when a wait next checks that its peers live */
     char error[640];     /* the detail of a failure found while advancing */
+    /* Small scratch buffers, carved out here: a small collective's
+     * scratch costs no search of the process's cache of buffers. Not
+     * zeroed when a pooled request is reused, like error. */
+#define REQ_INLINE_SCRATCH 512
+    _Alignas(64) char inline_scratch[REQ_INLINE_SCRATCH];
     int active;          /* on ucx.active_* */
     struct loom_comm_request *anext, *aprev; /* ucx.active_* */
     comm_pending pending; /* on the group's list until released */
 };
 
-/* ucx_sched.c: building (no lock needed: the request is not active yet) */
-int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step,
-               int chunk);
-int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk);
-int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count);
-int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes);
-int sched_divide(loom_comm_request *r, void *buf, size_t count);
-int sched_join(loom_comm_request *r);
+/* ucx_sched.c: building (with ucx.lock held: an op is built and started
+ * in one hold of the lock). The calls that add ops and dependencies are
+ * inline: a small collective's whole schedule is a few of them, on the
+ * path of every op. Each returns the new op's index, or -1 when memory ran
+ * out (then or before: build_failed). */
+
+/* Room for one more op or dependency; -1 (build_failed set) when there is
+ * none. */
+int sched_grow_ops(loom_comm_request *r);
+int sched_grow_deps(loom_comm_request *r);
+
+static inline int sched_op(loom_comm_request *r, sop op)
+{
+    if (r->build_failed || (r->nops == r->cap_ops && sched_grow_ops(r) != 0))
+        return -1;
+    r->ops[r->nops] = op;
+    return r->nops++;
+}
+static inline int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes,
+                             int step, int chunk)
+{
+    return sched_op(r, (sop){.kind = SOP_SEND, .state = SOP_WAITING, .step = (uint16_t)step,
+                             .chunk = (uint32_t)chunk, .peer = peer, .dep_head = -1, .a = buf,
+                             .n = bytes});
+}
+static inline int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step,
+                             int chunk)
+{
+    return sched_op(r, (sop){.kind = SOP_RECV, .state = SOP_WAITING, .step = (uint16_t)step,
+                             .chunk = (uint32_t)chunk, .peer = peer, .dep_head = -1, .dst = buf,
+                             .n = bytes});
+}
+static inline int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    return sched_op(r, (sop){.kind = SOP_REDUCE, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = dst, .a = a, .b = b, .n = count});
+}
+static inline int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
+{
+    return sched_op(r, (sop){.kind = SOP_COPY, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = dst, .a = src, .n = bytes});
+}
+static inline int sched_divide(loom_comm_request *r, void *buf, size_t count)
+{
+    return sched_op(r, (sop){.kind = SOP_DIVIDE, .state = SOP_WAITING, .peer = -1,
+                             .dep_head = -1, .dst = buf, .n = count});
+}
+static inline int sched_join(loom_comm_request *r)
+{
+    return sched_op(r, (sop){.kind = SOP_JOIN, .state = SOP_WAITING, .peer = -1, .dep_head = -1});
+}
 /* Op `op` waits for op `dep`; either < 0 is ignored (a skipped op). */
-void sched_after(loom_comm_request *r, int op, int dep);
+static inline void sched_after(loom_comm_request *r, int op, int dep)
+{
+    if (op < 0 || dep < 0 || r->build_failed || (r->ndeps == r->cap_deps && sched_grow_deps(r)))
+        return;
+    r->deps[r->ndeps] = (struct sdep){.op = dep, .next = r->ops[op].dep_head};
+    r->ops[op].dep_head = r->ndeps++;
+}
 /* A scratch buffer for the request, kept until it is released. */
 void *sched_scratch(loom_comm_request *r, size_t bytes);
 
@@ -243,9 +304,9 @@ void slots_used_idx(slot_ring *s, int idx, int op);
 void sched_activate(loom_comm_request *r);
 int sched_progress_all(void);   /* worker progress + advance every active request */
 void sched_cancel(loom_comm_request *r); /* drop UCX requests still posted */
-/* A request, zeroed but for the arrays a pooled one keeps (without
- * ucx.lock held; NULL when out of memory). sched_free gives it back (with
- * ucx.lock held): its scratch, and itself to the pool or to free. */
+/* A request, zeroed but for the arrays a pooled one keeps (NULL when out
+ * of memory). sched_free gives it back: its scratch, and itself to the
+ * pool or to free. Both with ucx.lock held. */
 loom_comm_request *sched_request(void);
 void sched_free(loom_comm_request *r);
 void sched_pool_release(void); /* at teardown, with ucx.lock held */
@@ -269,19 +330,22 @@ void ucx_wake_progress(void);
 int ucx_peer_dead(int w, char *why, size_t cap);
 
 /* ucx_plugin.c */
-/* Waiting without hogging a core: spin a few empty polls (on a core of its
- * own), then yield for spin_us (ucx_spin_us), then sleep on UCX's event fd
- * until a message comes (4 ranks share 2 cores in the tests). */
+/* Waiting without hogging a core: poll a few microseconds (on a core of
+ * its own), then yield for spin_us (ucx_spin_us), then sleep on UCX's
+ * event fd until a message comes (4 ranks share 2 cores in the tests). */
 typedef struct ucx_idle_state {
-    uint64_t since_ns; /* 0: not idle */
-    int polls;         /* empty polls since it became idle */
+    double since;      /* when it became idle (clock_now_s); 0: not idle */
+    int polls;         /* polls since the clock was last read */
     int beside_caller; /* the progress thread: the core is the caller's too, never spin */
 } ucx_idle_state;
 /* Whether this process has a core of its own (ucx.own_core), and the
  * spin_us of its waits by that. */
 int ucx_own_core(const loom_host *host);
 double ucx_spin_us(const ucx_settings *s);
-void ucx_idle(ucx_idle_state *s, int events, double spin_us);
+/* One idle step after a poll that found `events`. Returns the time
+ * (clock_now_s) when it read the clock, which it does before every pause
+ * and every few polls, else 0. */
+double ucx_idle(ucx_idle_state *s, int events, double spin_us);
 
 /* ----------------------------------------------------------- algorithms */
 
@@ -303,7 +367,11 @@ static inline int pow2_floor(int n)
         p *= 2;
     return p;
 }
-static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+static inline int mod(int a, int n)
+{
+    int m = a % n;
+    return m < 0 ? m + n : m;
+}
 static inline int log2_ceil(int n)
 {
     int k = 0;
@@ -406,7 +474,8 @@ void recv_chunks(loom_comm_request *r, int peer, void *buf, size_t es, size_t of
 void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst,
                         const void *src, size_t es, size_t off, size_t len, size_t ce, int step,
                         int dep);
-/* A join op that waits for every op created from index `first` on. */
+/* An op that is done when every op created from index `first` on is: a
+ * join op, or the one such op, or -1 for none (a dependency on nothing). */
 int join_since(loom_comm_request *r, int first);
 /* The direct algorithms' sum of elements [off, off + len), chunk by chunk
  * (ce elements) so the sum being made stays in cache while the peers'
@@ -448,6 +517,7 @@ void build_broadcast_scatter_allgather(loom_comm_request *r);
 void build_reduce_binomial(loom_comm_request *r);
 void build_reduce_chain(loom_comm_request *r);
 void build_reduce_direct(loom_comm_request *r);
+void build_reduce_scatter_gather(loom_comm_request *r);
 void build_alltoall_pairwise(loom_comm_request *r);
 void build_exchange_posted(loom_comm_request *r); /* alltoall posted, allgather direct */
 void build_alltoall_bruck(loom_comm_request *r);

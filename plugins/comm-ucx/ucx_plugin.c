@@ -9,13 +9,14 @@
  * Algorithms (comm.ucx.<op> forces one; "auto" chooses by size):
  *   allreduce      recursive_doubling (small), rabenseifner, ring (large), direct
  *                  (large, one host)
- *   allgather      recursive_doubling / bruck (small), ring (large), direct
- *                  (large, every member on one host)
+ *   allgather      recursive_doubling / bruck (small; direct at 2 ranks), ring
+ *                  (large), direct (large, every member on one host)
  *   reducescatter  recursive_halving (small), direct (larger, one host), ring
  *                  (larger, across hosts)
  *   broadcast      binomial (small), direct (larger, one host), scatter_allgather
  *                  (large, across hosts), chain
- *   reduce         binomial (small), direct (larger, one host), chain (large)
+ *   reduce         binomial (small), direct (larger, one host), scatter_gather
+ *                  (large, one host, 3+ ranks), chain (large)
  *   alltoall       posted, bruck (small), pairwise (large)
  *   barrier        dissemination
  * Every one works at any rank count; the power-of-two ones fold the extra
@@ -70,7 +71,8 @@ static const ucx_algorithm algorithms[UOP_COUNT][ALGS_MAX] = {
     [UOP_REDUCE] = {{"auto"},
                     {"binomial", "binomial tree", build_reduce_binomial},
                     {"chain", "chain", build_reduce_chain},
-                    {"direct", "direct", build_reduce_direct}},
+                    {"direct", "direct", build_reduce_direct},
+                    {"scatter_gather", "scatter-reduce-gather", build_reduce_scatter_gather}},
     [UOP_ALLTOALL] = {{"auto"},
                       {"pairwise", "pairwise exchange", build_alltoall_pairwise},
                       {"bruck", "bruck", build_alltoall_bruck},
@@ -111,7 +113,7 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
     {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
-     .help = "auto, binomial, chain or direct"},
+     .help = "auto, binomial, chain, direct or scatter_gather"},
     {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
      .help = "auto, pairwise, bruck or posted"},
     {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
@@ -128,8 +130,8 @@ const loom_setting_spec ucx_settings_spec[] = {
      "reduced once, in cache, by the rank that owns it, then sent to every rank at once)",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "allgather_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024", .help =
-     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck; else direct "
-     "when the group is on one host, ring across hosts",
+     "auto allgather below this: recursive doubling (power-of-two ranks) or Bruck, direct at 2 "
+     "ranks; else direct when the group is on one host, ring across hosts",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "reducescatter_small_bytes", .type = LOOM_SETTING_INT, .default_value = "1024",
      .help = "auto reducescatter below this: recursive halving; else direct when the group is on "
@@ -147,6 +149,12 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "reduce_direct_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
      .help = "auto reduce from this on, when the group is on one host: direct (the root pulls "
      "every rank's vector and reduces it chunk by chunk in cache)",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
+    {.name = "reduce_scatter_gather_bytes", .type = LOOM_SETTING_INT, .default_value = "6291456",
+     .help = "auto reduce on one host, at 3 ranks or more, once what direct leaves the root to "
+     "reduce (the size times the ranks but one) reaches this: scatter_gather (every rank reduces "
+     "one block, in parallel, and sends it to the root); at 2 ranks the root would still move a "
+     "whole vector",
      .bounds = LOOM_SETTING_MIN, .min = 0},
     {.name = "alltoall_small_bytes", .type = LOOM_SETTING_INT, .default_value = "262144",
      .help = "auto alltoall below this: all sends and receives posted at once; else pairwise",
@@ -237,6 +245,8 @@ int ucx_settings_read(const loom_host *h, ucx_settings *s)
     s->allreduce_direct_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "reduce_direct_bytes", 16384, &v);
     s->reduce_direct_bytes = v > 0 ? (size_t)v : 0;
+    read_int(h, "reduce_scatter_gather_bytes", 6291456, &v);
+    s->reduce_scatter_gather_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "broadcast_large_bytes", 4194304, &v);
     s->broadcast_large_bytes = v > 0 ? (size_t)v : 0;
     read_int(h, "chunk_bytes", 262144, &v);
@@ -278,19 +288,19 @@ size_t ucx_chunk_elems(const loom_comm_request *r, size_t count, int forward)
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
+/* The answer to a message of up to a few KiB is a few microseconds away
+ * (4 KiB: ~3 us), so a rank with a core of its own polls this long before
+ * it yields: a sched_yield costs ~0.5 us on a virtual machine, and a
+ * message that arrives meanwhile waits it out. (Counted in polls, the
+ * phase shrank as polls got cheaper, and 2-4 KiB ops began to yield.)
+ * With more ranks than cores the rank it waits for may need this core, so
+ * a rank that shares one yields at once. */
+#define BUSY_S 10e-6
 
-/* A small message's answer is often under a microsecond away, about what
- * a sched_yield costs, so a wait first polls this many times without
- * yielding (about a microsecond here), where the rank has a core of its
- * own. With more ranks than cores the rank it waits for may need this
- * core, and spinning would starve it. */
-#define BUSY_POLLS 32
+/* Polls between two readings of the clock while a wait does not pause: a
+ * poll takes ~100 ns, and reading the clock at each one (~25 ns on a
+ * virtual machine) was a fifth of a waiting rank's time. */
+#define POLLS_PER_CLOCK 16
 
 int ucx_own_core(const loom_host *host)
 {
@@ -308,21 +318,25 @@ double ucx_spin_us(const ucx_settings *s)
     return ucx.own_core ? s->own_core_spin_us : s->spin_us;
 }
 
-void ucx_idle(ucx_idle_state *s, int events, double spin_us)
+double ucx_idle(ucx_idle_state *s, int events, double spin_us)
 {
     if (events) {
-        s->since_ns = 0;
+        s->since = 0;
         s->polls = 0;
-        return;
+        return 0;
     }
-    if (ucx.own_core && !s->beside_caller && s->polls++ < BUSY_POLLS)
-        return;
-    uint64_t now = now_ns();
-    if (!s->since_ns)
-        s->since_ns = now;
-    if ((double)(now - s->since_ns) < spin_us * 1e3) {
+    int busy = ucx.own_core && !s->beside_caller;
+    if (busy && s->since > 0 && ++s->polls < POLLS_PER_CLOCK)
+        return 0;
+    s->polls = 0;
+    double now = clock_now_s();
+    if (s->since == 0)
+        s->since = now;
+    if (busy && now - s->since < BUSY_S)
+        return now;
+    if (now - s->since < spin_us * 1e-6) {
         sched_yield();
-        return;
+        return now;
     }
     /* Sleep in the kernel until UCX has something for us (a message, a
      * rendezvous reply), for at most a few ms so the caller still checks
@@ -337,12 +351,18 @@ void ucx_idle(ucx_idle_state *s, int events, double spin_us)
         struct timespec t = {0, 20000};
         nanosleep(&t, NULL);
     }
+    return now;
 }
 
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-/* ------------------------------------------------------------ requests */
+/* ------------------------------------------------------------ requests
+ *
+ * An op takes ucx.lock once to be numbered, built and started, and a wait
+ * once per poll, releasing the request in the poll that sees it done: each
+ * lock round trip is on the path of every small collective. */
 
+/* With ucx.lock held. */
 static loom_comm_request *req_new(loom_comm *c, const comm_call *call, uint64_t seq)
 {
     loom_comm_request *r = sched_request();
@@ -367,8 +387,9 @@ static void req_release(loom_comm_request *r)
     sched_free(r);
 }
 
-/* Start a built request. Returns LOOM_OK with *out (NULL when it completed
- * at once) or an error (the request released). */
+/* Start a built request; called with ucx.lock held, returns with it
+ * released. LOOM_OK with *out (left NULL when it completed at once) or an
+ * error (the request released). */
 static int req_start(loom_comm_request *r, loom_comm_request **out)
 {
     loom_comm *c = r->comm;
@@ -376,12 +397,10 @@ static int req_start(loom_comm_request *r, loom_comm_request **out)
     if (r->build_failed) {
         const char *name = loom_comm_op_name(r->call.op);
         uint64_t seq = r->seq;
-        pthread_mutex_lock(&ucx.lock);
         req_release(r);
         pthread_mutex_unlock(&ucx.lock);
         return group_no_memory(&c->group, name, seq);
     }
-    pthread_mutex_lock(&ucx.lock);
     group_track(&c->group, &r->pending, r);
     sched_activate(r);
     int st = r->status;
@@ -390,12 +409,16 @@ static int req_start(loom_comm_request *r, loom_comm_request **out)
         *out = r;
         return LOOM_OK;
     }
+    if (st == LOOM_OK) {
+        req_release(r);
+        pthread_mutex_unlock(&ucx.lock);
+        return LOOM_OK;
+    }
     char err[sizeof r->error];
     memcpy(err, r->error, sizeof err);
     req_release(r);
     pthread_mutex_unlock(&ucx.lock);
-    *out = NULL;
-    return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
+    return h->error(h, st, "%s", err);
 }
 
 /* ------------------------------------------------------------------ ops */
@@ -414,7 +437,9 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : is_pow2(n) || bytes < s->allreduce_ring_bytes  ? AR_RABENSEIFNER
                                                                 : AR_RING;
     case UOP_ALLGATHER:
-        return small      ? (is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
+        /* two ranks: one exchange whatever the algorithm, and direct lays it
+         * out with no steps to join */
+        return small      ? (n == 2 ? AG_DIRECT : is_pow2(n) ? AG_RECURSIVE_DOUBLING : AG_BRUCK)
                : c->local ? AG_DIRECT /* every rank pulls each block from its owner at once */
                           : AG_RING;
     case UOP_REDUCESCATTER:
@@ -427,7 +452,9 @@ static int auto_algorithm(const loom_comm *c, int uop, size_t bytes)
                : bytes < s->broadcast_large_bytes ? BC_BINOMIAL
                                                   : BC_SCATTER_ALLGATHER;
     case UOP_REDUCE:
-        return c->local && bytes >= s->reduce_direct_bytes ? RD_DIRECT
+        return c->local && n > 2 && bytes * (size_t)(n - 1) >= s->reduce_scatter_gather_bytes
+                   ? RD_SCATTER_GATHER
+               : c->local && bytes >= s->reduce_direct_bytes ? RD_DIRECT
                : small                                     ? RD_BINOMIAL
                                                            : RD_CHAIN;
     case UOP_ALLTOALL: return small ? A2A_POSTED : A2A_PAIRWISE;
@@ -463,40 +490,52 @@ static void build(loom_comm_request *r, size_t bytes)
     algorithms[uop][algo].build(r);
 }
 
+/* A call that needs no request, refused or done at once: on a failed
+ * group, an empty call, buffers that overlap where comm.h allows no
+ * overlap, a collective of one rank. */
+static int post_nothing(loom_comm *c, const comm_call *call, uint64_t seq, int failed,
+                        int bad_overlap, size_t recv_bytes)
+{
+    const char *name = loom_comm_op_name(call->op);
+    if (failed)
+        return group_refuse_op(&c->group, name, seq);
+    if (call_is_empty(call))
+        return LOOM_OK;
+    if (bad_overlap)
+        return c->group.host->error(
+            c->group.host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: %s", name,
+            (unsigned long long)seq, c->group.desc,
+            call->op == LOOM_OP_ALLGATHER ? "send overlaps recv without being this rank's block of it"
+                                          : "send and recv overlap without being the same buffer");
+    if (call->send != call->recv && recv_bytes) /* the result is the input */
+        memmove(call->recv, call->send, recv_bytes);
+    return LOOM_OK;
+}
+
 /* Every op (common/call.h). Buffers that overlap other than in comm.h's
  * in-place forms: reducescatter and alltoall copy their input aside first
  * (reducescatter's send == recv then leaves the result at the start of
  * recv, as MPI_IN_PLACE does); the other ops refuse. */
 int comm_post(loom_comm *c, const comm_call *call, loom_comm_request **req)
 {
-    const char *name = loom_comm_op_name(call->op);
     int collective = !call_is_p2p(call), rank = c->group.rank;
-    uint64_t seq;
-    int st = group_begin(&c->group, name, collective, &seq);
-    if (st != LOOM_OK || call_is_empty(call))
-        return st;
     size_t send_bytes, recv_bytes;
     call_extents(call, rank, c->group.size, &send_bytes, &recv_bytes);
-    int copy_aside = 0;
-    if (!call_in_place(call, rank) &&
-        buffers_overlap(call->send, send_bytes, call->recv, recv_bytes)) {
-        copy_aside = call->op == LOOM_OP_REDUCESCATTER || call->op == LOOM_OP_ALLTOALL;
-        if (!copy_aside)
-            return c->group.host->error(
-                c->group.host, LOOM_ERR_INVALID, "comm-ucx: %s #%llu on %s: %s", name,
-                (unsigned long long)seq, c->group.desc,
-                call->op == LOOM_OP_ALLGATHER
-                    ? "send overlaps recv without being this rank's block of it"
-                    : "send and recv overlap without being the same buffer");
-    }
-    if (collective && c->group.size == 1) { /* the result is the input */
-        if (call->send != call->recv && recv_bytes)
-            memmove(call->recv, call->send, recv_bytes);
-        return LOOM_OK;
+    int overlap = !call_in_place(call, rank) &&
+                  buffers_overlap(call->send, send_bytes, call->recv, recv_bytes);
+    int copy_aside = overlap && (call->op == LOOM_OP_REDUCESCATTER || call->op == LOOM_OP_ALLTOALL);
+    uint64_t seq;
+    pthread_mutex_lock(&ucx.lock);
+    int failed = group_number(&c->group, collective, &seq), bad_overlap = overlap && !copy_aside;
+    if (failed || call_is_empty(call) || bad_overlap || (collective && c->group.size == 1)) {
+        pthread_mutex_unlock(&ucx.lock);
+        return post_nothing(c, call, seq, failed, bad_overlap, recv_bytes);
     }
     loom_comm_request *r = req_new(c, call, seq);
-    if (!r)
-        return group_no_memory(&c->group, name, seq);
+    if (!r) {
+        pthread_mutex_unlock(&ucx.lock);
+        return group_no_memory(&c->group, loom_comm_op_name(call->op), seq);
+    }
     if (copy_aside) {
         void *copy = sched_scratch(r, send_bytes);
         if (copy)
@@ -595,19 +634,33 @@ static int finish(loom_comm_request *r)
     return st == LOOM_OK ? LOOM_OK : h->error(h, st, "%s", err);
 }
 
+/* One poll, under ucx.lock; a request found done is released in the same
+ * hold, a failed one by finish. now: the time, when the caller read it
+ * (else 0); from 0.1 s after the first such poll, one every 0.1 s also
+ * checks that the request's peers live. */
+static int poll_once(loom_comm_request *r, int *events, double now)
+{
+    pthread_mutex_lock(&ucx.lock);
+    int check = 0;
+    if (now > 0 && !r->next_check) {
+        r->next_check = now + 0.1;
+    } else if (now > 0 && now >= r->next_check) {
+        check = 1;
+        r->next_check = now + 0.1;
+    }
+    int st = poll_req(r, events, check);
+    if (st == LOOM_OK)
+        req_release(r);
+    pthread_mutex_unlock(&ucx.lock);
+    return st == LOOM_OK || st == LOOM_IN_PROGRESS ? st : finish(r);
+}
+
 static int ucx_test(loom_comm_request *r)
 {
     if (!r)
         return LOOM_OK;
     int events = 0;
-    pthread_mutex_lock(&ucx.lock);
-    double t = clock_now_s();
-    int check = t >= r->next_check;
-    if (check)
-        r->next_check = t + 0.1;
-    int st = poll_req(r, &events, check);
-    pthread_mutex_unlock(&ucx.lock);
-    return st == LOOM_IN_PROGRESS ? LOOM_IN_PROGRESS : finish(r);
+    return poll_once(r, &events, clock_now_s());
 }
 
 /* "waiting for rank 2 (step 1 of ring)": the peers whose messages (or, for
@@ -657,15 +710,27 @@ static int ucx_wait(loom_comm_request *r)
     if (!r)
         return LOOM_OK;
     ucx_idle_state idle = {0};
-    double t0 = clock_now_s(), timeout = r->comm ? r->comm->set.timeout_s : 0, next_check = t0 + 0.1;
-    double report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
-    int reported = !r->collective;
+    double timeout = r->comm ? r->comm->set.timeout_s : 0;
+    double spin_us = r->comm ? ucx_spin_us(&r->comm->set) : 50, t0 = 0, t = 0, report_at = 0;
+    int reported = !r->collective, polls = 0;
     for (;;) {
-        int events = 0;
-        double t = clock_now_s();
-        int check = t >= next_check;
-        if (check)
-            next_check = t + 0.1;
+        int events = 0, st = poll_once(r, &events, t);
+        if (st != LOOM_IN_PROGRESS)
+            return st;
+        /* the clock starts after the first poll: a small op is often done
+         * by then; while UCX has events for us, it is read every few polls */
+        t = ucx_idle(&idle, events, spin_us);
+        if (t == 0 && ++polls < POLLS_PER_CLOCK && t0 > 0)
+            continue;
+        if (t == 0)
+            t = clock_now_s();
+        polls = 0;
+        if (t0 == 0) {
+            t0 = t;
+            report_at = t0 + (timeout / 4 < 1.0 ? timeout / 4 : 1.0);
+        }
+        if (t - t0 > timeout)
+            break;
         if (!reported && t >= report_at && r->comm) {
             /* slow: tell the store we got here, in case someone times out */
             pthread_mutex_lock(&ucx.lock);
@@ -676,14 +741,6 @@ static int ucx_wait(loom_comm_request *r)
                 h->comm_waiting(h, c);
             reported = 1;
         }
-        pthread_mutex_lock(&ucx.lock);
-        int st = poll_req(r, &events, check);
-        pthread_mutex_unlock(&ucx.lock);
-        if (st != LOOM_IN_PROGRESS)
-            return finish(r);
-        if (t - t0 > timeout)
-            break;
-        ucx_idle(&idle, events, r->comm ? ucx_spin_us(&r->comm->set) : 50);
     }
 
     /* Timed out: say what we wait for; the core adds who did not come. */

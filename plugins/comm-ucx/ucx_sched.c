@@ -37,7 +37,7 @@
 #define TAG_SEQ_SHIFT 21
 #define TAG_STEP_SHIFT 12
 
-static uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
+static inline uint64_t tag_of(const loom_comm_request *r, int src, const sop *o)
 {
     const loom_comm *c = r->comm;
     uint64_t t = (c->tag_id & 0x3fffull) << TAG_COMM_SHIFT;
@@ -110,13 +110,17 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
 {
     if (r->build_failed)
         return NULL;
+    size_t rounded = bytes ? (bytes + 63) & ~(size_t)63 : 64;
+    if (rounded <= REQ_INLINE_SCRATCH - r->inline_used) {
+        void *p = r->inline_scratch + r->inline_used;
+        r->inline_used += rounded;
+        return p;
+    }
     if (r->nscratch == REQ_SCRATCH_MAX) {
         r->build_failed = 1;
         return NULL;
     }
-    pthread_mutex_lock(&ucx.lock);
     struct scratch_buf *b = scratch_get(bytes ? bytes : 1);
-    pthread_mutex_unlock(&ucx.lock);
     if (!b) {
         r->build_failed = 1;
         return NULL;
@@ -127,108 +131,31 @@ void *sched_scratch(loom_comm_request *r, size_t bytes)
 
 /* ------------------------------------------------------------- building */
 
-static int op_new(loom_comm_request *r, sop_kind kind)
+int sched_grow_ops(loom_comm_request *r)
 {
-    if (r->build_failed)
+    int cap = r->cap_ops ? 2 * r->cap_ops : 16;
+    sop *ops = realloc(r->ops, (size_t)cap * sizeof *ops);
+    if (!ops) {
+        r->build_failed = 1;
         return -1;
-    if (r->nops == r->cap_ops) {
-        int cap = r->cap_ops ? 2 * r->cap_ops : 16;
-        sop *ops = realloc(r->ops, (size_t)cap * sizeof *ops);
-        if (!ops) {
-            r->build_failed = 1;
-            return -1;
-        }
-        r->ops = ops;
-        r->cap_ops = cap;
     }
-    sop *o = &r->ops[r->nops];
-    memset(o, 0, sizeof *o);
-    o->kind = (uint8_t)kind;
-    o->state = SOP_WAITING;
-    o->dep_head = -1;
-    o->peer = -1;
-    return r->nops++;
+    r->ops = ops;
+    r->cap_ops = cap;
+    return 0;
 }
 
-void sched_after(loom_comm_request *r, int op, int dep)
+int sched_grow_deps(loom_comm_request *r)
 {
-    if (op < 0 || dep < 0 || r->build_failed)
-        return;
-    if (r->ndeps == r->cap_deps) {
-        int cap = r->cap_deps ? 2 * r->cap_deps : 32;
-        struct sdep *d = realloc(r->deps, (size_t)cap * sizeof *d);
-        if (!d) {
-            r->build_failed = 1;
-            return;
-        }
-        r->deps = d;
-        r->cap_deps = cap;
+    int cap = r->cap_deps ? 2 * r->cap_deps : 32;
+    struct sdep *d = realloc(r->deps, (size_t)cap * sizeof *d);
+    if (!d) {
+        r->build_failed = 1;
+        return -1;
     }
-    r->deps[r->ndeps].op = dep;
-    r->deps[r->ndeps].next = r->ops[op].dep_head;
-    r->ops[op].dep_head = r->ndeps++;
+    r->deps = d;
+    r->cap_deps = cap;
+    return 0;
 }
-
-int sched_send(loom_comm_request *r, int peer, const void *buf, size_t bytes, int step, int chunk)
-{
-    int i = op_new(r, SOP_SEND);
-    if (i >= 0) {
-        r->ops[i].peer = peer;
-        r->ops[i].a = buf;
-        r->ops[i].n = bytes;
-        r->ops[i].step = (uint16_t)step;
-        r->ops[i].chunk = (uint32_t)chunk;
-    }
-    return i;
-}
-
-int sched_recv(loom_comm_request *r, int peer, void *buf, size_t bytes, int step, int chunk)
-{
-    int i = op_new(r, SOP_RECV);
-    if (i >= 0) {
-        r->ops[i].peer = peer;
-        r->ops[i].dst = buf;
-        r->ops[i].n = bytes;
-        r->ops[i].step = (uint16_t)step;
-        r->ops[i].chunk = (uint32_t)chunk;
-    }
-    return i;
-}
-
-int sched_reduce(loom_comm_request *r, void *dst, const void *a, const void *b, size_t count)
-{
-    int i = op_new(r, SOP_REDUCE);
-    if (i >= 0) {
-        r->ops[i].dst = dst;
-        r->ops[i].a = a;
-        r->ops[i].b = b;
-        r->ops[i].n = count;
-    }
-    return i;
-}
-
-int sched_copy(loom_comm_request *r, void *dst, const void *src, size_t bytes)
-{
-    int i = op_new(r, SOP_COPY);
-    if (i >= 0) {
-        r->ops[i].dst = dst;
-        r->ops[i].a = src;
-        r->ops[i].n = bytes;
-    }
-    return i;
-}
-
-int sched_divide(loom_comm_request *r, void *buf, size_t count)
-{
-    int i = op_new(r, SOP_DIVIDE);
-    if (i >= 0) {
-        r->ops[i].dst = buf;
-        r->ops[i].n = count;
-    }
-    return i;
-}
-
-int sched_join(loom_comm_request *r) { return op_new(r, SOP_JOIN); }
 
 int slots_init(loom_comm_request *r, slot_ring *s, size_t elems)
 {
@@ -311,7 +238,10 @@ void recv_reduce_chunks(loom_comm_request *r, int peer, slot_ring *sl, void *dst
 
 int join_since(loom_comm_request *r, int first)
 {
-    int last = r->nops, j = sched_join(r);
+    int last = r->nops;
+    if (last - first <= 1) /* nothing or one op to wait for: itself stands for the join */
+        return last > first ? first : -1;
+    int j = sched_join(r);
     for (int i = first; i < last; i++)
         sched_after(r, j, i);
     return j;
@@ -461,14 +391,31 @@ static int deps_done(loom_comm_request *r, sop *o)
 
 static void op_check(loom_comm_request *r, sop *o);
 
+/* UCX calls these inside ucp_worker_progress when one of our sends or
+ * receives finishes, so sched_progress_all knows to stop draining events
+ * and look at the requests. */
+static void send_done(void *request, ucs_status_t status, void *arg)
+{
+    (void)request, (void)status, (void)arg;
+    ucx.completions++;
+}
+
+static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                      void *arg)
+{
+    (void)request, (void)status, (void)info, (void)arg;
+    ucx.completions++;
+}
+
 static void op_start(loom_comm_request *r, sop *o)
 {
     loom_comm *c = r->comm;
     switch (o->kind) {
     case SOP_SEND: {
+        static const ucp_request_param_t counted = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK,
+                                                    .cb.send = send_done};
         ucx_peer *p = &ucx.peers[c->group.world_ranks[o->peer]];
-        ucp_request_param_t prm = {0};
-        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->group.rank, o), &prm);
+        ucs_status_ptr_t st = ucp_tag_send_nbx(p->ep, o->a, o->n, tag_of(r, c->group.rank, o), &counted);
         if (st == NULL) {
             o->state = SOP_DONE;
         } else if (UCS_PTR_IS_ERR(st)) {
@@ -482,10 +429,11 @@ static void op_start(loom_comm_request *r, sop *o)
     case SOP_RECV: {
         /* Always a request: UCX 1.13 leaves recv_info unfilled on some
          * immediate completions, and the received length must be checked. */
-        ucp_request_param_t prm = {0};
-        prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        static const ucp_request_param_t always_request = {
+            .op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL | UCP_OP_ATTR_FIELD_CALLBACK,
+            .cb.recv = recv_done};
         ucs_status_ptr_t st =
-            ucp_tag_recv_nbx(ucx.worker, o->dst, o->n, tag_of(r, o->peer, o), ~0ull, &prm);
+            ucp_tag_recv_nbx(ucx.worker, o->dst, o->n, tag_of(r, o->peer, o), ~0ull, &always_request);
         if (UCS_PTR_IS_ERR(st)) {
             op_failed(r, o, UCS_PTR_STATUS(st), 0);
         } else {
@@ -538,6 +486,13 @@ static void op_check(loom_comm_request *r, sop *o)
 /* One pass over the request's ops; returns how many finished. */
 static int advance(loom_comm_request *r)
 {
+    /* A pass can change something only after a send or receive of ours
+     * finished (the callbacks count them) or after the last pass finished
+     * an op, which may have freed others to start: a wait's empty polls
+     * skip the walk over the ops. */
+    if (!r->moved && r->completions_seen == ucx.completions)
+        return 0;
+    r->completions_seen = ucx.completions;
     int finished = 0;
     for (int i = r->low; i < r->nops && r->status == LOOM_IN_PROGRESS; i++) {
         sop *o = &r->ops[i];
@@ -556,6 +511,7 @@ static int advance(loom_comm_request *r)
         r->status = LOOM_OK;
         active_unlink(r);
     }
+    r->moved = finished > 0;
     return finished;
 }
 
@@ -572,6 +528,7 @@ void sched_activate(loom_comm_request *r)
     ucx.active_tail = r;
     ucx.nactive++;
     /* Post the first receives and sends now, so peers find them matched. */
+    r->moved = 1;
     advance(r);
     if (r->active)
         ucx_wake_progress();
@@ -579,8 +536,12 @@ void sched_activate(loom_comm_request *r)
 
 int sched_progress_all(void)
 {
+    /* Drain UCX's events, but stop at one that finished a send or receive
+     * of ours: each further call costs ~250 instructions (every transport
+     * polled) before the request that waits sees its message. */
     int events = 0;
-    for (int k = 0; k < 16; k++) {
+    unsigned completions = ucx.completions;
+    for (int k = 0; k < 16 && completions == ucx.completions; k++) {
         unsigned n = ucp_worker_progress(ucx.worker);
         if (n == 0)
             break;
@@ -644,15 +605,16 @@ void sched_free(loom_comm_request *r)
 
 loom_comm_request *sched_request(void)
 {
-    pthread_mutex_lock(&ucx.lock);
     loom_comm_request *r = ucx.pool;
-    if (r) {
-        ucx.pool = r->anext;
-        ucx.npool--;
+    if (!r) {
+        /* inline_scratch is 64-byte aligned, and so the request */
+        r = aligned_alloc(_Alignof(loom_comm_request), sizeof *r);
+        if (r)
+            memset(r, 0, sizeof *r);
+        return r;
     }
-    pthread_mutex_unlock(&ucx.lock);
-    if (!r)
-        return calloc(1, sizeof *r);
+    ucx.pool = r->anext;
+    ucx.npool--;
     sop *ops = r->ops;
     struct sdep *deps = r->deps;
     int cap_ops = r->cap_ops, cap_deps = r->cap_deps;

@@ -350,7 +350,7 @@ static void *progress_main(void *arg)
                 ts.tv_nsec -= 1000000000L;
             }
             pthread_cond_timedwait(&ucx.work, &ucx.lock, &ts);
-            idle.since_ns = 0;
+            idle.since = 0;
             continue;
         }
         int events = sched_progress_all();

@@ -71,16 +71,6 @@ int comm_barrier(loom_comm *comm, loom_comm_request **req)
 int comm_rank(const loom_comm *comm) { return ((const comm_group *)(const void *)comm)->rank; }
 int comm_size(const loom_comm *comm) { return ((const comm_group *)(const void *)comm)->size; }
 
-int call_is_p2p(const comm_call *call)
-{
-    return call->op == LOOM_OP_SEND || call->op == LOOM_OP_RECV;
-}
-
-int call_is_empty(const comm_call *call)
-{
-    return call->count == 0 && call->op != LOOM_OP_BARRIER;
-}
-
 void call_extents(const comm_call *call, int rank, int size, size_t *send_bytes,
                   size_t *recv_bytes)
 {

@@ -59,9 +59,15 @@ int comm_size(const loom_comm *comm);
     .recv = comm_recv, .barrier = comm_barrier
 
 /* A send or a receive (numbered apart from the collectives). */
-int call_is_p2p(const comm_call *call);
+static inline int call_is_p2p(const comm_call *call)
+{
+    return call->op == LOOM_OP_SEND || call->op == LOOM_OP_RECV;
+}
 /* Whether the call moves nothing: a count of zero, complete at issue. */
-int call_is_empty(const comm_call *call);
+static inline int call_is_empty(const comm_call *call)
+{
+    return call->count == 0 && call->op != LOOM_OP_BARRIER;
+}
 /* The bytes the call reads from send and writes into recv on rank `rank`
  * of a group of `size` (recv: 0 off the root of a reduce). */
 void call_extents(const comm_call *call, int rank, int size, size_t *send_bytes,

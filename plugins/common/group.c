@@ -111,19 +111,28 @@ int group_refuse_failed(comm_group *g, const char *what, int status)
                           why);
 }
 
+int group_number(comm_group *g, int collective, uint64_t *seq)
+{
+    *seq = collective ? ++g->seq : ++g->p2p_seq;
+    return g->failed;
+}
+
+int group_refuse_op(comm_group *g, const char *name, uint64_t seq)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s #%llu", name, (unsigned long long)seq);
+    return group_refuse_failed(g, what, 0);
+}
+
 int group_begin(comm_group *g, const char *name, int collective, uint64_t *seq)
 {
     if (g->lock)
         pthread_mutex_lock(g->lock);
-    *seq = collective ? ++g->seq : ++g->p2p_seq;
-    int failed = g->failed;
+    int failed = group_number(g, collective, seq);
     if (g->lock)
         pthread_mutex_unlock(g->lock);
-    if (!failed) /* every op passes here: words only for the refusal */
-        return LOOM_OK;
-    char what[96];
-    snprintf(what, sizeof what, "%s #%llu", name, (unsigned long long)*seq);
-    return group_refuse_failed(g, what, 0);
+    /* every op passes here: words only for the refusal */
+    return failed ? group_refuse_op(g, name, *seq) : LOOM_OK;
 }
 
 int group_fail(comm_group *g, int status, const char *why)

@@ -66,6 +66,11 @@ void group_describe_op(const comm_group *g, const char *name, uint64_t seq, int 
  * separately) and refuse it on a failed group. LOOM_OK, or the error,
  * reported. */
 int group_begin(comm_group *g, const char *name, int collective, uint64_t *seq);
+/* group_begin in two halves, for a backend that holds g->lock already
+ * while it posts: number the op (with the lock held) and say whether the
+ * group failed; then, without the lock, refuse it. */
+int group_number(comm_group *g, int collective, uint64_t *seq);
+int group_refuse_op(comm_group *g, const char *name, uint64_t seq);
 /* LOOM_OK while the group works; else reports that `what` (e.g.
  * "create_subgroup") cannot run on it, with status (0: the failure's own). */
 int group_refuse_failed(comm_group *g, const char *what, int status);

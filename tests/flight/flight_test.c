@@ -39,7 +39,7 @@ static void test_recording(const char *dir)
     for (int k = 1; k <= 70; k++) {
         loom_flight_step(k / 10 + 1);
         loom_flight_issuer("backward block %d", k % 4);
-        ticket = loom_flight_post(dp, LOOM_OP_ALLREDUCE, (uint64_t)k, 400, -1, loom_now_ns());
+        ticket = loom_flight_post(dp, LOOM_OP_ALLREDUCE, (uint64_t)k, 400, -1);
         if (k == 1)
             first_ticket = ticket;
         if (k < 69) {
@@ -55,7 +55,7 @@ static void test_recording(const char *dir)
     /* the ring went round: #1's ticket must not touch #65's slot */
     loom_flight_mark(dp, first_ticket, LOOM_FLIGHT_FAILED);
     loom_flight_issuer("recv activation mb %d vs %d", 2, 0);
-    uint64_t r = loom_flight_post(pp, LOOM_OP_RECV, 1, 64, 0, loom_now_ns());
+    uint64_t r = loom_flight_post(pp, LOOM_OP_RECV, 1, 64, 0);
     loom_flight_mark(pp, r, LOOM_FLIGHT_WAITING);
 
     char path[4200];
