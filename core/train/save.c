@@ -45,7 +45,8 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
  * it went: an all-reduce of the first failing rank over the world, whose
  * reason the others read from the bootstrap store. So no rank waits out
  * comm.timeout_s on one that gave up, and every rank fails with one line
- * naming the rank and its reason. failed: "failed the checkpoint DIR".
+ * naming the first failing rank and its reason; the others exit as
+ * followers (LOOM_ERR_REMOTE). failed: "failed the checkpoint DIR".
  * With ready, the same all-reduce also tells whether *ready holds on every
  * rank (an async checkpoint: every rank's write has ended). */
 static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
@@ -72,6 +73,12 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
     if (rank >= t->world)
         return LOOM_OK;
     if (rank != t->rank) {
+        /* This rank is named a follower even when it failed too (a disk
+         * that the first filled): the launcher blames the first rank, and
+         * this rank's own reason goes to its log. */
+        if (rc != LOOM_OK)
+            loom_log(LOOM_LOG_WARN, "%s (after rank %d failed)", reason, rank);
+        rc = LOOM_OK;
         size_t len = 0;
         snprintf(key, sizeof key, "ckpt/agree/%lld/%d", (long long)round, rank);
         if (!store || loom_store_get(store, key, reason, sizeof reason, &len,
