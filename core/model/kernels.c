@@ -42,7 +42,7 @@
  * AVX2 and AVX-512 (kernels.h). ISO C mode contracts nothing into FMA, so
  * every version rounds alike: the same bits on any x86-64. Loops that
  * compute (exp, division) take 512-bit vectors; loops that stream memory
- * stop at 256 bits, which moved 8-10% more bytes per second here (Zen 5)
+ * stop at 256 bits, which moved 8-10% more bytes per second here (Zen 4)
  * once the data left the L2. */
 #define WIDE_LOOP LOOM_WIDE_LOOP
 #if defined(__x86_64__) && defined(__has_attribute)
