@@ -18,6 +18,8 @@
 #                      ranks outnumber cores; without them no UCC column
 #          UCC_LIB=/path/lib  LD_LIBRARY_PATH for UCC's ranks
 #          KEEP=DIR    keep every run's raw output (--json rows, logs) in DIR
+#          FROM=DIR    measure nothing: write the tables from the runs KEEP
+#                      kept in DIR
 #
 # Writes docs/benchmarks-ucx.md (docs/benchmarks.md belongs to
 # scripts/bench.sh). Needs python3 for the tables. Figures on a shared
@@ -41,6 +43,11 @@ CC=${CC:-cc}
 mkdir -p docs
 TMP=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp -r "$TMP"/. "$KEEP"/; rm -rf "$TMP"' EXIT
+if [ -n "${FROM:-}" ]; then
+    [ -f "$FROM/memcpy.txt" ] || { echo "bench-ucx.sh: $FROM holds no runs kept by KEEP" >&2; exit 1; }
+    cp -r "$FROM"/. "$TMP"/
+    REPS=$(ls "$TMP"/mpirun-ucx-2-*-allreduce.json | wc -l)
+fi
 
 "$CC" -O2 -o "$TMP/memcpy_bw" scripts/memcpy_bw.c
 memcpy_runs() { for i in 1 2 3; do "$TMP/memcpy_bw"; done; }
@@ -68,74 +75,78 @@ settle() {
 }
 # The machine's load while measuring, for the document.
 load_sample() { cut -d' ' -f1 /proc/loadavg >> "$TMP/load.txt"; }
-wait_quiet
-memcpy_runs > "$TMP/memcpy.txt"
+# Every run, into $TMP.
+measure() {
+    wait_quiet
+    memcpy_runs > "$TMP/memcpy.txt"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
-# One bench per op and backend, so that a backend crashing on one op (Open
-# MPI 4.1's libnbc overflows its stack in a 64 MiB MPI_Ireduce between ranks
-# joined under loom launch) loses only that op's rows, and no backend shares
-# a process with another.
-OPS="allreduce broadcast reduce allgather reducescatter alltoall sendrecv"
-ucc_name() {
-    case $1 in broadcast) echo bcast ;; reducescatter) echo reduce_scatter ;;
-        sendrecv) echo "" ;; *) echo "$1" ;; esac
-}
-# loom's size of allgather, reducescatter and alltoall is the whole buffer;
-# ucc_perftest counts elements per rank
-per_rank() { case $1 in allgather | reducescatter | alltoall) echo "$2" ;; *) echo 1 ;; esac; }
-max_bytes=$(sed -n 's/^ *max_bytes *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
-min_bytes=$(sed -n 's/^ *min_bytes *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
-iters=$(sed -n 's/^ *iters *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
-warmup=$(sed -n 's/^ *warmup *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
-rep=1
-while [ "$rep" -le "$REPS" ]; do
-    for n in 2 4; do
-        wait_quiet
-        load_sample
-        echo "bench-ucx.sh: $n ranks, run $rep of $REPS" >&2
-        for op in $OPS; do
-            # alternate which goes first, run to run
-            # ucx as UCC times (each op alone after a barrier) for the
-            # comparison with it, and back to back (as nccl-tests) elsewhere
-            runs="launch:ucx mpirun:ucx mpirun:ucxbarrier ucc mpirun:mpi launch:mpi"
-            [ $((rep % 2)) -eq 0 ] &&
-                runs="ucc mpirun:ucxbarrier mpirun:ucx launch:ucx launch:mpi mpirun:mpi"
-            for run in $runs; do
-                settle
-                if [ "$run" = ucc ]; then
-                    uop=$(ucc_name "$op")
-                    ucc=$UCC_PERFTEST
-                    [ "$n" -gt "$(nproc)" ] && ucc=$UCC_PERFTEST_YIELD
-                    [ -n "$ucc" ] && [ -n "$uop" ] || continue
-                    per=$(per_rank "$op" "$n")
-                    b=$((min_bytes / 4 / per)); [ "$b" -ge 1 ] || b=1
-                    mpirun -np "$n" -x LD_LIBRARY_PATH="$UCC_LIB" "$ucc" -c "$uop" -b "$b" \
-                        -e $((max_bytes / 4 / per)) -d float32 -n "$iters" -w "$warmup" \
-                        > "$TMP/ucc-$n-$rep-$op.txt" 2>&1 || true
-                    continue
-                fi
-                launcher=${run%%:*} backend=${run#*:} barrier=false
-                base="$TMP/$launcher-$backend-$n-$rep-$op"
-                [ "$backend" = ucxbarrier ] && backend=ucx barrier=true
-                set -- bench "$CONFIG" --set "bench.comms=[\"$backend\"]" --set "bench.ops=[\"$op\"]" \
-                    --set "plugins.path=[\"$BUILD/lib/loom\"]" --set "bench.barrier=$barrier" \
-                    --json "$base.json"
-                if [ "$launcher" = mpirun ]; then
-                    mpirun -np "$n" "$LOOM" "$@" > "$base.txt" 2>&1 || true
-                else
-                    "$LOOM" launch -n "$n" -- "$LOOM" "$@" > "$base.all" 2>&1 || true
-                    sed -n 's/^\[0\] //p' "$base.all" > "$base.txt"
-                    grep '^loom launch:' "$base.all" >> "$base.txt" || true
-                fi
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+    # One bench per op and backend, so that a backend crashing on one op (Open
+    # MPI 4.1's libnbc overflows its stack in a 64 MiB MPI_Ireduce between ranks
+    # joined under loom launch) loses only that op's rows, and no backend shares
+    # a process with another.
+    OPS="allreduce broadcast reduce allgather reducescatter alltoall sendrecv"
+    ucc_name() {
+        case $1 in broadcast) echo bcast ;; reducescatter) echo reduce_scatter ;;
+            sendrecv) echo "" ;; *) echo "$1" ;; esac
+    }
+    # loom's size of allgather, reducescatter and alltoall is the whole buffer;
+    # ucc_perftest counts elements per rank
+    per_rank() { case $1 in allgather | reducescatter | alltoall) echo "$2" ;; *) echo 1 ;; esac; }
+    max_bytes=$(sed -n 's/^ *max_bytes *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
+    min_bytes=$(sed -n 's/^ *min_bytes *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
+    iters=$(sed -n 's/^ *iters *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
+    warmup=$(sed -n 's/^ *warmup *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
+    rep=1
+    while [ "$rep" -le "$REPS" ]; do
+        for n in 2 4; do
+            wait_quiet
+            load_sample
+            echo "bench-ucx.sh: $n ranks, run $rep of $REPS" >&2
+            for op in $OPS; do
+                # alternate which goes first, run to run
+                # ucx as UCC times (each op alone after a barrier) for the
+                # comparison with it, and back to back (as nccl-tests) elsewhere
+                runs="launch:ucx mpirun:ucx mpirun:ucxbarrier ucc mpirun:mpi launch:mpi"
+                [ $((rep % 2)) -eq 0 ] &&
+                    runs="ucc mpirun:ucxbarrier mpirun:ucx launch:ucx launch:mpi mpirun:mpi"
+                for run in $runs; do
+                    settle
+                    if [ "$run" = ucc ]; then
+                        uop=$(ucc_name "$op")
+                        ucc=$UCC_PERFTEST
+                        [ "$n" -gt "$(nproc)" ] && ucc=$UCC_PERFTEST_YIELD
+                        [ -n "$ucc" ] && [ -n "$uop" ] || continue
+                        per=$(per_rank "$op" "$n")
+                        b=$((min_bytes / 4 / per)); [ "$b" -ge 1 ] || b=1
+                        mpirun -np "$n" -x LD_LIBRARY_PATH="$UCC_LIB" "$ucc" -c "$uop" -b "$b" \
+                            -e $((max_bytes / 4 / per)) -d float32 -n "$iters" -w "$warmup" \
+                            > "$TMP/ucc-$n-$rep-$op.txt" 2>&1 || true
+                        continue
+                    fi
+                    launcher=${run%%:*} backend=${run#*:} barrier=false
+                    base="$TMP/$launcher-$backend-$n-$rep-$op"
+                    [ "$backend" = ucxbarrier ] && backend=ucx barrier=true
+                    set -- bench "$CONFIG" --set "bench.comms=[\"$backend\"]" --set "bench.ops=[\"$op\"]" \
+                        --set "plugins.path=[\"$BUILD/lib/loom\"]" --set "bench.barrier=$barrier" \
+                        --json "$base.json"
+                    if [ "$launcher" = mpirun ]; then
+                        mpirun -np "$n" "$LOOM" "$@" > "$base.txt" 2>&1 || true
+                    else
+                        "$LOOM" launch -n "$n" -- "$LOOM" "$@" > "$base.all" 2>&1 || true
+                        sed -n 's/^\[0\] //p' "$base.all" > "$base.txt"
+                        grep '^loom launch:' "$base.all" >> "$base.txt" || true
+                    fi
+                done
             done
         done
+        rep=$((rep + 1))
     done
-    rep=$((rep + 1))
-done
-wait_quiet
-memcpy_runs >> "$TMP/memcpy.txt"
+    wait_quiet
+    memcpy_runs >> "$TMP/memcpy.txt"
+}
+[ -n "${FROM:-}" ] || measure
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
@@ -163,7 +174,7 @@ def size_text(b):
             return "%d %s" % (b // k, unit)
     return "%d B" % b
 
-# t[(source, n, op, size)] = [time_us per run]; source: "ucx/launch",
+# t[(source, n, op, size)] = {run: time_us}; source: "ucx/launch",
 # "ucx/mpirun", "mpi/launch", "mpi/mpirun", "ucc"
 t, wrong, failed = {}, 0, []
 for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
@@ -182,7 +193,7 @@ for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
         failed.append((backend, launcher, n, rep, op, " / ".join(tail) or "no output"))
     for r in rows:
         wrong += r["wrong"]
-        t.setdefault(("%s/%s" % (backend, launcher), int(n), op, r["size"]), []).append(r["time_us"])
+        t.setdefault(("%s/%s" % (backend, launcher), int(n), op, r["size"]), {})[rep] = r["time_us"]
         # "ucxbarrier/mpirun": ucx with each op timed alone, as UCC's
 ucc_names = {"bcast": "broadcast", "reduce_scatter": "reducescatter"}
 for path in glob.glob(os.path.join(tmp, "ucc-*.txt")):
@@ -194,14 +205,24 @@ for path in glob.glob(os.path.join(tmp, "ucc-*.txt")):
         f = line.split()
         # count, size (per rank), time avg, min, max: the slowest rank's, as loom's
         if len(f) >= 5 and f[0].isdigit() and f[1].isdigit():
-            t.setdefault(("ucc", n, op, int(f[1]) * per), []).append(float(f[4]))
+            t.setdefault(("ucc", n, op, int(f[1]) * per), {})[rep] = float(f[4])
             got += 1
     if not got:
         failed.append(("ucc", "mpirun", n, rep, op, "no rows"))
 
 def med(src, n, op, s):
     v = t.get((src, n, op, s))
-    return statistics.median(v) if v else None
+    return statistics.median(v.values()) if v else None
+
+# The ratio of two sources' bus bandwidths (b's time over a's): the median of
+# each run's ratio. Within a run the two ran one after the other, so a spell
+# of a slower machine (here it comes and goes, minutes long, and halves the
+# rate of everything) slows both alike; the medians of each alone could come
+# from different spells.
+def ratio(a, n, op, s, b):
+    va, vb = t.get((a, n, op, s), {}), t.get((b, n, op, s), {})
+    runs = sorted(set(va) & set(vb))
+    return statistics.median(vb[r] / va[r] for r in runs) if runs else None
 
 have_ucc = any(k[0] == "ucc" for k in t)
 out = []
@@ -233,7 +254,8 @@ w("- **mpi**: comm-mpi, Open MPI's non-blocking collectives: under `loom launch`
 w("- time: the slowest rank's mean per op (us); **ucx mpirun**, **ucx launch** and the mpi "
   "columns time the iterations back to back (as nccl-tests), **ucx per op** each alone after "
   "a barrier (`bench.barrier = true`), as ucc_perftest times. Ratios are of bus bandwidth at "
-  "the same size (the inverse ratio of times), above 1 when the first is faster: **l/m** ucx "
+  "the same size (the inverse ratio of times), above 1 when the first is faster, each the "
+  "median of the runs' own ratios (the two ran one after the other): **l/m** ucx "
   "under loom launch over ucx under mpirun; **ucx/UCC** ucx per op over UCC; **ucx/mpi** "
   "back to back, under mpirun.")
 w("- `loom bench` writes every input before its warm-up and checks the result of the timed "
@@ -253,16 +275,16 @@ lat_rows = []
 for n in (2, 4):
     for op in ops:
         for s in sorted({k[3] for k in t if k[1] == n and k[2] == op}):
-            um, ul, cc = med("ucx/mpirun", n, op, s), med("ucx/launch", n, op, s), med("ucc", n, op, s)
-            ub = med("ucxbarrier/mpirun", n, op, s)
-            if um and ul and 8 <= s <= 64 << 20 and ul > um / 0.9:
-                misses["launch"].append((n, op, size_text(s), um / ul))
-            if ub and cc and s >= 64 << 10 and cc < ub:
-                misses["ucc_bw"].append((n, op, size_text(s), cc / ub))
-            if ub and cc and n == 2 and s <= 4096:
-                lat_rows.append(ub / cc)
-                if ub > 1.5 * cc:
-                    misses["ucc_lat"].append((n, op, size_text(s), ub / cc))
+            lm = ratio("ucx/launch", n, op, s, "ucx/mpirun")
+            vs_ucc = ratio("ucxbarrier/mpirun", n, op, s, "ucc")
+            if lm and 8 <= s <= 64 << 20 and lm < 0.9:
+                misses["launch"].append((n, op, size_text(s), lm))
+            if vs_ucc and s >= 64 << 10 and vs_ucc < 1:
+                misses["ucc_bw"].append((n, op, size_text(s), vs_ucc))
+            if vs_ucc and n == 2 and s <= 4096:
+                lat_rows.append(1 / vs_ucc)
+                if vs_ucc < 1 / 1.5:
+                    misses["ucc_lat"].append((n, op, size_text(s), 1 / vs_ucc))
             for src in ("ucx/mpirun", "ucx/launch", "ucxbarrier/mpirun"):
                 v = med(src, n, op, s)
                 # a wait that burns the core its peer needs: ms for what moves in us
@@ -314,10 +336,10 @@ for n in (2, 4):
             ub = med("ucxbarrier/mpirun", n, op, s)
             cc, mm, ml = med("ucc", n, op, s), med("mpi/mpirun", n, op, s), med("mpi/launch", n, op, s)
             f = lambda v: ("%.2f" if v < 10 else "%.1f") % v if v else "-"
-            r = lambda a, b: "%.2f" % (a / b) if a and b else "-"
+            r = lambda a, b: "%.2f" % ratio(a, n, op, s, b) if ratio(a, n, op, s, b) else "-"
             w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                op, size_text(s), f(um), f(ul), r(um, ul), f(ub), f(cc), r(cc, ub), f(mm),
-                r(mm, um), f(ml)))
+                op, size_text(s), f(um), f(ul), r("ucx/launch", "ucx/mpirun"), f(ub), f(cc),
+                r("ucxbarrier/mpirun", "ucc"), f(mm), r("ucx/mpirun", "mpi/mpirun"), f(ml)))
     w("")
     ar = med("ucx/mpirun", n, "allreduce", 64 << 20)
     if ar:

@@ -18,6 +18,7 @@
  * done after a while checks whether the peers it waits for still exist
  * (local peers by pid; remote ones are caught by the timeout). */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,8 @@ typedef struct addr_blob {
 static void progress_stop(void);
 
 static void *progress_main(void *arg);
+
+static int warm_shared_memory(const loom_host *host, const ucx_settings *s);
 
 static void process_teardown(const loom_host *host)
 {
@@ -311,6 +314,11 @@ static int process_start(const loom_host *host, const ucx_settings *s)
         process_teardown(host);
         return st;
     }
+    if ((st = warm_shared_memory(host, s)) != LOOM_OK) {
+        ucx.failed = 1;
+        process_teardown(host);
+        return st;
+    }
     if (s->progress_thread) {
         ucx.thread_stop = 0;
         if (pthread_create(&ucx.thread, NULL, progress_main, NULL) != 0) {
@@ -323,6 +331,81 @@ static int process_start(const loom_host *host, const ucx_settings *s)
               ucp_get_version_string(), n, s->progress_thread ? ", progress thread" : "",
               ucx.own_core ? "a core of its own" : "cores shared with other ranks", ucx_spin_us(s));
     return LOOM_OK;
+}
+
+/* ------------------------------------------------- warming shared memory */
+
+/* UCX's shared-memory transports pass a message past their inline size
+ * (about 100 bytes) through 8 KiB receive descriptors, and the first time
+ * a process writes or reads each one it takes page faults: here the first
+ * ~100 such messages to a rank cost 3-8 us each instead of 0.7, so a
+ * job's first collectives of 96 B-8 KiB (or a benchmark's first sizes)
+ * ran 5x slower than the rest. Each rank sends WARM_MESSAGES of them to
+ * every rank on its host, one sender per receiver at a time (round k:
+ * to the k-th local rank after it, from the k-th before), sent before they
+ * are received, as a collective's often are: twice the 64-element FIFO
+ * UCX's sysv and posix transports have by default. */
+enum { WARM_MESSAGES = 128, WARM_BYTES = 4096 };
+#define WARM_TAG (~0ull) /* consumed before any communicator exists */
+
+static int warm_round(const loom_host *host, const ucx_settings *s, int to, int from, char *buf)
+{
+    ucs_status_ptr_t req[2 * WARM_MESSAGES];
+    int nreq = 0, st = LOOM_OK;
+    static const ucp_request_param_t plain = {0};
+    for (int i = 0; i < WARM_MESSAGES; i++)
+        req[nreq++] = ucp_tag_send_nbx(ucx.peers[to].ep, buf, WARM_BYTES, WARM_TAG, &plain);
+    for (int i = 0; i < WARM_MESSAGES; i++)
+        req[nreq++] = ucp_tag_recv_nbx(ucx.worker, buf + WARM_BYTES, WARM_BYTES, WARM_TAG,
+                                       ~0ull, &plain);
+    double t0 = clock_now_s(), next_check = 1;
+    for (int i = 0; i < nreq && st == LOOM_OK;) {
+        if (UCS_PTR_IS_ERR(req[i])) {
+            st = host->error(host, LOOM_ERR_REMOTE,
+                             "comm-ucx: warming shared memory with rank %d: %s", i < WARM_MESSAGES ? to : from,
+                             ucs_status_string(UCS_PTR_STATUS(req[i])));
+        } else if (req[i] == NULL || ucp_request_check_status(req[i]) != UCS_INPROGRESS) {
+            i++;
+        } else if (!ucp_worker_progress(ucx.worker)) {
+            int peer = i < WARM_MESSAGES ? to : from;
+            double waited = clock_now_s() - t0;
+            char why[256];
+            if (waited > next_check && (next_check = waited + 0.1, ucx_peer_dead(peer, why, sizeof why)))
+                st = host->error(host, LOOM_ERR_REMOTE, "comm-ucx: rank %d %s", peer, why);
+            else if (waited > s->timeout_s)
+                st = host->error(host, LOOM_ERR_TIMEOUT,
+                                 "comm-ucx: rank %d did not %s rank %d's warm-up messages within "
+                                 "%.1f s (is it running?)",
+                                 peer, peer == to ? "take" : "send", host->rank, s->timeout_s);
+            sched_yield();
+        }
+    }
+    for (int i = 0; i < nreq; i++)
+        if (req[i] && !UCS_PTR_IS_ERR(req[i])) {
+            if (ucp_request_check_status(req[i]) == UCS_INPROGRESS)
+                ucp_request_cancel(ucx.worker, req[i]);
+            ucp_request_free(req[i]);
+        }
+    return st;
+}
+
+static int warm_shared_memory(const loom_host *host, const ucx_settings *s)
+{
+    int n = host->world_size, me = host->rank, nlocal = 0, mine = 0;
+    int *local = malloc((size_t)n * sizeof *local);
+    char *buf = calloc(2, WARM_BYTES);
+    int st = local && buf ? LOOM_OK : host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    for (int w = 0; w < n && st == LOOM_OK; w++)
+        if (w == me || ucx.peers[w].local) {
+            if (w == me)
+                mine = nlocal;
+            local[nlocal++] = w;
+        }
+    for (int k = 1; k < nlocal && st == LOOM_OK; k++)
+        st = warm_round(host, s, local[(mine + k) % nlocal], local[(mine - k + nlocal) % nlocal], buf);
+    free(local);
+    free(buf);
+    return st;
 }
 
 /* --------------------------------------------------------- progress thread */
