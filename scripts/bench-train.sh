@@ -11,6 +11,7 @@
 #                   runs alternate which configuration goes first
 #          BUILD=build
 #          OUT=docs/benchmarks-train.md
+#          KEEP=DIR  keep every run's raw output (logs, --metrics) in DIR
 # Installs python3-torch with apt-get if it is missing (a few hundred MB).
 # Takes about 15 minutes here; run it on an otherwise idle machine.
 set -eu
@@ -26,7 +27,7 @@ if ! $PY -c "import torch" 2>/dev/null; then
     apt-get install -y -q --no-install-recommends python3-torch >&2
 fi
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp -r "$TMP"/. "$KEEP"/; rm -rf "$TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 DATA=examples/data/corpus.bin
 
@@ -125,22 +126,31 @@ for name, title, tokens in shapes:
                   f"{peak:.1f} ({runs[0]['library']}) | {t:.1f} | {t / ms:.2f} |")
         summary[(name, threads, "torch")] = t
 
+# The ratio of two configurations' step times: the median of each repeat's
+# own ratio. A repeat runs them one after the other, so a spell of a slower
+# machine (here it comes and goes, minutes long) slows both alike.
+def ratio(name, threads, slow, fast):
+    def ms(c, r):
+        return torch_ms(name, threads, r) if c == "torch" else loom_run(name, threads, c, r)["ms"]
+    return med(ms(slow, r) / ms(fast, r) for r in range(1, reps + 1))
+
 print("\n## Against the goals\n")
-print("PyTorch's MFU is its step's FLOPs against the same fp32 peak as loom's fp32 run:")
-print("loom can be faster than PyTorch by at most that MFU's inverse, where loom's")
-print("own products would run at the library's peak.\n")
+print("Each ratio is the median over the repeats of the repeat's own ratio (the two")
+print("ran one after the other). PyTorch's MFU is its step's FLOPs against the same")
+print("fp32 peak as loom's fp32 run: loom can be faster than PyTorch by at most that")
+print("MFU's inverse, where loom's own products would run at the library's peak.\n")
 print("| model | threads | fp32 (oneDNN) vs PyTorch | PyTorch MFU (fp32 peak) | bf16 vs fp32 (oneDNN) | MFU fp32 / bf16 (oneDNN) | oneDNN vs OpenBLAS, fp32 |")
 print("|---|---|---|---|---|---|---|")
 for name, title, _ in shapes:
     for threads in (1, 2):
         f32 = summary[(name, threads, "onednn-fp32")]
         b16 = summary[(name, threads, "onednn-bf16")]
-        ob = summary[(name, threads, "openblas-fp32")]
         t = summary[(name, threads, "torch")]
         torch_mfu = f32[1] * f32[0] / t
-        print(f"| {title} | {threads} | {t / f32[0]:.2f}x | {100 * torch_mfu:.1f}% | "
-              f"{f32[0] / b16[0]:.2f}x | {100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | "
-              f"{ob[0] / f32[0]:.2f}x |")
+        print(f"| {title} | {threads} | {ratio(name, threads, 'torch', 'onednn-fp32'):.2f}x | "
+              f"{100 * torch_mfu:.1f}% | {ratio(name, threads, 'onednn-fp32', 'onednn-bf16'):.2f}x | "
+              f"{100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | "
+              f"{ratio(name, threads, 'openblas-fp32', 'onednn-fp32'):.2f}x |")
 
 print("\n## Where a step's time goes\n")
 print("The per-kernel breakdown `loom train --metrics` writes (`kernel_ms`), medians,")
