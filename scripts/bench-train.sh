@@ -13,7 +13,7 @@
 #          OUT=docs/benchmarks-train.md
 #          KEEP=DIR  keep every run's raw output (logs, --metrics) in DIR
 # Installs python3-torch with apt-get if it is missing (a few hundred MB).
-# Takes about 15 minutes here; run it on an otherwise idle machine.
+# Takes about 20 minutes here; run it on an otherwise idle machine.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}

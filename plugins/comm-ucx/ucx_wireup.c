@@ -5,7 +5,8 @@
  * them down. Each rank publishes its worker address in the bootstrap store
  * (with its pid and host, so a local peer that dies is noticed without UCX's
  * help) and makes an endpoint to every rank of the world, itself included
- * (send/recv to oneself goes through UCX's self transport). A subgroup
+ * (send/recv to oneself goes through UCX's self transport), then warms
+ * the shared memory to the ranks on its host (warm_shared_memory). A subgroup
  * reuses those endpoints and needs only a fresh id from the store.
  *
  * Communicator ids: the store's counter "uid" hands out one number per
@@ -341,49 +342,53 @@ static int process_start(const loom_host *host, const ucx_settings *s)
  * ~100 such messages to a rank cost 3-8 us each instead of 0.7, so a
  * job's first collectives of 96 B-8 KiB (or a benchmark's first sizes)
  * ran 5x slower than the rest. Each rank sends WARM_MESSAGES of them to
- * every rank on its host, one sender per receiver at a time (round k:
- * to the k-th local rank after it, from the k-th before), sent before they
- * are received, as a collective's often are: twice the 64-element FIFO
- * UCX's sysv and posix transports have by default. */
+ * every rank on its host, in rounds (round k: to the k-th local rank after
+ * it, from the k-th before), all sent before it posts its receives, so
+ * most arrive unexpected, as a collective's often do: twice the 64-element
+ * FIFO UCX's sysv and posix transports have by default. */
 enum { WARM_MESSAGES = 128, WARM_BYTES = 4096 };
-#define WARM_TAG (~0ull) /* consumed before any communicator exists */
+#define WARM_TAG (~0ull) /* received before this rank's first communicator exists */
 
 static int warm_round(const loom_host *host, const ucx_settings *s, int to, int from, char *buf)
 {
-    ucs_status_ptr_t req[2 * WARM_MESSAGES];
-    int nreq = 0, st = LOOM_OK;
     static const ucp_request_param_t plain = {0};
+    ucs_status_ptr_t req[2 * WARM_MESSAGES]; /* the sends to `to`, then the receives from `from` */
     for (int i = 0; i < WARM_MESSAGES; i++)
-        req[nreq++] = ucp_tag_send_nbx(ucx.peers[to].ep, buf, WARM_BYTES, WARM_TAG, &plain);
-    for (int i = 0; i < WARM_MESSAGES; i++)
-        req[nreq++] = ucp_tag_recv_nbx(ucx.worker, buf + WARM_BYTES, WARM_BYTES, WARM_TAG,
-                                       ~0ull, &plain);
+        req[i] = ucp_tag_send_nbx(ucx.peers[to].ep, buf, WARM_BYTES, WARM_TAG, &plain);
+    for (int i = WARM_MESSAGES; i < 2 * WARM_MESSAGES; i++)
+        req[i] = ucp_tag_recv_nbx(ucx.worker, buf + WARM_BYTES, WARM_BYTES, WARM_TAG, ~0ull,
+                                  &plain);
     double t0 = clock_now_s(), next_check = 1;
-    for (int i = 0; i < nreq && st == LOOM_OK;) {
+    int st = LOOM_OK;
+    for (int i = 0; i < 2 * WARM_MESSAGES && st == LOOM_OK;) {
+        int sending = i < WARM_MESSAGES, peer = sending ? to : from;
         if (UCS_PTR_IS_ERR(req[i])) {
             st = host->error(host, LOOM_ERR_REMOTE,
-                             "comm-ucx: warming shared memory with rank %d: %s", i < WARM_MESSAGES ? to : from,
+                             "comm-ucx: warming shared memory with rank %d: %s", peer,
                              ucs_status_string(UCS_PTR_STATUS(req[i])));
         } else if (req[i] == NULL || ucp_request_check_status(req[i]) != UCS_INPROGRESS) {
             i++;
         } else if (!ucp_worker_progress(ucx.worker)) {
-            int peer = i < WARM_MESSAGES ? to : from;
             double waited = clock_now_s() - t0;
             char why[256];
-            if (waited > next_check && (next_check = waited + 0.1, ucx_peer_dead(peer, why, sizeof why)))
-                st = host->error(host, LOOM_ERR_REMOTE, "comm-ucx: rank %d %s", peer, why);
-            else if (waited > s->timeout_s)
+            if (waited > next_check) {
+                next_check = waited + 0.1;
+                if (ucx_peer_dead(peer, why, sizeof why))
+                    st = host->error(host, LOOM_ERR_REMOTE, "comm-ucx: rank %d %s", peer, why);
+            }
+            if (st == LOOM_OK && waited > s->timeout_s)
                 st = host->error(host, LOOM_ERR_TIMEOUT,
-                                 "comm-ucx: rank %d did not %s rank %d's warm-up messages within "
-                                 "%.1f s (is it running?)",
-                                 peer, peer == to ? "take" : "send", host->rank, s->timeout_s);
+                                 "comm-ucx: rank %d did not %s its warm-up messages %s rank %d "
+                                 "within %.1f s at start (is it running?)",
+                                 peer, sending ? "take" : "send", sending ? "from" : "to",
+                                 host->rank, s->timeout_s);
             sched_yield();
         }
     }
-    for (int i = 0; i < nreq; i++)
+    for (int i = 0; i < 2 * WARM_MESSAGES; i++)
         if (req[i] && !UCS_PTR_IS_ERR(req[i])) {
             if (ucp_request_check_status(req[i]) == UCS_INPROGRESS)
-                ucp_request_cancel(ucx.worker, req[i]);
+                ucp_request_cancel(ucx.worker, req[i]); /* a receive; sends end by themselves */
             ucp_request_free(req[i]);
         }
     return st;
@@ -394,7 +399,8 @@ static int warm_shared_memory(const loom_host *host, const ucx_settings *s)
     int n = host->world_size, me = host->rank, nlocal = 0, mine = 0;
     int *local = malloc((size_t)n * sizeof *local);
     char *buf = calloc(2, WARM_BYTES);
-    int st = local && buf ? LOOM_OK : host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
+    int st = local && buf ? LOOM_OK
+                          : host->error(host, LOOM_ERR_NO_MEMORY, "comm-ucx: out of memory");
     for (int w = 0; w < n && st == LOOM_OK; w++)
         if (w == me || ucx.peers[w].local) {
             if (w == me)
@@ -402,7 +408,8 @@ static int warm_shared_memory(const loom_host *host, const ucx_settings *s)
             local[nlocal++] = w;
         }
     for (int k = 1; k < nlocal && st == LOOM_OK; k++)
-        st = warm_round(host, s, local[(mine + k) % nlocal], local[(mine - k + nlocal) % nlocal], buf);
+        st = warm_round(host, s, local[(mine + k) % nlocal], local[(mine - k + nlocal) % nlocal],
+                        buf);
     free(local);
     free(buf);
     return st;
