@@ -94,6 +94,22 @@ void loom_gemm_set_threads(int threads)
 #endif
 }
 
+/* The bf16 products' operand scratch (only oneDNN multiplies in bf16). */
+static struct {
+    void *buf;
+    size_t bytes;
+} lent;
+
+void loom_gemm_lend_scratch(void *buf, size_t bytes)
+{
+    lent.buf = buf;
+    lent.bytes = buf ? bytes : 0;
+}
+
+/* Room for the bf16 copies of both operands of a rows x width by
+ * width x width product. */
+size_t loom_gemm_scratch_bytes(size_t rows, size_t width) { return 2 * (2 * rows * width); }
+
 /* ---------------------------------------------------------------- OpenBLAS */
 
 /* A buffer of the library's own, grown as needed: OpenBLAS's f32 copies
@@ -103,16 +119,6 @@ typedef struct scratch {
     void *data;
     size_t bytes;
 } scratch;
-
-/* Inside the kernels' threads (attention's tile products). */
-static int on_kernel_thread(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel();
-#else
-    return 0;
-#endif
-}
 
 static void *scratch_get(scratch *s, size_t bytes)
 {
@@ -321,21 +327,6 @@ static void onednn_run(float *c, int ldc, int M, int N, int K, loom_gemm_operand
     dnn_check(dnnl_stream_wait(dnn.stream), "stream_wait");
 }
 
-static struct {
-    void *buf;
-    size_t bytes;
-} lent;
-
-void loom_gemm_lend_scratch(void *buf, size_t bytes)
-{
-    lent.buf = buf;
-    lent.bytes = buf ? bytes : 0;
-}
-
-/* Room for the bf16 copies of both operands of a rows x width by
- * width x width product. */
-size_t loom_gemm_scratch_bytes(size_t rows, size_t width) { return 2 * (2 * rows * width); }
-
 /* The operand's element (r, c) from on: the same view, moved. */
 static loom_gemm_operand moved(loom_gemm_operand x, int r, int c)
 {
@@ -385,6 +376,17 @@ static void onednn_bf16(float *c, int ldc, int M, int N, int K, loom_gemm_operan
 }
 
 static _Thread_local scratch own_scratch;
+
+/* Inside the kernels' threads (attention's tile products). */
+static int on_kernel_thread(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
 
 static void onednn_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a,
                         loom_gemm_operand b, float alpha, float beta, loom_dtype multiply)
@@ -445,9 +447,9 @@ void loom_gemm(float *c, int ldc, int M, int N, int K, loom_gemm_operand a, loom
 const char *loom_gemm_describe(void)
 {
     static char text[96];
-    const char *dtype = multiply_dtype == LOOM_BF16 ? "bf16" : "f32";
 #ifdef LOOM_HAVE_ONEDNN
     if (loom_gemm_library_in_use() == LOOM_GEMM_ONEDNN) {
+        const char *dtype = multiply_dtype == LOOM_BF16 ? "bf16" : "f32";
         const dnnl_version_t *v = dnnl_version();
         snprintf(text, sizeof text, "oneDNN %d.%d.%d %s (%s)", v->major, v->minor, v->patch, dtype,
                  isa_name(dnnl_get_effective_cpu_isa()));
