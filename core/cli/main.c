@@ -3,9 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
-#include "cli/commands.h"
+#include "runtime/cpu.h"
 #include "runtime/log.h"
 
 typedef struct command {
@@ -58,7 +59,9 @@ static void usage(FILE *f)
             "                         inherit it (as LOOM_LOG=debug)\n"
             "\n"
             "environment:\n"
-            "  LOOM_LOG=LEVEL         the log level: error, warn, info (the default) or debug\n");
+            "  LOOM_LOG=LEVEL         the log level: error, warn, info (the default) or debug\n"
+            "  LOOM_MAX_ISA=LEVEL     the widest vector instructions used: baseline, avx2,\n"
+            "                         avx512, avx512_bf16 or amx (default: all the CPU has)\n");
 }
 
 static int is_help(const char *arg)
@@ -75,7 +78,7 @@ static void be_verbose(void)
 
 int main(int argc, char **argv)
 {
-    if (loom_log_level_from_env() != LOOM_OK) {
+    if (loom_log_level_from_env() != LOOM_OK || loom_cpu_check_env() != LOOM_OK) {
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 2;
     }

@@ -21,6 +21,7 @@
 #include "model/gemm.h"
 #include "model/kernels.h"
 #include "runtime/config.h"
+#include "runtime/cpu.h"
 #include "runtime/log.h"
 
 /* ---- notes ---- */
@@ -112,6 +113,8 @@ static int measure_products(loom_dtype dtype, double *flops_per_s)
     *flops_per_s = median(rates, GEMM_ROUNDS);
     int ok = isfinite(dw[1]); /* the products are used, so none is skipped */
     free(x), free(w), free(w16), free(y), free(dx), free(dw);
+    if ((rc = loom_gemm_take_error()) != LOOM_OK)
+        return rc;
     return ok ? LOOM_OK
               : loom_fail(LOOM_ERR_INTERNAL, "calibrate: a product gave a non-finite value");
 }
@@ -573,12 +576,14 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
                                     "launch runs ranks here.");
     set_note(out, "host_memory", "Physical pages times the page size (sysconf).");
 
-    say(progress, "calibrate: %ld cores, %.2f GiB of memory\n", cores,
-        c->host_bytes / (1u << 30));
+    say(progress, "calibrate: %ld cores, %.2f GiB of memory; vector instructions %s\n", cores,
+        c->host_bytes / (1u << 30), loom_cpu_describe());
     double bf16_flops = 0;
     int rc = measure_products(LOOM_BF16, &bf16_flops);
-    char bf16_library[96];
-    snprintf(bf16_library, sizeof bf16_library, "%s", loom_gemm_describe());
+    char bf16_library[384];
+    const char *bf16_note = loom_gemm_products_note();
+    snprintf(bf16_library, sizeof bf16_library, "%s%s%s", loom_gemm_describe(),
+             bf16_note[0] ? "; " : "", bf16_note);
     if (rc == LOOM_OK)
         rc = measure_products(LOOM_F32, &out->gemm_flops);
     if (rc)
@@ -592,8 +597,10 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
              "The matrix products on one thread (train.threads = 1), a linear layer's three as "
              "training\nruns them (%d x %d by %d x %d: forward, backward to the input, to the "
              "weight), median of %d,\non the library model.gemm = \"auto\" picks: fp32 and fp16 "
-             "on %s, bf16 on %s.\n(fp16 runs multiply in fp32 on a CPU.)",
-             GEMM_N, GEMM_C, GEMM_C, GEMM_OC, GEMM_ROUNDS, loom_gemm_describe(), bf16_library);
+             "on %s, bf16 on %s.\n(fp16 runs multiply in fp32 on a CPU.) Vector instructions: "
+             "%s.",
+             GEMM_N, GEMM_C, GEMM_C, GEMM_OC, GEMM_ROUNDS, loom_gemm_describe(), bf16_library,
+             loom_cpu_describe());
     double copied = 0;
     if ((rc = measure_memcpy(&copied)))
         return rc;

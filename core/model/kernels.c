@@ -34,28 +34,17 @@
 #include <omp.h>
 #endif
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
-/* The build targets baseline x86-64 (SSE2); the loops also compile for
- * AVX2 and AVX-512 (kernels.h). ISO C mode contracts nothing into FMA, so
- * every version rounds alike: the same bits on any x86-64. Loops that
- * compute (exp, division) take 512-bit vectors; loops that stream memory
- * stop at 256 bits, which moved 8-10% more bytes per second here (Zen 4)
- * once the data left the L2. */
+/* The build targets baseline x86-64 (SSE2); the loops also come in AVX2
+ * and AVX-512 versions (LOOM_WIDE_LOOP, kernels.h). Loops that compute
+ * (exp, division) take 512-bit vectors; loops that stream memory stop at
+ * 256 bits, which moved 8-10% more bytes per second here (Zen 4) once the
+ * data left the L2. */
 #define WIDE_LOOP LOOM_WIDE_LOOP
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define STREAM_LOOP __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef STREAM_LOOP
-#define STREAM_LOOP
-#endif
-/* The helpers the WIDE_LOOP functions call: inlined into each version, so
- * they are compiled (and vectorised) for its instruction set. */
-#define INLINE static inline __attribute__((always_inline))
+#define STREAM_LOOP LOOM_STREAM_LOOP
+#define INLINE LOOM_INLINE
 
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALING_FACTOR 0.7978845608028654f /* sqrt(2 / pi) */
@@ -285,8 +274,8 @@ INLINE float exp_fast(float x)
 
 /* ---------------------------------------------------------------- encoder */
 
-STREAM_LOOP static void encoder_rows(float *out, const int *inp, const int *pos, const float *wte,
-                                     const float *wpe, int T, int C, int r0, int r1)
+INLINE void encoder_rows_loop(float *out, const int *inp, const int *pos, const float *wte,
+                              const float *wpe, int T, int C, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         const float *te = wte + (size_t)inp[r] * C;
@@ -294,6 +283,10 @@ STREAM_LOOP static void encoder_rows(float *out, const int *inp, const int *pos,
         vec_add(out + (size_t)r * C, te, pe, C);
     }
 }
+STREAM_LOOP(encoder_rows,
+            (float *out, const int *inp, const int *pos, const float *wte, const float *wpe, int T,
+             int C, int r0, int r1),
+            (out, inp, pos, wte, wpe, T, C, r0, r1))
 
 void loom_encoder_forward(float *out, const int *inp, const int *pos, const float *wte,
                           const float *wpe, int B, int T, int C)
@@ -305,9 +298,9 @@ void loom_encoder_forward(float *out, const int *inp, const int *pos, const floa
 
 /* Rows that share a token (or a position) add into the same gradient row,
  * so threads split the columns; each column adds its rows in order. */
-STREAM_LOOP static void encoder_backward_columns(float *dwte, float *dwpe, const float *dout,
-                                                 const int *inp, const int *pos, int N, int T,
-                                                 int C, int c0, int c1)
+INLINE void encoder_backward_columns_loop(float *dwte, float *dwpe, const float *dout,
+                                          const int *inp, const int *pos, int N, int T, int C,
+                                          int c0, int c1)
 {
     for (int r = 0; r < N; r++) {
         const float *d = dout + (size_t)r * C + c0;
@@ -315,6 +308,10 @@ STREAM_LOOP static void encoder_backward_columns(float *dwte, float *dwpe, const
         vec_acc(dwpe + (size_t)(pos ? pos[r % T] : r % T) * C + c0, d, c1 - c0);
     }
 }
+STREAM_LOOP(encoder_backward_columns,
+            (float *dwte, float *dwpe, const float *dout, const int *inp, const int *pos, int N,
+             int T, int C, int c0, int c1),
+            (dwte, dwpe, dout, inp, pos, N, T, C, c0, c1))
 
 void loom_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
                            const int *pos, int B, int T, int C)
@@ -354,14 +351,17 @@ INLINE void layernorm_row(float *restrict o, float *mean, float *rstd,
     *rstd = s;
 }
 
-STREAM_LOOP static void layernorm_rows(float *out, float *mean, float *rstd, const float *inp,
-                                       const float *weight, const float *bias, int C, int r0,
-                                       int r1)
+INLINE void layernorm_rows_loop(float *out, float *mean, float *rstd, const float *inp,
+                                const float *weight, const float *bias, int C, int r0, int r1)
 {
     for (int r = r0; r < r1; r++)
         layernorm_row(out + (size_t)r * C, mean + r, rstd + r, inp + (size_t)r * C, weight, bias,
                       C);
 }
+STREAM_LOOP(layernorm_rows,
+            (float *out, float *mean, float *rstd, const float *inp, const float *weight,
+             const float *bias, int C, int r0, int r1),
+            (out, mean, rstd, inp, weight, bias, C, r0, r1))
 
 void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C)
@@ -372,10 +372,9 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 }
 
 /* Each row's sum is written, then normalised while it is still in L1. */
-STREAM_LOOP static void residual_layernorm_rows(float *res, float *out, float *mean, float *rstd,
-                                                const float *a, const float *b,
-                                                const float *weight, const float *bias, int C,
-                                                int r0, int r1)
+INLINE void residual_layernorm_rows_loop(float *res, float *out, float *mean, float *rstd,
+                                         const float *a, const float *b, const float *weight,
+                                         const float *bias, int C, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * C;
@@ -383,6 +382,10 @@ STREAM_LOOP static void residual_layernorm_rows(float *res, float *out, float *m
         layernorm_row(out + o, mean + r, rstd + r, res + o, weight, bias, C);
     }
 }
+STREAM_LOOP(residual_layernorm_rows,
+            (float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+             const float *weight, const float *bias, int C, int r0, int r1),
+            (res, out, mean, rstd, a, b, weight, bias, C, r0, r1))
 
 void loom_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
                                      const float *a, const float *b, const float *weight,
@@ -431,16 +434,19 @@ INLINE void layernorm_row_backward_input(float *restrict dx, const float *restri
     }
 }
 
-STREAM_LOOP static void layernorm_backward_input_rows(float *dinp, const float *dout,
-                                                      const float *inp, const float *weight,
-                                                      const float *mean, const float *rstd, int C,
-                                                      int r0, int r1)
+INLINE void layernorm_backward_input_rows_loop(float *dinp, const float *dout, const float *inp,
+                                               const float *weight, const float *mean,
+                                               const float *rstd, int C, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * C;
         layernorm_row_backward_input(dinp + o, dout + o, inp + o, weight, mean[r], rstd[r], C);
     }
 }
+STREAM_LOOP(layernorm_backward_input_rows,
+            (float *dinp, const float *dout, const float *inp, const float *weight,
+             const float *mean, const float *rstd, int C, int r0, int r1),
+            (dinp, dout, inp, weight, mean, rstd, C, r0, r1))
 
 void loom_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
                                    const float *weight, const float *mean, const float *rstd,
@@ -453,10 +459,10 @@ void loom_layernorm_backward_input(float *dinp, const float *dout, const float *
 }
 
 /* Columns [c0, c1) of dweight and dbias, summing the rows in order. */
-STREAM_LOOP static void layernorm_backward_weight_columns(float *restrict dw, float *restrict db,
-                                                          const float *dout, const float *inp,
-                                                          const float *mean, const float *rstd,
-                                                          int N, int C, int c0, int c1)
+INLINE void layernorm_backward_weight_columns_loop(float *restrict dw, float *restrict db,
+                                                   const float *dout, const float *inp,
+                                                   const float *mean, const float *rstd, int N,
+                                                   int C, int c0, int c1)
 {
     const int n = c1 - c0;
     dw += c0;
@@ -479,6 +485,10 @@ STREAM_LOOP static void layernorm_backward_weight_columns(float *restrict dw, fl
         }
     }
 }
+STREAM_LOOP(layernorm_backward_weight_columns,
+            (float *restrict dw, float *restrict db, const float *dout, const float *inp,
+             const float *mean, const float *rstd, int N, int C, int c0, int c1),
+            (dw, db, dout, inp, mean, rstd, N, C, c0, c1))
 
 void loom_layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *mean, const float *rstd,
@@ -525,12 +535,14 @@ void loom_matmul_backward_input(float *dinp, const float *dout, loom_weight weig
 }
 
 /* dbias += column sums of dout: threads split the columns */
-STREAM_LOOP static void bias_backward_columns(float *dbias, const float *dout, int N, int OC,
-                                              int c0, int c1)
+INLINE void bias_backward_columns_loop(float *dbias, const float *dout, int N, int OC, int c0,
+                                       int c1)
 {
     for (int n = 0; n < N; n++)
         vec_acc(dbias + c0, dout + (size_t)n * OC + c0, c1 - c0);
 }
+STREAM_LOOP(bias_backward_columns, (float *dbias, const float *dout, int N, int OC, int c0, int c1),
+            (dbias, dout, N, OC, c0, c1))
 
 static void matmul_bias_backward(float *dbias, const float *dout, int N, int OC)
 {
@@ -592,7 +604,8 @@ INLINE void gelu_values(float *restrict o, const float *restrict x, int n)
         o[i] = x[i] * gelu_gate(gelu_arg(x[i]), &slope);
 }
 
-WIDE_LOOP static void gelu_forward_span(float *o, const float *x, int n) { gelu_values(o, x, n); }
+INLINE void gelu_forward_span_loop(float *o, const float *x, int n) { gelu_values(o, x, n); }
+WIDE_LOOP(gelu_forward_span, (float *o, const float *x, int n), (o, x, n))
 
 /* d/dx x·σ(2a) = σ(2a) + x·2σ(2a)(1 - σ(2a))·a'(x), a' = sqrt(2/pi)·(1 + 3·0.044715·x²);
  * the same as llm.c's 0.5(1 + tanh a) + x·0.5·sech²(a)·a'(x). */
@@ -603,8 +616,8 @@ INLINE float gelu_local_grad(float x)
     return gate + 2.0f * x * slope * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
 }
 
-WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restrict x,
-                                         const float *restrict d, int n)
+INLINE void gelu_backward_span_loop(float *restrict dx, const float *restrict x,
+                                    const float *restrict d, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -613,6 +626,9 @@ WIDE_LOOP static void gelu_backward_span(float *restrict dx, const float *restri
     for (; i < n; i++)
         dx[i] += gelu_local_grad(x[i]) * d[i];
 }
+WIDE_LOOP(gelu_backward_span,
+          (float *restrict dx, const float *restrict x, const float *restrict d, int n),
+          (dx, x, d, n))
 
 void loom_gelu_forward(float *out, const float *inp, int N)
 {
@@ -634,8 +650,7 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout, int N)
     });
 }
 
-WIDE_LOOP static void bias_gelu_rows(float *out, float *pre, const float *bias, int C, int r0,
-                                     int r1)
+INLINE void bias_gelu_rows_loop(float *out, float *pre, const float *bias, int C, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         float *x = pre + (size_t)r * C;
@@ -643,6 +658,8 @@ WIDE_LOOP static void bias_gelu_rows(float *out, float *pre, const float *bias, 
         gelu_values(out + (size_t)r * C, x, C);
     }
 }
+WIDE_LOOP(bias_gelu_rows, (float *out, float *pre, const float *bias, int C, int r0, int r1),
+          (out, pre, bias, C, r0, r1))
 
 void loom_bias_gelu_forward(float *out, float *pre, const float *bias, int N, int C)
 {
@@ -653,16 +670,18 @@ void loom_bias_gelu_forward(float *out, float *pre, const float *bias, int N, in
 
 /* --------------------------------------------------------------- residual */
 
-STREAM_LOOP static void residual_span(float *o, const float *a, const float *b, int n)
+INLINE void residual_span_loop(float *o, const float *a, const float *b, int n)
 {
     vec_add(o, a, b, n);
 }
+STREAM_LOOP(residual_span, (float *o, const float *a, const float *b, int n), (o, a, b, n))
 
-STREAM_LOOP static void residual_backward_span(float *da, float *db, const float *d, int n)
+INLINE void residual_backward_span_loop(float *da, float *db, const float *d, int n)
 {
     vec_acc(da, d, n);
     vec_acc(db, d, n);
 }
+STREAM_LOOP(residual_backward_span, (float *da, float *db, const float *d, int n), (da, db, d, n))
 
 void loom_residual_forward(float *out, const float *a, const float *b, int N)
 {
@@ -691,9 +710,8 @@ void loom_residual_backward(float *da, float *db, const float *dout, int N)
  * loss is llm.c's -log p_target, p_target = exp(x_target - m) / Σ, which
  * is inf once p_target underflows (how a diverged run shows), and
  * lse = m + log Σ what backward needs; no probabilities are stored. */
-WIDE_LOOP static void softmax_crossentropy_rows(float *losses, float *lse, const float *logits,
-                                                const int *targets, int V, int Vp, int r0,
-                                                int r1)
+INLINE void softmax_crossentropy_rows_loop(float *losses, float *lse, const float *logits,
+                                           const int *targets, int V, int Vp, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         const float *restrict x = logits + (size_t)r * Vp;
@@ -710,6 +728,10 @@ WIDE_LOOP static void softmax_crossentropy_rows(float *losses, float *lse, const
         losses[r] = -logf(exp_fast(x[targets[r]] - m) / sum);
     }
 }
+WIDE_LOOP(softmax_crossentropy_rows,
+          (float *losses, float *lse, const float *logits, const int *targets, int V, int Vp,
+           int r0, int r1),
+          (losses, lse, logits, targets, V, Vp, r0, r1))
 
 void loom_softmax_crossentropy_forward(float *losses, float *lse, const float *logits,
                                        const int *targets, int N, int V, int Vp)
@@ -721,9 +743,9 @@ void loom_softmax_crossentropy_forward(float *losses, float *lse, const float *l
 }
 
 /* dlogit_i = (p_i - [i = target])·dloss with p_i = exp(x_i - lse), over x */
-WIDE_LOOP static void softmax_crossentropy_backward_rows(float *logits, const float *dlosses,
-                                                         const float *lse, const int *targets,
-                                                         int V, int Vp, int r0, int r1)
+INLINE void softmax_crossentropy_backward_rows_loop(float *logits, const float *dlosses,
+                                                    const float *lse, const int *targets, int V,
+                                                    int Vp, int r0, int r1)
 {
     for (int r = r0; r < r1; r++) {
         float *restrict x = logits + (size_t)r * Vp;
@@ -741,6 +763,10 @@ WIDE_LOOP static void softmax_crossentropy_backward_rows(float *logits, const fl
         x[t] = (p_target - 1.0f) * d; /* rounded once, like the rest */
     }
 }
+WIDE_LOOP(softmax_crossentropy_backward_rows,
+          (float *logits, const float *dlosses, const float *lse, const int *targets, int V, int Vp,
+           int r0, int r1),
+          (logits, dlosses, lse, targets, V, Vp, r0, r1))
 
 void loom_softmax_crossentropy_backward(float *logits, const float *dlosses, const float *lse,
                                         const int *targets, int N, int V, int Vp)
@@ -798,15 +824,17 @@ static void f16_to_f32_values(float *restrict d, const uint16_t *restrict s, siz
 /* The span converters, all of one type: (dst, src, n). */
 typedef void (*convert_fn)(void *dst, const void *src, size_t n);
 
-STREAM_LOOP static void f32_to_bf16_portable(void *d, const void *s, size_t n)
+INLINE void f32_to_bf16_portable_loop(void *d, const void *s, size_t n)
 {
     f32_to_bf16_values(d, s, n);
 }
+STREAM_LOOP(f32_to_bf16_portable, (void *d, const void *s, size_t n), (d, s, n))
 
-STREAM_LOOP static void bf16_to_f32_portable(void *d, const void *s, size_t n)
+INLINE void bf16_to_f32_portable_loop(void *d, const void *s, size_t n)
 {
     bf16_to_f32_values(d, s, n);
 }
+STREAM_LOOP(bf16_to_f32_portable, (void *d, const void *s, size_t n), (d, s, n))
 
 static void f32_to_f16_portable(void *d, const void *s, size_t n) { f32_to_f16_values(d, s, n); }
 
@@ -877,24 +905,6 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(void *dst, cons
 
 static int convert_native = 1;
 
-/* Whether the CPU (and the OS, for the registers) has AVX-512 BF16, and
- * F16C with AVX2: asked once, at load (CPUID traps to the hypervisor in a
- * VM, a microsecond or more a time). CPUID's own words for BF16 and F16C,
- * which compilers' __builtin_cpu_supports does not name alike. */
-static int cpu_avx512_bf16, cpu_f16c;
-
-#if NATIVE_CONVERT
-__attribute__((constructor)) static void detect_cpu(void)
-{
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    cpu_avx512_bf16 = __builtin_cpu_supports("avx512f") &&
-                      __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u);
-    cpu_f16c = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
-               ((c >> 29) & 1u);
-}
-#endif
-
 void loom_convert_set_path(loom_convert_path path) { convert_native = path == LOOM_CONVERT_NATIVE; }
 
 /* The span converter of f32 <-> bf16/f16, whichever the CPU and the path
@@ -906,11 +916,12 @@ static convert_fn converter(loom_dtype dst, loom_dtype src, const char **name)
         name = &unused;
     *name = "portable";
 #if NATIVE_CONVERT
-    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 && cpu_avx512_bf16) {
+    if (convert_native && src == LOOM_F32 && dst == LOOM_BF16 &&
+        loom_cpu_isa() >= LOOM_ISA_AVX512_BF16) {
         *name = "avx512-bf16";
         return f32_to_bf16_avx512;
     }
-    const int f16c = convert_native && cpu_f16c;
+    const int f16c = convert_native && loom_cpu_has_f16c();
     if (f16c && src == LOOM_F32 && dst == LOOM_F16) {
         *name = "f16c";
         return f32_to_f16_f16c;
@@ -981,7 +992,7 @@ typedef struct accumulate_call {
     float *src;
 } accumulate_call;
 
-STREAM_LOOP static void add_and_clear(float *restrict y, float *restrict x, size_t n)
+INLINE void add_and_clear_loop(float *restrict y, float *restrict x, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -994,6 +1005,7 @@ STREAM_LOOP static void add_and_clear(float *restrict y, float *restrict x, size
         x[i] = 0.0f;
     }
 }
+STREAM_LOOP(add_and_clear, (float *restrict y, float *restrict x, size_t n), (y, x, n))
 
 static void accumulate_span(void *ctx, size_t begin, size_t end)
 {
@@ -1253,8 +1265,7 @@ static loom_gemm_operand tile_operand(const attn_scratch *w, const float *tile, 
 
 /* A tile's scores (nq x nk in w->s) -> exp(s - row max), masked, with each
  * row's max and sum; a row that sees no key of the chunk gets max -inf. */
-WIDE_LOOP static void tile_exp(const attn_scratch *w, const int *q_pos, const int *k_pos, int nq,
-                               int nk)
+INLINE void tile_exp_loop(const attn_scratch *w, const int *q_pos, const int *k_pos, int nq, int nk)
 {
     for (int r = 0; r < nq; r++) {
         float *s = w->s + (size_t)r * nk;
@@ -1269,16 +1280,19 @@ WIDE_LOOP static void tile_exp(const attn_scratch *w, const int *q_pos, const in
         w->row_sum[r] = sum_f32(s, nk);
     }
 }
+WIDE_LOOP(tile_exp, (const attn_scratch *w, const int *q_pos, const int *k_pos, int nq, int nk),
+          (w, q_pos, k_pos, nq, nk))
 
 /* A tile's rows of w->acc merged into out and lse. */
-WIDE_LOOP static void tile_merge(const attn_scratch *w, float *o, int ldo, float *lse, int nq,
-                                 int HS)
+INLINE void tile_merge_loop(const attn_scratch *w, float *o, int ldo, float *lse, int nq, int HS)
 {
     for (int r = 0; r < nq; r++)
         if (w->row_max[r] != -INFINITY)
             merge_row(o + (size_t)r * ldo, lse + r, w->acc + (size_t)r * HS, w->row_max[r],
                       w->row_sum[r], HS);
 }
+WIDE_LOOP(tile_merge, (const attn_scratch *w, float *o, int ldo, float *lse, int nq, int HS),
+          (w, o, ldo, lse, nq, HS))
 
 /* The next chunk of keys, from *c0 on, that some query of the tile [i0,
  * i0 + nq) (at positions <= qmax) can see: its keys [*j0, *j0 + nk) and
@@ -1326,8 +1340,8 @@ static void forward_head(head_rows q, const int *q_pos, int tq, head_rows k, hea
 
 /* A tile's P = exp(s - lse) in w->s, masked; a row that saw no key
  * anywhere (lse -inf) gets 0: its out is 0, nothing flows. */
-WIDE_LOOP static void tile_probabilities(const attn_scratch *w, const int *q_pos,
-                                         const int *k_pos, const float *lse, int nq, int nk)
+INLINE void tile_probabilities_loop(const attn_scratch *w, const int *q_pos, const int *k_pos,
+                                    const float *lse, int nq, int nk)
 {
     for (int r = 0; r < nq; r++) {
         float *p = w->s + (size_t)r * nk;
@@ -1337,6 +1351,10 @@ WIDE_LOOP static void tile_probabilities(const attn_scratch *w, const int *q_pos
             masked_exp(p, k_pos, q_pos[r], lse[r], nk);
     }
 }
+WIDE_LOOP(tile_probabilities,
+          (const attn_scratch *w, const int *q_pos, const int *k_pos, const float *lse, int nq,
+           int nk),
+          (w, q_pos, k_pos, lse, nq, nk))
 
 /* ds = p ∘ (ds - D) */
 INLINE void softmax_grad_row(float *restrict ds, const float *restrict p, float D, int n)
@@ -1350,11 +1368,13 @@ INLINE void softmax_grad_row(float *restrict ds, const float *restrict p, float 
 }
 
 /* dS = P ∘ (dP - D), over dP in w->ds */
-WIDE_LOOP static void tile_softmax_grad(const attn_scratch *w, const float *D, int nq, int nk)
+INLINE void tile_softmax_grad_loop(const attn_scratch *w, const float *D, int nq, int nk)
 {
     for (int r = 0; r < nq; r++)
         softmax_grad_row(w->ds + (size_t)r * nk, w->s + (size_t)r * nk, D[r], nk);
 }
+WIDE_LOOP(tile_softmax_grad, (const attn_scratch *w, const float *D, int nq, int nk),
+          (w, D, nq, nk))
 
 /* Row r of h as f32: in place, or widened into tmp (HS floats). */
 static const float *row_f32(head_rows h, int r, float *tmp, int HS)

@@ -14,21 +14,56 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "loom/tensor.h"
 #include "loom/strategy.h"
+#include "loom/tensor.h"
+#include "runtime/cpu.h"
 
-/* Before a function whose loops the compiler vectorises: also compiled for
- * AVX2 and AVX-512 (x86-64-v4), the version picked when the program loads.
- * No version uses FMA and the loops' order does not depend on the width,
- * so every version gives the same bits. */
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define LOOM_WIDE_LOOP __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+/* Functions whose loops the compiler vectorises come in versions for
+ * AVX-512 (x86-64-v4), AVX2 and baseline x86-64, and each call runs the
+ * widest the level in use allows (loom_cpu_isa: the CPU's, capped by
+ * LOOM_MAX_ISA), so no version runs an instruction the CPU lacks. No
+ * version contracts into FMA (ISO C mode, -ffp-contract=off) and the
+ * loops' order does not depend on the width, so every version gives the
+ * same bits.
+ *
+ *   LOOM_WIDE_LOOP(name, (params), (args)) defines static void name(params)
+ *   in all three versions from an always-inline void name##_loop(params)
+ *   defined before it; LOOM_STREAM_LOOP the same in AVX2 and baseline
+ *   versions only, for loops that stream memory (wider vectors moved no
+ *   more bytes a second once the data left the L2). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LOOM_ISA_VERSION(name, suffix, isa_target, params, args)                                   \
+    __attribute__((target(isa_target))) static void name##_##suffix params { name##_loop args; }
+#define LOOM_WIDE_LOOP(name, params, args)                                                         \
+    LOOM_ISA_VERSION(name, avx512, "arch=x86-64-v4", params, args)                                 \
+    LOOM_ISA_VERSION(name, avx2, "avx2", params, args)                                             \
+    static void name params                                                                        \
+    {                                                                                              \
+        const loom_isa isa_ = loom_cpu_isa();                                                      \
+        if (isa_ >= LOOM_ISA_AVX512)                                                               \
+            name##_avx512 args;                                                                    \
+        else if (isa_ >= LOOM_ISA_AVX2)                                                            \
+            name##_avx2 args;                                                                      \
+        else                                                                                       \
+            name##_loop args;                                                                      \
+    }
+#define LOOM_STREAM_LOOP(name, params, args)                                                       \
+    LOOM_ISA_VERSION(name, avx2, "avx2", params, args)                                             \
+    static void name params                                                                        \
+    {                                                                                              \
+        if (loom_cpu_isa() >= LOOM_ISA_AVX2)                                                       \
+            name##_avx2 args;                                                                      \
+        else                                                                                       \
+            name##_loop args;                                                                      \
+    }
+#else
+#define LOOM_WIDE_LOOP(name, params, args)                                                         \
+    static void name params { name##_loop args; }
+#define LOOM_STREAM_LOOP(name, params, args) LOOM_WIDE_LOOP(name, params, args)
 #endif
-#endif
-#ifndef LOOM_WIDE_LOOP
-#define LOOM_WIDE_LOOP
-#endif
+/* The _loop functions and the helpers they call: inlined into each
+ * version, so they are compiled (and vectorised) for its instructions. */
+#define LOOM_INLINE static inline __attribute__((always_inline))
 
 /* Threads for the kernels (OpenMP) and BLAS: one unless the run asks for
  * more (train.threads). */

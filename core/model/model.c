@@ -1721,13 +1721,21 @@ static int check_unit(const loom_model *m, int unit, const char *what)
     return LOOM_OK;
 }
 
+/* The model's status after a unit's work: a product that failed inside it
+ * (gemm.h) is the model's failure too. */
+static int unit_status(loom_model *m)
+{
+    record(m, loom_gemm_take_error());
+    return m->status;
+}
+
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss)
 {
     int rc = check_unit(m, unit, "forward");
     if (rc == LOOM_OK)
         TIMED(OTHER, rc = model_forward(m, unit, inputs, targets, loss));
-    return rc != LOOM_OK ? rc : m->status;
+    return rc != LOOM_OK ? rc : unit_status(m);
 }
 
 const float *loom_model_logits(const loom_model *m, int row)
@@ -1743,7 +1751,7 @@ int loom_model_backward(loom_model *m, int unit, float dloss)
     int rc = check_unit(m, unit, "backward");
     if (rc == LOOM_OK)
         TIMED(OTHER, unit_backward(m, unit, dloss));
-    return rc != LOOM_OK ? rc : m->status;
+    return rc != LOOM_OK ? rc : unit_status(m);
 }
 
 int loom_model_backward_input(loom_model *m, int unit, float dloss)
@@ -1763,7 +1771,7 @@ int loom_model_backward_input(loom_model *m, int unit, float dloss)
     carver c = {d->mem, 0};
     layout_deferred(m, &c, d, unit);
     TIMED(OTHER, unit_backward_input(m, unit, dloss, d));
-    return m->status;
+    return unit_status(m);
 }
 
 int loom_model_backward_weight(loom_model *m, int unit)
@@ -1779,7 +1787,7 @@ int loom_model_backward_weight(loom_model *m, int unit)
     TIMED(OTHER, unit_backward_weight(m, unit, d));
     loom_mem_free(d->mem);
     memset(d, 0, sizeof *d);
-    return m->status;
+    return unit_status(m);
 }
 
 /* ---- micro-batch slots and stage borders ---- */

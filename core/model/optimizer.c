@@ -20,9 +20,9 @@ typedef struct adamw_call {
 
 /* llm.c's update of n elements, f32 gradients; blocked by 16 so the
  * compiler vectorises it, each element computed as the scalar formula. */
-LOOM_WIDE_LOOP static void adamw_values(const adamw_call *k, float *restrict master,
-                                        const float *restrict grad, float *restrict m,
-                                        float *restrict v, size_t n)
+LOOM_INLINE void adamw_values_loop(const adamw_call *k, float *restrict master,
+                                   const float *restrict grad, float *restrict m, float *restrict v,
+                                   size_t n)
 {
     const float lr = k->lr, b1 = k->b1, b2 = k->b2, c1 = k->one_minus_b1, c2 = k->one_minus_b2;
     const float bias1 = k->bias1, bias2 = k->bias2, eps = k->eps, wd = k->weight_decay;
@@ -50,6 +50,10 @@ LOOM_WIDE_LOOP static void adamw_values(const adamw_call *k, float *restrict mas
         master[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + wd * master[i]);
     }
 }
+LOOM_WIDE_LOOP(adamw_values,
+               (const adamw_call *k, float *restrict master, const float *restrict grad,
+                float *restrict m, float *restrict v, size_t n),
+               (k, master, grad, m, v, n))
 
 /* A block at a time, so that 16-bit gradients widen and the updated
  * weights are stored into the parameters while the block is in cache. */

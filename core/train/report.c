@@ -8,8 +8,10 @@
 
 #include "loom/plugin.h"
 #include "loom/status.h"
+#include "model/gemm.h"
 #include "model/sample.h"
 #include "runtime/bootstrap.h"
+#include "runtime/cpu.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/trace.h"
@@ -292,6 +294,11 @@ void trainer_print_header(const trainer *t)
            loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
            t->peak_source);
+    const char *products = loom_gemm_products_note();
+    printf("cpu: %s; %s\n", loom_cpu_describe(),
+           products[0]             ? products
+           : t->dtype == LOOM_BF16 ? "bf16 storage and products"
+                                   : "f32 products");
     if (t->mesh->comm_choice[0])
         printf("comm: %s\n", t->mesh->comm_choice);
     if (loom_launch_binding())

@@ -56,7 +56,10 @@ static int choose_gemm(trainer *t)
     int rows = t->micro_batch * t->seq, C = t->shape.channels;
     t->peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
     if (t->peak_flops <= 0)
-        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix products");
+        return (rc = loom_gemm_take_error()) != LOOM_OK
+                   ? rc
+                   : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix "
+                                                   "products");
     snprintf(t->peak_source, sizeof t->peak_source, "%s, measured at start on %dx%dx%d",
              loom_gemm_describe(), rows, 4 * C, C);
     return LOOM_OK;

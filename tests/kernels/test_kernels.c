@@ -18,6 +18,7 @@
 #include "model/gemm.h"
 #include "model/kernels.h"
 #include "model/optimizer.h"
+#include "runtime/cpu.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define FD_EPS 1e-6
@@ -1069,6 +1070,14 @@ static void test_attention_bf16_products(void)
     attn_result ref = run_blocks(&p32, one, 1), ref_two = run_blocks(&p32, two, 2);
     attn_result f32_products = run_blocks(&p16, one, 1);
     loom_gemm_select(LOOM_GEMM_ONEDNN, LOOM_BF16);
+    if (loom_gemm_multiply_dtype() != LOOM_BF16) {
+        /* no bf16 products here: a bf16 run's tiles multiply in f32 */
+        printf("note %s\n", loom_gemm_products_note());
+        check_true("without bf16 products, a bf16 run multiplies its tiles in f32, bit for bit",
+                   same_result(&p16, run_blocks(&p16, one, 1), f32_products));
+        loom_gemm_select(LOOM_GEMM_AUTO, LOOM_F32);
+        return;
+    }
     attn_result whole = run_blocks(&p16, one, 1);
     compare_results("bf16 products, one key block, vs f32", &p16, whole, ref, 1e-2);
     compare_results("bf16 products, two key blocks, vs f32", &p16, run_blocks(&p16, two, 2), ref,
@@ -1265,18 +1274,18 @@ static void test_fused(void)
                memcmp(pre1, pre2, n * 4) == 0 && memcmp(out1, out2, n * 4) == 0);
 }
 
-/* ------------------------------------------------------------ threads */
+/* ------------------------------------------------------------ threads, ISA versions */
 
-/* Runs one kernel on copies of the same inputs with 1 and 2 threads and
- * compares every output bit for bit. Sizes are past the point where the
- * kernels split work (32768 elements). */
-typedef struct threads_case {
+/* Each kernel run on copies of the same inputs two ways (1 and 2 threads;
+ * each vector level the CPU has), every output compared bit for bit. Sizes
+ * are past the point where the kernels split work (32768 elements). */
+typedef struct kernel_case {
     const char *name;
     void (*run)(float **bufs);
     int nbufs;
     size_t len[12];
     float lo[12], hi[12];
-} threads_case;
+} kernel_case;
 
 enum { TN = 96, TC = 1000, TV = 700, TVP = 720, TB = 2, TT = 48, TNH = 4, THS = 24 };
 
@@ -1355,45 +1364,118 @@ static void run_convert(float **x)
     loom_convert(x[4], LOOM_F32, x[2], LOOM_F16, n);
 }
 
-static void test_threads(void)
+#define NC ((size_t)TN * TC)
+#define NV ((size_t)TN * TVP)
+#define A4 ((size_t)TB * TT * TNH * THS)
+#define NL ((size_t)TB * TNH * TT)
+#define VC ((size_t)TV * TC)
+#define PC ((size_t)TT * TC)
+static const kernel_case kernel_cases[] = {
+    {"encoder", run_encoder, 5, {NC, VC, PC, VC, PC}, {0, -1, -1, -1, -1}, {0, 1, 1, 1, 1}},
+    {"layernorm",
+     run_layernorm,
+     11,
+     {NC, TN, TN, NC, TC, TC, NC, NC, NC, TC, TC},
+     {0, 0, 0, -2, 0.5f, -1, 0, -1, -1, -1, -1},
+     {0, 0, 0, 2, 1.5f, 1, 0, 1, 1, 1, 1}},
+    {"gelu", run_gelu, 5, {NC, NC, NC, NC, TC}, {0, -4, -1, -1, -1}, {0, 4, 1, 1, 1}},
+    {"residual", run_residual, 3, {NC, NC, NC}, {0, -1, -1}, {0, 1, 1}},
+    {"bias gradient", run_bias_backward, 2, {TC, NC}, {-1, -1}, {1, 1}},
+    {"softmax-crossentropy", run_softmax, 4, {TN, TN, NV, TN}, {0, 0, -8, 0.1f}, {0, 0, 8, 1}},
+    {"attention (f32, bf16)",
+     run_attention,
+     11,
+     {A4, A4, A4, A4, NL, A4, A4, A4, A4, 2 * A4, NL},
+     {-1, -1, -1, 0, 0, -1, -1, -1, -1, 0, 0},
+     {1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0}},
+    {"adamw (f32, bf16 gradients, bf16 parameters stored)",
+     run_adamw,
+     6,
+     {NC, NC, NC, NC, NC, NC},
+     {-1, -1e-2f, -1e-3f, 0, 0, 0},
+     {1, 1e-2f, 1e-3f, 1e-5f, 0, 0}},
+    {"convert", run_convert, 5, {NC, NC, NC, NC, NC}, {-1e5f, 0, 0, 0, 0}, {1e5f, 0, 0, 0, 0}},
+};
+
+static float **case_inputs(const kernel_case *t)
 {
-    const size_t NC = (size_t)TN * TC, NV = (size_t)TN * TVP, A = (size_t)TB * TT * TNH * THS;
-    const size_t L = (size_t)TB * TNH * TT, VC = (size_t)TV * TC, PC = (size_t)TT * TC;
-    const threads_case cases[] = {
-        {"encoder", run_encoder, 5, {NC, VC, PC, VC, PC}, {0, -1, -1, -1, -1}, {0, 1, 1, 1, 1}},
-        {"layernorm", run_layernorm, 11, {NC, TN, TN, NC, TC, TC, NC, NC, NC, TC, TC},
-         {0, 0, 0, -2, 0.5f, -1, 0, -1, -1, -1, -1}, {0, 0, 0, 2, 1.5f, 1, 0, 1, 1, 1, 1}},
-        {"gelu", run_gelu, 5, {NC, NC, NC, NC, TC}, {0, -4, -1, -1, -1}, {0, 4, 1, 1, 1}},
-        {"residual", run_residual, 3, {NC, NC, NC}, {0, -1, -1}, {0, 1, 1}},
-        {"bias gradient", run_bias_backward, 2, {TC, NC}, {-1, -1}, {1, 1}},
-        {"softmax-crossentropy", run_softmax, 4, {TN, TN, NV, TN}, {0, 0, -8, 0.1f}, {0, 0, 8, 1}},
-        {"attention (f32, bf16)", run_attention, 11, {A, A, A, A, L, A, A, A, A, 2 * A, L},
-         {-1, -1, -1, 0, 0, -1, -1, -1, -1, 0, 0}, {1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0}},
-        {"adamw (f32, bf16 gradients, bf16 parameters stored)", run_adamw, 6,
-         {NC, NC, NC, NC, NC, NC}, {-1, -1e-2f, -1e-3f, 0, 0, 0}, {1, 1e-2f, 1e-3f, 1e-5f, 0, 0}},
-        {"convert", run_convert, 5, {NC, NC, NC, NC, NC}, {-1e5f, 0, 0, 0, 0}, {1e5f, 0, 0, 0, 0}},
-    };
     for (int i = 0; i < TN; i++)
         tokens[i] = (i * 7) % 50; /* repeats: the embedding's gradient rows add up */
-    for (size_t k = 0; k < ARRAY_LEN(cases); k++) {
-        const threads_case *t = &cases[k];
-        float *one[12], *two[12];
-        for (int i = 0; i < t->nbufs; i++) {
-            one[i] = randf(t->len[i], t->lo[i], t->hi[i]);
-            two[i] = copyf(one[i], t->len[i]);
-        }
+    float **x = test_malloc(sizeof *x * (size_t)t->nbufs);
+    for (int i = 0; i < t->nbufs; i++)
+        x[i] = randf(t->len[i], t->lo[i], t->hi[i]);
+    return x;
+}
+
+static float **case_copy(const kernel_case *t, float *const *from)
+{
+    float **x = test_malloc(sizeof *x * (size_t)t->nbufs);
+    for (int i = 0; i < t->nbufs; i++)
+        x[i] = copyf(from[i], t->len[i]);
+    return x;
+}
+
+static int case_same(const kernel_case *t, float *const *a, float *const *b)
+{
+    int same = 1;
+    for (int i = 0; i < t->nbufs; i++)
+        same &= memcmp(a[i], b[i], t->len[i] * sizeof(float)) == 0;
+    return same;
+}
+
+static void test_threads(void)
+{
+    for (size_t k = 0; k < ARRAY_LEN(kernel_cases); k++) {
+        const kernel_case *t = &kernel_cases[k];
+        float **in = case_inputs(t), **one = case_copy(t, in), **two = case_copy(t, in);
         loom_kernels_set_threads(1);
         t->run(one);
         loom_kernels_set_threads(2);
         t->run(two);
         loom_kernels_set_threads(1);
-        int same = 1;
-        for (int i = 0; i < t->nbufs; i++)
-            same &= memcmp(one[i], two[i], t->len[i] * sizeof(float)) == 0;
         char what[96];
         snprintf(what, sizeof what, "%s: 1 and 2 threads, bit for bit", t->name);
-        check_true(what, same);
+        check_true(what, case_same(t, one, two));
     }
+}
+
+/* Every kernel's versions for lower vector levels (loom_cpu_cap_isa, what
+ * LOOM_MAX_ISA does at start) give the widest version's bits; and the
+ * conversions' native paths follow the cap. */
+static void test_isa_versions(void)
+{
+    const loom_isa top = loom_cpu_isa();
+    printf("note vector instructions: %s\n", loom_cpu_describe());
+    float **in[ARRAY_LEN(kernel_cases)], **widest[ARRAY_LEN(kernel_cases)];
+    for (size_t k = 0; k < ARRAY_LEN(kernel_cases); k++) {
+        in[k] = case_inputs(&kernel_cases[k]);
+        widest[k] = case_copy(&kernel_cases[k], in[k]);
+        kernel_cases[k].run(widest[k]);
+    }
+    check_true("convert f32 -> bf16: the AVX512-BF16 path exactly where the level has it",
+               (strcmp(loom_convert_path_name(LOOM_BF16, LOOM_F32), "avx512-bf16") == 0) ==
+                   (top >= LOOM_ISA_AVX512_BF16));
+    for (int level = (int)top - 1; level >= LOOM_ISA_BASELINE; level--) {
+        loom_cpu_cap_isa((loom_isa)level);
+        check_true("the cap lowers the level in use", loom_cpu_isa() == (loom_isa)level);
+        for (size_t k = 0; k < ARRAY_LEN(kernel_cases); k++) {
+            const kernel_case *t = &kernel_cases[k];
+            float **x = case_copy(t, in[k]);
+            t->run(x);
+            char what[160];
+            snprintf(what, sizeof what, "%s: %s = %s, bit for bit", t->name,
+                     loom_isa_name((loom_isa)level), loom_isa_name(top));
+            check_true(what, case_same(t, x, widest[k]));
+        }
+        check_true("convert: no AVX512-BF16 path below avx512_bf16",
+                   strcmp(loom_convert_path_name(LOOM_BF16, LOOM_F32), "avx512-bf16") != 0);
+        if (level < LOOM_ISA_AVX2)
+            check_true("convert: no F16C path below avx2",
+                       strcmp(loom_convert_path_name(LOOM_F16, LOOM_F32), "portable") == 0 &&
+                           strcmp(loom_convert_path_name(LOOM_F32, LOOM_F16), "portable") == 0);
+    }
+    if (top == LOOM_ISA_BASELINE)
+        printf("note only baseline x86-64 here: no other version to compare\n");
 }
 
 /* ------------------------------------------------------------ main */
@@ -1418,6 +1500,7 @@ static const struct {
     {"accumulate", test_accumulate},
     {"fused", test_fused},
     {"threads", test_threads},
+    {"isa_versions", test_isa_versions},
 };
 
 int main(int argc, char **argv)
