@@ -6,15 +6,19 @@
  * op on them, and copies the results back when the request completes. The
  * suite's own reference checks then judge a backend that only ever saw
  * device pointers. */
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_staging.h"
 #include "loom/comm.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 #include "runtime/device.h"
 #include "runtime/group.h"
+#include "runtime/log.h"
 #include "runtime/memory.h"
 
 #define COPY_TIMEOUT_S 60.0
@@ -256,6 +260,14 @@ static int st_wait(loom_request *r)
     return finish(s, real()->wait(s->inner));
 }
 
+/* A split moves no caller buffers (the core exchanges the colours itself),
+ * so there is nothing to stage: the subgroup is the real one, and the suite
+ * then reaches it through this table like any other group. */
+static int st_split(loom_group *parent, int colour, int key, loom_group **out)
+{
+    return real()->split(parent, colour, key, out);
+}
+
 const loom_comm_api loom_staged_comm_api = {
     .struct_size = sizeof(loom_comm_api),
     .rank = st_rank,
@@ -274,4 +286,57 @@ const loom_comm_api loom_staged_comm_api = {
     .group_end = st_group_end,
     .test = st_test,
     .wait = st_wait,
+    .split = st_split,
 };
+
+/* Every member of loom_comm_api after struct_size is an op, in this order.
+ * The suite calls any of them through this table, so a member the table
+ * lacks is a call through NULL: the assert stops the build when the api
+ * grows an op that is not listed here, and the check below finds a listed
+ * op the table does not fill. */
+static const char *const staged_ops[] = {
+    "rank", "size", "backend", "allreduce", "broadcast", "reduce", "allgather",
+    "reducescatter", "alltoall", "send", "recv", "barrier", "group_start", "group_end",
+    "test", "wait", "split",
+};
+typedef void (*any_op)(void);
+_Static_assert(offsetof(loom_comm_api, rank) + LOOM_ARRAY_LEN(staged_ops) * sizeof(any_op) ==
+                   sizeof(loom_comm_api),
+               "loom_comm_api has an op that tests/nccl/device_staging.c does not stage: add it "
+               "to staged_ops and to loom_staged_comm_api");
+
+int loom_staged_table_check(const loom_comm_api *api, char *why, size_t cap)
+{
+    if (api->struct_size != sizeof(loom_comm_api)) {
+        snprintf(why, cap, "struct_size is %u, loom_comm_api has %zu bytes", api->struct_size,
+                 sizeof(loom_comm_api));
+        return LOOM_ERR_INTERNAL;
+    }
+    /* By slot, not by name: a member added to the api is walked too, even
+     * before anyone lists it. */
+    size_t index = 0;
+    for (size_t at = offsetof(loom_comm_api, rank); at + sizeof(any_op) <= sizeof(loom_comm_api);
+         at += sizeof(any_op), index++) {
+        any_op op;
+        memcpy(&op, (const char *)api + at, sizeof op);
+        if (!op) {
+            const char *name = index < LOOM_ARRAY_LEN(staged_ops) ? staged_ops[index]
+                                                                   : "not listed in staged_ops";
+            snprintf(why, cap, "op %zu (%s, at byte %zu of loom_comm_api) is NULL", index, name,
+                     at);
+            return LOOM_ERR_INTERNAL;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Before the suite's main: a hole in the table would otherwise surface as
+ * a crash deep inside the suite, far from its cause. */
+__attribute__((constructor)) static void refuse_an_incomplete_table(void)
+{
+    char why[256];
+    if (loom_staged_table_check(&loom_staged_comm_api, why, sizeof why) != LOOM_OK) {
+        fprintf(stderr, "device staging: loom_staged_comm_api is incomplete: %s\n", why);
+        exit(1);
+    }
+}
