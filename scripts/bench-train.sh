@@ -2,9 +2,11 @@
 # Regenerate docs/benchmarks-train.md: training throughput of one rank,
 # loom against PyTorch (Debian's python3-torch: the same GPT-2, the same
 # first batch of examples/data/corpus.bin) on two shapes, 1 and 2 threads;
-# loom in fp32 and bf16 with its products on oneDNN and on OpenBLAS; MFU
-# against the rate of the library each run used, measured by the run at
-# start; the per-kernel breakdown; DDP's overlap at 2 ranks.
+# loom in fp32 and bf16 with its products on oneDNN and on OpenBLAS, and on
+# oneDNN again under LOOM_MAX_ISA=avx2 (an AVX2-only CPU's paths: no bf16
+# instructions, so bf16 runs multiply in f32); MFU against the rate of the
+# library each run used, measured by the run at start; the per-kernel
+# breakdown; DDP's overlap at 2 ranks.
 #
 #   usage: sh scripts/bench-train.sh
 #   env:   REPS=3   runs of each configuration; rows are medians, and the
@@ -13,7 +15,7 @@
 #          OUT=docs/benchmarks-train.md
 #          KEEP=DIR  keep every run's raw output (logs, --metrics) in DIR
 # Installs python3-torch with apt-get if it is missing (a few hundred MB).
-# Takes about 20 minutes here; run it on an otherwise idle machine.
+# Takes about 30 minutes here; run it on an otherwise idle machine.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -34,7 +36,8 @@ DATA=examples/data/corpus.bin
 # name | loom settings | torch arguments | steps
 SHAPES="gpt2-124m|--set model.layers=12 --set model.channels=768 --set model.heads=12 --set model.vocab=50257 --set model.padded_vocab=50304 --set model.max_seq=1024 --set train.batch=4 --set train.seq=256|--layers 12 --channels 768 --heads 12 --vocab 50257 --padded-vocab 50304 --batch 4 --seq 256|4
 small|--set model.layers=6 --set model.channels=384 --set model.heads=6 --set model.vocab=8192 --set model.padded_vocab=8192 --set model.max_seq=256 --set train.batch=4 --set train.seq=128|--layers 6 --channels 384 --heads 6 --vocab 8192 --padded-vocab 8192 --batch 4 --seq 128|12"
-CONFIGS="onednn-fp32 onednn-bf16 openblas-fp32 openblas-bf16 torch"
+# <library>-<precision>[@<LOOM_MAX_ISA>]
+CONFIGS="onednn-fp32 onednn-bf16 onednn-fp32@avx2 onednn-bf16@avx2 openblas-fp32 openblas-bf16 torch"
 
 # run SHAPE_LINE THREADS CONFIG REP: one run, its figures into $TMP/<shape>-<threads>-<config>-<rep>.*
 run() {
@@ -51,9 +54,10 @@ run() {
             > "$out.torch"
         return
     fi
-    gemm=${3%-*}; precision=${3#*-}
+    isa=""; case $3 in *@*) isa=${3#*@} ;; esac
+    run_config=${3%@*}; gemm=${run_config%-*}; precision=${run_config#*-}
     # shellcheck disable=SC2086
-    "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.steps="$steps" \
+    LOOM_MAX_ISA="$isa" "$LOOM" train scripts/bench/gpt2-small.cfg $sets --set train.steps="$steps" \
         --set train.threads="$2" --set model.gemm="$gemm" --set train.precision="$precision" \
         --set data.train="$DATA" --metrics "$out.jsonl" > "$out.log" 2>&1 ||
         { cat "$out.log" >&2; exit 1; }
@@ -81,7 +85,8 @@ import glob, json, os, re, statistics, sys
 tmp, reps, torch_version, ncpu, cpu, coretype = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 shapes = [("gpt2-124m", "GPT-2 124M (L12 C768 V50304), B4 T256", 1024),
           ("small", "small (L6 C384 V8192), B4 T128", 512)]
-configs = ["onednn-fp32", "onednn-bf16", "openblas-fp32", "openblas-bf16"]
+configs = ["onednn-fp32", "onednn-bf16", "onednn-fp32@avx2", "onednn-bf16@avx2",
+           "openblas-fp32", "openblas-bf16"]
 med = statistics.median
 
 def loom_run(name, threads, config, rep):
@@ -89,8 +94,10 @@ def loom_run(name, threads, config, rep):
     rows = [json.loads(l) for l in open(base + ".jsonl")][1:]  # the first step warms up
     log = open(base + ".log").read()
     m = re.search(r"MFU against ([0-9.]+) GFLOP/s per rank \((.*?), measured at start on (\S+)\)", log)
+    cpu = re.search(r"^cpu: (\S+)[^;]*; (.*)$", log, re.M)
     return {"ms": med(r["step_ms"] for r in rows), "mfu": med(r["mfu"] for r in rows),
             "peak": float(m.group(1)), "library": m.group(2), "shape": m.group(3),
+            "isa": cpu.group(1), "products": cpu.group(2),
             "kernels": {k: med(r.get("kernel_ms", {}).get(k, 0) for r in rows)
                         for k in rows[-1].get("kernel_ms", {})}}
 
@@ -109,11 +116,14 @@ print("MFU counts 6 FLOPs per parameter per token plus causal attention, against
 print("rate of the library the run multiplied on, in the run's dtype, measured by the run")
 print("at start on the model's own MLP product (the peak column). bf16 runs keep")
 print("parameters, gradients and saved activations in bf16 with fp32 master weights and")
-print("Adam state; on oneDNN they multiply bf16 x bf16 with fp32 accumulation, on")
-print("OpenBLAS (which has no bf16 product) in fp32.\n")
+print("Adam state; on oneDNN they multiply bf16 x bf16 with fp32 accumulation where the")
+print("CPU has bf16 instructions, and in fp32 elsewhere and on OpenBLAS (which has no bf16")
+print("product). The ISA column is loom's vector level (the kernels' versions, oneDNN's")
+print("dispatch): the CPU's own, or `@avx2` runs under `LOOM_MAX_ISA=avx2`, an AVX2-only")
+print("CPU's paths on this one. OpenBLAS picks its kernels itself (its core type).\n")
 
-print("| model | threads | loom run | ms/step | tokens/s | MFU | peak GFLOP/s (library, dtype, ISA) | PyTorch ms/step | PyTorch / loom |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| model | threads | loom run | ISA | ms/step | tokens/s | MFU | peak GFLOP/s (library, dtype, ISA) | PyTorch ms/step | PyTorch / loom |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 summary = {}
 for name, title, tokens in shapes:
     for threads in (1, 2):
@@ -122,7 +132,7 @@ for name, title, tokens in shapes:
             runs = [loom_run(name, threads, c, r) for r in range(1, reps + 1)]
             ms, mfu, peak = med(x["ms"] for x in runs), med(x["mfu"] for x in runs), med(x["peak"] for x in runs)
             summary[(name, threads, c)] = (ms, mfu, runs)
-            print(f"| {title} | {threads} | {c} | {ms:.1f} | {tokens / ms * 1e3:.0f} | {100 * mfu:.1f}% | "
+            print(f"| {title} | {threads} | {c} | {runs[0]['isa']} | {ms:.1f} | {tokens / ms * 1e3:.0f} | {100 * mfu:.1f}% | "
                   f"{peak:.1f} ({runs[0]['library']}) | {t:.1f} | {t / ms:.2f} |")
         summary[(name, threads, "torch")] = t
 
@@ -151,6 +161,25 @@ for name, title, _ in shapes:
               f"{100 * torch_mfu:.1f}% | {ratio(name, threads, 'onednn-fp32', 'onednn-bf16'):.2f}x | "
               f"{100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | "
               f"{ratio(name, threads, 'openblas-fp32', 'onednn-fp32'):.2f}x |")
+
+print("\n## The CPU's vector level against AVX2\n")
+print("The same oneDNN runs at this CPU's level and under `LOOM_MAX_ISA=avx2`, fp32 and")
+print("bf16; each MFU is against the peak its own run measured (library, dtype and level")
+print("as it multiplied). Without bf16 instructions a bf16 run keeps its 16-bit storage")
+print("and multiplies in fp32, so the goal there is to lose little against fp32 (bf16 /")
+print("fp32 tokens/s at least 0.95x), and fp32 at 85% or more of its peak on 124M.\n")
+print("| model | threads | ISA | fp32 ms/step | bf16 ms/step | bf16 / fp32 tokens/s | MFU fp32 / bf16 | peak GFLOP/s fp32 / bf16 | bf16 products |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, title, _ in shapes:
+    for threads in (1, 2):
+        for suffix in ("", "@avx2"):
+            f32 = summary[(name, threads, "onednn-fp32" + suffix)]
+            b16 = summary[(name, threads, "onednn-bf16" + suffix)]
+            peaks = [med(x["peak"] for x in col[2]) for col in (f32, b16)]
+            print(f"| {title} | {threads} | {f32[2][0]['isa']} | {f32[0]:.1f} | {b16[0]:.1f} | "
+                  f"{ratio(name, threads, 'onednn-fp32' + suffix, 'onednn-bf16' + suffix):.2f}x | "
+                  f"{100 * f32[1]:.1f}% / {100 * b16[1]:.1f}% | {peaks[0]:.1f} / {peaks[1]:.1f} | "
+                  f"{b16[2][0]['products']} |")
 
 print("\n## Where a step's time goes\n")
 print("The per-kernel breakdown `loom train --metrics` writes (`kernel_ms`), medians,")

@@ -145,10 +145,10 @@ const char *loom_cpu_describe(void)
     if (isa == detected.isa)
         snprintf(text, sizeof text, "%s", loom_isa_name(isa));
     else if ((int)isa == env_cap)
-        snprintf(text, sizeof text, "%s (LOOM_MAX_ISA=%s; the CPU has %s)", loom_isa_name(isa),
+        snprintf(text, sizeof text, "%s (LOOM_MAX_ISA=%s, the CPU has %s)", loom_isa_name(isa),
                  getenv("LOOM_MAX_ISA"), loom_isa_name(detected.isa));
     else
-        snprintf(text, sizeof text, "%s (capped; the CPU has %s)", loom_isa_name(isa),
+        snprintf(text, sizeof text, "%s (capped, the CPU has %s)", loom_isa_name(isa),
                  loom_isa_name(detected.isa));
     return text;
 }

@@ -37,7 +37,7 @@ void loom_cpu_cap_isa(loom_isa max);
 /* LOOM_MAX_ISA checked: LOOM_ERR_INVALID, with the detail, for a value
  * that names no level (which loom_cpu_isa otherwise ignores). */
 int loom_cpu_check_env(void);
-/* "avx512_bf16", or "avx2 (LOOM_MAX_ISA=avx2; the CPU has avx512_bf16)". */
+/* "avx512_bf16", or "avx2 (LOOM_MAX_ISA=avx2, the CPU has avx512_bf16)". */
 const char *loom_cpu_describe(void);
 
 #endif
