@@ -90,6 +90,48 @@ bf16|fp16)
     run "$CASE" 1 --set train.steps=20 --set train.precision="$CASE"
     compare fp32 "$CASE" 0.02
     losses "$CASE" | awk 'NR == 1 { first = $1 } { last = $1 } END { if (!(last < first - 0.5)) { print "loss did not fall: " first " -> " last; exit 1 } print "loss falls: " first " -> " last }' ;;
+gemm)
+    # model.gemm against what this build has (LOOM_TEST_ONEDNN, from CMake).
+    # OpenBLAS has no bf16 products: a bf16 run on it multiplies in f32,
+    # still keeps its parameters in bf16, says so, and trains as fp32 does.
+    # Where oneDNN is built, "auto" is oneDNN, in bf16 where the CPU has
+    # bf16 instructions; where it is not, "auto" is OpenBLAS, and asking
+    # for oneDNN by name is refused before any step by train and plan alike.
+    on_blas() { # NAME: the header and the cpu: line say f32 products on OpenBLAS
+        grep -q "(OpenBLAS [^ ]* f32 " "$1.log" &&
+            grep -qx "cpu: .*; bf16 storage, f32 products: OpenBLAS has no bf16 product" "$1.log" ||
+            { head -n 2 "$1.log"; echo "$TEST: $1: a bf16 run on OpenBLAS does not say f32 products"; exit 1; }
+    }
+    run fp32 1 --set train.steps=20 --set model.gemm=openblas
+    run blas 1 --set train.steps=20 --set model.gemm=openblas --set train.precision=bf16
+    on_blas blas
+    params() { sed -n '$s/.*"peak_bytes": {"host": {"params": \([0-9]*\),.*/\1/p' "$1.jsonl"; }
+    a=$(params fp32); b=$(params blas)
+    [ -n "$a" ] && [ "$((2 * b))" = "$a" ] ||
+        { echo "$TEST: params at peak: fp32 $a bytes, bf16 on OpenBLAS $b (want half)"; exit 1; }
+    compare fp32 blas 0.02
+    run auto 1 --set train.steps=2 --set train.precision=bf16
+    case ${LOOM_TEST_ONEDNN:-} in
+    ON)
+        if grep -qx "cpu: .*; bf16 storage and products" auto.log; then want=bf16; else want=f32; fi
+        grep -q "(oneDNN [^ ]* $want " auto.log ||
+            { head -n 2 auto.log; echo "$TEST: auto is not oneDNN multiplying in $want"; exit 1; }
+        echo "gemm: auto is oneDNN ($want products here); OpenBLAS multiplies bf16 runs in f32, stores bf16" ;;
+    OFF)
+        on_blas auto
+        want='model.gemm = "onednn", but this loom was built without oneDNN (Debian: apt-get install libdnnl-dev, then rebuild; or use "auto")'
+        for cmd in train plan; do
+            rc=0
+            "$LOOM" $cmd "$CFG" --set data.train="$DATA" --set model.gemm=onednn > refused.log 2>&1 || rc=$?
+            [ $rc = 1 ] && grep -qF "loom $cmd: --set model.gemm=onednn: $want" refused.log &&
+                ! grep -q "step  *1/" refused.log ||
+                { cat refused.log; echo "$TEST: loom $cmd with model.gemm=onednn: exit $rc, want 1 and: $want"; exit 1; }
+        done
+        echo "gemm: no oneDNN: auto is OpenBLAS, \"onednn\" refused; bf16 runs multiply in f32, store bf16" ;;
+    *)
+        echo "$TEST: LOOM_TEST_ONEDNN is \"${LOOM_TEST_ONEDNN:-}\"; want ON or OFF (set by tests/train/CMakeLists.txt)"
+        exit 1 ;;
+    esac ;;
 threads)
     # train.threads splits the kernels' rows (or columns) and attention's
     # heads, never a sum: the same losses and weights, bit for bit. C = 128
