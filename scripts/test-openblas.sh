@@ -17,10 +17,8 @@ cd "$(dirname "$0")/.."
 BUILD=${LOOM_OPENBLAS_BUILD:-build-openblas}
 TESTS='^(kernels|gemm|model|optimizer|train|formats|plan\.calibrate)\.|bf16|f16'
 
-# -U: a tree once configured with oneDNN keeps its cached DNNL_* paths,
-# and with them oneDNN, whatever LOOM_WITH_ONEDNN says
 # shellcheck disable=SC2086 # LOOM_CMAKE_ARGS is a list of arguments
-cmake -S . -B "$BUILD" -DLOOM_WITH_ONEDNN=OFF -UDNNL_INCLUDE_DIR -UDNNL_LIBRARY -DLOOM_WERROR=ON \
+cmake -S . -B "$BUILD" -DLOOM_WITH_ONEDNN=OFF -DLOOM_WERROR=ON \
     ${LOOM_CMAKE_ARGS:-} || { echo "test-openblas.sh: configuring $BUILD failed" >&2; exit 2; }
 cmake --build "$BUILD" -j "$(nproc)" || { echo "test-openblas.sh: building $BUILD failed" >&2; exit 2; }
 ctest --test-dir "$BUILD" -R "$TESTS" --output-on-failure -j2 "$@"

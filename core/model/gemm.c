@@ -73,6 +73,7 @@ int loom_gemm_take_error(void)
     return status == LOOM_OK ? LOOM_OK : loom_fail(status, "%s", failure_detail);
 }
 
+#ifdef LOOM_HAVE_ONEDNN
 /* "bf16 x f32 product 512x3072x768 (a, b transposed)": what failed. */
 static const char *product_text(char *buf, size_t cap, int M, int N, int K,
                                 const loom_gemm_operand *a, const loom_gemm_operand *b,
@@ -84,6 +85,7 @@ static const char *product_text(char *buf, size_t cap, int M, int N, int K,
              b->transposed ? " transposed" : "");
     return buf;
 }
+#endif
 
 /* c of a product that failed: NaN, so that a result nobody checked shows. */
 static void poison(float *c, int ldc, int M, int N)
@@ -121,7 +123,9 @@ static loom_gemm_library resolve(loom_gemm_library library)
     return loom_gemm_library_built(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
 }
 
+#ifdef LOOM_HAVE_ONEDNN
 static const char *onednn_bf16_refusal(void);
+#endif
 
 int loom_gemm_select(loom_gemm_library library, loom_dtype precision)
 {
