@@ -66,11 +66,13 @@ static void record_failure(int status, const char *fmt, ...)
 
 int loom_gemm_take_error(void)
 {
+    char detail[sizeof failure_detail];
     pthread_mutex_lock(&failure_lock);
     const int status = failure_status;
     failure_status = LOOM_OK;
+    memcpy(detail, failure_detail, sizeof detail);
     pthread_mutex_unlock(&failure_lock);
-    return status == LOOM_OK ? LOOM_OK : loom_fail(status, "%s", failure_detail);
+    return status == LOOM_OK ? LOOM_OK : loom_fail(status, "%s", detail);
 }
 
 #ifdef LOOM_HAVE_ONEDNN
@@ -145,14 +147,13 @@ int loom_gemm_select(loom_gemm_library library, loom_dtype precision)
     else if (precision == LOOM_BF16)
         why = onednn_bf16_refusal();
 #endif
-    if (why)
+    products_note[0] = '\0';
+    if (why) {
         multiply = LOOM_F32;
-    multiply_dtype = multiply;
-    if (why)
         snprintf(products_note, sizeof products_note, "%s storage, f32 products: %s",
                  loom_dtype_name(precision), why);
-    else
-        products_note[0] = '\0';
+    }
+    multiply_dtype = multiply;
     return LOOM_OK;
 }
 
