@@ -933,13 +933,13 @@ static const float *unit_params32(loom_model *m, int unit)
     return dst;
 }
 
-/* The embedding's fp32 parameters as the encoder reads them: when the LM
- * head multiplies the stored bf16 wte as it is, only the rows of this
- * micro-batch's tokens and wpe (converting all of wte, 38.6M elements on
- * GPT-2 124M, took 1-2% of a bf16 step); else all of it. */
+/* The embedding's fp32 parameters as the encoder reads them: in a 16-bit
+ * run only the rows of this micro-batch's tokens, and wpe (converting all
+ * of wte, 38.6M elements on GPT-2 124M, took 1-2% of a bf16 step; the LM
+ * head, where it multiplies in f32, converts its own). */
 static const float *embedding_params32(loom_model *m, const int *tokens)
 {
-    if (!bf16_weights(m))
+    if (m->s.dtype == LOOM_F32)
         return unit_params32(m, 0);
     const loom_unit *u = &m->units[0];
     const loom_param_desc *wte = &u->tensors[0], *wpe = &u->tensors[1];
@@ -951,9 +951,9 @@ static const float *embedding_params32(loom_model *m, const int *tokens)
         const int row = tokens[n] - m->v0;
         if (row >= 0 && row < m->Vl)
             loom_convert(dst + wte->offset + (size_t)row * C, LOOM_F32,
-                         src + wte->offset + (size_t)row * C, LOOM_BF16, C);
+                         src + wte->offset + (size_t)row * C, m->s.dtype, C);
     }
-    loom_convert(dst + wpe->offset, LOOM_F32, src + wpe->offset, LOOM_BF16, wpe->count);
+    loom_convert(dst + wpe->offset, LOOM_F32, src + wpe->offset, m->s.dtype, wpe->count);
     loom_kernel_time_end();
     return dst;
 }
