@@ -1,7 +1,7 @@
 /* loom runtime — the vector instruction level (see cpu.h).
  *
  * CPUID traps to the hypervisor in a VM (a microsecond or more a time),
- * so it is asked once; the level in use is then one relaxed atomic load. */
+ * so it is asked once; the level in use is then one atomic load. */
 #include "runtime/cpu.h"
 
 #include <pthread.h>
