@@ -17,6 +17,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ static char products_note[256];
  * detail, written by whichever thread failed (attention's products run on
  * the kernels' threads) and taken by the model's. */
 static pthread_mutex_t failure_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int failure_pending; /* the model asks after every unit: no lock when none */
 static int failure_status;
 static char failure_detail[512];
 
@@ -60,16 +62,20 @@ static void record_failure(int status, const char *fmt, ...)
         vsnprintf(failure_detail, sizeof failure_detail, fmt, ap);
         va_end(ap);
         failure_status = status;
+        atomic_store(&failure_pending, 1);
     }
     pthread_mutex_unlock(&failure_lock);
 }
 
 int loom_gemm_take_error(void)
 {
+    if (!atomic_load(&failure_pending))
+        return LOOM_OK;
     char detail[sizeof failure_detail];
     pthread_mutex_lock(&failure_lock);
     const int status = failure_status;
     failure_status = LOOM_OK;
+    atomic_store(&failure_pending, 0);
     memcpy(detail, failure_detail, sizeof detail);
     pthread_mutex_unlock(&failure_lock);
     return status == LOOM_OK ? LOOM_OK : loom_fail(status, "%s", detail);

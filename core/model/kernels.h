@@ -1,13 +1,14 @@
-/* loom core — the GPT-2 compute kernels, fp32 on the CPU (DESIGN §7):
- * exactly the math of llm.c's train_gpt2.c, matrix products through
- * OpenBLAS cblas_sgemm, the rest plain C the compiler vectorises and
- * OpenMP threads.
+/* loom core — the GPT-2 compute kernels, fp32 on the CPU: exactly the
+ * math of llm.c's train_gpt2.c, matrix products through loom_gemm
+ * (gemm.h), the rest plain C the compiler vectorises for each vector
+ * level and OpenMP threads.
  *
  * Conventions: N = B*T rows; activations row-major (N, C). Backward kernels
  * ACCUMULATE (+=) into every gradient they write, as llm.c's do, so
  * gradients from several consumers add up; callers zero them first (the
  * fused softmax/cross-entropy backward alone writes over its input).
- * Every result is the same bits for any number of threads. */
+ * Every result is the same bits for any number of threads and any vector
+ * level. */
 #ifndef LOOM_KERNELS_H
 #define LOOM_KERNELS_H
 
