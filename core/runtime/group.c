@@ -63,6 +63,7 @@ struct loom_group {
     /* Groups made by split: g owns them (destroyed with it) and their
      * traffic counts in g's counters too, so an axis's totals hold it. */
     struct loom_group *split_children, *next_split_child, *split_parent;
+    unsigned splits_made;              /* names a split's colours in the store */
     self_message *unmatched_sends, *pending_recvs;
     struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
 };
@@ -934,6 +935,44 @@ static int g_wait(loom_request *r)
  * list: its colour's members by key, ties by parent rank, so every member
  * computes the same list and the parent's subgroup creation does the rest
  * on any backend. The exchange is counted like any allgather of parent. */
+/* Every member's (colour, key) into all. Through the group itself where its
+ * backend takes host memory; else (NCCL reads device buffers only) through
+ * the bootstrap store, under keys that name the parent and its split count,
+ * which every member advances in the same order. */
+static int exchange_colours(loom_group *parent, const int mine[2], int *all)
+{
+    int n = parent->size;
+    if (n == 1) {
+        all[0] = mine[0];
+        all[1] = mine[1];
+        return LOOM_OK;
+    }
+    if (parent->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)) {
+        loom_request *req = NULL;
+        int rc = g_allgather(parent, mine, all, 2, LOOM_I32, &req);
+        return rc == LOOM_OK ? g_wait(req) : rc;
+    }
+    loom_store *store = loom_runtime_store(parent->rt);
+    if (!store)
+        return loom_fail(LOOM_ERR_INTERNAL,
+                         "comm: split of %s: no bootstrap store to exchange colours through",
+                         parent->name);
+    unsigned split = parent->splits_made++;
+    char key[160];
+    snprintf(key, sizeof key, "split/%s/%u/%d", parent->id, split, parent->rank);
+    int rc = loom_store_put(store, key, mine, 2 * sizeof *mine);
+    for (int r = 0; rc == LOOM_OK && r < n; r++) {
+        size_t len = 0;
+        snprintf(key, sizeof key, "split/%s/%u/%d", parent->id, split, r);
+        rc = loom_store_get(store, key, all + 2 * r, 2 * sizeof *all, &len,
+                            loom_runtime_timeout(parent->rt));
+        if (rc == LOOM_OK && len != 2 * sizeof *all)
+            rc = loom_fail(LOOM_ERR_INTERNAL, "comm: split of %s: rank %d's colour is %zu bytes",
+                           parent->name, r, len);
+    }
+    return rc;
+}
+
 static int g_split(loom_group *parent, int colour, int key, loom_group **out)
 {
     if (!parent || !out)
@@ -946,10 +985,7 @@ static int g_split(loom_group *parent, int colour, int key, loom_group **out)
         free(list);
         return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
     }
-    loom_request *req = NULL;
-    int rc = g_allgather(parent, mine, all, 2, LOOM_I32, &req);
-    if (rc == LOOM_OK)
-        rc = g_wait(req);
+    int rc = exchange_colours(parent, mine, all);
     /* Every rank sees every colour, so all refuse a negative one alike. */
     for (int r = 0; rc == LOOM_OK && r < n; r++)
         if (all[2 * r] < 0)

@@ -89,7 +89,8 @@ stopped_rank)
         sleep 0.2; i=$((i + 1)); [ $i -lt 300 ] || { echo "bench_test: bench never started"; exit 1; }
     done
     victim=""
-    for p in $(pgrep -f "bench $CFG"); do
+    # the launcher's children: other tests may bench the same config at the same time
+    for p in $(pgrep -P "$launcher"); do
         tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=2 && victim=$p
     done
     [ -n "$victim" ] || { echo "bench_test: rank 2 not found"; exit 1; }

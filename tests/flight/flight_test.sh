@@ -84,12 +84,13 @@ sigusr1)
         --set train.steps=60 --metrics quiet.jsonl > quiet.out 2>&1 || { cat quiet.out; fail "the quiet run failed"; }
     train signalled --set train.steps=60
     i=0
-    until [ "$(wc -l < signalled.jsonl 2>/dev/null || echo 0)" -ge 5 ]; do
+    until [ "$({ wc -l < signalled.jsonl; } 2>/dev/null || echo 0)" -ge 5 ]; do
         sleep 0.1; i=$((i + 1)); [ $i -lt 600 ] || fail "training never started"
     done
     kill -USR1 "$launcher"
     rank1=""
-    for p in $(pgrep -f "train $CFG"); do
+    # the launcher's children: other tests may train the same config at the same time
+    for p in $(pgrep -P "$launcher"); do
         tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=1 && rank1=$p
     done
     [ -n "$rank1" ] || fail "rank 1 not found"

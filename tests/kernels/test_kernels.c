@@ -1467,8 +1467,9 @@ static void test_isa_versions(void)
                      loom_isa_name((loom_isa)level), loom_isa_name(top));
             check_true(what, case_same(t, x, widest[k]));
         }
-        check_true("convert: no AVX512-BF16 path below avx512_bf16",
-                   strcmp(loom_convert_path_name(LOOM_BF16, LOOM_F32), "avx512-bf16") != 0);
+        check_true("convert f32 -> bf16: the AVX512-BF16 path exactly where the level has it",
+                   (strcmp(loom_convert_path_name(LOOM_BF16, LOOM_F32), "avx512-bf16") == 0) ==
+                       (level >= LOOM_ISA_AVX512_BF16));
         if (level < LOOM_ISA_AVX2)
             check_true("convert: no F16C path below avx2",
                        strcmp(loom_convert_path_name(LOOM_F16, LOOM_F32), "portable") == 0 &&
