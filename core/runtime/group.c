@@ -219,7 +219,10 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
     if (!found)
         return loom_fail(LOOM_ERR_INVALID, "comm: a subgroup must contain the calling rank %d",
                          parent->rank);
-    if (nranks == 1 || !parent->ops)
+    /* A rank alone needs no backend, unless the buffers are the backend's
+     * kind only (device memory: the core cannot copy them), and then every
+     * rank of the parent calls create_subgroup, as NCCL's split needs. */
+    if (!parent->ops || (nranks == 1 && (parent->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))))
         return make_group(parent->rt, "self", NULL, NULL, out);
     uint64_t list_hash = loom_rank_list_hash(ranks, nranks);
     int made_before = count_subgroup(parent, list_hash);

@@ -94,6 +94,7 @@ sigusr1)
         tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=1 && rank1=$p
     done
     [ -n "$rank1" ] || fail "rank 1 not found"
+    handlers=$(grep '^Sig' /proc/$rank1/status | tr '\n' ' ')
     kill -USR1 "$rank1"
     wait "$launcher" || fail "the signalled job failed"
     [ "$(wc -l < signalled.jsonl)" = 60 ] || fail "the signalled job did not finish its 60 steps"
@@ -110,7 +111,7 @@ sigusr1)
     grep -Eq "^    allreduce #[0-9]+, [0-9]+ B: completed after [0-9.]+ m?s, posted [0-9.]+ m?s ago; step [0-9]+, " out ||
         fail "no completed op in the details"
     # rank 1's own dump, through its stderr
-    grep -Eq "^\[1\] flight recorder of rank 1 \(pid $rank1\), on SIGUSR1:$" out || fail "rank 1 did not dump"
+    grep -Eq "^\[1\] flight recorder of rank 1 \(pid $rank1\), on SIGUSR1:$" out || fail "rank 1 did not dump (its signal masks: $handlers)"
     grep -Eq "^\[1\]   dp \(mpi, rank 1 of 3\): [0-9]+ operations, the last 8:$" out || fail "rank 1's dump has no dp ring"
     left_nothing
     echo "flight_test $CASE: both dumps shown, 60 steps with the quiet run's losses" ;;

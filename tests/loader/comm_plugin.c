@@ -487,9 +487,17 @@ LOOM_PLUGIN_EXPORT const comm_plugin_v1_newer plugin SYMBOL_NAME(loom_comm_plugi
 #define EXPORT LOOM_PLUGIN_EXPORT
 #endif
 
+#if defined(VARIANT_DEVICE_ONLY)
+/* Declares device memory only, as comm-nccl does (its buffers are host
+ * memory all the same): the core must hand even a group of one to it. */
+#define MEM_KINDS LOOM_MEM_BIT(LOOM_MEM_DEVICE)
+#else
+#define MEM_KINDS LOOM_MEM_BIT(LOOM_MEM_HOST)
+#endif
+
 EXPORT const loom_comm_plugin_v1_t plugin SYMBOL_NAME(SYMBOL) = {
     .header = HEADER(STRUCT_SIZE),
-    .mem_kinds = LOOM_MEM_BIT(LOOM_MEM_HOST),
+    .mem_kinds = MEM_KINDS,
     REQUIRED_OPS,
     .group_start = group_start,
     .group_end = group_end,

@@ -64,7 +64,10 @@ typedef struct loom_comm_plugin_v1_t {
     int (*create_world)(const loom_host *host, loom_comm **out);
     /* Collective over every rank of parent: each rank passes the parent
      * ranks of its own subgroup (which contains it), in the order that gives
-     * the subgroup's ranks; disjoint lists partition the parent. */
+     * the subgroup's ranks; disjoint lists partition the parent. A rank
+     * alone in its subgroup calls it too where mem_kinds lacks host memory;
+     * where it has host memory, the core serves that rank itself and does
+     * not call it (so a host backend must not wait for that rank here). */
     int (*create_subgroup)(loom_comm *parent, const int *ranks, int nranks, loom_comm **out);
     int (*destroy)(loom_comm *comm);
     int (*rank)(const loom_comm *comm);
