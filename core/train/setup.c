@@ -457,6 +457,8 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     int pp = t->mesh->sizes[LOOM_AXIS_PP];
     if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)
         return rc;
+    if ((rc = trainer_check_memory(t)) != LOOM_OK)
+        return rc;
     const char *recompute = NULL;
     loom_config_string(t->cfg, "train.recompute", &recompute);
     if ((rc = trainer_setup_parallel_model(t, !strcmp(recompute, "block"))) != LOOM_OK)

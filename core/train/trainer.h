@@ -136,6 +136,9 @@ int trainer_fail_at(const trainer *t, int rc, const char *path);
 int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count);
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
 int trainer_setup(trainer *t, const loom_train_options *o);
+/* The plan's peak host memory of this machine's ranks against what the
+ * machine and the process's cgroups allow (fit.c), before any allocation. */
+int trainer_check_memory(trainer *t);
 void trainer_teardown(trainer *t);
 
 /* tensor.c */
