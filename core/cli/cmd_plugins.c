@@ -2,11 +2,15 @@
  * loads. `loom plugins --check FILE`: the conformance checks for plugin
  * authors, one line per check, exit 1 on any failure; with --train CONFIG,
  * then the numerics harness (cli/plugin_harness.c). */
-#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "loom/comm.h"
 #include "loom/memtier.h"
@@ -118,24 +122,6 @@ static int check_made(checker *c, const char *call, int rc, const void *made, co
     else
         check_status(c, call, call, rc);
     return rc == LOOM_OK && made;
-}
-
-/* Which kind a file is when its name does not say: the v1 symbol it exports.
- * 0 when none (the load then reports what is wrong). */
-static uint32_t kind_from_symbols(const char *path)
-{
-    void *dl = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-    if (!dl)
-        return 0;
-    uint32_t found = 0;
-    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER && !found; k++) {
-        char sym[64];
-        snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", loom_plugin_kind_name(k), LOOM_ABI_MAJOR);
-        if (dlsym(dl, sym))
-            found = k;
-    }
-    dlclose(dl);
-    return found;
 }
 
 /* ---- functional checks, in a world of one ---- */
@@ -454,6 +440,9 @@ static void check_functional(checker *c, const loom_plugin *p, const char *const
     loom_config_free(cfg);
 }
 
+/* In the child of check_in_child: written once the plugin has loaded. */
+static int loaded_fd = -1;
+
 /* harness: NULL for the conformance checks alone. */
 static int check_plugin_file(const char *file, const char *const *overrides, int noverrides,
                              const loom_harness_options *harness)
@@ -467,7 +456,7 @@ static int check_plugin_file(const char *file, const char *const *overrides, int
     if (loom_plugin_parse_file_name(path, kind_text, sizeof kind_text, name, sizeof name))
         kind = loom_plugin_kind_of(kind_text);
     if (!kind)
-        kind = kind_from_symbols(path);
+        kind = loom_plugin_kind_in_file(path);
     if (!kind)
         kind = LOOM_PLUGIN_COMM; /* any kind: the load says what the file lacks */
     printf("checking %s as a %s plugin\n", path, loom_plugin_kind_name(kind));
@@ -479,6 +468,8 @@ static int check_plugin_file(const char *file, const char *const *overrides, int
         printf("1 check failed: loom refuses to load this plugin\n");
         return 1;
     }
+    if (loaded_fd >= 0 && write(loaded_fd, "L", 1) != 1)
+        loaded_fd = -1;
     check_functional(&c, p, overrides, noverrides);
     if (c.failures)
         printf("%d check%s failed\n", c.failures, c.failures > 1 ? "s" : "");
@@ -490,6 +481,91 @@ static int check_plugin_file(const char *file, const char *const *overrides, int
     else if (harness)
         rc = loom_plugin_harness(p, harness);
     loom_plugin_unload(p);
+    return rc;
+}
+
+/* Loading a library runs the dynamic loader on its bytes and then its
+ * constructors, and a corrupt one can crash either (SIGSEGV, or an ld.so
+ * assertion that exits 127) with nothing said of which file it was. So the
+ * checks run in a child, and this process, which never loads the plugin,
+ * says what became of it. The child's stderr passes through here so the
+ * dynamic loader's last word can be repeated in that line. */
+static int check_in_child(const char *file, const char *const *overrides, int noverrides,
+                          const loom_harness_options *harness)
+{
+    int err[2], state[2];
+    if (pipe2(err, O_CLOEXEC) != 0)
+        return fprintf(stderr, "loom plugins: pipe: %s\n", strerror(errno)), 2;
+    if (pipe2(state, O_CLOEXEC) != 0) {
+        close(err[0]);
+        close(err[1]);
+        return fprintf(stderr, "loom plugins: pipe: %s\n", strerror(errno)), 2;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(err[0]);
+        close(state[0]);
+        dup2(err[1], STDERR_FILENO); /* dup2 clears close-on-exec: the runs inherit it */
+        close(err[1]);
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        loaded_fd = state[1];
+        int rc = check_plugin_file(file, overrides, noverrides, harness);
+        fflush(NULL);
+        _exit(rc);
+    }
+    close(err[1]);
+    close(state[1]);
+    if (pid < 0) {
+        close(err[0]);
+        close(state[0]);
+        return fprintf(stderr, "loom plugins: fork: %s\n", strerror(errno)), 2;
+    }
+    char buf[4096], last[512] = "", line[512] = "";
+    size_t used = 0;
+    for (ssize_t n; (n = read(err[0], buf, sizeof buf)) != 0;) {
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        fwrite(buf, 1, (size_t)n, stderr);
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] != '\n') {
+                if (used + 1 < sizeof line)
+                    line[used++] = buf[i];
+                continue;
+            }
+            line[used] = '\0';
+            if (used)
+                snprintf(last, sizeof last, "%s", line);
+            used = 0;
+        }
+    }
+    line[used] = '\0';
+    if (used)
+        snprintf(last, sizeof last, "%s", line);
+    close(err[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    char loaded = 0;
+    if (read(state[0], &loaded, 1) != 1)
+        loaded = 0;
+    close(state[0]);
+    fflush(stdout);
+    const char *when = loaded ? "crashed in its checks, after loading" : "crashed while loading";
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "loom plugins: plugin %s %s: signal %d (%s)\n", file, when,
+                WTERMSIG(status), strsignal(WTERMSIG(status)));
+        return 1;
+    }
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (rc > 2) {
+        fprintf(stderr, "loom plugins: plugin %s %s: exit status %d%s%s\n", file, when, rc,
+                last[0] ? ": " : "", last);
+        return 1;
+    }
     return rc;
 }
 
@@ -563,7 +639,7 @@ int loom_cmd_plugins(int argc, char **argv)
     if (rc < 0 && check) {
         harness.overrides = overrides;
         harness.noverrides = noverrides;
-        rc = check_plugin_file(check, overrides, noverrides, harness.config ? &harness : NULL);
+        rc = check_in_child(check, overrides, noverrides, harness.config ? &harness : NULL);
     }
     if (rc < 0)
         rc = list_plugins(config_path, overrides, noverrides);

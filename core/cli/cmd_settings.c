@@ -23,14 +23,15 @@ static const char *setting_type_name(loom_setting_type t)
     return "?";
 }
 
-/* Each plugin that loads from the search path, with the settings it takes. */
+/* Each plugin that would load from the search path, with the settings it
+ * takes, read from its file (no plugin's code runs for a listing). */
 static void print_plugin_settings(const row_list *rows)
 {
     for (int i = 0; i < rows->count; i++) {
         const plugin_row *r = &rows->rows[i];
         loom_plugin *p = NULL;
         if (strcmp(r->status, "ok") != 0 ||
-            loom_plugin_load_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
+            loom_plugin_read_file(r->path, (loom_plugin_kind)loom_plugin_kind_of(r->kind), NULL,
                                   NULL, &p) != LOOM_OK)
             continue;
         char settings[160];

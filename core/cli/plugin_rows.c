@@ -41,7 +41,8 @@ static plugin_row *add_row(row_list *l)
     return r;
 }
 
-/* Load one file the way the core would and keep what happened. */
+/* Check one file the way the core would, reading it without running any of
+ * its code, and keep what happened. */
 static int list_file(row_list *l, const char *dir, const char *file)
 {
     plugin_row *r = add_row(l);
@@ -63,7 +64,7 @@ static int list_file(row_list *l, const char *dir, const char *file)
     } else {
         loom_plugin_checks checks = {0};
         loom_plugin *p = NULL;
-        if (loom_plugin_load_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
+        if (loom_plugin_read_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
             abi_text(p->header->abi_version, r->abi, sizeof r->abi);
             snprintf(status, sizeof status, "ok");
             loom_plugin_unload(p);

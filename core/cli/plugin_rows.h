@@ -21,7 +21,8 @@ typedef struct row_list {
     int count, cap;
 } row_list;
 
-/* Every libloom-*.so in the search path's folders, loaded and checked. */
+/* Every libloom-*.so in the search path's folders, checked from its file:
+ * none is loaded, so none of their code runs. */
 int plugin_rows_list(const loom_search_path *sp, row_list *l);
 void plugin_rows_print_search_path(const loom_search_path *sp);
 void plugin_rows_print(const row_list *l);

@@ -8,6 +8,8 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <libgen.h>
 #include <math.h>
 #include <limits.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -54,7 +57,8 @@ static int same_dir(const char *a, const char *b)
     return same;
 }
 
-static int search_path_add(loom_search_path *sp, const char *dir, size_t len)
+/* note (nullable): where a relative entry was taken from, for messages. */
+static int search_path_add(loom_search_path *sp, const char *dir, size_t len, const char *note)
 {
     while (len > 1 && dir[len - 1] == '/')
         len--;
@@ -69,14 +73,59 @@ static int search_path_add(loom_search_path *sp, const char *dir, size_t len)
             return LOOM_OK;
         }
     }
+    char *note_copy = note ? strdup(note) : NULL;
     char **dirs = realloc(sp->dirs, (size_t)(sp->count + 1) * sizeof *dirs);
-    if (!dirs) {
+    if (dirs)
+        sp->dirs = dirs;
+    char **notes = dirs ? realloc(sp->notes, (size_t)(sp->count + 1) * sizeof *notes) : NULL;
+    if (notes)
+        sp->notes = notes;
+    if (!dirs || !notes || (note && !note_copy)) {
         free(copy);
+        free(note_copy);
         return loom_fail(LOOM_ERR_NO_MEMORY, "plugin search path: out of memory");
     }
-    dirs[sp->count++] = copy;
-    sp->dirs = dirs;
+    dirs[sp->count] = copy;
+    notes[sp->count++] = note_copy;
     return LOOM_OK;
+}
+
+/* A relative plugins.path entry is taken from the folder of the config file
+ * that sets it, as @include is, never from the current directory: a job
+ * started from a folder someone else can write to must not pick up the
+ * plugins planted there. An entry given with --set (or a config parsed from
+ * text) has no file and is taken from the current directory. */
+static int add_config_dir(loom_search_path *sp, const loom_config *cfg, const char *entry)
+{
+    if (entry[0] == '/')
+        return search_path_add(sp, entry, strlen(entry), NULL);
+    char where[PATH_MAX + 64];
+    snprintf(where, sizeof where, "%s", loom_config_where(cfg, "plugins.path"));
+    char *colon = strrchr(where, ':');
+    if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
+        *colon = '\0'; /* file:line -> file */
+    char note[2 * PATH_MAX + 128];
+    if (!loom_config_file(cfg) || !strncmp(where, "--set", 5) || !strcmp(where, "default")) {
+        char cwd[PATH_MAX] = "?";
+        if (!getcwd(cwd, sizeof cwd))
+            snprintf(cwd, sizeof cwd, "?");
+        snprintf(note, sizeof note, "plugins.path entry \"%s\" (%s) is taken from the current "
+                 "directory %s", entry, loom_config_where(cfg, "plugins.path"), cwd);
+        return search_path_add(sp, entry, strlen(entry), note);
+    }
+    char *slash = strrchr(where, '/');
+    if (!slash)
+        snprintf(where, sizeof where, ".");
+    else
+        slash[slash == where ? 1 : 0] = '\0';
+    char *folder = realpath(where, NULL);
+    char dir[2 * PATH_MAX + 2];
+    snprintf(dir, sizeof dir, "%s/%s", folder ? folder : where, entry);
+    snprintf(note, sizeof note, "plugins.path entry \"%s\" (%s) is taken from the folder of "
+             "that config file, %s", entry, loom_config_where(cfg, "plugins.path"),
+             folder ? folder : where);
+    free(folder);
+    return search_path_add(sp, dir, strlen(dir), note);
 }
 
 /* build/lib/loom in the build tree, <prefix>/lib/loom once installed: the
@@ -92,7 +141,7 @@ static int add_dir_next_to_program(loom_search_path *sp)
     snprintf(dir, sizeof dir, "%s/%s", dirname(exe), LOOM_PLUGIN_DIR_FROM_BIN);
     free(exe);
     char *plain = realpath(dir, NULL); /* without the "bin/.." in messages */
-    int rc = search_path_add(sp, plain ? plain : dir, strlen(plain ? plain : dir));
+    int rc = search_path_add(sp, plain ? plain : dir, strlen(plain ? plain : dir), NULL);
     free(plain);
     return rc;
 }
@@ -101,24 +150,32 @@ int loom_search_path_init(loom_search_path *sp, const loom_config *cfg)
 {
     sp->count = 0;
     sp->dirs = NULL;
+    sp->notes = NULL;
     int rc = LOOM_OK;
     int n = cfg ? loom_config_list_len(cfg, "plugins.path") : -1;
     for (int i = 0; i < n && rc == LOOM_OK; i++) {
         const char *dir = loom_config_list_string(cfg, "plugins.path", i);
-        if (dir)
-            rc = search_path_add(sp, dir, strlen(dir));
+        if (dir && dir[0])
+            rc = add_config_dir(sp, cfg, dir);
     }
+    /* An environment variable is the user's own, taken from where they are. */
     const char *env = getenv("LOOM_PLUGIN_PATH");
+    char cwd[PATH_MAX] = "?";
+    if (env && !getcwd(cwd, sizeof cwd))
+        snprintf(cwd, sizeof cwd, "?");
     while (env && *env && rc == LOOM_OK) {
         const char *colon = strchr(env, ':');
         size_t len = colon ? (size_t)(colon - env) : strlen(env);
-        rc = search_path_add(sp, env, len);
+        char note[PATH_MAX + 96];
+        snprintf(note, sizeof note, "relative LOOM_PLUGIN_PATH entries are taken from the "
+                 "current directory %s", cwd);
+        rc = search_path_add(sp, env, len, env[0] == '/' ? NULL : note);
         env = colon ? colon + 1 : NULL;
     }
     if (rc == LOOM_OK)
         rc = add_dir_next_to_program(sp);
     if (rc == LOOM_OK)
-        rc = search_path_add(sp, LOOM_PLUGIN_INSTALL_DIR, strlen(LOOM_PLUGIN_INSTALL_DIR));
+        rc = search_path_add(sp, LOOM_PLUGIN_INSTALL_DIR, strlen(LOOM_PLUGIN_INSTALL_DIR), NULL);
     if (rc != LOOM_OK)
         loom_search_path_free(sp);
     return rc;
@@ -126,10 +183,14 @@ int loom_search_path_init(loom_search_path *sp, const loom_config *cfg)
 
 void loom_search_path_free(loom_search_path *sp)
 {
-    for (int i = 0; i < sp->count; i++)
+    for (int i = 0; i < sp->count; i++) {
         free(sp->dirs[i]);
+        free(sp->notes[i]);
+    }
     free(sp->dirs);
+    free(sp->notes);
     sp->dirs = NULL;
+    sp->notes = NULL;
     sp->count = 0;
 }
 
@@ -664,6 +725,8 @@ typedef struct load_run {
     const char *kind_name;
     const char *expect_name; /* NULL: no name to check against */
     loom_plugin_checks *checks;
+    /* Reading the file instead of loading it: its image (then no dlopen). */
+    struct plugin_image *image;
 } load_run;
 
 static void passed(load_run *r, const char *check)
@@ -685,10 +748,15 @@ static int refuse(load_run *r, int status, const char *check, const char *fmt, .
     return status;
 }
 
-static const void *find_symbol(void *dl, const char *kind_name, int major)
+/* The exported struct of the symbol in a file read, NULL when none. */
+static const void *image_struct(const struct plugin_image *im, const char *name);
+
+static const void *find_symbol(const load_run *r, void *dl, const char *kind_name, int major)
 {
     char sym[64];
     snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", kind_name, major);
+    if (r->image)
+        return image_struct(r->image, sym);
     dlerror();
     return dlsym(dl, sym);
 }
@@ -697,7 +765,7 @@ static const void *find_symbol(void *dl, const char *kind_name, int major)
 static int refuse_no_symbol(load_run *r, void *dl)
 {
     for (int major = PROBE_MAX_MAJOR; major >= 2; major--) {
-        const loom_plugin_header *h = find_symbol(dl, r->kind_name, major);
+        const loom_plugin_header *h = find_symbol(r, dl, r->kind_name, major);
         if (!h)
             continue;
         /* DESIGN §2 keeps abi_version first in every major's struct */
@@ -717,7 +785,7 @@ static int refuse_no_symbol(load_run *r, void *dl)
         if (k == r->kind)
             continue;
         for (int major = 1; major <= PROBE_MAX_MAJOR; major++) {
-            if (find_symbol(dl, loom_plugin_kind_name(k), major))
+            if (find_symbol(r, dl, loom_plugin_kind_name(k), major))
                 return refuse(r, LOOM_ERR_INVALID, "symbol",
                               "wrong kind: it is a %s plugin (exports loom_%s_plugin_v%d), "
                               "not a %s plugin", loom_plugin_kind_name(k),
@@ -821,6 +889,481 @@ done:
     return bad;
 }
 
+/* ------------------------------------------------------------ permissions */
+
+/* Whether the group of st is its owner's alone: no other user has it as
+ * primary group or is listed in it (a private group, as ssh asks of a
+ * group-writable file). */
+static int group_is_owners_alone(const struct stat *st)
+{
+    struct group *gr = getgrgid(st->st_gid);
+    if (!gr)
+        return 0;
+    gid_t gid = gr->gr_gid;
+    int alone = 1;
+    struct passwd *owner = getpwuid(st->st_uid);
+    char name[256] = "";
+    if (owner)
+        snprintf(name, sizeof name, "%s", owner->pw_name);
+    for (char **m = gr->gr_mem; alone && *m; m++)
+        alone = name[0] && !strcmp(*m, name);
+    setpwent();
+    for (struct passwd *pw; alone && (pw = getpwent());)
+        if (pw->pw_gid == gid && pw->pw_uid != st->st_uid)
+            alone = 0;
+    endpwent();
+    return alone;
+}
+
+static void owner_name(uid_t uid, char *buf, size_t cap)
+{
+    struct passwd *pw = getpwuid(uid);
+    if (pw)
+        snprintf(buf, cap, "%s", pw->pw_name);
+    else
+        snprintf(buf, cap, "uid %u", (unsigned)uid);
+}
+
+/* The rule is ssh's for the files it trusts: whoever can write the file or
+ * any folder on the way to it can replace the code loom runs, so each must
+ * belong to root or to the user running loom, and be writable by its owner
+ * alone (group-writable is fine for a group that is the owner's alone). A
+ * sticky folder writable by all, owned by root or the user (/tmp, mode
+ * 1777), is fine too: others may add entries but not rename or remove ours,
+ * and an entry they add is theirs, which the check of that entry refuses. */
+static int check_one_path(const char *path, int is_file, char *why, size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0; /* what is missing is reported by the checks that need it */
+    const char *what = S_ISDIR(st.st_mode) ? "the folder" : is_file ? "the file" : "the path";
+    uid_t me = geteuid();
+    char owner[64], user[64];
+    owner_name(st.st_uid, owner, sizeof owner);
+    if (st.st_uid != 0 && st.st_uid != me) {
+        owner_name(me, user, sizeof user);
+        snprintf(why, cap, "insecure: %s %s (mode %04o, owner %s) belongs to neither you (%s) "
+                 "nor root, and its owner could replace the plugin; install it where only you "
+                 "or root can write, or set LOOM_ALLOW_INSECURE_PLUGINS=1 to load it anyway",
+                 what, path, (unsigned)(st.st_mode & 07777), owner, user);
+        return -1;
+    }
+    int sticky_ok = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX);
+    if (!(st.st_mode & (S_IWGRP | S_IWOTH)) || sticky_ok ||
+        (!(st.st_mode & S_IWOTH) && group_is_owners_alone(&st)))
+        return 0;
+    snprintf(why, cap, "insecure: %s %s (mode %04o, owner %s) is writable by %s, who could "
+             "replace the plugin; run chmod go-w %s, or set LOOM_ALLOW_INSECURE_PLUGINS=1 to "
+             "load it anyway", what, path, (unsigned)(st.st_mode & 07777), owner,
+             (st.st_mode & S_IWOTH) ? "everyone" : "its group", path);
+    return -1;
+}
+
+/* The file at abs (an absolute path) and every folder above it. */
+static int check_path_chain(const char *abs, char *why, size_t cap)
+{
+    char path[2 * PATH_MAX + 2];
+    snprintf(path, sizeof path, "%s", abs);
+    for (int is_file = 1;; is_file = 0) {
+        if (check_one_path(path, is_file, why, cap))
+            return -1;
+        char *slash = strrchr(path, '/');
+        if (!slash || slash == path) {
+            if (strcmp(path, "/") == 0)
+                return 0;
+            return check_one_path("/", 0, why, cap);
+        }
+        *slash = '\0';
+    }
+}
+
+int loom_plugin_check_permissions(const char *path, char *why, size_t cap)
+{
+    /* The path as given (where its names can be changed) and the file it
+     * leads to (where its bytes can be). */
+    char abs[2 * PATH_MAX + 2];
+    char cwd[PATH_MAX];
+    if (path[0] == '/')
+        snprintf(abs, sizeof abs, "%s", path);
+    else if (getcwd(cwd, sizeof cwd))
+        snprintf(abs, sizeof abs, "%s/%s", cwd, path);
+    else
+        abs[0] = '\0';
+    if (abs[0] && check_path_chain(abs, why, cap))
+        return -1;
+    char *real = realpath(path, NULL);
+    int rc = real && strcmp(real, abs) ? check_path_chain(real, why, cap) : 0;
+    free(real);
+    return rc;
+}
+
+static int insecure_allowed(void)
+{
+    const char *allow = getenv("LOOM_ALLOW_INSECURE_PLUGINS");
+    return allow && !strcmp(allow, "1");
+}
+
+/* ------------------------------------------------- reading a plugin's file */
+
+#if UINTPTR_MAX == UINT64_MAX
+typedef Elf64_Dyn elf_dyn;
+typedef Elf64_Sym elf_sym;
+typedef Elf64_Rela elf_rela;
+#define ELF_R_SYM ELF64_R_SYM
+#define ELF_R_TYPE ELF64_R_TYPE
+#define ELF_ST_BIND ELF64_ST_BIND
+#else
+typedef Elf32_Dyn elf_dyn;
+typedef Elf32_Sym elf_sym;
+typedef Elf32_Rela elf_rela;
+#define ELF_R_SYM ELF32_R_SYM
+#define ELF_R_TYPE ELF32_R_TYPE
+#define ELF_ST_BIND ELF32_ST_BIND
+#endif
+
+/* The relocations that fill the pointers of a plugin's data: to its own
+ * addresses (RELATIVE, IRELATIVE: the resolver's address stands for the
+ * function, never called) and to symbols (ABS, GLOB_DAT). */
+#if defined(__x86_64__)
+#define NATIVE_MACHINE EM_X86_64
+#define RELOC_RELATIVE R_X86_64_RELATIVE
+#define RELOC_IRELATIVE R_X86_64_IRELATIVE
+#define RELOC_ABS R_X86_64_64
+#define RELOC_GLOB_DAT R_X86_64_GLOB_DAT
+#elif defined(__aarch64__)
+#define NATIVE_MACHINE EM_AARCH64
+#define RELOC_RELATIVE R_AARCH64_RELATIVE
+#define RELOC_IRELATIVE R_AARCH64_IRELATIVE
+#define RELOC_ABS R_AARCH64_ABS64
+#define RELOC_GLOB_DAT R_AARCH64_GLOB_DAT
+#endif
+
+#ifndef DT_RELR
+#define DT_RELRSZ 35
+#define DT_RELR 36
+#endif
+
+/* The largest span of segments read: far above any plugin's. */
+#define IMAGE_MAX_BYTES ((uint64_t)2 << 30)
+
+/* A plugin file's loadable segments at their addresses in one private,
+ * never executable mapping, with the relocations of its data applied: what
+ * dlopen would map, but without running a byte of it. */
+typedef struct plugin_image {
+    unsigned char *base;
+    size_t size;
+    const elf_sym *syms;
+    size_t nsyms;
+    const char *strtab;
+    size_t strsz;
+    const elf_dyn *dyn;
+    size_t ndyn;
+} plugin_image;
+
+static void image_free(plugin_image *im)
+{
+    if (im->base)
+        munmap(im->base, im->size);
+    memset(im, 0, sizeof *im);
+}
+
+/* n bytes at address addr of the image, or NULL when they are not all in it. */
+static void *image_at(const plugin_image *im, uint64_t addr, uint64_t n)
+{
+    if (addr > im->size || n > im->size - addr)
+        return NULL;
+    return im->base + addr;
+}
+
+/* Whether the n bytes at p lie in the image. */
+static int image_holds(const plugin_image *im, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    return c >= im->base && image_at(im, (uint64_t)(c - im->base), n) != NULL;
+}
+
+static const char *image_string(const plugin_image *im, size_t offset)
+{
+    if (offset >= im->strsz || !memchr(im->strtab + offset, '\0', im->strsz - offset))
+        return NULL;
+    return im->strtab + offset;
+}
+
+static uint64_t dyn_value(const plugin_image *im, long long tag)
+{
+    for (size_t i = 0; i < im->ndyn && im->dyn[i].d_tag != DT_NULL; i++)
+        if ((long long)im->dyn[i].d_tag == tag)
+            return (uint64_t)im->dyn[i].d_un.d_val;
+    return 0;
+}
+
+/* How many symbols the dynamic symbol table holds: the ELF hash table says
+ * it, a GNU hash table by its last chain. */
+static size_t symbol_count(const plugin_image *im)
+{
+    uint64_t at = dyn_value(im, DT_HASH);
+    const uint32_t *w;
+    if (at && (w = image_at(im, at, 2 * sizeof *w)))
+        return w[1];
+    at = dyn_value(im, DT_GNU_HASH);
+    if (!at || !(w = image_at(im, at, 4 * sizeof *w)))
+        return 0;
+    uint64_t nbuckets = w[0], symoffset = w[1], bloom_words = w[2];
+    uint64_t buckets_at = at + 16 + bloom_words * sizeof(uintptr_t);
+    const uint32_t *buckets = image_at(im, buckets_at, nbuckets * 4);
+    if (!buckets)
+        return 0;
+    uint64_t last = 0;
+    for (uint64_t i = 0; i < nbuckets; i++)
+        if (buckets[i] > last)
+            last = buckets[i];
+    if (last < symoffset)
+        return (size_t)symoffset;
+    uint64_t chains_at = buckets_at + nbuckets * 4;
+    for (;; last++) {
+        const uint32_t *chain = image_at(im, chains_at + (last - symoffset) * 4, 4);
+        if (!chain)
+            return 0;
+        if (*chain & 1)
+            return (size_t)last + 1;
+    }
+}
+
+static const elf_sym *image_symbol(const plugin_image *im, const char *name)
+{
+    for (size_t i = 1; i < im->nsyms; i++) {
+        const elf_sym *s = &im->syms[i];
+        const char *n = image_string(im, s->st_name);
+        if (s->st_shndx != SHN_UNDEF && n && !strcmp(n, name))
+            return s;
+    }
+    return NULL;
+}
+
+static const void *image_struct(const struct plugin_image *im, const char *name)
+{
+    const elf_sym *s = image_symbol(im, name);
+    return s ? image_at(im, s->st_value, sizeof(loom_plugin_header)) : NULL;
+}
+
+/* The address a symbol relocation puts in a slot: the plugin's own
+ * symbol's place in the image, else what this process would resolve it to
+ * (a weak one absent is NULL, a strong one absent a non-NULL stand-in: the
+ * symbol check reports it where it can). */
+static uintptr_t symbol_address(const plugin_image *im, size_t index)
+{
+    if (index == 0 || index >= im->nsyms)
+        return 0;
+    const elf_sym *s = &im->syms[index];
+    if (s->st_shndx != SHN_UNDEF)
+        return (uintptr_t)(im->base + s->st_value);
+    const char *name = image_string(im, s->st_name);
+    void *found = name ? dlsym(RTLD_DEFAULT, name) : NULL;
+    if (found || ELF_ST_BIND(s->st_info) == STB_WEAK)
+        return (uintptr_t)found;
+    return (uintptr_t)-1;
+}
+
+#ifdef NATIVE_MACHINE
+static int image_relocate(plugin_image *im, char *why, size_t cap)
+{
+    uint64_t at = dyn_value(im, DT_RELA), bytes = dyn_value(im, DT_RELASZ);
+    const elf_rela *rela = at ? image_at(im, at, bytes) : NULL;
+    if (at && !rela) {
+        snprintf(why, cap, "its relocations (DT_RELA) lie outside its segments; the file is "
+                 "corrupt: rebuild the plugin");
+        return -1;
+    }
+    for (size_t i = 0; rela && i < bytes / sizeof *rela; i++) {
+        uintptr_t *slot = image_at(im, rela[i].r_offset, sizeof *slot);
+        uint32_t type = (uint32_t)ELF_R_TYPE(rela[i].r_info);
+        if (!slot)
+            continue; /* the loader would fault; nothing here reads it */
+        if (type == RELOC_RELATIVE || type == RELOC_IRELATIVE)
+            *slot = (uintptr_t)(im->base + rela[i].r_addend);
+        else if (type == RELOC_ABS || type == RELOC_GLOB_DAT)
+            *slot = symbol_address(im, ELF_R_SYM(rela[i].r_info)) + (uintptr_t)rela[i].r_addend;
+    }
+    /* Packed relative relocations: an address, then bitmaps of the words
+     * after it that move with the image. */
+    at = dyn_value(im, DT_RELR);
+    bytes = dyn_value(im, DT_RELRSZ);
+    const uintptr_t *relr = at ? image_at(im, at, bytes) : NULL;
+    uint64_t where = 0;
+    for (size_t i = 0; relr && i < bytes / sizeof *relr; i++) {
+        uintptr_t entry = relr[i];
+        if (!(entry & 1)) {
+            uintptr_t *slot = image_at(im, entry, sizeof *slot);
+            if (slot)
+                *slot += (uintptr_t)im->base;
+            where = entry + sizeof *slot;
+            continue;
+        }
+        for (unsigned bit = 1; bit < 8 * sizeof entry; bit++) {
+            uintptr_t *slot = image_at(im, where + (bit - 1) * sizeof *slot, sizeof *slot);
+            if ((entry >> bit) & 1 && slot)
+                *slot += (uintptr_t)im->base;
+        }
+        where += (8 * sizeof entry - 1) * sizeof entry;
+    }
+    return 0;
+}
+#endif
+
+/* Read the file's segments into *im, relocated. 0, or -1 with why. */
+static int image_open(const char *path, plugin_image *im, char *why, size_t cap)
+{
+    memset(im, 0, sizeof *im);
+#ifndef NATIVE_MACHINE
+    (void)path;
+    snprintf(why, cap, "loom cannot read a plugin's header from its file on this machine");
+    return -1;
+#else
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, cap, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    elf_header eh;
+    elf_segment *seg = NULL;
+    int rc = -1;
+    if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_ident[EI_CLASS] != NATIVE_CLASS ||
+        eh.e_machine != NATIVE_MACHINE || eh.e_type != ET_DYN ||
+        eh.e_phentsize != sizeof(elf_segment) || eh.e_phnum == 0) {
+        snprintf(why, cap, "not a shared library for this machine (ELF class %d, machine %d, "
+                 "type %d); build the plugin for this machine", eh.e_ident[EI_CLASS],
+                 eh.e_machine, eh.e_type);
+        goto done;
+    }
+    size_t table = (size_t)eh.e_phnum * sizeof *seg;
+    seg = malloc(table);
+    if (!seg || pread(fd, seg, table, (off_t)eh.e_phoff) != (ssize_t)table) {
+        snprintf(why, cap, "cannot read its ELF program headers: %s",
+                 seg ? strerror(errno) : "out of memory");
+        goto done;
+    }
+    uint64_t span = 0;
+    const elf_segment *dynamic = NULL;
+    for (int i = 0; i < eh.e_phnum; i++) {
+        if (seg[i].p_type == PT_DYNAMIC)
+            dynamic = &seg[i];
+        if (seg[i].p_type != PT_LOAD)
+            continue;
+        uint64_t end = (uint64_t)seg[i].p_vaddr + seg[i].p_memsz;
+        if (end < seg[i].p_vaddr || seg[i].p_filesz > seg[i].p_memsz || end > IMAGE_MAX_BYTES) {
+            snprintf(why, cap, "its ELF segment %d (address 0x%llx, %llu bytes) is not one a "
+                     "library can have; the file is corrupt: rebuild the plugin", i,
+                     (unsigned long long)seg[i].p_vaddr, (unsigned long long)seg[i].p_memsz);
+            goto done;
+        }
+        if (end > span)
+            span = end;
+    }
+    if (!dynamic || span == 0) {
+        snprintf(why, cap, "not a shared library: it has no %s; rebuild the plugin",
+                 dynamic ? "loadable segment" : "dynamic section");
+        goto done;
+    }
+    im->size = (size_t)span;
+    im->base = mmap(NULL, im->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (im->base == MAP_FAILED) {
+        im->base = NULL;
+        snprintf(why, cap, "cannot map %zu bytes to read it: %s", im->size, strerror(errno));
+        goto done;
+    }
+    for (int i = 0; i < eh.e_phnum; i++) {
+        if (seg[i].p_type != PT_LOAD || !seg[i].p_filesz)
+            continue;
+        errno = 0;
+        if (pread(fd, im->base + seg[i].p_vaddr, seg[i].p_filesz, (off_t)seg[i].p_offset) !=
+            (ssize_t)seg[i].p_filesz) {
+            snprintf(why, cap, "cannot read its ELF segment %d: %s", i,
+                     errno ? strerror(errno) : "the file is shorter than its headers say");
+            goto done;
+        }
+    }
+    im->dyn = image_at(im, dynamic->p_vaddr, dynamic->p_memsz);
+    im->ndyn = im->dyn ? dynamic->p_memsz / sizeof(elf_dyn) : 0;
+    uint64_t symtab = dyn_value(im, DT_SYMTAB), strtab = dyn_value(im, DT_STRTAB);
+    im->strsz = dyn_value(im, DT_STRSZ);
+    im->strtab = image_at(im, strtab, im->strsz);
+    im->nsyms = symbol_count(im);
+    im->syms = image_at(im, symtab, (uint64_t)im->nsyms * sizeof(elf_sym));
+    if (!im->dyn || !im->strtab || !im->syms || im->nsyms == 0) {
+        snprintf(why, cap, "its dynamic symbol table cannot be read from its segments; the "
+                 "file is corrupt: rebuild the plugin");
+        goto done;
+    }
+    rc = image_relocate(im, why, cap);
+done:
+    free(seg);
+    close(fd);
+    if (rc)
+        image_free(im);
+    else
+        mprotect(im->base, im->size, PROT_READ);
+    return rc;
+#endif
+}
+
+/* What the dynamic loader would say of the symbols the plugin uses, as far
+ * as this process can tell without loading anything: when every library it
+ * needs is already loaded, a strong symbol none of them defines makes
+ * dlopen fail. 0, or -1 with why. */
+static int image_check_symbols(const plugin_image *im, char *why, size_t cap)
+{
+    void *needed[64];
+    size_t nneeded = 0;
+    int all_loaded = 1;
+    for (size_t i = 0; i < im->ndyn && all_loaded; i++) {
+        if (im->dyn[i].d_tag != DT_NEEDED)
+            continue;
+        const char *lib = image_string(im, im->dyn[i].d_un.d_val);
+        void *h = lib && nneeded < LOOM_ARRAY_LEN(needed) ? dlopen(lib, RTLD_LAZY | RTLD_NOLOAD)
+                                                          : NULL;
+        if (h)
+            needed[nneeded++] = h;
+        else
+            all_loaded = 0;
+    }
+    int rc = 0;
+    for (size_t i = 1; all_loaded && !rc && i < im->nsyms; i++) {
+        const elf_sym *s = &im->syms[i];
+        const char *name = image_string(im, s->st_name);
+        if (s->st_shndx != SHN_UNDEF || ELF_ST_BIND(s->st_info) != STB_GLOBAL || !name ||
+            !name[0] || dlsym(RTLD_DEFAULT, name))
+            continue;
+        int found = 0;
+        for (size_t k = 0; k < nneeded && !found; k++)
+            found = dlsym(needed[k], name) != NULL;
+        if (!found) {
+            snprintf(why, cap, "undefined symbol: %s (none of the libraries it needs defines "
+                     "it); rebuild the plugin against them", name);
+            rc = -1;
+        }
+    }
+    for (size_t k = 0; k < nneeded; k++)
+        dlclose(needed[k]);
+    return rc;
+}
+
+uint32_t loom_plugin_kind_in_file(const char *path)
+{
+    plugin_image im;
+    char why[256];
+    if (image_open(path, &im, why, sizeof why))
+        return 0;
+    uint32_t found = 0;
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER && !found; k++) {
+        char sym[64];
+        snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", loom_plugin_kind_name(k), LOOM_ABI_MAJOR);
+        if (image_symbol(&im, sym))
+            found = k;
+    }
+    image_free(&im);
+    return found;
+}
+
 /* Every check in order; on success *dl and *header are the plugin's. */
 static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out,
                       loom_setting_spec **settings_out)
@@ -832,29 +1375,48 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         return refuse(r, LOOM_ERR_INVALID, "file", "not a regular file");
     passed(r, "file");
 
-    char elf_why[256];
-    if (check_elf(r->path, elf_why, sizeof elf_why) != 0)
-        return refuse(r, LOOM_ERR_INVALID, "elf", "%s", elf_why);
+    char why[512];
+    if (loom_plugin_check_permissions(r->path, why, sizeof why)) {
+        if (!insecure_allowed())
+            return refuse(r, LOOM_ERR_INVALID, "permissions", "%s", why);
+        if (!r->image)
+            loom_log(LOOM_LOG_WARN, "loading plugin %s although %s is set: %s", r->path,
+                     "LOOM_ALLOW_INSECURE_PLUGINS=1", why);
+    }
+    passed(r, "permissions");
+
+    if (check_elf(r->path, why, sizeof why) != 0)
+        return refuse(r, LOOM_ERR_INVALID, "elf", "%s", why);
     passed(r, "elf");
 
-    /* dlopen reads a bare name as a library to search for; we mean the file. */
-    char local[PATH_MAX];
-    const char *open_path = r->path;
-    if (!strchr(r->path, '/')) {
-        snprintf(local, sizeof local, "./%s", r->path);
-        open_path = local;
+    void *dl = NULL;
+    if (r->image) {
+        if (image_open(r->path, r->image, why, sizeof why))
+            return refuse(r, LOOM_ERR_INVALID, "read", "%s", why);
+        passed(r, "read");
+        if (image_check_symbols(r->image, why, sizeof why))
+            return refuse(r, LOOM_ERR_INVALID, "symbols", "%s", why);
+        passed(r, "symbols");
+    } else {
+        /* dlopen reads a bare name as a library to search for; we mean the file. */
+        char local[PATH_MAX];
+        const char *open_path = r->path;
+        if (!strchr(r->path, '/')) {
+            snprintf(local, sizeof local, "./%s", r->path);
+            open_path = local;
+        }
+        dlerror();
+        dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
+        if (!dl)
+            return refuse(r, LOOM_ERR_INVALID, "dlopen", "dlopen failed: %s",
+                          dl_cause(dlerror(), open_path));
+        *dl_out = dl;
+        passed(r, "dlopen");
     }
-    dlerror();
-    void *dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
-    if (!dl)
-        return refuse(r, LOOM_ERR_INVALID, "dlopen", "dlopen failed: %s",
-                      dl_cause(dlerror(), open_path));
-    *dl_out = dl;
-    passed(r, "dlopen");
 
     char sym[64];
     snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", r->kind_name, LOOM_ABI_MAJOR);
-    const loom_plugin_header *h = find_symbol(dl, r->kind_name, LOOM_ABI_MAJOR);
+    const loom_plugin_header *h = find_symbol(r, dl, r->kind_name, LOOM_ABI_MAJOR);
     if (!h)
         return refuse_no_symbol(r, dl);
     r->checks->abi_version = h->abi_version;
@@ -885,6 +1447,12 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
                       "ABI 1.0: rebuild the plugin", h->struct_size, need, r->kind_name,
                       axis >= 0 ? " for axis " : "",
                       axis >= 0 ? loom_axis_name((loom_axis)axis) : "");
+    size_t ops_bytes = sizeof(((loom_plugin *)NULL)->ops);
+    size_t spans = h->struct_size < ops_bytes ? h->struct_size : ops_bytes;
+    if (r->image && !image_holds(r->image, h, spans))
+        return refuse(r, LOOM_ERR_INVALID, "struct size",
+                      "header.struct_size is %u bytes, past the end of the file's segments; the "
+                      "struct is corrupt: rebuild the plugin", h->struct_size);
     passed(r, "struct size");
 
     if (h->kind != (uint32_t)r->kind)
@@ -947,7 +1515,6 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         passed(r, "capabilities");
     }
 
-    char why[512];
     if (check_description(h, why, sizeof why))
         return refuse(r, LOOM_ERR_INVALID, "description", "%s", why);
     passed(r, "description");
@@ -975,8 +1542,9 @@ static void describe_plugin(char *buf, size_t cap, const char *kind_name, const 
         snprintf(buf, cap, "plugin %s", kind_name); /* the path follows */
 }
 
-int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
-                          loom_plugin_checks *checks, loom_plugin **out)
+/* read_only: read the file (loom_plugin_read_file), else dlopen it. */
+static int open_plugin(const char *path, loom_plugin_kind kind, const char *expect_name,
+                       loom_plugin_checks *checks, int read_only, loom_plugin **out)
 {
     *out = NULL;
     loom_plugin_checks local = {0};
@@ -995,7 +1563,8 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
         loom_plugin_kind_of(fkind) == (uint32_t)kind)
         expect_name = fname;
 
-    load_run run = {path, kind, kind_name, expect_name, checks};
+    plugin_image image = {0};
+    load_run run = {path, kind, kind_name, expect_name, checks, read_only ? &image : NULL};
     void *dl = NULL;
     const loom_plugin_header *header = NULL;
     loom_setting_spec *settings = NULL;
@@ -1012,6 +1581,9 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
             snprintf(checks->reason, sizeof checks->reason, "out of memory");
         } else {
             p->dl = dl;
+            p->image = image.base;
+            p->image_size = image.size;
+            image.base = NULL;
             p->path = copy;
             p->kind = kind;
             p->settings = settings;
@@ -1020,6 +1592,7 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
         }
     }
     free(settings);
+    image_free(&image);
     if (rc != LOOM_OK) {
         if (dl)
             dlclose(dl);
@@ -1029,6 +1602,18 @@ int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *e
     }
     *out = p;
     return LOOM_OK;
+}
+
+int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out)
+{
+    return open_plugin(path, kind, expect_name, checks, 0, out);
+}
+
+int loom_plugin_read_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out)
+{
+    return open_plugin(path, kind, expect_name, checks, 1, out);
 }
 
 int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
@@ -1046,7 +1631,6 @@ int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const ch
     if ((size_t)snprintf(file, sizeof file, "libloom-%s-%s.so", kind_name, name) >= sizeof file)
         return loom_fail(LOOM_ERR_INVALID, "plugin %s '%.40s...': name too long", kind_name,
                          name);
-    int relative = 0;
     for (int i = 0; i < ndirs; i++) {
         char path[PATH_MAX];
         if ((size_t)snprintf(path, sizeof path, "%s/%s", sp->dirs[i], file) >= sizeof path)
@@ -1054,23 +1638,23 @@ int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const ch
         struct stat st;
         if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
             return loom_plugin_load_file(path, kind, name, NULL, out);
-        relative |= sp->dirs[i][0] != '/';
     }
 
-    /* Not found: name every directory tried, in order. */
-    char dirs[2048] = "";
+    /* Not found: name every directory tried, in order, and where the
+     * relative ones were taken from. */
+    char dirs[2048] = "", notes[2048] = "";
     for (int i = 0; i < ndirs; i++) {
         size_t used = strlen(dirs);
         snprintf(dirs + used, sizeof dirs - used, "%s%s", i ? ", " : "", sp->dirs[i]);
+        if (!sp->notes[i] || strstr(notes, sp->notes[i]))
+            continue;
+        used = strlen(notes);
+        snprintf(notes + used, sizeof notes - used, "; %s", sp->notes[i]);
     }
-    char cwd[PATH_MAX] = "";
-    char note[PATH_MAX + 64] = "";
-    if (relative && getcwd(cwd, sizeof cwd))
-        snprintf(note, sizeof note, "; relative directories are taken from %s", cwd);
     return loom_fail(LOOM_ERR_NOT_FOUND,
                      "plugin %s '%s' not found: no %s in %s (set plugins.path or "
                      "LOOM_PLUGIN_PATH%s)", kind_name, name, file,
-                     ndirs ? dirs : "(an empty search path)", note);
+                     ndirs ? dirs : "(an empty search path)", notes);
 }
 
 /* The data hooks whose core default (no communication) is right only for a
@@ -1135,6 +1719,8 @@ void loom_plugin_unload(loom_plugin *p)
     if (p->dl)
         dlclose(p->dl);
 #endif
+    if (p->image)
+        munmap(p->image, p->image_size);
     free(p->path);
     free(p->settings);
     free(p);

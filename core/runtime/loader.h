@@ -24,7 +24,12 @@ typedef loom_strategy_plugin_v1_t loom_strategy_ops;
 typedef loom_memtier_plugin_v1_t loom_memtier_ops;
 
 typedef struct loom_plugin {
-    void *dl;
+    void *dl; /* NULL for a plugin only read (loom_plugin_read_file) */
+    /* A plugin only read: its file's segments, copied and relocated into
+     * memory that is never executable. Its ops describe the plugin (NULL or
+     * not, and the data members) but must never be called. */
+    void *image;
+    size_t image_size;
     char *path;
     loom_plugin_kind kind;
     /* The plugin's own struct, as exported: its abi_version and
@@ -43,12 +48,15 @@ typedef struct loom_plugin {
 } loom_plugin;
 
 /* The directories plugins are looked up in, in order: plugins.path from the
- * config, then LOOM_PLUGIN_PATH (colon-separated), then the folder "loom"
- * beside the running program (build/lib/loom, <prefix>/lib/loom), then the install
- * dir. */
+ * config (a relative entry taken from the folder of the config file that
+ * sets it), then LOOM_PLUGIN_PATH (colon-separated, relative to the current
+ * directory), then the folder "loom" beside the running program
+ * (build/lib/loom, <prefix>/lib/loom), then the install dir. notes[i] says
+ * where a relative entry was taken from (NULL for an absolute one). */
 typedef struct loom_search_path {
     int count;
     char **dirs;
+    char **notes;
 } loom_search_path;
 int loom_search_path_init(loom_search_path *sp, const loom_config *cfg /* nullable */);
 void loom_search_path_free(loom_search_path *sp);
@@ -75,6 +83,24 @@ typedef struct loom_plugin_checks {
  * libloom-<kind>-<name>.so. checks is nullable. */
 int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
                           loom_plugin_checks *checks, loom_plugin **out);
+/* The same checks on the file's own bytes, without dlopen: the exported
+ * struct, the strings and the settings list it points to are read from the
+ * ELF file's segments, copied and relocated into memory that is never
+ * executable, so no code of the file runs (its constructors included). What
+ * only the dynamic loader can tell is checked as far as a file can say: an
+ * undefined symbol is refused when every library the plugin needs is
+ * already loaded and none defines it. The plugin it gives describes the
+ * file (for `loom plugins` and `loom settings`); its ops are never to be
+ * called. loom_plugin_unload frees it. */
+int loom_plugin_read_file(const char *path, loom_plugin_kind kind, const char *expect_name,
+                          loom_plugin_checks *checks, loom_plugin **out);
+/* The kind of the loom_<kind>_plugin_v1 symbol a file exports, read from its
+ * ELF symbol table without loading it; 0 when it exports none. */
+uint32_t loom_plugin_kind_in_file(const char *path);
+/* A plugin file, and every folder on the way to it, must be writable by its
+ * owner only: 0, or -1 with why filled in (the path, its mode and owner,
+ * and what to do). */
+int loom_plugin_check_permissions(const char *path, char *why, size_t cap);
 /* Split a file name (any directory part is ignored) that reads
  * libloom-<kind>-<name>.so into its kind and name texts; 0 when it does not.
  * loom_plugin_kind_of maps "comm" to LOOM_PLUGIN_COMM, and so on; 0 for a

@@ -218,7 +218,7 @@ static void case_by_path(void)
 {
     char path[PATH_MAX];
     plugin_path(path, sizeof path, LOOM_PLUGIN_COMM, "good");
-    loom_search_path empty = {0, NULL};
+    loom_search_path empty = {0};
     loom_plugin *p = NULL;
     int rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
     EXPECT(rc == LOOM_OK && p, "by path: %s", loom_last_error());
@@ -301,9 +301,10 @@ static void case_notfound(void)
     rc = loom_plugin_load(&sp, LOOM_PLUGIN_COMM, "ucz", &p);
     msg = loom_last_error();
     printf("notfound (relative): %s\n", msg);
-    char cwd[PATH_MAX], note[PATH_MAX + 64];
+    char cwd[PATH_MAX], note[PATH_MAX + 128];
     EXPECT(getcwd(cwd, sizeof cwd) != NULL, "getcwd");
-    snprintf(note, sizeof note, "relative directories are taken from %s)", cwd);
+    snprintf(note, sizeof note,
+             "; relative LOOM_PLUGIN_PATH entries are taken from the current directory %s)", cwd);
     EXPECT(rc == LOOM_ERR_NOT_FOUND && strstr(msg, "no libloom-comm-ucz.so in relative/plugins, "),
            "%s", msg);
     EXPECT(strstr(msg, note), "lacks '%s': %s", note, msg);
