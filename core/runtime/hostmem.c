@@ -102,7 +102,8 @@ static void walk_cgroup(loom_host_room *out, int v2, const char *mount, const ch
         uint64_t limit, usage;
         snprintf(file, sizeof file, "%.4200s/%s", dir, v2 ? "memory.max" : "memory.limit_in_bytes");
         int have = read_number(file, &limit);
-        snprintf(file, sizeof file, "%.4200s/%s", dir, v2 ? "memory.current" : "memory.usage_in_bytes");
+        snprintf(file, sizeof file, "%.4200s/%s", dir,
+                 v2 ? "memory.current" : "memory.usage_in_bytes");
         /* v1 says "no limit" with a page-rounded LONG_MAX */
         if (have && read_number(file, &usage) && limit < (UINT64_MAX >> 2)) {
             uint64_t left = limit > usage ? limit - usage : 0;

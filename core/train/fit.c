@@ -156,9 +156,10 @@ int trainer_check_memory(trainer *t)
                    "rank%s here; the largest holds %s, as `loom plan` predicts), but only %s is "
                    "free (%s); %s%s",
                    nb, local, local > 1 ? "s" : "", parts, rb, room.bound,
-                   used ? "it would fit with " : "no single setting makes it fit: use more "
-                                                 "machines, a smaller model or a larger memory "
-                                                 "limit",
+                   used ? "it would fit with "
+                        : "no single setting makes it fit: use more "
+                          "machines, a smaller model or a larger memory "
+                          "limit",
                    fits);
     loom_plan_job_free(&job);
     return rc;

@@ -46,8 +46,8 @@ static void expect(const char *what, uint64_t want, const char *bound_has)
     loom_host_room room;
     loom_host_room_read_at(proc, sys, &room);
     int ok = room.bytes == want && strstr(room.bound, bound_has);
-    printf("%s %s: %llu bytes (%s)\n", ok ? "ok  " : "FAIL", what,
-           (unsigned long long)room.bytes, room.bound);
+    printf("%s %s: %llu bytes (%s)\n", ok ? "ok  " : "FAIL", what, (unsigned long long)room.bytes,
+           room.bound);
     if (!ok) {
         printf("     want %llu bytes and a bound naming '%s'\n", (unsigned long long)want,
                bound_has);
@@ -59,7 +59,8 @@ static void expect(const char *what, uint64_t want, const char *bound_has)
 
 int main(void)
 {
-    snprintf(root, sizeof root, "%s/loom-room-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(root, sizeof root, "%s/loom-room-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(root)) {
         perror("mkdtemp");
         return 1;
@@ -106,7 +107,8 @@ int main(void)
     put("sys/sys/fs/cgroup/memory.current", "0\n");
     put("sys/sys/fs/cgroup/inner/memory.max", "max\n");
     put("sys/sys/fs/cgroup/inner/memory.current", "7\n");
-    expect("a container's cgroup v2 mount", 3 * GIB, "the memory cgroup / (v2): memory.max 3.00 GiB");
+    expect("a container's cgroup v2 mount", 3 * GIB,
+           "the memory cgroup / (v2): memory.max 3.00 GiB");
 
     /* usage above the limit (the kernel reclaims): no room, not a wrap */
     put("sys/sys/fs/cgroup/memory.current", "%llu\n", 4 * GIB);
