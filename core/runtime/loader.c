@@ -1030,12 +1030,14 @@ typedef Elf32_Rela elf_rela;
 #define RELOC_IRELATIVE R_X86_64_IRELATIVE
 #define RELOC_ABS R_X86_64_64
 #define RELOC_GLOB_DAT R_X86_64_GLOB_DAT
+#define R_NONE_NATIVE R_X86_64_NONE
 #elif defined(__aarch64__)
 #define NATIVE_MACHINE EM_AARCH64
 #define RELOC_RELATIVE R_AARCH64_RELATIVE
 #define RELOC_IRELATIVE R_AARCH64_IRELATIVE
 #define RELOC_ABS R_AARCH64_ABS64
 #define RELOC_GLOB_DAT R_AARCH64_GLOB_DAT
+#define R_NONE_NATIVE R_AARCH64_NONE
 #endif
 
 #ifndef DT_RELR
@@ -1165,6 +1167,17 @@ static uintptr_t symbol_address(const plugin_image *im, size_t index)
 }
 
 #ifdef NATIVE_MACHINE
+/* The dynamic loader writes where a relocation says, unchecked: one that
+ * points outside the library's segments crashes it (SIGSEGV) with no word
+ * of which file it was. */
+static int relocation_outside(char *why, size_t cap, size_t index, uint64_t address)
+{
+    snprintf(why, cap, "its relocation %zu writes at address 0x%llx, outside its segments; the "
+             "file is corrupt: copy or rebuild the plugin again", index,
+             (unsigned long long)address);
+    return -1;
+}
+
 static int image_relocate(plugin_image *im, char *why, size_t cap)
 {
     uint64_t at = dyn_value(im, DT_RELA), bytes = dyn_value(im, DT_RELASZ);
@@ -1177,8 +1190,10 @@ static int image_relocate(plugin_image *im, char *why, size_t cap)
     for (size_t i = 0; rela && i < bytes / sizeof *rela; i++) {
         uintptr_t *slot = image_at(im, rela[i].r_offset, sizeof *slot);
         uint32_t type = (uint32_t)ELF_R_TYPE(rela[i].r_info);
+        if (!slot && type != R_NONE_NATIVE)
+            return relocation_outside(why, cap, i, (uint64_t)rela[i].r_offset);
         if (!slot)
-            continue; /* the loader would fault; nothing here reads it */
+            continue;
         if (type == RELOC_RELATIVE || type == RELOC_IRELATIVE)
             *slot = (uintptr_t)(im->base + rela[i].r_addend);
         else if (type == RELOC_ABS || type == RELOC_GLOB_DAT)
@@ -1194,15 +1209,20 @@ static int image_relocate(plugin_image *im, char *why, size_t cap)
         uintptr_t entry = relr[i];
         if (!(entry & 1)) {
             uintptr_t *slot = image_at(im, entry, sizeof *slot);
-            if (slot)
-                *slot += (uintptr_t)im->base;
+            if (!slot)
+                return relocation_outside(why, cap, i, entry);
+            *slot += (uintptr_t)im->base;
             where = entry + sizeof *slot;
             continue;
         }
         for (unsigned bit = 1; bit < 8 * sizeof entry; bit++) {
-            uintptr_t *slot = image_at(im, where + (bit - 1) * sizeof *slot, sizeof *slot);
-            if ((entry >> bit) & 1 && slot)
-                *slot += (uintptr_t)im->base;
+            if (!((entry >> bit) & 1))
+                continue;
+            uint64_t at_slot = where + (bit - 1) * sizeof(uintptr_t);
+            uintptr_t *slot = image_at(im, at_slot, sizeof *slot);
+            if (!slot)
+                return relocation_outside(why, cap, i, at_slot);
+            *slot += (uintptr_t)im->base;
         }
         where += (8 * sizeof entry - 1) * sizeof entry;
     }
@@ -1398,6 +1418,16 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
             return refuse(r, LOOM_ERR_INVALID, "symbols", "%s", why);
         passed(r, "symbols");
     } else {
+#ifdef NATIVE_MACHINE
+        /* What the dynamic loader would trust blindly (its tables, where its
+         * relocations write) is read first, so a corrupt file is refused
+         * by name instead of crashing the job inside dlopen. */
+        plugin_image image;
+        if (image_open(r->path, &image, why, sizeof why))
+            return refuse(r, LOOM_ERR_INVALID, "read", "%s", why);
+        image_free(&image);
+        passed(r, "read");
+#endif
         /* dlopen reads a bare name as a library to search for; we mean the file. */
         char local[PATH_MAX];
         const char *open_path = r->path;

@@ -33,6 +33,20 @@ struct loom_comm_request {
 extern int loom_test_symbol_nobody_defines(void);
 #endif
 
+#if defined(VARIANT_PLANTED)
+#include <stdio.h>
+/* Code that runs the moment the file is loaded: it leaves a file where
+ * LOOM_TEST_PLANTED_MARKER says, so a test can tell whether any command
+ * loaded the plugin (listing must only read it). */
+__attribute__((constructor)) static void planted(void)
+{
+    const char *marker = getenv("LOOM_TEST_PLANTED_MARKER");
+    FILE *f = marker ? fopen(marker, "w") : NULL;
+    if (f)
+        fclose(f);
+}
+#endif
+
 static int comm_new(const loom_host *host, loom_comm **out)
 {
     loom_comm *c = calloc(1, sizeof *c);
