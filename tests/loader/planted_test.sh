@@ -1,6 +1,8 @@
 #!/bin/sh
 # Plugins that cannot be planted. A plugin whose constructor leaves a marker
 # file stands for code someone put where loom looks:
+#  - no library loom or a plugin needs is looked for in the current
+#    directory (an empty RUNPATH entry means it);
 #  - a relative plugins.path is the config file's folder, not the current
 #    directory, so a plugin planted under the current directory is not even
 #    looked at (it used to be searched first, and loaded by any listing);
@@ -50,6 +52,24 @@ printf 'plugins = { path = [ "build/lib/loom" ]; };\nbench = { comms = [ "plante
 planted && fail "loom bench ran the planted plugin"
 grep -q "plugin comm 'planted' not found: no libloom-comm-planted.so in $TMP/conf/build/lib/loom, .*plugins.path entry \"build/lib/loom\" ($TMP/conf/bench.cfg:1) is taken from the folder of that config file, $TMP/conf" "$TMP/out" ||
     fail "the not-found line does not say where the relative entry was taken from"
+cd "$TMP" || exit 1
+
+# --- libraries planted under the current directory ---------------------------
+# The build tree's RUNPATHs must have no empty entry, which the dynamic
+# loader takes as the current directory: loom's own libraries and a
+# plugin's would be looked for there, and a planted one run.
+mkdir "$TMP/libs"
+for lib in libconfig.so.9 libm.so.6 libgomp.so.1 libopenblas.so.0 libmpi.so.40; do
+    cp "$PLUGINS/libloom-comm-planted.so" "$TMP/libs/$lib"
+done
+cd "$TMP/libs" || exit 1
+"$LOOM" help > "$TMP/out" 2>&1
+planted && fail "loom ran a library planted in the current directory"
+for plugin in "$(dirname "$LOOM")"/../lib/loom/libloom-*.so; do
+    [ -e "$plugin" ] || continue
+    "$LOOM" plugins --check "$plugin" > "$TMP/out" 2>&1
+    planted && fail "$plugin loaded a library planted in the current directory"
+done
 cd "$TMP" || exit 1
 
 # --- listing reads plugins, never loads them -------------------------------
