@@ -28,6 +28,31 @@ export LOOM_TEST_PLANTED_MARKER="$MARKER"
 unset LOOM_PLUGIN_PATH LOOM_ALLOW_INSECURE_PLUGINS
 planted() { [ -e "$MARKER" ]; }
 
+# --- libraries planted under the current directory ---------------------------
+# The build tree's RUNPATHs must have no empty entry, which the dynamic
+# loader takes as the current directory: loom's own libraries and a
+# plugin's would be looked for there, and a planted one run.
+# One at a time: a planted copy of a library whose symbols are versioned
+# stops the loader before any constructor runs, whichever else is there.
+mkdir "$TMP/libs"
+cd "$TMP/libs" || exit 1
+for lib in libconfig.so.9 libopenblas.so.0 libdnnl.so.2; do
+    rm -f ./*.so*
+    cp "$PLUGINS/libloom-comm-planted.so" "$lib"
+    "$LOOM" help > "$TMP/out" 2>&1
+    planted && fail "loom ran a $lib planted in the current directory"
+done
+for lib in libmpi.so.40 libucp.so.0 libnccl.so.2; do
+    rm -f ./*.so*
+    cp "$PLUGINS/libloom-comm-planted.so" "$lib"
+    for plugin in "$(dirname "$LOOM")"/../lib/loom/libloom-*.so; do
+        [ -e "$plugin" ] || continue
+        "$LOOM" plugins --check "$plugin" > "$TMP/out" 2>&1
+        planted && fail "$plugin loaded a $lib planted in the current directory"
+    done
+done
+cd "$TMP" || exit 1
+
 # --- a plugin planted under the current directory -------------------------
 mkdir -p "$TMP/cwd/build/lib/loom" "$TMP/conf"
 cp "$PLUGINS/libloom-comm-planted.so" "$TMP/cwd/build/lib/loom/"
@@ -52,24 +77,6 @@ printf 'plugins = { path = [ "build/lib/loom" ]; };\nbench = { comms = [ "plante
 planted && fail "loom bench ran the planted plugin"
 grep -q "plugin comm 'planted' not found: no libloom-comm-planted.so in $TMP/conf/build/lib/loom, .*plugins.path entry \"build/lib/loom\" ($TMP/conf/bench.cfg:1) is taken from the folder of that config file, $TMP/conf" "$TMP/out" ||
     fail "the not-found line does not say where the relative entry was taken from"
-cd "$TMP" || exit 1
-
-# --- libraries planted under the current directory ---------------------------
-# The build tree's RUNPATHs must have no empty entry, which the dynamic
-# loader takes as the current directory: loom's own libraries and a
-# plugin's would be looked for there, and a planted one run.
-mkdir "$TMP/libs"
-for lib in libconfig.so.9 libm.so.6 libgomp.so.1 libopenblas.so.0 libmpi.so.40; do
-    cp "$PLUGINS/libloom-comm-planted.so" "$TMP/libs/$lib"
-done
-cd "$TMP/libs" || exit 1
-"$LOOM" help > "$TMP/out" 2>&1
-planted && fail "loom ran a library planted in the current directory"
-for plugin in "$(dirname "$LOOM")"/../lib/loom/libloom-*.so; do
-    [ -e "$plugin" ] || continue
-    "$LOOM" plugins --check "$plugin" > "$TMP/out" 2>&1
-    planted && fail "$plugin loaded a library planted in the current directory"
-done
 cd "$TMP" || exit 1
 
 # --- listing reads plugins, never loads them -------------------------------
