@@ -85,7 +85,8 @@ static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
  * passes here; the loader says later whether such a plugin exists. */
 static const schema_entry schema[] = {
     S("plugins.path", V_STRINGS, "", .flags = NONEMPTY,
-      .help = "directories searched for plugins before LOOM_PLUGIN_PATH"),
+      .help = "directories searched for plugins before LOOM_PLUGIN_PATH; a relative one is "
+              "taken from the folder of the config file that sets it"),
 
     S("model.kind", V_STRING, "gpt2", .choices = model_kinds, .help = "model family"),
     S("model.layers", V_INT, "4", .lo = 1, .flags = GE, .help = "transformer blocks"),

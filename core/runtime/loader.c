@@ -121,6 +121,10 @@ static int add_config_dir(loom_search_path *sp, const loom_config *cfg, const ch
     char *folder = realpath(where, NULL);
     char dir[2 * PATH_MAX + 2];
     snprintf(dir, sizeof dir, "%s/%s", folder ? folder : where, entry);
+    char *plain = realpath(dir, NULL); /* "../build/lib/loom" without the ".." */
+    if (plain)
+        snprintf(dir, sizeof dir, "%s", plain);
+    free(plain);
     snprintf(note, sizeof note, "plugins.path entry \"%s\" (%s) is taken from the folder of "
              "that config file, %s", entry, loom_config_where(cfg, "plugins.path"),
              folder ? folder : where);
