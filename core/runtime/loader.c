@@ -90,6 +90,16 @@ static int search_path_add(loom_search_path *sp, const char *dir, size_t len, co
     return LOOM_OK;
 }
 
+/* The folder part of a file's path: "." for a bare name. */
+static void folder_of(const char *file, char *buf, size_t cap)
+{
+    const char *slash = strrchr(file, '/');
+    if (!slash)
+        snprintf(buf, cap, ".");
+    else
+        snprintf(buf, cap, "%.*s", slash == file ? 1 : (int)(slash - file), file);
+}
+
 /* A relative plugins.path entry is taken from the folder of the config file
  * that sets it, as @include is, never from the current directory: a job
  * started from a folder someone else can write to must not pick up the
@@ -104,7 +114,7 @@ static int add_config_dir(loom_search_path *sp, const loom_config *cfg, const ch
     char *colon = strrchr(where, ':');
     if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
         *colon = '\0'; /* file:line -> file */
-    char note[2 * PATH_MAX + 128];
+    char note[2 * PATH_MAX + 128], top[PATH_MAX];
     if (!loom_config_file(cfg) || !strncmp(where, "--set", 5) || !strcmp(where, "default")) {
         char cwd[PATH_MAX] = "?";
         if (!getcwd(cwd, sizeof cwd))
@@ -113,11 +123,13 @@ static int add_config_dir(loom_search_path *sp, const loom_config *cfg, const ch
                  "directory %s", entry, loom_config_where(cfg, "plugins.path"), cwd);
         return search_path_add(sp, entry, strlen(entry), note);
     }
-    char *slash = strrchr(where, '/');
-    if (!slash)
-        snprintf(where, sizeof where, ".");
+    char file[2 * PATH_MAX + 128];
+    folder_of(loom_config_file(cfg), top, sizeof top);
+    if (where[0] != '/' && strcmp(where, loom_config_file(cfg)))
+        snprintf(file, sizeof file, "%s/%s", top, where); /* @included: named from the top's folder */
     else
-        slash[slash == where ? 1 : 0] = '\0';
+        snprintf(file, sizeof file, "%s", where);
+    folder_of(file, where, sizeof where);
     char *folder = realpath(where, NULL);
     char dir[2 * PATH_MAX + 2];
     snprintf(dir, sizeof dir, "%s/%s", folder ? folder : where, entry);

@@ -66,6 +66,13 @@ planted && fail "loom plugins ran a plugin planted under the current directory"
 grep -q "^  $TMP/conf/build/lib/loom  (no such directory)" "$TMP/out" ||
     fail "the relative plugins.path is not taken from the config file's folder"
 grep -q "libloom-comm-planted" "$TMP/out" && fail "loom plugins lists the planted plugin"
+# in an @included file, the included file's folder
+mkdir -p "$TMP/conf/sub"
+printf '@include "sub/plugins.cfg"\n' > "$TMP/conf/main.cfg"
+printf 'plugins = { path = [ "build/lib/loom" ]; };\n' > "$TMP/conf/sub/plugins.cfg"
+"$LOOM" plugins "$TMP/conf/main.cfg" > "$TMP/out" 2>&1 || fail "loom plugins failed"
+grep -q "^  $TMP/conf/sub/build/lib/loom  (no such directory)" "$TMP/out" ||
+    fail "a relative plugins.path in an included file is not taken from its folder"
 # the shipped example, from a folder with a plugin planted where it used to look
 "$LOOM" settings "$SRC/examples/train.cfg" > "$TMP/out" 2>&1 ||
     fail "loom settings examples/train.cfg failed"

@@ -39,7 +39,7 @@ printf 'plugins = { path = [ "%s" ]; };\ncomm = { default = "mpi"; };\n' "$TMP/p
     > "$TMP/train.cfg"
 "$LOOM" train "$TMP/train.cfg" > "$TMP/out" 2>&1
 rc=$?
-[ $rc = 1 ] || fail "loom train exited $rc, want 1"
+[ $rc != 0 ] && [ $rc -lt 128 ] || fail "loom train exited $rc, want a failure without a signal"
 grep -q "comm.default: plugin comm 'mpi' refused: $BAD: truncated: the file is 20000 bytes" "$TMP/out" ||
     fail "loom train does not name the truncated file"
 
