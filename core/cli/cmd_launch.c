@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/launch_checks.h"
 #include "runtime/bootstrap.h"
 #include "runtime/flight.h"
 #include "runtime/log.h"
@@ -77,6 +78,7 @@ typedef struct launcher {
     int restart;            /* 0, then 1.. for each restart (LOOM_RESTART of the ranks) */
     rank_proc *ranks;
     int exit_code;          /* -1 until the first failure, signal or timeout decides it */
+    int decided_by;         /* the job's rank whose exit gave exit_code, -1 none */
     int signalled;          /* a SIGINT/SIGTERM was passed on */
     int timed_out;          /* the --timeout stopped the ranks */
     double timeout_s;       /* 0: none */
@@ -404,6 +406,7 @@ static void blame(launcher *L, int r, int status)
 {
     L->blame_deadline = 0;
     char how[128];
+    L->decided_by = L->first_rank + r;
     if (WIFEXITED(status)) {
         L->exit_code = WEXITSTATUS(status);
         snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(status));
@@ -818,7 +821,8 @@ static void plan_binding(const launch_args *a, binding *b)
 /* Ranks, their streams closed, and the signal pipe; 0, or -1 reported. */
 static int launcher_init(launcher *L, int n, double timeout_s)
 {
-    *L = (launcher){.n = n, .exit_code = -1, .timeout_s = timeout_s, .follower = -1};
+    *L = (launcher){.n = n, .exit_code = -1, .timeout_s = timeout_s, .follower = -1,
+                    .decided_by = -1};
     L->ranks = calloc((size_t)n, sizeof *L->ranks);
     if (!L->ranks || pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
         fprintf(stderr, "loom launch: cannot set up: %s\n", strerror(errno));
@@ -890,6 +894,7 @@ static void spawn_ranks(launcher *L, char **cmd)
             if (spawned > 0)
                 fprintf(stderr, "loom launch: cannot run '%s': %s\n", cmd[0], strerror(spawned));
             L->exit_code = spawned == EACCES ? 126 : spawned > 0 ? 127 : 1;
+            L->decided_by = L->first_rank + r;
             stop_running(L);
             break;
         }
@@ -981,12 +986,14 @@ static void make_flight_dir(launcher *L)
     }
 }
 
-/* One run of every rank: its exit code (0 when all succeeded); *stop set
- * when nothing should be restarted (the user's signal, the --timeout, or
- * a failure of the launcher itself). */
+/* One run of every rank: its exit code (0 when all succeeded) and the rank
+ * whose exit it is (*rank, -1 when none); *stop set when nothing should
+ * be restarted (the user's signal, the --timeout, or a failure of the
+ * launcher itself). */
 static int run_once(const launch_args *a, const binding *bind, int restart,
-                    uint64_t end_deadline, char **cmd, int *stop)
+                    uint64_t end_deadline, char **cmd, int *stop, int *rank)
 {
+    *rank = -1;
     launcher L;
     if (launcher_init(&L, a->n, a->timeout_s) != 0) {
         *stop = 1;
@@ -1016,6 +1023,7 @@ static int run_once(const launch_args *a, const binding *bind, int restart,
     launcher_free(&L);
     give_back_signals(&saved);
     *stop = L.signalled || L.timed_out;
+    *rank = L.decided_by;
     return L.exit_code < 0 ? 0 : L.exit_code;
 }
 
@@ -1026,10 +1034,15 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return 0;
 }
 
+/* The job's TMPDIR, named so that the next launcher removes it if this one
+ * is killed before it can (SIGKILL), along with any such folder left. */
 static void make_job_tmpdir(void)
 {
     const char *base = getenv("TMPDIR");
-    snprintf(job_tmpdir, sizeof job_tmpdir, "%s/loom-launch-XXXXXX", base && base[0] ? base : "/tmp");
+    if (!base || !base[0])
+        base = "/tmp";
+    loom_launch_remove_stale_tmpdirs(base);
+    loom_launch_tmpdir_template(job_tmpdir, sizeof job_tmpdir, base);
     if (!mkdtemp(job_tmpdir))
         job_tmpdir[0] = '\0';
 }
@@ -1041,6 +1054,18 @@ static void remove_job_tmpdir(void)
     job_tmpdir[0] = '\0';
 }
 
+/* What an exit status says when a restart cannot help, NULL otherwise. */
+static const char *failure_that_repeats(int status)
+{
+    switch (status) {
+    case 2: return "a command line it cannot use";
+    case LOOM_EXIT_CONFIG: return "a configuration error";
+    case 126: return "a command that cannot be executed";
+    case 127: return "a command that was not found";
+    default: return NULL;
+    }
+}
+
 static int launch(const launch_args *a, char **cmd)
 {
     static binding bind; /* CPU_SETSIZE cpus: not on the stack */
@@ -1050,10 +1075,16 @@ static int launch(const launch_args *a, char **cmd)
     /* the --timeout covers the whole job, restarts included */
     uint64_t end_deadline = a->timeout_s > 0 ? loom_now_ns() + (uint64_t)(a->timeout_s * 1e9) : 0;
     for (int restart = 0;; restart++) {
-        int stop = 0;
-        int rc = run_once(a, &bind, restart, end_deadline, cmd, &stop);
+        int stop = 0, rank;
+        int rc = run_once(a, &bind, restart, end_deadline, cmd, &stop, &rank);
         if (rc == 0 || stop || restart == a->max_restarts)
             return rc;
+        const char *repeats = failure_that_repeats(rc);
+        if (repeats && rank >= 0) {
+            fprintf(stderr, "loom launch: not restarting: rank %d exited with status %d (%s, "
+                            "which a restart would repeat)\n", rank, rc, repeats);
+            return rc;
+        }
         /* as torchrun: every rank again, the job resuming from its latest
          * complete checkpoint (loom train does, seeing LOOM_RESTART) */
         fprintf(stderr, "loom launch: restart %d of %d: every rank again (the last run ended with "
@@ -1067,8 +1098,15 @@ int loom_cmd_launch(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    char **cmd = argv + a.cmd_index;
+    if ((a.flight_out && (rc = loom_launch_check_flight(a.flight_out))) ||
+        (rc = loom_launch_check_limits(a.n)))
+        return rc;
+    if (a.nnodes > 1 && (rc = loom_launch_nodes_agree(a.master, a.master_port, a.nnodes,
+                                                      a.node_rank, a.n, cmd, a.timeout_s)))
+        return rc;
     make_job_tmpdir();
-    rc = launch(&a, argv + a.cmd_index);
+    rc = launch(&a, cmd);
     remove_job_tmpdir();
     return rc;
 }

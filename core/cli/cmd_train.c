@@ -36,8 +36,17 @@ int loom_cmd_train(int argc, char **argv)
     o.config = args.config;
     o.overrides = args.overrides;
     o.noverrides = args.noverrides;
+    int started = 0;
+    o.started = &started;
     int rc = loom_train(&o);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom train: %s\n", loom_last_error());
-    return rc == LOOM_OK ? 0 : rc == LOOM_ERR_REMOTE ? LOOM_EXIT_ANOTHER_RANK : 1;
+    /* A job refused before it trains, for what it was given, is refused
+     * again when restarted; one that fails later may not fail again. */
+    int refused = !started && (rc == LOOM_ERR_INVALID || rc == LOOM_ERR_NOT_FOUND ||
+                               rc == LOOM_ERR_NOT_SUPPORTED);
+    return rc == LOOM_OK              ? 0
+           : rc == LOOM_ERR_REMOTE    ? LOOM_EXIT_ANOTHER_RANK
+           : refused                  ? LOOM_EXIT_CONFIG
+                                      : 1;
 }

@@ -13,6 +13,13 @@
  * moment for that rank's own exit before blaming this one. */
 #define LOOM_EXIT_ANOTHER_RANK 75
 
+/* The exit status of a job refused for what it was given (sysexits.h's
+ * EX_CONFIG): a setting, a plugin or a file the config names, an output
+ * that cannot be written, limits too low for -n. Running it again repeats
+ * the failure, so `loom launch` does not restart after it (nor after 2, a
+ * command line it cannot use, or 126/127, a command it cannot run). */
+#define LOOM_EXIT_CONFIG 78
+
 int loom_cmd_plugins(int argc, char **argv);
 int loom_cmd_launch(int argc, char **argv);
 int loom_cmd_bench(int argc, char **argv);

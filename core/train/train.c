@@ -61,6 +61,8 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
     if (async && every > 0 && (rc = trainer_setup_async_checkpoints(t)) != LOOM_OK)
         return rc;
     loom_mem_usage_reset_peak();
+    if (o->started)
+        *o->started = 1;
     /* A testing aid: stop (SIGSTOP) after that step, between steps, so a
      * test can look at or damage the tier files; SIGCONT goes on. */
     const char *stop = getenv("LOOM_STOP_AFTER_STEP");

@@ -12,6 +12,7 @@ typedef struct loom_train_options {
     loom_dtype save_dtype; /* --save's: LOOM_F32 (llm.c's version 3) or LOOM_BF16 (version 5) */
     const char *const *overrides;                         /* --set path=value */
     int noverrides;
+    int *started; /* set to 1 once training begins, after every check of the setup; or NULL */
 } loom_train_options;
 
 /* Set up the runtime, mesh, model and strategies from o->config, train

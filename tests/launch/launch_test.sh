@@ -1,8 +1,9 @@
 #!/bin/sh
 # Drives `loom launch` through one case and checks its exit status, its
-# messages and its output. Usage: launch_test.sh LOOM CASE
+# messages and its output. Usage: launch_test.sh LOOM CASE [SOURCE_DIR]
 LOOM=$1
 CASE=$2
+SRC=${3:-}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 cd "$DIR" || exit 1
@@ -174,6 +175,214 @@ usage)
         [ "$(wc -l <err)" = 1 ] || fail "'loom launch $args' wants one line of usage"
         grep -q '^loom launch: .*usage: loom launch -n N' err || fail "'loom launch $args': no usage"
     done
+    ;;
+no_restart)
+    # A failure that would repeat is not restarted: a configuration error
+    # (78), a command line the command cannot use (2), a command that
+    # cannot run (126/127). Each run of rank 0 leaves a line in runs.
+    for status in 78 2 126 127; do
+        : >runs
+        "$LOOM" launch -n 2 --max-restarts 3 -- sh -c "echo \$LOOM_RANK >>runs; [ \$LOOM_RANK = 0 ] && exit $status; sleep 30" >out 2>err
+        rc=$?
+        expect_rc $status
+        [ "$(grep -cx 0 runs)" = 1 ] || fail "status $status: rank 0 ran $(grep -cx 0 runs) times, want once"
+        grep -q 'restart 1 of' err && fail "status $status was restarted"
+        grep -qx "loom launch: not restarting: rank 0 exited with status $status (.*, which a restart would repeat)" err ||
+            fail "status $status: no reason not to restart"
+    done
+    expect_line err "loom launch: not restarting: rank 0 exited with status 127 (a command that was not found, which a restart would repeat)"
+    # a command not found by the launcher itself
+    "$LOOM" launch -n 1 --max-restarts 2 -- /nonexistent/program >out 2>err
+    rc=$?
+    expect_rc 127
+    expect_line err "loom launch: not restarting: rank 0 exited with status 127 (a command that was not found, which a restart would repeat)"
+    [ "$(grep -c "cannot run '/nonexistent/program'" err)" = 1 ] || fail "the launcher tried the missing command more than once"
+    # any other failure is restarted
+    : >runs
+    "$LOOM" launch -n 1 --max-restarts 2 -- sh -c 'echo x >>runs; exit 3' >out 2>err
+    rc=$?
+    expect_rc 3
+    [ "$(wc -l <runs)" = 3 ] || fail "status 3: ran $(wc -l <runs) times, want 3 (two restarts)"
+    grep -q 'not restarting' err && fail "status 3 was not restarted"
+    ;;
+train_config)
+    # loom train exits 78 for what it was given, before it trains, and the
+    # launcher does not restart it
+    CFG=$SRC/tests/train/tiny.cfg
+    DATA=$SRC/examples/data/corpus.bin
+    "$LOOM" train "$CFG" --set model.foo=1 >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -q '^loom train: --set model.foo=1: model.foo: unknown setting' err || fail "no unknown setting"
+    "$LOOM" train "$DIR/missing.cfg" >out 2>err
+    rc=$?
+    expect_rc 78
+    "$LOOM" train "$CFG" --set data.train="$DATA" --set comm.default=nosuch >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -q "comm.default: plugin comm 'nosuch' not found" err || fail "no plugin not found"
+    "$LOOM" train "$CFG" --set data.train="$DIR/missing.bin" >out 2>err
+    rc=$?
+    expect_rc 78
+    "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=2 --set train.checkpoint_every=1 \
+        --set train.checkpoint_dir=/proc/loom-refused >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -q 'train.checkpoint_dir' err || fail "no refused checkpoint directory"
+    # a usage error stays 2
+    "$LOOM" train >out 2>err
+    rc=$?
+    expect_rc 2
+    "$LOOM" launch -n 1 --max-restarts 3 -- "$LOOM" train "$CFG" --set model.foo=1 >out 2>err
+    rc=$?
+    expect_rc 78
+    expect_line err "loom launch: not restarting: rank 0 exited with status 78 (a configuration error, which a restart would repeat)"
+    [ "$(grep -c 'unknown setting' err)" = 1 ] || fail "loom train ran more than once"
+    ;;
+limits)
+    # -n is weighed against the open files and processes allowed before
+    # any rank starts: no rank may run (each would leave ran.RANK)
+    (ulimit -n 64 && exec "$LOOM" launch -n 40 -- sh -c 'touch ran.$LOOM_RANK') >out 2>err
+    rc=$?
+    expect_rc 78
+    [ "$(wc -l <err)" = 1 ] || fail "-n 40 under ulimit -n 64 wants one line"
+    grep -qx 'loom launch: -n 40 needs [0-9]* open files in the launcher (two pipes per rank) and its limit is 64; raise it (ulimit -n [0-9]*) or start fewer ranks' err ||
+        fail "no open files refusal"
+    (ulimit -n 1024 && exec "$LOOM" launch -n 100000 -- sh -c 'touch ran.$LOOM_RANK') >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -q '^loom launch: -n 100000 needs 2000[0-9][0-9] open files' err || fail "no refusal of -n 100000"
+    ls ran.* >/dev/null 2>&1 && fail "ranks started"
+    # what fits runs
+    (ulimit -n 64 && exec "$LOOM" launch -n 8 -- sh -c 'touch ran.$LOOM_RANK') >out 2>err
+    rc=$?
+    expect_rc 0
+    [ "$(ls ran.* | wc -l)" = 8 ] || fail "-n 8 under ulimit -n 64 did not run 8 ranks"
+    rm -f ran.*
+    # processes: RLIMIT_NPROC binds a user other than root, so as one
+    # (sh's ulimit may not know -u: prlimit sets it)
+    as_user=""
+    [ "$(id -u)" = 0 ] && as_user="setpriv --reuid=65534 --regid=65534 --clear-groups"
+    if ! command -v prlimit >/dev/null || { [ -n "$as_user" ] && ! command -v setpriv >/dev/null; }; then
+        echo "launch_test $CASE: ok (without prlimit or setpriv: processes not checked)"
+        exit 0
+    fi
+    # (one thread for OpenBLAS, which would start its own at load)
+    # shellcheck disable=SC2086
+    (cd / && OPENBLAS_NUM_THREADS=1 exec prlimit --nproc=2 $as_user "$LOOM" launch -n 4 -- true) >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -qx 'loom launch: -n 4 needs 4 more processes, and this user may run 2 and runs [0-9]* already; raise the limit (ulimit -u [0-9]*) or start fewer ranks' err ||
+        fail "no processes refusal"
+    ;;
+flight_early)
+    # --flight FILE is checked before any rank starts
+    "$LOOM" launch -n 2 --flight "$DIR/missing/flight.txt" -- sh -c 'touch ran.$LOOM_RANK' >out 2>err
+    rc=$?
+    expect_rc 78
+    expect_line err "loom launch: --flight $DIR/missing/flight.txt: cannot write it: No such file or directory (name a file in a folder that exists and that you may write to)"
+    [ "$(wc -l <err)" = 1 ] || fail "want one line"
+    ls ran.* >/dev/null 2>&1 && fail "ranks started"
+    "$LOOM" launch -n 1 --flight "$DIR" -- true >out 2>err
+    rc=$?
+    expect_rc 78
+    grep -q "^loom launch: --flight $DIR: cannot write it: Is a directory" err || fail "a folder as --flight"
+    # a good one is not left behind when nothing was reported
+    "$LOOM" launch -n 1 --flight flight.txt -- true >out 2>err
+    rc=$?
+    expect_rc 0
+    [ -e flight.txt ] && fail "the check left flight.txt"
+    ;;
+stale_tmpdir)
+    # The next launcher removes the TMPDIR of a launcher killed with
+    # SIGKILL, and nothing of a launcher that runs, of another user or of
+    # another pid namespace.
+    mkdir tmp
+    export TMPDIR="$DIR/tmp"
+    wait_for() { # wait_for COUNT: until tmp holds COUNT folders
+        n=0
+        while [ "$(ls tmp | wc -l)" != "$1" ]; do
+            n=$((n + 1))
+            [ $n -le 200 ] || fail "tmp does not hold $1 folders: $(ls tmp)"
+            sleep 0.05
+        done
+    }
+    "$LOOM" launch -n 1 -- sleep 30 >out 2>err &
+    live=$!
+    wait_for 1
+    live_dir=$(ls tmp)
+    "$LOOM" launch -n 2 -- sleep 30 >out 2>err &
+    killed=$!
+    wait_for 2
+    killed_dir=$(ls tmp | grep -v "^$live_dir\$")
+    kill -9 $killed
+    wait $killed 2>/dev/null
+    ns=$(stat -Lc %i /proc/self/ns/pid)
+    gone=$(sh -c 'echo $$')
+    # this shell runs, but started at another time: its pid was reused
+    mkdir "tmp/loom-launch-$ns-$$-1-reused" "tmp/loom-launch-$ns-$gone-1-gone"
+    mkdir "tmp/loom-launch-$((ns + 1))-$gone-1-elsewhere" "tmp/loom-launch-unsigned"
+    if [ "$(id -u)" = 0 ]; then
+        mkdir "tmp/loom-launch-$ns-$gone-1-theirs"
+        chown 65534 "tmp/loom-launch-$ns-$gone-1-theirs"
+    fi
+    "$LOOM" launch -n 1 -- true >out 2>err
+    rc=$?
+    expect_rc 0
+    [ -e "tmp/$killed_dir" ] && fail "the killed launcher's $killed_dir is still there"
+    [ -e "tmp/$live_dir" ] || fail "the running launcher's $live_dir was removed"
+    [ -e "tmp/loom-launch-$ns-$$-1-reused" ] && fail "a folder of a reused pid is still there"
+    [ -e "tmp/loom-launch-$ns-$gone-1-gone" ] && fail "a folder of a gone launcher is still there"
+    [ -e "tmp/loom-launch-$((ns + 1))-$gone-1-elsewhere" ] || fail "another pid namespace's folder was removed"
+    [ -e "tmp/loom-launch-unsigned" ] || fail "an unsigned folder was removed"
+    if [ "$(id -u)" = 0 ]; then
+        [ -e "tmp/loom-launch-$ns-$gone-1-theirs" ] || fail "another user's folder was removed"
+    fi
+    kill $live
+    wait $live
+    [ -e "tmp/$live_dir" ] && fail "the launcher did not remove its own $live_dir"
+    ;;
+nodes_agree | nodes_differ)
+    # Two nodes' launchers on this machine: they start ranks only when
+    # they agree on the job, and otherwise both refuse with the same line.
+    PORT=$((20000 + $$ % 10000))
+    node() { # node K N ARG: node K's launcher of -n N, the command ending in ARG
+        "$LOOM" launch --timeout 60 --nnodes 2 --node-rank "$1" --master "127.0.0.1:$PORT" -n "$2" \
+            -- sh -c 'touch ran.$LOOM_RANK; echo "rank $LOOM_RANK of $LOOM_WORLD_SIZE"' "$3" >"out$1" 2>"err$1"
+    }
+    if [ "$CASE" = nodes_agree ]; then
+        node 1 2 same & one=$!
+        node 0 2 same
+        rc=$?
+        expect_rc 0
+        wait $one
+        rc=$?
+        expect_rc 0
+        expect_line out0 "[1] rank 1 of 4"
+        expect_line out1 "[3] rank 3 of 4"
+        [ "$(ls ran.* | wc -l)" = 4 ] || fail "not every rank ran"
+    else
+        node 1 2 theirs & one=$!
+        node 0 2 mine
+        rc=$?
+        expect_rc 78
+        wait $one
+        rc=$?
+        expect_rc 78
+        want="loom launch: the nodes' launchers disagree, so no rank starts: node 1's command differs from node 0's at argument 4: 'theirs' on node 1, 'mine' on node 0; give every node's launcher the same -n, --nnodes and command"
+        expect_line err0 "$want"
+        expect_line err1 "$want"
+        # -n too
+        node 0 2 same & zero=$!
+        node 1 3 same
+        rc=$?
+        expect_rc 78
+        wait $zero
+        rc=$?
+        expect_rc 78
+        expect_line err1 "loom launch: the nodes' launchers disagree, so no rank starts: node 1 starts -n 3 ranks and node 0 -n 2; give every node's launcher the same -n, --nnodes and command"
+        ls ran.* >/dev/null 2>&1 && fail "ranks started"
+    fi
     ;;
 *)
     fail "unknown case"
