@@ -46,11 +46,13 @@ SETS="--set data.train=$DATA --set parallel.dp.size=4 --set parallel.dp.strategy
       --set train.steps=6 --set comm.default=$COMM --set train.peak_gflops=100 --set comm.timeout_s=60"
 PORT=$((20000 + $$ % 20000))
 
-# node NAME NS K: node K's two ranks, in its own network and IPC namespaces
+# node NAME NS K: node K's two ranks, in its own network and IPC namespaces;
+# every node runs the same command (the launchers check), each rank writing
+# its own metrics (rank 0's: m0.jsonl)
 node() {
     # shellcheck disable=SC2086
     ip netns exec "$2" unshare --ipc "$LOOM" launch --timeout 120 --nnodes 2 --node-rank "$3" \
-        --master "10.213.0.1:$PORT" -n 2 -- "$LOOM" train "$CFG" $SETS --metrics "$1.jsonl" \
+        --master "10.213.0.1:$PORT" -n 2 -- "$LOOM" train "$CFG" $SETS --metrics "m{rank}.jsonl" \
         > "$1.log" 2>&1
 }
 node node0 "$A" 0 &
@@ -64,5 +66,5 @@ grep -q "^\[0\] step    6/6" node0.log || { cat node0.log; fail "node 0 did not 
 # shellcheck disable=SC2086
 "$LOOM" launch -n 4 -- "$LOOM" train "$CFG" $SETS --metrics one.jsonl > one.log 2>&1 ||
     { cat one.log; fail "the one-node run failed"; }
-compare one node0 1e-6
+compare one m0 1e-6
 echo "$TEST: ok"
