@@ -13,6 +13,7 @@
 #include <libgen.h>
 #include <math.h>
 #include <limits.h>
+#include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1342,6 +1343,127 @@ done:
 #endif
 }
 
+/* Whether the image's dynamic section has an entry of tag; its value in *value. */
+static int dyn_has(const plugin_image *im, long long tag, uint64_t *value)
+{
+    for (size_t i = 0; i < im->ndyn && im->dyn[i].d_tag != DT_NULL; i++) {
+        if ((long long)im->dyn[i].d_tag == tag) {
+            *value = (uint64_t)im->dyn[i].d_un.d_val;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether lib is a file in one of the colon-separated folders of list, an
+ * empty one being the current directory (as the dynamic loader has it) and
+ * $ORIGIN the plugin's folder. -1 when an entry has a dynamic string token
+ * this cannot expand ($LIB, $PLATFORM): then nothing can be said. */
+static int in_folders(const char *list, const char *origin, const char *lib)
+{
+    int unknown = 0;
+    while (list) {
+        const char *colon = strchr(list, ':');
+        size_t len = colon ? (size_t)(colon - list) : strlen(list);
+        char dir[PATH_MAX], path[2 * PATH_MAX + 2];
+        const char *rest = NULL;
+        if (len >= 7 && !strncmp(list, "$ORIGIN", 7))
+            rest = list + 7;
+        else if (len >= 9 && !strncmp(list, "${ORIGIN}", 9))
+            rest = list + 9;
+        if (rest)
+            snprintf(dir, sizeof dir, "%s%.*s", origin, (int)(len - (size_t)(rest - list)), rest);
+        else
+            snprintf(dir, sizeof dir, "%.*s", (int)len, len ? list : ".");
+        if (strchr(dir, '$'))
+            unknown = 1;
+        else if (snprintf(path, sizeof path, "%s/%s", dir, lib) > 0 && access(path, F_OK) == 0)
+            return 1;
+        list = colon ? colon + 1 : NULL;
+    }
+    return unknown ? -1 : 0;
+}
+
+/* The folders of the libraries this process has loaded: the system's
+ * library folders, whatever the distribution calls them. */
+static int add_loaded_folder(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    char *folders = data;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    if (!slash || slash == info->dlpi_name)
+        return 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - info->dlpi_name), info->dlpi_name);
+    size_t used = strlen(folders), n = strlen(dir);
+    if (used + n + 2 < 4096 && !strstr(folders, dir))
+        snprintf(folders + used, 4096 - used, "%s%s", used ? ":" : "", dir);
+    return 0;
+}
+
+/* Whether the system's library cache names lib. */
+static int in_ld_cache(const char *lib)
+{
+    int fd = open("/etc/ld.so.cache", O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    void *cache = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (cache == MAP_FAILED)
+        return 0;
+    /* the names it knows are NUL-ended strings in its string table */
+    char key[NAME_MAX + 3];
+    int n = snprintf(key, sizeof key, "%c%s", '\0', lib);
+    int found = n > 0 && (size_t)n < sizeof key &&
+                memmem(cache, (size_t)st.st_size, key, (size_t)n + 1) != NULL;
+    munmap(cache, (size_t)st.st_size);
+    return found;
+}
+
+/* Every library the plugin needs that is not loaded yet must be where the
+ * dynamic loader looks for it (the plugin's RPATH or RUNPATH,
+ * LD_LIBRARY_PATH, the system's cache and library folders): otherwise dlopen
+ * would fail. 0, or -1 with why. */
+static int image_check_needed(const plugin_image *im, const char *path, char *why, size_t cap)
+{
+    char origin[PATH_MAX];
+    folder_of(path, origin, sizeof origin);
+    uint64_t at;
+    const char *runpath = dyn_has(im, DT_RUNPATH, &at) ? image_string(im, at) : NULL;
+    const char *rpath = !runpath && dyn_has(im, DT_RPATH, &at) ? image_string(im, at) : NULL;
+    const char *env = getenv("LD_LIBRARY_PATH");
+    char folders[4096] = "/lib:/usr/lib:/lib64:/usr/lib64";
+    dl_iterate_phdr(add_loaded_folder, folders);
+    for (size_t i = 0; i < im->ndyn && im->dyn[i].d_tag != DT_NULL; i++) {
+        if (im->dyn[i].d_tag != DT_NEEDED)
+            continue;
+        const char *lib = image_string(im, im->dyn[i].d_un.d_val);
+        if (!lib || !lib[0])
+            continue;
+        void *loaded = strchr(lib, '/') ? NULL : dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
+        if (loaded) {
+            dlclose(loaded);
+            continue;
+        }
+        if (strchr(lib, '/') ? access(lib, F_OK) == 0
+                             : (rpath && in_folders(rpath, origin, lib)) ||
+                                   (env && env[0] && in_folders(env, origin, lib)) ||
+                                   (runpath && in_folders(runpath, origin, lib)) ||
+                                   in_ld_cache(lib) || in_folders(folders, origin, lib))
+            continue;
+        snprintf(why, cap, "it needs %s, which is nowhere the dynamic loader looks (%s%s"
+                 "LD_LIBRARY_PATH, /etc/ld.so.cache, the system's library folders); install it "
+                 "or add its folder to LD_LIBRARY_PATH", lib, runpath ? "its RUNPATH, " : "",
+                 rpath ? "its RPATH, " : "");
+        return -1;
+    }
+    return 0;
+}
+
 /* What the dynamic loader would say of the symbols the plugin uses, as far
  * as this process can tell without loading anything: when every library it
  * needs is already loaded, a strong symbol none of them defines makes
@@ -1430,6 +1552,9 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         if (image_open(r->path, r->image, why, sizeof why))
             return refuse(r, LOOM_ERR_INVALID, "read", "%s", why);
         passed(r, "read");
+        if (image_check_needed(r->image, r->path, why, sizeof why))
+            return refuse(r, LOOM_ERR_INVALID, "libraries", "%s", why);
+        passed(r, "libraries");
         if (image_check_symbols(r->image, why, sizeof why))
             return refuse(r, LOOM_ERR_INVALID, "symbols", "%s", why);
         passed(r, "symbols");

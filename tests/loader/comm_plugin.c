@@ -33,6 +33,11 @@ struct loom_comm_request {
 extern int loom_test_symbol_nobody_defines(void);
 #endif
 
+#if defined(VARIANT_NEEDSLIB)
+/* In libloom-test-needed.so, which the dynamic loader cannot find. */
+extern int loader_test_needed(void);
+#endif
+
 #if defined(VARIANT_PLANTED)
 #include <stdio.h>
 /* Code that runs the moment the file is loaded: it leaves a file where
@@ -61,6 +66,10 @@ static int create_world(const loom_host *host, loom_comm **out)
 {
 #if defined(VARIANT_UNDEFINED)
     if (loom_test_symbol_nobody_defines())
+        return LOOM_ERR_INTERNAL;
+#endif
+#if defined(VARIANT_NEEDSLIB)
+    if (loader_test_needed() != 42)
         return LOOM_ERR_INTERNAL;
 #endif
     if (host->world_size != 1)
