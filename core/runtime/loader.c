@@ -126,8 +126,9 @@ static int add_config_dir(loom_search_path *sp, const loom_config *cfg, const ch
     }
     char file[2 * PATH_MAX + 128];
     folder_of(loom_config_file(cfg), top, sizeof top);
+    /* libconfig names an @included file from the top file's folder */
     if (where[0] != '/' && strcmp(where, loom_config_file(cfg)))
-        snprintf(file, sizeof file, "%s/%s", top, where); /* @included: named from the top's folder */
+        snprintf(file, sizeof file, "%s/%s", top, where);
     else
         snprintf(file, sizeof file, "%s", where);
     folder_of(file, where, sizeof where);
@@ -1261,12 +1262,12 @@ static int image_open(const char *path, plugin_image *im, char *why, size_t cap)
         snprintf(why, cap, "cannot open: %s", strerror(errno));
         return -1;
     }
-    elf_header eh;
+    elf_header eh = {0};
     elf_segment *seg = NULL;
     int rc = -1;
-    if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_ident[EI_CLASS] != NATIVE_CLASS ||
-        eh.e_machine != NATIVE_MACHINE || eh.e_type != ET_DYN ||
-        eh.e_phentsize != sizeof(elf_segment) || eh.e_phnum == 0) {
+    if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh ||
+        eh.e_ident[EI_CLASS] != NATIVE_CLASS || eh.e_machine != NATIVE_MACHINE ||
+        eh.e_type != ET_DYN || eh.e_phentsize != sizeof(elf_segment) || eh.e_phnum == 0) {
         snprintf(why, cap, "not a shared library for this machine (ELF class %d, machine %d, "
                  "type %d); build the plugin for this machine", eh.e_ident[EI_CLASS],
                  eh.e_machine, eh.e_type);
