@@ -10,7 +10,11 @@
  * The launcher is one poll loop over the ranks' output pipes and a
  * self-pipe that the signal handlers write to. Each rank runs in its own
  * process group, so stopping a rank stops what it started too (a shell and
- * its children), and a Ctrl-C reaches the ranks once, through us. */
+ * its children), and a Ctrl-C reaches the ranks once, through us.
+ *
+ * What can be refused is refused before any rank starts (launch_checks.c),
+ * and a failure that a restart would repeat (its exit status says so) is
+ * not restarted. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

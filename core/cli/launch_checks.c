@@ -48,8 +48,9 @@ int loom_launch_check_flight(const char *path)
 
 /* Field `field` (1-based, as proc(5) numbers them) of /proc/PID/stat, for
  * the numeric fields after the name; 0, or -1 when there is no such
- * process. The name may hold spaces and parentheses: count from its end. */
-static int proc_stat_field(long pid, int field, unsigned long long *out)
+ * process. The name may hold spaces and parentheses: count from its end.
+ * *state, when asked, gets field 3 (R, S, Z...). */
+static int proc_stat_field(long pid, int field, unsigned long long *out, char *state)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
@@ -62,9 +63,11 @@ static int proc_stat_field(long pid, int field, unsigned long long *out)
         return -1;
     buf[len] = '\0';
     const char *p = strrchr(buf, ')');
-    if (!p || field < 3)
+    if (!p || field < 4 || p[1] != ' ')
         return -1;
     p++;
+    if (state)
+        *state = p[1];
     for (int f = 3; f <= field; f++) {
         while (*p == ' ')
             p++;
@@ -100,7 +103,7 @@ static long count_user_tasks(uid_t uid)
             continue;
         snprintf(path, sizeof path, "/proc/%ld", pid);
         if (stat(path, &st) == 0 && st.st_uid == uid)
-            tasks += proc_stat_field(pid, 20, &threads) == 0 ? (long)threads : 1;
+            tasks += proc_stat_field(pid, 20, &threads, NULL) == 0 ? (long)threads : 1;
     }
     closedir(d);
     return tasks;
@@ -175,10 +178,12 @@ static unsigned long long pid_namespace(void)
 
 void loom_launch_tmpdir_template(char *buf, size_t cap, const char *base)
 {
-    unsigned long long start = 0;
-    proc_stat_field((long)getpid(), 22, &start);
-    snprintf(buf, cap, "%s/" TMPDIR_PREFIX "%llu-%ld-%llu-XXXXXX", base, pid_namespace(),
-             (long)getpid(), start);
+    unsigned long long start;
+    if (proc_stat_field((long)getpid(), 22, &start, NULL) == 0)
+        snprintf(buf, cap, "%s/" TMPDIR_PREFIX "%llu-%ld-%llu-XXXXXX", base, pid_namespace(),
+                 (long)getpid(), start);
+    else /* without /proc no launcher could tell whether this one runs */
+        snprintf(buf, cap, "%s/" TMPDIR_PREFIX "XXXXXX", base);
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -190,10 +195,10 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 
 void loom_launch_remove_stale_tmpdirs(const char *base)
 {
-    DIR *d = opendir(base);
+    unsigned long long ns = pid_namespace(), mine;
+    DIR *d = proc_stat_field((long)getpid(), 22, &mine, NULL) == 0 ? opendir(base) : NULL;
     if (!d)
         return;
-    unsigned long long ns = pid_namespace();
     struct dirent *e;
     while ((e = readdir(d))) {
         unsigned long long their_ns, start, now_start;
@@ -210,8 +215,10 @@ void loom_launch_remove_stale_tmpdirs(const char *base)
             continue;
         if (!S_ISDIR(st.st_mode) || st.st_uid != getuid())
             continue;
-        if (proc_stat_field(pid, 22, &now_start) == 0 && now_start == start)
-            continue; /* that launcher still runs */
+        char state = 0;
+        if (proc_stat_field(pid, 22, &now_start, &state) == 0 && now_start == start &&
+            state != 'Z')
+            continue; /* that launcher still runs (a zombie is gone) */
         char path[4352];
         snprintf(path, sizeof path, "%s/%s", base, e->d_name);
         nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
