@@ -345,7 +345,8 @@ stale_tmpdir)
 nodes_agree | nodes_differ)
     # Two nodes' launchers on this machine: they start ranks only when
     # they agree on the job, and otherwise both refuse with the same line.
-    PORT=$((20000 + $$ % 10000))
+    # below the stores' ports (20000-31999) and the kernel's ephemeral ones
+    PORT=$((12000 + $$ % 8000))
     node() { # node K N ARG: node K's launcher of -n N, the command ending in ARG
         "$LOOM" launch --timeout 60 --nnodes 2 --node-rank "$1" --master "127.0.0.1:$PORT" -n "$2" \
             -- sh -c 'touch ran.$LOOM_RANK; echo "rank $LOOM_RANK of $LOOM_WORLD_SIZE"' "$3" >"out$1" 2>"err$1"
