@@ -151,7 +151,9 @@ int trainer_check_memory(trainer *t)
         used += (size_t)snprintf(fits + used, sizeof fits - used, "%s%s (%s)", used ? "; " : "",
                                  changes[i].setting, b);
     }
-    rc = loom_fail(LOOM_ERR_NO_MEMORY,
+    /* invalid, not out of memory: the job does not fit this machine, and
+     * a restart would be refused alike (loom train exits 78) */
+    rc = loom_fail(LOOM_ERR_INVALID,
                    "memory: this job needs %s of host memory at its peak on this machine (%d "
                    "rank%s here; the largest holds %s, as `loom plan` predicts), but only %s is "
                    "free (%s); %s%s",
