@@ -509,6 +509,7 @@ static int check_in_child(const char *file, const char *const *overrides, int no
         dup2(err[1], STDERR_FILENO); /* dup2 clears close-on-exec: the runs inherit it */
         close(err[1]);
         setvbuf(stdout, NULL, _IOLBF, 0);
+        loom_plugin_quiet_load_crashes();
         loaded_fd = state[1];
         int rc = check_plugin_file(file, overrides, noverrides, harness);
         fflush(NULL);

@@ -12,6 +12,7 @@
 #include <pwd.h>
 #include <libgen.h>
 #include <math.h>
+#include <signal.h>
 #include <limits.h>
 #include <link.h>
 #include <stdarg.h>
@@ -710,6 +711,18 @@ static int load_settings(const loom_plugin_header *h, const char *group,
     return 0;
 }
 
+/* A readable NUL-ended string of at most max bytes, the kernel reading it
+ * first: a wild pointer in a plugin's header is refused, not followed. */
+static int readable_text(const char *s, size_t max)
+{
+    probe pr;
+    if (probe_open(&pr))
+        return 0;
+    int ok = readable_string(&pr, s, max);
+    probe_close(&pr);
+    return ok;
+}
+
 static int check_description(const loom_plugin_header *h, char *why, size_t cap)
 {
     probe pr;
@@ -1070,8 +1083,10 @@ typedef Elf32_Rela elf_rela;
  * never executable mapping, with the relocations of its data applied: what
  * dlopen would map, but without running a byte of it. */
 typedef struct plugin_image {
-    unsigned char *base;
+    unsigned char *base; /* the lowest segment's first page */
     size_t size;
+    uint64_t first;      /* that page's address in the file's terms */
+    uintptr_t load;      /* where address 0 would be: what relocations add */
     const elf_sym *syms;
     size_t nsyms;
     const char *strtab;
@@ -1090,16 +1105,16 @@ static void image_free(plugin_image *im)
 /* n bytes at address addr of the image, or NULL when they are not all in it. */
 static void *image_at(const plugin_image *im, uint64_t addr, uint64_t n)
 {
-    if (addr > im->size || n > im->size - addr)
+    if (addr < im->first || addr - im->first > im->size || n > im->size - (addr - im->first))
         return NULL;
-    return im->base + addr;
+    return im->base + (addr - im->first);
 }
 
 /* Whether the n bytes at p lie in the image. */
 static int image_holds(const plugin_image *im, const void *p, size_t n)
 {
     const unsigned char *c = p;
-    return c >= im->base && image_at(im, (uint64_t)(c - im->base), n) != NULL;
+    return c >= im->base && image_at(im, im->first + (uint64_t)(c - im->base), n) != NULL;
 }
 
 static const char *image_string(const plugin_image *im, size_t offset)
@@ -1176,7 +1191,7 @@ static uintptr_t symbol_address(const plugin_image *im, size_t index)
         return 0;
     const elf_sym *s = &im->syms[index];
     if (s->st_shndx != SHN_UNDEF)
-        return (uintptr_t)(im->base + s->st_value);
+        return im->load + (uintptr_t)s->st_value;
     const char *name = image_string(im, s->st_name);
     void *found = name ? dlsym(RTLD_DEFAULT, name) : NULL;
     if (found || ELF_ST_BIND(s->st_info) == STB_WEAK)
@@ -1213,7 +1228,7 @@ static int image_relocate(plugin_image *im, char *why, size_t cap)
         if (!slot)
             continue;
         if (type == RELOC_RELATIVE || type == RELOC_IRELATIVE)
-            *slot = (uintptr_t)(im->base + rela[i].r_addend);
+            *slot = im->load + (uintptr_t)rela[i].r_addend;
         else if (type == RELOC_ABS || type == RELOC_GLOB_DAT)
             *slot = symbol_address(im, ELF_R_SYM(rela[i].r_info)) + (uintptr_t)rela[i].r_addend;
     }
@@ -1229,7 +1244,7 @@ static int image_relocate(plugin_image *im, char *why, size_t cap)
             uintptr_t *slot = image_at(im, entry, sizeof *slot);
             if (!slot)
                 return relocation_outside(why, cap, i, entry);
-            *slot += (uintptr_t)im->base;
+            *slot += im->load;
             where = entry + sizeof *slot;
             continue;
         }
@@ -1240,7 +1255,7 @@ static int image_relocate(plugin_image *im, char *why, size_t cap)
             uintptr_t *slot = image_at(im, at_slot, sizeof *slot);
             if (!slot)
                 return relocation_outside(why, cap, i, at_slot);
-            *slot += (uintptr_t)im->base;
+            *slot += im->load;
         }
         where += (8 * sizeof entry - 1) * sizeof entry;
     }
@@ -1280,7 +1295,7 @@ static int image_open(const char *path, plugin_image *im, char *why, size_t cap)
                  seg ? strerror(errno) : "out of memory");
         goto done;
     }
-    uint64_t span = 0;
+    uint64_t first = UINT64_MAX, span = 0;
     const elf_segment *dynamic = NULL;
     for (int i = 0; i < eh.e_phnum; i++) {
         if (seg[i].p_type == PT_DYNAMIC)
@@ -1288,7 +1303,7 @@ static int image_open(const char *path, plugin_image *im, char *why, size_t cap)
         if (seg[i].p_type != PT_LOAD)
             continue;
         uint64_t end = (uint64_t)seg[i].p_vaddr + seg[i].p_memsz;
-        if (end < seg[i].p_vaddr || seg[i].p_filesz > seg[i].p_memsz || end > IMAGE_MAX_BYTES) {
+        if (end < seg[i].p_vaddr || seg[i].p_filesz > seg[i].p_memsz) {
             snprintf(why, cap, "its ELF segment %d (address 0x%llx, %llu bytes) is not one a "
                      "library can have; the file is corrupt: rebuild the plugin", i,
                      (unsigned long long)seg[i].p_vaddr, (unsigned long long)seg[i].p_memsz);
@@ -1296,24 +1311,33 @@ static int image_open(const char *path, plugin_image *im, char *why, size_t cap)
         }
         if (end > span)
             span = end;
+        if (seg[i].p_vaddr < first)
+            first = seg[i].p_vaddr & ~(uint64_t)(sysconf(_SC_PAGESIZE) - 1);
     }
-    if (!dynamic || span == 0) {
+    if (!dynamic || first == UINT64_MAX) {
         snprintf(why, cap, "not a shared library: it has no %s; rebuild the plugin",
                  dynamic ? "loadable segment" : "dynamic section");
         goto done;
     }
-    im->size = (size_t)span;
+    if (span - first > IMAGE_MAX_BYTES) {
+        snprintf(why, cap, "its ELF segments span %llu bytes, more than a plugin can; the file is "
+                 "corrupt: rebuild the plugin", (unsigned long long)(span - first));
+        goto done;
+    }
+    im->first = first;
+    im->size = (size_t)(span - first);
     im->base = mmap(NULL, im->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (im->base == MAP_FAILED) {
         im->base = NULL;
         snprintf(why, cap, "cannot map %zu bytes to read it: %s", im->size, strerror(errno));
         goto done;
     }
+    im->load = (uintptr_t)im->base - (uintptr_t)first;
     for (int i = 0; i < eh.e_phnum; i++) {
         if (seg[i].p_type != PT_LOAD || !seg[i].p_filesz)
             continue;
         errno = 0;
-        if (pread(fd, im->base + seg[i].p_vaddr, seg[i].p_filesz, (off_t)seg[i].p_offset) !=
+        if (pread(fd, im->base + (seg[i].p_vaddr - first), seg[i].p_filesz, (off_t)seg[i].p_offset) !=
             (ssize_t)seg[i].p_filesz) {
             snprintf(why, cap, "cannot read its ELF segment %d: %s", i,
                      errno ? strerror(errno) : "the file is shorter than its headers say");
@@ -1523,6 +1547,50 @@ uint32_t loom_plugin_kind_in_file(const char *path)
     return found;
 }
 
+/* dlopen runs the dynamic loader on the file's bytes, then the library's
+ * constructors, and a corrupt file can crash either with no word of which
+ * file it was. While it runs, a fatal signal first says so, in one write
+ * (all a signal handler may do), then takes its default course: the handler
+ * resets itself, and the faulting instruction faults again. A thread that
+ * crashes meanwhile for its own reasons is blamed on the plugin, but dies
+ * the same. */
+static const int load_crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+static char load_crash_line[PATH_MAX + 160];
+static size_t load_crash_len;
+static int load_crash_quiet;
+
+void loom_plugin_quiet_load_crashes(void)
+{
+    load_crash_quiet = 1;
+}
+
+static void on_load_crash(int sig)
+{
+    (void)sig;
+    ssize_t written = write(STDERR_FILENO, load_crash_line, load_crash_len);
+    (void)written;
+}
+
+static void *dlopen_saying_crashes(const char *path)
+{
+    if (load_crash_quiet)
+        return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    int n = snprintf(load_crash_line, sizeof load_crash_line,
+                     "loom: error: plugin %s crashed while loading (its file is corrupt, or its "
+                     "constructor crashed); check it with loom plugins --check %s\n", path, path);
+    load_crash_len = n < 0 ? 0 : (size_t)n < sizeof load_crash_line ? (size_t)n
+                                                                     : sizeof load_crash_line - 1;
+    struct sigaction crash = {.sa_handler = on_load_crash, .sa_flags = SA_RESETHAND | SA_NODEFER};
+    struct sigaction saved[LOOM_ARRAY_LEN(load_crash_signals)];
+    sigemptyset(&crash.sa_mask);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(load_crash_signals); i++)
+        sigaction(load_crash_signals[i], &crash, &saved[i]);
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(load_crash_signals); i++)
+        sigaction(load_crash_signals[i], &saved[i], NULL);
+    return dl;
+}
+
 /* Every check in order; on success *dl and *header are the plugin's. */
 static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out,
                       loom_setting_spec **settings_out)
@@ -1578,7 +1646,7 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
             open_path = local;
         }
         dlerror();
-        dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
+        dl = dlopen_saying_crashes(open_path);
         if (!dl)
             return refuse(r, LOOM_ERR_INVALID, "dlopen", "dlopen failed: %s",
                           dl_cause(dlerror(), open_path));
@@ -1634,7 +1702,10 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
                       h->kind, sym);
     passed(r, "kind");
 
-    if (!h->name || !h->name[0])
+    if (!h->name || !readable_text(h->name, 128))
+        return refuse(r, LOOM_ERR_INVALID, "name", "header.name is %s; give it the name in the "
+                      "file's name", h->name ? "not a readable string" : "NULL");
+    if (!h->name[0])
         return refuse(r, LOOM_ERR_INVALID, "name", "header.name is empty");
     if (r->expect_name && strcmp(h->name, r->expect_name))
         return refuse(r, LOOM_ERR_INVALID, "name",

@@ -63,7 +63,9 @@ void loom_search_path_free(loom_search_path *sp);
 
 /* Find and check a plugin; name is a short name ("mpi") or, with a '/', a
  * file path. Every refusal is one line naming the file, what was found and
- * what was wanted. */
+ * what was wanted. A plugin that crashes the process while it loads (a
+ * corrupt file, or its constructor) is named in one line on stderr before
+ * the process dies of the signal. */
 int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
                      loom_plugin **out);
 void loom_plugin_unload(loom_plugin *p);
@@ -83,6 +85,9 @@ typedef struct loom_plugin_checks {
  * libloom-<kind>-<name>.so. checks is nullable. */
 int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,
                           loom_plugin_checks *checks, loom_plugin **out);
+/* For a process whose parent reports a crash itself (loom plugins --check):
+ * no line of its own when a plugin crashes it while loading. */
+void loom_plugin_quiet_load_crashes(void);
 /* The same checks on the file's own bytes, without dlopen: the exported
  * struct, the strings and the settings list it points to are read from the
  * ELF file's segments, copied and relocated into memory that is never

@@ -167,6 +167,15 @@ rc=$?
 [ $rc = 1 ] || fail "loom plugins --check of a corrupt plugin exited $rc, want 1"
 grep -q "^loom plugins: plugin $BAD crashed while loading: signal [0-9]* (.*)$" "$TMP/out" ||
     fail "loom plugins --check does not name the plugin that crashed"
+[ "$(grep -c "crashed" "$TMP/out")" = 1 ] || fail "loom plugins --check says it more than once"
+# a job that loads it dies of the signal, but says which plugin it was
+printf 'plugins = { path = [ "%s" ]; };\nbench = { comms = [ "good" ]; max_bytes = 64; };\n' \
+    "$TMP/bad" > "$TMP/bad.cfg"
+"$LOOM" bench "$TMP/bad.cfg" > "$TMP/out" 2>&1
+rc=$?
+[ $rc -ge 128 ] || fail "loom bench exited $rc, want the crash's signal"
+grep -q "^loom: error: plugin $BAD crashed while loading (its file is corrupt, or its constructor crashed); check it with loom plugins --check $BAD$" \
+    "$TMP/out" || fail "loom bench does not name the plugin that crashed it"
 LOOM_PLUGIN_PATH=$TMP/bad "$LOOM" plugins > "$TMP/out" 2>&1 ||
     fail "loom plugins crashed on a corrupt plugin it only had to list"
 # a relocation that writes outside the library: refused before dlopen
@@ -177,8 +186,6 @@ LOOM_PLUGIN_PATH=$TMP/bad "$LOOM" plugins > "$TMP/out" 2>&1 ||
 LOOM_PLUGIN_PATH=$TMP/bad "$LOOM" plugins > "$TMP/out" 2>&1 || fail "loom plugins failed"
 grep -q "^comm  *good  *-  *$BAD  *refused: its relocation 0 writes at address" "$TMP/out" ||
     fail "loom plugins does not show the corrupt plugin refused"
-printf 'plugins = { path = [ "%s" ]; };\nbench = { comms = [ "good" ]; max_bytes = 64; };\n' \
-    "$TMP/bad" > "$TMP/bad.cfg"
 "$LOOM" bench "$TMP/bad.cfg" > "$TMP/out" 2>&1
 rc=$?
 [ $rc != 0 ] && [ $rc -lt 128 ] || fail "loom bench exited $rc, want a refusal without a signal"
