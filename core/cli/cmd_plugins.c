@@ -494,12 +494,15 @@ static int check_in_child(const char *file, const char *const *overrides, int no
                           const loom_harness_options *harness)
 {
     int err[2], state[2];
-    if (pipe2(err, O_CLOEXEC) != 0)
-        return fprintf(stderr, "loom plugins: pipe: %s\n", strerror(errno)), 2;
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        fprintf(stderr, "loom plugins: cannot check %s: pipe: %s\n", file, strerror(errno));
+        return 2;
+    }
     if (pipe2(state, O_CLOEXEC) != 0) {
+        fprintf(stderr, "loom plugins: cannot check %s: pipe: %s\n", file, strerror(errno));
         close(err[0]);
         close(err[1]);
-        return fprintf(stderr, "loom plugins: pipe: %s\n", strerror(errno)), 2;
+        return 2;
     }
     fflush(NULL);
     pid_t pid = fork();
@@ -518,9 +521,10 @@ static int check_in_child(const char *file, const char *const *overrides, int no
     close(err[1]);
     close(state[1]);
     if (pid < 0) {
+        fprintf(stderr, "loom plugins: cannot check %s: fork: %s\n", file, strerror(errno));
         close(err[0]);
         close(state[0]);
-        return fprintf(stderr, "loom plugins: fork: %s\n", strerror(errno)), 2;
+        return 2;
     }
     char buf[4096], last[512] = "", line[512] = "";
     size_t used = 0;
