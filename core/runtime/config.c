@@ -165,6 +165,9 @@ static const schema_entry schema[] = {
     S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
       .help = "where train.checkpoint_every writes step-N/ (a shard file per rank); one job's "
       "at a time (loom.lock)"),
+    S("train.checkpoint_overwrite", V_BOOL, "false",
+      .help = "let this run write into a train.checkpoint_dir holding another run's checkpoints "
+      "(replacing those of the steps it saves)"),
     S("train.keep_checkpoints", V_INT, "0", .lo = 0, .flags = GE,
       .help = "keep the last N checkpoints, remove older ones (0 = keep all)"),
     S("train.checkpoint_async", V_BOOL, "false",
@@ -892,8 +895,9 @@ static int check_relations(const loom_config *cfg)
     int64_t checkpoint_every = 0;
     loom_config_int(cfg, "train.checkpoint_every", &checkpoint_every);
     static const char *const of_checkpoints[] = {"train.keep_checkpoints",
-                                                 "train.checkpoint_async"};
-    for (size_t i = 0; checkpoint_every == 0 && i < 2; i++)
+                                                 "train.checkpoint_async",
+                                                 "train.checkpoint_overwrite"};
+    for (size_t i = 0; checkpoint_every == 0 && i < LOOM_ARRAY_LEN(of_checkpoints); i++)
         if (loom_config_is_set(cfg, of_checkpoints[i]))
             return fail_rel(cfg, of_checkpoints[i], "train.checkpoint_every",
                             "does nothing without checkpoints; set train.checkpoint_every = N, "

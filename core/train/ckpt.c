@@ -25,14 +25,18 @@
 #define SHARD_MAGIC "LOOMSHRD"
 /* 2 added the data loader's position (model/dataloader.h) after the header
  * of the consolidated file and of meta.loom; 3 the stamp (ckpt.h) after
- * every file's fixed header. 1 and 2 are still read. */
-#define FORMAT_VERSION 3u
+ * every file's fixed header; 4 the lineage after the stamp of meta.loom and
+ * of the consolidated file. 1 to 3 are still read. */
+#define FORMAT_VERSION 4u
 #define FORMAT_STAMPED 3u
+#define FORMAT_LINEAGE 4u
 #define FORMAT_OLDEST 1u
 /* Far above any real job, low enough that a damaged count cannot make the
  * reader allocate without bound. */
 #define MAX_FILES (1 << 20)
 #define MAX_TENSORS 64
+/* The lineage's settings text: a few dozen short lines. */
+#define MAX_SETTINGS_TEXT (64 * 1024)
 
 /* The consolidated file's header; its layout is the on-disk format. */
 typedef struct state_disk {
@@ -64,6 +68,14 @@ typedef struct stamp_disk {
     uint32_t checksum;
     uint32_t reserved; /* 0 */
 } stamp_disk;
+
+/* Format 4: after the stamp of meta.loom and of the consolidated file,
+ * then settings_bytes of settings text (no NUL). */
+typedef struct lineage_disk {
+    uint64_t id, settings_hash, data_hash;
+    uint32_t settings_bytes;
+    uint32_t reserved; /* 0 */
+} lineage_disk;
 
 typedef struct record_disk {
     int32_t unit, tp_rank;
@@ -103,6 +115,7 @@ static void from_disk(const state_disk *d, loom_ckpt_header *h)
     h->loss_scale = d->loss_scale;
     h->nunits = (int)d->nunits;
     h->run_id = 0;
+    memset(&h->lineage, 0, sizeof h->lineage);
 }
 
 static int write_all(FILE *f, const void *p, size_t bytes)
@@ -277,6 +290,17 @@ static int file_seal(loom_ckpt_file *cf, const void *head, size_t head_bytes, in
     return cannot_write(cf->path, err);
 }
 
+/* Format 4's lineage block, first after the stamp. */
+static int write_lineage(loom_ckpt_file *cf, const loom_ckpt_lineage *l)
+{
+    size_t text = l->settings ? strlen(l->settings) : 0;
+    if (text > MAX_SETTINGS_TEXT)
+        text = MAX_SETTINGS_TEXT;
+    lineage_disk d = {l->id, l->settings_hash, l->data_hash, (uint32_t)text, 0};
+    int rc = file_write(cf, &d, sizeof d);
+    return rc == LOOM_OK ? file_write(cf, l->settings, text) : rc;
+}
+
 int loom_ckpt_sync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -344,6 +368,8 @@ int loom_ckpt_write_meta(const char *dir, const loom_ckpt_header *h, int tp, int
     int stamped = md.state.version >= FORMAT_STAMPED;
     loom_ckpt_file cf;
     int rc = file_create(&cf, path, sizeof md, stamped);
+    if (rc == LOOM_OK && md.state.version >= FORMAT_LINEAGE)
+        rc = write_lineage(&cf, &h->lineage);
     if (rc == LOOM_OK && h->data_position_bytes)
         rc = file_write(&cf, h->data_position, h->data_position_bytes);
     for (int u = 0; rc == LOOM_OK && u < h->nunits; u++) {
@@ -464,10 +490,14 @@ int loom_state_open(loom_state_writer *w, const char *path, const loom_ckpt_head
     state_disk d;
     to_disk(h, STATE_MAGIC, &d);
     int rc = file_create(&w->file, tmp, sizeof d, d.version >= FORMAT_STAMPED);
-    if (rc == LOOM_OK && h->data_position_bytes &&
-        (rc = file_write(&w->file, h->data_position, h->data_position_bytes)) != LOOM_OK)
+    if (rc == LOOM_OK && d.version >= FORMAT_LINEAGE)
+        rc = write_lineage(&w->file, &h->lineage);
+    if (rc == LOOM_OK && h->data_position_bytes)
+        rc = file_write(&w->file, h->data_position, h->data_position_bytes);
+    if (rc != LOOM_OK)
         file_abandon(&w->file);
     w->h.data_position = NULL; /* the caller's; not needed again */
+    w->h.lineage.settings = NULL;
     return rc;
 }
 
@@ -534,6 +564,7 @@ struct loom_ckpt {
     uint32_t format;   /* meta.loom's, or the consolidated file's */
     int verified;      /* every file's checksum was checked */
     unsigned char *data_position; /* h.data_position's bytes */
+    char *settings;               /* h.lineage.settings' text */
     FILE *state; /* consolidated */
     long units_at; /* consolidated: where the units start, past the data position */
     /* sharded */
@@ -659,6 +690,29 @@ static int read_data_position(loom_ckpt *ck, const char *path, FILE *f, long lon
     return LOOM_OK;
 }
 
+/* Format 4's lineage block from f, at the end of the stamp (remaining
+ * bytes to the end): into *l, its text into *text (malloc'd). */
+static int read_lineage(const char *path, FILE *f, long long remaining, loom_ckpt_lineage *l,
+                        char **text)
+{
+    lineage_disk d;
+    if (remaining < (long long)sizeof d || !read_all(f, &d, sizeof d))
+        return damaged(path, "it ends inside its lineage");
+    if (d.settings_bytes > MAX_SETTINGS_TEXT ||
+        (long long)d.settings_bytes > remaining - (long long)sizeof d)
+        return damaged(path, "its lineage's settings are %u bytes, more than the file or loom "
+                       "allows", d.settings_bytes);
+    if (!(*text = malloc((size_t)d.settings_bytes + 1)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    if (!read_all(f, *text, d.settings_bytes))
+        return damaged(path, "it ends inside its lineage");
+    (*text)[d.settings_bytes] = '\0';
+    if (strlen(*text) != d.settings_bytes)
+        return damaged(path, "its lineage's settings hold a NUL byte");
+    *l = (loom_ckpt_lineage){d.id, d.settings_hash, d.data_hash, *text};
+    return LOOM_OK;
+}
+
 static int open_consolidated(loom_ckpt *ck)
 {
     const char *path = ck->path;
@@ -685,8 +739,14 @@ static int open_consolidated(loom_ckpt *ck)
     ck->h.run_id = st.run_id;
     ck->verified = d.version >= FORMAT_STAMPED;
     long head = (long)(sizeof d + (d.version >= FORMAT_STAMPED ? sizeof st : 0));
-    if (fseek(ck->state, head, SEEK_SET) != 0 ||
-        (rc = read_data_position(ck, path, ck->state, size - head)) != LOOM_OK)
+    if (fseek(ck->state, head, SEEK_SET) != 0)
+        return damaged(path, "it ends inside its header");
+    if (d.version >= FORMAT_LINEAGE &&
+        (rc = read_lineage(path, ck->state, size - head, &ck->h.lineage, &ck->settings)) !=
+            LOOM_OK)
+        return rc;
+    head = ftell(ck->state);
+    if ((rc = read_data_position(ck, path, ck->state, size - head)) != LOOM_OK)
         return rc;
     ck->units_at = head + (long)ck->h.data_position_bytes;
     /* params, m and v of every unit, whole, and nothing after them */
@@ -792,8 +852,13 @@ static int read_meta(loom_ckpt *ck, FILE *f, const char *path)
     ck->files = (int)md.files;
     memcpy(ck->strategy, md.strategy, sizeof ck->strategy);
     long head = (long)(sizeof md + (ck->format >= FORMAT_STAMPED ? sizeof st : 0));
-    if (fseek(f, head, SEEK_SET) != 0 ||
-        (rc = read_data_position(ck, path, f, size - head)) != LOOM_OK)
+    if (fseek(f, head, SEEK_SET) != 0)
+        return damaged(path, "it ends inside its header");
+    if (ck->format >= FORMAT_LINEAGE &&
+        (rc = read_lineage(path, f, size - head, &ck->h.lineage, &ck->settings)) != LOOM_OK)
+        return rc;
+    head = ftell(f);
+    if ((rc = read_data_position(ck, path, f, size - head)) != LOOM_OK)
         return rc;
     size_t nu = (size_t)ck->h.nunits;
     long long left = size - ftell(f);
@@ -829,6 +894,47 @@ static int read_meta(loom_ckpt *ck, FILE *f, const char *path)
     if (ftell(f) != size)
         return damaged(path, "%lld bytes follow its shard table", size - (long long)ftell(f));
     return LOOM_OK;
+}
+
+int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
+                          loom_ckpt_lineage *lineage, char *settings, size_t cap)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%.4000s/meta.loom", dir);
+    memset(lineage, 0, sizeof *lineage);
+    if (settings && cap)
+        settings[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': no meta.loom in it", dir);
+    long long size = file_size(f);
+    meta_disk md;
+    stamp_disk st;
+    char *text = NULL;
+    int rc = LOOM_OK;
+    if (!read_all(f, &md, sizeof md) || memcmp(md.state.magic, META_MAGIC, 8) != 0)
+        rc = damaged(path, "it is not a loom checkpoint's meta.loom");
+    else if (!known_version(md.state.version))
+        rc = unknown_version(path, md.state.version);
+    if (rc == LOOM_OK) {
+        *step = md.state.step;
+        *format = md.state.version;
+    }
+    if (rc == LOOM_OK && md.state.version < FORMAT_LINEAGE)
+        rc = loom_fail(LOOM_ERR_NOT_SUPPORTED, "checkpoint '%s': format %u records no lineage",
+                       dir, md.state.version);
+    if (rc == LOOM_OK && (rc = read_stamp(path, f, size, &st)) == LOOM_OK &&
+        (rc = verify_checksum(path, f, sizeof md)) == LOOM_OK) {
+        long head = (long)(sizeof md + sizeof st);
+        rc = fseek(f, head, SEEK_SET) == 0 ? read_lineage(path, f, size - head, lineage, &text)
+                                           : damaged(path, "it ends inside its header");
+    }
+    if (rc == LOOM_OK && settings && cap)
+        snprintf(settings, cap, "%s", text);
+    lineage->settings = rc == LOOM_OK && settings ? settings : NULL;
+    free(text);
+    fclose(f);
+    return rc;
 }
 
 static int open_sharded(loom_ckpt *ck, int verify)
@@ -999,6 +1105,7 @@ void loom_ckpt_close(loom_ckpt *ck)
     free(ck->f);
     free(ck->rec);
     free(ck->data_position);
+    free(ck->settings);
     free(ck);
 }
 
@@ -1148,6 +1255,21 @@ void loom_ckpt_print_info(const loom_ckpt *ck, const loom_unit *units, FILE *f)
                 ck->verified ? "verified" : "not yet verified");
     else
         fprintf(f, "  written   in format %u, which has no checksums to verify\n", ck->format);
+    if (ck->format >= FORMAT_LINEAGE) {
+        fprintf(f, "  lineage   %016llx (settings %016llx, data %016llx)\n",
+                (unsigned long long)h->lineage.id, (unsigned long long)h->lineage.settings_hash,
+                (unsigned long long)h->lineage.data_hash);
+        /* the settings one line, as "name=value, name=value" */
+        fprintf(f, "  settings  ");
+        for (const char *c = h->lineage.settings; c && *c; c++)
+            if (*c != '\n')
+                fputc(*c, f);
+            else if (c[1])
+                fputs(", ", f);
+        fputc('\n', f);
+    } else {
+        fprintf(f, "  lineage   none recorded (format %u; format 4 records it)\n", ck->format);
+    }
     if (h->data_position)
         loom_data_position_print(h->data_position, h->data_position_bytes, f);
     else

@@ -25,6 +25,8 @@
  * A reader checks the checksum before it trusts a byte, and every field
  * before it uses it; a failure names the file, the field and the value.
  * Formats 1 and 2 (no stamp) are still read, range-checked but unverified.
+ * Format 4 adds the run's lineage right after the stamp of meta.loom and of
+ * the consolidated file (loom_ckpt_lineage); format 3 is read without one.
  * Every file is fsync'd before it is closed. */
 #ifndef LOOM_CKPT_H
 #define LOOM_CKPT_H
@@ -35,6 +37,17 @@
 #include "model/formats.h"
 #include "model/model.h"
 #include "loom/strategy.h"
+
+/* Which experiment a checkpoint belongs to: the trajectory it is a point
+ * of. id is the hash of the settings that shape the trajectory and of the
+ * data's identity at the run that started it, and a run resumed from a
+ * checkpoint (--resume, a restart) keeps that checkpoint's id, so the id
+ * names the whole line of jobs. settings: the text those settings were
+ * hashed from, "name=value" lines (NUL-terminated; NULL if unknown). */
+typedef struct loom_ckpt_lineage {
+    uint64_t id, settings_hash, data_hash;
+    const char *settings;
+} loom_ckpt_lineage;
 
 typedef struct loom_ckpt_header {
     loom_dtype dtype;
@@ -52,6 +65,8 @@ typedef struct loom_ckpt_header {
     /* The job that wrote it (a random id chosen at each job's start); 0 in
      * formats 1 and 2. */
     uint64_t run_id;
+    /* Format 4; all 0 (settings NULL) in older formats. */
+    loom_ckpt_lineage lineage;
 } loom_ckpt_header;
 
 /* Elements of a unit's whole (unsplit) flat buffer, from its views. */
@@ -93,6 +108,13 @@ int loom_ckpt_sync_dir(const char *dir);
 /* The run id and step stamped on a checkpoint directory's files (the first
  * file found with a stamp, complete or not): LOOM_ERR_NOT_FOUND if none. */
 int loom_ckpt_dir_stamp(const char *dir, uint64_t *run_id, int64_t *step);
+/* A complete checkpoint directory's step and lineage, from its meta.loom
+ * alone (checksum verified): LOOM_ERR_NOT_FOUND without meta.loom,
+ * LOOM_ERR_NOT_SUPPORTED for a format before 4 (no lineage: *step and
+ * *format are still set). settings: up to cap bytes of the lineage's
+ * settings text (may be NULL). */
+int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
+                          loom_ckpt_lineage *lineage, char *settings, size_t cap);
 /* Remove a checkpoint directory of any world size: meta.loom and every
  * shard-N.loom, then the directory; a file loom did not write stays, and
  * the failure names it. A missing directory is not an error. */

@@ -35,6 +35,7 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
     h->loss_scale = t->loss_scale;
     h->nunits = t->nunits;
     h->run_id = t->run_id;
+    h->lineage = t->lineage;
     unsigned char *position = NULL;
     int rc = loom_dataloader_save(&t->loader, &position, &h->data_position_bytes);
     h->data_position = position;
@@ -763,6 +764,8 @@ int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd)
             fd = -1;
             remove_leftovers(t, dir);
         }
+        if (rc == LOOM_OK)
+            rc = trainer_check_lineage(t, dir);
         if (fd >= 0)
             close(fd);
     }

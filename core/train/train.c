@@ -26,6 +26,7 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
     int rc = trainer_check_outputs(t, o);
     if (rc == LOOM_OK)
         rc = trainer_choose_run_id(t);
+    trainer_choose_lineage(t, o->resume);
     if (rc == LOOM_OK && every > 0)
         rc = trainer_lock_checkpoints(t, dir, lock_fd);
     if (rc != LOOM_OK)

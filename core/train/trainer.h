@@ -21,6 +21,7 @@
 #include "runtime/runtime.h"
 #include "runtime/tier.h"
 #include "train/pipeline.h"
+#include "train/ckpt.h"
 #include "train/schedule.h"
 #include "train/train.h"
 
@@ -98,6 +99,10 @@ typedef struct trainer {
      * writes, and how many times the ranks have agreed on a checkpoint's
      * outcome (names the store keys of the reasons). */
     uint64_t run_id;
+    /* The lineage its checkpoints record (restart.c); lineage.settings is
+     * trajectory, the settings that shape the trajectory, as text. */
+    loom_ckpt_lineage lineage;
+    char trajectory[8192];
     /* resuming after a restart by loom launch: a checkpoint of the last
      * step is a finished job, not a mistake */
     int restarting;
@@ -191,6 +196,15 @@ int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype);
  * latest complete checkpoint of train.checkpoint_dir (in buf), else asked
  * (the --resume given, or NULL). */
 const char *trainer_restart_resume(const trainer *t, const char *asked, char *buf, size_t cap);
+/* The job's lineage (before trainer_restart_resume): the hash of the
+ * settings that shape the trajectory and of the data's identity, or, when
+ * resuming (resume: --resume's path or NULL), the checkpoint's lineage. */
+void trainer_choose_lineage(trainer *t, const char *resume);
+/* Rank 0, holding train.checkpoint_dir's lock: a directory holding complete
+ * checkpoints of another lineage is refused (one line naming the step, the
+ * lineage and the first setting that differs) unless
+ * train.checkpoint_overwrite = true. */
+int trainer_check_lineage(const trainer *t, const char *dir);
 /* outputs.c */
 int trainer_check_outputs(trainer *t, const loom_train_options *o);
 /* mkdir -p: *made is the topmost directory it created ("" if none), for

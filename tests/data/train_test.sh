@@ -121,12 +121,14 @@ refused)
 import struct, sys
 data = bytearray(open(sys.argv[1], 'rb').read())
 # the header: magic, version, dtype, shape[6], step, good_steps, data, loss_scale, nunits;
-# format 3 then stamps it (run id, step, length, checksum: 32 bytes)
-assert data[:8] == b'LOOMSTAT' and struct.unpack_from('<I', data, 8)[0] == 3
+# format 3 then stamps it (run id, step, length, checksum: 32 bytes), and
+# format 4 adds the lineage (32 bytes, the settings' text of the length at 24)
+assert data[:8] == b'LOOMSTAT' and struct.unpack_from('<I', data, 8)[0] == 4
 size = struct.unpack_from('<Q', data, 56)[0]
+lineage = 32 + struct.unpack_from('<I', data, 72 + 32 + 24)[0]
 struct.pack_into('<I', data, 8, 1)
 struct.pack_into('<Q', data, 56, 8 * 12 * 32)  # after 8 steps of 12 x 32 tokens
-open(sys.argv[2], 'wb').write(data[:72] + data[72 + 32 + size:])
+open(sys.argv[2], 'wb').write(data[:72] + data[72 + 32 + lineage + size:])
 PY
     "$LOOM" ckpt info v1.loom | grep -q "data      token 3072 of one unshuffled shard (checkpoint format 1)" ||
         { "$LOOM" ckpt info v1.loom; echo "$TEST: ckpt info of a format 1 checkpoint"; exit 1; }
