@@ -12,8 +12,9 @@
 #  - a plugin file or folder others can write is refused, unless
 #    LOOM_ALLOW_INSECURE_PLUGINS=1;
 #  - a corrupt plugin is reported by name: under --check the load runs in a
-#    child, and a relocation that writes outside the library is refused
-#    before dlopen, by the listing and by a job.
+#    child, a job it crashes names it before dying of the signal, and a
+#    relocation that writes outside the library is refused before dlopen,
+#    by the listing and by a job.
 #   usage: planted_test.sh LOOM PLUGIN_DIR PLUGIN_CORRUPT SOURCE_DIR
 set -u
 LOOM=$1
