@@ -9,12 +9,14 @@
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/status.h"
 #include "model/dataloader.h"
 #include "model/formats.h"
 #include "model/mt19937.h"
+#include "runtime/crc32c.h"
 #include "runtime/log.h"
 
 /* llm.c seeds process r's shuffle with 42 + r. */
@@ -65,6 +67,14 @@ static int add_pattern(loom_dataset *ds, const char *where, const char *pattern)
     return rc;
 }
 
+/* One file's CRC32C and the size and mtime it was computed at. */
+struct loom_file_crc {
+    int known;
+    off_t size;
+    struct timespec mtime;
+    uint32_t crc;
+};
+
 int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
                       const char *const *patterns, int npatterns, int vocab)
 {
@@ -86,6 +96,8 @@ int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
         if ((rc = loom_shard_inspect(ds->paths[i], &count)) == LOOM_OK)
             ds->tokens[i] = (int64_t)count;
     }
+    if (rc == LOOM_OK && !(ds->crcs = calloc((size_t)ds->nfiles + 1, sizeof *ds->crcs)))
+        rc = loom_fail(LOOM_ERR_NO_MEMORY, "%s: out of memory", setting);
     if (rc != LOOM_OK) {
         /* the detail outlives the close: it is the thread's last error */
         loom_dataset_close(ds);
@@ -94,8 +106,42 @@ int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
     return LOOM_OK;
 }
 
+int loom_dataset_crc(const loom_dataset *ds, int i, uint32_t *crc)
+{
+    const char *path = ds->paths[i];
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return loom_fail(LOOM_ERR_NOT_FOUND, "%s: cannot open '%s': %s", ds->setting, path,
+                         strerror(errno));
+    struct loom_file_crc *c = ds->crcs ? &ds->crcs[i] : NULL;
+    if (c && c->known && c->size == st.st_size && c->mtime.tv_sec == st.st_mtim.tv_sec &&
+        c->mtime.tv_nsec == st.st_mtim.tv_nsec) {
+        *crc = c->crc;
+        return LOOM_OK;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = fd >= 0 ? malloc(CHUNK) : NULL;
+    uint32_t sum = 0;
+    ssize_t n = -1;
+    while (buf && (n = read(fd, buf, CHUNK)) > 0)
+        sum = loom_crc32c_extend(sum, buf, (size_t)n);
+    int err = errno;
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    if (n != 0)
+        return loom_fail(LOOM_ERR_INVALID, "%s: cannot read '%s': %s", ds->setting, path,
+                         fd < 0 || n < 0 ? strerror(err) : "out of memory");
+    if (c)
+        *c = (struct loom_file_crc){1, st.st_size, st.st_mtim, sum};
+    *crc = sum;
+    return LOOM_OK;
+}
+
 void loom_dataset_close(loom_dataset *ds)
 {
+    free(ds->crcs);
     for (int i = 0; ds->paths && i < ds->nfiles; i++)
         free(ds->paths[i]);
     free(ds->paths);
@@ -430,12 +476,14 @@ int loom_dataloader_next(loom_dataloader *dl, int *inputs, int *targets)
  * checkpoint):
  *   "LOOMDATA", u32 version,
  *   u32 shuffle, readers, read_batch, batch, seq, files,
- *   per file: i64 tokens, u32 name length, the path,
+ *   per file: i64 tokens, u32 name length, the path, u32 CRC32C of the
+ *   file (version 2; version 1 has none and is still read),
  *   per reader: i64 epoch, shard, sample; the mt19937 as it was before the
  *   shard's sample permutation (u32 words[624], i32 left, u32 next);
  *   i32 shard order[files]. */
 #define POSITION_MAGIC "LOOMDATA"
-#define POSITION_VERSION 1u
+#define POSITION_VERSION 2u
+#define POSITION_CRC 2u
 
 typedef struct bytes_out {
     unsigned char *p;
@@ -516,9 +564,16 @@ int loom_dataloader_save(const loom_dataloader *dl, unsigned char **bytes, size_
                         (uint32_t)o->batch,   (uint32_t)o->seq,     (uint32_t)ds->nfiles};
     put(&out, head, sizeof head);
     for (int i = 0; i < ds->nfiles; i++) {
+        uint32_t crc = 0;
+        int rc = loom_dataset_crc(ds, i, &crc);
+        if (rc != LOOM_OK) {
+            free(out.p);
+            return rc;
+        }
         put_i64(&out, ds->tokens[i]);
         put_u32(&out, (uint32_t)strlen(ds->paths[i]));
         put(&out, ds->paths[i], strlen(ds->paths[i]));
+        put_u32(&out, crc);
     }
     for (int r = 0; r < o->readers; r++) {
         const loom_data_reader *rd = &dl->reader[r];
@@ -619,9 +674,9 @@ int loom_dataloader_restore(loom_dataloader *dl, const unsigned char *bytes, siz
     uint32_t version = get_u32(&in);
     if (in.short_read || memcmp(magic, POSITION_MAGIC, 8) != 0)
         return damaged(ckpt, "no LOOMDATA record");
-    if (version != POSITION_VERSION)
+    if (version < 1 || version > POSITION_VERSION)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "--resume %s: data position version %u; this "
-                         "loom reads version %u", ckpt, version, POSITION_VERSION);
+                         "loom reads versions 1 to %u", ckpt, version, POSITION_VERSION);
     uint32_t head[6];
     get(&in, head, sizeof head);
     if (in.short_read)
@@ -647,7 +702,7 @@ int loom_dataloader_restore(loom_dataloader *dl, const unsigned char *bytes, siz
                          "--resume %s: %s: the checkpoint read %u files, the config names %d; "
                          "the data order would differ: name the same files, or start afresh",
                          ckpt, ds->setting, head[5], ds->nfiles);
-    /* The files by name and size, not by directory: the data may move. */
+    /* The files by name, size and contents, not by directory: the data may move. */
     for (int i = 0; i < ds->nfiles; i++) {
         int64_t tokens = get_i64(&in);
         uint32_t len = get_u32(&in);
@@ -665,6 +720,20 @@ int loom_dataloader_restore(loom_dataloader *dl, const unsigned char *bytes, siz
                              "same files, or start afresh",
                              ckpt, ds->setting, i + 1, name, (long long)tokens, ds->paths[i],
                              (long long)ds->tokens[i]);
+        if (version < POSITION_CRC)
+            continue;
+        uint32_t saved = get_u32(&in), now = 0;
+        if (in.short_read)
+            return damaged(ckpt, "it ends early");
+        int rc = loom_dataset_crc(ds, i, &now);
+        if (rc != LOOM_OK)
+            return rc;
+        if (saved != now)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "--resume %s: %s: file %d, %s, has CRC32C 0x%08x, and had 0x%08x "
+                             "when the checkpoint was saved: the same name and size, other "
+                             "contents, so the losses would differ; put the saved file back, or "
+                             "start afresh", ckpt, ds->setting, i + 1, ds->paths[i], now, saved);
     }
     for (int r = 0; r < o->readers; r++) {
         int rc = restore_reader(dl, &dl->reader[r], &in, ckpt);
@@ -721,7 +790,8 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
     get(&in, magic, sizeof magic);
     uint32_t version = get_u32(&in), head[6];
     get(&in, head, sizeof head);
-    if (in.short_read || memcmp(magic, POSITION_MAGIC, 8) != 0 || version != POSITION_VERSION) {
+    if (in.short_read || memcmp(magic, POSITION_MAGIC, 8) != 0 || version < 1 ||
+        version > POSITION_VERSION) {
         fprintf(f, "  data      (a data position this loom cannot read)\n");
         return;
     }
@@ -736,6 +806,7 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
     }
     uint64_t total = 0;
     int64_t *tokens = calloc(nfiles ? nfiles : 1, sizeof *tokens);
+    uint32_t *crcs = calloc(nfiles ? nfiles : 1, sizeof *crcs);
     char **names = calloc(nfiles ? nfiles : 1, sizeof *names);
     for (uint32_t i = 0; tokens && names && i < nfiles && !in.short_read; i++) {
         tokens[i] = get_i64(&in);
@@ -745,7 +816,11 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
         if ((names[i] = malloc((size_t)len + 1))) {
             get(&in, names[i], len);
             names[i][len] = '\0';
+        } else {
+            skip(&in, len);
         }
+        if (version >= POSITION_CRC && crcs)
+            crcs[i] = get_u32(&in);
         total += tokens[i] > 0 ? (uint64_t)tokens[i] : 0;
     }
     fprintf(f, "  data      %s, %u reader%s × %u sequences of %u tokens per read, train.batch %u; "
@@ -754,6 +829,10 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
             head[2], head[4], head[3], nfiles, nfiles == 1 ? "" : "s", (unsigned long long)total);
     int *order = malloc((nfiles ? nfiles : 1) * sizeof *order);
     enum { SHOWN = 8 };
+    for (uint32_t i = 0; version >= POSITION_CRC && crcs && names && i < nfiles && i < SHOWN &&
+                         names[i] && !in.short_read; i++)
+        fprintf(f, "  file %-4u %s, %lld tokens, CRC32C 0x%08x\n", i + 1, names[i],
+                (long long)tokens[i], crcs[i]);
     for (uint32_t r = 0; order && tokens && names && r < readers && !in.short_read; r++) {
         int64_t epoch = get_i64(&in), shard = get_i64(&in), sample = get_i64(&in);
         skip(&in, LOOM_MT19937_WORDS * sizeof(uint32_t) + 2 * sizeof(uint32_t));
@@ -775,5 +854,6 @@ void loom_data_position_print(const unsigned char *bytes, size_t size, FILE *f)
         free(names[i]);
     free(names);
     free(tokens);
+    free(crcs);
     free(order);
 }

@@ -35,6 +35,7 @@ typedef struct loom_dataset {
     char **paths;    /* each pattern's matches in glob's (sorted) order, patterns in order */
     int64_t *tokens; /* each file's token count */
     int vocab;       /* every token read must be < vocab */
+    struct loom_file_crc *crcs; /* each file's CRC32C once computed, with its size and mtime */
 } loom_dataset;
 
 /* patterns: glob(3) patterns or plain paths. Every file's header (magic,
@@ -43,6 +44,10 @@ typedef struct loom_dataset {
 int loom_dataset_open(loom_dataset *ds, const char *setting, const char *where,
                       const char *const *patterns, int npatterns, int vocab);
 void loom_dataset_close(loom_dataset *ds);
+/* File i's CRC32C, its contents' identity: read whole the first time it is
+ * asked, then again only when the file's size or mtime changed (kept in
+ * memory, so a read-only data folder is fine). */
+int loom_dataset_crc(const loom_dataset *ds, int i, uint32_t *crc);
 
 /* What decides which tokens each step sees. */
 typedef struct loom_data_order {
@@ -97,8 +102,10 @@ void loom_dataloader_rewind(loom_dataloader *dl);
 /* *bytes is malloc'd. */
 int loom_dataloader_save(const loom_dataloader *dl, unsigned char **bytes, size_t *size);
 /* A position saved by loom_dataloader_save. The order and the files must
- * be the saved ones (the mesh may differ): else one line naming the setting,
- * the checkpoint's value and the config's. ckpt names the checkpoint. */
+ * be the saved ones (the mesh may differ), the files by name, size and
+ * CRC32C (a position of version 1 has no CRC32C): else one line naming the
+ * setting (or the file), the checkpoint's value and the config's. ckpt
+ * names the checkpoint. */
 int loom_dataloader_restore(loom_dataloader *dl, const unsigned char *bytes, size_t size,
                             const char *ckpt);
 /* A checkpoint of loom's format 1 holds only a token offset into one

@@ -683,8 +683,62 @@ static int is_leftover(const char *name)
     return *p ? !strcmp(p, ".tmp") || !strcmp(p, ".old") : sample;
 }
 
+/* A checkpoint whose every file is there and verifies. */
+static int complete_checkpoint(const char *path)
+{
+    loom_ckpt *ck = NULL;
+    int ok = loom_ckpt_open(path, &ck) == LOOM_OK;
+    loom_ckpt_close(ck);
+    return ok;
+}
+
+/* step-N of step-N.tmp or step-N.old (a checkpoint's leftovers, not a
+ * sample's), in base; 0 for any other name. */
+static int leftover_base(const char *dir, const char *name, char *base, size_t cap)
+{
+    size_t n = strlen(name);
+    if (strncmp(name, "step-", 5) != 0 || n < 9 ||
+        (strcmp(name + n - 4, ".tmp") != 0 && strcmp(name + n - 4, ".old") != 0))
+        return 0;
+    snprintf(base, cap, "%.4000s/%.*s", dir, (int)(n - 4), name);
+    return 1;
+}
+
+/* Where a replacement stopped with step-N gone (between the two renames
+ * of the fallback: step-N -> step-N.old, step-N.tmp -> step-N), or a first
+ * save stopped after its last file: the complete one of step-N.tmp (the
+ * newer) and step-N.old goes back to step-N. */
+static void restore_missing(const char *dir, const char *name)
+{
+    char base[4400], path[4400];
+    struct stat st;
+    if (!leftover_base(dir, name, base, sizeof base) || lstat(base, &st) == 0)
+        return;
+    static const char *const order[] = {".tmp", ".old"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s%s", base, order[i]);
+        if (lstat(path, &st) != 0 || !complete_checkpoint(path))
+            continue;
+        if (rename(path, base) != 0) {
+            loom_log(LOOM_LOG_WARN, "checkpoint: %s is complete and %s missing, and it cannot "
+                     "be moved there: %s; resume from it with --resume %s", path, base,
+                     strerror(errno), path);
+            return;
+        }
+        char parent[4400];
+        snprintf(parent, sizeof parent, "%s", dir);
+        loom_ckpt_sync_dir(parent);
+        loom_log(LOOM_LOG_INFO, "checkpoint: restored %s from %s (complete and verified), "
+                 "left by a job that stopped while saving it", base, path);
+        return;
+    }
+}
+
 /* Rank 0, holding the lock: no live job writes here, so whatever a
- * checkpoint left unfinished is from one that stopped. */
+ * checkpoint left is from one that stopped. A step-N that is missing comes
+ * back from a complete step-N.tmp or step-N.old; then a leftover goes only
+ * if it is incomplete or its step-N is complete: the only complete copy of
+ * a step is never removed. */
 static void remove_leftovers(const trainer *t, const char *dir)
 {
     DIR *d = opendir(dir);
@@ -702,11 +756,19 @@ static void remove_leftovers(const trainer *t, const char *dir)
             n++;
     }
     closedir(d);
+    for (size_t i = 0; i < n; i++)
+        restore_missing(dir, names[i]);
     for (size_t i = 0; i < n; i++) {
-        char path[4400];
+        char path[4400], base[4400];
         snprintf(path, sizeof path, "%.4000s/%s", dir, names[i]);
-        if (remove_leftover(t, path) != LOOM_OK)
+        struct stat st;
+        if (leftover_base(dir, names[i], base, sizeof base) && lstat(path, &st) == 0 &&
+            !complete_checkpoint(base) && complete_checkpoint(path)) {
+            loom_log(LOOM_LOG_WARN, "checkpoint: keeping %s, complete, while %s is not a "
+                     "complete checkpoint; resume from it with --resume %s", path, base, path);
+        } else if (remove_leftover(t, path) != LOOM_OK) {
             loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
+        }
         free(names[i]);
     }
     free(names);
