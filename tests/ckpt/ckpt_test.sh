@@ -1,13 +1,15 @@
 #!/bin/sh
 # Verified, atomic checkpoints end to end.
-#   usage: ckpt_test.sh LOOM SOURCE_DIR CASE
+#   usage: ckpt_test.sh LOOM SOURCE_DIR CASE [SHIM]
 #   CASE: checksum | mutated_fields | truncated_tokens | remesh | disk_full | lock |
 #         final_and_keep | refusals | kill9 | async_bitwise | async_zero3 | async_kill9 |
-#         async_write_fails | async_disk_full | async_refused
+#         async_write_fails | async_disk_full | async_refused | lineage | data_changed |
+#         fallback (SHIM: rename_shim.c built as a shared library)
 set -eu
 LOOM=$1
 SRC=$2
 CASE=$3
+SHIM=${4:-}
 CFG=$SRC/tests/ckpt/tiny.cfg
 DATA=$SRC/examples/data/corpus.bin
 EDIT="python3 $SRC/tests/ckpt/ckpt_edit.py"
@@ -425,6 +427,120 @@ async_refused)
     sed 's/lr = 1e-3;/lr = 1e-3; checkpoint_async = true;/' "$CFG" > async.cfg
     refused async_in_file "async.cfg:4: train.checkpoint_async: does nothing" -- \
         "$LOOM" train async.cfg --set data.train="$DATA" ;;
+lineage)
+    # a run refuses a checkpoint_dir holding another lineage's checkpoints
+    # (other settings or other data), naming the step, the lineage, the
+    # first difference and the way out; the same settings again, or a
+    # resume of it, continue the lineage
+    run first 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck"
+    cp ck/step-10/meta.loom before.meta
+    refused other_lr "train.checkpoint_dir '$TMP/ck' holds step-10 of another run (lineage " \
+        "train.lr = 0.001 there, 0.003 in this run" "use a new directory, --resume $TMP/ck/step-10 to continue it" \
+        "or set train.checkpoint_overwrite = true to replace it" -- \
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_every=5 \
+        --set train.checkpoint_dir="$TMP/ck" --set train.lr=3e-3
+    sed 's|lr = 1e-3;|lr = 1e-3; checkpoint_every = 5; checkpoint_dir = "ck";|' "$CFG" > seed.cfg
+    refused other_seed "seed.cfg:4: train.checkpoint_dir 'ck' holds step-10 of another run" \
+        "model.seed = 1337 there, 7 in this run" -- \
+        "$LOOM" train seed.cfg --set data.train="$DATA" --set model.seed=7
+    cp "$DATA" other.bin
+    refused other_data "holds step-10 of another run" "its data.train files differ by name or length" -- \
+        "$LOOM" train "$CFG" --set data.train="$TMP/other.bin" --set train.checkpoint_every=5 \
+        --set train.checkpoint_dir="$TMP/ck"
+    cmp -s ck/step-10/meta.loom before.meta || fail "a refused run changed step-10"
+    "$LOOM" ckpt info ck/step-10 > info.txt || { cat info.txt; fail "ckpt info failed"; }
+    lineage=$(sed -n 's/^  lineage   \([0-9a-f]\{16\}\) (settings [0-9a-f]\{16\}, data [0-9a-f]\{16\})$/\1/p' info.txt)
+    [ -n "$lineage" ] || { cat info.txt; fail "ckpt info does not show the lineage"; }
+    grep -q "^  settings  .*train.lr=0.001, " info.txt || { cat info.txt; fail "ckpt info does not show the settings"; }
+    # the mesh, the checkpoint settings and the logs are no part of it
+    run again 2 --set train.checkpoint_every=2 --set train.checkpoint_dir="$TMP/ck"
+    # a resume with another learning rate continues the lineage
+    run resumed 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" --set train.lr=3e-3 \
+        --resume "$TMP/ck/step-5"
+    "$LOOM" ckpt info ck/step-10 | grep -q "^  lineage   $lineage " || fail "the resumed run's step-10 is of another lineage"
+    # checkpoint_overwrite: allowed, and said; a restart resumes this run's
+    # own step-5, not the other run's later step-10, and ends as a run that
+    # was never stopped
+    run alone 1 --set train.lr=3e-3 --save alone.bin
+    run over 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" --set train.lr=3e-3 \
+        --set train.checkpoint_overwrite=true --set train.steps=5
+    grep -q "train.checkpoint_overwrite = true: '$TMP/ck' holds step-10 of another run (lineage $lineage" over.log ||
+        { cat over.log; fail "checkpoint_overwrite does not say what it overwrites"; }
+    LOOM_RESTART=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_every=5 \
+        --set train.checkpoint_dir="$TMP/ck" --set train.lr=3e-3 --set train.checkpoint_overwrite=true \
+        --save over.bin > restart.log 2>&1 || { cat restart.log; fail "the restart failed"; }
+    grep -q "restart 1: resuming from $TMP/ck/step-5 (step-10 there is another run's, lineage $lineage: left alone)" restart.log ||
+        { cat restart.log; fail "the restart did not resume its own step-5"; }
+    cmp -s alone.bin over.bin || fail "the restarted run's weights differ from an uninterrupted run's"
+    refused overwrite_alone "train.checkpoint_overwrite: does nothing without checkpoints" -- \
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_overwrite=true ;;
+data_changed)
+    # a data file of the same name and size with other contents is refused
+    # at resume, naming it and both CRC32Cs; a new mtime alone is not
+    cp "$SRC/examples/data/corpus.bin" data.bin
+    DATA=$TMP/data.bin
+    run whole 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck"
+    "$LOOM" ckpt info ck/step-5 | grep -q "^  file 1    $TMP/data.bin, 83917 tokens, CRC32C 0x" ||
+        { "$LOOM" ckpt info ck/step-5; fail "ckpt info does not show the file's CRC32C"; }
+    touch data.bin
+    run resumed 1 --resume "$TMP/ck/step-5"
+    same_tail whole resumed 5
+    python3 - data.bin <<'PY'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+data[5000] ^= 1  # a token (after the 1024-byte header), still below the vocabulary
+open(sys.argv[1], "wb").write(data)
+PY
+    refused changed "--resume $TMP/ck/step-5: data.train: file 1, $TMP/data.bin, has CRC32C 0x" \
+        "when the checkpoint was saved: the same name and size, other contents" -- $(resume_cmd "$TMP/ck/step-5") ;;
+fallback)
+    # a file system without RENAME_EXCHANGE (the shim): step-10 replaced
+    # through step-10.old, killed at each point of it; the next job keeps
+    # the complete copy (restoring step-10 when it is gone), resumes from
+    # step-10 and ends with the uninterrupted run's weights
+    [ -n "$SHIM" ] || { echo "$TEST: no shim library: skipped"; exit 77; }
+    run whole 1 --set train.steps=15 --save whole.bin
+    run base 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/base"
+    for point in none rename:1 rename:1-tmp-damaged rename:2 unlink-old:1; do
+        rm -rf ck r.bin k.bin
+        cp -r base ck
+        status=0
+        LD_PRELOAD=$SHIM LOOM_SHIM_KILL=${point%-tmp-damaged} "$LOOM" train "$CFG" --set data.train="$DATA" \
+            --set train.steps=15 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" \
+            --resume "$TMP/ck/step-5" --save k.bin > killed.log 2>&1 || status=$?
+        if [ "$point" = none ]; then
+            [ "$status" = 0 ] || { cat killed.log; fail "the fallback replacement failed"; }
+            cmp -s whole.bin k.bin || fail "the fallback replacement: other weights"
+            ls -d ck/*.tmp ck/*.old 2>/dev/null && fail "the fallback replacement left a directory"
+            continue
+        fi
+        [ "$status" = 137 ] || { cat killed.log; fail "$point: not killed (status $status)"; }
+        restored=""
+        case $point in
+        rename:1)
+            [ ! -e ck/step-10 ] && [ -f ck/step-10.old/meta.loom ] && [ -f ck/step-10.tmp/meta.loom ] ||
+                { ls -R ck; fail "$point: not killed between the renames"; }
+            restored=step-10.tmp ;;
+        rename:1-tmp-damaged)
+            # the new copy is damaged: the old one is the only complete copy
+            printf 'x' >> ck/step-10.tmp/shard-0.loom
+            restored=step-10.old ;;
+        rename:2|unlink-old:1)
+            [ -f ck/step-10/meta.loom ] && [ -d ck/step-10.old ] ||
+                { ls -R ck; fail "$point: not killed before step-10.old was removed"; } ;;
+        esac
+        LOOM_RESTART=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=15 \
+            --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" \
+            --resume "$TMP/ck/step-5" --save r.bin > restart.log 2>&1 ||
+            { cat restart.log; fail "$point: the next job failed"; }
+        [ -z "$restored" ] || grep -q "restored $TMP/ck/step-10 from $TMP/ck/$restored (complete and verified)" restart.log ||
+            { cat restart.log; fail "$point: step-10 was not restored from $restored"; }
+        grep -q "restart 1: resuming from $TMP/ck/step-10" restart.log ||
+            { cat restart.log; fail "$point: the next job did not resume from step-10"; }
+        cmp -s whole.bin r.bin || fail "$point: the final weights differ from the uninterrupted run's"
+        ls -d ck/*.tmp ck/*.old 2>/dev/null && fail "$point: a leftover stayed"
+        echo "killed at $point: recovered, resumed from step-10, the same final weights"
+    done ;;
 *)
     echo "$TEST: unknown case $CASE"; exit 2 ;;
 esac
