@@ -18,6 +18,7 @@
 #include "loom/status.h"
 #include "loom/tensor.h"
 #include "model/formats.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 
 #define HEADER_INTS 256
@@ -160,19 +161,18 @@ typedef struct llmc_file {
  * shard", for the messages. */
 static int llmc_open(llmc_file *file, const char *path, const char *kind, int32_t want_magic)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return loom_fail(LOOM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
-    /* fopen succeeds on a directory; only the first read would fail. */
+    const char *why = NULL;
+    FILE *f = loom_fopen_regular(path, &why);
+    if (!f) {
+        int not_regular = errno == EISDIR || errno == EINVAL;
+        return loom_fail(not_regular ? LOOM_ERR_INVALID : LOOM_ERR_NOT_FOUND,
+                         "%s: cannot open: %s", path, why);
+    }
     struct stat st;
     if (fstat(fileno(f), &st) != 0) {
         int err = errno;
         fclose(f);
         return loom_fail(LOOM_ERR_INVALID, "%s: cannot stat: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fclose(f);
-        return loom_fail(LOOM_ERR_INVALID, "%s: not a regular file", path);
     }
     int32_t *header = file->header;
     memset(header, 0, HEADER_BYTES);
@@ -336,6 +336,40 @@ static int read_checkpoint_body(llmc_file *file, const char *path, const loom_gp
     return LOOM_OK;
 }
 
+/* Weights that are NaN or infinite make every logit NaN: a sample of one
+ * token over and over, a run that trains nothing. Refused at load, naming
+ * the first such value by tensor, layer and element, and how many there
+ * are. */
+static int check_finite(const char *path, const loom_gpt2_shape *s, const float *params)
+{
+    size_t count = loom_gpt2_param_count(s), bad = 0, first = 0;
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(params[i]) && bad++ == 0)
+            first = i;
+    if (bad == 0)
+        return LOOM_OK;
+    size_t sizes[LOOM_GPT2_TENSORS], at = first;
+    int t = 0;
+    loom_gpt2_tensor_sizes(s, sizes);
+    while (at >= sizes[t])
+        at -= sizes[t++];
+    char where[96];
+    /* the tensors between wpe and lnfw hold one slice per layer */
+    if (t >= 2 && t < LOOM_GPT2_TENSORS - 2) {
+        size_t per_layer = sizes[t] / (size_t)s->layers;
+        snprintf(where, sizeof where, "%s of layer %zu, element %zu", loom_gpt2_tensor_names[t],
+                 at / per_layer, at % per_layer);
+    } else {
+        snprintf(where, sizeof where, "%s, element %zu", loom_gpt2_tensor_names[t], at);
+    }
+    float v = params[first];
+    return loom_fail(LOOM_ERR_INVALID,
+                     "%s: %s is %s, and %zu of the %zu parameters are not finite (NaN or "
+                     "infinite): the file is damaged or its run diverged; use an earlier "
+                     "checkpoint",
+                     path, where, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", bad, count);
+}
+
 int loom_checkpoint_read_header(const char *path, loom_gpt2_shape *shape, loom_dtype *dtype)
 {
     llmc_file file;
@@ -369,6 +403,8 @@ int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect, loom_g
     if (rc == LOOM_OK)
         rc = read_checkpoint_body(&file, path, &s, dtype, &p);
     fclose(file.f);
+    if (rc == LOOM_OK)
+        rc = check_finite(path, &s, p);
     if (rc) {
         free(p);
         return rc;

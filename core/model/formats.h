@@ -36,7 +36,8 @@ extern const char *const loom_gpt2_tensor_names[LOOM_GPT2_TENSORS]; /* "wte", ..
 /* Read a checkpoint of either version: *params is malloc'd fp32 (bf16
  * widens exactly), llm.c's order. expect (nullable): every field must
  * match, else one line naming the file, the field, the file's value and the
- * config's. */
+ * config's. A parameter that is NaN or infinite is refused too, naming the
+ * first by tensor, layer and element, and how many there are. */
 int loom_checkpoint_read(const char *path, const loom_gpt2_shape *expect,
                          loom_gpt2_shape *shape, float **params);
 /* The header alone, checked as the read checks it (version, shape, the

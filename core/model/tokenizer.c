@@ -1,6 +1,5 @@
 /* llm.c's tokenizer file (tokenizer.h): read, decode, encode by longest
  * match. */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 
 #include "loom/status.h"
 #include "model/tokenizer.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 
 #define TOKENIZER_MAGIC 20240328u
@@ -55,10 +55,10 @@ int loom_tokenizer_open(const char *path, loom_tokenizer *out)
 {
     memset(out, 0, sizeof *out);
     out->eot = -1;
-    FILE *f = fopen(path, "rb");
+    const char *why = NULL;
+    FILE *f = loom_fopen_regular(path, &why);
     if (!f)
-        return loom_fail(LOOM_ERR_NOT_FOUND, "tokenizer %s: cannot open: %s", path,
-                         strerror(errno));
+        return loom_fail(LOOM_ERR_NOT_FOUND, "tokenizer %s: cannot open: %s", path, why);
     uint32_t header[HEADER_INTS];
     int rc = LOOM_OK;
     size_t got = fread(header, 1, sizeof header, f);

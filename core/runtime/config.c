@@ -20,6 +20,7 @@
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "runtime/config.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 
 #define PATH_MAX_LEN 256
@@ -1452,9 +1453,10 @@ static int config_finish(loom_config *cfg, const char *text, loom_config **out)
     return LOOM_OK;
 }
 
-static char *read_text(const char *path)
+/* why: set when the file could not be opened (a FIFO is refused, not waited on) */
+static char *read_text(const char *path, const char **why)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = loom_fopen_regular(path, why);
     if (!f)
         return NULL;
     size_t cap = 4096, len = 0;
@@ -1492,10 +1494,11 @@ int loom_config_load(const char *path, const char *const *overrides, int noverri
     *out = NULL;
     char *text = NULL;
     if (path) {
-        text = read_text(path);
+        const char *why = NULL;
+        text = read_text(path, &why);
         if (!text)
             return loom_fail(LOOM_ERR_INVALID, "cannot read config '%s': %s", path,
-                             strerror(errno));
+                             why ? why : strerror(errno));
     }
     loom_config *cfg = config_new(path, path, overrides, noverrides);
     if (!cfg) {

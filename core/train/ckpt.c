@@ -17,6 +17,7 @@
 #include "model/formats.h"
 #include "model/model.h"
 #include "runtime/crc32c.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 #include "train/ckpt.h"
 
@@ -437,7 +438,7 @@ int loom_ckpt_remove_dir(const char *dir)
 /* The stamp of one file, if it has one. */
 static int read_file_stamp(const char *path, stamp_disk *st)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = loom_fopen_regular(path, NULL);
     if (!f)
         return 0;
     char head[sizeof(meta_disk)];
@@ -717,8 +718,9 @@ static int open_consolidated(loom_ckpt *ck)
 {
     const char *path = ck->path;
     state_disk d;
-    if (!(ck->state = fopen(path, "rb")))
-        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s", path, strerror(errno));
+    const char *why = NULL;
+    if (!(ck->state = loom_fopen_regular(path, &why)))
+        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s", path, why);
     long long size = file_size(ck->state);
     if (!read_all(ck->state, &d, sizeof d) || memcmp(d.magic, STATE_MAGIC, 8) != 0)
         return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': not a loom checkpoint "
@@ -762,11 +764,14 @@ static int index_shard_file(loom_ckpt *ck, int file)
 {
     char path[4200];
     file_path(ck, file, path, sizeof path);
-    FILE *f = ck->f[file] = fopen(path, "rb");
+    const char *why = NULL;
+    FILE *f = ck->f[file] = loom_fopen_regular(path, &why);
+    if (!f && errno != ENOENT)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s: %s", ck->path, path, why);
     if (!f)
         return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s: %s (meta.loom names %d shard "
                          "files: a checkpoint from an older loom that was not finished?)",
-                         ck->path, path, strerror(errno), ck->files);
+                         ck->path, path, why, ck->files);
     long long size = file_size(f);
     shard_disk h;
     if (!read_all(f, &h, sizeof h) || memcmp(h.magic, SHARD_MAGIC, 8) != 0)
@@ -904,7 +909,7 @@ int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
     memset(lineage, 0, sizeof *lineage);
     if (settings && cap)
         settings[0] = '\0';
-    FILE *f = fopen(path, "rb");
+    FILE *f = loom_fopen_regular(path, NULL);
     if (!f)
         return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': no meta.loom in it", dir);
     long long size = file_size(f);
@@ -941,7 +946,7 @@ static int open_sharded(loom_ckpt *ck, int verify)
 {
     char path[4200];
     file_path(ck, -1, path, sizeof path);
-    FILE *f = fopen(path, "rb");
+    FILE *f = loom_fopen_regular(path, NULL);
     if (!f)
         return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': no meta.loom in it (a checkpoint "
                          "still being written, or not one)", ck->path);

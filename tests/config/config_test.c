@@ -698,7 +698,8 @@ static void case_syntax(void)
               "cannot read config '/nonexistent-loom-dir/x.cfg': No such file or directory");
     CHECK(loom_config_load(tmpdir, NULL, 0, &cfg) == LOOM_ERR_INVALID);
     char want[256];
-    snprintf(want, sizeof want, "cannot read config '%s': Is a directory", tmpdir);
+    snprintf(want, sizeof want, "cannot read config '%s': it is a directory, not a regular file",
+             tmpdir);
     CHECK_STR(loom_last_error(), want);
 }
 

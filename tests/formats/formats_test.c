@@ -4,6 +4,7 @@
  * loader's own tests are tests/data).
  *
  *   formats_test CASE [EXAMPLES_DATA_DIR]    one case ("all" runs every case) */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +176,6 @@ static void case_checkpoint_bf16(void)
         {1.0f + 0x1p-8f - 0x1p-20f, 1.0f},           /* below halfway: down */
         {-2.5f, -2.5f},                               /* exact */
         {-0.0f, -0.0f},
-        {0x1.fffffep+127f, INFINITY},                 /* FLT_MAX rounds past the top */
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(rounding); i++)
         params[i] = rounding[i].in;
@@ -215,6 +215,13 @@ static void case_checkpoint_bf16(void)
     }
     CHECK(back && bad == 0);
     free(back);
+
+    /* FLT_MAX rounds past bf16's top, to infinity: the file is written, and
+     * refused when read like any other holding an infinity. */
+    params[1] = 0x1.fffffep+127f;
+    CHECK(loom_checkpoint_write(path, &tiny, params, LOOM_BF16) == LOOM_OK);
+    CHECK(loom_checkpoint_read(path, &tiny, &got, &back) == LOOM_ERR_INVALID && !back);
+    CHECK(strstr(loom_last_error(), ": wte, element 1 is +inf, and 1 of the ") != NULL);
 
     /* A version 5 file written by hand: each value exactly. */
     const uint16_t bits[] = {0x3f80, 0xc020, 0x3e80, 0x8000, 0x0001, 0x7f7f};
@@ -262,7 +269,8 @@ static void case_checkpoint_errors(void)
 
     expect_ckpt_error(tmp_path("missing.bin"), NULL, LOOM_ERR_NOT_FOUND,
                       "cannot open: No such file or directory");
-    expect_ckpt_error(tmpdir, NULL, LOOM_ERR_INVALID, "not a regular file");
+    expect_ckpt_error(tmpdir, NULL, LOOM_ERR_INVALID,
+                      "cannot open: it is a directory, not a regular file");
 
     int32_t magic[8] = {1234, 3, 16, 250, 2, 4, 32, 256};
     expect_ckpt_error(write_file("magic.bin", magic, 8, body, bytes), NULL, LOOM_ERR_INVALID,
@@ -375,6 +383,57 @@ static void case_checkpoint_errors(void)
              "shape L=48 C=1600 NH=25 V=50257 Vp=50304 maxT=1024 needs 6230745600",
              bytes);
     expect_ckpt_error(write_file("big.bin", big, 8, body, bytes), NULL, LOOM_ERR_INVALID, rest);
+    free(body);
+}
+
+/* Weights that are NaN or infinite: refused at load, naming the first by
+ * tensor, layer and element, and counting them all; in either version. */
+static void case_checkpoint_nonfinite(void)
+{
+    size_t n = loom_gpt2_param_count(&tiny);
+    float *body = calloc(n, sizeof *body);
+    int32_t fp32[8] = {20240326, 3, 16, 250, 2, 4, 32, 256};
+    char rest[512];
+    /* llm.c's order: wte 256x32, wpe 16x32, ln1w 2x32, ln1b 2x32, qkvw 2x96x32 */
+    size_t qkvw_layer1 = 256 * 32 + 16 * 32 + 2 * 32 + 2 * 32 + 96 * 32;
+    body[qkvw_layer1 + 7] = INFINITY;
+    snprintf(rest, sizeof rest,
+             "qkvw of layer 1, element 7 is +inf, and 1 of the %zu parameters are not finite "
+             "(NaN or infinite): the file is damaged or its run diverged; use an earlier "
+             "checkpoint", n);
+    expect_ckpt_error(write_file("inf.bin", fp32, 8, body, n * 4), NULL, LOOM_ERR_INVALID, rest);
+    /* the first in the file is named, every one counted */
+    body[5] = NAN;
+    body[n - 1] = -INFINITY;
+    snprintf(rest, sizeof rest,
+             "wte, element 5 is NaN, and 3 of the %zu parameters are not finite (NaN or "
+             "infinite): the file is damaged or its run diverged; use an earlier checkpoint", n);
+    expect_ckpt_error(write_file("nan.bin", fp32, 8, body, n * 4), NULL, LOOM_ERR_INVALID, rest);
+    body[5] = 0;
+    body[qkvw_layer1 + 7] = 0;
+    snprintf(rest, sizeof rest,
+             "lnfb, element 31 is -inf, and 1 of the %zu parameters are not finite (NaN or "
+             "infinite): the file is damaged or its run diverged; use an earlier checkpoint", n);
+    expect_ckpt_error(write_file("last.bin", fp32, 8, body, n * 4), NULL, LOOM_ERR_INVALID, rest);
+    /* bf16 keeps a NaN a NaN */
+    body[n - 1] = 0;
+    body[256 * 32 + 3] = NAN;
+    const char *bf16 = tmp_path("nan-bf16.bin");
+    CHECK(loom_checkpoint_write(bf16, &tiny, body, LOOM_BF16) == LOOM_OK);
+    snprintf(rest, sizeof rest,
+             "wpe, element 3 is NaN, and 1 of the %zu parameters are not finite (NaN or "
+             "infinite): the file is damaged or its run diverged; use an earlier checkpoint", n);
+    expect_ckpt_error(bf16, NULL, LOOM_ERR_INVALID, rest);
+    /* the header alone reads */
+    loom_gpt2_shape shape;
+    CHECK(loom_checkpoint_read_header(bf16, &shape, NULL) == LOOM_OK);
+    /* the largest finite values are weights like any other */
+    body[256 * 32 + 3] = FLT_MAX;
+    body[0] = -FLT_MAX;
+    float *params = NULL;
+    CHECK(loom_checkpoint_read(write_file("max.bin", fp32, 8, body, n * 4), &tiny, &shape,
+                               &params) == LOOM_OK);
+    free(params);
     free(body);
 }
 
@@ -585,6 +644,26 @@ static void case_shard_errors(void)
     loom_shard_close(&shard);
 }
 
+/* A FIFO where a checkpoint or a shard is expected is refused at once:
+ * opening it to read would wait for a writer. */
+static void case_fifo(void)
+{
+    const char *fifo = tmp_path("fifo");
+    if (mkfifo(fifo, 0600) != 0) {
+        perror(fifo);
+        failures++;
+        return;
+    }
+    alarm(20); /* a regression hangs: let it fail instead */
+    expect_ckpt_error(fifo, NULL, LOOM_ERR_INVALID, "cannot open: it is a FIFO, not a regular file");
+    expect_shard_error(fifo, 256, LOOM_ERR_INVALID, "cannot open: it is a FIFO, not a regular file");
+    size_t count;
+    CHECK(loom_shard_inspect(fifo, &count) == LOOM_ERR_INVALID);
+    loom_gpt2_shape shape;
+    CHECK(loom_checkpoint_read_header(fifo, &shape, NULL) == LOOM_ERR_INVALID);
+    alarm(0);
+}
+
 /* ---------------------------------------------------- shipped corpus */
 
 static void case_corpus(const char *dir)
@@ -656,6 +735,8 @@ int main(int argc, char **argv)
     RUN("checkpoint_roundtrip", case_checkpoint_roundtrip());
     RUN("checkpoint_bf16", case_checkpoint_bf16());
     RUN("checkpoint_errors", case_checkpoint_errors());
+    RUN("checkpoint_nonfinite", case_checkpoint_nonfinite());
+    RUN("fifo", case_fifo());
     RUN("init", case_init());
     RUN("shard", case_shard());
     RUN("shard_errors", case_shard_errors());
