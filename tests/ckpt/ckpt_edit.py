@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Damage loom checkpoint files (format 3) on purpose, for ckpt_test.sh.
+"""Damage loom checkpoint files (format 4) on purpose, for ckpt_test.sh.
 
   ckpt_edit.py set FILE FIELD VALUE [--reseal]   a named header field
   ckpt_edit.py table FILE UNIT BEGIN [COUNT] [--reseal]  every slice of one unit in meta.loom's shard table
@@ -11,7 +11,9 @@
 --reseal writes the stamp's checksum anew, so that the reader's range checks,
 not its checksum, must catch the damage. The layout is the one core/train/ckpt.c
 writes: a fixed header (meta.loom 112 bytes, a shard 16), the stamp (run id
-u64, step i64, bytes u64, crc32c u32, reserved u32), then the body; the
+u64, step i64, bytes u64, crc32c u32, reserved u32), then the body (meta.loom's
+from format 4: the lineage, 32 bytes and the settings' text of the length at
+its byte 24; the data position; the shard table); the
 checksum is the CRC32C of the body continued over the header and the stamp
 with its checksum field zero.
 """
@@ -71,6 +73,14 @@ def reseal(data):
     data[h:h + STAMP.size] = STAMP.pack(run_id, step, len(data), crc, 0)
 
 
+def table_at(data):
+    """Where meta.loom's shard table starts: past the lineage and the data position."""
+    at = META_HEAD + STAMP.size
+    if struct.unpack_from("<I", data, 8)[0] >= 4:
+        at += 32 + struct.unpack_from("<I", data, at + 24)[0]
+    return at + struct.unpack_from("<Q", data, 56)[0]
+
+
 def put(data, offset, fmt, value):
     if fmt.endswith("s"):
         value = value.encode()
@@ -98,7 +108,7 @@ def main():
         unit, begin = int(args[2]), int(args[3], 0)
         count = int(args[4], 0) if len(args) > 4 else None
         tp = struct.unpack_from("<I", data, 72)[0]
-        at = META_HEAD + STAMP.size + struct.unpack_from("<Q", data, 56)[0]
+        at = table_at(data)
         for u in range(unit + 1):
             nt = struct.unpack_from("<I", data, at)[0]
             at += 4
@@ -119,7 +129,7 @@ def main():
         # meta.loom's shard table or a shard's first records
         if data[:8] == b"LOOMMETA":
             head = META_HEAD
-            fields = [(0, head + 16), (head + STAMP.size + struct.unpack_from("<Q", data, 56)[0], len(data))]
+            fields = [(0, head + 16), (table_at(data), len(data))]
         else:
             head = SHARD_HEAD
             fields = [(0, head + 16), (head + STAMP.size, head + STAMP.size + 24)]

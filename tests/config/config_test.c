@@ -285,7 +285,8 @@ static void case_unknown_group(void)
                  "decay, beta1, beta2, eps, warmup, schedule, clip, grad_accum, precision, "
                  "recompute, lr_final_frac, threads, peak_gflops, loss_scale, loss_scale_window, "
                  "max_skipped, eval_every, eval_batches, checkpoint_every, checkpoint_dir, "
-                 "keep_checkpoints, checkpoint_async, sample_every, sample_tokens)");
+                 "checkpoint_overwrite, keep_checkpoints, checkpoint_async, sample_every, "
+                 "sample_tokens)");
     expect_error("group6.cfg", "parallel = { xx = { size = 2; }; };\n", NULL, 0, 1,
                  "parallel.xx: unknown group (valid here: dp, tp, sp, pp)");
     expect_error("group7.cfg", "comm = { zzz = 3; };\n", NULL, 0, 1,
