@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "model/sample.h"
 #include "model/tokenizer.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 #include "train/ckpt.h"
 
@@ -135,9 +136,10 @@ static int load_checkpoint(const char *path, loaded_model *out)
     if (S_ISDIR(st.st_mode))
         return read_loom_checkpoint(path, out);
     int32_t magic = 0;
-    FILE *f = fopen(path, "rb");
+    const char *why = NULL;
+    FILE *f = loom_fopen_regular(path, &why);
     if (!f)
-        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint %s: %s", path, strerror(errno));
+        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint %s: %s", path, why);
     size_t got = fread(&magic, sizeof magic, 1, f);
     fclose(f);
     if (got == 1 && magic == LLMC_CHECKPOINT_MAGIC)
@@ -295,6 +297,11 @@ int loom_cmd_sample(int argc, char **argv)
         o.ctx = &text;
         loom_kernels_set_threads(1);
         rc = loom_sample(&m.shape, m.weights, prompt, nprompt, &o, out);
+        if (rc != LOOM_OK) {
+            char cause[1024];
+            snprintf(cause, sizeof cause, "%s", loom_last_error());
+            loom_fail(rc, "%s: %s", a.checkpoint, cause);
+        }
         if (text.last != '\n')
             putchar('\n');
         fflush(stdout);

@@ -76,6 +76,20 @@ int loom_sample_start_token(int vocab)
     return '\n' < vocab ? '\n' : 0;
 }
 
+/* Logits that are NaN or infinite choose token 0 every time, whatever the
+ * text: weights that overflow, or that a diverged run wrote. */
+static int check_logits(const float *logits, int vocab, int token)
+{
+    int bad = 0;
+    for (int i = 0; i < vocab; i++)
+        bad += !isfinite(logits[i]);
+    if (bad == 0)
+        return LOOM_OK;
+    return loom_fail(LOOM_ERR_INVALID, "the model's logits for token %d are not finite (%d of %d "
+                     "are NaN or infinite): its weights overflow or its run diverged; sample from "
+                     "an earlier checkpoint", token + 1, bad, vocab);
+}
+
 /* A model of one sequence of seq tokens holding weights. */
 static int build_model(const loom_gpt2_shape *shape, const float *weights, int seq,
                        loom_model **out, float ***unit_params)
@@ -141,6 +155,8 @@ int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *p
         if (rc != LOOM_OK)
             break;
         const float *logits = loom_model_logits(model, window - 1);
+        if ((rc = check_logits(logits, shape->vocab, have - nprompt)) != LOOM_OK)
+            break;
         history[have] = loom_sample_choose(logits, shape->vocab, o->temperature, o->top_k, &rng,
                                            work);
         out[have - nprompt] = history[have];

@@ -25,7 +25,8 @@ typedef struct loom_sample_options {
 /* Continue prompt (nprompt >= 1 tokens, each < shape->vocab) by o->tokens
  * tokens, written to out, with the model of shape and weights (fp32, llm.c's
  * order). The model sees the last shape->max_seq tokens. Runs on this
- * thread, with whatever BLAS threads the caller set. */
+ * thread, with whatever BLAS threads the caller set. Logits that are not all
+ * finite stop it with LOOM_ERR_INVALID before their token is chosen. */
 int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *prompt,
                 int nprompt, const loom_sample_options *o, int *out);
 

@@ -1,6 +1,9 @@
 """Files the sampling tests need, written from their definitions:
   files.py repeat-model PATH V MAXT   an llm.c checkpoint whose next token is always the last
   files.py random-model PATH V        an llm.c checkpoint of vocabulary V, small random weights
+  files.py nan-model PATH V           random-model with a NaN in wte and an infinity in qkvw
+  files.py huge-model PATH V          random-model whose final LayerNorm scales by 3e38: finite
+                                      weights, logits that overflow
   files.py tokenizer PATH VERSION V EOT   llm.c's tokenizer file; token i is byte i with
                                           letters' case swapped
   files.py escape                     stdin's bytes as train.sample_every prints them
@@ -40,6 +43,21 @@ def random_fill(name, n, C):
     return [rng.gauss(0.0, 0.02) for _ in range(n)]
 
 
+def nan_fill(name, n, C):
+    values = random_fill(name, n, C)
+    if name == "wte":
+        values[3] = float("nan")
+    if name == "qkvw":
+        values[10] = float("inf")
+    return values
+
+
+def huge_fill(name, n, C):
+    if name == "lnfw":
+        return [3e38] * n
+    return random_fill(name, n, C)
+
+
 def tokenizer(path, version, V, eot):
     with open(path, "wb") as f:
         f.write(struct.pack("<256I", 20240328, version, V, eot, *([0] * 252)))
@@ -69,6 +87,10 @@ if cmd == "repeat-model":
     checkpoint(sys.argv[2], V, maxT, 1, 1, V, repeat_fill)
 elif cmd == "random-model":
     checkpoint(sys.argv[2], int(sys.argv[3]), 8, 1, 1, 8, random_fill)
+elif cmd == "nan-model":
+    checkpoint(sys.argv[2], int(sys.argv[3]), 8, 1, 1, 8, nan_fill)
+elif cmd == "huge-model":
+    checkpoint(sys.argv[2], int(sys.argv[3]), 8, 1, 1, 8, huge_fill)
 elif cmd == "tokenizer":
     tokenizer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
 elif cmd == "escape":

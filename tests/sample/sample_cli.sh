@@ -121,6 +121,23 @@ errors)
     refused "tokenizer junk.bin: not a tokenizer file" "$LOOM" sample small.bin --tokenizer junk.bin
     mkdir empty
     refused "no meta.loom in it" "$LOOM" sample empty
+    # weights that are not finite: refused at load, naming the first
+    $FILES nan-model nan.bin 128
+    refused "nan.bin: wte, element 3 is NaN, and 2 of the 1976 parameters are not finite" \
+        "$LOOM" sample nan.bin --tokens 20
+    [ ! -s out.txt ] || { od -c out.txt | head; fail "text printed from NaN weights"; }
+    # finite weights whose logits overflow: refused before the first token,
+    # never a NUL byte (token 0) printed for it
+    $FILES huge-model huge.bin 128
+    refused "huge.bin: the model's logits for token 1 are not finite (128 of 128 are NaN or" \
+        "$LOOM" sample huge.bin --prompt hi --tokens 20
+    printf 'hi\n' > want.txt
+    same want.txt out.txt
+    # a FIFO is refused at once, not opened to wait for a writer
+    mkfifo fifo
+    refused "checkpoint fifo: it is a FIFO, not a regular file" timeout 20 "$LOOM" sample fifo
+    refused "tokenizer fifo: cannot open: it is a FIFO, not a regular file" \
+        timeout 20 "$LOOM" sample small.bin --tokenizer fifo
     # the usage without a checkpoint
     if "$LOOM" sample > out.txt 2> err.txt; then fail "accepted no checkpoint"; fi
     grep -q "usage: loom sample CHECKPOINT" err.txt || { cat err.txt; fail "no usage"; }
