@@ -1,9 +1,10 @@
 #!/bin/sh
 # `loom launch --max-restarts`: kill -9 a random rank at random moments
 # (checkpoints included) ROUNDS times; every restart resumes from the latest
-# complete checkpoint, and the job ends with the uninterrupted run's final
-# weights and last loss, bit for bit, no process left behind and nothing
-# left in TMPDIR.
+# complete checkpoint of its own run (never from another run's later one in
+# the same directory, train.checkpoint_overwrite), and the job ends with the
+# uninterrupted run's final weights and last loss, bit for bit, no process
+# left behind and nothing left in TMPDIR.
 #   usage: restart_test.sh LOOM SOURCE_DIR [ROUNDS]
 set -eu
 LOOM=$1
@@ -31,9 +32,15 @@ SETS="--set data.train=$DATA --set parallel.dp.size=2 --set parallel.dp.strategy
 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" $SETS --set train.checkpoint_dir=whole \
     --save whole.bin --metrics whole.jsonl > whole.log 2>&1 || { cat whole.log; fail "the uninterrupted run failed"; }
 
+# another run's step-300 (another learning rate) where the job writes: a
+# restart that took it would end at once with other weights
+# shellcheck disable=SC2086
+"$LOOM" launch -n 2 -- "$LOOM" train "$CFG" $SETS --set train.lr=3e-3 --set train.checkpoint_dir=killed \
+    > other.log 2>&1 || { cat other.log; fail "the other run failed"; }
 # shellcheck disable=SC2086
 "$LOOM" launch -n 2 --max-restarts "$ROUNDS" -- "$LOOM" train "$CFG" $SETS \
-    --set train.checkpoint_dir=killed --save killed.bin --metrics killed.jsonl > killed.log 2>&1 &
+    --set train.checkpoint_dir=killed --set train.checkpoint_overwrite=true --save killed.bin \
+    --metrics killed.jsonl > killed.log 2>&1 &
 JOB=$!
 kills=0
 saves() { grep -c "saved killed/step-" killed.log || true; }
@@ -59,6 +66,8 @@ restarts=$(grep -c "loom launch: restart" killed.log || true)
 echo "$kills kills, $restarts restarts"
 [ "$restarts" -ge 1 ] || { cat killed.log; fail "no restart happened"; }
 grep -q "resuming from killed/step-" killed.log || { cat killed.log; fail "no restart resumed from a checkpoint"; }
+grep -q "train.checkpoint_overwrite = true: 'killed' holds step-300 of another run" killed.log ||
+    { cat killed.log; fail "the other run's step-300 was not noticed"; }
 cmp -s whole.bin killed.bin || fail "the final weights differ from the uninterrupted run's"
 last() { grep '"step": 300,' "$1" | tail -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
 [ "$(last whole.jsonl)" = "$(last killed.jsonl)" ] || fail "the last loss differs: $(last whole.jsonl) vs $(last killed.jsonl)"
