@@ -109,7 +109,8 @@ EOF
 }
 # The data position inside meta.loom: its length at byte 56, itself after
 # the 112 bytes of header and, from format 3 (the version at byte 8), the
-# 32 bytes of stamp.
+# 32 bytes of stamp and, from format 4, the lineage (32 bytes, then the
+# settings' text of the length at its byte 24).
 data_position() { # dir settings-byte out
     python3 - "$1/meta.loom" "$2" "$3" <<'EOF'
 import struct, sys
@@ -117,6 +118,8 @@ meta = open(sys.argv[1], "rb").read()
 version = struct.unpack_from("<I", meta, 8)[0]
 n = struct.unpack_from("<Q", meta, 56)[0]
 at = 112 + (32 if version >= 3 else 0)
+if version >= 4:
+    at += 32 + struct.unpack_from("<I", meta, at + 24)[0]
 assert meta[at:at + 8] == b"LOOMDATA", "meta.loom's layout changed: update make_corpus.sh"
 open(sys.argv[3], "wb").write(bytes([int(sys.argv[2])]) + meta[at:at + n])
 EOF
