@@ -58,11 +58,58 @@ static void offload_text(const trainer *t, const loom_mem_usage *u, char *buf, s
     }
 }
 
-void trainer_print_progress(const trainer *t, const step_result *r)
+/* A step that ran faster than the peak: the peak was measured while the
+ * machine was busy, or train.peak_gflops is below this machine's. A
+ * measured peak is measured again, once, the same way; if the step beats
+ * that too (or the peak was given), the peak cannot be trusted and MFU is
+ * not given from this step on: an MFU over 100% is never reported. say: print
+ * what happened (the rank that prints the progress). */
+static void check_peak(trainer *t, double flops_per_rank, int say)
+{
+    if (t->peak_unreliable || flops_per_rank <= t->peak_flops)
+        return;
+    double start = t->peak_flops;
+    if (!t->peak_remeasured && !(trainer_read_float(t->cfg, "train.peak_gflops") > 0)) {
+        t->peak_remeasured = 1;
+        int rows = t->micro_batch * t->seq, C = t->shape.channels;
+        double again = loom_gemm_measure(rows, 4 * C, C, 0.1);
+        if (again > t->peak_flops)
+            t->peak_flops = again;
+        if (flops_per_rank <= t->peak_flops) {
+            if (say)
+                printf("MFU: step %lld ran at %.3g GFLOP/s per rank, above the peak measured at "
+                       "start (%.3g, while the machine was busy); measured again: %.3g GFLOP/s "
+                       "per rank from this step on\n",
+                       (long long)t->step + 1, flops_per_rank / 1e9, start / 1e9,
+                       t->peak_flops / 1e9);
+            return;
+        }
+    }
+    t->peak_unreliable = 1;
+    if (say)
+        printf("MFU n/a from step %lld: it ran at %.3g GFLOP/s per rank, above the peak of %.3g "
+               "(%s%s); set train.peak_gflops to this machine's peak, or run on a quiet "
+               "machine\n",
+               (long long)t->step + 1, flops_per_rank / 1e9, t->peak_flops / 1e9,
+               t->peak_source, t->peak_remeasured ? ", and measured again" : "");
+}
+
+/* This step's MFU, or NAN where the peak is not to be trusted. */
+static double step_mfu(trainer *t, double tokens_per_s, int say)
+{
+    double rate = loom_model_flops_per_token(t->model) * tokens_per_s / t->world;
+    check_peak(t, rate, say);
+    return t->peak_unreliable ? NAN : rate / t->peak_flops;
+}
+
+void trainer_print_progress(trainer *t, const step_result *r)
 {
     double tokens = (double)t->batch * t->seq;
     double tps = tokens / r->seconds;
-    double mfu = loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world);
+    double mfu = step_mfu(t, tps, 1);
+    char mfu_text[16] = "   n/a";
+    if (isfinite(mfu))
+        snprintf(mfu_text, sizeof mfu_text, "%5.1f%%", 100 * mfu);
     loom_mem_usage u;
     loom_mem_usage_get(&u);
     char mem[256], offload[384];
@@ -74,9 +121,9 @@ void trainer_print_progress(const trainer *t, const step_result *r)
     if (r->evaluated)
         snprintf(val, sizeof val, " | val %.6f", r->val_loss);
     printf("step %4lld/%lld | loss %.6f%s | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
-           "MFU %5.1f%%%s | peak host: %s%s%s\n",
+           "MFU %s%s | peak host: %s%s%s\n",
            (long long)t->step + 1, (long long)t->steps, r->loss, val, r->lr, r->grad_norm,
-           r->seconds * 1e3, tps, 100 * mfu, bubble, mem, offload,
+           r->seconds * 1e3, tps, mfu_text, bubble, mem, offload,
            r->skipped ? " | skipped" : "");
     if (r->evaluated && t->step + 1 == t->steps)
         printf("validation loss %.6f (%d batches of data.val, %lld tokens)\n", r->val_loss,
@@ -130,7 +177,7 @@ static void write_tier_bytes(FILE *f, const loom_mem_usage *u, int peaks)
     }
 }
 
-void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
+void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
 {
     double tps = (double)t->batch * t->seq / r->seconds;
     loom_mem_usage u;
@@ -141,8 +188,7 @@ void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r)
     json_number(f, "grad_norm", "%.9g", r->grad_norm);
     json_number(f, "tokens_per_s", "%.3f", tps);
     json_number(f, "step_ms", "%.3f", r->seconds * 1e3);
-    json_number(f, "mfu", "%.6f",
-                loom_model_flops_per_token(t->model) * tps / (t->peak_flops * t->world));
+    json_number(f, "mfu", "%.6f", step_mfu(t, tps, 0)); /* null where the peak is not trusted */
     fprintf(f, ", \"skipped\": %s", r->skipped ? "true" : "false");
     json_number(f, "loss_scale", "%g", t->loss_scale);
     fprintf(f, ", \"held_bytes\": {");

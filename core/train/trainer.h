@@ -61,6 +61,8 @@ typedef struct trainer {
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
     double peak_flops;   /* per rank */
     char peak_source[160]; /* where peak_flops comes from, for the header */
+    int peak_remeasured;   /* a step beat the peak measured at start: measured again */
+    int peak_unreliable;   /* a step beat the peak (even the second): no MFU from then on */
     int *inputs, *targets;
     /* The tensor and sequence axes (loaded when their size is > 1). */
     axis_strategy tp, sp;
@@ -103,6 +105,7 @@ typedef struct trainer {
      * trajectory, the settings that shape the trajectory, as text. */
     loom_ckpt_lineage lineage;
     char trajectory[8192];
+    int resumed; /* --resume was given: checkpoints of no recorded lineage are not refused */
     /* resuming after a restart by loom launch: a checkpoint of the last
      * step is a finished job, not a mistake */
     int restarting;
@@ -213,8 +216,8 @@ int trainer_make_dirs(const char *path, char *made, size_t made_cap, char *why, 
 void trainer_remove_made_dirs(const char *path, const char *made);
 
 /* report.c */
-void trainer_print_progress(const trainer *t, const step_result *r);
-void trainer_write_metrics(FILE *f, const trainer *t, const step_result *r);
+void trainer_print_progress(trainer *t, const step_result *r);
+void trainer_write_metrics(FILE *f, trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
 void trainer_count_kernel_times(trainer *t, const step_result *r);
 void trainer_print_kernel_summary(const trainer *t);
