@@ -113,6 +113,7 @@ void trainer_choose_lineage(trainer *t, const char *resume)
     uint64_t settings = hash_text(HASH_START, t->trajectory);
     snprintf(line, sizeof line, "%016llx", (unsigned long long)data);
     t->lineage = (loom_ckpt_lineage){hash_text(settings, line), settings, data, t->trajectory};
+    t->resumed = resume != NULL;
     if (!resume)
         return;
     /* a resumed job continues the lineage of its checkpoint */
@@ -146,7 +147,8 @@ static long long step_of(const char *name)
 }
 
 /* The highest complete step-N of dir: of lineage id (mine), and of any
- * other lineage (theirs, with its lineage and settings); -1 if none. */
+ * other lineage (theirs, with its lineage and settings; with unrecorded,
+ * one of a format before 4 too); -1 if none. */
 typedef struct lineage_scan {
     long long mine, theirs;
     uint32_t their_format; /* before 4: no lineage recorded */
@@ -154,7 +156,7 @@ typedef struct lineage_scan {
     char their_settings[8192];
 } lineage_scan;
 
-static void scan_lineages(const char *dir, uint64_t id, lineage_scan *s)
+static void scan_lineages(const char *dir, uint64_t id, int unrecorded, lineage_scan *s)
 {
     s->mine = s->theirs = -1;
     DIR *d = opendir(dir);
@@ -169,7 +171,7 @@ static void scan_lineages(const char *dir, uint64_t id, lineage_scan *s)
         loom_ckpt_lineage l;
         int rc = loom_ckpt_dir_lineage(path, &step, &format, &l, settings, sizeof settings);
         /* unfinished or damaged: no one's to resume, and replacing it loses nothing */
-        if (rc != LOOM_OK && rc != LOOM_ERR_NOT_SUPPORTED)
+        if (rc != LOOM_OK && (rc != LOOM_ERR_NOT_SUPPORTED || !unrecorded))
             continue;
         if (rc == LOOM_OK && l.id == id) {
             s->mine = n > s->mine ? n : s->mine;
@@ -205,10 +207,14 @@ static const char *value_of(const char *text, const char *name, size_t name_len,
 static void describe_difference(const trainer *t, const lineage_scan *s, char *buf, size_t cap)
 {
     if (s->their_format < 4) {
-        snprintf(buf, cap, "written by an older loom in format %u, which records no lineage",
-                 s->their_format);
+        snprintf(buf, cap, "written by an older loom in checkpoint format %u, which records no "
+                 "lineage", s->their_format);
         return;
     }
+    snprintf(buf, cap, "lineage %016llx: ", (unsigned long long)s->their_lineage.id);
+    size_t used = strlen(buf);
+    buf += used;
+    cap -= used;
     const char *theirs = s->their_settings, *mine = t->trajectory;
     for (const char *line = theirs; *line;) {
         const char *eq = strchr(line, '='), *end = strchr(line, '\n');
@@ -229,7 +235,7 @@ static void describe_difference(const trainer *t, const lineage_scan *s, char *b
         if (!eq)
             break;
         if (!value_of(theirs, line, (size_t)(eq - line), &len)) {
-            snprintf(buf, cap, "%.*s unset there", (int)strcspn(line, "\n"), line);
+            snprintf(buf, cap, "%.*s in this run, unset there", (int)strcspn(line, "\n"), line);
             return;
         }
         line += strcspn(line, "\n") + (line[strcspn(line, "\n")] ? 1 : 0);
@@ -245,25 +251,25 @@ int trainer_check_lineage(const trainer *t, const char *dir)
     lineage_scan *s = calloc(1, sizeof *s);
     if (!s)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    scan_lineages(dir, t->lineage.id, s);
+    /* a resume continues the run it names, which may predate lineages:
+     * the older checkpoints beside it are likely that run's own */
+    scan_lineages(dir, t->lineage.id, !t->resumed, s);
     int rc = LOOM_OK, overwrite = 0;
     loom_config_bool(t->cfg, "train.checkpoint_overwrite", &overwrite);
     if (s->theirs >= 0) {
-        char why[600];
+        char why[700];
         describe_difference(t, s, why, sizeof why);
         if (overwrite) {
             printf("train.checkpoint_overwrite = true: '%s' holds step-%lld of another run "
-                   "(lineage %016llx: %s); this run's checkpoints replace those of the same "
-                   "steps, and a restart resumes only this run's\n", dir, s->theirs,
-                   (unsigned long long)s->their_lineage.id, why);
+                   "(%s); this run's checkpoints replace those of the same steps, and a restart "
+                   "resumes only this run's\n", dir, s->theirs, why);
             fflush(stdout);
         } else {
             rc = loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir '%s' holds step-%lld of "
-                           "another run (lineage %016llx: %s); use a new directory, --resume "
-                           "%s/step-%lld to continue it, or set train.checkpoint_overwrite = "
-                           "true to replace it",
+                           "another run (%s); use a new directory, --resume %s/step-%lld to "
+                           "continue it, or set train.checkpoint_overwrite = true to replace it",
                            loom_config_where(t->cfg, "train.checkpoint_dir"), dir, s->theirs,
-                           (unsigned long long)s->their_lineage.id, why, dir, s->theirs);
+                           why, dir, s->theirs);
         }
     }
     free(s);
@@ -279,7 +285,7 @@ const char *trainer_restart_resume(const trainer *t, const char *asked, char *bu
     loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
     lineage_scan *s = calloc(1, sizeof *s);
     if (s)
-        scan_lineages(dir, t->lineage.id, s);
+        scan_lineages(dir, t->lineage.id, 0, s);
     const char *from = asked;
     if (s && s->mine >= 0) {
         snprintf(buf, cap, "%s/step-%lld", dir, s->mine);

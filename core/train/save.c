@@ -272,9 +272,18 @@ static int install(const trainer *t, const char *tmp, const char *dir)
         stale = old;
         if ((rc = remove_leftover(t, old)) != LOOM_OK)
             return rc;
-        if (rename(dir, old) != 0 || rename(tmp, dir) != 0)
+        if (rename(dir, old) != 0)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot replace '%s' by '%s': %s", dir,
                              tmp, strerror(errno));
+        if (rename(tmp, dir) != 0) {
+            int err = errno;
+            /* the old checkpoint back in its place: the caller removes tmp */
+            if (rename(old, dir) != 0)
+                loom_log(LOOM_LOG_WARN, "checkpoint: %s is missing; its checkpoint is in %s, and "
+                         "the next job puts it back", dir, old);
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot replace '%s' by '%s': %s", dir,
+                             tmp, strerror(err));
+        }
     }
     if ((rc = loom_ckpt_sync_dir(parent)) != LOOM_OK)
         return rc;

@@ -7,6 +7,7 @@
   ckpt_edit.py poke FILE OFFSET HEX [--reseal]   raw bytes (OFFSET < 0: from the end)
   ckpt_edit.py reseal FILE                       stamp the length and the CRC32C again
   ckpt_edit.py random FILE SEED [--reseal]        one to four random bytes changed
+  ckpt_edit.py downgrade FILE                    format 4 to 3: meta.loom without its lineage; resealed
 
 --reseal writes the stamp's checksum anew, so that the reader's range checks,
 not its checksum, must catch the damage. The layout is the one core/train/ckpt.c
@@ -136,6 +137,12 @@ def main():
         for _ in range(rng.randint(1, 4)):
             lo, hi = rng.choice(fields) if rng.random() < 0.9 else (0, len(data))
             data[rng.randrange(lo, max(hi, lo + 1))] = rng.randrange(256)
+    elif what == "downgrade":
+        if data[:8] == b"LOOMMETA":
+            at = META_HEAD + STAMP.size
+            del data[at:at + 32 + struct.unpack_from("<I", data, at + 24)[0]]
+        struct.pack_into("<I", data, 8, 3)
+        sealing = True
     elif what != "reseal":
         sys.exit("ckpt_edit: unknown command " + what)
     if sealing or what == "reseal":

@@ -472,6 +472,17 @@ lineage)
     grep -q "restart 1: resuming from $TMP/ck/step-5 (step-10 there is another run's, lineage $lineage: left alone)" restart.log ||
         { cat restart.log; fail "the restart did not resume its own step-5"; }
     cmp -s alone.bin over.bin || fail "the restarted run's weights differ from an uninterrupted run's"
+    # a checkpoint of format 3 records no lineage: a fresh run is refused,
+    # a resume (of that run, likely) is not
+    mkdir old
+    cp -r ck/step-5 old/step-5
+    $EDIT downgrade old/step-5/meta.loom
+    $EDIT downgrade old/step-5/shard-0.loom
+    "$LOOM" ckpt info old/step-5 | grep -q "^  lineage   none recorded (format 3; format 4 records it)" ||
+        { "$LOOM" ckpt info old/step-5; fail "ckpt info of a format 3 checkpoint"; }
+    refused unrecorded "train.checkpoint_dir '$TMP/old' holds step-5 of another run (written by an older loom in checkpoint format 3, which records no lineage)" -- \
+        "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/old"
+    run old_resumed 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/old" --resume "$TMP/old/step-5"
     refused overwrite_alone "train.checkpoint_overwrite: does nothing without checkpoints" -- \
         "$LOOM" train "$CFG" --set data.train="$DATA" --set train.checkpoint_overwrite=true ;;
 data_changed)
@@ -540,7 +551,21 @@ fallback)
         cmp -s whole.bin r.bin || fail "$point: the final weights differ from the uninterrupted run's"
         ls -d ck/*.tmp ck/*.old 2>/dev/null && fail "$point: a leftover stayed"
         echo "killed at $point: recovered, resumed from step-10, the same final weights"
-    done ;;
+    done
+    # the second rename fails: the job fails naming it, and the old step-10
+    # is back in its place
+    rm -rf ck
+    cp -r base ck
+    status=0
+    LD_PRELOAD=$SHIM LOOM_SHIM_FAIL=rename:2 "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set train.steps=15 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" \
+        --resume "$TMP/ck/step-5" > failed.log 2>&1 || status=$?
+    [ "$status" != 0 ] || { cat failed.log; fail "a failed rename was not noticed"; }
+    grep -q "checkpoint: cannot replace '$TMP/ck/step-10' by '$TMP/ck/step-10.tmp': Input/output error" failed.log ||
+        { cat failed.log; fail "the failed rename is not named"; }
+    cmp -s base/step-10/meta.loom ck/step-10/meta.loom || { ls -R ck; fail "the old step-10 is not back in place"; }
+    ls -d ck/*.tmp ck/*.old 2>/dev/null && fail "a failed replacement left a directory"
+    echo "a failed rename: the old step-10 back in place" ;;
 *)
     echo "$TEST: unknown case $CASE"; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
  * point of a checkpoint's replacement. LOOM_SHIM_KILL=rename:N kills the
  * process (SIGKILL) right after the Nth rename of a checkpoint directory
  * (a path holding "/step-"); unlink-old:N right after the Nth unlink of a
- * file in a step-N.old directory. */
+ * file in a step-N.old directory; LOOM_SHIM_FAIL=rename:N makes the Nth such
+ * rename fail with EIO instead. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -36,6 +37,13 @@ int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpa
 
 int rename(const char *from, const char *to)
 {
+    static int renames;
+    int ours = strstr(from, "/step-") || strstr(to, "/step-");
+    const char *fail = getenv("LOOM_SHIM_FAIL");
+    if (ours && fail && !strncmp(fail, "rename:", 7) && ++renames == atoi(fail + 7)) {
+        errno = EIO;
+        return -1;
+    }
     int (*real)(const char *, const char *) =
         (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
     int rc = real(from, to);
