@@ -901,24 +901,33 @@ static int read_meta(loom_ckpt *ck, FILE *f, const char *path)
     return LOOM_OK;
 }
 
-int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
-                          loom_ckpt_lineage *lineage, char *settings, size_t cap)
+int loom_ckpt_lineage_of(const char *ckpt, int64_t *step, uint32_t *format,
+                         loom_ckpt_lineage *lineage, char *settings, size_t cap)
 {
     char path[4200];
-    snprintf(path, sizeof path, "%.4000s/meta.loom", dir);
+    struct stat st_path;
+    int sharded = stat(ckpt, &st_path) == 0 && S_ISDIR(st_path.st_mode);
+    if (sharded)
+        snprintf(path, sizeof path, "%.4000s/meta.loom", ckpt);
+    else
+        snprintf(path, sizeof path, "%.4000s", ckpt);
     memset(lineage, 0, sizeof *lineage);
     if (settings && cap)
         settings[0] = '\0';
     FILE *f = loom_fopen_regular(path, NULL);
     if (!f)
-        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': no meta.loom in it", dir);
+        return loom_fail(LOOM_ERR_NOT_FOUND, "checkpoint '%s': %s", ckpt,
+                         sharded ? "no meta.loom in it" : "cannot open it");
     long long size = file_size(f);
+    /* meta.loom's header begins as the consolidated file's */
     meta_disk md;
+    size_t head_bytes = sharded ? sizeof md : sizeof md.state;
     stamp_disk st;
     char *text = NULL;
     int rc = LOOM_OK;
-    if (!read_all(f, &md, sizeof md) || memcmp(md.state.magic, META_MAGIC, 8) != 0)
-        rc = damaged(path, "it is not a loom checkpoint's meta.loom");
+    if (!read_all(f, &md, head_bytes) ||
+        memcmp(md.state.magic, sharded ? META_MAGIC : STATE_MAGIC, 8) != 0)
+        rc = damaged(path, "it is not a loom checkpoint");
     else if (!known_version(md.state.version))
         rc = unknown_version(path, md.state.version);
     if (rc == LOOM_OK) {
@@ -927,10 +936,12 @@ int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
     }
     if (rc == LOOM_OK && md.state.version < FORMAT_LINEAGE)
         rc = loom_fail(LOOM_ERR_NOT_SUPPORTED, "checkpoint '%s': format %u records no lineage",
-                       dir, md.state.version);
+                       ckpt, md.state.version);
+    /* meta.loom is small enough to verify here; a consolidated file is
+     * verified whole when it is opened to resume */
     if (rc == LOOM_OK && (rc = read_stamp(path, f, size, &st)) == LOOM_OK &&
-        (rc = verify_checksum(path, f, sizeof md)) == LOOM_OK) {
-        long head = (long)(sizeof md + sizeof st);
+        (!sharded || (rc = verify_checksum(path, f, head_bytes)) == LOOM_OK)) {
+        long head = (long)(head_bytes + sizeof st);
         rc = fseek(f, head, SEEK_SET) == 0 ? read_lineage(path, f, size - head, lineage, &text)
                                            : damaged(path, "it ends inside its header");
     }

@@ -108,13 +108,13 @@ int loom_ckpt_sync_dir(const char *dir);
 /* The run id and step stamped on a checkpoint directory's files (the first
  * file found with a stamp, complete or not): LOOM_ERR_NOT_FOUND if none. */
 int loom_ckpt_dir_stamp(const char *dir, uint64_t *run_id, int64_t *step);
-/* A complete checkpoint directory's step and lineage, from its meta.loom
- * alone (checksum verified): LOOM_ERR_NOT_FOUND without meta.loom,
- * LOOM_ERR_NOT_SUPPORTED for a format before 4 (no lineage: *step and
- * *format are still set). settings: up to cap bytes of the lineage's
- * settings text (may be NULL). */
-int loom_ckpt_dir_lineage(const char *dir, int64_t *step, uint32_t *format,
-                          loom_ckpt_lineage *lineage, char *settings, size_t cap);
+/* A checkpoint's step and lineage from its header alone: a complete
+ * directory's meta.loom (checksum verified) or a consolidated file's
+ * header. LOOM_ERR_NOT_FOUND without meta.loom, LOOM_ERR_NOT_SUPPORTED for
+ * a format before 4 (no lineage: *step and *format are still set).
+ * settings: up to cap bytes of the lineage's settings text (may be NULL). */
+int loom_ckpt_lineage_of(const char *ckpt, int64_t *step, uint32_t *format,
+                         loom_ckpt_lineage *lineage, char *settings, size_t cap);
 /* Remove a checkpoint directory of any world size: meta.loom and every
  * shard-N.loom, then the directory; a file loom did not write stays, and
  * the failure names it. A missing directory is not an error. */

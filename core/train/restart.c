@@ -117,19 +117,11 @@ void trainer_choose_lineage(trainer *t, const char *resume)
     if (!resume)
         return;
     /* a resumed job continues the lineage of its checkpoint */
-    struct stat st;
     int64_t step = 0;
     uint32_t format = 0;
     loom_ckpt_lineage theirs;
-    loom_ckpt *ck = NULL;
-    if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (loom_ckpt_dir_lineage(resume, &step, &format, &theirs, NULL, 0) == LOOM_OK)
-            t->lineage.id = theirs.id;
-    } else if (loom_ckpt_open_unverified(resume, &ck) == LOOM_OK) {
-        if (loom_ckpt_header_of(ck)->lineage.id)
-            t->lineage.id = loom_ckpt_header_of(ck)->lineage.id;
-        loom_ckpt_close(ck);
-    }
+    if (loom_ckpt_lineage_of(resume, &step, &format, &theirs, NULL, 0) == LOOM_OK)
+        t->lineage.id = theirs.id;
 }
 
 /* N of "step-N" (digits only), else -1. */
@@ -169,7 +161,7 @@ static void scan_lineages(const char *dir, uint64_t id, int unrecorded, lineage_
         int64_t step = 0;
         uint32_t format = 0;
         loom_ckpt_lineage l;
-        int rc = loom_ckpt_dir_lineage(path, &step, &format, &l, settings, sizeof settings);
+        int rc = loom_ckpt_lineage_of(path, &step, &format, &l, settings, sizeof settings);
         /* unfinished or damaged: no one's to resume, and replacing it loses nothing */
         if (rc != LOOM_OK && (rc != LOOM_ERR_NOT_SUPPORTED || !unrecorded))
             continue;

@@ -458,6 +458,12 @@ lineage)
     run resumed 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/ck" --set train.lr=3e-3 \
         --resume "$TMP/ck/step-5"
     "$LOOM" ckpt info ck/step-10 | grep -q "^  lineage   $lineage " || fail "the resumed run's step-10 is of another lineage"
+    # and so does a resume of the consolidated file, which keeps it too
+    "$LOOM" ckpt consolidate ck/step-5 --state state.loom > cons.log 2>&1 || { cat cons.log; fail "consolidate failed"; }
+    "$LOOM" ckpt info state.loom | grep -q "^  lineage   $lineage " || fail "the consolidated file lost the lineage"
+    run from_state 1 --set train.checkpoint_every=5 --set train.checkpoint_dir="$TMP/from_state" \
+        --set train.lr=3e-3 --resume "$TMP/state.loom"
+    "$LOOM" ckpt info from_state/step-10 | grep -q "^  lineage   $lineage " || fail "a resume of the consolidated file started another lineage"
     # checkpoint_overwrite: allowed, and said; a restart resumes this run's
     # own step-5, not the other run's later step-10, and ends as a run that
     # was never stopped
