@@ -335,9 +335,10 @@ async_zero3)
 async_kill9)
     # kill -9 while an async checkpoint is written (one every step: the
     # writer is busy most of the time): only complete step-N count (a
-    # step-N.tmp is never resumed, even one that holds its meta.loom), the
-    # latest resumes bit-exactly, a restart picks the same one, and the next
-    # job removes the step-N.tmp the killed one left
+    # step-N.tmp is never resumed as it is), the latest resumes bit-exactly,
+    # a restart picks the same one, and the next job removes the step-N.tmp
+    # the killed one left, or, when every file of it is there and verifies
+    # (killed after its meta.loom), restores it as step-N and resumes that
     run whole 1 --set train.steps=400
     for round in 1 2 3 4 5; do
         rm -rf k9
@@ -367,16 +368,21 @@ async_kill9)
     done
     [ "$latest" -gt 0 ] || fail "no complete checkpoint"
     [ "$latest" -lt "$pending" ] || fail "step-$latest is complete, after the pending step-$pending"
+    expect=$latest
+    "$LOOM" ckpt info "k9/step-$pending.tmp" > /dev/null 2>&1 && expect=$pending
     # a restart (loom launch --max-restarts sets LOOM_RESTART) finds the same one
-    LOOM_RESTART=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=$((latest + 3)) \
+    LOOM_RESTART=1 "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=$((expect + 3)) \
         --set train.checkpoint_every=100 --set train.checkpoint_dir="$TMP/k9" \
         --metrics restarted.jsonl > restarted.log 2>&1 || { cat restarted.log; fail "the restart failed"; }
-    grep -q "restart 1: resuming from $TMP/k9/step-$latest\$" restarted.log ||
-        { cat restarted.log; fail "the restart did not pick step-$latest"; }
+    grep -q "restart 1: resuming from $TMP/k9/step-$expect\$" restarted.log ||
+        { cat restarted.log; fail "the restart did not pick step-$expect"; }
+    [ "$expect" = "$latest" ] || grep -q "restored $TMP/k9/step-$pending from $TMP/k9/step-$pending.tmp" restarted.log ||
+        { cat restarted.log; fail "the complete step-$pending.tmp was not restored with a line"; }
     ls -d k9/*.tmp 2>/dev/null && fail "the next job left the step-$pending.tmp of the killed one"
     run resumed 1 --set train.steps=$((latest + 3)) --resume "$TMP/k9/step-$latest"
     sed -n "$((latest + 1)),$((latest + 3))p" whole.jsonl > part.jsonl
     same_tail part resumed 3
+    sed -n "$((expect + 1)),$((expect + 3))p" whole.jsonl > part.jsonl
     same_tail part restarted 3
     echo "kill -9 while writing step-$pending: step-$latest resumed bit-exactly" ;;
 async_write_fails)
