@@ -734,9 +734,7 @@ static void restore_missing(const char *dir, const char *name)
                      strerror(errno), path);
             return;
         }
-        char parent[4400];
-        snprintf(parent, sizeof parent, "%s", dir);
-        loom_ckpt_sync_dir(parent);
+        loom_ckpt_sync_dir(dir);
         loom_log(LOOM_LOG_INFO, "checkpoint: restored %s from %s (complete and verified), "
                  "left by a job that stopped while saving it", base, path);
         return;
