@@ -92,6 +92,10 @@ static void tiered(const loom_plan_job *j, loom_purpose purpose, const uint64_t 
     if (j->offload[purpose] == LOOM_OFFLOAD_NVME) {
         r->peak[LOOM_TIER_NVME][purpose] += total;
         r->peak[LOOM_TIER_HOST][purpose] += staged;
+        /* the tier reserves whole blocks, at least one a segment */
+        uint64_t block = j->nvme_block_bytes ? j->nvme_block_bytes : 1;
+        for (int i = 0; i < n; i++)
+            r->nvme_file += (segment[i] ? (segment[i] + block - 1) / block : 1) * block;
     } else {
         r->peak[LOOM_TIER_HOST][purpose] += total;
     }

@@ -135,6 +135,7 @@ typedef struct loom_plan_rank {
      * peak_bytes reports them */
     uint64_t peak[LOOM_TIER_COUNT][LOOM_PURPOSE_COUNT];
     uint64_t total[LOOM_TIER_COUNT]; /* sum of the peaks: the bound the fit is judged on */
+    uint64_t nvme_file; /* the nvme tier's file: each segment in whole memory.offload.block_bytes */
     /* where the activations go */
     uint64_t slot_bytes;       /* one micro-batch's saved activations on this rank */
     int live_microbatches;     /* most alive at once (the pipeline stash; 1 without pp) */

@@ -147,6 +147,9 @@ int trainer_setup(trainer *t, const loom_train_options *o);
 /* The plan's peak host memory of this machine's ranks against what the
  * machine and the process's cgroups allow (fit.c), before any allocation. */
 int trainer_check_memory(trainer *t);
+/* The nvme tier's disk against the plan's need of this machine's ranks,
+ * agreed by every rank (offload_space.c), before any allocation. */
+int trainer_check_offload_space(trainer *t);
 void trainer_teardown(trainer *t);
 
 /* tensor.c */

@@ -867,9 +867,17 @@ static int reserve(loom_memtier *t, size_t n, size_t *first)
             if (err != ENOSPC || tier_capacity(t, &total, &avail) != LOOM_OK)
                 return fail(t, LOOM_ERR_NO_MEMORY, "cannot reserve %s: %s",
                             mib((double)len, want, sizeof want), strerror(err));
-            return fail(t, LOOM_ERR_NO_MEMORY, "no space for %s (%s available on the file "
-                        "system); free space or name a larger disk",
-                        mib((double)len, want, sizeof want), mib((double)avail, have, sizeof have));
+            /* what the rank holds already: the whole need, not only this block */
+            size_t held = t->file_chunks;
+            for (size_t h = 0; h < t->nholes; h++)
+                held -= t->holes[h].count;
+            char holds[32];
+            return fail(t, LOOM_ERR_NO_MEMORY, "no space for %s more (this rank's file holds %s "
+                        "already; %s available on the file system); free space or name a "
+                        "larger disk",
+                        mib((double)len, want, sizeof want),
+                        mib((double)held * (double)bb, holds, sizeof holds),
+                        mib((double)avail, have, sizeof have));
         }
     }
     if (at_end) {

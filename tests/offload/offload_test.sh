@@ -172,7 +172,22 @@ disk)
         cat full.log; fail "a full disk was not refused"
     fi
     cat full.log
-    grep -q "no space" full.log || fail "a full disk does not say so"
+    # the whole need (m and v of 4 units, a 1 MiB block each), not the first block's
+    grep -q "^loom train: memory.offload.path = '$TIER': no space: the offloaded state needs 8.0 MiB on its file system, each unit's part in whole blocks of 1.0 MiB, and [0-9.]* [KM]iB is available; free space, name a larger disk, or set memory.offload.block_bytes smaller$" full.log ||
+        fail "a full disk does not give the whole need"
+    # two ranks: both end at the check (a rank left waiting would wait
+    # comm.timeout_s, past this test's timeout), the second naming the first
+    if "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 \
+        --set parallel.dp.size=2 --set comm.timeout_s=3600 $nvme > full2.log 2>&1; then
+        cat full2.log; fail "a full disk was not refused on 2 ranks"
+    fi
+    cat full2.log
+    grep -q "^\[0\] loom train: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB on its file system (the 2 ranks of this machine; this one 8.0 MiB)" full2.log ||
+        fail "rank 0 does not give the 2 ranks' need"
+    grep -q "^\[1\] loom train: rank 0: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB" full2.log ||
+        fail "rank 1 does not stop with rank 0's words"
+    # a smaller block: the state fits in what the disk has
+    run small 1 --set train.steps=1 $nvme --set memory.offload.block_bytes=4096
     umount "$TIER"
     mount -t tmpfs -o ro,size=1m tmpfs "$TIER"
     if "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 $nvme > ro.log 2>&1; then
