@@ -655,8 +655,9 @@ static void case_fifo(void)
         return;
     }
     alarm(20); /* a regression hangs: let it fail instead */
-    expect_ckpt_error(fifo, NULL, LOOM_ERR_INVALID, "cannot open: it is a FIFO, not a regular file");
-    expect_shard_error(fifo, 256, LOOM_ERR_INVALID, "cannot open: it is a FIFO, not a regular file");
+    const char *why = "cannot open: it is a FIFO, not a regular file";
+    expect_ckpt_error(fifo, NULL, LOOM_ERR_INVALID, why);
+    expect_shard_error(fifo, 256, LOOM_ERR_INVALID, why);
     size_t count;
     CHECK(loom_shard_inspect(fifo, &count) == LOOM_ERR_INVALID);
     loom_gpt2_shape shape;
