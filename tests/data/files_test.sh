@@ -22,8 +22,10 @@ fail() { echo "files_test: $*"; exit 1; }
 # failure, not a wait) and its last line of stderr holds WANT
 refused() {
     want=$1; shift
-    if timeout 20 "$@" > out.txt 2> err.txt; then cat err.txt; fail "accepted: $*"; fi
-    [ $? -ne 124 ] || fail "still waiting after 20 s: $*"
+    rc=0
+    timeout 20 "$@" > out.txt 2> err.txt || rc=$?
+    [ "$rc" != 0 ] || { cat err.txt; fail "accepted: $*"; }
+    [ "$rc" != 124 ] || fail "still waiting after 20 s: $*"
     tail -n 1 err.txt | grep -qF -- "$want" || { cat err.txt; fail "'$want' not the message of: $*"; }
     echo "refused: $(tail -n 1 err.txt)"
 }
