@@ -535,7 +535,10 @@ static int case_nospace(const char *base)
     H.error[0] = 0;
     CHECK(vt->alloc(t, 16 * MIB, 64, &b) != LOOM_OK && !b, "16 MiB fit in a 4 MiB tmpfs");
     char want[PATH_MAX + 64];
-    snprintf(want, sizeof want, "memory.offload.path = '%s': no space for 16 MiB (", dir);
+    snprintf(want, sizeof want,
+             "memory.offload.path = '%s': no space for 16 MiB more (this rank's file holds 0 MiB "
+             "already; ",
+             dir);
     CHECK(has(H.error, want) && has(H.error, "MiB available on the file system); free space or "
                                              "name a larger disk"),
           "the no-space line: '%s'", H.error);
