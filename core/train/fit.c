@@ -1,10 +1,15 @@
-/* loom train — Memory checked before allocating: the plan's peak for the
- * ranks on this machine against what the machine and the process's cgroups
- * let it take. A job too big is refused with the figures `loom plan`
- * prints and the settings that would fit, instead of being OOM-killed
- * mid-allocation with no word. */
+/* loom train — The machine checked before anything is allocated: the
+ * plan's peak host memory of the ranks on this machine against what the
+ * machine and the process's cgroups let it take, and the nvme tier's files
+ * against what memory.offload.path has free. A job too big is refused with
+ * the figures `loom plan` prints (and, for memory, the settings that would
+ * fit) instead of being OOM-killed mid-allocation with no word, or failing
+ * at the first block that does not fit. The ranks agree on the outcome, so
+ * one machine short of either stops every rank at once, and none waits out
+ * comm.timeout_s in a collective of the strategies' setup. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "runtime/bootstrap.h"
 #include "runtime/hostmem.h"
@@ -14,38 +19,48 @@
 #include "train/plan.h"
 #include "train/trainer.h"
 
-/* The host bytes the ranks of this machine hold at their peaks: the
- * machine runs world ranks first .. first + local - 1 (a launcher places
- * ranks in blocks per node), each with its pipeline stage's plan. */
-static int node_need(const loom_plan_job *job, const loom_schedule *schedule, int first, int local,
-                     uint64_t *need, char *parts, size_t cap)
+/* The ranks of this machine, world ranks first .. first + local - 1 (a
+ * launcher places ranks in blocks per node), and the plan's figures for
+ * them, each rank with its pipeline stage's plan. */
+typedef struct machine {
+    int first, local;
+    const loom_schedule *schedule;
+    uint64_t host;            /* host and pinned bytes at the peaks, every rank here */
+    uint64_t nvme, nvme_mine; /* the nvme tier's file bytes: every rank here, this one */
+    char parts[512];          /* the largest rank's peaks by purpose, as `loom plan` lists them */
+} machine;
+
+static int plan_machine(const trainer *t, const loom_plan_job *job, machine *m)
 {
     static const loom_plan_cluster none; /* memory only: no rates, no limits */
     loom_plan plan;
-    int rc = loom_plan_make(job, &none, schedule, &plan);
+    int rc = loom_plan_make(job, &none, m->schedule, &plan);
     if (rc != LOOM_OK)
         return rc;
-    *need = 0;
+    m->host = m->nvme = m->nvme_mine = 0;
+    m->parts[0] = '\0';
     uint64_t largest = 0;
-    for (int r = first; r < first + local; r++) {
+    for (int r = m->first; r < m->first + m->local; r++) {
         int coords[LOOM_AXIS_COUNT];
         loom_mesh_coords_of(job->sizes, r, coords);
         const loom_plan_rank *pr = &plan.ranks[coords[LOOM_AXIS_PP]];
         uint64_t bytes = pr->total[LOOM_TIER_HOST] + pr->total[LOOM_TIER_PINNED];
-        *need += bytes;
-        if (parts && bytes > largest) {
-            largest = bytes;
-            /* the rank's peaks by purpose, as `loom plan` lists them */
-            size_t used = 0;
-            for (int k = 0; k < LOOM_PURPOSE_COUNT && used < cap; k++) {
-                uint64_t b = pr->peak[LOOM_TIER_HOST][k] + pr->peak[LOOM_TIER_PINNED][k];
-                char text[32];
-                if (!b)
-                    continue;
-                loom_mem_format(b, text, sizeof text);
-                used += (size_t)snprintf(parts + used, cap - used, "%s%s %s", used ? ", " : "",
-                                         loom_purpose_name((loom_purpose)k), text);
-            }
+        m->host += bytes;
+        m->nvme += pr->nvme_file;
+        if (r == t->rank)
+            m->nvme_mine = pr->nvme_file;
+        if (bytes <= largest)
+            continue;
+        largest = bytes;
+        size_t used = 0;
+        for (int k = 0; k < LOOM_PURPOSE_COUNT && used < sizeof m->parts; k++) {
+            uint64_t b = pr->peak[LOOM_TIER_HOST][k] + pr->peak[LOOM_TIER_PINNED][k];
+            char text[32];
+            if (!b)
+                continue;
+            loom_mem_format(b, text, sizeof text);
+            used += (size_t)snprintf(m->parts + used, sizeof m->parts - used, "%s%s %s",
+                                     used ? ", " : "", loom_purpose_name((loom_purpose)k), text);
         }
     }
     loom_plan_free(&plan);
@@ -103,66 +118,91 @@ static int changes_of(const loom_plan_job *job, fit_change *out)
     return n;
 }
 
-int trainer_check_memory(trainer *t)
+static int check_memory(const trainer *t, const loom_plan_job *job, const machine *m)
 {
-    loom_plan_job job;
-    memset(&job, 0, sizeof job);
-    if (loom_plan_job_read(t->cfg, &job) != LOOM_OK) {
-        /* a job the plan cannot model (a strategy of its own): nothing to
-         * compare, and the allocations' own checks still hold */
-        loom_log(LOOM_LOG_DEBUG, "memory check skipped: %s", loom_last_error());
-        return LOOM_OK;
-    }
-    const loom_launch_env *env = loom_runtime_env(t->rt);
-    int local = env->local_size > 0 ? env->local_size : 1;
-    int first = env->rank - (env->local_rank >= 0 ? env->local_rank : 0);
-    if (first < 0 || first + local > t->world) {
-        first = t->rank;
-        local = 1;
-    }
-    const loom_schedule *schedule = job.sizes[LOOM_AXIS_PP] > 1 ? &t->pipe_schedule : NULL;
-    uint64_t need = 0;
-    char parts[512] = "";
-    int rc = node_need(&job, schedule, first, local, &need, parts, sizeof parts);
-    if (rc != LOOM_OK) {
-        loom_log(LOOM_LOG_DEBUG, "memory check skipped: %s", loom_last_error());
-        loom_plan_job_free(&job);
-        return LOOM_OK;
-    }
     loom_host_room room;
     loom_host_room_read(&room);
-    if (need <= room.bytes) {
-        loom_plan_job_free(&job);
+    if (m->host <= room.bytes)
         return LOOM_OK;
-    }
     char nb[32], rb[32], fits[1024] = "";
-    loom_mem_format(need, nb, sizeof nb);
+    loom_mem_format(m->host, nb, sizeof nb);
     loom_mem_format(room.bytes, rb, sizeof rb);
     fit_change changes[8];
-    int nchanges = changes_of(&job, changes);
+    int nchanges = changes_of(job, changes);
     size_t used = 0;
     for (int i = 0; i < nchanges && used < sizeof fits; i++) {
-        uint64_t other = 0;
-        if (node_need(&changes[i].job, schedule, first, local, &other, NULL, 0) != LOOM_OK ||
-            other > room.bytes)
+        machine other = *m;
+        if (plan_machine(t, &changes[i].job, &other) != LOOM_OK || other.host > room.bytes)
             continue;
         char b[32];
-        loom_mem_format(other, b, sizeof b);
+        loom_mem_format(other.host, b, sizeof b);
         used += (size_t)snprintf(fits + used, sizeof fits - used, "%s%s (%s)", used ? "; " : "",
                                  changes[i].setting, b);
     }
     /* invalid, not out of memory: the job does not fit this machine, and
      * a restart would be refused alike (loom train exits 78) */
-    rc = loom_fail(LOOM_ERR_INVALID,
-                   "memory: this job needs %s of host memory at its peak on this machine (%d "
-                   "rank%s here; the largest holds %s, as `loom plan` predicts), but only %s is "
-                   "free (%s); %s%s",
-                   nb, local, local > 1 ? "s" : "", parts, rb, room.bound,
-                   used ? "it would fit with "
-                        : "no single setting makes it fit: use more "
-                          "machines, a smaller model or a larger memory "
-                          "limit",
-                   fits);
+    return loom_fail(LOOM_ERR_INVALID,
+                     "memory: this job needs %s of host memory at its peak on this machine (%d "
+                     "rank%s here; the largest holds %s, as `loom plan` predicts), but only %s "
+                     "is free (%s); %s%s",
+                     nb, m->local, m->local > 1 ? "s" : "", m->parts, rb, room.bound,
+                     used ? "it would fit with "
+                          : "no single setting makes it fit: use more machines, a smaller model "
+                            "or a larger memory limit",
+                     fits);
+}
+
+/* The tier reserves each unit's segment in whole blocks, as the plan
+ * counts them: the whole need, not the first block that does not fit. */
+static int check_offload_space(const trainer *t, const loom_plan_job *job, const machine *m)
+{
+    const char *path = "";
+    loom_config_string(t->cfg, "memory.offload.path", &path);
+    struct statvfs sv;
+    if (m->nvme == 0 || statvfs(path, &sv) != 0)
+        return LOOM_OK; /* nothing to place, or no such path: the tier says so itself */
+    uint64_t free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+    if (sv.f_blocks == 0 || m->nvme <= free_bytes)
+        return LOOM_OK; /* ramfs has no size: it takes the machine's memory */
+    char need[32], own[32], have[32], block[32], others[96] = "";
+    loom_mem_format(m->nvme, need, sizeof need);
+    loom_mem_format(m->nvme_mine, own, sizeof own);
+    loom_mem_format(free_bytes, have, sizeof have);
+    loom_mem_format(job->nvme_block_bytes, block, sizeof block);
+    if (m->local > 1)
+        snprintf(others, sizeof others, " (the %d ranks of this machine; this one %s)", m->local,
+                 own);
+    return loom_fail(LOOM_ERR_NO_MEMORY,
+                     "memory.offload.path = '%s': no space: the offloaded state needs %s on its "
+                     "file system%s, each unit's part in whole blocks of %s, and %s is available; "
+                     "free space, name a larger disk, or set memory.offload.block_bytes smaller",
+                     path, need, others, block, have);
+}
+
+int trainer_check_machine(trainer *t)
+{
+    loom_plan_job job;
+    memset(&job, 0, sizeof job);
+    if (loom_plan_job_read(t->cfg, &job) != LOOM_OK) {
+        /* a job the plan cannot model (a strategy of its own), alike on
+         * every rank: nothing to compare, and the allocations' own checks
+         * still hold */
+        loom_log(LOOM_LOG_DEBUG, "machine check skipped: %s", loom_last_error());
+        return LOOM_OK;
+    }
+    const loom_launch_env *env = loom_runtime_env(t->rt);
+    machine m = {.local = env->local_size > 0 ? env->local_size : 1,
+                 .first = env->rank - (env->local_rank >= 0 ? env->local_rank : 0),
+                 .schedule = job.sizes[LOOM_AXIS_PP] > 1 ? &t->pipe_schedule : NULL};
+    if (m.first < 0 || m.first + m.local > t->world) {
+        m.first = t->rank;
+        m.local = 1;
+    }
+    int rc = LOOM_OK;
+    if (plan_machine(t, &job, &m) != LOOM_OK)
+        loom_log(LOOM_LOG_DEBUG, "machine check skipped: %s", loom_last_error());
+    else if ((rc = check_memory(t, &job, &m)) == LOOM_OK)
+        rc = check_offload_space(t, &job, &m);
     loom_plan_job_free(&job);
-    return rc;
+    return trainer_agree(t, "cannot start", rc);
 }

@@ -59,7 +59,7 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
     int64_t round = t->agreements++;
     loom_store *store = loom_runtime_store(t->rt);
     if (rc != LOOM_OK && store) {
-        snprintf(key, sizeof key, "ckpt/agree/%lld/%d", (long long)round, t->rank);
+        snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, t->rank);
         loom_store_put(store, key, reason, strlen(reason) + 1);
     }
     /* the first failing rank, and whether every rank is ready (ready) */
@@ -81,7 +81,7 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
             loom_log(LOOM_LOG_WARN, "%s (after rank %d failed)", reason, rank);
         rc = LOOM_OK;
         size_t len = 0;
-        snprintf(key, sizeof key, "ckpt/agree/%lld/%d", (long long)round, rank);
+        snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, rank);
         if (!store || loom_store_get(store, key, reason, sizeof reason, &len,
                                      loom_runtime_timeout(t->rt)) != LOOM_OK)
             snprintf(reason, sizeof reason, "(its output says why)");
@@ -90,7 +90,7 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
     return loom_fail(rc != LOOM_OK ? rc : LOOM_ERR_REMOTE, "rank %d %s: %s", rank, failed, reason);
 }
 
-static int agree(trainer *t, const char *failed, int rc)
+int trainer_agree(trainer *t, const char *failed, int rc)
 {
     return agree_ready(t, failed, rc, NULL);
 }
@@ -332,7 +332,7 @@ static int begin_save(trainer *t, ckpt_save *s, const char *dir)
         (rc = remove_leftover(t, s->tmp)) == LOOM_OK && mkdir(s->tmp, 0777) != 0)
         rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", s->tmp,
                        strerror(errno));
-    if ((rc = agree(t, s->failed, rc)) != LOOM_OK)
+    if ((rc = trainer_agree(t, s->failed, rc)) != LOOM_OK)
         end_save(s);
     return rc;
 }
@@ -342,7 +342,7 @@ static int begin_save(trainer *t, ckpt_save *s, const char *dir)
  * ranks agree again. A failed checkpoint leaves no DIR.tmp behind. */
 static int finish_save(trainer *t, const ckpt_save *s, int rc)
 {
-    if ((rc = agree(t, s->failed, rc)) != LOOM_OK) {
+    if ((rc = trainer_agree(t, s->failed, rc)) != LOOM_OK) {
         if (t->rank == 0)
             remove_failed(s->tmp);
         return rc;
@@ -360,7 +360,7 @@ static int finish_save(trainer *t, const ckpt_save *s, int rc)
         if (rc != LOOM_OK)
             remove_failed(s->tmp);
     }
-    return agree(t, s->failed, rc);
+    return trainer_agree(t, s->failed, rc);
 }
 
 static int can_save(const trainer *t)
@@ -376,7 +376,7 @@ static int can_save(const trainer *t)
  * DIR.tmp, then rank 0 adds meta.loom and moves it into place, so DIR is
  * always a whole checkpoint. Ranks that repeat another's state (the
  * sequence axis) write an empty shard file. After each phase the ranks
- * agree (agree()), so a failure on any rank fails every rank at once; a
+ * agree (trainer_agree), so a failure on any rank fails every rank at once; a
  * failed checkpoint leaves no DIR.tmp behind. Here the snapshot holds one
  * unit at a time, written at once. */
 int trainer_save_sharded(trainer *t, const char *dir)
@@ -535,7 +535,7 @@ int trainer_setup_async_checkpoints(trainer *t)
         free(a->snap.records);
         free(a);
     }
-    if ((rc = agree(t, "could not set up train.checkpoint_async", rc)) != LOOM_OK)
+    if ((rc = trainer_agree(t, "could not set up train.checkpoint_async", rc)) != LOOM_OK)
         return rc;
     double bytes = (double)floats * sizeof(float);
     if (t->world > 1 &&
@@ -616,7 +616,7 @@ static int settle(trainer *t, int wait)
         snprintf(reason, sizeof reason, "%s", loom_last_error());
         atomic_store(&a->stop, 1);
         join_writer(a);
-        agree(t, a->save.failed, LOOM_OK); /* every rank's writer has stopped */
+        trainer_agree(t, a->save.failed, LOOM_OK); /* every rank's writer has stopped */
         if (t->rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
             loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
         a->pending = 0;
@@ -838,7 +838,7 @@ int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd)
         if (fd >= 0)
             close(fd);
     }
-    return agree(t, "could not take train.checkpoint_dir", rc);
+    return trainer_agree(t, "could not take train.checkpoint_dir", rc);
 }
 
 void trainer_unlock_checkpoints(int lock_fd)
@@ -926,7 +926,7 @@ int trainer_load_state(trainer *t, const char *path)
         rc = h->data_position ? loom_dataloader_restore(&t->loader, h->data_position,
                                                         h->data_position_bytes, path)
                               : loom_dataloader_restore_offset(&t->loader, h->data_offset, path);
-    if ((rc = agree(t, failed, rc)) != LOOM_OK) {
+    if ((rc = trainer_agree(t, failed, rc)) != LOOM_OK) {
         loom_ckpt_close(ck);
         return rc;
     }
@@ -947,7 +947,7 @@ int trainer_load_state(trainer *t, const char *path)
             rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
     trainer_sync_units(t);
-    rc = agree(t, failed, rc);
+    rc = trainer_agree(t, failed, rc);
     if (rc == LOOM_OK && t->pipeline) /* the last stage's copy of unit 0 */
         rc = loom_pipeline_sync_tied(t->pipeline);
     if (rc == LOOM_OK) {
@@ -987,7 +987,7 @@ int trainer_gather_weights(trainer *t, const char *scratch, float **weights)
     }
     char failed[4200];
     snprintf(failed, sizeof failed, "could not gather the weights through %.4000s", scratch);
-    return agree(t, failed, rc);
+    return trainer_agree(t, failed, rc);
 }
 
 /* llm.c's weights (--save), fp32 or bf16. */

@@ -145,11 +145,13 @@ int trainer_read_files(const loom_config *cfg, const char *setting, const char *
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
 int trainer_setup(trainer *t, const loom_train_options *o);
 /* The plan's peak host memory of this machine's ranks against what the
- * machine and the process's cgroups allow (fit.c), before any allocation. */
-int trainer_check_memory(trainer *t);
-/* The nvme tier's disk against the plan's need of this machine's ranks,
- * agreed by every rank (offload_space.c), before any allocation. */
-int trainer_check_offload_space(trainer *t);
+ * machine and the process's cgroups allow, and its nvme tier files against
+ * the offload disk, agreed by every rank (fit.c), before any allocation. */
+int trainer_check_machine(trainer *t);
+/* After a phase every rank went through: the first failing rank's line,
+ * on every rank ("rank 2 <failed>: <its reason>"; the others fail as
+ * followers, LOOM_ERR_REMOTE), or LOOM_OK where all succeeded (save.c). */
+int trainer_agree(trainer *t, const char *failed, int rc);
 void trainer_teardown(trainer *t);
 
 /* tensor.c */

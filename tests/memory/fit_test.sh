@@ -1,7 +1,8 @@
 #!/bin/sh
 # loom train checks the plan's peak against the machine before allocating:
 #   usage: fit_test.sh LOOM ROOM_TEST SOURCE_DIR
-# 1. a model no machine holds is refused at once with the figures;
+# 1. a model no machine holds is refused at once with the figures, on one
+#    rank and on two (both stopping in rank 0's words);
 # 2. one whose activations overflow this machine is refused, naming
 #    train.recompute = "block" as a setting that would fit (the batch is
 #    sized from this machine's room, so the verdict is the same anywhere);
@@ -30,6 +31,17 @@ train --set model.layers=100000
 grep -Eq "^loom train: memory: this job needs [0-9.]+ GiB of host memory at its peak on this machine \(1 rank here; the largest holds params .*, activations .*, as \`loom plan\` predicts\), but only .* is free \(.*\); no single setting makes it fit" "$TMP/out" ||
     fail "no refusal with the figures"
 echo "fit_test: $(cat "$TMP/out")"
+
+# the ranks of a machine count together, and every rank stops at once in
+# rank 0's words (none waits in a collective); the launcher exits 78
+rc=0
+timeout 120 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set train.steps=1 \
+    --set parallel.dp.size=2 --set comm.timeout_s=3600 --set model.layers=100000 > "$TMP/out" 2>&1 || rc=$?
+[ $rc -eq 78 ] || fail "2 ranks: the launcher exited $rc, not 78"
+for r in 0 1; do
+    grep -q "^\[$r\] loom train: rank 0 cannot start: memory: this job needs .* (2 ranks here; " "$TMP/out" ||
+        fail "rank $r does not stop with rank 0's words"
+done
 
 # 2. each sequence of this shape holds 2.02 GiB of activations, 0.125 GiB
 #    with recomputation (loom plan); the batch overflows the room twice over

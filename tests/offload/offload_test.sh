@@ -182,9 +182,9 @@ disk)
         cat full2.log; fail "a full disk was not refused on 2 ranks"
     fi
     cat full2.log
-    grep -q "^\[0\] loom train: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB on its file system (the 2 ranks of this machine; this one 8.0 MiB)" full2.log ||
+    grep -q "^\[0\] loom train: rank 0 cannot start: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB on its file system (the 2 ranks of this machine; this one 8.0 MiB)" full2.log ||
         fail "rank 0 does not give the 2 ranks' need"
-    grep -q "^\[1\] loom train: rank 0: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB" full2.log ||
+    grep -q "^\[1\] loom train: rank 0 cannot start: memory.offload.path = '$TIER': no space: the offloaded state needs 16.0 MiB" full2.log ||
         fail "rank 1 does not stop with rank 0's words"
     # a smaller block: the state fits in what the disk has
     run small 1 --set train.steps=1 $nvme --set memory.offload.block_bytes=4096
