@@ -1488,6 +1488,43 @@ static char *read_text(const char *path, const char **why)
     return buf;
 }
 
+/* libconfig opens @include files itself, and would wait forever on a
+ * FIFO: each one the text (and the files it includes) names is checked to
+ * be a regular file first. libconfig takes every relative @include from
+ * the top file's folder, and refuses more than 10 levels itself. */
+static int check_includes(const char *text, const char *file, const char *dir, int depth)
+{
+    int line = 1;
+    for (const char *p = text; p && *p && depth < 10; p = strchr(p, '\n'), line++) {
+        if (*p == '\n')
+            p++;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, "@include", 8) != 0)
+            continue;
+        const char *open = strchr(p + 8, '"'), *eol = strchr(p, '\n');
+        const char *close = open ? strchr(open + 1, '"') : NULL;
+        if (!close || (eol && close > eol))
+            continue; /* libconfig says what is wrong with the line */
+        char name[PATH_MAX_LEN], path[2 * PATH_MAX_LEN];
+        say(name, sizeof name, "%.*s", (int)(close - open - 1), open + 1);
+        if (name[0] == '/' || !strcmp(dir, "."))
+            say(path, sizeof path, "%s", name);
+        else
+            say(path, sizeof path, "%s/%s", dir, name);
+        const char *why = NULL;
+        char *included = read_text(path, &why);
+        if (!included)
+            return loom_fail(LOOM_ERR_INVALID, "%s:%d: @include \"%s\": cannot read '%s': %s",
+                             file, line, name, path, why ? why : strerror(errno));
+        int rc = check_includes(included, path, dir, depth + 1);
+        free(included);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+    return LOOM_OK;
+}
+
 int loom_config_load(const char *path, const char *const *overrides, int noverrides,
                      loom_config **out)
 {
@@ -1514,6 +1551,12 @@ int loom_config_load(const char *path, const char *const *overrides, int noverri
         else
             say(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
         config_set_include_dir(&cfg->tree, dir);
+        int rc = check_includes(text, path, dir, 0);
+        if (rc != LOOM_OK) {
+            loom_config_free(cfg);
+            free(text);
+            return rc;
+        }
     }
     int rc = config_finish(cfg, text, out);
     free(text);

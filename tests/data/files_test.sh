@@ -1,6 +1,6 @@
 #!/bin/sh
 # Files a job reads that cannot be used, refused at once with one line:
-#   fifo     a FIFO as the config, a token shard (data.train), llm.c weights
+#   fifo     a FIFO as the config or a file it @includes, a token shard (data.train), llm.c weights
 #            (model.checkpoint), a file of a loom checkpoint (`loom ckpt
 #            info`, --resume): opening one to read would wait for a writer
 #   nonfinite  llm.c weights holding a NaN (model.init = "checkpoint"):
@@ -40,6 +40,11 @@ fifo)
     mkfifo fifo
     refused "loom train: cannot read config 'fifo': it is a FIFO, not a regular file" \
         "$LOOM" train fifo
+    # a FIFO named by an @include, one file down (libconfig opens those itself)
+    printf '@include "fifo"\n' > inner.cfg
+    printf 'train = { steps = 1; };\n  @include "inner.cfg"\n' > outer.cfg
+    refused "loom train: inner.cfg:1: @include \"fifo\": cannot read 'fifo': it is a FIFO, not a regular file" \
+        "$LOOM" train outer.cfg
     refused "fifo: cannot open: it is a FIFO, not a regular file" \
         "$LOOM" train "$CFG" --set data.train=fifo
     refused "fifo: cannot open: it is a FIFO, not a regular file" \
