@@ -1,6 +1,6 @@
 /* `loom launch -n N [--timeout S] [--] CMD [ARGS...]`: N ranks of CMD on this
  * machine, for development and tests; across machines jobs run under
- * mpirun or srun (DESIGN §3).
+ * mpirun or srun (docs/architecture.md).
  *
  * Ranks are pinned to cores by default, one core each when they fit, as
  * mpirun's --bind-to core: a rank that migrates between cores pays for it

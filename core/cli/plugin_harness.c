@@ -26,7 +26,7 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 
-/* The numerics contract (DESIGN §7): an fp32 run at any rank count is the
+/* The numerics contract (the README's Tests): an fp32 run at any rank count is the
  * single-rank run up to the order of its reductions, 1e-5 relative per
  * step in the loss. */
 #define LOSS_TOLERANCE 1e-5

@@ -3,7 +3,7 @@
  *
  * Every rank walks every reader, so every rank knows the whole global batch
  * of a step and reads its own slice of it: the batch does not depend on
- * loom's mesh (DESIGN §7, the numerics contract). */
+ * loom's mesh (the numerics contract: the README's Tests). */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>

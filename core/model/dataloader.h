@@ -17,8 +17,8 @@
  * walks every reader (cheap: the order is arithmetic) and reads, with
  * pread, only the sequences it trains on. Micro-batch k of dp rank d holds
  * sequences k*batch/K + d*batch/(K*dp) ... + batch/(K*dp) - 1 of the global
- * batch, so the global batch does not depend on dp or K (DESIGN §7, the
- * numerics contract), and with readers = P, read_batch = B and
+ * batch, so the global batch does not depend on dp or K (the numerics
+ * contract: the README's Tests), and with readers = P, read_batch = B and
  * batch = P*B*K, loom's dp rank d's micro-batch k is llm.c process d's k-th
  * read of the step. */
 #ifndef LOOM_DATALOADER_H

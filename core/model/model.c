@@ -1,4 +1,4 @@
-/* The GPT-2 model of DESIGN §7 as units, on the kernels of kernels.c. */
+/* The GPT-2 model as units, on the kernels of kernels.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* loom core — the GPT-2 model as an ordered list of units (DESIGN §5.1):
+/* loom core — the GPT-2 model as an ordered list of units (docs/parallelism.md):
  * unit 0 is the embedding (wte, wpe), units 1..L the transformer blocks,
  * unit L+1 the head (final LayerNorm; the LM head is tied to wte, which
  * stays in unit 0). Each unit's parameters are one flat buffer that the data
@@ -10,7 +10,7 @@
  * Recomputation ("block") saves only each block's input and recomputes the
  * block in backward. Activation buffers are accounted under ACTIVATIONS.
  *
- * Parallel layouts (DESIGN §5.1). On a tensor axis of t ranks the model
+ * Parallel layouts (docs/parallelism.md). On a tensor axis of t ranks the model
  * computes with this rank's slice of every split tensor: QKV and MLP-up
  * column-parallel (heads NH/t, MLP width 4C/t), attention-out and MLP-down
  * row-parallel (partial sums, the bias added once after the border), and
@@ -167,7 +167,7 @@ size_t loom_model_slot_bytes(const loom_model *m);
 void *loom_model_stream(loom_model *m, int unit, size_t *count, loom_dtype *dtype);
 float *loom_model_stream_grad(loom_model *m, size_t *count);
 
-/* The parallel ops the model is written against (DESIGN §5.1). The trainer
+/* The parallel ops the model is written against (docs/parallelism.md). The trainer
  * installs a strategy's hooks here; a NULL member is the local default:
  * whole-sequence attention with the CPU kernels, identity borders. The
  * border hooks see each tensor-parallel region's input and output in

@@ -1,5 +1,5 @@
 /* Who we are in the job: rank, world size and the local (same machine)
- * rank and size, read from whatever launcher started us (DESIGN §3). The
+ * rank and size, read from whatever launcher started us (docs/architecture.md). The
  * key-value store that ranks exchange addresses through is in store.c. */
 #include <errno.h>
 #include <stdio.h>

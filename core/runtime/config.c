@@ -1,4 +1,4 @@
-/* The job config (DESIGN §9): libconfig reads the syntax, the schema table
+/* The job config (the README's Configuration): libconfig reads the syntax, the schema table
  * below gives it meaning. A loaded config holds two libconfig trees: what the
  * user wrote (file, then --set overrides on top) and the defaults (from the
  * schema, plus the defaults of plugin settings once a plugin's group has been
@@ -81,7 +81,7 @@ static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
         .path = (path_), .type = (type_), .def = (def_), __VA_ARGS__                               \
     }
 
-/* Every setting the core knows, in the order DESIGN §9 lists them. Strategy
+/* Every setting the core knows, grouped as the README's Configuration lists them. Strategy
  * and pipeline-schedule names are plugin names, so any non-empty string
  * passes here; the loader says later whether such a plugin exists. */
 static const schema_entry schema[] = {

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include "loom/plugin.h"
 
-/* A parsed, validated job config (DESIGN §9). Every setting the core knows
+/* A parsed, validated job config (the README's Configuration). Every setting the core knows
  * has a schema entry (type, default, allowed values); groups owned by
  * plugins (comm.<backend>, the extra settings of parallel.<axis>) are
  * validated when the plugin loads, against its loom_setting_spec list.

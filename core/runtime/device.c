@@ -1,4 +1,4 @@
-/* The device tier (DESIGN §6): CUDA device memory, pinned (page-locked)
+/* The device tier (docs/offload.md): CUDA device memory, pinned (page-locked)
  * host memory, and asynchronous copies between them and host memory on
  * streams with completion events. Built only when CMake finds the CUDA
  * toolkit; memory.c calls in here for LOOM_TIER_DEVICE and LOOM_TIER_PINNED

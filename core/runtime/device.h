@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include "loom/plugin.h"
 
-/* The CUDA device tier (DESIGN §6), defined only in builds with CUDA
+/* The CUDA device tier (docs/offload.md), defined only in builds with CUDA
  * (LOOM_HAVE_CUDA); callers guard their use with that macro. Device and
  * pinned blocks live on the calling thread's current CUDA device (comm-nccl
  * selects it when it makes its world: the local rank, or comm.nccl.device).

@@ -1,4 +1,4 @@
-/* The plugin loader (DESIGN §2): where plugins are looked for, and the
+/* The plugin loader (docs/plugin-guide.md): where plugins are looked for, and the
  * checks a plugin file must pass before the core calls into it.
  *
  * A plugin is refused, never trusted: every field the core will rely on is
@@ -799,7 +799,7 @@ static int refuse_no_symbol(load_run *r, void *dl)
         const loom_plugin_header *h = find_symbol(r, dl, r->kind_name, major);
         if (!h)
             continue;
-        /* DESIGN §2 keeps abi_version first in every major's struct */
+        /* the ABI keeps abi_version first in every major's struct */
         char built[32];
         if ((int)LOOM_ABI_VERSION_MAJOR(h->abi_version) == major)
             snprintf(built, sizeof built, "%d.%u", major, LOOM_ABI_VERSION_MINOR(h->abi_version));

@@ -80,7 +80,7 @@ typedef struct loom_plugin_checks {
     uint32_t abi_version;
     char reason[768];
 } loom_plugin_checks;
-/* Load the file at path as a plugin of kind, every check of DESIGN §2 in
+/* Load the file at path as a plugin of kind, every check of docs/plugin-guide.md in
  * turn. expect_name NULL: the name the file's name carries, when it reads
  * libloom-<kind>-<name>.so. checks is nullable. */
 int loom_plugin_load_file(const char *path, loom_plugin_kind kind, const char *expect_name,

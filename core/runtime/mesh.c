@@ -1,4 +1,4 @@
-/* The process mesh: world = tp × sp × pp × dp, tp innermost (DESIGN §4).
+/* The process mesh: world = tp × sp × pp × dp, tp innermost (docs/architecture.md).
  * Each axis gets its own group, over the backend named for that axis. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The bootstrap key-value store (DESIGN §3): rank 0 serves it from a
+/* The bootstrap key-value store (docs/architecture.md): rank 0 serves it from a
  * background thread and every rank, rank 0 included, is a client over TCP.
  * Plugins exchange their addresses through it (UCX worker addresses, the
  * NCCL unique id), so it must work before any communicator exists.

@@ -1,4 +1,4 @@
-/* loom core — resumable checkpoints (DESIGN §8, `loom ckpt`).
+/* loom core — resumable checkpoints (docs/reliability.md, `loom ckpt`).
  *
  * Two layouts hold the same thing: every unit's fp32 master parameters and
  * Adam m and v, plus where training stood (step, the data loader's position

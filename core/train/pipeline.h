@@ -1,4 +1,4 @@
-/* loom core — the pipeline executor (DESIGN §5, pipeline axis).
+/* loom core — the pipeline executor (docs/pipeline.md).
  *
  * A schedule plugin emits each pp rank's list of actions (schedule.h); the
  * core validates it and this executor runs one rank's list per step:

@@ -1,4 +1,4 @@
-/* loom core — pipeline schedules as data (DESIGN §5, pipeline axis).
+/* loom core — pipeline schedules as data (docs/pipeline.md).
  *
  * A schedule plugin emits each pp rank's list of actions; the core checks
  * the lists here before anything runs, simulates them under per-kind costs

@@ -206,7 +206,7 @@ static int create_strategy(trainer *t)
     return t->dp->create(host, &setup, &t->strategy);
 }
 
-/* ---- the tensor and sequence axes (DESIGN §5.1) ---- */
+/* ---- the tensor and sequence axes (docs/parallelism.md) ---- */
 
 /* A strategy's own error, prefixed with the config line it is about. */
 int trainer_fail_at(const trainer *t, int rc, const char *path)

@@ -1,4 +1,4 @@
-/* comm-mpi — the communicator over MPI (DESIGN §3).
+/* comm-mpi — the communicator over MPI (docs/architecture.md).
  *
  * Every loom collective maps onto an MPI non-blocking collective on an MPI
  * communicator of its own. Two ways to get an MPI world:

@@ -1,4 +1,4 @@
-/* comm-nccl — the communicator over NCCL, on CUDA device buffers (DESIGN §3).
+/* comm-nccl — the communicator over NCCL, on CUDA device buffers (docs/architecture.md).
  *
  * One NCCL communicator and one CUDA stream per loom communicator. Every op
  * is enqueued on that stream followed by a CUDA event; test is the event's

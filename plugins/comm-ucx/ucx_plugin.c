@@ -1,4 +1,4 @@
-/* comm-ucx — loom's own collective engine over UCX's UCP layer (DESIGN §3).
+/* comm-ucx — loom's own collective engine over UCX's UCP layer (docs/architecture.md).
  *
  * This file is the vtable: settings, argument checks, the choice of
  * algorithm per call, and test/wait with their timeouts. The work itself is

@@ -1,4 +1,4 @@
-/* The pipeline schedules loom ships (DESIGN §5, pipeline axis): gpipe, 1f1b,
+/* The pipeline schedules loom ships (docs/pipeline.md): gpipe, 1f1b,
  * interleaved and zb-h1. One source, built once per schedule with
  * PP_SCHEDULE set (see CMakeLists.txt). A schedule plugin runs nothing: it
  * emits each pp rank's list of actions, and the core validates, simulates

@@ -1,7 +1,7 @@
 /* tp — Megatron-LM's tensor parallelism, with its sequence parallelism.
  *
  * The model declares how each parameter may be split and marks the borders
- * of its tensor-parallel regions (DESIGN §5.1); this strategy cuts the
+ * of its tensor-parallel regions (docs/parallelism.md); this strategy cuts the
  * slices and supplies Megatron's two border operators:
  *   f (entering a region)  identity        conjugate: all-reduce
  *   g (leaving a region)   all-reduce      conjugate: identity

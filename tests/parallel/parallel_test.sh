@@ -1,7 +1,7 @@
 #!/bin/sh
 # The tensor and sequence axes end to end: each case runs `loom train` with
 # --metrics and checks per-step losses against a single rank (the numerics
-# contract, DESIGN §7), per-layer communication from the groups' counters
+# contract: the README's Tests), per-layer communication from the groups' counters
 # and per-layer activation bytes against the formulas of
 # docs/parallelism.md, and one-line errors for bad layouts.
 #   usage: parallel_test.sh LOOM SOURCE_DIR CASE [BACKEND]

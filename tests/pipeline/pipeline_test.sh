@@ -1,6 +1,6 @@
 #!/bin/sh
 # Pipelines end to end: `loom train` on a pp × (dp, tp, sp) mesh against the
-# single-rank run (DESIGN §7's numerics contract), the activation stash of
+# single-rank run (the numerics contract: the README's Tests), the activation stash of
 # each schedule from the memory accounting, the measured bubble, the tied
 # embedding across the first and last stage, checkpoints, and bad configs.
 #   usage: pipeline_test.sh LOOM SOURCE_DIR CASE [ARGS...]

@@ -1,6 +1,6 @@
 #!/bin/sh
 # ZeRO end to end: `loom train` with --metrics under zero1/zero2/zero3
-# against the single-rank run (DESIGN §7's numerics contract), accumulation,
+# against the single-rank run (the numerics contract: the README's Tests), accumulation,
 # recomputation, bf16, the model-state bytes per rank, checkpoints across
 # strategies and rank counts, and the trace.
 #   usage: zero_test.sh LOOM SOURCE_DIR CASE [ARGS...]
