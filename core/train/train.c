@@ -59,8 +59,11 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
     loom_config_int(t->cfg, "train.sample_tokens", &sample_tokens);
     if (t->rank == 0)
         trainer_print_header(t);
-    if (async && every > 0 && (rc = trainer_setup_async_checkpoints(t)) != LOOM_OK)
+    if (async && every > 0 && (rc = trainer_setup_async_checkpoints(t)) != LOOM_OK) {
+        if (metrics)
+            fclose(metrics);
         return rc;
+    }
     loom_mem_usage_reset_peak();
     if (o->started)
         *o->started = 1;
@@ -72,8 +75,11 @@ static int run_steps(trainer *t, const loom_train_options *o, int *lock_fd)
      * and after the last */
     if (t->validating && t->eval_every > 0 && t->step == 0) {
         float val = 0;
-        if ((rc = trainer_evaluate(t, &val)) != LOOM_OK)
+        if ((rc = trainer_evaluate(t, &val)) != LOOM_OK) {
+            if (metrics)
+                fclose(metrics);
             return rc;
+        }
         if (t->rank == 0)
             trainer_report_validation(t, metrics, val);
     }
