@@ -452,9 +452,16 @@ static void prune_checkpoints(const char *parent, int64_t step, int64_t keep)
             newer += steps[j] > steps[i];
         if (newer < (size_t)keep)
             continue;
-        char path[4200];
+        /* out of the way in one rename first: a job killed while the files
+         * go leaves a step-N.del the next job removes, never a step-N that
+         * looks like a checkpoint and does not verify */
+        char path[4200], gone[4210];
         snprintf(path, sizeof path, "%.4000s/step-%lld", parent, (long long)steps[i]);
-        if (loom_ckpt_remove_dir(path) != LOOM_OK)
+        snprintf(gone, sizeof gone, "%s.del", path);
+        if (rename(path, gone) != 0)
+            loom_log(LOOM_LOG_WARN, "train.keep_checkpoints = %lld: cannot move '%s' away: %s",
+                     (long long)keep, path, strerror(errno));
+        else if (loom_ckpt_remove_dir(gone) != LOOM_OK)
             loom_log(LOOM_LOG_WARN, "train.keep_checkpoints = %lld: %s", (long long)keep,
                      loom_last_error());
     }
@@ -679,7 +686,8 @@ int trainer_checkpoint(trainer *t, const char *parent, int64_t keep)
 }
 
 /* What a checkpoint or a sample leaves in train.checkpoint_dir while it
- * is written: step-N.tmp, step-N.old, sample-step-N(.tmp). */
+ * is written: step-N.tmp, step-N.old, sample-step-N(.tmp); and step-N.del,
+ * a pruned checkpoint (train.keep_checkpoints) while its files go. */
 static int is_leftover(const char *name)
 {
     const char *p = name;
@@ -689,7 +697,7 @@ static int is_leftover(const char *name)
         return 0;
     for (p += 5; isdigit((unsigned char)*p); p++) {
     }
-    return *p ? !strcmp(p, ".tmp") || !strcmp(p, ".old") : sample;
+    return *p ? !strcmp(p, ".tmp") || !strcmp(p, ".old") || !strcmp(p, ".del") : sample;
 }
 
 /* A checkpoint whose every file is there and verifies. */

@@ -311,7 +311,7 @@ kill9)
     echo "killed after: $(ls k9 | tr '\n' ' ')"
     latest=0
     for d in k9/step-*; do
-        case "$d" in *.tmp|*.old) continue ;; esac
+        case "$d" in *.tmp|*.old|*.del) continue ;; esac
         "$LOOM" ckpt info "$d" > info.txt 2>&1 || { cat info.txt; fail "$d is a checkpoint that does not verify"; }
         n=${d#k9/step-}
         [ "$n" -gt "$latest" ] && latest=$n
@@ -322,7 +322,7 @@ kill9)
         --set train.checkpoint_dir="$TMP/k9" --resume "$TMP/k9/step-$latest"
     sed -n "$((latest + 1)),$((latest + 3))p" whole.jsonl > part.jsonl
     same_tail part resumed 3
-    ls -d k9/*.tmp k9/*.old 2>/dev/null && fail "the next job left what the killed one had not finished"
+    ls -d k9/*.tmp k9/*.old k9/*.del 2>/dev/null && fail "the next job left what the killed one had not finished"
     echo "kill -9 after step $latest: resumed bit-exactly" ;;
 async_bitwise)
     async_against_sync 1 ;;
@@ -361,7 +361,7 @@ async_kill9)
     echo "killed while writing step-$pending: $(ls k9 | tr '\n' ' ')"
     latest=0
     for d in k9/step-*; do
-        case "$d" in *.tmp|*.old) continue ;; esac
+        case "$d" in *.tmp|*.old|*.del) continue ;; esac
         "$LOOM" ckpt info "$d" > info.txt 2>&1 || { cat info.txt; fail "$d is a checkpoint that does not verify"; }
         n=${d#k9/step-}
         [ "$n" -gt "$latest" ] && latest=$n
