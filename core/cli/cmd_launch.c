@@ -29,6 +29,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -1051,10 +1052,17 @@ static void make_job_tmpdir(void)
         job_tmpdir[0] = '\0';
 }
 
+/* Open MPI's helpers (ompi-server, a singleton's orted) outlive a killed
+ * rank for a moment and write their session folders here while they shut
+ * down: a folder that is not empty yet is tried again for up to 2 s. */
 static void remove_job_tmpdir(void)
 {
-    if (job_tmpdir[0])
+    for (int attempt = 0; job_tmpdir[0] && attempt < 40; attempt++) {
         nftw(job_tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (access(job_tmpdir, F_OK) != 0)
+            break;
+        nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    }
     job_tmpdir[0] = '\0';
 }
 
