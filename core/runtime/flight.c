@@ -47,6 +47,23 @@ static void on_sigusr1(int sig)
     errno = saved;
 }
 
+/* Our handler on SIGUSR1, unless it is there already. A library may
+ * install its own after ours (one seen on a GPU machine took HUP to SYS
+ * for itself once training had begun), and SIGUSR1 would then dump
+ * nothing: each step takes it back. */
+static void keep_sigusr1(int first)
+{
+    struct sigaction now;
+    if (!table || sigaction(SIGUSR1, NULL, &now) != 0 || now.sa_handler == on_sigusr1)
+        return;
+    struct sigaction sa = {.sa_handler = on_sigusr1, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    if (!first)
+        loom_log(LOOM_LOG_DEBUG, "flight recorder: SIGUSR1 taken back from a handler a library "
+                                 "installed after it");
+}
+
 /* The launcher's file, mapped; NULL (with a warning) when it cannot be. */
 static loom_flight_table *map_shared(const char *dir, int rank)
 {
@@ -94,9 +111,7 @@ void loom_flight_open(int rank, int world_size)
     atomic_thread_fence(memory_order_release);
     memcpy(t->magic, table_magic, sizeof t->magic);
     table = t;
-    struct sigaction sa = {.sa_handler = on_sigusr1, .sa_flags = SA_RESTART};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
+    keep_sigusr1(1);
 }
 
 int loom_flight_shared(void) { return table_is_shared; }
@@ -219,7 +234,11 @@ void loom_flight_issuer(const char *fmt, ...)
     va_end(ap);
 }
 
-void loom_flight_step(int64_t step) { current_step = step; }
+void loom_flight_step(int64_t step)
+{
+    current_step = step;
+    keep_sigusr1(0);
+}
 
 /* -------------------------------------------------------------- reading */
 

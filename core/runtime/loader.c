@@ -1409,27 +1409,35 @@ static int in_folders(const char *list, const char *origin, const char *lib)
     return unknown ? -1 : 0;
 }
 
+void loom_folder_list_add(char *folders, size_t cap, const char *dir)
+{
+    size_t used = strlen(folders), n = strlen(dir);
+    /* a whole entry, not a part of one: /lib/x86_64-linux-gnu is inside
+     * /usr/lib/x86_64-linux-gnu and is still a folder of its own */
+    for (const char *at = folders; (at = strstr(at, dir)) != NULL; at += n)
+        if ((at == folders || at[-1] == ':') && (at[n] == ':' || at[n] == '\0'))
+            return;
+    if (used + n + 2 < cap)
+        snprintf(folders + used, cap - used, "%s%s", used ? ":" : "", dir);
+}
+
 /* The folders of the libraries this process has loaded: the system's
  * library folders, whatever the distribution calls them. */
 static int add_loaded_folder(struct dl_phdr_info *info, size_t size, void *data)
 {
     (void)size;
-    char *folders = data;
     const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
     if (!slash || slash == info->dlpi_name)
         return 0;
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%.*s", (int)(slash - info->dlpi_name), info->dlpi_name);
-    size_t used = strlen(folders), n = strlen(dir);
-    if (used + n + 2 < 4096 && !strstr(folders, dir))
-        snprintf(folders + used, 4096 - used, "%s%s", used ? ":" : "", dir);
+    loom_folder_list_add(data, 4096, dir);
     return 0;
 }
 
-/* Whether the system's library cache names lib. */
-static int in_ld_cache(const char *lib)
+int loom_ld_cache_names(const char *cache_path, const char *lib)
 {
-    int fd = open("/etc/ld.so.cache", O_RDONLY | O_CLOEXEC);
+    int fd = open(cache_path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
         if (fd >= 0)
@@ -1440,11 +1448,15 @@ static int in_ld_cache(const char *lib)
     close(fd);
     if (cache == MAP_FAILED)
         return 0;
-    /* the names it knows are NUL-ended strings in its string table */
+    /* the names it knows are NUL-ended strings in its string table, where
+     * ldconfig may keep a name only as the end of its library's path */
     char key[NAME_MAX + 3];
-    int n = snprintf(key, sizeof key, "%c%s", '\0', lib);
-    int found = n > 0 && (size_t)n < sizeof key &&
-                memmem(cache, (size_t)st.st_size, key, (size_t)n + 1) != NULL;
+    int n = snprintf(key, sizeof key, "%c%s", '\0', lib), found = 0;
+    if (n > 0 && (size_t)n < sizeof key) {
+        found = memmem(cache, (size_t)st.st_size, key, (size_t)n + 1) != NULL;
+        key[0] = '/';
+        found = found || memmem(cache, (size_t)st.st_size, key, (size_t)n + 1) != NULL;
+    }
     munmap(cache, (size_t)st.st_size);
     return found;
 }
@@ -1478,7 +1490,7 @@ static int image_check_needed(const plugin_image *im, const char *path, char *wh
                              : (rpath && in_folders(rpath, origin, lib)) ||
                                    (env && env[0] && in_folders(env, origin, lib)) ||
                                    (runpath && in_folders(runpath, origin, lib)) ||
-                                   in_ld_cache(lib) || in_folders(folders, origin, lib))
+                                   loom_ld_cache_names("/etc/ld.so.cache", lib) || in_folders(folders, origin, lib))
             continue;
         snprintf(why, cap, "it needs %s, which is nowhere the dynamic loader looks (%s%s"
                  "LD_LIBRARY_PATH, /etc/ld.so.cache, the system's library folders); install it "

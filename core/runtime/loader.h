@@ -121,4 +121,11 @@ int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size);
  * communicator, parallel.<axis> for a strategy, memory.offload for a tier. */
 void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap);
 
+/* How the loader tells whether the dynamic loader would find a library a
+ * plugin needs, exposed for its tests: whether the system's library cache
+ * at cache_path names lib; and adding dir to a colon-separated list of
+ * folders of capacity cap unless the list has it already. */
+int loom_ld_cache_names(const char *cache_path, const char *lib);
+void loom_folder_list_add(char *folders, size_t cap, const char *dir);
+
 #endif

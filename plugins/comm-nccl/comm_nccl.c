@@ -576,8 +576,11 @@ static int nccl_create_subgroup(loom_comm *parent, const int *ranks, int nranks,
      * PARENT whose state stays ncclInProgress until the split ends, and the
      * child handle is written only then (NVIDIA/nccl#1472). So the parent is
      * polled, and split_out is not read before the parent settled. */
-    if (r == ncclInProgress)
-        r = settle(parent->nccl, r, deadline);
+    /* ncclSuccess from the call itself does not mean the split ended: a
+     * one-rank parent has been seen to return it with the child still
+     * unwritten, so the parent is settled either way. */
+    if (r == ncclInProgress || r == ncclSuccess)
+        r = settle(parent->nccl, ncclInProgress, deadline);
     if (r == ncclInProgress) {
         char why[512];
         snprintf(why, sizeof why,

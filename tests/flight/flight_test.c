@@ -1,6 +1,8 @@
 /* The flight recorder in one process: a ring recorded through the API
  * into the table file `loom launch` reads, read back and formatted; and the
  * diagnosis over hand-made tables of several ranks, against fixed lines. */
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,35 @@ static int failures;
             failures++;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* ---- SIGUSR1 dumps the table even after a library took the signal ---- */
+
+static void foreign_handler(int sig) { (void)sig; }
+
+/* Called with the table open: a library's handler installed after the
+ * recorder's, the next step takes SIGUSR1 back, and the signal dumps the
+ * table to stderr. */
+static void test_sigusr1_kept(const char *dir)
+{
+    struct sigaction sa = {.sa_handler = foreign_handler};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    loom_flight_step(99);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/dump", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600), saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    raise(SIGUSR1);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char text[512] = "";
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    CHECK(strstr(text, "on SIGUSR1:") != NULL,
+          "SIGUSR1 after a library's handler dumped nothing: \"%.200s\"", text);
+}
 
 /* ---- recording through the API, reading the file back ---- */
 
@@ -110,6 +141,7 @@ static void test_recording(const char *dir)
     CHECK(rc == LOOM_OK && v.ngroups == 2 && v.groups[0].recorded == 70,
           "a closed group's record is gone");
     unlink(path);
+    test_sigusr1_kept(dir);
 }
 
 /* ---- the diagnosis over hand-made tables ---- */

@@ -84,14 +84,18 @@ sigusr1)
         --set train.steps=60 --metrics quiet.jsonl > quiet.out 2>&1 || { cat quiet.out; fail "the quiet run failed"; }
     train signalled --set train.steps=60
     # rank 1 is the launcher's child with LOOM_RANK=1 (other tests may train
-    # the same config at the same time), found before it trains: on a fast
+    # the same config at the same time) that runs loom (Open MPI's daemons of
+    # a singleton are reparented to the launcher, with the rank's environment,
+    # and forward SIGUSR1 elsewhere), found before it trains: on a fast
     # machine the 60 steps take half a second, and a rank that has finished
     # them has no recorder left to dump
+    loom_exe=$(readlink -f "$LOOM")
     i=0
     rank1=""
     until [ -n "$rank1" ]; do
         for p in $(pgrep -P "$launcher"); do
-            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=1 && rank1=$p
+            [ "$(readlink /proc/$p/exe 2>/dev/null)" = "$loom_exe" ] &&
+                tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx LOOM_RANK=1 && rank1=$p
         done
         sleep 0.05; i=$((i + 1)); [ $i -lt 1200 ] || fail "rank 1 not found"
     done
@@ -100,6 +104,7 @@ sigusr1)
     done
     caught=$(awk '/^SigCgt:/ { print $2 }' /proc/$rank1/status)
     [ $(( (0x$caught >> 9) & 1 )) = 1 ] || fail "rank 1 does not catch SIGUSR1 (SigCgt $caught)"
+    signalled="pid $rank1: $(tr '\0' ' ' < /proc/$rank1/cmdline 2>/dev/null), SigCgt $caught"
     kill -USR1 "$rank1"
     kill -USR1 "$launcher"
     wait "$launcher" || fail "the signalled job failed"
@@ -117,7 +122,8 @@ sigusr1)
     grep -Eq "^    allreduce #[0-9]+, [0-9]+ B: completed after [0-9.]+ m?s, posted [0-9.]+ m?s ago; step [0-9]+, " out ||
         fail "no completed op in the details"
     # rank 1's own dump, through its stderr
-    grep -Eq "^\[1\] flight recorder of rank 1 \(pid $rank1\), on SIGUSR1:$" out || fail "rank 1 did not dump"
+    grep -Eq "^\[1\] flight recorder of rank 1 \(pid $rank1\), on SIGUSR1:$" out ||
+        fail "rank 1 did not dump (signalled $signalled; the launcher says $(grep -o '^rank 1 (pid [0-9]*' out))"
     grep -Eq "^\[1\]   dp \(mpi, rank 1 of 3\): [0-9]+ operations, the last 8:$" out || fail "rank 1's dump has no dp ring"
     left_nothing
     echo "flight_test $CASE: both dumps shown, 60 steps with the quiet run's losses" ;;
