@@ -1,6 +1,6 @@
 /* `loom plan CONFIG [--cluster FILE] [--set path=value ...] [--json FILE]
  * [--search]`: what the job the config describes will hold, move and take
- * per step on a cluster, before it runs (train/plan.h). One process: no
+ * per step on a cluster, before it runs (plan/plan.h). One process: no
  * ranks, no data, no model weights. */
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +16,7 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/runtime.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 #include "train/schedule.h"
 
 static const char plan_usage[] =

@@ -4,6 +4,7 @@
 #include "loom/status.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "plan/plan.h"
 #include "runtime/log.h"
 #include "train/train.h"
 
@@ -38,6 +39,7 @@ int loom_cmd_train(int argc, char **argv)
     o.noverrides = args.noverrides;
     int started = 0;
     o.started = &started;
+    o.check_machine = loom_plan_check_machine;
     int rc = loom_train(&o);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom train: %s\n", loom_last_error());

@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 
-#include "train/plan.h"
+#include "plan/plan.h"
 
 enum { LOOM_PLAN_CALIBRATION_NOTES = 16 };
 

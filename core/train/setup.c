@@ -461,7 +461,7 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     int pp = t->mesh->sizes[LOOM_AXIS_PP];
     if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)
         return rc;
-    if ((rc = trainer_check_machine(t)) != LOOM_OK)
+    if ((rc = trainer_check_machine(t, o->check_machine)) != LOOM_OK)
         return rc;
     const char *recompute = NULL;
     loom_config_string(t->cfg, "train.recompute", &recompute);

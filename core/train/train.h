@@ -7,12 +7,16 @@
 #include "model/formats.h"
 #include "runtime/config.h"
 
+struct loom_train_machine;
+
 typedef struct loom_train_options {
     const char *config, *metrics, *trace, *save, *resume; /* NULL: not asked for */
     loom_dtype save_dtype; /* --save's: LOOM_F32 (llm.c's version 3) or LOOM_BF16 (version 5) */
     const char *const *overrides;                         /* --set path=value */
     int noverrides;
     int *started; /* set to 1 once training begins, after every check of the setup; or NULL */
+    /* checks the machine can hold the job, before any allocation (train/fit.h); or NULL */
+    int (*check_machine)(const struct loom_train_machine *m);
 } loom_train_options;
 
 /* Set up the runtime, mesh, model and strategies from o->config, train

@@ -22,6 +22,7 @@
 #include "runtime/tier.h"
 #include "train/pipeline.h"
 #include "train/ckpt.h"
+#include "train/fit.h"
 #include "train/schedule.h"
 #include "train/train.h"
 
@@ -144,10 +145,10 @@ int trainer_fail_at(const trainer *t, int rc, const char *path);
 int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count);
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
 int trainer_setup(trainer *t, const loom_train_options *o);
-/* The plan's peak host memory of this machine's ranks against what the
- * machine and the process's cgroups allow, and its nvme tier files against
- * the offload disk, agreed by every rank (fit.c), before any allocation. */
-int trainer_check_machine(trainer *t);
+/* The caller's check of this machine (o->check_machine: the plan's peak
+ * memory and offload files against what the machine has), agreed by every
+ * rank (fit.c), before any allocation; NULL: none. */
+int trainer_check_machine(trainer *t, loom_train_machine_check check);
 /* After a phase every rank went through: the first failing rank's line,
  * on every rank ("rank 2 <failed>: <its reason>"; the others fail as
  * followers, LOOM_ERR_REMOTE), or LOOM_OK where all succeeded (save.c). */

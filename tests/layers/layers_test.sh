@@ -1,27 +1,82 @@
 #!/bin/sh
-# The core's layers are linked one way only: runtime <- model <- train <- cli.
+# The core's layers are linked one way only:
+#   runtime <- model <- train <- plan <- cli.
 # A source includes headers as "<layer>/<name>.h" (or the ABI's "loom/..."),
 # from its own layer or a lower one, never a higher one's; and only the
-# loader names a versioned plugin struct (loom_<kind>_plugin_v<N>_t).
+# loader names a versioned plugin struct (loom_<kind>_plugin_v<N>_t). Every
+# folder of the core (but the installed headers, include/) is a layer here.
+# The check runs first on a made-up core whose violations it must report, so
+# a check that reports nothing fails too.
 #   usage: layers_test.sh SOURCE_DIR
 set -eu
-cd "$1/core"
-out=$(awk '
-    BEGIN { rank["runtime"] = 0; rank["model"] = 1; rank["train"] = 2; rank["cli"] = 3 }
-    FNR == 1 { split(FILENAME, p, "/"); mine = p[1] }
-    /^#include "/ {
-        inc = $0; sub(/^#include "/, "", inc); sub(/".*/, "", inc)
-        n = split(inc, q, "/")
-        if (q[1] == "loom") next
-        if (n < 2 || !(q[1] in rank))
-            printf "%s:%d: includes \"%s\" without its layer folder (write \"<layer>/%s\")\n", FILENAME, FNR, inc, inc
-        else if (rank[q[1]] > rank[mine])
-            printf "%s:%d: the %s layer includes \"%s\" of the higher %s layer\n", FILENAME, FNR, mine, inc, q[1]
-    }
-    /loom_[a-z]+_plugin_v[0-9]+_t/ && FILENAME != "runtime/loader.c" && FILENAME != "runtime/loader.h" {
-        printf "%s:%d: names a versioned plugin struct; only the loader may (use the ops table)\n", FILENAME, FNR
-    }
-' runtime/*.[ch] model/*.[ch] train/*.[ch] cli/*.[ch])
+LAYERS="runtime model train plan cli"
+
+# violations CORE_DIR: one line per violation in the core at CORE_DIR
+violations() {
+    (
+        cd "$1"
+        for d in */; do
+            d=${d%/}
+            [ "$d" = include ] && continue
+            case " $LAYERS " in
+            *" $d "*) ;;
+            *) echo "core/$d: a folder that is no layer (add it to LAYERS in tests/layers/layers_test.sh)" ;;
+            esac
+        done
+        files=""
+        for layer in $LAYERS; do
+            for f in "$layer"/*.[ch]; do
+                [ -e "$f" ] && files="$files $f"
+            done
+        done
+        # shellcheck disable=SC2086 # the file names have no spaces
+        awk -v layers="$LAYERS" '
+            BEGIN { n = split(layers, l, " "); for (i = 1; i <= n; i++) rank[l[i]] = i }
+            FNR == 1 { split(FILENAME, p, "/"); mine = p[1] }
+            /^#include "/ {
+                inc = $0; sub(/^#include "/, "", inc); sub(/".*/, "", inc)
+                n = split(inc, q, "/")
+                if (q[1] == "loom") next
+                if (n < 2 || !(q[1] in rank))
+                    printf "%s:%d: includes \"%s\" without its layer folder (write \"<layer>/%s\")\n", FILENAME, FNR, inc, inc
+                else if (rank[q[1]] > rank[mine])
+                    printf "%s:%d: the %s layer includes \"%s\" of the higher %s layer\n", FILENAME, FNR, mine, inc, q[1]
+            }
+            /loom_[a-z]+_plugin_v[0-9]+_t/ && FILENAME != "runtime/loader.c" && FILENAME != "runtime/loader.h" {
+                printf "%s:%d: names a versioned plugin struct; only the loader may (use the ops table)\n", FILENAME, FNR
+            }
+        ' $files
+    )
+}
+
+# The check itself: a made-up core with one violation of each kind.
+fake=$(mktemp -d "${TMPDIR:-/tmp}/layers_test.XXXXXX")
+trap 'rm -rf "$fake"' EXIT
+for layer in $LAYERS stray; do mkdir "$fake/$layer"; done
+printf '#include "plan/plan.h"\n' > "$fake/train/fit.c"
+printf '#include "cli/args.h"\n#include "train/train.h"\n' > "$fake/plan/plan.c"
+printf '#include "plan/plan.h"\n#include "loom/status.h"\n' > "$fake/cli/cmd_plan.c"
+printf '#include "config.h"\n' > "$fake/runtime/log.c"
+printf 'loom_comm_plugin_v1_t *p;\n' > "$fake/model/model.c"
+got=$(violations "$fake")
+for want in \
+    'train/fit.c:1: the train layer includes "plan/plan.h" of the higher plan layer' \
+    'plan/plan.c:1: the plan layer includes "cli/args.h" of the higher cli layer' \
+    'runtime/log.c:1: includes "config.h" without its layer folder' \
+    'model/model.c:1: names a versioned plugin struct' \
+    'core/stray: a folder that is no layer'; do
+    case "$got" in
+    *"$want"*) ;;
+    *) printf 'layers_test: the check misses "%s"; it reported:\n%s\n' "$want" "$got"; exit 1 ;;
+    esac
+done
+if [ "$(printf '%s\n' "$got" | wc -l)" -ne 5 ]; then
+    printf 'layers_test: the check reports allowed includes (train/train.h from plan, '
+    printf 'plan/plan.h from cli, loom/status.h):\n%s\n' "$got"
+    exit 1
+fi
+
+out=$(violations "$1/core")
 if [ -n "$out" ]; then
     echo "$out"
     echo "layers_test: $(echo "$out" | wc -l) violation(s)"

@@ -13,7 +13,7 @@
 
 #include "loom/status.h"
 #include "runtime/log.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 
 static int failures;
 static char tmpdir[64];

@@ -1,4 +1,4 @@
-/* The published formulas of core/train/plan_reference.c against figures
+/* The published formulas of core/plan/plan_reference.c against figures
  * that do not come from that code: the papers' and model cards' numbers,
  * the closed forms of Korthikanti et al.'s Table 2 (the code sums a table
  * of saved tensors instead), loom's own model (FLOPs) and loom's schedule
@@ -19,7 +19,7 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/runtime.h"
-#include "train/plan_reference.h"
+#include "plan/plan_reference.h"
 #include "train/schedule.h"
 
 static int failures;

@@ -1,4 +1,4 @@
-/* loom train — `loom plan`'s model of a step: per pipeline rank, the bytes
+/* loom plan — the model of a step: per pipeline rank, the bytes
  * by tier and purpose at their peaks, the collectives per axis, the work,
  * and the step time on a cluster (plan.h).
  *
@@ -16,8 +16,8 @@
 #include "loom/status.h"
 #include "model/model.h"
 #include "runtime/log.h"
-#include "train/plan.h"
-#include "train/plan_reference.h"
+#include "plan/plan.h"
+#include "plan/plan_reference.h"
 #include "train/schedule.h"
 
 /* zero.c: each unit padded to a multiple of ALIGN × shard-group ranks */

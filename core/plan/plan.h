@@ -1,4 +1,4 @@
-/* loom train — `loom plan`: a job's memory, traffic and step time on a
+/* loom plan — a job's memory, traffic and step time on a
  * cluster, predicted before it runs.
  *
  * Three parts, each usable alone:
@@ -17,8 +17,8 @@
  * them (ZeRO's padding included). For the shapes loom plans but does not
  * train (model.kind = "llama") it is the published accounting: ZeRO's
  * model states and Korthikanti et al.'s activation table. */
-#ifndef LOOM_TRAIN_PLAN_H
-#define LOOM_TRAIN_PLAN_H
+#ifndef LOOM_PLAN_PLAN_H
+#define LOOM_PLAN_PLAN_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -205,5 +205,16 @@ typedef struct loom_plan_cluster_note {
 /* loom_plan_cluster_write with notes (nnotes of them; NULL, 0: none). */
 int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
                                   const loom_plan_cluster_note *notes, int nnotes);
+
+/* ---- the machine check before a run (plan_machine.c) ---- */
+
+/* What `loom train` passes the trainer as its check_machine: the plan's
+ * peak host memory of this machine's ranks against what the machine and
+ * the process's cgroups let it take (refused with the settings that would
+ * fit), and the nvme tier's files against memory.offload.path's free
+ * space. A job the plan cannot model passes (the allocations' own checks
+ * still hold). */
+struct loom_train_machine;
+int loom_plan_check_machine(const struct loom_train_machine *m);
 
 #endif

@@ -2,7 +2,7 @@
  * function is one formula, with its source above it. The activation
  * formulas are sums over a table of the tensors a layer saves, so that
  * the papers' closed forms are something the tests check, not restate. */
-#include "train/plan_reference.h"
+#include "plan/plan_reference.h"
 
 /* ------------------------------------------------------------ the shape */
 

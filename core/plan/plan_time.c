@@ -35,7 +35,7 @@
 #include <stdlib.h>
 
 #include "runtime/group.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 
 static double steps(loom_comm_op op, int n)
 {

@@ -19,7 +19,7 @@
 
 #include "loom/status.h"
 #include "runtime/log.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 
 /* ---- quantities with units ---- */
 

@@ -1,4 +1,4 @@
-/* loom train — the published accounting `loom plan` uses for the shapes
+/* loom plan — the published accounting `loom plan` uses for the shapes
  * loom plans but does not train (model.kind = "llama"), and the formulas
  * docs/plan.md cross-checks loom's own layout and schedule simulator with.
  *
@@ -11,10 +11,10 @@
  * the papers' figures). s = tokens per sequence, b = sequences per
  * micro-batch, h = hidden size, a = attention heads, t = tensor-parallel
  * ranks, p = pipeline ranks, m = micro-batches, v = virtual stages. */
-#ifndef LOOM_TRAIN_PLAN_REFERENCE_H
-#define LOOM_TRAIN_PLAN_REFERENCE_H
+#ifndef LOOM_PLAN_PLAN_REFERENCE_H
+#define LOOM_PLAN_PLAN_REFERENCE_H
 
-#include "train/plan.h"
+#include "plan/plan.h"
 
 /* ---- parameters and FLOPs ---- */
 

@@ -1,4 +1,4 @@
-/* loom train — The job `loom plan` plans: the settings `loom train` reads,
+/* loom plan — the job `loom plan` plans: the settings `loom train` reads,
  * with the same defaults and the same refusals where they matter to a plan
  * (the batch split, the stages), read from the config alone: no data, no
  * ranks. */
@@ -9,9 +9,23 @@
 #include "model/gemm.h"
 #include "runtime/log.h"
 #include "train/pipeline.h"
-#include "train/plan.h"
+#include "plan/plan.h"
 #include "train/train.h"
-#include "train/trainer.h"
+
+static void read_int(loom_config *cfg, const char *path, int *out)
+{
+    int64_t v = 0;
+    loom_config_int(cfg, path, &v);
+    *out = (int)v;
+}
+
+/* train.precision's dtype, as the trainer reads it */
+static loom_dtype read_precision(loom_config *cfg)
+{
+    const char *precision = "fp32";
+    loom_config_string(cfg, "train.precision", &precision);
+    return !strcmp(precision, "bf16") ? LOOM_BF16 : !strcmp(precision, "fp16") ? LOOM_F16 : LOOM_F32;
+}
 
 static void read_name(loom_config *cfg, const char *path, char *out, size_t cap)
 {
@@ -35,14 +49,14 @@ static int read_shape(loom_config *cfg, loom_plan_shape *out)
         return LOOM_OK;
     }
     out->kind = LOOM_PLAN_LLAMA;
-    trainer_read_int(cfg, "model.layers", &out->layers);
-    trainer_read_int(cfg, "model.heads", &out->heads);
-    trainer_read_int(cfg, "model.kv_heads", &out->kv_heads);
-    trainer_read_int(cfg, "model.channels", &out->channels);
-    trainer_read_int(cfg, "model.ffn", &out->ffn);
-    trainer_read_int(cfg, "model.vocab", &out->vocab);
-    trainer_read_int(cfg, "model.padded_vocab", &out->padded_vocab);
-    trainer_read_int(cfg, "model.max_seq", &out->max_seq);
+    read_int(cfg, "model.layers", &out->layers);
+    read_int(cfg, "model.heads", &out->heads);
+    read_int(cfg, "model.kv_heads", &out->kv_heads);
+    read_int(cfg, "model.channels", &out->channels);
+    read_int(cfg, "model.ffn", &out->ffn);
+    read_int(cfg, "model.vocab", &out->vocab);
+    read_int(cfg, "model.padded_vocab", &out->padded_vocab);
+    read_int(cfg, "model.max_seq", &out->max_seq);
     if (out->kv_heads == 0)
         out->kv_heads = out->heads;
     if (out->ffn == 0)
@@ -57,7 +71,7 @@ static int read_shape(loom_config *cfg, loom_plan_shape *out)
 static int split_batch(loom_config *cfg, loom_plan_job *j)
 {
     int dp = j->sizes[LOOM_AXIS_DP], pp = j->sizes[LOOM_AXIS_PP];
-    trainer_read_int(cfg, "train.grad_accum", &j->grad_accum);
+    read_int(cfg, "train.grad_accum", &j->grad_accum);
     if (pp > 1) {
         if (j->grad_accum != 1)
             return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
@@ -83,11 +97,11 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     int rc = read_shape(cfg, &j.shape);
     if (rc != LOOM_OK)
         return rc;
-    trainer_read_int(cfg, "train.batch", &j.batch);
-    trainer_read_int(cfg, "train.seq", &j.seq);
+    read_int(cfg, "train.batch", &j.batch);
+    read_int(cfg, "train.seq", &j.seq);
     const char *recompute = "none";
     loom_config_string(cfg, "train.recompute", &recompute);
-    j.dtype = trainer_read_precision(cfg);
+    j.dtype = read_precision(cfg);
     /* a bf16 run on oneDNN holds the bf16 copies of its products' operands */
     const char *gemm = "auto";
     loom_config_string(cfg, "model.gemm", &gemm);
@@ -98,22 +112,22 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     }
     j.recompute = !strcmp(recompute, "block");
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        trainer_read_int(cfg, sizes[a], &j.sizes[a]);
+        read_int(cfg, sizes[a], &j.sizes[a]);
     read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
     /* the shipped strategies' own settings, at their defaults when unset
      * (plugins/strategy/zero.c, ddp.c) */
     j.prefetch = 1;
     if (loom_config_is_set(cfg, "parallel.dp.prefetch"))
-        trainer_read_int(cfg, "parallel.dp.prefetch", &j.prefetch);
-    trainer_read_int(cfg, "parallel.dp.shard_size", &j.shard_size);
+        read_int(cfg, "parallel.dp.prefetch", &j.prefetch);
+    read_int(cfg, "parallel.dp.shard_size", &j.shard_size);
     j.bucket_mb = 25.0;
     if (loom_config_is_set(cfg, "parallel.dp.bucket_mb"))
         loom_config_float(cfg, "parallel.dp.bucket_mb", &j.bucket_mb);
     loom_config_bool(cfg, "parallel.tp.sequence_parallel", &j.sequence_parallel);
     read_name(cfg, "parallel.sp.strategy", j.sp_strategy, sizeof j.sp_strategy);
     read_name(cfg, "parallel.pp.schedule", j.schedule, sizeof j.schedule);
-    trainer_read_int(cfg, "parallel.pp.virtual_stages", &j.virtual_stages);
-    trainer_read_int(cfg, "parallel.pp.microbatches", &j.microbatches);
+    read_int(cfg, "parallel.pp.virtual_stages", &j.virtual_stages);
+    read_int(cfg, "parallel.pp.microbatches", &j.microbatches);
     const char *where[2] = {"none", "none"};
     loom_config_string(cfg, "memory.offload.optimizer", &where[0]);
     loom_config_string(cfg, "memory.offload.params", &where[1]);
