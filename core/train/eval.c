@@ -36,53 +36,53 @@ int trainer_setup_eval(trainer *t)
                      "train.eval_batches unused)", loom_config_where(t->cfg, "data.val"));
         return LOOM_OK;
     }
-    rc = loom_dataset_open(&t->val_data, "data.val", loom_config_where(t->cfg, "data.val"),
+    rc = loom_dataset_open(&t->eval.data, "data.val", loom_config_where(t->cfg, "data.val"),
                            patterns, npatterns, t->shape.vocab);
     free(patterns);
     if (rc != LOOM_OK)
         return rc;
-    if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval_every)) != LOOM_OK ||
-        (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval_batches)) != LOOM_OK)
+    if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval.every)) != LOOM_OK ||
+        (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval.batches)) != LOOM_OK)
         return rc;
     /* the plugin's own ops: the loader fills absent hooks with no-ops */
-    const loom_strategy_ops *own = (const loom_strategy_ops *)t->dp_plugin->exported;
-    if (own->data_before_forward && !t->dp->data_eval)
+    const loom_strategy_ops *own = (const loom_strategy_ops *)t->data_axis.plugin->exported;
+    if (own->data_before_forward && !t->data_axis.ops->data_eval)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: strategy %s gathers parameters in its forward hooks but cannot run "
                          "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "
                          "another parallel.dp.strategy",
-                         loom_config_where(t->cfg, "data.val"), t->dp_plugin->header->name);
+                         loom_config_where(t->cfg, "data.val"), t->data_axis.plugin->header->name);
     loom_data_order order = {.batch = t->batch, .seq = t->seq, .shuffle = 0};
     trainer_read_int(t->cfg, "data.readers", &order.readers);
     trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
-    if ((rc = loom_dataloader_init(&t->val_loader, &t->val_data, &order,
+    if ((rc = loom_dataloader_init(&t->eval.loader, &t->eval.data, &order,
                                    t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
-                                   t->micro_batches)) != LOOM_OK)
+                                   t->pipe.micro_batches)) != LOOM_OK)
         return rc;
     /* Reading past the end would repeat batches and weigh them twice. */
-    const loom_data_order *o = &t->val_loader.order;
+    const loom_data_order *o = &t->eval.loader.order;
     int64_t reads = 0, per_read = (int64_t)o->readers * o->read_batch * o->seq;
-    for (int f = 0; f < t->val_data.nfiles; f++)
-        reads += (t->val_data.tokens[f] - 1) / per_read;
-    int64_t batches = reads / t->val_loader.reads;
-    if (t->eval_batches > batches)
+    for (int f = 0; f < t->eval.data.nfiles; f++)
+        reads += (t->eval.data.tokens[f] - 1) / per_read;
+    int64_t batches = reads / t->eval.loader.reads;
+    if (t->eval.batches > batches)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: train.eval_batches = %d, but data.val holds %lld batches of "
                          "train.batch %d x train.seq %d before it repeats; set "
                          "train.eval_batches <= %lld or validate on more data",
-                         loom_config_where(t->cfg, "train.eval_batches"), t->eval_batches,
+                         loom_config_where(t->cfg, "train.eval_batches"), t->eval.batches,
                          (long long)batches, t->batch, t->seq, (long long)batches);
-    if (t->positions &&
-        (rc = loom_dataloader_set_positions(&t->val_loader, t->positions, t->npositions)) != LOOM_OK)
+    if (t->axes.positions &&
+        (rc = loom_dataloader_set_positions(&t->eval.loader, t->axes.positions, t->axes.npositions)) != LOOM_OK)
         return rc;
-    t->validating = 1;
+    t->eval.on = 1;
     return LOOM_OK;
 }
 
 void trainer_teardown_eval(trainer *t)
 {
-    loom_dataloader_free(&t->val_loader);
-    loom_dataset_close(&t->val_data);
+    loom_dataloader_free(&t->eval.loader);
+    loom_dataset_close(&t->eval.data);
 }
 
 /* The sum of the micro-batches' mean losses of one batch on this rank
@@ -90,17 +90,17 @@ void trainer_teardown_eval(trainer *t)
 static int eval_batch(trainer *t, double *loss_sum)
 {
     int rc = LOOM_OK;
-    if (t->pipeline) {
-        for (int k = 0; k < t->micro_batches; k++)
-            if ((rc = loom_dataloader_next(&t->val_loader, t->mb_inputs[k], t->mb_targets[k])) !=
+    if (t->pipe.executor) {
+        for (int k = 0; k < t->pipe.micro_batches; k++)
+            if ((rc = loom_dataloader_next(&t->eval.loader, t->pipe.mb_inputs[k], t->pipe.mb_targets[k])) !=
                 LOOM_OK)
                 return rc;
-        return loom_pipeline_evaluate(t->pipeline, t->mb_inputs, t->mb_targets, loss_sum);
+        return loom_pipeline_evaluate(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets, loss_sum);
     }
     *loss_sum = 0;
-    for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
+    for (int k = 0; rc == LOOM_OK && k < t->pipe.micro_batches; k++) {
         float loss = 0;
-        if ((rc = loom_dataloader_next(&t->val_loader, t->inputs, t->targets)) == LOOM_OK)
+        if ((rc = loom_dataloader_next(&t->eval.loader, t->inputs, t->targets)) == LOOM_OK)
             rc = trainer_forward(t, &loss);
         *loss_sum += loss;
     }
@@ -111,10 +111,10 @@ static int eval_batch(trainer *t, double *loss_sum)
  * holds it), sequence shards and dp ranks. */
 static int global_mean(trainer *t, double loss_sum, float *out)
 {
-    double local = loss_sum / ((double)t->eval_batches * t->micro_batches);
+    double local = loss_sum / ((double)t->eval.batches * t->pipe.micro_batches);
     loom_group **g = t->mesh->groups;
     int rc = LOOM_OK;
-    if (t->pipeline)
+    if (t->pipe.executor)
         rc = trainer_group_allreduce(g[LOOM_AXIS_PP], &local, 1, LOOM_F64, LOOM_SUM);
     if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_SP] > 1)
         rc = trainer_group_allreduce(g[LOOM_AXIS_SP], &local, 1, LOOM_F64, LOOM_AVG);
@@ -128,19 +128,38 @@ int trainer_evaluate(trainer *t, float *loss)
 {
     uint64_t t0 = loom_now_ns();
     loom_flight_issuer("validation");
-    loom_dataloader_rewind(&t->val_loader);
-    int rc = t->dp->data_eval ? t->dp->data_eval(t->strategy, 1) : LOOM_OK;
+    loom_dataloader_rewind(&t->eval.loader);
+    int rc = t->data_axis.ops->data_eval ? t->data_axis.ops->data_eval(t->data_axis.strategy, 1) : LOOM_OK;
     double loss_sum = 0;
-    for (int b = 0; rc == LOOM_OK && b < t->eval_batches; b++) {
+    for (int b = 0; rc == LOOM_OK && b < t->eval.batches; b++) {
         double batch_sum = 0;
         rc = eval_batch(t, &batch_sum);
         loss_sum += batch_sum;
     }
-    if (rc == LOOM_OK && t->dp->data_eval)
-        rc = t->dp->data_eval(t->strategy, 0);
+    if (rc == LOOM_OK && t->data_axis.ops->data_eval)
+        rc = t->data_axis.ops->data_eval(t->data_axis.strategy, 0);
     trainer_sync_units(t);
     if (rc == LOOM_OK)
         rc = global_mean(t, loss_sum, loss);
     loom_trace_span(LOOM_LANE_COMPUTE, "validation", t0, loom_now_ns(), 0);
     return rc;
+}
+
+/* llm.c's rhythm: validate before training, every train.eval_every steps,
+ * and after the last. */
+int trainer_evaluate_first(trainer *t)
+{
+    if (!t->eval.on || t->eval.every <= 0 || t->step != 0)
+        return LOOM_OK;
+    float val = 0;
+    int rc = trainer_evaluate(t, &val);
+    if (rc == LOOM_OK && t->rank == 0)
+        trainer_report_validation(t, val);
+    return rc;
+}
+
+int trainer_evaluate_due(trainer *t, int64_t done, step_result *r)
+{
+    r->evaluated = t->eval.on && (done == t->steps || (t->eval.every > 0 && done % t->eval.every == 0));
+    return r->evaluated ? trainer_evaluate(t, &r->val_loss) : LOOM_OK;
 }

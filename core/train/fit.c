@@ -19,7 +19,7 @@ int trainer_check_machine(trainer *t, loom_train_machine_check check)
                             .world = t->world,
                             .local = env->local_size > 0 ? env->local_size : 1,
                             .first = env->rank - (env->local_rank >= 0 ? env->local_rank : 0),
-                            .schedule = t->mesh->sizes[LOOM_AXIS_PP] > 1 ? &t->pipe_schedule
+                            .schedule = t->mesh->sizes[LOOM_AXIS_PP] > 1 ? &t->pipe.schedule
                                                                          : NULL};
     if (m.first < 0 || m.first + m.local > t->world) {
         m.first = t->rank;

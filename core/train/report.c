@@ -1,5 +1,6 @@
 /* loom train — What a run prints and writes: the header, the progress line, the
  * --metrics JSON lines, the merged --trace. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,8 @@ static void offload_text(const trainer *t, const loom_mem_usage *u, char *buf, s
 {
     uint64_t read = 0, written = 0;
     for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
-        read += t->tier_step.read[p];
-        written += t->tier_step.written[p];
+        read += t->report.tier_step.read[p];
+        written += t->report.tier_step.written[p];
     }
     char parts[256];
     size_t n = 0;
@@ -66,32 +67,32 @@ static void offload_text(const trainer *t, const loom_mem_usage *u, char *buf, s
  * what happened (the rank that prints the progress). */
 static void check_peak(trainer *t, double flops_per_rank, int say)
 {
-    if (t->peak_unreliable || flops_per_rank <= t->peak_flops)
+    if (t->report.peak_unreliable || flops_per_rank <= t->report.peak_flops)
         return;
-    double start = t->peak_flops;
-    if (!t->peak_remeasured && !(trainer_read_float(t->cfg, "train.peak_gflops") > 0)) {
-        t->peak_remeasured = 1;
+    double start = t->report.peak_flops;
+    if (!t->report.peak_remeasured && !(trainer_read_float(t->cfg, "train.peak_gflops") > 0)) {
+        t->report.peak_remeasured = 1;
         int rows = t->micro_batch * t->seq, C = t->shape.channels;
         double again = loom_gemm_measure(rows, 4 * C, C, 0.1);
-        if (again > t->peak_flops)
-            t->peak_flops = again;
-        if (flops_per_rank <= t->peak_flops) {
+        if (again > t->report.peak_flops)
+            t->report.peak_flops = again;
+        if (flops_per_rank <= t->report.peak_flops) {
             if (say)
                 printf("MFU: step %lld ran at %.3g GFLOP/s per rank, above the peak measured at "
                        "start (%.3g, while the machine was busy); measured again: %.3g GFLOP/s "
                        "per rank from this step on\n",
                        (long long)t->step + 1, flops_per_rank / 1e9, start / 1e9,
-                       t->peak_flops / 1e9);
+                       t->report.peak_flops / 1e9);
             return;
         }
     }
-    t->peak_unreliable = 1;
+    t->report.peak_unreliable = 1;
     if (say)
         printf("MFU n/a from step %lld: it ran at %.3g GFLOP/s per rank, above the peak of %.3g "
                "(%s%s); set train.peak_gflops to this machine's peak, or run on a quiet "
                "machine\n",
-               (long long)t->step + 1, flops_per_rank / 1e9, t->peak_flops / 1e9,
-               t->peak_source, t->peak_remeasured ? ", and measured again" : "");
+               (long long)t->step + 1, flops_per_rank / 1e9, t->report.peak_flops / 1e9,
+               t->report.peak_source, t->report.peak_remeasured ? ", and measured again" : "");
 }
 
 /* This step's MFU, or NAN where the peak is not to be trusted. */
@@ -99,7 +100,7 @@ static double step_mfu(trainer *t, double tokens_per_s, int say)
 {
     double rate = loom_model_flops_per_token(t->model) * tokens_per_s / t->world;
     check_peak(t, rate, say);
-    return t->peak_unreliable ? NAN : rate / t->peak_flops;
+    return t->report.peak_unreliable ? NAN : rate / t->report.peak_flops;
 }
 
 void trainer_print_progress(trainer *t, const step_result *r)
@@ -116,8 +117,8 @@ void trainer_print_progress(trainer *t, const step_result *r)
     tier_parts(&u, LOOM_TIER_HOST, mem, sizeof mem);
     offload_text(t, &u, offload, sizeof offload);
     char bubble[32] = "", val[32] = "";
-    if (t->pipeline)
-        snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->bubble);
+    if (t->pipe.executor)
+        snprintf(bubble, sizeof bubble, " | bubble %4.1f%%", 100 * t->pipe.bubble);
     if (r->evaluated)
         snprintf(val, sizeof val, " | val %.6f", r->val_loss);
     printf("step %4lld/%lld | loss %.6f%s | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
@@ -127,7 +128,7 @@ void trainer_print_progress(trainer *t, const step_result *r)
            r->skipped ? " | skipped" : "");
     if (r->evaluated && t->step + 1 == t->steps)
         printf("validation loss %.6f (%d batches of data.val, %lld tokens)\n", r->val_loss,
-               t->eval_batches, (long long)t->eval_batches * t->batch * t->seq);
+               t->eval.batches, (long long)t->eval.batches * t->batch * t->seq);
     fflush(stdout);
 }
 
@@ -143,8 +144,9 @@ static void json_number(FILE *f, const char *name, const char *fmt, double value
 }
 
 /* Validation before the first step: its own progress and metrics line. */
-void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss)
+void trainer_report_validation(const trainer *t, float val_loss)
 {
+    FILE *metrics = t->report.metrics;
     printf("step %4lld/%lld | val %.6f (before training)\n", (long long)t->step,
            (long long)t->steps, val_loss);
     fflush(stdout);
@@ -190,7 +192,7 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
     json_number(f, "step_ms", "%.3f", r->seconds * 1e3);
     json_number(f, "mfu", "%.6f", step_mfu(t, tps, 0)); /* null where the peak is not trusted */
     fprintf(f, ", \"skipped\": %s", r->skipped ? "true" : "false");
-    json_number(f, "loss_scale", "%g", t->loss_scale);
+    json_number(f, "loss_scale", "%g", t->scaler.scale);
     fprintf(f, ", \"held_bytes\": {");
     /* what stays between steps (offloaded state has left the host), and
      * the peaks last, where the older readers of this line look for them */
@@ -200,7 +202,7 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
      * "tier_bytes": {"read": {"optimizer": 4096, ...}, "written": {...}} */
     fprintf(f, ", \"tier_bytes\": {");
     for (int k = 0; k < 2; k++) {
-        const uint64_t *moved = k ? t->tier_step.written : t->tier_step.read;
+        const uint64_t *moved = k ? t->report.tier_step.written : t->report.tier_step.read;
         fprintf(f, "%s\"%s\": {", k ? ", " : "", k ? "written" : "read");
         for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
             fprintf(f, "%s\"%s\": %llu", p ? ", " : "", loom_purpose_name((loom_purpose)p),
@@ -208,19 +210,19 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
         fprintf(f, "}");
     }
     fprintf(f, "}");
-    json_number(f, "tier_wait_ms", "%.3f", (double)t->tier_step.wait_ns / 1e6);
+    json_number(f, "tier_wait_ms", "%.3f", (double)t->report.tier_step.wait_ns / 1e6);
     fprintf(f, ", \"peak_bytes\": {");
     write_tier_bytes(f, &u, 1);
     fprintf(f, "}");
-    if (t->pipeline) {
+    if (t->pipe.executor) {
         loom_pipeline_stats st;
-        loom_pipeline_get_stats(t->pipeline, &st);
-        json_number(f, "bubble", "%.6f", t->bubble);
+        loom_pipeline_get_stats(t->pipe.executor, &st);
+        json_number(f, "bubble", "%.6f", t->pipe.bubble);
         fprintf(f, ", \"live_microbatches\": %d", st.peak_live);
         for (int k = 0; k < 2; k++) {
             fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
             for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
-                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->stage_peaks[2 * stage + k]);
+                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->pipe.stage_peaks[2 * stage + k]);
             fprintf(f, "]");
         }
     }
@@ -231,8 +233,8 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
         int first = 1;
         for (int a = 0; a < LOOM_AXIS_COUNT; a++)
             for (int op = 0; op < LOOM_OP_COUNT; op++) {
-                uint64_t n = k ? t->comm_step[a].calls[op] : t->comm_step[a].bytes[op];
-                if (!t->comm_step[a].calls[op])
+                uint64_t n = k ? t->report.comm_step[a].calls[op] : t->report.comm_step[a].bytes[op];
+                if (!t->report.comm_step[a].calls[op])
                     continue;
                 fprintf(f, "%s\"%s.%s\": %llu", first ? "" : ", ", loom_axis_name((loom_axis)a),
                         loom_comm_op_name((loom_comm_op)op), (unsigned long long)n);
@@ -255,14 +257,14 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
 void trainer_count_kernel_times(trainer *t, const step_result *r)
 {
     for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
-        t->kernel_sum_s[k] += r->kernel_s[k];
-        if (t->steps_timed == 0)
-            t->kernel_first_s[k] = r->kernel_s[k];
+        t->report.kernel_sum_s[k] += r->kernel_s[k];
+        if (t->report.steps_timed == 0)
+            t->report.kernel_first_s[k] = r->kernel_s[k];
     }
-    t->step_sum_s += r->seconds;
-    if (t->steps_timed == 0)
-        t->step_first_s = r->seconds;
-    t->steps_timed++;
+    t->report.step_sum_s += r->seconds;
+    if (t->report.steps_timed == 0)
+        t->report.step_first_s = r->seconds;
+    t->report.steps_timed++;
 }
 
 /* The end of the run: per kernel kind its mean ms per step and its share
@@ -270,18 +272,18 @@ void trainer_count_kernel_times(trainer *t, const step_result *r)
  * rank, over the steps after the first (or the only one). */
 void trainer_print_kernel_summary(const trainer *t)
 {
-    if (t->steps_timed == 0)
+    if (t->report.steps_timed == 0)
         return;
-    int64_t n = t->steps_timed > 1 ? t->steps_timed - 1 : 1;
+    int64_t n = t->report.steps_timed > 1 ? t->report.steps_timed - 1 : 1;
     double ms[LOOM_KERNEL_KINDS], compute = 0;
     for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
-        double s = t->kernel_sum_s[k] - (t->steps_timed > 1 ? t->kernel_first_s[k] : 0);
+        double s = t->report.kernel_sum_s[k] - (t->report.steps_timed > 1 ? t->report.kernel_first_s[k] : 0);
         ms[k] = 1e3 * s / (double)n;
         compute += ms[k];
     }
-    double step = 1e3 * (t->step_sum_s - (t->steps_timed > 1 ? t->step_first_s : 0)) / (double)n;
+    double step = 1e3 * (t->report.step_sum_s - (t->report.steps_timed > 1 ? t->report.step_first_s : 0)) / (double)n;
     char which[64];
-    if (t->steps_timed > 1)
+    if (t->report.steps_timed > 1)
         snprintf(which, sizeof which, "mean of the %lld steps after the first", (long long)n);
     else
         snprintf(which, sizeof which, "the only step");
@@ -299,10 +301,10 @@ void trainer_print_kernel_summary(const trainer *t)
 /* Which units each pipeline stage holds, and on which pp rank. */
 static void print_stages(const trainer *t)
 {
-    int p = t->mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe_schedule.virtual_stages;
+    int p = t->mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe.schedule.virtual_stages;
     printf("pipeline stages:");
     for (int st = 0; st < stages; st++) {
-        int first = t->stage_first[st], last = t->stage_last[st], L = t->shape.layers;
+        int first = t->pipe.stage_first[st], last = t->pipe.stage_last[st], L = t->shape.layers;
         int b0 = first == 0 ? 0 : first - 1, b1 = last == L + 1 ? L - 1 : last - 1;
         printf("%s %d (pp rank %d):%s", st ? " |" : "", st, st % p, first == 0 ? " embedding" : "");
         if (b1 >= b0)
@@ -321,9 +323,9 @@ void trainer_print_header(const trainer *t)
     for (int i = 0; i < t->nunits; i++)
         params += loom_model_full_numel(t->model, i);
     char desc[768] = "";
-    if (t->dp->describe)
-        t->dp->describe(t->strategy, desc, 256);
-    const axis_strategy *axes[3] = {&t->tp, &t->sp, &t->pp};
+    if (t->data_axis.ops->describe)
+        t->data_axis.ops->describe(t->data_axis.strategy, desc, 256);
+    const axis_strategy *axes[3] = {&t->axes.tp, &t->axes.sp, &t->pipe.axis};
     for (int i = 0; i < 3; i++) {
         size_t n = strlen(desc);
         if (axes[i]->s && n + 3 < sizeof desc) {
@@ -336,10 +338,10 @@ void trainer_print_header(const trainer *t)
            "%.1f GFLOP/s per rank (%s)\n",
            t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
            t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
-           t->micro_batches, t->pipeline ? "pipelined" : "accumulation",
+           t->pipe.micro_batches, t->pipe.executor ? "pipelined" : "accumulation",
            loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
-           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->peak_flops / 1e9,
-           t->peak_source);
+           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->report.peak_flops / 1e9,
+           t->report.peak_source);
     const char *products = loom_gemm_products_note();
     printf("cpu: %s; %s\n", loom_cpu_describe(),
            products[0]             ? products
@@ -349,7 +351,7 @@ void trainer_print_header(const trainer *t)
         printf("comm: %s\n", t->mesh->comm_choice);
     if (loom_launch_binding())
         printf("launch: %s\n", loom_launch_binding());
-    if (t->pipeline)
+    if (t->pipe.executor)
         print_stages(t);
     fflush(stdout);
 }
@@ -437,4 +439,58 @@ int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent)
     free(out);
     free(weights);
     return rc;
+}
+
+/* ---- the component's life: --metrics, --trace and the header; each
+ * step's report; samples ---- */
+
+int trainer_open_reporting(trainer *t, const loom_train_options *o)
+{
+    trainer_reporting *r = &t->report;
+    /* a restarted job adds to what its first run wrote (a step redone
+     * since the checkpoint appears again, later) */
+    const char *restarted = getenv("LOOM_RESTART");
+    /* "{rank}" in the path: every rank writes its own lines (its memory and
+     * traffic, which differ along a pipeline); otherwise rank 0 alone */
+    char path[4096] = "";
+    const char *mark = o->metrics ? strstr(o->metrics, "{rank}") : NULL;
+    if (mark)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - o->metrics), o->metrics, t->rank,
+                 mark + strlen("{rank}"));
+    else if (o->metrics)
+        snprintf(path, sizeof path, "%s", o->metrics);
+    if (o->metrics && (t->rank == 0 || mark) &&
+        !(r->metrics = fopen(path, restarted && atoi(restarted) > 0 ? "a" : "w")))
+        return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", path, strerror(errno));
+    if (o->trace)
+        loom_trace_enable(t->rank);
+    loom_config_int(t->cfg, "train.sample_every", &r->sample_every);
+    loom_config_int(t->cfg, "train.sample_tokens", &r->sample_tokens);
+    if (t->rank == 0)
+        trainer_print_header(t);
+    return LOOM_OK;
+}
+
+void trainer_report_step(trainer *t, const step_result *r)
+{
+    trainer_count_kernel_times(t, r);
+    if (t->rank == 0)
+        trainer_print_progress(t, r);
+    if (t->report.metrics)
+        trainer_write_metrics(t->report.metrics, t, r);
+}
+
+int trainer_sample_due(trainer *t)
+{
+    int64_t every = t->report.sample_every;
+    if (every <= 0 || t->step % every != 0)
+        return LOOM_OK;
+    return trainer_print_sample(t, (int)t->report.sample_tokens, t->ckpt.dir);
+}
+
+void trainer_close_reporting(trainer *t)
+{
+    if (t->report.metrics)
+        fclose(t->report.metrics);
+    t->report.metrics = NULL;
 }

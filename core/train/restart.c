@@ -73,8 +73,8 @@ static void append(char *buf, size_t cap, size_t *used, const char *fmt, ...)
 
 void trainer_choose_lineage(trainer *t, const char *resume)
 {
-    size_t used = 0, cap = sizeof t->trajectory;
-    t->trajectory[0] = '\0';
+    size_t used = 0, cap = sizeof t->ckpt.trajectory;
+    t->ckpt.trajectory[0] = '\0';
     for (size_t i = 0; i < LOOM_ARRAY_LEN(trajectory_settings); i++) {
         const char *name = trajectory_settings[i].name, *s = "";
         int64_t n = 0;
@@ -83,25 +83,25 @@ void trainer_choose_lineage(trainer *t, const char *resume)
         switch (trajectory_settings[i].type) {
         case 'i':
             loom_config_int(t->cfg, name, &n);
-            append(t->trajectory, cap, &used, "%s=%lld\n", name, (long long)n);
+            append(t->ckpt.trajectory, cap, &used, "%s=%lld\n", name, (long long)n);
             break;
         case 'f':
             loom_config_float(t->cfg, name, &f);
-            append(t->trajectory, cap, &used, "%s=%.9g\n", name, f);
+            append(t->ckpt.trajectory, cap, &used, "%s=%.9g\n", name, f);
             break;
         case 'b':
             loom_config_bool(t->cfg, name, &b);
-            append(t->trajectory, cap, &used, "%s=%s\n", name, b ? "true" : "false");
+            append(t->ckpt.trajectory, cap, &used, "%s=%s\n", name, b ? "true" : "false");
             break;
         default:
             loom_config_string(t->cfg, name, &s);
-            append(t->trajectory, cap, &used, "%s=%s\n", name, s);
+            append(t->ckpt.trajectory, cap, &used, "%s=%s\n", name, s);
         }
     }
     const char *schedule = "constant";
     loom_config_string(t->cfg, "train.schedule", &schedule);
     if (strcmp(schedule, "constant") != 0)
-        append(t->trajectory, cap, &used, "train.steps=%lld\n", (long long)t->steps);
+        append(t->ckpt.trajectory, cap, &used, "train.steps=%lld\n", (long long)t->steps);
     /* the data by name and length (its contents are checked at resume) */
     uint64_t data = HASH_START;
     char line[4300];
@@ -110,10 +110,10 @@ void trainer_choose_lineage(trainer *t, const char *resume)
                  (long long)t->train_data.tokens[i]);
         data = hash_text(data, line);
     }
-    uint64_t settings = hash_text(HASH_START, t->trajectory);
+    uint64_t settings = hash_text(HASH_START, t->ckpt.trajectory);
     snprintf(line, sizeof line, "%016llx", (unsigned long long)data);
-    t->lineage = (loom_ckpt_lineage){hash_text(settings, line), settings, data, t->trajectory};
-    t->resumed = resume != NULL;
+    t->ckpt.lineage = (loom_ckpt_lineage){hash_text(settings, line), settings, data, t->ckpt.trajectory};
+    t->ckpt.resumed = resume != NULL;
     if (!resume)
         return;
     /* a resumed job continues the lineage of its checkpoint */
@@ -121,7 +121,7 @@ void trainer_choose_lineage(trainer *t, const char *resume)
     uint32_t format = 0;
     loom_ckpt_lineage theirs;
     if (loom_ckpt_lineage_of(resume, &step, &format, &theirs, NULL, 0) == LOOM_OK)
-        t->lineage.id = theirs.id;
+        t->ckpt.lineage.id = theirs.id;
 }
 
 /* N of "step-N" (digits only), else -1. */
@@ -207,7 +207,7 @@ static void describe_difference(const trainer *t, const lineage_scan *s, char *b
     size_t used = strlen(buf);
     buf += used;
     cap -= used;
-    const char *theirs = s->their_settings, *mine = t->trajectory;
+    const char *theirs = s->their_settings, *mine = t->ckpt.trajectory;
     for (const char *line = theirs; *line;) {
         const char *eq = strchr(line, '='), *end = strchr(line, '\n');
         if (!eq || !end || eq > end)
@@ -232,7 +232,7 @@ static void describe_difference(const trainer *t, const lineage_scan *s, char *b
         }
         line += strcspn(line, "\n") + (line[strcspn(line, "\n")] ? 1 : 0);
     }
-    if (s->their_lineage.data_hash != t->lineage.data_hash)
+    if (s->their_lineage.data_hash != t->ckpt.lineage.data_hash)
         snprintf(buf, cap, "its data.train files differ by name or length");
     else
         snprintf(buf, cap, "the same settings, but a line of runs started elsewhere");
@@ -245,7 +245,7 @@ int trainer_check_lineage(const trainer *t, const char *dir)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     /* a resume continues the run it names, which may predate lineages:
      * the older checkpoints beside it are likely that run's own */
-    scan_lineages(dir, t->lineage.id, !t->resumed, s);
+    scan_lineages(dir, t->ckpt.lineage.id, !t->ckpt.resumed, s);
     int rc = LOOM_OK, overwrite = 0;
     loom_config_bool(t->cfg, "train.checkpoint_overwrite", &overwrite);
     if (s->theirs >= 0) {
@@ -277,7 +277,7 @@ const char *trainer_restart_resume(const trainer *t, const char *asked, char *bu
     loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
     lineage_scan *s = calloc(1, sizeof *s);
     if (s)
-        scan_lineages(dir, t->lineage.id, 0, s);
+        scan_lineages(dir, t->ckpt.lineage.id, 0, s);
     const char *from = asked;
     if (s && s->mine >= 0) {
         snprintf(buf, cap, "%s/step-%lld", dir, s->mine);

@@ -31,11 +31,11 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
     h->dtype = t->dtype;
     h->shape = t->shape;
     h->step = t->step;
-    h->good_steps = t->good_steps;
-    h->loss_scale = t->loss_scale;
+    h->good_steps = t->scaler.good_steps;
+    h->loss_scale = t->scaler.scale;
     h->nunits = t->nunits;
-    h->run_id = t->run_id;
-    h->lineage = t->lineage;
+    h->run_id = t->ckpt.run_id;
+    h->lineage = t->ckpt.lineage;
     unsigned char *position = NULL;
     int rc = loom_dataloader_save(&t->loader, &position, &h->data_position_bytes);
     h->data_position = position;
@@ -56,7 +56,7 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
         return rc;
     char reason[1024], key[96];
     snprintf(reason, sizeof reason, "%s", rc == LOOM_OK ? "" : loom_last_error());
-    int64_t round = t->agreements++;
+    int64_t round = t->ckpt.agreements++;
     loom_store *store = loom_runtime_store(t->rt);
     if (rc != LOOM_OK && store) {
         snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, t->rank);
@@ -108,7 +108,7 @@ int trainer_choose_run_id(trainer *t)
             return rc;
         id = (uint64_t)halves[0] << 32 | (uint64_t)halves[1];
     }
-    t->run_id = id;
+    t->ckpt.run_id = id;
     return LOOM_OK;
 }
 
@@ -143,28 +143,28 @@ static int snapshot_unit(trainer *t, ckpt_snapshot *s, int i, int ok)
     int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
     size_t n = u->numel, begin = 0, count = n;
     float *buf = s->data + s->used;
-    if (t->dp->data_get_shard) {
+    if (t->data_axis.ops->data_get_shard) {
         if (!ok)
             return LOOM_OK;
-        if ((rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL)) !=
+        if ((rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, NULL, NULL, NULL)) !=
             LOOM_OK)
             return rc;
         if (begin + count > n)
             return loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_get_shard gave %s the range "
-                             "%zu+%zu of %zu elements", t->dp_plugin->header->name, u->name,
+                             "%zu+%zu of %zu elements", t->data_axis.plugin->header->name, u->name,
                              begin, count, n);
         if (s->used + 3 * count > s->capacity)
             return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: strategy %s gave %s %zu elements, "
                              "more than it had at the start (the snapshot holds %zu floats)",
-                             t->dp_plugin->header->name, u->name, count, s->capacity);
-        rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, buf, buf + count,
+                             t->data_axis.plugin->header->name, u->name, count, s->capacity);
+        rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, buf, buf + count,
                                    buf + 2 * count);
     } else {
         if (s->used + 3 * n > s->capacity)
             return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: the snapshot of %zu floats has no "
                              "room for %s", s->capacity, u->name);
         /* data_get_state is collective on the dp group: every rank calls it */
-        rc = t->dp->data_get_state(t->strategy, u, buf, buf + n, buf + 2 * n);
+        rc = t->data_axis.ops->data_get_state(t->data_axis.strategy, u, buf, buf + n, buf + 2 * n);
         if (t->mesh->coords[LOOM_AXIS_DP] != 0)
             return rc;
     }
@@ -187,8 +187,8 @@ static int snapshot_floats(trainer *t, size_t *floats)
             continue;
         loom_unit *u = dp_unit(t, i);
         size_t begin = 0, count = u->numel, call = u->numel;
-        if (t->dp->data_get_shard) {
-            int rc = t->dp->data_get_shard(t->strategy, u, &begin, &count, NULL, NULL, NULL);
+        if (t->data_axis.ops->data_get_shard) {
+            int rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, NULL, NULL, NULL);
             if (rc != LOOM_OK)
                 return rc;
             call = count;
@@ -233,7 +233,7 @@ static int remove_leftover(const trainer *t, const char *path)
     uint64_t run_id = 0;
     int64_t step = 0;
     int stamped = loom_ckpt_dir_stamp(path, &run_id, &step) == LOOM_OK;
-    if (!stamped || run_id != t->run_id) {
+    if (!stamped || run_id != t->ckpt.run_id) {
         char who[64] = "a job that stopped";
         if (stamped)
             snprintf(who, sizeof who, "run %016llx, a job that stopped", (unsigned long long)run_id);
@@ -350,9 +350,9 @@ static int finish_save(trainer *t, const ckpt_save *s, int rc)
     if (t->rank == 0) {
         const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
         for (int i = 0; shards && i < t->nunits; i++)
-            shards[i] = t->tp_shards ? t->tp_shards[i] : loom_model_shards(t->model, i);
+            shards[i] = t->axes.tp_shards ? t->axes.tp_shards[i] : loom_model_shards(t->model, i);
         rc = shards ? loom_ckpt_write_meta(s->tmp, &s->header, t->mesh->sizes[LOOM_AXIS_TP],
-                                           t->world, t->dp_plugin->header->name, t->units, shards)
+                                           t->world, t->data_axis.plugin->header->name, t->units, shards)
                     : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
         free(shards);
         if (rc == LOOM_OK)
@@ -365,10 +365,10 @@ static int finish_save(trainer *t, const ckpt_save *s, int rc)
 
 static int can_save(const trainer *t)
 {
-    if (!t->dp->data_get_shard && !t->dp->data_get_state)
+    if (!t->data_axis.ops->data_get_shard && !t->data_axis.ops->data_get_state)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s can save no checkpoint (it "
                          "implements neither data_get_shard nor data_get_state)",
-                         t->dp_plugin->header->name);
+                         t->data_axis.plugin->header->name);
     return LOOM_OK;
 }
 
@@ -397,7 +397,7 @@ int trainer_save_sharded(trainer *t, const char *dir)
     if (!snap.data)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
     if (rc == LOOM_OK)
-        rc = loom_ckpt_shard_open(&w, s.tmp, t->rank, t->run_id, s.step);
+        rc = loom_ckpt_shard_open(&w, s.tmp, t->rank, t->ckpt.run_id, s.step);
     int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
     for (int i = 0; snap.data && writes && i < t->nunits; i++)
         if (holds(t, i)) {
@@ -517,6 +517,10 @@ static void *write_in_background(void *arg)
 
 int trainer_setup_async_checkpoints(trainer *t)
 {
+    int async = 0;
+    loom_config_bool(t->cfg, "train.checkpoint_async", &async);
+    if (!async || t->ckpt.every <= 0)
+        return LOOM_OK;
     int rc = can_save(t);
     size_t floats = 0;
     ckpt_async *a = calloc(1, sizeof *a);
@@ -537,7 +541,7 @@ int trainer_setup_async_checkpoints(trainer *t)
         a->snap.data = data;
         a->snap.capacity = floats;
         a->rank = t->rank;
-        t->async = a;
+        t->ckpt.async = a;
     } else if (a) {
         free(a->snap.records);
         free(a);
@@ -564,7 +568,7 @@ int trainer_setup_async_checkpoints(trainer *t)
  * one of the thread's. */
 static int start_async(trainer *t, const char *parent, int64_t keep)
 {
-    ckpt_async *a = t->async;
+    ckpt_async *a = t->ckpt.async;
     char dir[4200];
     snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->step);
     int rc = begin_save(t, &a->save, dir);
@@ -572,7 +576,7 @@ static int start_async(trainer *t, const char *parent, int64_t keep)
         return rc;
     snprintf(a->parent, sizeof a->parent, "%s", parent);
     a->keep = keep;
-    a->run_id = t->run_id;
+    a->run_id = t->ckpt.run_id;
     a->snap.used = 0;
     a->snap.nrecords = 0;
     int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
@@ -610,7 +614,7 @@ static void join_writer(ckpt_async *a)
  * writer has stopped. */
 static int settle(trainer *t, int wait)
 {
-    ckpt_async *a = t->async;
+    ckpt_async *a = t->ckpt.async;
     if (!a || !a->pending)
         return LOOM_OK;
     if (wait)
@@ -646,7 +650,7 @@ int trainer_checkpoint_wait(trainer *t) { return settle(t, 1); }
 
 void trainer_checkpoint_abandon(trainer *t)
 {
-    ckpt_async *a = t->async;
+    ckpt_async *a = t->ckpt.async;
     if (!a)
         return;
     if (a->pending) {
@@ -665,12 +669,12 @@ void trainer_checkpoint_abandon(trainer *t)
     loom_mem_free(a->snap.data);
     free(a->snap.records);
     free(a);
-    t->async = NULL;
+    t->ckpt.async = NULL;
 }
 
 int trainer_checkpoint(trainer *t, const char *parent, int64_t keep)
 {
-    if (t->async) {
+    if (t->ckpt.async) {
         /* at most one in flight: the previous ends first */
         int rc = settle(t, 1);
         return rc == LOOM_OK ? start_async(t, parent, keep) : rc;
@@ -789,6 +793,55 @@ static void remove_leftovers(const trainer *t, const char *dir)
     free(names);
 }
 
+int trainer_open_checkpoints(trainer *t, const loom_train_options *o)
+{
+    trainer_checkpoints *c = &t->ckpt;
+    c->dir = "checkpoints";
+    loom_config_string(t->cfg, "train.checkpoint_dir", &c->dir);
+    loom_config_int(t->cfg, "train.checkpoint_every", &c->every);
+    loom_config_int(t->cfg, "train.keep_checkpoints", &c->keep);
+    int rc = trainer_check_outputs(t, o);
+    if (rc == LOOM_OK)
+        rc = trainer_choose_run_id(t);
+    trainer_choose_lineage(t, o->resume);
+    if (rc == LOOM_OK && c->every > 0)
+        rc = trainer_lock_checkpoints(t, c->dir, &c->lock_fd);
+    if (rc != LOOM_OK)
+        return rc;
+    char latest[4200];
+    const char *resume = trainer_restart_resume(t, o->resume, latest, sizeof latest);
+    c->restarting = resume == latest;
+    return resume ? trainer_load_state(t, resume) : LOOM_OK;
+}
+
+/* every N steps, and the last whatever N */
+int trainer_checkpoint_due(trainer *t)
+{
+    const trainer_checkpoints *c = &t->ckpt;
+    int rc = trainer_checkpoint_poll(t);
+    if (rc == LOOM_OK && c->every > 0 && (t->step % c->every == 0 || t->step == t->steps))
+        rc = trainer_checkpoint(t, c->dir, c->keep);
+    return rc;
+}
+
+/* the last step's checkpoint, or one still written, ends before the run
+ * does; on a failure it is given up */
+int trainer_finish_checkpoints(trainer *t, int rc)
+{
+    if (rc == LOOM_OK)
+        return trainer_checkpoint_wait(t);
+    trainer_checkpoint_abandon(t);
+    return rc;
+}
+
+int trainer_save_final_weights(trainer *t, const loom_train_options *o)
+{
+    int rc = trainer_save_weights(t, o->save, o->save_dtype);
+    if (rc == LOOM_OK && t->rank == 0)
+        printf("saved %s\n", o->save);
+    return rc;
+}
+
 /* train.checkpoint_dir belongs to one job: rank 0 holds an advisory lock
  * (flock) on DIR/loom.lock for the job's life, and a second job naming the
  * same directory is refused at its start. Holding it, rank 0 removes what
@@ -833,7 +886,7 @@ int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd)
             char when[64];
             strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&now));
             int n = snprintf(holder, sizeof holder, "pid %ld on %s, run %016llx, since %s\n",
-                             (long)getpid(), host, (unsigned long long)t->run_id, when);
+                             (long)getpid(), host, (unsigned long long)t->ckpt.run_id, when);
             if (ftruncate(fd, 0) != 0 || pwrite(fd, holder, (size_t)n, 0) != n)
                 loom_log(LOOM_LOG_WARN, "%s: cannot write who holds it: %s", path,
                          strerror(errno));
@@ -859,7 +912,7 @@ void trainer_unlock_checkpoints(int lock_fd)
 static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
 {
     if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
-        return t->dp->data_set_state(t->strategy, dp_unit(t, i), p, m, v);
+        return t->data_axis.ops->data_set_state(t->data_axis.strategy, dp_unit(t, i), p, m, v);
     size_t n = t->units[i].numel;
     float *local = malloc(3 * n * sizeof(float) + 1);
     if (!local)
@@ -867,7 +920,7 @@ static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
     loom_model_slice(t->model, i, p, local);
     loom_model_slice(t->model, i, m, local + n);
     loom_model_slice(t->model, i, v, local + 2 * n);
-    int rc = t->dp->data_set_state(t->strategy, dp_unit(t, i), local, local + n, local + 2 * n);
+    int rc = t->data_axis.ops->data_set_state(t->data_axis.strategy, dp_unit(t, i), local, local + n, local + 2 * n);
     free(local);
     return rc;
 }
@@ -902,7 +955,7 @@ static int check_resume(const trainer *t, const loom_ckpt *ck, const char *path)
     if (h->dtype != t->dtype)
         return loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says "
                          "%s", path, loom_dtype_name(h->dtype), loom_dtype_name(t->dtype));
-    if (h->step > t->steps || (h->step == t->steps && !t->restarting))
+    if (h->step > t->steps || (h->step == t->steps && !t->ckpt.restarting))
         return loom_fail(LOOM_ERR_INVALID, "--resume %s: the checkpoint is after step %lld, and "
                          "train.steps is %lld: nothing is left to train; raise train.steps "
                          "(e.g. --set train.steps=%lld) to go on", path, (long long)h->step,
@@ -916,9 +969,9 @@ static int check_resume(const trainer *t, const loom_ckpt *ck, const char *path)
  * any state changes. */
 int trainer_load_state(trainer *t, const char *path)
 {
-    if (!t->dp->data_set_state)
+    if (!t->data_axis.ops->data_set_state)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "strategy %s does not implement data_set_state",
-                         t->dp_plugin->header->name);
+                         t->data_axis.plugin->header->name);
     char failed[4200];
     snprintf(failed, sizeof failed, "could not resume from %.4000s", path);
     loom_ckpt *ck = NULL;
@@ -956,12 +1009,12 @@ int trainer_load_state(trainer *t, const char *path)
     }
     trainer_sync_units(t);
     rc = trainer_agree(t, failed, rc);
-    if (rc == LOOM_OK && t->pipeline) /* the last stage's copy of unit 0 */
-        rc = loom_pipeline_sync_tied(t->pipeline);
+    if (rc == LOOM_OK && t->pipe.executor) /* the last stage's copy of unit 0 */
+        rc = loom_pipeline_sync_tied(t->pipe.executor);
     if (rc == LOOM_OK) {
         t->step = h->step;
-        t->good_steps = h->good_steps;
-        t->loss_scale = h->loss_scale;
+        t->scaler.good_steps = h->good_steps;
+        t->scaler.scale = h->loss_scale;
     }
     free(whole);
     loom_ckpt_close(ck);

@@ -10,6 +10,7 @@
 #include "model/kernels.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
+#include "train/test_hooks.h"
 #include "train/trainer.h"
 
 /* ---- set-up ---- */
@@ -49,23 +50,20 @@ static int choose_gemm(trainer *t)
         return trainer_fail_at(t, rc, "model.gemm");
     double stated = trainer_read_float(t->cfg, "train.peak_gflops");
     if (stated > 0) {
-        t->peak_flops = stated * 1e9;
-        snprintf(t->peak_source, sizeof t->peak_source, "train.peak_gflops");
+        t->report.peak_flops = stated * 1e9;
+        snprintf(t->report.peak_source, sizeof t->report.peak_source, "train.peak_gflops");
         return LOOM_OK;
     }
     int rows = t->micro_batch * t->seq, C = t->shape.channels;
-    t->peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
-    if (t->peak_flops <= 0)
+    t->report.peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
+    if (t->report.peak_flops <= 0)
         return (rc = loom_gemm_take_error()) != LOOM_OK
                    ? rc
                    : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix "
                                                    "products");
-    snprintf(t->peak_source, sizeof t->peak_source, "%s, measured at start on %dx%dx%d",
+    snprintf(t->report.peak_source, sizeof t->report.peak_source, "%s, measured at start on %dx%dx%d",
              loom_gemm_describe(), rows, 4 * C, C);
-    /* A testing aid: the peak scaled down, as a busy machine measures it. */
-    const char *busy = getenv("LOOM_PEAK_SCALE");
-    if (busy && atof(busy) > 0)
-        t->peak_flops *= atof(busy);
+    t->report.peak_flops *= trainer_test_peak_scale();
     return LOOM_OK;
 }
 
@@ -133,7 +131,7 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
     setup->max_seq = t->shape.max_seq;
     setup->micro_batch = t->micro_batch;
     setup->seq = t->seq;
-    setup->grad_accum = t->micro_batches;
+    setup->grad_accum = t->pipe.micro_batches;
     setup->compute_dtype = t->dtype;
 }
 
@@ -153,7 +151,7 @@ static int check_requirements(const trainer *t, const char *name)
          "parameters complete only between its forward and backward hooks", pp > 1,
          "parallel.pp.size", "a pipeline keeps each stage's parameters whole at rest"},
         {LOOM_STRATEGY_ONE_MICROBATCH, "LOOM_STRATEGY_ONE_MICROBATCH",
-         "one micro-batch per step", t->micro_batches > 1,
+         "one micro-batch per step", t->pipe.micro_batches > 1,
          pp > 1 ? "parallel.pp.microbatches" : "train.grad_accum",
          "this job accumulates several micro-batches per step"},
         {LOOM_STRATEGY_GRADS_IN_ORDER, "LOOM_STRATEGY_GRADS_IN_ORDER",
@@ -161,7 +159,7 @@ static int check_requirements(const trainer *t, const char *name)
          "parallel.pp.size", "a pipeline interleaves micro-batches and splits the backward"},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(rules); i++)
-        if ((t->dp->capabilities & rules[i].bit) && rules[i].broken)
+        if ((t->data_axis.ops->capabilities & rules[i].bit) && rules[i].broken)
             return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                              "%s: strategy %s requires %s (it declares %s), but %s; change the "
                              "setting or the strategy", loom_config_where(t->cfg, rules[i].setting),
@@ -173,22 +171,22 @@ static int create_strategy(trainer *t)
 {
     const char *name = NULL;
     loom_config_string(t->cfg, "parallel.dp.strategy", &name);
-    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->dp_plugin);
+    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, &t->data_axis.plugin);
     if (rc != LOOM_OK)
         return rc;
-    t->dp = &t->dp_plugin->ops.strategy;
-    if (t->dp->axis != LOOM_AXIS_DP)
+    t->data_axis.ops = &t->data_axis.plugin->ops.strategy;
+    if (t->data_axis.ops->axis != LOOM_AXIS_DP)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: parallel.dp.strategy = \"%s\" is a strategy for the %s axis, not dp",
                          loom_config_where(t->cfg, "parallel.dp.strategy"), name,
-                         loom_axis_name((loom_axis)t->dp->axis));
-    if ((rc = loom_plugin_check_dp_size(t->dp_plugin, t->mesh->sizes[LOOM_AXIS_DP])) != LOOM_OK)
+                         loom_axis_name((loom_axis)t->data_axis.ops->axis));
+    if ((rc = loom_plugin_check_dp_size(t->data_axis.plugin, t->mesh->sizes[LOOM_AXIS_DP])) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.dp.size");
     if ((rc = check_requirements(t, name)) != LOOM_OK)
         return rc;
     /* Before 1.6 a strategy steps through update, which cannot tell a
      * unit's tensors apart. */
-    uint32_t abi = t->dp_plugin->exported->abi_version;
+    uint32_t abi = t->data_axis.plugin->exported->abi_version;
     if (t->decay_matrices && LOOM_ABI_VERSION_MINOR(abi) < 6)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\" needs a data strategy built for loom "
@@ -197,13 +195,13 @@ static int create_strategy(trainer *t)
                          "train.decay = \"all\"",
                          loom_config_where(t->cfg, "train.decay"), name,
                          LOOM_ABI_VERSION_MAJOR(abi), LOOM_ABI_VERSION_MINOR(abi),
-                         t->dp_plugin->path);
+                         t->data_axis.plugin->path);
     const loom_host *host;
-    if ((rc = loom_runtime_host(t->rt, t->dp_plugin, "parallel.dp", &host)) != LOOM_OK)
+    if ((rc = loom_runtime_host(t->rt, t->data_axis.plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;
     loom_strategy_setup setup;
     fill_setup(t, LOOM_AXIS_DP, &setup);
-    return t->dp->create(host, &setup, &t->strategy);
+    return t->data_axis.ops->create(host, &setup, &t->data_axis.strategy);
 }
 
 /* ---- the tensor and sequence axes (docs/parallelism.md) ---- */
@@ -318,9 +316,7 @@ static void read_settings(trainer *t)
     loom_config_string(t->cfg, "train.decay", &decay);
     t->decay_matrices = !strcmp(decay, "matrices");
     t->clip = trainer_read_float(t->cfg, "train.clip");
-    t->loss_scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
-    loom_config_int(t->cfg, "train.loss_scale_window", &t->scale_window);
-    trainer_read_int(t->cfg, "train.max_skipped", &t->max_skipped);
+    trainer_setup_scaler(t);
     int threads = 1;
     trainer_read_int(t->cfg, "train.threads", &threads);
     loom_kernels_set_threads(threads);
@@ -362,28 +358,28 @@ static int open_data(trainer *t)
     if (rc != LOOM_OK)
         return rc;
     int dp = t->mesh->sizes[LOOM_AXIS_DP], pp = t->mesh->sizes[LOOM_AXIS_PP];
-    t->micro_batches = t->grad_accum;
+    t->pipe.micro_batches = t->grad_accum;
     if (pp > 1) {
         /* a pipeline's micro-batches are its accumulation */
-        trainer_read_int(t->cfg, "parallel.pp.microbatches", &t->micro_batches);
+        trainer_read_int(t->cfg, "parallel.pp.microbatches", &t->pipe.micro_batches);
         if (t->grad_accum != 1)
             return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
                              "the gradient accumulation; set train.grad_accum = 1",
                              loom_config_where(t->cfg, "train.grad_accum"));
-        if (t->batch % (dp * t->micro_batches) != 0)
+        if (t->batch % (dp * t->pipe.micro_batches) != 0)
             return loom_fail(LOOM_ERR_INVALID, "%s: train.batch %d does not divide by "
                              "parallel.dp.size %d × parallel.pp.microbatches %d",
                              loom_config_where(t->cfg, "parallel.pp.microbatches"), t->batch, dp,
-                             t->micro_batches);
+                             t->pipe.micro_batches);
     }
     loom_data_order order = {.batch = t->batch, .seq = t->seq};
     loom_config_bool(t->cfg, "data.shuffle", &order.shuffle);
     trainer_read_int(t->cfg, "data.readers", &order.readers);
     trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
     if ((rc = loom_dataloader_init(&t->loader, &t->train_data, &order,
-                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
+                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->pipe.micro_batches)) != LOOM_OK)
         return rc;
-    t->micro_batch = t->batch / (dp * t->micro_batches);
+    t->micro_batch = t->batch / (dp * t->pipe.micro_batches);
     return LOOM_OK;
 }
 
@@ -409,9 +405,9 @@ static int place_initial_params(trainer *t)
         loom_model_split_params(t->model, llmc, whole);
         for (int i = 0; i < t->nunits; i++)
             loom_model_slice(t->model, i, whole[i], init[i]);
-        for (int i = 0; i < t->ndp_units; i++)
-            held[i] = init[t->dp_units[i].index];
-        rc = t->dp->data_setup(t->strategy, t->dp_units, t->ndp_units, held);
+        for (int i = 0; i < t->data_axis.nunits; i++)
+            held[i] = init[t->data_axis.units[i].index];
+        rc = t->data_axis.ops->data_setup(t->data_axis.strategy, t->data_axis.units, t->data_axis.nunits, held);
         loom_mem_defer_limit(0);
         trainer_sync_units(t);
         const char *name = NULL;
@@ -479,45 +475,33 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     return trainer_setup_eval(t);
 }
 
+/* The data axis: the strategy (before the runtime unloads its plugin) and
+ * the units it was given. */
+static void teardown_data_axis(trainer *t)
+{
+    trainer_data_axis *d = &t->data_axis;
+    if (d->strategy)
+        d->ops->destroy(d->strategy);
+    if (d->units != t->units)
+        free(d->units);
+    free(d->index);
+}
+
 void trainer_teardown(trainer *t)
 {
     /* plugins' objects before the runtime unloads them */
-    loom_pipeline_destroy(t->pipeline);
-    if (t->pp.s)
-        t->pp.ops->destroy(t->pp.s);
-    if (t->strategy)
-        t->dp->destroy(t->strategy);
-    if (t->tp.s)
-        t->tp.ops->destroy(t->tp.s);
-    if (t->sp.s)
-        t->sp.ops->destroy(t->sp.s);
+    trainer_teardown_pipeline(t);
+    teardown_data_axis(t);
+    trainer_teardown_model_axes(t);
+    trainer_teardown_eval(t);
+    trainer_close_reporting(t);
     loom_model_destroy(t->model);
     loom_dataloader_free(&t->loader);
     loom_dataset_close(&t->train_data);
-    trainer_teardown_eval(t);
     loom_mesh_destroy(t->mesh);
     loom_runtime_destroy(t->rt);
     loom_config_free(t->cfg);
     free(t->inputs);
     free(t->targets);
-    for (int i = 0; t->tp_shards && i < t->nunits; i++)
-        free(t->tp_shards[i]);
-    free(t->tp_shards);
-    free(t->repl_grads);
-    free(t->repl_offset);
-    free(t->positions);
-    loom_schedule_free(&t->pipe_schedule);
-    for (int k = 0; t->mb_inputs && k < t->micro_batches; k++)
-        free(t->mb_inputs[k]);
-    for (int k = 0; t->mb_targets && k < t->micro_batches; k++)
-        free(t->mb_targets[k]);
-    free(t->mb_inputs);
-    free(t->mb_targets);
-    free(t->stage_first);
-    free(t->stage_last);
-    free(t->runs);
-    free(t->stage_peaks);
-    if (t->dp_units != t->units)
-        free(t->dp_units);
-    free(t->dp_index);
+    trainer_unlock_checkpoints(t->ckpt.lock_fd);
 }

@@ -47,34 +47,34 @@ int loom_split_stages(loom_config *cfg, int layers, int stages, int *first, int 
 
 static int split_stages(trainer *t, int stages)
 {
-    t->stage_first = calloc((size_t)stages, sizeof *t->stage_first);
-    t->stage_last = calloc((size_t)stages, sizeof *t->stage_last);
-    if (!t->stage_first || !t->stage_last)
+    t->pipe.stage_first = calloc((size_t)stages, sizeof *t->pipe.stage_first);
+    t->pipe.stage_last = calloc((size_t)stages, sizeof *t->pipe.stage_last);
+    if (!t->pipe.stage_first || !t->pipe.stage_last)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    return loom_split_stages(t->cfg, t->shape.layers, stages, t->stage_first, t->stage_last);
+    return loom_split_stages(t->cfg, t->shape.layers, stages, t->pipe.stage_first, t->pipe.stage_last);
 }
 
 /* The units the data strategy looks after: all of them, or on a pipeline
  * those of this rank's stages. */
 int trainer_choose_units(trainer *t)
 {
-    t->dp_index = malloc((size_t)t->nunits * sizeof *t->dp_index);
-    if (!t->dp_index)
+    t->data_axis.index = malloc((size_t)t->nunits * sizeof *t->data_axis.index);
+    if (!t->data_axis.index)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    if (!t->runs) {
+    if (!t->pipe.runs) {
         for (int u = 0; u < t->nunits; u++)
-            t->dp_index[u] = u;
-        t->dp_units = t->units;
-        t->ndp_units = t->nunits;
+            t->data_axis.index[u] = u;
+        t->data_axis.units = t->units;
+        t->data_axis.nunits = t->nunits;
         return LOOM_OK;
     }
-    t->dp_units = calloc((size_t)t->nunits, sizeof *t->dp_units);
-    if (!t->dp_units)
+    t->data_axis.units = calloc((size_t)t->nunits, sizeof *t->data_axis.units);
+    if (!t->data_axis.units)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     for (int u = 0; u < t->nunits; u++) {
-        t->dp_index[u] = t->runs[u] ? t->ndp_units : -1;
-        if (t->runs[u])
-            t->dp_units[t->ndp_units++] = t->units[u];
+        t->data_axis.index[u] = t->pipe.runs[u] ? t->data_axis.nunits : -1;
+        if (t->pipe.runs[u])
+            t->data_axis.units[t->data_axis.nunits++] = t->units[u];
     }
     return LOOM_OK;
 }
@@ -90,27 +90,27 @@ int trainer_setup_pipeline(trainer *t, const float *unit0_init)
     int rc;
     loom_pipeline_setup ps;
     memset(&ps, 0, sizeof ps);
-    ps.schedule = &t->pipe_schedule;
+    ps.schedule = &t->pipe.schedule;
     ps.rank = t->mesh->coords[LOOM_AXIS_PP];
     ps.group = t->mesh->groups[LOOM_AXIS_PP];
     ps.model = t->model;
-    ps.stage_first = t->stage_first;
-    ps.stage_last = t->stage_last;
+    ps.stage_first = t->pipe.stage_first;
+    ps.stage_last = t->pipe.stage_last;
     ps.dtype = t->dtype;
     ps.tied_init = unit0_init;
     ps.hooks = (loom_pipeline_hooks){t, pp_before_forward, pp_after_forward, pp_before_backward,
                                      pp_grads_ready};
-    if ((rc = loom_pipeline_create(&ps, &t->pipeline)) != LOOM_OK)
+    if ((rc = loom_pipeline_create(&ps, &t->pipe.executor)) != LOOM_OK)
         return rc;
-    t->stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->stage_peaks);
+    t->pipe.stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->pipe.stage_peaks);
     size_t N = (size_t)t->micro_batch * t->seq;
-    t->mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->mb_inputs);
-    t->mb_targets = calloc((size_t)t->micro_batches, sizeof *t->mb_targets);
-    if (!t->mb_inputs || !t->mb_targets || !t->stage_peaks)
+    t->pipe.mb_inputs = calloc((size_t)t->pipe.micro_batches, sizeof *t->pipe.mb_inputs);
+    t->pipe.mb_targets = calloc((size_t)t->pipe.micro_batches, sizeof *t->pipe.mb_targets);
+    if (!t->pipe.mb_inputs || !t->pipe.mb_targets || !t->pipe.stage_peaks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    for (int k = 0; k < t->micro_batches; k++)
-        if (!(t->mb_inputs[k] = malloc(N * sizeof(int))) ||
-            !(t->mb_targets[k] = malloc(N * sizeof(int))))
+    for (int k = 0; k < t->pipe.micro_batches; k++)
+        if (!(t->pipe.mb_inputs[k] = malloc(N * sizeof(int))) ||
+            !(t->pipe.mb_targets[k] = malloc(N * sizeof(int))))
             return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     return LOOM_OK;
 }
@@ -123,16 +123,35 @@ int trainer_plan_pipeline(trainer *t)
     trainer_read_int(t->cfg, "parallel.pp.virtual_stages", &v);
     if ((rc = split_stages(t, p * v)) != LOOM_OK)
         return rc;
-    if (!(t->runs = calloc((size_t)t->shape.layers + 2, 1)))
+    if (!(t->pipe.runs = calloc((size_t)t->shape.layers + 2, 1)))
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     for (int vs = 0; vs < v; vs++)
-        for (int u = t->stage_first[vs * p + r]; u <= t->stage_last[vs * p + r]; u++)
-            t->runs[u] = 1;
-    if ((rc = trainer_create_axis(t, LOOM_AXIS_PP, &t->pp)) != LOOM_OK)
+        for (int u = t->pipe.stage_first[vs * p + r]; u <= t->pipe.stage_last[vs * p + r]; u++)
+            t->pipe.runs[u] = 1;
+    if ((rc = trainer_create_axis(t, LOOM_AXIS_PP, &t->pipe.axis)) != LOOM_OK)
         return rc;
-    const char *name = t->pp.plugin->header->name;
-    if ((rc = loom_schedule_build(t->pp.ops, t->pp.s, name, p, v, t->micro_batches,
-                                  &t->pipe_schedule)) != LOOM_OK)
+    const char *name = t->pipe.axis.plugin->header->name;
+    if ((rc = loom_schedule_build(t->pipe.axis.ops, t->pipe.axis.s, name, p, v, t->pipe.micro_batches,
+                                  &t->pipe.schedule)) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
     return LOOM_OK;
+}
+
+void trainer_teardown_pipeline(trainer *t)
+{
+    trainer_pipeline_run *p = &t->pipe;
+    loom_pipeline_destroy(p->executor);
+    if (p->axis.s)
+        p->axis.ops->destroy(p->axis.s);
+    loom_schedule_free(&p->schedule);
+    for (int k = 0; p->mb_inputs && k < p->micro_batches; k++)
+        free(p->mb_inputs[k]);
+    for (int k = 0; p->mb_targets && k < p->micro_batches; k++)
+        free(p->mb_targets[k]);
+    free(p->mb_inputs);
+    free(p->mb_targets);
+    free(p->stage_first);
+    free(p->stage_last);
+    free(p->runs);
+    free(p->stage_peaks);
 }

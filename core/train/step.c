@@ -29,7 +29,7 @@ static int optimizer_step(trainer *t, const step_result *r, float norm)
 {
     loom_optimizer_step s = {
         .step = t->step + 1, .lr = r->lr, .beta1 = t->beta1, .beta2 = t->beta2, .eps = t->eps,
-        .weight_decay = t->weight_decay, .grad_scale = 1.0f / t->loss_scale,
+        .weight_decay = t->weight_decay, .grad_scale = 1.0f / t->scaler.scale,
         .update = t->decay_matrices ? count_whole_update : loom_adamw_update,
         .update_range = t->decay_matrices ? loom_adamw_update_range_matrices
                                           : loom_adamw_update_range_all,
@@ -38,13 +38,13 @@ static int optimizer_step(trainer *t, const step_result *r, float norm)
     if (t->clip > 0 && norm > t->clip)
         s.grad_scale *= t->clip / norm;
     atomic_store(&whole_updates, 0);
-    int rc = t->dp->data_optimizer_step(t->strategy, &s);
+    int rc = t->data_axis.ops->data_optimizer_step(t->data_axis.strategy, &s);
     if (rc == LOOM_OK && atomic_load(&whole_updates) > 0)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\", but strategy %s stepped through "
                          "loom_optimizer_step.update, which cannot tell a unit's tensors apart; "
                          "it must call update_range (ABI 1.6), or set train.decay = \"all\"",
-                         loom_config_where(t->cfg, "train.decay"), t->dp_plugin->header->name);
+                         loom_config_where(t->cfg, "train.decay"), t->data_axis.plugin->header->name);
     return rc;
 }
 
@@ -66,7 +66,7 @@ void trainer_sync_units(trainer *t)
  * model's unit in step with the strategy's. */
 int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u)
 {
-    int rc = hook(t->strategy, dp_unit(t, u));
+    int rc = hook(t->data_axis.strategy, dp_unit(t, u));
     sync_unit(t, u);
     /* tier transfers that landed meanwhile end their trace spans now */
     return rc == LOOM_OK ? loom_tiers_progress(t->tiers) : rc;
@@ -74,7 +74,7 @@ int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int
 
 int trainer_grads_ready(trainer *t, int u, int last_micro)
 {
-    int rc = t->dp->data_grads_ready(t->strategy, dp_unit(t, u), last_micro);
+    int rc = t->data_axis.ops->data_grads_ready(t->data_axis.strategy, dp_unit(t, u), last_micro);
     sync_unit(t, u);
     return rc;
 }
@@ -83,7 +83,7 @@ int trainer_grads_ready(trainer *t, int u, int last_micro)
 
 static float step_dloss(const trainer *t)
 {
-    return t->loss_scale / ((float)t->micro_batch * (float)t->seq * (float)t->micro_batches);
+    return t->scaler.scale / ((float)t->micro_batch * (float)t->seq * (float)t->pipe.micro_batches);
 }
 
 static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
@@ -159,24 +159,24 @@ static void count_traffic(trainer *t, int end)
     loom_tier_counters now;
     loom_tiers_counters(t->tiers, &now);
     if (!end) {
-        t->tier_start = now;
+        t->report.tier_start = now;
     } else {
         for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
-            t->tier_step.read[p] = now.read[p] - t->tier_start.read[p];
-            t->tier_step.written[p] = now.written[p] - t->tier_start.written[p];
+            t->report.tier_step.read[p] = now.read[p] - t->report.tier_start.read[p];
+            t->report.tier_step.written[p] = now.written[p] - t->report.tier_start.written[p];
         }
-        t->tier_step.wait_ns = now.wait_ns - t->tier_start.wait_ns;
+        t->report.tier_step.wait_ns = now.wait_ns - t->report.tier_start.wait_ns;
     }
     for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
         loom_comm_counters moved;
         loom_group_counters(t->mesh->groups[a], &moved);
         if (!end) {
-            t->comm_start[a] = moved;
+            t->report.comm_start[a] = moved;
             continue;
         }
         for (int op = 0; op < LOOM_OP_COUNT; op++) {
-            t->comm_step[a].calls[op] = moved.calls[op] - t->comm_start[a].calls[op];
-            t->comm_step[a].bytes[op] = moved.bytes[op] - t->comm_start[a].bytes[op];
+            t->report.comm_step[a].calls[op] = moved.calls[op] - t->report.comm_start[a].calls[op];
+            t->report.comm_step[a].bytes[op] = moved.bytes[op] - t->report.comm_start[a].bytes[op];
         }
     }
 }
@@ -186,18 +186,18 @@ static void count_traffic(trainer *t, int end)
 static int pipeline_totals(trainer *t, float *loss)
 {
     loom_pipeline_stats st;
-    loom_pipeline_get_stats(t->pipeline, &st);
+    loom_pipeline_get_stats(t->pipe.executor, &st);
     double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
     int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
     *loss = (float)both[0];
-    t->bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
+    t->pipe.bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
     /* every stage's activation peak, for the metrics */
     loom_mem_usage u;
     loom_mem_usage_get(&u);
     int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
     loom_request *req = NULL;
     if (rc == LOOM_OK &&
-        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->stage_peaks, 2,
+        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->pipe.stage_peaks, 2,
                                            LOOM_I64, &req)) == LOOM_OK)
         rc = loom_core_comm_api.wait(req);
     return rc;
@@ -208,12 +208,12 @@ static int pipeline_totals(trainer *t, float *loss)
  * units' own gradients. */
 static int grads_norm_sq(trainer *t, double *out)
 {
-    if (t->dp->data_grad_norm_sq)
-        return t->dp->data_grad_norm_sq(t->strategy, out);
+    if (t->data_axis.ops->data_grad_norm_sq)
+        return t->data_axis.ops->data_grad_norm_sq(t->data_axis.strategy, out);
     /* (a dp group of one: the units' gradients are the whole) */
     double sum = 0;
-    for (int i = 0; i < t->ndp_units; i++) {
-        const loom_unit *u = &t->dp_units[i];
+    for (int i = 0; i < t->data_axis.nunits; i++) {
+        const loom_unit *u = &t->data_axis.units[i];
         for (size_t k = 0; u->grads && k < u->numel; k++) {
             double g = loom_load_f32(u->grads, u->compute_dtype, k);
             sum += g * g;
@@ -242,17 +242,17 @@ static int check_norm_agrees(trainer *t, double norm_sq)
         return loom_fail(LOOM_ERR_INTERNAL,
                          "strategy %s: data_grad_norm_sq differs across the dp group at step %lld "
                          "(from %.9g to %.9g); it must return the sum of squares over the whole "
-                         "group, the same on every dp rank", t->dp_plugin->header->name,
+                         "group, the same on every dp rank", t->data_axis.plugin->header->name,
                          (long long)t->step + 1, lo, hi);
     return LOOM_OK;
 }
 
 static int zero_grads(trainer *t)
 {
-    if (t->dp->data_zero_grads)
-        return t->dp->data_zero_grads(t->strategy);
-    for (int i = 0; i < t->ndp_units; i++) {
-        const loom_unit *u = &t->dp_units[i];
+    if (t->data_axis.ops->data_zero_grads)
+        return t->data_axis.ops->data_zero_grads(t->data_axis.strategy);
+    for (int i = 0; i < t->data_axis.nunits; i++) {
+        const loom_unit *u = &t->data_axis.units[i];
         if (u->grads)
             memset(u->grads, 0, u->numel * loom_dtype_size(u->compute_dtype));
     }
@@ -285,32 +285,32 @@ int trainer_step(trainer *t, step_result *r)
     loom_kernel_time_reset();
     loom_flight_step(t->step + 1);
     int rc;
-    if (t->pipeline) {
-        for (int k = 0; k < t->micro_batches; k++)
-            if ((rc = loom_dataloader_next(&t->loader, t->mb_inputs[k], t->mb_targets[k])) !=
+    if (t->pipe.executor) {
+        for (int k = 0; k < t->pipe.micro_batches; k++)
+            if ((rc = loom_dataloader_next(&t->loader, t->pipe.mb_inputs[k], t->pipe.mb_targets[k])) !=
                 LOOM_OK)
                 return rc;
-        if ((rc = loom_pipeline_step(t->pipeline, t->mb_inputs, t->mb_targets, step_dloss(t),
+        if ((rc = loom_pipeline_step(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets, step_dloss(t),
                                      &loss_sum)) != LOOM_OK)
             return rc;
     }
-    for (int k = 0; !t->pipeline && k < t->micro_batches; k++) {
+    for (int k = 0; !t->pipe.executor && k < t->pipe.micro_batches; k++) {
         float loss = 0;
-        if ((rc = run_micro_batch(t, k == t->micro_batches - 1, &loss)) != LOOM_OK)
+        if ((rc = run_micro_batch(t, k == t->pipe.micro_batches - 1, &loss)) != LOOM_OK)
             return rc;
         loss_sum += loss;
     }
     loom_flight_issuer("finish backward");
-    if ((rc = t->dp->data_finish_backward(t->strategy)) != LOOM_OK)
+    if ((rc = t->data_axis.ops->data_finish_backward(t->data_axis.strategy)) != LOOM_OK)
         return rc;
     trainer_sync_units(t);
     /* The step's loss: the mean over micro-batches and dp ranks (computed
      * by the last pipeline stage alone). */
     const loom_comm_api *C = &loom_core_comm_api;
-    float local = (float)(loss_sum / t->micro_batches), global = local;
+    float local = (float)(loss_sum / t->pipe.micro_batches), global = local;
     loom_request *req;
     loom_flight_issuer("loss");
-    if (t->pipeline && (rc = pipeline_totals(t, &local)) != LOOM_OK)
+    if (t->pipe.executor && (rc = pipeline_totals(t, &local)) != LOOM_OK)
         return rc;
     /* sp ranks hold equal shares of each sequence's tokens */
     if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
@@ -327,32 +327,23 @@ int trainer_step(trainer *t, step_result *r)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);
-        memset(t->repl_grads, 0, t->repl_count * sizeof(float)); /* the next step's */
+        memset(t->axes.repl_grads, 0, t->axes.repl_count * sizeof(float)); /* the next step's */
         if (rc != LOOM_OK)
             return rc;
     }
     /* each stage's units once */
-    if (t->pipeline &&
+    if (t->pipe.executor &&
         (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM)) !=
             LOOM_OK)
         return rc;
-    float norm = (float)(sqrt(norm_sq) / t->loss_scale);
+    float norm = (float)(sqrt(norm_sq) / t->scaler.scale);
     r->loss = global;
     r->grad_norm = norm;
     r->lr = loom_lr_at(&t->lr_schedule, t->step);
-    r->skipped = !isfinite(norm);
-    /* An fp16 overflow is the loss scale's to mend, while halving it can:
-     * down to a scale of 1 the gradients overflow at their true size. */
-    r->diverged = !isfinite(global) ||
-                  (r->skipped && (t->dtype != LOOM_F16 || t->loss_scale <= 1.0f));
+    trainer_scaler_judge(t, global, norm, r);
     if (r->skipped) {
-        /* fp16 overflow: drop the step and halve the scale */
-        if (t->dtype == LOOM_F16 && t->rank == 0)
-            loom_log(LOOM_LOG_INFO, "fp16: gradients overflowed at step %lld; loss scale %g -> %g",
-                     (long long)t->step + 1, t->loss_scale, t->loss_scale / 2);
-        if (t->dtype == LOOM_F16)
-            t->loss_scale /= 2;
-        t->good_steps = 0;
+        /* the step is dropped (the scale halved first) */
+        trainer_scaler_update(t, r);
         if ((rc = zero_grads(t)) != LOOM_OK)
             return rc;
         trainer_sync_units(t);
@@ -364,15 +355,10 @@ int trainer_step(trainer *t, step_result *r)
         if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)
             return rc;
         trainer_sync_units(t);
-        if (t->pipeline && (rc = loom_pipeline_sync_tied(t->pipeline)) != LOOM_OK)
+        if (t->pipe.executor && (rc = loom_pipeline_sync_tied(t->pipe.executor)) != LOOM_OK)
             return rc;
-        if (t->dtype == LOOM_F16 && ++t->good_steps >= t->scale_window) {
-            if (t->rank == 0)
-                loom_log(LOOM_LOG_INFO, "fp16: %lld good steps; loss scale %g -> %g",
-                         (long long)t->good_steps, t->loss_scale, t->loss_scale * 2);
-            t->loss_scale *= 2;
-            t->good_steps = 0;
-        }
+        /* after the optimizer, which unscaled by the step's scale */
+        trainer_scaler_update(t, r);
     }
     uint64_t end = loom_now_ns();
     r->seconds = (double)(end - t0) / 1e9;
@@ -380,19 +366,4 @@ int trainer_step(trainer *t, step_result *r)
     count_traffic(t, 1);
     loom_flight_issuer("between steps");
     return LOOM_OK;
-}
-
-/* train.max_skipped: a run whose loss stays infinite or NaN is over; every
- * rank sees the same reduced loss and norm, so all stop at the same step. */
-int trainer_check_diverged(trainer *t, const step_result *r)
-{
-    t->diverged_steps = r->diverged ? t->diverged_steps + 1 : 0;
-    if (t->max_skipped == 0 || t->diverged_steps < t->max_skipped)
-        return LOOM_OK;
-    return loom_fail(LOOM_ERR_INVALID,
-                     "step %lld: loss %g, gradient norm %g: %d step%s in a row with a loss or "
-                     "gradient norm that is not finite (train.max_skipped = %d); the run "
-                     "diverged: lower train.lr (%g) or set train.clip, and start again",
-                     (long long)t->step + 1, r->loss, r->grad_norm, t->diverged_steps,
-                     t->diverged_steps == 1 ? "" : "s", t->max_skipped, t->lr_schedule.lr);
 }

@@ -16,16 +16,16 @@
 static int sequence_positions(trainer *t)
 {
     int s = t->mesh->sizes[LOOM_AXIS_SP], r = t->mesh->coords[LOOM_AXIS_SP];
-    t->positions = malloc((size_t)t->seq * sizeof(int));
+    t->axes.positions = malloc((size_t)t->seq * sizeof(int));
     int *all = malloc((size_t)t->seq * (size_t)s * sizeof(int));
     int *counts = malloc((size_t)s * sizeof(int));
     char *seen = calloc((size_t)t->seq, 1);
-    int rc = t->positions && all && counts && seen
+    int rc = t->axes.positions && all && counts && seen
                  ? LOOM_OK
                  : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     int count = 0;
-    if (rc == LOOM_OK && t->sp.ops->sequence_positions) {
-        if ((rc = t->sp.ops->sequence_positions(t->sp.s, t->seq, t->positions, &count)) != LOOM_OK)
+    if (rc == LOOM_OK && t->axes.sp.ops->sequence_positions) {
+        if ((rc = t->axes.sp.ops->sequence_positions(t->axes.sp.s, t->seq, t->axes.positions, &count)) != LOOM_OK)
             rc = trainer_fail_at(t, rc, "train.seq");
     } else if (rc == LOOM_OK) {
         if (t->seq % s != 0)
@@ -34,7 +34,7 @@ static int sequence_positions(trainer *t)
                            loom_config_where(t->cfg, "train.seq"), t->seq, s);
         count = t->seq / s;
         for (int i = 0; rc == LOOM_OK && i < count; i++)
-            t->positions[i] = r * count + i;
+            t->axes.positions[i] = r * count + i;
     }
     const loom_comm_api *C = &loom_core_comm_api;
     loom_group *g = t->mesh->groups[LOOM_AXIS_SP];
@@ -48,7 +48,7 @@ static int sequence_positions(trainer *t)
                            "parallel.sp.size = %d must hold seq/size of them",
                            loom_config_where(t->cfg, "parallel.sp.strategy"), i, counts[i], t->seq, s);
     if (rc == LOOM_OK &&
-        (rc = C->allgather(g, t->positions, all, (size_t)count, LOOM_I32, &req)) == LOOM_OK)
+        (rc = C->allgather(g, t->axes.positions, all, (size_t)count, LOOM_I32, &req)) == LOOM_OK)
         rc = C->wait(req);
     for (int i = 0; rc == LOOM_OK && i < count * s; i++) {
         if (all[i] < 0 || all[i] >= t->seq || seen[all[i]]++)
@@ -58,7 +58,7 @@ static int sequence_positions(trainer *t)
                            loom_config_where(t->cfg, "parallel.sp.strategy"), all[i],
                            all[i] < 0 || all[i] >= t->seq ? "outside the sequence" : "twice");
     }
-    t->npositions = count;
+    t->axes.npositions = count;
     free(all);
     free(counts);
     free(seen);
@@ -70,43 +70,43 @@ static int sequence_positions(trainer *t)
 static int op_attention_forward(void *ctx, const loom_attention *a)
 {
     trainer *t = ctx;
-    return t->sp.ops->attention_forward(t->sp.s, a);
+    return t->axes.sp.ops->attention_forward(t->axes.sp.s, a);
 }
 
 static int op_attention_backward(void *ctx, const loom_attention *a)
 {
     trainer *t = ctx;
-    return t->sp.ops->attention_backward(t->sp.s, a);
+    return t->axes.sp.ops->attention_backward(t->axes.sp.s, a);
 }
 
 static int op_enter(void *ctx, loom_region r, const loom_tensor *x, loom_tensor *out)
 {
     trainer *t = ctx;
-    return t->tp.ops->tensor_enter(t->tp.s, r, x, out);
+    return t->axes.tp.ops->tensor_enter(t->axes.tp.s, r, x, out);
 }
 
 static int op_exit(void *ctx, loom_region r, const loom_tensor *partial, loom_tensor *out)
 {
     trainer *t = ctx;
-    return t->tp.ops->tensor_exit(t->tp.s, r, partial, out);
+    return t->axes.tp.ops->tensor_exit(t->axes.tp.s, r, partial, out);
 }
 
 static int op_exit_backward(void *ctx, loom_region r, const loom_tensor *dout, loom_tensor *dpartial)
 {
     trainer *t = ctx;
-    return t->tp.ops->tensor_exit_backward(t->tp.s, r, dout, dpartial);
+    return t->axes.tp.ops->tensor_exit_backward(t->axes.tp.s, r, dout, dpartial);
 }
 
 static int op_enter_backward(void *ctx, loom_region r, const loom_tensor *din, loom_tensor *dx)
 {
     trainer *t = ctx;
-    return t->tp.ops->tensor_enter_backward(t->tp.s, r, din, dx);
+    return t->axes.tp.ops->tensor_enter_backward(t->axes.tp.s, r, din, dx);
 }
 
 static int op_shard(void *ctx, const loom_param_desc *param, loom_param_shard *out)
 {
     trainer *t = ctx;
-    return t->tp.ops->tensor_shard(t->tp.s, param, out);
+    return t->axes.tp.ops->tensor_shard(t->axes.tp.s, param, out);
 }
 
 int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op)
@@ -138,7 +138,7 @@ static int op_reduce_grads(void *ctx, const loom_unit *unit, float *grads)
         return rc;
     if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
         return LOOM_OK;
-    float *keep = t->repl_grads + t->repl_offset[unit->index];
+    float *keep = t->axes.repl_grads + t->axes.repl_offset[unit->index];
     for (int i = 0; i < unit->ntensors;) {
         if (unit->tensors[i].split != LOOM_SPLIT_REPLICATED) {
             i++;
@@ -148,7 +148,7 @@ static int op_reduce_grads(void *ctx, const loom_unit *unit, float *grads)
         size_t off = unit->tensors[i].offset, n = 0;
         while (i < unit->ntensors && unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
             n += unit->tensors[i++].count;
-        if (t->seqpar && (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_TP], grads + off, n,
+        if (t->axes.seqpar && (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_TP], grads + off, n,
                                                LOOM_F32, LOOM_SUM)) != LOOM_OK)
             return rc;
         for (size_t j = 0; j < n; j++)
@@ -163,19 +163,19 @@ static int op_reduce_grads(void *ctx, const loom_unit *unit, float *grads)
 static int setup_tp_state(trainer *t)
 {
     int tp = t->mesh->sizes[LOOM_AXIS_TP];
-    t->tp_shards = calloc((size_t)t->nunits, sizeof *t->tp_shards);
-    t->repl_offset = calloc((size_t)t->nunits, sizeof *t->repl_offset);
-    if (!t->tp_shards || !t->repl_offset)
+    t->axes.tp_shards = calloc((size_t)t->nunits, sizeof *t->axes.tp_shards);
+    t->axes.repl_offset = calloc((size_t)t->nunits, sizeof *t->axes.repl_offset);
+    if (!t->axes.tp_shards || !t->axes.repl_offset)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     const loom_comm_api *C = &loom_core_comm_api;
     for (int u = 0; u < t->nunits; u++) {
         const loom_unit *unit = &t->units[u];
         size_t n = (size_t)unit->ntensors;
         const loom_param_shard *mine = loom_model_shards(t->model, u);
-        if (!(t->tp_shards[u] = malloc((size_t)tp * n * sizeof(loom_param_shard))))
+        if (!(t->axes.tp_shards[u] = malloc((size_t)tp * n * sizeof(loom_param_shard))))
             return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
         loom_request *req = NULL;
-        int rc = C->allgather(t->mesh->groups[LOOM_AXIS_TP], mine, t->tp_shards[u],
+        int rc = C->allgather(t->mesh->groups[LOOM_AXIS_TP], mine, t->axes.tp_shards[u],
                               n * sizeof(loom_param_shard) / sizeof(int64_t), LOOM_I64, &req);
         if (rc == LOOM_OK)
             rc = C->wait(req);
@@ -183,21 +183,21 @@ static int setup_tp_state(trainer *t)
             return rc;
         for (int r = 0; r < tp; r++)
             for (size_t i = 0; i < n; i++)
-                if (t->tp_shards[u][(size_t)r * n + i].count != mine[i].count)
+                if (t->axes.tp_shards[u][(size_t)r * n + i].count != mine[i].count)
                     return loom_fail(LOOM_ERR_INVALID,
                                      "%s: the tp strategy gives %s %lld rows/columns on tp rank "
                                      "%d but %lld on this one; checkpoints need equal slices",
                                      loom_config_where(t->cfg, "parallel.tp.strategy"),
                                      unit->tensors[i].name,
-                                     (long long)t->tp_shards[u][(size_t)r * n + i].count, r,
+                                     (long long)t->axes.tp_shards[u][(size_t)r * n + i].count, r,
                                      (long long)mine[i].count);
-        t->repl_offset[u] = t->repl_count;
+        t->axes.repl_offset[u] = t->axes.repl_count;
         for (size_t i = 0; i < n; i++)
             if (unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
-                t->repl_count += unit->tensors[i].count;
+                t->axes.repl_count += unit->tensors[i].count;
     }
-    t->repl_grads = calloc(t->repl_count ? t->repl_count : 1, sizeof(float));
-    return t->repl_grads ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    t->axes.repl_grads = calloc(t->axes.repl_count ? t->axes.repl_count : 1, sizeof(float));
+    return t->axes.repl_grads ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
 }
 
 /* Load the tp and sp strategies the mesh needs, find this rank's
@@ -206,16 +206,16 @@ int trainer_setup_parallel_model(trainer *t, int recompute)
 {
     int tp = t->mesh->sizes[LOOM_AXIS_TP], sp = t->mesh->sizes[LOOM_AXIS_SP], rc;
     if (tp > 1) {
-        if ((rc = trainer_create_axis(t, LOOM_AXIS_TP, &t->tp)) != LOOM_OK)
+        if ((rc = trainer_create_axis(t, LOOM_AXIS_TP, &t->axes.tp)) != LOOM_OK)
             return rc;
-        loom_config_bool(t->cfg, "parallel.tp.sequence_parallel", &t->seqpar);
+        loom_config_bool(t->cfg, "parallel.tp.sequence_parallel", &t->axes.seqpar);
     }
-    if (sp > 1 && (rc = trainer_create_axis(t, LOOM_AXIS_SP, &t->sp)) != LOOM_OK)
+    if (sp > 1 && (rc = trainer_create_axis(t, LOOM_AXIS_SP, &t->axes.sp)) != LOOM_OK)
         return rc;
     if (sp > 1) {
         if ((rc = sequence_positions(t)) != LOOM_OK)
             return rc;
-        if ((rc = loom_dataloader_set_positions(&t->loader, t->positions, t->npositions)) !=
+        if ((rc = loom_dataloader_set_positions(&t->loader, t->axes.positions, t->axes.npositions)) !=
             LOOM_OK)
             return rc;
     }
@@ -224,15 +224,15 @@ int trainer_setup_parallel_model(trainer *t, int recompute)
     memset(&lay, 0, sizeof lay);
     lay.tp_size = tp;
     lay.tp_rank = t->mesh->coords[LOOM_AXIS_TP];
-    lay.sequence_parallel = t->seqpar;
+    lay.sequence_parallel = t->axes.seqpar;
     lay.tensor_shard = tp > 1 ? op_shard : NULL;
     lay.shard_ctx = t;
     lay.sp_size = sp;
-    lay.positions = sp > 1 ? t->positions : NULL;
-    lay.npositions = sp > 1 ? t->npositions : t->seq;
-    lay.runs_unit = t->runs; /* NULL without a pipeline: every unit */
+    lay.positions = sp > 1 ? t->axes.positions : NULL;
+    lay.npositions = sp > 1 ? t->axes.npositions : t->seq;
+    lay.runs_unit = t->pipe.runs; /* NULL without a pipeline: every unit */
     if ((rc = loom_model_create_parallel(&ms, &lay, &t->model)) != LOOM_OK)
-        return t->seqpar ? trainer_fail_at(t, rc, "parallel.tp.sequence_parallel") : rc;
+        return t->axes.seqpar ? trainer_fail_at(t, rc, "parallel.tp.sequence_parallel") : rc;
     t->units = loom_model_units(t->model, &t->nunits);
     if (tp == 1 && sp == 1)
         return LOOM_OK;
@@ -266,14 +266,29 @@ int trainer_tp_norm_sq(trainer *t, double *norm_sq)
         return rc;
     /* the replicated gradients as the data strategy holds them: averaged over dp */
     if (t->mesh->sizes[LOOM_AXIS_DP] > 1 &&
-        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_DP], t->repl_grads, t->repl_count,
+        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_DP], t->axes.repl_grads, t->axes.repl_count,
                               LOOM_F32, LOOM_AVG)) != LOOM_OK)
         return rc;
     double repl = 0;
-    for (size_t i = 0; i < t->repl_count; i++)
-        repl += (double)t->repl_grads[i] * t->repl_grads[i];
+    for (size_t i = 0; i < t->axes.repl_count; i++)
+        repl += (double)t->axes.repl_grads[i] * t->axes.repl_grads[i];
     *norm_sq -= (double)(tp - 1) * repl;
     if (*norm_sq < 0 && isfinite(*norm_sq))
         *norm_sq = 0; /* rounding, when the slices carry no gradient */
     return LOOM_OK;
+}
+
+void trainer_teardown_model_axes(trainer *t)
+{
+    trainer_model_axes *a = &t->axes;
+    if (a->tp.s)
+        a->tp.ops->destroy(a->tp.s);
+    if (a->sp.s)
+        a->sp.ops->destroy(a->sp.s);
+    for (int i = 0; a->tp_shards && i < t->nunits; i++)
+        free(a->tp_shards[i]);
+    free(a->tp_shards);
+    free(a->repl_grads);
+    free(a->repl_offset);
+    free(a->positions);
 }

@@ -36,13 +36,108 @@ typedef struct axis_strategy {
     loom_strategy *s;
 } axis_strategy;
 
+/* The components of a run. Each has its own set-up and teardown and is
+ * written by its own files only (named at each); the others read it. */
+
+/* The data axis (setup.c, step.c): the dp strategy and the units it was
+ * given: the model's own, or on a pipeline the copies of this rank's
+ * (units[index[u]], -1: not here). Hooks see the strategy's structs; the
+ * model's follow them. */
+typedef struct trainer_data_axis {
+    const loom_plugin *plugin;
+    const loom_strategy_ops *ops;
+    loom_strategy *strategy;
+    loom_unit *units;
+    int nunits;
+    int *index;
+} trainer_data_axis;
+
+/* The model axes (tensor.c): the tensor and sequence strategies (loaded
+ * when their size is > 1) and what they split. */
+typedef struct trainer_model_axes {
+    axis_strategy tp, sp;
+    int seqpar;            /* the tp strategy splits the residual regions' rows */
+    int *positions;        /* the positions of each sequence this rank holds */
+    int npositions;
+    loom_param_shard **tp_shards; /* per unit: every tp rank's slices, rank-major */
+    float *repl_grads;     /* the step's gradients of tp-replicated tensors, for the norm */
+    size_t *repl_offset;   /* per unit, into repl_grads */
+    size_t repl_count;
+} trainer_model_axes;
+
+/* The pipeline run (stages.c; pp > 1): stages, micro-batches, schedule
+ * and executor. */
+typedef struct trainer_pipeline_run {
+    axis_strategy axis;
+    loom_schedule schedule;
+    loom_pipeline *executor;
+    int *stage_first, *stage_last; /* units of each stage */
+    unsigned char *runs;           /* per unit: one of this rank's stages holds it */
+    int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
+    int **mb_inputs, **mb_targets; /* the step's micro-batches */
+    double bubble;                 /* the last step's idle share, averaged over the pp ranks */
+    int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
+} trainer_pipeline_run;
+
+/* The loss scaler and the divergence watch (loss_scale.c). */
+typedef struct trainer_loss_scaler {
+    float scale;         /* fp16 only; 1 otherwise */
+    int64_t good_steps, window;
+    int max_skipped;     /* train.max_skipped; 0: no limit */
+    int diverged_steps;  /* step_result.diverged, in a row */
+} trainer_loss_scaler;
+
+/* Validation (eval.c): data.val, read the same way every time. */
+typedef struct trainer_evaluation {
+    int on;              /* data.val is set */
+    int every, batches;
+    loom_dataset data;
+    loom_dataloader loader;
+} trainer_evaluation;
+
+/* Checkpoints (save.c, restart.c): this job's random id, stamped on every
+ * file it writes, and how many times the ranks have agreed on a
+ * checkpoint's outcome (names the store keys of the reasons). */
+typedef struct trainer_checkpoints {
+    const char *dir;     /* train.checkpoint_dir */
+    int64_t every, keep; /* train.checkpoint_every, train.keep_checkpoints */
+    int lock_fd;         /* the directory's lock; -1: not held */
+    uint64_t run_id;
+    /* The lineage its checkpoints record (restart.c); lineage.settings is
+     * trajectory, the settings that shape the trajectory, as text. */
+    loom_ckpt_lineage lineage;
+    char trajectory[8192];
+    int resumed; /* --resume was given: checkpoints of no recorded lineage are not refused */
+    /* resuming after a restart by loom launch: a checkpoint of the last
+     * step is a finished job, not a mistake */
+    int restarting;
+    int64_t agreements;
+    ckpt_async *async; /* train.checkpoint_async; NULL: checkpoints are synchronous */
+} trainer_checkpoints;
+
+/* Reporting (report.c): the peak MFU is measured against, the traffic and
+ * tier counters of a step, the kernel times' summary at the end (sums over
+ * the steps this run ran, and the first one's alone, a warm-up the summary
+ * leaves out when others follow), and the --metrics file. */
+typedef struct trainer_reporting {
+    double peak_flops;     /* per rank */
+    char peak_source[160]; /* where peak_flops comes from, for the header */
+    int peak_remeasured;   /* a step beat the peak measured at start: measured again */
+    int peak_unreliable;   /* a step beat the peak (even the second): no MFU from then on */
+    loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
+    loom_tier_counters tier_start, tier_step; /* bytes moved to and from the tiers */
+    double kernel_sum_s[LOOM_KERNEL_KINDS], kernel_first_s[LOOM_KERNEL_KINDS];
+    double step_sum_s, step_first_s;
+    int64_t steps_timed;
+    FILE *metrics;         /* --metrics; NULL: none on this rank */
+    int64_t sample_every, sample_tokens; /* train.sample_every, train.sample_tokens */
+} trainer_reporting;
+
 typedef struct trainer {
+    /* the job: settings, runtime, mesh, model and data (setup.c) */
     loom_runtime *rt;
     loom_config *cfg;
     loom_mesh *mesh;
-    const loom_plugin *dp_plugin;
-    const loom_strategy_ops *dp;
-    loom_strategy *strategy;
     loom_model *model;
     loom_unit *units;
     int nunits;
@@ -55,77 +150,28 @@ typedef struct trainer {
     loom_lr_schedule lr_schedule;
     float beta1, beta2, eps, weight_decay, clip;
     int decay_matrices; /* train.decay = "matrices": only tensors of 2+ dimensions decay */
-    float loss_scale;    /* fp16 only; 1 otherwise */
-    int64_t good_steps, scale_window;
-    int max_skipped;     /* train.max_skipped; 0: no limit */
-    int diverged_steps;  /* step_result.diverged, in a row */
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
-    double peak_flops;   /* per rank */
-    char peak_source[160]; /* where peak_flops comes from, for the header */
-    int peak_remeasured;   /* a step beat the peak measured at start: measured again */
-    int peak_unreliable;   /* a step beat the peak (even the second): no MFU from then on */
     int *inputs, *targets;
-    /* The tensor and sequence axes (loaded when their size is > 1). */
-    axis_strategy tp, sp;
-    int seqpar;            /* the tp strategy splits the residual regions' rows */
-    int *positions;        /* the positions of each sequence this rank holds */
-    int npositions;
-    loom_param_shard **tp_shards; /* per unit: every tp rank's slices, rank-major */
-    float *repl_grads;     /* the step's gradients of tp-replicated tensors, for the norm */
-    size_t *repl_offset;   /* per unit, into repl_grads */
-    size_t repl_count;
-    loom_comm_counters comm_start[LOOM_AXIS_COUNT], comm_step[LOOM_AXIS_COUNT];
-    loom_tiers *tiers;                      /* memory.offload (owned by rt) */
-    loom_tier_counters tier_start, tier_step; /* bytes moved to and from the tiers */
-    /* The units the data strategy was given: the model's own, or on a
-     * pipeline the copies of this rank's (dp_units[dp_index[u]], -1: not
-     * here). Hooks see the strategy's structs; the model's follow them. */
-    loom_unit *dp_units;
-    int ndp_units;
-    int *dp_index;
-    /* The pipeline axis (pp > 1). */
-    axis_strategy pp;
-    loom_schedule pipe_schedule;
-    loom_pipeline *pipeline;
-    int *stage_first, *stage_last; /* units of each stage */
-    unsigned char *runs;           /* per unit: one of this rank's stages holds it */
-    int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
-    int **mb_inputs, **mb_targets; /* the step's micro-batches (pipeline) */
-    double bubble;                 /* the last step's idle share, averaged over the pp ranks */
-    int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
-    /* Validation (eval.c): data.val, read the same way every time. */
-    int validating;                /* data.val is set */
-    int eval_every, eval_batches;
-    loom_dataset val_data;
-    loom_dataloader val_loader;
-    /* Checkpoints (save.c): this job's random id, stamped on every file it
-     * writes, and how many times the ranks have agreed on a checkpoint's
-     * outcome (names the store keys of the reasons). */
-    uint64_t run_id;
-    /* The lineage its checkpoints record (restart.c); lineage.settings is
-     * trajectory, the settings that shape the trajectory, as text. */
-    loom_ckpt_lineage lineage;
-    char trajectory[8192];
-    int resumed; /* --resume was given: checkpoints of no recorded lineage are not refused */
-    /* resuming after a restart by loom launch: a checkpoint of the last
-     * step is a finished job, not a mistake */
-    int restarting;
-    int64_t agreements;
-    ckpt_async *async; /* train.checkpoint_async; NULL: checkpoints are synchronous */
-    /* The kernel times' summary at the end (report.c): sums over the steps
-     * this run ran, and the first one's alone, a warm-up the summary leaves
-     * out when others follow. */
-    double kernel_sum_s[LOOM_KERNEL_KINDS], kernel_first_s[LOOM_KERNEL_KINDS];
-    double step_sum_s, step_first_s;
-    int64_t steps_timed;
+    loom_tiers *tiers;  /* memory.offload (owned by rt) */
+    /* the components */
+    trainer_data_axis data_axis;
+    trainer_model_axes axes;
+    trainer_pipeline_run pipe;
+    trainer_loss_scaler scaler;
+    trainer_evaluation eval;
+    trainer_checkpoints ckpt;
+    trainer_reporting report;
 } trainer;
 
 /* ---- strategy hooks ---- */
 
 /* The strategy's struct of model unit u, and the model's kept in step with it. */
-static inline loom_unit *dp_unit(const trainer *t, int u) { return &t->dp_units[t->dp_index[u]]; }
-static inline int holds(const trainer *t, int u) { return t->dp_index[u] >= 0; }
-#define HOOK(t, op, u) trainer_hook_unit((t), (t)->dp->op, (u))
+static inline loom_unit *dp_unit(const trainer *t, int u)
+{
+    return &t->data_axis.units[t->data_axis.index[u]];
+}
+static inline int holds(const trainer *t, int u) { return t->data_axis.index[u] >= 0; }
+#define HOOK(t, op, u) trainer_hook_unit((t), (t)->data_axis.ops->op, (u))
 
 typedef struct step_result {
     float loss, lr, grad_norm;
@@ -159,11 +205,13 @@ void trainer_teardown(trainer *t);
 int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op);
 int trainer_setup_parallel_model(trainer *t, int recompute);
 int trainer_tp_norm_sq(trainer *t, double *norm_sq);
+void trainer_teardown_model_axes(trainer *t);
 
 /* stages.c */
 int trainer_choose_units(trainer *t);
 int trainer_setup_pipeline(trainer *t, const float *unit0_init);
 int trainer_plan_pipeline(trainer *t);
+void trainer_teardown_pipeline(trainer *t);
 
 /* step.c */
 void trainer_sync_units(trainer *t);
@@ -171,14 +219,31 @@ int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int
 int trainer_grads_ready(trainer *t, int u, int last_micro);
 int trainer_forward(trainer *t, float *loss);
 int trainer_step(trainer *t, step_result *r);
-int trainer_check_diverged(trainer *t, const step_result *r);
+
+/* loss_scale.c */
+void trainer_setup_scaler(trainer *t);
+void trainer_scaler_judge(const trainer *t, float loss, float norm, step_result *r);
+/* after the optimizer (or, on a skipped step, before its gradients go) */
+void trainer_scaler_update(trainer *t, const step_result *r);
+int trainer_scaler_watch(trainer *t, const step_result *r);
 
 /* eval.c */
 int trainer_setup_eval(trainer *t);
 void trainer_teardown_eval(trainer *t);
 int trainer_evaluate(trainer *t, float *loss);
+int trainer_evaluate_first(trainer *t);
+/* done: the steps done with this one; sets r->evaluated and r->val_loss */
+int trainer_evaluate_due(trainer *t, int64_t done, step_result *r);
 
-/* save.c */
+/* save.c: the component's life. Open: outputs checked, run id, lineage,
+ * the directory locked (train.checkpoint_every > 0), a checkpoint loaded
+ * (--resume, or the latest after a restart). Due: the async one polled,
+ * then a checkpoint every train.checkpoint_every steps and after the last.
+ * Finish: on success the pending one waited for, else given up. */
+int trainer_open_checkpoints(trainer *t, const loom_train_options *o);
+int trainer_checkpoint_due(trainer *t);
+int trainer_finish_checkpoints(trainer *t, int rc);
+int trainer_save_final_weights(trainer *t, const loom_train_options *o); /* --save */
 int trainer_choose_run_id(trainer *t);
 int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd);
 void trainer_unlock_checkpoints(int lock_fd);
@@ -227,7 +292,14 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r);
 void trainer_print_header(const trainer *t);
 void trainer_count_kernel_times(trainer *t, const step_result *r);
 void trainer_print_kernel_summary(const trainer *t);
-void trainer_report_validation(const trainer *t, FILE *metrics, float val_loss);
+void trainer_report_validation(const trainer *t, float val_loss);
+/* the component's life: --metrics opened, --trace on, the header printed;
+ * each step counted, printed (rank 0) and written; a sample every
+ * train.sample_every steps; the metrics file closed */
+int trainer_open_reporting(trainer *t, const loom_train_options *o);
+void trainer_report_step(trainer *t, const step_result *r);
+int trainer_sample_due(trainer *t);
+void trainer_close_reporting(trainer *t);
 int trainer_write_trace(trainer *t, const char *path);
 int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent);
 
