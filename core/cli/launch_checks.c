@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -46,11 +45,8 @@ int loom_launch_check_flight(const char *path)
 
 /* ------------------------------------------------------------- the limits */
 
-/* Field `field` (1-based, as proc(5) numbers them) of /proc/PID/stat, for
- * the numeric fields after the name; 0, or -1 when there is no such
- * process. The name may hold spaces and parentheses: count from its end.
- * *state, when asked, gets field 3 (R, S, Z...). */
-static int proc_stat_field(long pid, int field, unsigned long long *out, char *state)
+/* The name may hold spaces and parentheses: count from its end. */
+int loom_launch_proc_stat(long pid, int field, unsigned long long *out, char *state)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
@@ -103,7 +99,7 @@ static long count_user_tasks(uid_t uid)
             continue;
         snprintf(path, sizeof path, "/proc/%ld", pid);
         if (stat(path, &st) == 0 && st.st_uid == uid)
-            tasks += proc_stat_field(pid, 20, &threads, NULL) == 0 ? (long)threads : 1;
+            tasks += loom_launch_proc_stat(pid, 20, &threads, NULL) == 0 ? (long)threads : 1;
     }
     closedir(d);
     return tasks;
@@ -164,66 +160,6 @@ int loom_launch_check_limits(int n)
         return LOOM_EXIT_CONFIG;
     }
     return 0;
-}
-
-/* ------------------------------------------------- launchers' TMPDIRs */
-
-#define TMPDIR_PREFIX "loom-launch-"
-
-static unsigned long long pid_namespace(void)
-{
-    struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long long)st.st_ino : 0;
-}
-
-void loom_launch_tmpdir_template(char *buf, size_t cap, const char *base)
-{
-    unsigned long long start;
-    if (proc_stat_field((long)getpid(), 22, &start, NULL) == 0)
-        snprintf(buf, cap, "%s/" TMPDIR_PREFIX "%llu-%ld-%llu-XXXXXX", base, pid_namespace(),
-                 (long)getpid(), start);
-    else /* without /proc no launcher could tell whether this one runs */
-        snprintf(buf, cap, "%s/" TMPDIR_PREFIX "XXXXXX", base);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    remove(path);
-    return 0;
-}
-
-void loom_launch_remove_stale_tmpdirs(const char *base)
-{
-    unsigned long long ns = pid_namespace(), mine;
-    DIR *d = proc_stat_field((long)getpid(), 22, &mine, NULL) == 0 ? opendir(base) : NULL;
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        unsigned long long their_ns, start, now_start;
-        long pid;
-        int used = 0;
-        struct stat st;
-        if (strncmp(e->d_name, TMPDIR_PREFIX, strlen(TMPDIR_PREFIX)) ||
-            sscanf(e->d_name + strlen(TMPDIR_PREFIX), "%llu-%ld-%llu-%n", &their_ns, &pid, &start,
-                   &used) != 3 || !used)
-            continue; /* not one of ours, or of a launcher that did not sign it */
-        /* Another pid namespace's pids mean nothing here: a container
-         * sharing this folder may be running it. */
-        if (their_ns != ns || pid <= 0 || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW))
-            continue;
-        if (!S_ISDIR(st.st_mode) || st.st_uid != getuid())
-            continue;
-        char state = 0;
-        if (proc_stat_field(pid, 22, &now_start, &state) == 0 && now_start == start &&
-            state != 'Z')
-            continue; /* that launcher still runs (a zombie is gone) */
-        char path[4352];
-        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
-        nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    }
-    closedir(d);
 }
 
 /* ----------------------------------------------- nodes agree on the job
@@ -459,45 +395,82 @@ static int connect_to(const char *host, int port, uint64_t deadline)
     return fd;
 }
 
-/* Node 0: every other node's hello, then the verdict to each. */
-static int gather_nodes(const char *host, int port, const node_hello *mine, double wait_s)
+/* Node 0's side while the other nodes' launchers join: fds[k] and
+ * hellos[k] are node k's once it joined, and text is the line every
+ * launcher prints when the verdict is not AGREED. */
+typedef struct gathering {
+    const char *host;
+    int port;
+    double wait_s;
+    const node_hello *mine;
+    int nnodes, joined, verdict;
+    int *fds;
+    node_hello *hellos;
+    char text[1024];
+} gathering;
+
+/* The wait is over with nodes missing: name them. */
+static void give_up_waiting(gathering *g)
 {
-    int listener = listen_at(host, port);
-    if (listener < 0)
-        return 1;
-    int nnodes = (int)mine->nnodes, joined = 0, verdict = AGREED;
-    int *fds = malloc(sizeof(int) * (size_t)nnodes);
-    node_hello *hellos = calloc((size_t)nnodes, sizeof *hellos);
-    char text[1024] = "";
-    if (!fds || !hellos) {
-        fprintf(stderr, "loom launch: out of memory\n");
-        free(fds);
-        free(hellos);
-        close(listener);
-        return 1;
+    int *missing = malloc(sizeof(int) * (size_t)g->nnodes), count = 0;
+    char list[512] = "some nodes";
+    for (int k = 1; missing && k < g->nnodes; k++)
+        if (g->fds[k] < 0)
+            missing[count++] = k;
+    if (missing)
+        loom_format_ranks(list, sizeof list, missing, count);
+    free(missing);
+    /* "ranks 2, 3" is how the store names them; these are nodes */
+    const char *shown = !strncmp(list, "ranks ", 6) ? list + 6
+                        : !strncmp(list, "rank ", 5) ? list + 5 : list;
+    snprintf(g->text, sizeof g->text, "node 0 waited %g s at %s:%d for node%s %s to join, and "
+             "starts no rank (start their loom launch with --master %s:%d)",
+             g->wait_s, g->host, g->port, count == 1 ? "" : "s", shown, g->host, g->port);
+    g->verdict = GAVE_UP;
+}
+
+/* A launcher's hello on fd: node k joins, or the launchers disagree (and
+ * one that cannot join hears so at once). */
+static void judge_hello(gathering *g, int fd, node_hello h)
+{
+    unsigned k = h.node_rank;
+    if (k == 0 || k >= (unsigned)g->nnodes) {
+        snprintf(g->text, sizeof g->text, "a launcher joined node 0 as node %u of --nnodes %u, "
+                 "and node 0 runs a job of --nnodes %d", k, h.nnodes, g->nnodes);
+        g->verdict = DISAGREED;
+    } else if (g->fds[k] >= 0) {
+        snprintf(g->text, sizeof g->text, "two launchers joined node 0 as node %u; give each "
+                 "node's launcher its own --node-rank", k);
+        g->verdict = DISAGREED;
+    } else if (compare_hellos(g->mine, &h, g->text, sizeof g->text)) {
+        g->verdict = DISAGREED;
     }
-    for (int k = 0; k < nnodes; k++)
-        fds[k] = -1;
-    uint64_t deadline = loom_now_ns() + (uint64_t)(wait_s * 1e9);
-    while (joined < nnodes - 1 && verdict == AGREED) {
+    if (g->verdict == DISAGREED) {
+        char why[sizeof g->text];
+        snprintf(why, sizeof why, "%s", g->text);
+        snprintf(g->text, sizeof g->text, "the nodes' launchers disagree, so no rank starts: "
+                 "%.900s; give every node's launcher the same -n, --nnodes and command", why);
+    }
+    if (k > 0 && k < (unsigned)g->nnodes && g->fds[k] < 0) {
+        g->fds[k] = fd;
+        g->hellos[k] = h;
+        g->joined++;
+    } else {
+        send_verdict(fd, g->verdict, g->text, loom_now_ns() + 2000000000ull);
+        close(fd);
+        free(h.cmd);
+    }
+}
+
+/* Until every other node joined, one disagrees, or the wait is over. */
+static void wait_for_nodes(gathering *g, int listener)
+{
+    uint64_t deadline = loom_now_ns() + (uint64_t)(g->wait_s * 1e9);
+    while (g->joined < g->nnodes - 1 && g->verdict == AGREED) {
         struct pollfd w = {.fd = listener, .events = POLLIN};
         int ready = poll(&w, 1, ms_until(deadline));
         if (ready == 0 && loom_now_ns() >= deadline) {
-            int *missing = malloc(sizeof(int) * (size_t)nnodes), count = 0;
-            char list[512] = "some nodes";
-            for (int k = 1; missing && k < nnodes; k++)
-                if (fds[k] < 0)
-                    missing[count++] = k;
-            if (missing)
-                loom_format_ranks(list, sizeof list, missing, count);
-            free(missing);
-            /* "ranks 2, 3" is how the store names them; these are nodes */
-            const char *shown = !strncmp(list, "ranks ", 6) ? list + 6
-                                : !strncmp(list, "rank ", 5) ? list + 5 : list;
-            snprintf(text, sizeof text, "node 0 waited %g s at %s:%d for node%s %s to join, and "
-                     "starts no rank (start their loom launch with --master %s:%d)",
-                     wait_s, host, port, count == 1 ? "" : "s", shown, host, port);
-            verdict = GAVE_UP;
+            give_up_waiting(g);
             break;
         }
         if (ready <= 0)
@@ -513,54 +486,56 @@ static int gather_nodes(const char *host, int port, const node_hello *mine, doub
             close(fd);
             continue;
         }
-        unsigned k = h.node_rank;
-        if (k == 0 || k >= (unsigned)nnodes) {
-            snprintf(text, sizeof text, "a launcher joined node 0 as node %u of --nnodes %u, and "
-                     "node 0 runs a job of --nnodes %d", k, h.nnodes, nnodes);
-            verdict = DISAGREED;
-        } else if (fds[k] >= 0) {
-            snprintf(text, sizeof text, "two launchers joined node 0 as node %u; give each "
-                     "node's launcher its own --node-rank", k);
-            verdict = DISAGREED;
-        } else if (compare_hellos(mine, &h, text, sizeof text)) {
-            verdict = DISAGREED;
-        }
-        if (verdict == DISAGREED) {
-            char why[sizeof text];
-            snprintf(why, sizeof why, "%s", text);
-            snprintf(text, sizeof text, "the nodes' launchers disagree, so no rank starts: %.900s; "
-                     "give every node's launcher the same -n, --nnodes and command", why);
-        }
-        if (k > 0 && k < (unsigned)nnodes && fds[k] < 0) {
-            fds[k] = fd;
-            hellos[k] = h;
-            joined++;
-        } else {
-            send_verdict(fd, verdict, text, loom_now_ns() + 2000000000ull);
-            close(fd);
-            free(h.cmd);
-        }
+        judge_hello(g, fd, h);
     }
-    close(listener);
+}
+
+/* The verdict to every node that joined. */
+static void answer_nodes(gathering *g)
+{
     uint64_t reply_deadline = loom_now_ns() + 2000000000ull;
-    for (int k = 1; k < nnodes; k++)
-        if (fds[k] >= 0)
-            send_verdict(fds[k], verdict, text, reply_deadline);
+    for (int k = 1; k < g->nnodes; k++)
+        if (g->fds[k] >= 0)
+            send_verdict(g->fds[k], g->verdict, g->text, reply_deadline);
     /* Their launchers close first, so the port's TIME_WAIT lands on their
      * side, not on the port rank 0's store binds next. */
-    for (int k = 1; k < nnodes; k++) {
+    for (int k = 1; k < g->nnodes; k++) {
         char byte;
-        if (fds[k] >= 0) {
-            move_bytes(fds[k], &byte, 1, reply_deadline, 0);
-            close(fds[k]);
+        if (g->fds[k] >= 0) {
+            move_bytes(g->fds[k], &byte, 1, reply_deadline, 0);
+            close(g->fds[k]);
         }
-        free(hellos[k].cmd);
+        free(g->hellos[k].cmd);
     }
-    free(fds);
-    free(hellos);
-    if (verdict != AGREED)
-        fprintf(stderr, "loom launch: %s\n", text);
-    return verdict == AGREED ? 0 : verdict == DISAGREED ? LOOM_EXIT_CONFIG : 1;
+}
+
+/* Node 0: every other node's hello, then the verdict to each. */
+static int gather_nodes(const char *host, int port, const node_hello *mine, double wait_s)
+{
+    int listener = listen_at(host, port);
+    if (listener < 0)
+        return 1;
+    gathering g = {.host = host, .port = port, .wait_s = wait_s, .mine = mine,
+                   .nnodes = (int)mine->nnodes, .verdict = AGREED};
+    g.fds = malloc(sizeof(int) * (size_t)g.nnodes);
+    g.hellos = calloc((size_t)g.nnodes, sizeof *g.hellos);
+    if (!g.fds || !g.hellos) {
+        fprintf(stderr, "loom launch: out of memory\n");
+        free(g.fds);
+        free(g.hellos);
+        close(listener);
+        return 1;
+    }
+    for (int k = 0; k < g.nnodes; k++)
+        g.fds[k] = -1;
+    wait_for_nodes(&g, listener);
+    close(listener);
+    answer_nodes(&g);
+    free(g.fds);
+    free(g.hellos);
+    if (g.verdict != AGREED)
+        fprintf(stderr, "loom launch: %s\n", g.text);
+    return g.verdict == AGREED ? 0 : g.verdict == DISAGREED ? LOOM_EXIT_CONFIG : 1;
 }
 
 /* Node k > 0: tell node 0's launcher, and hear its verdict. */

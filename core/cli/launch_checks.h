@@ -1,8 +1,8 @@
-/* loom launch — what the launcher checks before it starts any rank
- * (launch_checks.c): the --flight file, the process and file limits, the
- * TMPDIRs of launchers that are gone, and, across nodes, that every node's
- * launcher runs the same job. Each check that refuses has said why on
- * stderr, in one line, and returns the launcher's exit status. */
+/* loom launch — what the supervisor checks before it starts any rank
+ * (launch_checks.c): the --flight file, the process and file limits, and,
+ * across nodes, that every node's launcher runs the same job. Each check
+ * that refuses has said why on stderr, in one line, and returns the
+ * launcher's exit status. */
 #ifndef LOOM_CLI_LAUNCH_CHECKS_H
 #define LOOM_CLI_LAUNCH_CHECKS_H
 
@@ -17,16 +17,11 @@ int loom_launch_check_flight(const char *path);
  * running already). 0, or LOOM_EXIT_CONFIG. */
 int loom_launch_check_limits(int n);
 
-/* The mkdtemp template of this launcher's TMPDIR under base:
- * base/loom-launch-NS-PID-START-XXXXXX, where NS, PID and START (its pid
- * namespace, pid and start time) tell a later launcher whether this one
- * still runs. */
-void loom_launch_tmpdir_template(char *buf, size_t cap, const char *base);
-
-/* Remove the loom-launch-* folders under base that belong to this user and
- * to a launcher of this pid namespace that no longer runs (killed with
- * SIGKILL, or before a reboot). */
-void loom_launch_remove_stale_tmpdirs(const char *base);
+/* Field `field` (1-based, as proc(5) numbers them, 4 or later: the
+ * numeric fields after the name) of /proc/PID/stat into *out; 0, or -1
+ * when there is no such process. *state, when asked, gets field 3 (R, S,
+ * T, Z...). */
+int loom_launch_proc_stat(long pid, int field, unsigned long long *out, char *state);
 
 /* Across nodes, before any rank starts: node 0's launcher listens at
  * host:port (where rank 0's store listens later) until every other node's

@@ -385,6 +385,48 @@ nodes_agree | nodes_differ)
         ls ran.* >/dev/null 2>&1 && fail "ranks started"
     fi
     ;;
+nodes_missing | nodes_twice)
+    # Node 0's launcher refuses when a node does not join in time, or when
+    # two launchers join as the same node or as one its job does not have.
+    PORT=$((12000 + $$ % 8000))
+    node() { # node K M: node K's launcher of --nnodes M
+        "$LOOM" launch --timeout "$3" --nnodes "$2" --node-rank "$1" --master "127.0.0.1:$PORT" \
+            -n 1 -- sh -c 'touch ran.$LOOM_RANK' >"out$1" 2>"err$1"
+    }
+    if [ "$CASE" = nodes_missing ]; then
+        node 0 2 1
+        rc=$?
+        expect_rc 1
+        expect_line err0 "loom launch: node 0 waited 1 s at 127.0.0.1:$PORT for node 1 to join, and starts no rank (start their loom launch with --master 127.0.0.1:$PORT)"
+    else
+        want="loom launch: the nodes' launchers disagree, so no rank starts: two launchers joined node 0 as node 1; give each node's launcher its own --node-rank; give every node's launcher the same -n, --nnodes and command"
+        node 1 3 60 & one=$!
+        "$LOOM" launch --timeout 60 --nnodes 3 --node-rank 1 --master "127.0.0.1:$PORT" -n 1 \
+            -- sh -c 'touch ran.$LOOM_RANK' >out_twice 2>err_twice & twice=$!
+        node 0 3 60
+        rc=$?
+        expect_rc 78
+        expect_line err0 "$want"
+        for pid in $one $twice; do
+            wait $pid
+            rc=$?
+            expect_rc 78
+        done
+        expect_line err1 "$want"
+        expect_line err_twice "$want"
+        # a node that node 0's job does not have
+        node 3 4 60 & three=$!
+        node 0 2 60
+        rc=$?
+        expect_rc 78
+        expect_line err0 "loom launch: the nodes' launchers disagree, so no rank starts: a launcher joined node 0 as node 3 of --nnodes 4, and node 0 runs a job of --nnodes 2; give every node's launcher the same -n, --nnodes and command"
+        wait $three
+        rc=$?
+        expect_rc 78
+        expect_line err3 "loom launch: the nodes' launchers disagree, so no rank starts: a launcher joined node 0 as node 3 of --nnodes 4, and node 0 runs a job of --nnodes 2; give every node's launcher the same -n, --nnodes and command"
+    fi
+    ls ran.* >/dev/null 2>&1 && fail "ranks started"
+    ;;
 *)
     fail "unknown case"
     ;;
