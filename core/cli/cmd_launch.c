@@ -85,6 +85,8 @@ static const char *take_value(const char *name, const char *value, loom_launch_o
     return NULL;
 }
 
+/* argv into *a: -1 when the job is to run, else the launcher's exit status
+ * (0 after --help; 2 after a usage error, said on stderr). */
 static int parse_args(int argc, char **argv, loom_launch_options *a)
 {
     static const char *const options[] = {"-n",          "--timeout", "--max-restarts",
