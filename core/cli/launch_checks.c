@@ -296,8 +296,8 @@ static int compare_hellos(const node_hello *mine, const node_hello *theirs, char
 {
     unsigned k = theirs->node_rank;
     if (theirs->nnodes != mine->nnodes)
-        return snprintf(why, cap, "node %u was started with --nnodes %u and node 0 with --nnodes %u",
-                        k, theirs->nnodes, mine->nnodes), 1;
+        return snprintf(why, cap, "node %u was started with --nnodes %u and node 0 with "
+                                  "--nnodes %u", k, theirs->nnodes, mine->nnodes), 1;
     if (theirs->n != mine->n)
         return snprintf(why, cap, "node %u starts -n %u ranks and node 0 -n %u", k, theirs->n,
                         mine->n), 1;
