@@ -10,6 +10,8 @@
  * out below next to the code they mirror (plugins/strategy/ddp.c,
  * zero.c); the tests hold them to the accounting of real runs. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,6 +135,29 @@ static int dp_stage(const loom_plan_job *j)
     return -1;
 }
 
+/* ddp: whole parameters and gradients, and buckets of consecutive units
+ * in backward order, each closing at bucket_mb, all-reduced once per step
+ * (the last micro-batch). */
+static void plan_ddp(const loom_plan_job *j, const stage_units *su, loom_plan_rank *r)
+{
+    uint64_t e = loom_dtype_size(j->dtype);
+    uint64_t *host = r->peak[LOOM_TIER_HOST];
+    uint64_t numel = 0;
+    for (int i = 0; i < su->n; i++)
+        numel += su->numel[i];
+    host[LOOM_PURPOSE_PARAMS] += numel * e;
+    host[LOOM_PURPOSE_GRADS] += numel * e;
+    optimizer_state(j, su->numel, su->n, r);
+    uint64_t bucket = 0;
+    for (int i = su->n - 1; i >= 0; i--) {
+        bucket += su->numel[i];
+        if ((double)(bucket * e) >= j->bucket_mb * 1024.0 * 1024.0 || i == 0) {
+            add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, bucket * e);
+            bucket = 0;
+        }
+    }
+}
+
 static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int tied,
                               loom_plan_rank *r)
 {
@@ -140,22 +165,7 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
     uint64_t *host = r->peak[LOOM_TIER_HOST];
     int n = su->n, stage = dp_stage(j);
     if (stage == 0) {
-        uint64_t numel = 0;
-        for (int i = 0; i < n; i++)
-            numel += su->numel[i];
-        host[LOOM_PURPOSE_PARAMS] += numel * e;
-        host[LOOM_PURPOSE_GRADS] += numel * e;
-        optimizer_state(j, su->numel, n, r);
-        /* buckets of consecutive units in backward order, each closing at
-         * bucket_mb, all-reduced once per step (the last micro-batch) */
-        uint64_t bucket = 0;
-        for (int i = n - 1; i >= 0; i--) {
-            bucket += su->numel[i];
-            if ((double)(bucket * e) >= j->bucket_mb * 1024.0 * 1024.0 || i == 0) {
-                add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, bucket * e);
-                bucket = 0;
-            }
-        }
+        plan_ddp(j, su, r);
         return LOOM_OK;
     }
     int shard_ranks = j->shard_size > 0 ? j->shard_size : j->sizes[LOOM_AXIS_DP];
@@ -213,7 +223,7 @@ static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int
     return LOOM_OK;
 }
 
-/* ---- the tensor and sequence axes (core/train/tensor.c, the model's
+/* ---- the tensor and sequence axes (core/train/model_axes.c, the model's
  * borders, plugins/strategy/tp.c, ulysses.c, ring.c) ---- */
 
 /* Per micro-batch, for a unit the rank runs: the tensor group's border
@@ -326,8 +336,21 @@ static int plan_sequence(const loom_plan_job *j, double blocks, double saved_lay
 
 enum { RECV_AHEAD = 2 }; /* receives the executor keeps posted ahead */
 
+/* The walk over one pipeline rank's action list: its buffers' bytes now
+ * and at their peaks (activations, comm), and what it keeps per action. */
 typedef struct walk {
     uint64_t act, comm, act_peak, comm_peak;
+    const loom_plan_job *j;
+    loom_model *m;
+    int rank, n;
+    const loom_action *list;
+    int64_t stream, gradient; /* bytes of an activation sent on, and of its gradient */
+    int *slots, *live;        /* per virtual stage: slots taken, micro-batches alive */
+    uint64_t *slot_bytes;     /* per virtual stage: one micro-batch's saved activations */
+    char *posted, *waited;    /* per action: a receive posted, waited for */
+    int next;                 /* the first action not yet looked ahead at */
+    int most_live, now_live;  /* micro-batches alive at once */
+    loom_plan_rank *out;
 } walk;
 
 static void hold(walk *w, int purpose_act, int64_t bytes)
@@ -338,129 +361,302 @@ static void hold(walk *w, int purpose_act, int64_t bytes)
         *peak = *cur;
 }
 
-/* The rank's actions in the order the executor runs them: a virtual
- * stage's micro-batch takes a slot (recycled within the virtual stage once
- * its backward is done, never freed during the step); a split backward
- * keeps each unit's deferred gradients from its input half to its weight
- * half; receives are posted RECV_AHEAD ahead and their buffers held until
- * the compute that reads them; a gradient to send is copied out at the
- * backward and held until its send. A send's buffer is freed once the
- * network says it completed; planned at the next check, right after its
- * action (an eager send), which is what small messages do. */
-static void walk_schedule(const loom_plan_job *j, const loom_schedule *sch, int rank, loom_model *m,
-                          uint64_t shared, loom_plan_rank *out)
+static int is_receive(loom_action_kind kind)
 {
-    int p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages, n = sch->count[rank];
-    int L = j->shape.layers, S = p * v;
-    const loom_action *list = sch->actions[rank];
-    size_t count = 0;
-    loom_dtype dtype = LOOM_F32;
-    (void)loom_model_stream(m, 1, &count, &dtype);
-    int64_t stream = (int64_t)(count * loom_dtype_size(dtype)), gradient = (int64_t)(count * 4);
-    int *slots = calloc((size_t)v, sizeof *slots), *live = calloc((size_t)v, sizeof *live);
-    uint64_t *slot_bytes = calloc((size_t)v, sizeof *slot_bytes);
-    char *posted = calloc((size_t)n, 1), *waited = calloc((size_t)n, 1);
-    unsigned char *cover = calloc((size_t)L + 2, 1);
-    if (!slots || !live || !slot_bytes || !posted || !waited || !cover)
-        goto done;
-    for (int vs = 0; vs < v; vs++) {
-        int st = vs * p + rank;
+    return kind == LOOM_ACT_RECV_ACTIVATION || kind == LOOM_ACT_RECV_GRADIENT;
+}
+
+/* A receive's buffer: a gradient's or an activation's. */
+static int64_t received_bytes(const walk *w, loom_action_kind kind)
+{
+    return kind == LOOM_ACT_RECV_GRADIENT ? w->gradient : w->stream;
+}
+
+/* The compute of action a on virtual stage st: a forward takes a slot
+ * (recycled within the virtual stage once its backward is done) and frees
+ * its received input; a backward frees its received gradient and holds
+ * the one to send; a split backward keeps each unit's deferred gradients
+ * from its input half to its weight half. */
+static void walk_compute(walk *w, loom_action a, int st)
+{
+    const loom_plan_job *j = w->j;
+    int vs = a.virtual_stage, S = j->sizes[LOOM_AXIS_PP] * j->virtual_stages;
+    int first = j->stage_first[st], last = j->stage_last[st];
+    if (a.kind == LOOM_ACT_FORWARD && w->live[vs] == w->slots[vs]) {
+        w->slots[vs]++;
+        hold(w, 1, (int64_t)w->slot_bytes[vs]);
+    }
+    if (a.kind == LOOM_ACT_FORWARD) {
+        w->live[vs]++;
+        if (++w->now_live > w->most_live)
+            w->most_live = w->now_live;
+        if (st > 0) /* its received input, read and freed */
+            hold(w, 0, -w->stream);
+    }
+    if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st < S - 1)
+        hold(w, 0, -w->gradient);
+    if (a.kind == LOOM_ACT_BACKWARD_INPUT)
+        for (int u = last; u >= first; u--)
+            hold(w, 1, (int64_t)loom_model_deferred_bytes(w->m, u));
+    if (a.kind == LOOM_ACT_BACKWARD_WEIGHT)
+        for (int u = last; u >= first; u--)
+            hold(w, 1, -(int64_t)loom_model_deferred_bytes(w->m, u));
+    if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st > 0)
+        hold(w, 0, w->gradient);
+    if (a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_WEIGHT) {
+        w->live[vs]--;
+        w->now_live--;
+    }
+}
+
+/* Action i: a receive's buffer is held from its post to the compute that
+ * reads it; a send's is freed once the network says it completed, planned
+ * right after its action (an eager send), which is what small messages do. */
+static void walk_action(walk *w, int i)
+{
+    loom_action a = w->list[i];
+    int st = a.virtual_stage * w->j->sizes[LOOM_AXIS_PP] + w->rank;
+    if (is_receive(a.kind) && !w->posted[i]) {
+        w->posted[i] = 1;
+        hold(w, 0, received_bytes(w, a.kind));
+    }
+    if (is_receive(a.kind))
+        w->waited[i] = 1;
+    if (a.kind <= LOOM_ACT_BACKWARD_WEIGHT)
+        walk_compute(w, a, st);
+    if (a.kind == LOOM_ACT_SEND_ACTIVATION) {
+        hold(w, 0, w->stream);
+        hold(w, 0, -w->stream);
+        add_comm(w->out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)w->stream);
+    }
+    if (a.kind == LOOM_ACT_SEND_GRADIENT) {
+        hold(w, 0, -w->gradient);
+        add_comm(w->out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)w->gradient);
+    }
+    if (is_receive(a.kind))
+        add_comm(w->out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, (uint64_t)received_bytes(w, a.kind));
+}
+
+/* Keep RECV_AHEAD receives posted beyond action i (-1: before the first). */
+static void post_receives_ahead(walk *w, int i)
+{
+    int ahead = 0;
+    for (int k = i + 1; k < w->next; k++)
+        ahead += w->posted[k] && !w->waited[k] && is_receive(w->list[k].kind);
+    if (w->next < i + 1)
+        w->next = i + 1;
+    while (w->next < w->n && ahead < RECV_AHEAD) {
+        loom_action_kind kind = w->list[w->next].kind;
+        if (is_receive(kind)) {
+            w->posted[w->next] = 1;
+            hold(w, 0, received_bytes(w, kind));
+            ahead++;
+        }
+        w->next++;
+    }
+}
+
+/* One micro-batch's saved activations on each of the rank's virtual stages. */
+static void stage_slot_bytes(walk *w, unsigned char *cover)
+{
+    const loom_plan_job *j = w->j;
+    int p = j->sizes[LOOM_AXIS_PP], L = j->shape.layers;
+    for (int vs = 0; vs < j->virtual_stages; vs++) {
+        int st = vs * p + w->rank;
         memset(cover, 0, (size_t)L + 2);
         for (int u = j->stage_first[st]; u <= j->stage_last[st]; u++)
             cover[u] = 1;
-        slot_bytes[vs] = loom_model_slot_bytes_of(m, cover);
+        w->slot_bytes[vs] = loom_model_slot_bytes_of(w->m, cover);
     }
-    walk w = {shared, 0, shared, 0};
-    int next = 0, most_live = 0, now_live = 0;
-    for (int i = -1; i < n; i++) {
-        if (i >= 0) {
-            loom_action a = list[i];
-            int vs = a.virtual_stage, st = vs * p + rank;
-            int first = j->stage_first[st], last = j->stage_last[st];
-            int is_recv = a.kind == LOOM_ACT_RECV_ACTIVATION || a.kind == LOOM_ACT_RECV_GRADIENT;
-            if (is_recv && !posted[i]) {
-                posted[i] = 1;
-                hold(&w, 0, a.kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream);
-            }
-            if (is_recv)
-                waited[i] = 1;
-            int compute = a.kind <= LOOM_ACT_BACKWARD_WEIGHT;
-            if (compute && live[vs] == slots[vs] && a.kind == LOOM_ACT_FORWARD) {
-                slots[vs]++;
-                hold(&w, 1, (int64_t)slot_bytes[vs]);
-            }
-            if (a.kind == LOOM_ACT_FORWARD) {
-                live[vs]++;
-                if (++now_live > most_live)
-                    most_live = now_live;
-                if (st > 0) /* its received input, read and freed */
-                    hold(&w, 0, -stream);
-            }
-            if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st < S - 1)
-                hold(&w, 0, -gradient);
-            if (a.kind == LOOM_ACT_BACKWARD_INPUT)
-                for (int u = last; u >= first; u--)
-                    hold(&w, 1, (int64_t)loom_model_deferred_bytes(m, u));
-            if (a.kind == LOOM_ACT_BACKWARD_WEIGHT)
-                for (int u = last; u >= first; u--)
-                    hold(&w, 1, -(int64_t)loom_model_deferred_bytes(m, u));
-            if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st > 0)
-                hold(&w, 0, gradient);
-            if (a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_WEIGHT) {
-                live[vs]--;
-                now_live--;
-            }
-            if (a.kind == LOOM_ACT_SEND_ACTIVATION) {
-                hold(&w, 0, stream);
-                hold(&w, 0, -stream);
-                add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)stream);
-            }
-            if (a.kind == LOOM_ACT_SEND_GRADIENT) {
-                hold(&w, 0, -gradient);
-                add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, (uint64_t)gradient);
-            }
-            if (is_recv)
-                add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1,
-                         (uint64_t)(a.kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream));
+}
+
+/* The rank's actions in the order the executor runs them: a virtual
+ * stage's micro-batch takes a slot, never freed during the step;
+ * receives are posted RECV_AHEAD ahead and their buffers held until the
+ * compute that reads them; a gradient to send is copied out at the
+ * backward and held until its send. */
+static void walk_schedule(const loom_plan_job *j, const loom_schedule *sch, int rank, loom_model *m,
+                          uint64_t shared, loom_plan_rank *out)
+{
+    int v = j->virtual_stages, n = sch->count[rank];
+    size_t count = 0;
+    loom_dtype dtype = LOOM_F32;
+    (void)loom_model_stream(m, 1, &count, &dtype);
+    walk w = {.act = shared, .act_peak = shared, .j = j, .m = m, .rank = rank, .n = n,
+              .list = sch->actions[rank], .stream = (int64_t)(count * loom_dtype_size(dtype)),
+              .gradient = (int64_t)(count * 4), .out = out};
+    w.slots = calloc((size_t)v, sizeof *w.slots);
+    w.live = calloc((size_t)v, sizeof *w.live);
+    w.slot_bytes = calloc((size_t)v, sizeof *w.slot_bytes);
+    w.posted = calloc((size_t)n, 1);
+    w.waited = calloc((size_t)n, 1);
+    unsigned char *cover = calloc((size_t)j->shape.layers + 2, 1);
+    if (w.slots && w.live && w.slot_bytes && w.posted && w.waited && cover) {
+        stage_slot_bytes(&w, cover);
+        for (int i = -1; i < n; i++) {
+            if (i >= 0)
+                walk_action(&w, i);
+            post_receives_ahead(&w, i);
         }
-        /* keep RECV_AHEAD receives posted beyond this action */
-        int ahead = 0;
-        for (int k = i + 1; k < next; k++)
-            ahead += posted[k] && !waited[k] &&
-                     (list[k].kind == LOOM_ACT_RECV_ACTIVATION || list[k].kind == LOOM_ACT_RECV_GRADIENT);
-        if (next < i + 1)
-            next = i + 1;
-        while (next < n && ahead < RECV_AHEAD) {
-            if (list[next].kind == LOOM_ACT_RECV_ACTIVATION || list[next].kind == LOOM_ACT_RECV_GRADIENT) {
-                posted[next] = 1;
-                hold(&w, 0, list[next].kind == LOOM_ACT_RECV_GRADIENT ? gradient : stream);
-                ahead++;
-            }
-            next++;
-        }
+        out->live_microbatches = w.most_live;
+        out->slot_bytes = 0; /* one micro-batch through each of the rank's stages */
+        for (int vs = 0; vs < v; vs++)
+            out->slot_bytes += w.slot_bytes[vs];
+        out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS] += w.act_peak;
+        out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_COMM] += w.comm_peak;
     }
-    out->live_microbatches = most_live;
-    out->slot_bytes = 0; /* one micro-batch through each of the rank's stages */
-    for (int vs = 0; vs < v; vs++)
-        out->slot_bytes += slot_bytes[vs];
-    out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS] += w.act_peak;
-    out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_COMM] += w.comm_peak;
-done:
-    free(slots);
-    free(live);
-    free(slot_bytes);
-    free(posted);
-    free(waited);
+    free(w.slots);
+    free(w.live);
+    free(w.slot_bytes);
+    free(w.posted);
+    free(w.waited);
     free(cover);
 }
 
 /* ---- one pipeline rank ---- */
 
+/* The model on the rank's units as the trainer would lay it out, counted
+ * and not allocated (runs: the units this pipeline rank holds), and the
+ * bytes of one micro-batch's activations the kernels stream. */
+static int plan_gpt2_model(const loom_plan_job *j, const unsigned char *runs, const int *positions,
+                           loom_model **m, double *streamed)
+{
+    int p = j->sizes[LOOM_AXIS_PP], sp = j->sizes[LOOM_AXIS_SP];
+    loom_model_setup setup = {.shape = {.max_seq = j->shape.max_seq,
+                                        .vocab = j->shape.vocab,
+                                        .layers = j->shape.layers,
+                                        .heads = j->shape.heads,
+                                        .channels = j->shape.channels,
+                                        .padded_vocab = j->shape.padded_vocab},
+                              .batch = j->micro_batch,
+                              .seq = j->seq,
+                              .dtype = j->dtype,
+                              .recompute = j->recompute};
+    loom_model_layout lay;
+    memset(&lay, 0, sizeof lay);
+    lay.tp_size = j->sizes[LOOM_AXIS_TP];
+    lay.sequence_parallel = j->sequence_parallel;
+    lay.sp_size = sp;
+    lay.positions = sp > 1 ? positions : NULL;
+    lay.npositions = sp > 1 ? j->seq / sp : j->seq;
+    lay.runs_unit = p > 1 ? runs : NULL;
+    int rc = loom_model_plan(&setup, &lay, m);
+    /* what the kernels stream does not shrink with recomputation (it
+     * grows): counted on the layout that keeps everything */
+    loom_model *kept = NULL;
+    setup.recompute = 0;
+    if (rc == LOOM_OK && (rc = loom_model_plan(&setup, &lay, &kept)) == LOOM_OK)
+        *streamed = (double)loom_model_slot_bytes_of(kept, p > 1 ? runs : NULL) *
+                    (j->recompute ? 4.0 / 3.0 : 1.0);
+    loom_model_destroy(kept);
+    return rc;
+}
+
+/* The model's own buffers and the activations (the pipeline's walked
+ * through its schedule), offload-nvme's ring, and a pipeline's copy of
+ * the tied embedding on the last stage. */
+static void plan_gpt2_buffers(const loom_plan_job *j, const loom_schedule *schedule, int rank,
+                              loom_model *m, const unsigned char *runs, loom_plan_rank *out)
+{
+    int L = j->shape.layers, p = j->sizes[LOOM_AXIS_PP];
+    uint64_t *host = out->peak[LOOM_TIER_HOST];
+    out->activation_shared = loom_model_planned_bytes(m, LOOM_PURPOSE_ACTIVATIONS);
+    host[LOOM_PURPOSE_OTHER] += loom_model_planned_bytes(m, LOOM_PURPOSE_OTHER);
+    out->slot_bytes = loom_model_slot_bytes_of(m, NULL);
+    out->live_microbatches = 1;
+    if (p == 1)
+        host[LOOM_PURPOSE_ACTIVATIONS] += out->activation_shared + out->slot_bytes;
+    else
+        walk_schedule(j, schedule, rank, m, out->activation_shared, out);
+    if (p > 1) {
+        /* the step's loss and idle share, the norm, every stage's peaks */
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 16);
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 8);
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLGATHER, 1, 16 * (uint64_t)p);
+    }
+    int nvme = 0;
+    for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
+        nvme |= j->offload[k] == LOOM_OFFLOAD_NVME;
+    if (nvme) /* offload-nvme's ring: queue_depth bounce buffers and a page */
+        host[LOOM_PURPOSE_OTHER] += (uint64_t)j->nvme_queue_depth * j->nvme_block_bytes + 4096;
+    int count = 0;
+    loom_unit *units = loom_model_units(m, &count);
+    int holds_first = runs[0], holds_last = runs[L + 1];
+    uint64_t tied_bytes = units[0].numel * loom_dtype_size(j->dtype);
+    if (p > 1 && holds_last && !holds_first) {
+        /* the head's copy of wte and its gradient share: sent to the
+         * first stage after the step, the updated wte received back */
+        host[LOOM_PURPOSE_PARAMS] += tied_bytes;
+        host[LOOM_PURPOSE_GRADS] += tied_bytes;
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
+    } else if (p > 1 && holds_first && !holds_last) {
+        host[LOOM_PURPOSE_COMM] = max64(host[LOOM_PURPOSE_COMM], tied_bytes);
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
+        add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
+    }
+}
+
+/* The strategies' buffers and traffic: the data axis's, the tensor axis's
+ * borders and replicated gradients, the sequence axis's; *blocks: the
+ * transformer blocks the rank holds. */
+static int plan_gpt2_axes(const loom_plan_job *j, loom_model *m, const stage_units *su,
+                          const unsigned char *runs, double *blocks, loom_plan_rank *out)
+{
+    int L = j->shape.layers, p = j->sizes[LOOM_AXIS_PP];
+    int count = 0;
+    loom_unit *units = loom_model_units(m, &count);
+    add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 4); /* the step's loss */
+    int tied = su->unit[0] == 0 && su->unit[su->n - 1] == L + 1;
+    int rc = plan_data_strategy(j, su, tied, out);
+    uint64_t replicated = 0;
+    for (int i = 0; i < su->n; i++) {
+        plan_unit_borders(j, &units[su->unit[i]], L, blocks, out);
+        plan_reduce_grads(j, &units[su->unit[i]], out);
+    }
+    /* a last stage without the embedding reduces its wte copy's share */
+    if (p > 1 && runs[L + 1] && !runs[0])
+        plan_reduce_grads(j, &units[0], out);
+    /* the norm's replicated gradients, averaged over dp (every unit's) */
+    for (int u = 0; u < count; u++)
+        replicated += plan_reduce_grads(j, &units[u], NULL);
+    if (j->sizes[LOOM_AXIS_TP] > 1 && j->sizes[LOOM_AXIS_DP] > 1)
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, replicated * 4);
+    /* Ulysses keys what it keeps on each layer's statistics buffer: one
+     * per block and slot, but recomputation's all share the scratch */
+    double saved = j->recompute ? 1 : *blocks * out->live_microbatches;
+    if (rc == LOOM_OK)
+        rc = plan_sequence(j, *blocks, saved, out);
+    if (j->sizes[LOOM_AXIS_SP] > 1)
+        add_comm(out, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, 1, 4); /* the loss, averaged */
+    if (j->sizes[LOOM_AXIS_TP] > 1)
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, 1, 8); /* the replicated norm */
+    return rc;
+}
+
+/* The work: 6 FLOPs per parameter and token (forward 2, backward 4),
+ * attention's scores and sums causal (6·T·C a block and token), a block's
+ * forward again with recomputation; the kernels between the GEMMs stream
+ * each micro-batch's activations about three times (written, read back,
+ * their gradients), the optimizer the model state twice. */
+static void plan_gpt2_work(const loom_plan_job *j, double blocks, int holds_head, double streamed,
+                           loom_plan_rank *out)
+{
+    int tp = j->sizes[LOOM_AXIS_TP], sp = j->sizes[LOOM_AXIS_SP];
+    const uint64_t *host = out->peak[LOOM_TIER_HOST];
+    double C = j->shape.channels, T = j->seq, tokens = (double)j->micro_batch * T / sp;
+    double block = (72 * C * C + 6 * T * C) / tp * (j->recompute ? 4.0 / 3.0 : 1.0);
+    out->gemm_flops = tokens * j->grad_accum *
+                      (blocks * block + (holds_head ? 6.0 * j->shape.padded_vocab * C / tp : 0));
+    out->other_bytes = 3.0 * streamed * j->grad_accum +
+                       2.0 * (double)(host[LOOM_PURPOSE_PARAMS] + host[LOOM_PURPOSE_GRADS] +
+                                      host[LOOM_PURPOSE_OPTIMIZER]);
+}
+
 static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule, int rank,
                           loom_plan_rank *out)
 {
     int L = j->shape.layers, p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages;
-    int tp = j->sizes[LOOM_AXIS_TP], sp = j->sizes[LOOM_AXIS_SP];
     unsigned char *runs = calloc((size_t)L + 2, 1);
     int *positions = calloc((size_t)j->seq, sizeof *positions);
     stage_units su = {0, calloc((size_t)L + 2, sizeof(int)), calloc((size_t)L + 2, sizeof(size_t))};
@@ -473,35 +669,8 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
             runs[u] = 1;
     for (int i = 0; positions && i < j->seq; i++)
         positions[i] = i;
-    if (rc == LOOM_OK) {
-        loom_model_setup setup = {.shape = {.max_seq = j->shape.max_seq,
-                                            .vocab = j->shape.vocab,
-                                            .layers = L,
-                                            .heads = j->shape.heads,
-                                            .channels = j->shape.channels,
-                                            .padded_vocab = j->shape.padded_vocab},
-                                  .batch = j->micro_batch,
-                                  .seq = j->seq,
-                                  .dtype = j->dtype,
-                                  .recompute = j->recompute};
-        loom_model_layout lay;
-        memset(&lay, 0, sizeof lay);
-        lay.tp_size = tp;
-        lay.sequence_parallel = j->sequence_parallel;
-        lay.sp_size = sp;
-        lay.positions = sp > 1 ? positions : NULL;
-        lay.npositions = sp > 1 ? j->seq / sp : j->seq;
-        lay.runs_unit = p > 1 ? runs : NULL;
-        rc = loom_model_plan(&setup, &lay, &m);
-        /* what the kernels stream does not shrink with recomputation (it
-         * grows): counted on the layout that keeps everything */
-        loom_model *kept = NULL;
-        setup.recompute = 0;
-        if (rc == LOOM_OK && (rc = loom_model_plan(&setup, &lay, &kept)) == LOOM_OK)
-            streamed = (double)loom_model_slot_bytes_of(kept, p > 1 ? runs : NULL) *
-                       (j->recompute ? 4.0 / 3.0 : 1.0);
-        loom_model_destroy(kept);
-    }
+    if (rc == LOOM_OK)
+        rc = plan_gpt2_model(j, runs, positions, &m, &streamed);
     if (rc == LOOM_OK) {
         int count = 0;
         loom_unit *units = loom_model_units(m, &count);
@@ -512,79 +681,10 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
             }
         out->units_first = su.unit[0];
         out->units_last = su.unit[su.n - 1];
-        uint64_t *host = out->peak[LOOM_TIER_HOST];
-        out->activation_shared = loom_model_planned_bytes(m, LOOM_PURPOSE_ACTIVATIONS);
-        host[LOOM_PURPOSE_OTHER] += loom_model_planned_bytes(m, LOOM_PURPOSE_OTHER);
-        out->slot_bytes = loom_model_slot_bytes_of(m, NULL);
-        out->live_microbatches = 1;
-        if (p == 1)
-            host[LOOM_PURPOSE_ACTIVATIONS] += out->activation_shared + out->slot_bytes;
-        else
-            walk_schedule(j, schedule, rank, m, out->activation_shared, out);
-        if (p > 1) {
-            /* the step's loss and idle share, the norm, every stage's peaks */
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 16);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLREDUCE, 1, 8);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_ALLGATHER, 1, 16 * (uint64_t)p);
-        }
-        int nvme = 0;
-        for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
-            nvme |= j->offload[k] == LOOM_OFFLOAD_NVME;
-        if (nvme) /* offload-nvme's ring: queue_depth bounce buffers and a page */
-            host[LOOM_PURPOSE_OTHER] += (uint64_t)j->nvme_queue_depth * j->nvme_block_bytes + 4096;
-        int holds_first = runs[0], holds_last = runs[L + 1];
-        uint64_t tied_bytes = units[0].numel * loom_dtype_size(j->dtype);
-        if (p > 1 && holds_last && !holds_first) {
-            /* the head's copy of wte and its gradient share: sent to the
-             * first stage after the step, the updated wte received back */
-            host[LOOM_PURPOSE_PARAMS] += tied_bytes;
-            host[LOOM_PURPOSE_GRADS] += tied_bytes;
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
-        } else if (p > 1 && holds_first && !holds_last) {
-            host[LOOM_PURPOSE_COMM] = max64(host[LOOM_PURPOSE_COMM], tied_bytes);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
-        }
-        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 4); /* the step's loss */
-        int tied = su.unit[0] == 0 && su.unit[su.n - 1] == L + 1;
-        rc = plan_data_strategy(j, &su, tied, out);
+        plan_gpt2_buffers(j, schedule, rank, m, runs, out);
         double blocks = 0;
-        uint64_t replicated = 0;
-        for (int i = 0; i < su.n; i++) {
-            plan_unit_borders(j, &units[su.unit[i]], L, &blocks, out);
-            plan_reduce_grads(j, &units[su.unit[i]], out);
-        }
-        /* a last stage without the embedding reduces its wte copy's share */
-        if (p > 1 && runs[L + 1] && !runs[0])
-            plan_reduce_grads(j, &units[0], out);
-        /* the norm's replicated gradients, averaged over dp (every unit's) */
-        for (int u = 0; u < count; u++)
-            replicated += plan_reduce_grads(j, &units[u], NULL);
-        if (j->sizes[LOOM_AXIS_TP] > 1 && j->sizes[LOOM_AXIS_DP] > 1)
-            add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, replicated * 4);
-        /* Ulysses keys what it keeps on each layer's statistics buffer: one
-         * per block and slot, but recomputation's all share the scratch */
-        double saved = j->recompute ? 1 : blocks * out->live_microbatches;
-        if (rc == LOOM_OK)
-            rc = plan_sequence(j, blocks, saved, out);
-        if (j->sizes[LOOM_AXIS_SP] > 1)
-            add_comm(out, LOOM_AXIS_SP, LOOM_OP_ALLREDUCE, 1, 4); /* the loss, averaged */
-        if (j->sizes[LOOM_AXIS_TP] > 1)
-            add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, 1, 8); /* the replicated norm */
-        /* the work: 6 FLOPs per parameter and token (forward 2, backward 4),
-         * attention's scores and sums causal (6·T·C a block and token), a
-         * block's forward again with recomputation; the kernels between
-         * the GEMMs stream each micro-batch's activations about three
-         * times (written, read back, their gradients), the optimizer the
-         * model state twice */
-        double C = j->shape.channels, T = j->seq, tokens = (double)j->micro_batch * T / sp;
-        double block = (72 * C * C + 6 * T * C) / tp * (j->recompute ? 4.0 / 3.0 : 1.0);
-        out->gemm_flops = tokens * j->grad_accum *
-                          (blocks * block + (runs[L + 1] ? 6.0 * j->shape.padded_vocab * C / tp : 0));
-        out->other_bytes = 3.0 * streamed * j->grad_accum +
-                           2.0 * (double)(host[LOOM_PURPOSE_PARAMS] + host[LOOM_PURPOSE_GRADS] +
-                                          host[LOOM_PURPOSE_OPTIMIZER]);
+        rc = plan_gpt2_axes(j, m, &su, runs, &blocks, out);
+        plan_gpt2_work(j, blocks, runs[L + 1], streamed, out);
     }
     loom_model_destroy(m);
     free(runs);
@@ -606,25 +706,79 @@ static double llama_layer_params(const loom_plan_shape *sh, double *norms)
     return 2 * h * h + 2 * h * kv + 3 * h * sh->ffn;
 }
 
+/* The transformer layers of the rank's stages, and whether it holds the
+ * embedding (first) and the head (last). */
+static void llama_stage_layers(const loom_plan_job *j, int rank, double *layers, int *first,
+                               int *last)
+{
+    int p = j->sizes[LOOM_AXIS_PP], L = j->shape.layers;
+    for (int vs = 0; vs < j->virtual_stages; vs++) {
+        int st = vs * p + rank;
+        for (int u = j->stage_first[st]; u <= j->stage_last[st]; u++) {
+            *layers += u >= 1 && u <= L;
+            *first |= u == 0;
+            *last |= u == L + 1;
+        }
+    }
+}
+
+/* The traffic of the rank's psi parameters of e bytes each over `layers`
+ * layers: the data strategy's as loom's shipped ones issue it, the tensor
+ * axis's borders, the pipeline's hand-offs. */
+static void llama_traffic(const loom_plan_job *j, int rank, double psi, double e, double layers,
+                          loom_plan_rank *out)
+{
+    int p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages, tp = j->sizes[LOOM_AXIS_TP];
+    int dp = j->sizes[LOOM_AXIS_DP], stage = dp_stage(j);
+    int shard = j->shard_size > 0 ? j->shard_size : dp;
+    uint64_t micro = (uint64_t)j->grad_accum, grads = (uint64_t)(e * psi);
+    if (stage == 0) {
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads);
+    } else {
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_REDUCESCATTER, stage == 1 ? 1 : micro, grads);
+        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLGATHER, stage == 3 ? 2 * micro : 1, grads);
+        if (dp / shard > 1)
+            add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads / (uint64_t)shard);
+    }
+    /* tensor parallelism: per layer and micro-batch two regions, each an
+     * all-reduce forward and one backward (recomputation: the forward's
+     * again), or all-gather + reduce-scatter with sequence parallelism */
+    uint64_t rows = (uint64_t)((double)j->seq * j->micro_batch * j->shape.channels * e);
+    uint64_t borders = (uint64_t)layers * micro * (j->recompute ? 6 : 4);
+    if (tp > 1 && j->sequence_parallel) {
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLGATHER, borders, rows);
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_REDUCESCATTER, borders, rows);
+    } else if (tp > 1) {
+        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, borders, rows);
+    }
+    /* the pipeline: each micro-batch's activation and gradient over each
+     * border of the rank's stages */
+    uint64_t border_rows = tp > 1 && j->sequence_parallel ? rows / (uint64_t)tp : rows;
+    for (int vs = 0; p > 1 && vs < v; vs++) {
+        int st = vs * p + rank;
+        if (st > 0) {
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
+        }
+        if (st < p * v - 1) {
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
+            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
+        }
+    }
+}
+
 static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, loom_plan_rank *out)
 {
     const loom_plan_shape *sh = &j->shape;
     int p = j->sizes[LOOM_AXIS_PP], v = j->virtual_stages, tp = j->sizes[LOOM_AXIS_TP];
-    int dp = j->sizes[LOOM_AXIS_DP], L = sh->layers;
+    int dp = j->sizes[LOOM_AXIS_DP];
     if (j->sizes[LOOM_AXIS_SP] > 1)
         return loom_fail(LOOM_ERR_NOT_SUPPORTED, "plan: parallel.sp.size = %d with model.kind = "
                          "\"llama\": context parallelism is planned for GPT-2 only; set it to 1",
                          j->sizes[LOOM_AXIS_SP]);
     double layers = 0, norms = 0, per_layer = llama_layer_params(sh, &norms);
     int first = 0, last = 0;
-    for (int vs = 0; vs < v; vs++) {
-        int st = vs * p + rank;
-        for (int u = j->stage_first[st]; u <= j->stage_last[st]; u++) {
-            layers += u >= 1 && u <= L;
-            first |= u == 0;
-            last |= u == L + 1;
-        }
-    }
+    llama_stage_layers(j, rank, &layers, &first, &last);
     out->units_first = j->stage_first[rank];
     out->units_last = j->stage_last[(v - 1) * p + rank];
     double h = sh->channels, V = sh->padded_vocab;
@@ -650,41 +804,8 @@ static int plan_llama_rank(const loom_plan_job *j, const int *stash, int rank, l
     out->slot_bytes = (uint64_t)per_mb;
     out->activation_shared = last ? (uint64_t)(4.0 * j->seq * j->micro_batch * V / tp) : 0;
     host[LOOM_PURPOSE_ACTIVATIONS] = (uint64_t)(per_mb * out->live_microbatches) + out->activation_shared;
-    /* traffic: the data strategy's as loom's shipped ones issue it */
-    uint64_t micro = (uint64_t)j->grad_accum, grads = (uint64_t)(e * psi);
-    if (stage == 0) {
-        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads);
-    } else {
-        add_comm(out, LOOM_AXIS_DP, LOOM_OP_REDUCESCATTER, stage == 1 ? 1 : micro, grads);
-        add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLGATHER, stage == 3 ? 2 * micro : 1, grads);
-        if (dp / shard > 1)
-            add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, grads / (uint64_t)shard);
-    }
-    /* tensor parallelism: per layer and micro-batch two regions, each an
-     * all-reduce forward and one backward (recomputation: the forward's
-     * again), or all-gather + reduce-scatter with sequence parallelism */
-    uint64_t rows = (uint64_t)((double)j->seq * j->micro_batch * h * e);
-    uint64_t borders = (uint64_t)layers * micro * (j->recompute ? 6 : 4);
-    if (tp > 1 && j->sequence_parallel) {
-        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLGATHER, borders, rows);
-        add_comm(out, LOOM_AXIS_TP, LOOM_OP_REDUCESCATTER, borders, rows);
-    } else if (tp > 1) {
-        add_comm(out, LOOM_AXIS_TP, LOOM_OP_ALLREDUCE, borders, rows);
-    }
-    /* the pipeline: each micro-batch's activation and gradient over each
-     * border of the rank's stages */
-    uint64_t border_rows = tp > 1 && j->sequence_parallel ? rows / (uint64_t)tp : rows;
-    for (int vs = 0; p > 1 && vs < v; vs++) {
-        int st = vs * p + rank;
-        if (st > 0) {
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
-        }
-        if (st < p * v - 1) {
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, micro, border_rows);
-            add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, micro, border_rows);
-        }
-    }
+    llama_traffic(j, rank, psi, e, layers, out);
+    uint64_t micro = (uint64_t)j->grad_accum;
     double tokens = (double)j->micro_batch * j->seq * micro;
     out->gemm_flops = tokens * (layers * 6 * (per_layer + h * j->seq) / tp * (j->recompute ? 4.0 / 3.0 : 1.0) +
                                 (last ? 6 * V * h / tp : 0));
@@ -724,71 +845,53 @@ static int overlapped(const loom_plan_job *j, int axis, int op)
     return op == LOOM_OP_ALLREDUCE && !strcmp(j->dp_strategy, "ddp");
 }
 
-static void predict_time(loom_plan *p)
+/* One rank's step: its compute (CPU ranks beyond a node's cores share
+ * them), each collective's time on the cluster and what of it the compute
+ * cannot hide. Returns the exposed seconds; adds the dp axis's to *dp_comm. */
+static double time_rank(const loom_plan *p, const int *stride, int world, loom_plan_rank *pr,
+                        double *dp_comm)
 {
     const loom_plan_job *j = &p->job;
     const loom_plan_cluster *c = &p->cluster;
-    int stride[LOOM_AXIS_COUNT], inner = 1, world = 1;
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
-        stride[a] = inner;
-        inner *= j->sizes[a];
-        world *= j->sizes[a];
-    }
-    double slowest = 0, dp_comm = 0, exposed_all = 0, compute_all = 0;
-    int timed = p->timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
-    for (int r = 0; timed && r < p->nranks; r++) {
-        loom_plan_rank *pr = &p->ranks[r];
-        /* CPU ranks beyond a node's cores share them (one node of a
-         * cluster with nodes = 1 takes the whole job) */
-        double share = 1;
-        if (!c->device && c->nodes == 1 && c->ranks_per_node > 0 && world > c->ranks_per_node)
-            share = (double)world / c->ranks_per_node;
-        pr->compute_s = share * loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
-        double hidden = 0, exposed = 0;
-        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-            for (int op = 0; op < LOOM_OP_COUNT; op++) {
-                loom_plan_comm *cm = &pr->comm[a][op];
-                if (!cm->calls)
-                    continue;
-                int across = nodes_spanned(c, j->sizes[a], stride[a]);
-                /* a receive runs while the rank's own sends do (a ring's
-                 * passes, 1F1B's steady state): the pair takes the time
-                 * of one, counted on the send */
-                cm->seconds = op == LOOM_OP_RECV ? 0
-                              : loom_plan_comm_seconds(c, (loom_comm_op)op, cm->bytes, cm->calls,
-                                                       j->sizes[a], across);
-                if (overlapped(j, a, op))
-                    hidden += cm->seconds;
-                else
-                    cm->exposed_s = cm->seconds;
-                exposed += cm->exposed_s;
-                if (a == LOOM_AXIS_DP)
-                    dp_comm += cm->seconds;
-            }
-        /* what the backward (two thirds of the compute) cannot hide */
-        double backward = pr->compute_s * 2.0 / 3.0, left = hidden > backward ? hidden - backward : 0;
-        for (int a = 0; a < LOOM_AXIS_COUNT && hidden > 0; a++)
-            for (int op = 0; op < LOOM_OP_COUNT; op++)
-                if (pr->comm[a][op].calls && overlapped(j, a, op))
-                    pr->comm[a][op].exposed_s = pr->comm[a][op].seconds * left / hidden;
-        exposed += left;
-        pr->step_s = (pr->compute_s + exposed) / (1.0 - p->bubble);
-        if (pr->step_s > slowest) {
-            slowest = pr->step_s;
-            exposed_all = exposed;
-            compute_all = pr->compute_s;
+    /* one node of a cluster with nodes = 1 takes the whole job */
+    double share = 1;
+    if (!c->device && c->nodes == 1 && c->ranks_per_node > 0 && world > c->ranks_per_node)
+        share = (double)world / c->ranks_per_node;
+    pr->compute_s = share * loom_plan_compute_seconds(c, j->dtype, pr->gemm_flops, pr->other_bytes);
+    double hidden = 0, exposed = 0;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            loom_plan_comm *cm = &pr->comm[a][op];
+            if (!cm->calls)
+                continue;
+            int across = nodes_spanned(c, j->sizes[a], stride[a]);
+            /* a receive runs while the rank's own sends do (a ring's
+             * passes, 1F1B's steady state): the pair takes the time
+             * of one, counted on the send */
+            cm->seconds = op == LOOM_OP_RECV ? 0
+                          : loom_plan_comm_seconds(c, (loom_comm_op)op, cm->bytes, cm->calls,
+                                                   j->sizes[a], across);
+            if (overlapped(j, a, op))
+                hidden += cm->seconds;
+            else
+                cm->exposed_s = cm->seconds;
+            exposed += cm->exposed_s;
+            if (a == LOOM_AXIS_DP)
+                *dp_comm += cm->seconds;
         }
-    }
-    p->params = loom_plan_ref_params(&j->shape);
-    p->flops_per_token = loom_plan_ref_flops_per_token(&j->shape, j->seq);
-    p->step_s = slowest;
-    p->tokens_per_s = slowest > 0 ? (double)j->batch * j->seq / slowest : 0;
-    double peak = c->flops[j->dtype] > 0 ? c->flops[j->dtype] : c->flops[LOOM_F32];
-    p->mfu = peak > 0 ? p->flops_per_token * p->tokens_per_s / (world * peak) : 0;
-    /* fit: each rank's sum of peaks against its share of the memory */
-    double room = c->device ? c->device_bytes
-                            : (c->ranks_per_node > 0 ? c->host_bytes / c->ranks_per_node : c->host_bytes);
-    double biggest = 0, activations = 0;
+    /* what the backward (two thirds of the compute) cannot hide */
+    double backward = pr->compute_s * 2.0 / 3.0, left = hidden > backward ? hidden - backward : 0;
+    for (int a = 0; a < LOOM_AXIS_COUNT && hidden > 0; a++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++)
+            if (pr->comm[a][op].calls && overlapped(j, a, op))
+                pr->comm[a][op].exposed_s = pr->comm[a][op].seconds * left / hidden;
+    return exposed + left;
+}
+
+/* Each rank's totals by tier, and the largest rank's host bytes (*biggest)
+ * and activations among them. */
+static void total_ranks(loom_plan *p, double *biggest, double *activations)
+{
     for (int r = 0; r < p->nranks; r++) {
         double total = 0;
         for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
@@ -799,46 +902,102 @@ static void predict_time(loom_plan *p)
                 sum += p->ranks[r].peak[t][k];
             p->ranks[r].total[t] = sum;
         }
-        if (total > biggest) {
-            biggest = total;
-            activations = (double)p->ranks[r].peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS];
+        if (total > *biggest) {
+            *biggest = total;
+            *activations = (double)p->ranks[r].peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS];
         }
     }
-    p->fits = !timed || room <= 0 || biggest <= room;
-    if (timed)
-        snprintf(p->why, sizeof p->why,
-                 "compute %.3g ms, exposed communication %.3g ms, bubble %.1f%%",
-                 compute_all * 1e3, exposed_all * 1e3, 100 * p->bubble);
-    /* what a careful engineer would say */
-#define WARN(...)                                                                                  \
-    do {                                                                                           \
-        if (p->nwarnings < LOOM_PLAN_WARNINGS_MAX)                                                 \
-            snprintf(p->warnings[p->nwarnings++], sizeof p->warnings[0], __VA_ARGS__);             \
-    } while (0)
+}
+
+/* What the plan's summary and warnings say of the step. */
+typedef struct step_summary {
+    double compute_s, exposed_s; /* the slowest rank's */
+    double dp_comm_s;            /* every rank's dp collectives */
+    double biggest, activations; /* the largest rank's host bytes, its activations' */
+    double room;                 /* a rank's memory */
+} step_summary;
+
+static void warn(loom_plan *p, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+static void warn(loom_plan *p, const char *format, ...)
+{
+    if (p->nwarnings >= LOOM_PLAN_WARNINGS_MAX)
+        return;
+    va_list args;
+    va_start(args, format);
+    vsnprintf(p->warnings[p->nwarnings++], sizeof p->warnings[0], format, args);
+    va_end(args);
+}
+
+/* What a careful engineer would say. */
+static void add_warnings(loom_plan *p, const step_summary *s)
+{
+    const loom_plan_job *j = &p->job;
+    const loom_plan_cluster *c = &p->cluster;
     int tp = j->sizes[LOOM_AXIS_TP], pp = j->sizes[LOOM_AXIS_PP];
     if (nodes_spanned(c, tp, 1) > 1)
-        WARN("tp = %d spans %d nodes of %d ranks: its all-reduces on every layer cross the "
+        warn(p, "tp = %d spans %d nodes of %d ranks: its all-reduces on every layer cross the "
              "slower inter-node links; keep tp within a node", tp,
              nodes_spanned(c, tp, 1), c->ranks_per_node);
     if (pp > 1 && j->microbatches < pp)
-        WARN("pp = %d stages with %d micro-batches: the bubble takes %.0f%% of the step; use at "
+        warn(p, "pp = %d stages with %d micro-batches: the bubble takes %.0f%% of the step; use at "
              "least %d micro-batches", pp, j->microbatches, 100 * p->bubble, 4 * pp);
     if (pp == 1 && j->grad_accum > 1)
-        WARN("the global batch of %d needs %d micro-batches of %d per dp rank (gradient "
+        warn(p, "the global batch of %d needs %d micro-batches of %d per dp rank (gradient "
              "accumulation): each step runs %d forward/backward passes in a row",
              j->batch, j->grad_accum, j->micro_batch, j->grad_accum);
-    if (biggest > 0 && activations > 0.5 * biggest)
-        WARN("activations are %.0f%% of the largest rank's memory: train.recompute = \"block\", "
+    if (s->biggest > 0 && s->activations > 0.5 * s->biggest)
+        warn(p, "activations are %.0f%% of the largest rank's memory: train.recompute = \"block\", "
              "sequence parallelism or a smaller micro-batch would free most of them",
-             100 * activations / biggest);
-    if (compute_all > 0 && dp_comm / p->nranks > compute_all)
-        WARN("the dp group moves more per step than the step computes (%.3g ms of traffic, "
+             100 * s->activations / s->biggest);
+    if (s->compute_s > 0 && s->dp_comm_s / p->nranks > s->compute_s)
+        warn(p, "the dp group moves more per step than the step computes (%.3g ms of traffic, "
              "%.3g ms of compute): a larger micro-batch, gradient accumulation or fewer dp "
-             "ranks would hide it", dp_comm / p->nranks * 1e3, compute_all * 1e3);
+             "ranks would hide it", s->dp_comm_s / p->nranks * 1e3, s->compute_s * 1e3);
     if (!p->fits)
-        WARN("the largest rank needs %.2f GiB, more than the %.2f GiB a rank has",
-             biggest / 1073741824.0, room / 1073741824.0);
-#undef WARN
+        warn(p, "the largest rank needs %.2f GiB, more than the %.2f GiB a rank has",
+             s->biggest / 1073741824.0, s->room / 1073741824.0);
+}
+
+static void predict_time(loom_plan *p)
+{
+    const loom_plan_job *j = &p->job;
+    const loom_plan_cluster *c = &p->cluster;
+    int stride[LOOM_AXIS_COUNT], inner = 1, world = 1;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        stride[a] = inner;
+        inner *= j->sizes[a];
+        world *= j->sizes[a];
+    }
+    step_summary s = {0};
+    double slowest = 0;
+    int timed = p->timed = c->flops[LOOM_F32] > 0; /* a cluster to time on (loom plan --cluster) */
+    for (int r = 0; timed && r < p->nranks; r++) {
+        loom_plan_rank *pr = &p->ranks[r];
+        double exposed = time_rank(p, stride, world, pr, &s.dp_comm_s);
+        pr->step_s = (pr->compute_s + exposed) / (1.0 - p->bubble);
+        if (pr->step_s > slowest) {
+            slowest = pr->step_s;
+            s.exposed_s = exposed;
+            s.compute_s = pr->compute_s;
+        }
+    }
+    p->params = loom_plan_ref_params(&j->shape);
+    p->flops_per_token = loom_plan_ref_flops_per_token(&j->shape, j->seq);
+    p->step_s = slowest;
+    p->tokens_per_s = slowest > 0 ? (double)j->batch * j->seq / slowest : 0;
+    double peak = c->flops[j->dtype] > 0 ? c->flops[j->dtype] : c->flops[LOOM_F32];
+    p->mfu = peak > 0 ? p->flops_per_token * p->tokens_per_s / (world * peak) : 0;
+    /* fit: each rank's sum of peaks against its share of the memory */
+    s.room = c->device ? c->device_bytes
+                       : (c->ranks_per_node > 0 ? c->host_bytes / c->ranks_per_node : c->host_bytes);
+    total_ranks(p, &s.biggest, &s.activations);
+    p->fits = !timed || s.room <= 0 || s.biggest <= s.room;
+    if (timed)
+        snprintf(p->why, sizeof p->why,
+                 "compute %.3g ms, exposed communication %.3g ms, bubble %.1f%%",
+                 s.compute_s * 1e3, s.exposed_s * 1e3, 100 * p->bubble);
+    add_warnings(p, &s);
 }
 
 int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,

@@ -711,6 +711,72 @@ static void link_lines(const writer *w, const char *field, const char *meaning,
             bandwidth);
 }
 
+/* The name, quoted for libconfig: quotes and backslashes escaped,
+ * control characters as spaces. */
+static void write_name(const writer *w, const loom_plan_cluster *c)
+{
+    char name[2 * sizeof c->name];
+    size_t n = 0;
+    for (const char *p = c->name; *p && n + 2 < sizeof name; p++) {
+        if (*p == '"' || *p == '\\')
+            name[n++] = '\\';
+        name[n++] = (unsigned char)*p < 0x20 ? ' ' : *p;
+    }
+    name[n] = '\0';
+    field_comment(w, "  ", "name", NULL);
+    fprintf(w->f, "  name = \"%s\";\n", name);
+}
+
+/* The peak rates by precision, those the cluster has. */
+static void write_peak(const writer *w, const double *flops)
+{
+    fprintf(w->f, "  peak = {");
+    for (int i = 0; peak_names[i]; i++) {
+        double v = flops[peak_dtypes[i]];
+        if (v <= 0)
+            continue;
+        char text[96];
+        format_quantity(v, Q_FLOP_RATE, text, sizeof text);
+        fprintf(w->f, " %s = \"%s\";", peak_names[i], text);
+    }
+    fprintf(w->f, " };\n");
+}
+
+/* The collectives --calibrate measured, by op and ranks; none: nothing. */
+static void write_measured(const writer *w, const loom_plan_cluster *c)
+{
+    FILE *f = w->f;
+    int any = 0;
+    for (int op = 0; op < LOOM_OP_COUNT; op++)
+        any |= c->nmeasured[op] > 0;
+    if (!any)
+        return;
+    field_comment(w, "  ", "measured",
+                  "Collectives measured inside one node: seconds = latency + bytes / "
+                  "bandwidth, bytes\nbeing the payload as loom's comm counters count it. "
+                  "They replace the link model\nfor that op inside a node.");
+    fprintf(f, "  measured = {\n");
+    for (int op = 0; op < LOOM_OP_COUNT; op++) {
+        if (c->nmeasured[op] <= 0)
+            continue;
+        const char *opname = loom_comm_op_name((loom_comm_op)op);
+        char field[64];
+        snprintf(field, sizeof field, "measured.%s", opname);
+        field_comment(w, "    ", field, NULL);
+        fprintf(f, "    %s = (", opname);
+        for (int i = 0; i < c->nmeasured[op] && i < LOOM_PLAN_MEASURED_MAX; i++) {
+            const loom_plan_measured *m = &c->measured[op][i];
+            char latency[96], bandwidth[96];
+            format_quantity(m->latency_s, Q_TIME, latency, sizeof latency);
+            format_quantity(m->bytes_per_s, Q_BYTE_RATE, bandwidth, sizeof bandwidth);
+            fprintf(f, "%s{ ranks = %d; latency = \"%s\"; bandwidth = \"%s\"; }",
+                    i ? ",\n      " : " ", m->ranks, latency, bandwidth);
+        }
+        fprintf(f, " );\n");
+    }
+    fprintf(f, "  };\n");
+}
+
 int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
                                   const loom_plan_cluster_note *notes, int nnotes)
 {
@@ -724,16 +790,7 @@ int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
     comment(f, "", note_for(w.notes, w.nnotes, "cluster"));
     fprintf(f, "cluster = {\n");
 
-    char name[2 * sizeof c->name];
-    size_t n = 0;
-    for (const char *p = c->name; *p && n + 2 < sizeof name; p++) {
-        if (*p == '"' || *p == '\\')
-            name[n++] = '\\';
-        name[n++] = (unsigned char)*p < 0x20 ? ' ' : *p;
-    }
-    name[n] = '\0';
-    field_comment(&w, "  ", "name", NULL);
-    fprintf(f, "  name = \"%s\";\n", name);
+    write_name(&w, c);
     field_comment(&w, "  ", "nodes", "Nodes; 0: as many as the mesh needs.");
     fprintf(f, "  nodes = %d;\n", c->nodes);
     field_comment(&w, "  ", "ranks_per_node", "Ranks per node: GPUs, or CPU ranks.");
@@ -748,16 +805,7 @@ int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
     field_comment(&w, "  ", "peak", "Dense peak per rank by compute precision (train.precision): "
                                     "the rate of the GEMMs.\nA precision left out runs at "
                                     "fp32's rate.");
-    fprintf(f, "  peak = {");
-    for (int i = 0; peak_names[i]; i++) {
-        double v = c->flops[peak_dtypes[i]];
-        if (v <= 0)
-            continue;
-        char text[96];
-        format_quantity(v, Q_FLOP_RATE, text, sizeof text);
-        fprintf(f, " %s = \"%s\";", peak_names[i], text);
-    }
-    fprintf(f, " };\n");
+    write_peak(&w, c->flops);
     quantity_line(&w, "memory_bandwidth",
                   "Bytes per second a rank's non-GEMM kernels read plus write (the roof of "
                   "everything\nbut the matrix products).",
@@ -770,35 +818,7 @@ int loom_plan_cluster_write_notes(const loom_plan_cluster *c, const char *path,
         quantity_line(&w, "nvme_bandwidth", "NVMe bandwidth per node (memory.offload = "
                       "\"nvme\").", c->nvme_bytes_per_s, Q_BYTE_RATE);
 
-    int any = 0;
-    for (int op = 0; op < LOOM_OP_COUNT; op++)
-        any |= c->nmeasured[op] > 0;
-    if (any) {
-        field_comment(&w, "  ", "measured",
-                      "Collectives measured inside one node: seconds = latency + bytes / "
-                      "bandwidth, bytes\nbeing the payload as loom's comm counters count it. "
-                      "They replace the link model\nfor that op inside a node.");
-        fprintf(f, "  measured = {\n");
-        for (int op = 0; op < LOOM_OP_COUNT; op++) {
-            if (c->nmeasured[op] <= 0)
-                continue;
-            const char *opname = loom_comm_op_name((loom_comm_op)op);
-            char field[64];
-            snprintf(field, sizeof field, "measured.%s", opname);
-            field_comment(&w, "    ", field, NULL);
-            fprintf(f, "    %s = (", opname);
-            for (int i = 0; i < c->nmeasured[op] && i < LOOM_PLAN_MEASURED_MAX; i++) {
-                const loom_plan_measured *m = &c->measured[op][i];
-                char latency[96], bandwidth[96];
-                format_quantity(m->latency_s, Q_TIME, latency, sizeof latency);
-                format_quantity(m->bytes_per_s, Q_BYTE_RATE, bandwidth, sizeof bandwidth);
-                fprintf(f, "%s{ ranks = %d; latency = \"%s\"; bandwidth = \"%s\"; }",
-                        i ? ",\n      " : " ", m->ranks, latency, bandwidth);
-            }
-            fprintf(f, " );\n");
-        }
-        fprintf(f, "  };\n");
-    }
+    write_measured(&w, c);
     fprintf(f, "};\n");
     if (fclose(f))
         return loom_fail(LOOM_ERR_INVALID, "cannot write cluster file '%s': %s", path,
