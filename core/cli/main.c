@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/settings.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "runtime/cpu.h"
@@ -78,7 +79,8 @@ static void be_verbose(void)
 
 int main(int argc, char **argv)
 {
-    if (loom_log_level_from_env() != LOOM_OK || loom_cpu_check_env() != LOOM_OK) {
+    if (loom_log_level_from_env() != LOOM_OK || loom_cpu_check_env() != LOOM_OK ||
+        loom_cli_add_settings() != LOOM_OK) {
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 2;
     }

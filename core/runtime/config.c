@@ -1,9 +1,11 @@
-/* The job config (the README's Configuration): libconfig reads the syntax, the schema table
- * below gives it meaning. A loaded config holds two libconfig trees: what the
- * user wrote (file, then --set overrides on top) and the defaults (from the
- * schema, plus the defaults of plugin settings once a plugin's group has been
- * checked). A read looks in the first tree, then the second, so every module
- * asks for "parallel.dp.size" and never handles "unset" itself.
+/* The job config (the README's Configuration): libconfig reads the syntax, the schema gives it
+ * meaning: the runtime's own settings below, and those each layer above adds
+ * with loom_config_add_settings. A loaded config holds two libconfig trees:
+ * what the user wrote (file, then --set overrides on top) and the defaults
+ * (from the schema, plus the defaults of plugin settings once a plugin's
+ * group has been checked). A read looks in the first tree, then the second,
+ * so every module asks for "parallel.dp.size" and never handles "unset"
+ * itself.
  *
  * Every complaint is one line: where (file:line, or the --set that said it),
  * the setting's dotted path, what was expected and what was found. */
@@ -28,226 +30,73 @@
 
 /* ------------------------------------------------------------- schema */
 
-typedef enum value_type {
-    V_INT = 1,
-    V_FLOAT,
-    V_BOOL,
-    V_STRING,
-    V_STRINGS, /* a list of strings: [ "a", "b" ] */
-    V_INTS,    /* a list of integers */
-    V_GLOBS,   /* files: a path or glob pattern, or a list of them */
-} value_type;
+static const char *const offload_targets[] = {"none", "host", "nvme", NULL};
 
-enum {
-    NONEMPTY = 1 << 0, /* strings (and list elements) must not be "" */
-    REQUIRED = 1 << 1, /* no default: the user must give it */
-    GE = 1 << 2,       /* value >= lo (for lists: each element) */
-    GT = 1 << 3,       /* value > lo */
-    LE = 1 << 4,       /* value <= hi */
-    LT = 1 << 5,       /* value < hi */
-    SOME = 1 << 6,     /* a list with at least one element */
-    WIDE = 1 << 7,     /* an integer read into int64_t; without it, into int */
+#define S(path_, type_, def_, ...) LOOM_CFG_SETTING(path_, type_, def_, __VA_ARGS__)
+
+/* The runtime's own settings (config.h); the layers above add theirs.
+ * Strategy and pipeline-schedule names are plugin names, so any non-empty
+ * string passes here; the loader says later whether such a plugin exists. */
+static const loom_config_setting plugin_settings[] = {
+    S("plugins.path", LOOM_CFG_STRINGS, "", .flags = LOOM_CFG_NONEMPTY,
+      .help = "directories searched for plugins before LOOM_PLUGIN_PATH; a relative one is taken "
+      "from the folder of the config file that sets it"),
 };
 
-typedef struct schema_entry {
-    const char *path;
-    value_type type;
-    /* The default as a user would write it; strings need no quotes and lists
-     * of strings may be written "a, b". NULL for a required setting. */
-    const char *def;
-    const char *const *choices; /* NULL-ended; for strings and string-list elements */
-    double lo, hi;
-    int flags;
-    const char *help;
-} schema_entry;
-
-static const char *const gemm_libraries[] = {"auto", "onednn", "openblas", NULL};
-static const char *const model_kinds[] = {"gpt2", "llama", NULL};
-static const char *const model_inits[] = {"random", "checkpoint", NULL};
-static const char *const lr_schedules[] = {"constant", "cosine", NULL};
-static const char *const decays[] = {"all", "matrices", NULL};
-static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
-static const char *const recomputes[] = {"none", "block", NULL};
-static const char *const offload_targets[] = {"none", "host", "nvme", NULL};
-static const char *const bench_ops[] = {"allreduce",     "broadcast", "reduce",   "allgather",
-                                        "reducescatter", "alltoall",  "sendrecv", NULL};
-static const char *const mem_kinds[] = {"host", "device", NULL};
-static const char *const bench_tiers[] = {"host", "nvme", NULL};
-static const char *const dtypes[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8", NULL};
-static const char *const redops[] = {"sum", "max", "min", "avg", NULL};
-
-#define S(path_, type_, def_, ...)                                                                 \
-    {                                                                                              \
-        .path = (path_), .type = (type_), .def = (def_), __VA_ARGS__                               \
-    }
-
-/* Every setting the core knows, grouped as the README's Configuration lists them. Strategy
- * and pipeline-schedule names are plugin names, so any non-empty string
- * passes here; the loader says later whether such a plugin exists. */
-static const schema_entry schema[] = {
-    S("plugins.path", V_STRINGS, "", .flags = NONEMPTY,
-      .help = "directories searched for plugins before LOOM_PLUGIN_PATH; a relative one is "
-              "taken from the folder of the config file that sets it"),
-
-    S("model.kind", V_STRING, "gpt2", .choices = model_kinds, .help = "model family"),
-    S("model.layers", V_INT, "4", .lo = 1, .flags = GE, .help = "transformer blocks"),
-    S("model.heads", V_INT, "4", .lo = 1, .flags = GE, .help = "attention heads"),
-    S("model.kv_heads", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "llama: key/value heads of grouped-query attention; 0 = model.heads"),
-    S("model.ffn", V_INT, "0", .lo = 0, .flags = GE, .help = "llama: MLP width; 0 = 4 x channels"),
-    S("model.channels", V_INT, "128", .lo = 1, .flags = GE, .help = "embedding width"),
-    S("model.vocab", V_INT, "256", .lo = 1, .flags = GE, .help = "vocabulary size"),
-    S("model.padded_vocab", V_INT, "256", .lo = 1, .flags = GE,
-      .help = "vocabulary padded for efficient kernels (>= vocab)"),
-    S("model.max_seq", V_INT, "256", .lo = 1, .flags = GE, .help = "longest sequence"),
-    S("model.init", V_STRING, "random", .choices = model_inits,
-      .help = "random weights, or load model.checkpoint (which then gives the shape "
-      "settings left unset)"),
-    S("model.gemm", V_STRING, "auto", .choices = gemm_libraries,
-      .help = "library of the matrix products; auto = oneDNN when built with it, else OpenBLAS"),
-    S("model.seed", V_INT, "1337", .flags = WIDE, .help = "seed of the random init"),
-    S("model.checkpoint", V_STRING, "",
-      .help = "llm.c checkpoint file (version 3 fp32 or 5 bf16) for init = checkpoint"),
-
-    S("data.train", V_GLOBS, "",
-      .help = "llm.c token shards to train on: a path or glob pattern, or a list of them"),
-    S("data.val", V_GLOBS, "",
-      .help = "llm.c token shards to validate on: a path or glob pattern, or a list of them"),
-    S("data.shuffle", V_BOOL, "true",
-      .help = "llm.c's shuffling: shard order per epoch, sample order per shard"),
-    S("data.readers", V_INT, "1", .lo = 1, .flags = GE,
-      .help = "llm.c processes whose batches loom reproduces (llm.c's world size), whatever "
-      "loom's mesh"),
-    S("data.read_batch", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "sequences per reader per read (llm.c's -b); 0 = train.batch / data.readers"),
-
-    S("train.batch", V_INT, "8", .lo = 1, .flags = GE, .help = "global batch, in sequences"),
-    S("train.seq", V_INT, "64", .lo = 1, .flags = GE, .help = "tokens per sequence"),
-    S("train.steps", V_INT, "100", .lo = 1, .flags = GE | WIDE, .help = "optimizer steps"),
-    S("train.lr", V_FLOAT, "1e-3", .lo = 0, .flags = GE, .help = "peak learning rate"),
-    S("train.weight_decay", V_FLOAT, "0.0", .lo = 0, .flags = GE, .help = "AdamW weight decay"),
-    S("train.decay", V_STRING, "all", .choices = decays,
-      .help = "what weight decay applies to: every parameter (llm.c's CPU trainer), or only "
-      "the matrices wte, wpe, qkvw, attprojw, fcw, fcprojw (its GPU trainer)"),
-    S("train.beta1", V_FLOAT, "0.9", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta1"),
-    S("train.beta2", V_FLOAT, "0.999", .lo = 0, .hi = 1, .flags = GE | LT, .help = "AdamW beta2"),
-    S("train.eps", V_FLOAT, "1e-8", .lo = 0, .flags = GT, .help = "AdamW epsilon"),
-    S("train.warmup", V_INT, "0", .lo = 0, .flags = GE | WIDE, .help = "linear warm-up steps"),
-    S("train.schedule", V_STRING, "constant", .choices = lr_schedules,
-      .help = "lr schedule: the learning rate after warm-up"),
-    S("train.clip", V_FLOAT, "0.0", .lo = 0, .flags = GE,
-      .help = "gradient-norm clipping; 0 = no clipping"),
-    S("train.grad_accum", V_INT, "1", .lo = 1, .flags = GE, .help = "micro-steps per step"),
-    S("train.precision", V_STRING, "fp32", .choices = precisions, .help = "compute precision"),
-    S("train.recompute", V_STRING, "none", .choices = recomputes,
-      .help = "activation recomputation"),
-    S("train.lr_final_frac", V_FLOAT, "0.0", .lo = 0, .hi = 1, .flags = GE | LE,
-      .help = "cosine lr schedule: final learning rate as a fraction of train.lr"),
-    S("train.threads", V_INT, "1", .lo = 1, .flags = GE,
-      .help = "threads per rank: the matrix products and the kernels (OpenMP), the same "
-              "results for any count; ranks x threads should not exceed the cores"),
-    S("train.peak_gflops", V_FLOAT, "0.0", .lo = 0, .flags = GE,
-      .help = "per-rank peak for MFU; 0 = measure the matrix products at start"),
-    S("train.loss_scale", V_FLOAT, "65536.0", .lo = 0, .flags = GT,
-      .help = "fp16: initial dynamic loss scale"),
-    S("train.loss_scale_window", V_INT, "1000", .lo = 1, .flags = GE | WIDE,
-      .help = "fp16: good steps before the loss scale doubles"),
-    S("train.max_skipped", V_INT, "10", .lo = 0, .flags = GE,
-      .help = "stop with an error after this many steps in a row whose loss or gradient norm is "
-      "not finite (fp16: a gradient overflow counts only once the loss scale is down to 1); "
-      "0 = never stop"),
-    S("train.eval_every", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "validate every N steps, before the first and after the last (0: after the last "
-      "only; needs data.val)"),
-    S("train.eval_batches", V_INT, "20", .lo = 1, .flags = GE,
-      .help = "global batches of data.val each validation reads (needs data.val)"),
-    S("train.checkpoint_every", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "save a resumable checkpoint every N steps (0 = never)"),
-    S("train.checkpoint_dir", V_STRING, "checkpoints", .flags = NONEMPTY,
-      .help = "where train.checkpoint_every writes step-N/ (a shard file per rank); one job's "
-      "at a time (loom.lock)"),
-    S("train.checkpoint_overwrite", V_BOOL, "false",
-      .help = "let this run write into a train.checkpoint_dir holding another run's checkpoints "
-      "(replacing those of the steps it saves)"),
-    S("train.keep_checkpoints", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "keep the last N checkpoints, remove older ones (0 = keep all)"),
-    S("train.checkpoint_async", V_BOOL, "false",
-      .help = "write each checkpoint from a thread while training goes on: the state is copied "
-      "to host memory at the checkpoint step, and the checkpoint is in place a few steps later"),
-    S("train.sample_every", V_INT, "0", .lo = 0, .flags = GE,
-      .help = "print a greedy sample of the model every N steps (0 = never)"),
-    S("train.sample_tokens", V_INT, "32", .lo = 1, .flags = GE,
-      .help = "tokens in each train.sample_every sample"),
-
-    S("parallel.dp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "data-parallel ranks"),
-    S("parallel.dp.strategy", V_STRING, "ddp", .flags = NONEMPTY,
+static const loom_config_setting runtime_settings[] = {
+    S("parallel.dp.size", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
+      .help = "data-parallel ranks"),
+    S("parallel.dp.strategy", LOOM_CFG_STRING, "ddp", .flags = LOOM_CFG_NONEMPTY,
       .help = "data-parallel strategy plugin: ddp, zero1, zero2, zero3, ..."),
-    S("parallel.tp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "tensor-parallel ranks"),
-    S("parallel.tp.strategy", V_STRING, "tp", .flags = NONEMPTY,
+    S("parallel.tp.size", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
+      .help = "tensor-parallel ranks"),
+    S("parallel.tp.strategy", LOOM_CFG_STRING, "tp", .flags = LOOM_CFG_NONEMPTY,
       .help = "tensor-parallel strategy plugin"),
-    S("parallel.sp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "sequence-parallel ranks"),
-    S("parallel.sp.strategy", V_STRING, "ulysses", .flags = NONEMPTY,
+    S("parallel.sp.size", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
+      .help = "sequence-parallel ranks"),
+    S("parallel.sp.strategy", LOOM_CFG_STRING, "ulysses", .flags = LOOM_CFG_NONEMPTY,
       .help = "sequence-parallel strategy plugin: ulysses, ring, ..."),
-    S("parallel.pp.size", V_INT, "1", .lo = 1, .flags = GE, .help = "pipeline stages"),
-    S("parallel.pp.schedule", V_STRING, "1f1b", .flags = NONEMPTY,
+    S("parallel.pp.size", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
+      .help = "pipeline stages"),
+    S("parallel.pp.schedule", LOOM_CFG_STRING, "1f1b", .flags = LOOM_CFG_NONEMPTY,
       .help = "pipeline schedule plugin: gpipe, 1f1b, interleaved, zb-h1, ..."),
-    S("parallel.pp.microbatches", V_INT, "1", .lo = 1, .flags = GE,
+    S("parallel.pp.microbatches", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
       .help = "micro-batches per step"),
-    S("parallel.pp.virtual_stages", V_INT, "1", .lo = 1, .flags = GE,
+    S("parallel.pp.virtual_stages", LOOM_CFG_INT, "1", .lo = 1, .flags = LOOM_CFG_GE,
       .help = "model chunks per pipeline rank (interleaved pipeline schedules)"),
-    S("parallel.pp.stage_layers", V_INTS, "", .lo = 0, .flags = GE,
+    S("parallel.pp.stage_layers", LOOM_CFG_INTS, "", .lo = 0, .flags = LOOM_CFG_GE,
       .help = "layers per stage; empty = split evenly"),
 
-    S("comm.default", V_STRING, "auto", .flags = NONEMPTY,
+    S("comm.default", LOOM_CFG_STRING, "auto", .flags = LOOM_CFG_NONEMPTY,
       .help = "comm plugin of every axis not named below; \"auto\": comm-ucx for host memory "
       "when it loads on every rank, comm-nccl for device memory, else comm-mpi"),
-    S("comm.timeout_s", V_FLOAT, "60.0", .lo = 0, .flags = GT,
+    S("comm.timeout_s", LOOM_CFG_FLOAT, "60.0", .lo = 0, .flags = LOOM_CFG_GT,
       .help = "no communication waits longer than this"),
-    S("comm.tp", V_STRING, "", .help = "comm plugin of the tp axis; empty = comm.default"),
-    S("comm.sp", V_STRING, "", .help = "comm plugin of the sp axis; empty = comm.default"),
-    S("comm.pp", V_STRING, "", .help = "comm plugin of the pp axis; empty = comm.default"),
-    S("comm.dp", V_STRING, "", .help = "comm plugin of the dp axis; empty = comm.default"),
+    S("comm.tp", LOOM_CFG_STRING, "", .help = "comm plugin of the tp axis; empty = comm.default"),
+    S("comm.sp", LOOM_CFG_STRING, "", .help = "comm plugin of the sp axis; empty = comm.default"),
+    S("comm.pp", LOOM_CFG_STRING, "", .help = "comm plugin of the pp axis; empty = comm.default"),
+    S("comm.dp", LOOM_CFG_STRING, "", .help = "comm plugin of the dp axis; empty = comm.default"),
 
-    S("memory.offload.optimizer", V_STRING, "none", .choices = offload_targets,
+    S("memory.offload.optimizer", LOOM_CFG_STRING, "none", .choices = offload_targets,
       .help = "tier of the fp32 master weights and Adam moments of each rank's shard "
       "(ZeRO-Offload)"),
-    S("memory.offload.params", V_STRING, "none", .choices = offload_targets,
+    S("memory.offload.params", LOOM_CFG_STRING, "none", .choices = offload_targets,
       .help = "tier of zero3's parameter and gradient shards (ZeRO-Infinity)"),
-    S("memory.host_limit", V_INT, "0", .lo = 0, .flags = GE | WIDE,
+    S("memory.host_limit", LOOM_CFG_INT, "0", .lo = 0, .flags = LOOM_CFG_GE | LOOM_CFG_WIDE,
       .help = "host bytes per rank the accounting may hold; 0: no limit"),
-
-    S("bench.comms", V_STRINGS, "auto", .flags = NONEMPTY | SOME,
-      .help = "comm plugins to compare; \"auto\": the one comm.default = \"auto\" picks for "
-      "bench.memory"),
-    S("bench.ops", V_STRINGS,
-      "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, sendrecv",
-      .choices = bench_ops, .flags = SOME, .help = "operations to time"),
-    S("bench.min_bytes", V_INT, "4", .lo = 0, .flags = GE | WIDE, .help = "smallest message"),
-    S("bench.max_bytes", V_INT, "67108864", .lo = 0, .flags = GE | WIDE,
-      .help = "largest message (sizes double from min_bytes)"),
-    S("bench.iters", V_INT, "20", .lo = 1, .flags = GE, .help = "timed iterations per size"),
-    S("bench.warmup", V_INT, "5", .lo = 0, .flags = GE, .help = "untimed iterations per size"),
-    S("bench.barrier", V_BOOL, "false",
-      .help = "true: a barrier before every timed iteration, each timed alone (as ucc_perftest "
-      "and the OSU benchmarks time); false: back to back (as nccl-tests)"),
-    S("bench.memory", V_STRING, "host", .choices = mem_kinds, .help = "buffer memory kind"),
-    S("bench.dtype", V_STRING, "f32", .choices = dtypes, .help = "element type"),
-    S("bench.redop", V_STRING, "sum", .choices = redops, .help = "reduction of reducing ops"),
-    S("bench.tiers", V_STRINGS, "", .choices = bench_tiers,
-      .help = "memory tiers to time (the nvme tier's settings are memory.offload's); "
-      "given, bench.comms runs only when set too"),
-    S("bench.tier_block_bytes", V_INTS, "65536, 1048576, 4194304", .lo = 4096,
-      .flags = GE | WIDE,
-      .help = "the nvme tier's block sizes (memory.offload.block_bytes) to time"),
-    S("bench.tier_queue_depths", V_INTS, "1, 4, 16", .lo = 1, .flags = GE,
-      .help = "the nvme tier's queue depths (memory.offload.queue_depth) to time"),
-    S("bench.tier_bytes", V_INT, "268435456", .lo = 4096, .flags = GE | WIDE,
-      .help = "bytes each tier measurement writes and reads back"),
-    S("bench.tier_repeats", V_INT, "3", .lo = 1, .flags = GE,
-      .help = "measurements per point (the median is reported)"),
 };
 
 #undef S
+
+const loom_config_settings loom_config_plugin_settings = {
+    .settings = plugin_settings,
+    .count = LOOM_ARRAY_LEN(plugin_settings),
+};
+
+const loom_config_settings loom_config_runtime_settings = {
+    .settings = runtime_settings,
+    .count = LOOM_ARRAY_LEN(runtime_settings),
+};
 
 /* Groups where names the core does not know belong to a plugin (the
  * strategy of that axis, the offload tier): they are checked by
@@ -279,11 +128,63 @@ static const unimplemented *not_yet_find(const char *path)
     return NULL;
 }
 
-static const schema_entry *schema_find(const char *path)
+/* The layers' settings added so far, in order. */
+#define MAX_LAYER_SETTINGS 8
+static const loom_config_settings *added[MAX_LAYER_SETTINGS];
+static int nadded;
+
+static int was_added(const loom_config_settings *settings)
 {
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
-        if (!strcmp(schema[i].path, path))
-            return &schema[i];
+    for (int i = 0; i < nadded; i++)
+        if (added[i] == settings)
+            return 1;
+    return 0;
+}
+
+int loom_config_add_settings(const loom_config_settings *settings)
+{
+    if (!settings || was_added(settings))
+        return LOOM_OK;
+    if (nadded == MAX_LAYER_SETTINGS)
+        return loom_fail(LOOM_ERR_INTERNAL, "config: more than %d tables of settings added",
+                         MAX_LAYER_SETTINGS);
+    added[nadded++] = settings;
+    return LOOM_OK;
+}
+
+/* The tables a config is checked against: those added, then the runtime's
+ * own where no one added them. Returns how many. */
+static int schema_tables(const loom_config_settings *out[MAX_LAYER_SETTINGS + 2])
+{
+    int n = 0;
+    for (int i = 0; i < nadded; i++)
+        out[n++] = added[i];
+    if (!was_added(&loom_config_plugin_settings))
+        out[n++] = &loom_config_plugin_settings;
+    if (!was_added(&loom_config_runtime_settings))
+        out[n++] = &loom_config_runtime_settings;
+    return n;
+}
+
+/* The index-th setting of the schema, NULL past the last. */
+static const loom_config_setting *schema_at(size_t index)
+{
+    const loom_config_settings *tables[MAX_LAYER_SETTINGS + 2];
+    int n = schema_tables(tables);
+    for (int t = 0; t < n; t++) {
+        if (index < tables[t]->count)
+            return &tables[t]->settings[index];
+        index -= tables[t]->count;
+    }
+    return NULL;
+}
+
+static const loom_config_setting *schema_find(const char *path)
+{
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++)
+        if (!strcmp(e->path, path))
+            return e;
     return NULL;
 }
 
@@ -293,8 +194,9 @@ static int schema_is_group(const char *path)
     size_t n = strlen(path);
     if (n == 0)
         return 1;
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
-        if (!strncmp(schema[i].path, path, n) && schema[i].path[n] == '.')
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++)
+        if (!strncmp(e->path, path, n) && e->path[n] == '.')
             return 1;
     return 0;
 }
@@ -355,7 +257,7 @@ static int valid_path(const char *path)
     }
 }
 
-/* Walk a dotted path ("bench.ops", "parallel.pp.stage_layers[1]") from
+/* Walk a dotted path ("plugins.path", "parallel.pp.stage_layers[1]") from
  * root. *blocked is set when the walk stopped at something that exists but
  * cannot hold the rest (an index past a list's end, a name under a scalar):
  * then the defaults must not answer either. */
@@ -405,7 +307,7 @@ static config_setting_t *find_setting(const config_t *c, const char *path, int *
     return s;
 }
 
-/* The dotted path of a setting in its tree: "bench.ops[2]". */
+/* The dotted path of a setting in its tree: "parallel.pp.stage_layers[2]". */
 static void setting_path(const config_setting_t *s, char *out, size_t cap)
 {
     if (!s || config_setting_is_root(s)) {
@@ -459,12 +361,8 @@ static int fail_at(const loom_config *cfg, const config_setting_t *s, const char
                      detail);
 }
 
-/* A complaint about path in relation to another setting: placed where path
- * was set, else where the other was (a default has no place of its own). */
-static int fail_rel(const loom_config *cfg, const char *path, const char *other, const char *fmt,
-                    ...) __attribute__((format(printf, 4, 5)));
-static int fail_rel(const loom_config *cfg, const char *path, const char *other, const char *fmt,
-                    ...)
+int loom_config_fail_relation(const loom_config *cfg, const char *path, const char *other,
+                              const char *fmt, ...)
 {
     char detail[768];
     va_list ap;
@@ -490,16 +388,16 @@ static double number_of(const config_setting_t *s)
     return (double)config_setting_get_int64(s);
 }
 
-static const char *expected_name(value_type t)
+static const char *expected_name(loom_config_type t)
 {
     switch (t) {
-    case V_INT: return "an integer";
-    case V_FLOAT: return "a number";
-    case V_BOOL: return "a boolean (true or false)";
-    case V_STRING: return "a string";
-    case V_STRINGS: return "a list of strings";
-    case V_INTS: return "a list of integers";
-    case V_GLOBS: return "a path or glob pattern (a string), or a list of them";
+    case LOOM_CFG_INT: return "an integer";
+    case LOOM_CFG_FLOAT: return "a number";
+    case LOOM_CFG_BOOL: return "a boolean (true or false)";
+    case LOOM_CFG_STRING: return "a string";
+    case LOOM_CFG_STRINGS: return "a list of strings";
+    case LOOM_CFG_INTS: return "a list of integers";
+    case LOOM_CFG_GLOBS: return "a path or glob pattern (a string), or a list of them";
     }
     return "?";
 }
@@ -590,8 +488,9 @@ static void names_add(name_list *l, const char *name, size_t n)
 static void schema_children(const char *group, name_list *l)
 {
     size_t g = strlen(group);
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
-        const char *p = schema[i].path;
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++) {
+        const char *p = e->path;
         if (g) {
             if (strncmp(p, group, g) || p[g] != '.')
                 continue;
@@ -643,9 +542,10 @@ static int unknown_setting(const loom_config *cfg, const config_setting_t *s, co
      * (a group where a group was written). */
     char found[4][PATH_MAX_LEN];
     int nfound = 0;
+    const loom_config_setting *e;
     for (int pass = 0; pass < 2 && nfound == 0; pass++)
-        for (size_t i = 0; i < LOOM_ARRAY_LEN(schema) && nfound < 4; i++) {
-            const char *p = schema[i].path;
+        for (size_t i = 0; (e = schema_at(i)) && nfound < 4; i++) {
+            const char *p = e->path;
             for (const char *c = p; *c;) {
                 size_t n = strcspn(c, ".");
                 if (n == strlen(name) && !strncasecmp(c, name, n)) {
@@ -694,84 +594,87 @@ static int unknown_setting(const loom_config *cfg, const config_setting_t *s, co
 /* ------------------------------------------------------------ checking values */
 
 static int check_range(const loom_config *cfg, const config_setting_t *s, const char *path,
-                       const schema_entry *e, double v)
+                       const loom_config_setting *e, double v)
 {
     int ok = 1;
-    if ((e->flags & GE) && !(v >= e->lo))
+    if ((e->flags & LOOM_CFG_GE) && !(v >= e->lo))
         ok = 0;
-    if ((e->flags & GT) && !(v > e->lo))
+    if ((e->flags & LOOM_CFG_GT) && !(v > e->lo))
         ok = 0;
-    if ((e->flags & LE) && !(v <= e->hi))
+    if ((e->flags & LOOM_CFG_LE) && !(v <= e->hi))
         ok = 0;
-    if ((e->flags & LT) && !(v < e->hi))
+    if ((e->flags & LOOM_CFG_LT) && !(v < e->hi))
         ok = 0;
     if (ok)
         return LOOM_OK;
 
     char want[96], got[64];
-    int has_lo = e->flags & (GE | GT), has_hi = e->flags & (LE | LT);
+    int has_lo = e->flags & (LOOM_CFG_GE | LOOM_CFG_GT);
+    int has_hi = e->flags & (LOOM_CFG_LE | LOOM_CFG_LT);
     if (has_lo && has_hi)
-        snprintf(want, sizeof want, "in %c%g, %g%c", (e->flags & GE) ? '[' : '(', e->lo, e->hi,
-                 (e->flags & LE) ? ']' : ')');
+        snprintf(want, sizeof want, "in %c%g, %g%c", (e->flags & LOOM_CFG_GE) ? '[' : '(', e->lo,
+                 e->hi, (e->flags & LOOM_CFG_LE) ? ']' : ')');
     else if (has_lo)
-        snprintf(want, sizeof want, "%s %g", (e->flags & GE) ? ">=" : ">", e->lo);
+        snprintf(want, sizeof want, "%s %g", (e->flags & LOOM_CFG_GE) ? ">=" : ">", e->lo);
     else
-        snprintf(want, sizeof want, "%s %g", (e->flags & LE) ? "<=" : "<", e->hi);
+        snprintf(want, sizeof want, "%s %g", (e->flags & LOOM_CFG_LE) ? "<=" : "<", e->hi);
     if (config_setting_type(s) == CONFIG_TYPE_FLOAT)
         snprintf(got, sizeof got, "%g", v);
     else
         snprintf(got, sizeof got, "%lld", int_of(s));
     return fail_at(cfg, s, path, "expected %s %s, found %s",
-                   e->type == V_INT || e->type == V_INTS ? "an integer" : "a number", want, got);
+                   e->type == LOOM_CFG_INT || e->type == LOOM_CFG_INTS ? "an integer" : "a number",
+                   want, got);
 }
 
 /* Whether s holds a value of type t; an integer is a fine number. */
-static int holds(const config_setting_t *s, value_type t)
+static int holds(const config_setting_t *s, loom_config_type t)
 {
     int found = config_setting_type(s);
     switch (t) {
-    case V_INT: return found == CONFIG_TYPE_INT || found == CONFIG_TYPE_INT64;
-    case V_FLOAT: return config_setting_is_number(s);
-    case V_BOOL: return found == CONFIG_TYPE_BOOL;
-    case V_STRING: return found == CONFIG_TYPE_STRING;
+    case LOOM_CFG_INT: return found == CONFIG_TYPE_INT || found == CONFIG_TYPE_INT64;
+    case LOOM_CFG_FLOAT: return config_setting_is_number(s);
+    case LOOM_CFG_BOOL: return found == CONFIG_TYPE_BOOL;
+    case LOOM_CFG_STRING: return found == CONFIG_TYPE_STRING;
     default: return 0;
     }
 }
 
 static int check_value(const loom_config *cfg, const config_setting_t *s, const char *path,
-                       const schema_entry *e)
+                       const loom_config_setting *e)
 {
     char found[128];
     int t = config_setting_type(s);
     switch (e->type) {
-    case V_INT:
-        if (!holds(s, V_INT))
+    case LOOM_CFG_INT:
+        if (!holds(s, LOOM_CFG_INT))
             break;
     {
         int rc = check_range(cfg, s, path, e, (double)int_of(s));
         /* Most settings are read into an int: a bigger value would be cut
          * to 32 bits without a word (4294967304 would train with 8). */
-        if (rc == LOOM_OK && !(e->flags & WIDE) && (int_of(s) > INT_MAX || int_of(s) < INT_MIN))
+        if (rc == LOOM_OK && !(e->flags & LOOM_CFG_WIDE) &&
+            (int_of(s) > INT_MAX || int_of(s) < INT_MIN))
             return fail_at(cfg, s, path, "expected an integer %s %d (the limit of the C int it "
                            "is read into), found %lld", int_of(s) > 0 ? "<=" : ">=",
                            int_of(s) > 0 ? INT_MAX : INT_MIN, int_of(s));
         return rc;
     }
-    case V_FLOAT:
-        if (!holds(s, V_FLOAT))
+    case LOOM_CFG_FLOAT:
+        if (!holds(s, LOOM_CFG_FLOAT))
             break;
         if (!isfinite(number_of(s)))
             return fail_at(cfg, s, path, "expected a finite number, found %g", number_of(s));
         return check_range(cfg, s, path, e, number_of(s));
-    case V_BOOL:
-        if (!holds(s, V_BOOL))
+    case LOOM_CFG_BOOL:
+        if (!holds(s, LOOM_CFG_BOOL))
             break;
         return LOOM_OK;
-    case V_STRING: {
-        if (!holds(s, V_STRING))
+    case LOOM_CFG_STRING: {
+        if (!holds(s, LOOM_CFG_STRING))
             break;
         const char *v = config_setting_get_string(s);
-        if ((e->flags & NONEMPTY) && !v[0])
+        if ((e->flags & LOOM_CFG_NONEMPTY) && !v[0])
             return fail_at(cfg, s, path, "expected a non-empty string, found \"\"");
         if (!e->choices)
             return LOOM_OK;
@@ -793,28 +696,28 @@ static int check_value(const loom_config *cfg, const config_setting_t *s, const 
                            list, v, e->choices[best]);
         return fail_at(cfg, s, path, "expected one of %s; found \"%s\"", list, v);
     }
-    case V_GLOBS: {
-        if (holds(s, V_STRING))
+    case LOOM_CFG_GLOBS: {
+        if (holds(s, LOOM_CFG_STRING))
             return LOOM_OK; /* "" is unset; the command that needs files says so */
         if (t != CONFIG_TYPE_ARRAY && t != CONFIG_TYPE_LIST)
             break;
-        schema_entry list = *e;
-        list.type = V_STRINGS;
-        list.flags |= NONEMPTY | SOME;
+        loom_config_setting list = *e;
+        list.type = LOOM_CFG_STRINGS;
+        list.flags |= LOOM_CFG_NONEMPTY | LOOM_CFG_SOME;
         return check_value(cfg, s, path, &list);
     }
-    case V_STRINGS:
-    case V_INTS: {
+    case LOOM_CFG_STRINGS:
+    case LOOM_CFG_INTS: {
         if (t != CONFIG_TYPE_ARRAY && t != CONFIG_TYPE_LIST) {
-            if (e->type == V_STRINGS && t == CONFIG_TYPE_STRING)
+            if (e->type == LOOM_CFG_STRINGS && t == CONFIG_TYPE_STRING)
                 return fail_at(cfg, s, path, "expected a list of strings, found %s; write [\"%s\"]",
                                describe(s, found, sizeof found), config_setting_get_string(s));
             break;
         }
-        schema_entry elem = *e;
-        elem.type = e->type == V_STRINGS ? V_STRING : V_INT;
+        loom_config_setting elem = *e;
+        elem.type = e->type == LOOM_CFG_STRINGS ? LOOM_CFG_STRING : LOOM_CFG_INT;
         int n = config_setting_length(s);
-        if ((e->flags & SOME) && n == 0)
+        if ((e->flags & LOOM_CFG_SOME) && n == 0)
             return fail_at(cfg, s, path, "expected a non-empty list, found []");
         for (int i = 0; i < n; i++) {
             char epath[PATH_MAX_LEN + 16];
@@ -845,7 +748,7 @@ static int validate_group(const loom_config *cfg, const config_setting_t *g, con
         const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
         char path[PATH_MAX_LEN], found[128];
         join_path(path, sizeof path, group, config_setting_name(s));
-        const schema_entry *e = schema_find(path);
+        const loom_config_setting *e = schema_find(path);
         int rc;
         if (e)
             rc = check_value(cfg, s, path, e);
@@ -868,127 +771,28 @@ static int validate_group(const loom_config *cfg, const config_setting_t *g, con
     return LOOM_OK;
 }
 
-/* Relations between settings that no single value shows. */
+/* Relations between settings that no single value shows: each layer's. */
 static int check_relations(const loom_config *cfg)
 {
-    const char *init = "", *ckpt = "";
-    loom_config_string(cfg, "model.init", &init);
-    loom_config_string(cfg, "model.checkpoint", &ckpt);
-    if (!strcmp(init, "checkpoint") && !ckpt[0])
-        return fail_rel(cfg, "model.checkpoint", "model.init",
-                        "required when model.init = \"checkpoint\"; name the llm.c checkpoint "
-                        "file, e.g. model.checkpoint = \"gpt2_124M.bin\"");
-    if (!strcmp(init, "random") && ckpt[0])
-        return fail_rel(cfg, "model.checkpoint", "model.init",
-                        "\"%s\" is not read: model.init is \"random\"%s; set model.init = "
-                        "\"checkpoint\" to start from the file, or remove model.checkpoint",
-                        ckpt, loom_config_is_set(cfg, "model.init") ? "" : " (the default)");
-
-    const char *decay = "all";
-    double weight_decay = 0;
-    loom_config_string(cfg, "train.decay", &decay);
-    loom_config_float(cfg, "train.weight_decay", &weight_decay);
-    if (!strcmp(decay, "matrices") && weight_decay == 0)
-        return fail_rel(cfg, "train.decay", "train.weight_decay",
-                        "\"matrices\" picks the tensors train.weight_decay applies to, and "
-                        "train.weight_decay is 0; set a weight decay or remove train.decay");
-
-    int64_t checkpoint_every = 0;
-    loom_config_int(cfg, "train.checkpoint_every", &checkpoint_every);
-    static const char *const of_checkpoints[] = {"train.keep_checkpoints",
-                                                 "train.checkpoint_async",
-                                                 "train.checkpoint_overwrite"};
-    for (size_t i = 0; checkpoint_every == 0 && i < LOOM_ARRAY_LEN(of_checkpoints); i++)
-        if (loom_config_is_set(cfg, of_checkpoints[i]))
-            return fail_rel(cfg, of_checkpoints[i], "train.checkpoint_every",
-                            "does nothing without checkpoints; set train.checkpoint_every = N, "
-                            "or remove %s", of_checkpoints[i]);
-
-    int64_t sample_every = 0;
-    loom_config_int(cfg, "train.sample_every", &sample_every);
-    if (sample_every == 0 && loom_config_is_set(cfg, "train.sample_tokens"))
-        return fail_rel(cfg, "train.sample_tokens", "train.sample_every",
-                        "does nothing without samples; set train.sample_every = N (a sample "
-                        "every N steps) or remove it");
-
-    int64_t lo = 0, hi = 0;
-    loom_config_int(cfg, "bench.min_bytes", &lo);
-    loom_config_int(cfg, "bench.max_bytes", &hi);
-    if (lo > hi) {
-        if (loom_config_is_set(cfg, "bench.max_bytes"))
-            return fail_rel(cfg, "bench.max_bytes", "bench.min_bytes",
-                            "expected an integer >= bench.min_bytes (%lld), found %lld",
-                            (long long)lo, (long long)hi);
-        return fail_rel(cfg, "bench.min_bytes", "bench.max_bytes",
-                        "expected an integer <= bench.max_bytes (%lld), found %lld", (long long)hi,
-                        (long long)lo);
-    }
-
-    /* data.val = "" switches validation off, eval settings and all (a
-     * command line can turn off what the file sets); never set, they would
-     * do nothing */
-    if (!loom_config_is_set(cfg, "data.val")) {
-        const char *eval[] = {"train.eval_every", "train.eval_batches"};
-        for (int i = 0; i < 2; i++)
-            if (loom_config_is_set(cfg, eval[i]))
-                return fail_rel(cfg, eval[i], "data.val",
-                                "validation needs a validation set; set data.val (llm.c token "
-                                "shards), or remove %s", eval[i]);
-    }
-
-    /* GPT-2's attention has a key and value per head and an MLP of 4C:
-     * these shape a llama, which loom plans but does not train */
-    const char *kind = "gpt2";
-    loom_config_string(cfg, "model.kind", &kind);
-    const char *llama_only[] = {"model.kv_heads", "model.ffn"};
-    for (int i = 0; i < 2 && !strcmp(kind, "gpt2"); i++)
-        if (loom_config_is_set(cfg, llama_only[i]))
-            return fail_rel(cfg, llama_only[i], "model.kind",
-                            "shapes model.kind = \"llama\" only (GPT-2 has one key and value "
-                            "head per head and an MLP of 4 x channels); remove it");
-    if (!strcmp(kind, "llama")) {
-        int64_t heads = 1, kv = 0;
-        loom_config_int(cfg, "model.heads", &heads);
-        loom_config_int(cfg, "model.kv_heads", &kv);
-        if (kv > 0 && heads % kv)
-            return fail_rel(cfg, "model.kv_heads", "model.heads",
-                            "expected a divisor of model.heads (%lld), found %lld",
-                            (long long)heads, (long long)kv);
-    }
-
-    /* A checkpoint brings its own shape; these hold for a model we build. */
-    if (!strcmp(init, "random")) {
-        int64_t vocab = 0, padded = 0, channels = 0, heads = 1, max_seq = 0, seq = 0;
-        loom_config_int(cfg, "model.vocab", &vocab);
-        loom_config_int(cfg, "model.padded_vocab", &padded);
-        loom_config_int(cfg, "model.channels", &channels);
-        loom_config_int(cfg, "model.heads", &heads);
-        loom_config_int(cfg, "model.max_seq", &max_seq);
-        loom_config_int(cfg, "train.seq", &seq);
-        if (padded < vocab)
-            return fail_rel(cfg, "model.padded_vocab", "model.vocab",
-                            "expected an integer >= model.vocab (%lld), found %lld",
-                            (long long)vocab, (long long)padded);
-        if (channels % heads)
-            return fail_rel(cfg, "model.channels", "model.heads",
-                            "expected a multiple of model.heads (%lld), found %lld",
-                            (long long)heads, (long long)channels);
-        if (seq > max_seq)
-            return fail_rel(cfg, "train.seq", "model.max_seq",
-                            "expected an integer <= model.max_seq (%lld), found %lld",
-                            (long long)max_seq, (long long)seq);
+    const loom_config_settings *tables[MAX_LAYER_SETTINGS + 2];
+    int n = schema_tables(tables);
+    for (int t = 0; t < n; t++) {
+        int rc = tables[t]->check ? tables[t]->check(cfg) : LOOM_OK;
+        if (rc != LOOM_OK)
+            return rc;
     }
     return LOOM_OK;
 }
 
 static int check_required(const loom_config *cfg)
 {
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++)
-        if ((schema[i].flags & REQUIRED) && !loom_config_is_set(cfg, schema[i].path))
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++)
+        if ((e->flags & LOOM_CFG_REQUIRED) && !loom_config_is_set(cfg, e->path))
             return loom_fail(LOOM_ERR_INVALID,
                              "%s: %s: required setting is missing (it has no default); set it "
                              "in the config or with --set %s=VALUE",
-                             cfg->name, schema[i].path, schema[i].path);
+                             cfg->name, e->path, e->path);
     return LOOM_OK;
 }
 
@@ -1178,22 +982,22 @@ static char *trim(char *s)
 /* Add parent.name from the text of a value, as --set and defaults give it.
  * hint (0 = unknown) is the type the schema wants there; it lets a user
  * skip the quotes a config file would need:
- *   string:          --set comm.default=ucx, --set data.train=a/b.bin
- *   list of strings: --set bench.comms=mpi,ucx  (or ["mpi","ucx"])
+ *   string:          --set comm.default=ucx
+ *   list of strings: --set plugins.path=lib,more  (or ["lib","more"])
  *   list of ints:    --set parallel.pp.stage_layers=2,2
- *   files:           --set data.train=data/train_*.bin (one path or pattern;
- *                    a list as ["a.bin","b.bin"])
+ *   files:           --set PATH=data/train_*.bin (one path or pattern, so
+ *                    it may hold commas; a list as ["a.bin","b.bin"])
  * Anything else is read as a libconfig value; a bare word that is not one
  * becomes a string. On failure err says why. */
 static config_setting_t *add_from_text(config_setting_t *parent, const char *name, const char *text,
                                        int hint, char *err, size_t errcap)
 {
     int open = text[0] == '"' || text[0] == '[' || text[0] == '(' || text[0] == '{';
-    if (hint == V_GLOBS) /* a bare word is one path: paths may hold commas */
-        hint = text[0] == '[' || text[0] == '(' ? V_STRINGS : V_STRING;
-    if (hint == V_STRING && text[0] != '"')
+    if (hint == LOOM_CFG_GLOBS) /* a bare word is one path: paths may hold commas */
+        hint = text[0] == '[' || text[0] == '(' ? LOOM_CFG_STRINGS : LOOM_CFG_STRING;
+    if (hint == LOOM_CFG_STRING && text[0] != '"')
         return add_string(parent, name, text);
-    if (hint == V_STRINGS && !open) {
+    if (hint == LOOM_CFG_STRINGS && !open) {
         config_setting_t *list = config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
         char *copy = strdup(text);
         if (!list || !copy) {
@@ -1209,9 +1013,9 @@ static config_setting_t *add_from_text(config_setting_t *parent, const char *nam
         free(copy);
         return list;
     }
-    if (hint == V_INTS && !text[0])
+    if (hint == LOOM_CFG_INTS && !text[0])
         return config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
-    if (hint == V_INT && text[0]) {
+    if (hint == LOOM_CFG_INT && text[0]) {
         char *end;
         errno = 0;
         long long v = strtoll(text, &end, 0);
@@ -1223,7 +1027,7 @@ static config_setting_t *add_from_text(config_setting_t *parent, const char *nam
     char *src = malloc(cap);
     if (!src)
         return NULL;
-    if (hint == V_INTS && text[0] && !open)
+    if (hint == LOOM_CFG_INTS && text[0] && !open)
         snprintf(src, cap, "v = [%s];", text);
     else
         snprintf(src, cap, "v = %s;", text);
@@ -1239,8 +1043,8 @@ static config_setting_t *add_from_text(config_setting_t *parent, const char *nam
         snprintf(err, errcap, "integer %s does not fit in 32 bits; write %sL", lit, lit);
     } else if (v) {
         int t = config_setting_type(v);
-        if ((hint == V_STRINGS && t == CONFIG_TYPE_STRING) ||
-            (hint == V_INTS && (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64))) {
+        if ((hint == LOOM_CFG_STRINGS && t == CONFIG_TYPE_STRING) ||
+            (hint == LOOM_CFG_INTS && (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64))) {
             config_setting_t *list = config_setting_add(parent, name, CONFIG_TYPE_ARRAY);
             out = list && copy_setting(list, NULL, v) ? list : NULL;
         } else {
@@ -1350,7 +1154,7 @@ static int apply_override(loom_config *cfg, int i)
     char *v = strdup(value);
     if (!v)
         return loom_fail(LOOM_ERR_NO_MEMORY, "--set %s: out of memory", text);
-    const schema_entry *e = schema_find(path);
+    const loom_config_setting *e = schema_find(path);
     int rc = set_from_text(&cfg->tree, path, trim(v), e ? (int)e->type : 0, cfg->overrides[i], err,
                            sizeof err);
     free(v);
@@ -1364,8 +1168,8 @@ static int apply_override(loom_config *cfg, int i)
 static int build_defaults(loom_config *cfg)
 {
     char err[256];
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
-        const schema_entry *e = &schema[i];
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++) {
         if (!e->def)
             continue;
         int rc =
@@ -1616,7 +1420,7 @@ static int not_found(const char *path)
 
 /* A typed read: out points at the C type of want (int64_t, double, int,
  * const char *). */
-static int read_typed(const loom_config *cfg, const char *path, value_type want, void *out)
+static int read_typed(const loom_config *cfg, const char *path, loom_config_type want, void *out)
 {
     const config_setting_t *s = lookup(cfg, path);
     if (!s)
@@ -1627,10 +1431,10 @@ static int read_typed(const loom_config *cfg, const char *path, value_type want,
                        describe(s, found, sizeof found));
     }
     switch (want) {
-    case V_INT: *(int64_t *)out = (int64_t)int_of(s); break;
-    case V_FLOAT: *(double *)out = number_of(s); break;
-    case V_BOOL: *(int *)out = config_setting_get_bool(s) != 0; break;
-    case V_STRING: *(const char **)out = config_setting_get_string(s); break;
+    case LOOM_CFG_INT: *(int64_t *)out = (int64_t)int_of(s); break;
+    case LOOM_CFG_FLOAT: *(double *)out = number_of(s); break;
+    case LOOM_CFG_BOOL: *(int *)out = config_setting_get_bool(s) != 0; break;
+    case LOOM_CFG_STRING: *(const char **)out = config_setting_get_string(s); break;
     default: break;
     }
     return LOOM_OK;
@@ -1638,22 +1442,22 @@ static int read_typed(const loom_config *cfg, const char *path, value_type want,
 
 int loom_config_int(const loom_config *cfg, const char *path, int64_t *out)
 {
-    return read_typed(cfg, path, V_INT, out);
+    return read_typed(cfg, path, LOOM_CFG_INT, out);
 }
 
 int loom_config_float(const loom_config *cfg, const char *path, double *out)
 {
-    return read_typed(cfg, path, V_FLOAT, out);
+    return read_typed(cfg, path, LOOM_CFG_FLOAT, out);
 }
 
 int loom_config_bool(const loom_config *cfg, const char *path, int *out)
 {
-    return read_typed(cfg, path, V_BOOL, out);
+    return read_typed(cfg, path, LOOM_CFG_BOOL, out);
 }
 
 int loom_config_string(const loom_config *cfg, const char *path, const char **out)
 {
-    return read_typed(cfg, path, V_STRING, out);
+    return read_typed(cfg, path, LOOM_CFG_STRING, out);
 }
 
 int loom_config_list_len(const loom_config *cfg, const char *path)
@@ -1696,8 +1500,8 @@ const char *loom_config_where(const loom_config *cfg, const char *path)
 
 int loom_config_derive_int(loom_config *cfg, const char *path, int64_t value, const char *source)
 {
-    const schema_entry *e = schema_find(path);
-    if (!e || e->type != V_INT || loom_config_is_set(cfg, path))
+    const loom_config_setting *e = schema_find(path);
+    if (!e || e->type != LOOM_CFG_INT || loom_config_is_set(cfg, path))
         return loom_fail(LOOM_ERR_INTERNAL, "config: %s is not an unset integer setting to derive",
                          path);
     char **grown = realloc(cfg->sources, (size_t)(cfg->nsources + 1) * sizeof *grown);
@@ -1709,7 +1513,7 @@ int loom_config_derive_int(loom_config *cfg, const char *path, int64_t value, co
     char *hook = cfg->sources[cfg->nsources++];
     char text[32], err[256];
     snprintf(text, sizeof text, "%lld", (long long)value);
-    int rc = set_from_text(&cfg->defaults, path, text, V_INT, hook, err, sizeof err);
+    int rc = set_from_text(&cfg->defaults, path, text, LOOM_CFG_INT, hook, err, sizeof err);
     if (rc)
         return loom_fail(rc, "config: %s = %s from %s: %s", path, text, source, err);
     int blocked;
@@ -1723,27 +1527,27 @@ const char *loom_config_file(const loom_config *cfg)
 
 /* ------------------------------------------------------------ plugin groups */
 
-static value_type spec_type(loom_setting_type t)
+static loom_config_type spec_type(loom_setting_type t)
 {
     switch (t) {
-    case LOOM_SETTING_INT: return V_INT;
-    case LOOM_SETTING_FLOAT: return V_FLOAT;
-    case LOOM_SETTING_BOOL: return V_BOOL;
-    case LOOM_SETTING_STRING: return V_STRING;
+    case LOOM_SETTING_INT: return LOOM_CFG_INT;
+    case LOOM_SETTING_FLOAT: return LOOM_CFG_FLOAT;
+    case LOOM_SETTING_BOOL: return LOOM_CFG_BOOL;
+    case LOOM_SETTING_STRING: return LOOM_CFG_STRING;
     }
     return 0;
 }
 
 /* A plugin's setting as a schema entry: its type and rules. */
-static schema_entry spec_entry(const char *path, const loom_setting_spec *sp)
+static loom_config_setting spec_entry(const char *path, const loom_setting_spec *sp)
 {
-    schema_entry e = {.path = path, .type = spec_type(sp->type), .choices = sp->allowed,
+    loom_config_setting e = {.path = path, .type = spec_type(sp->type), .choices = sp->allowed,
                       .lo = sp->min, .hi = sp->max};
     /* host->config_int hands a plugin an int64_t */
-    e.flags = WIDE | ((sp->bounds & LOOM_SETTING_MIN) ? GE : 0) |
-              ((sp->bounds & LOOM_SETTING_ABOVE_MIN) ? GT : 0) |
-              ((sp->bounds & LOOM_SETTING_MAX) ? LE : 0) |
-              ((sp->bounds & LOOM_SETTING_BELOW_MAX) ? LT : 0);
+    e.flags = LOOM_CFG_WIDE | ((sp->bounds & LOOM_SETTING_MIN) ? LOOM_CFG_GE : 0) |
+              ((sp->bounds & LOOM_SETTING_ABOVE_MIN) ? LOOM_CFG_GT : 0) |
+              ((sp->bounds & LOOM_SETTING_MAX) ? LOOM_CFG_LE : 0) |
+              ((sp->bounds & LOOM_SETTING_BELOW_MAX) ? LOOM_CFG_LT : 0);
     return e;
 }
 
@@ -1766,7 +1570,8 @@ static int in_list(const char *const *list, const char *name)
 /* An override written before the plugin's types were known was read
  * without a hint (--set comm.ucx.device=0 gave an integer); now that the
  * spec says what it is, read its text again. */
-static int reread_override(loom_config *cfg, config_setting_t *s, const char *path, value_type type)
+static int reread_override(loom_config *cfg, config_setting_t *s, const char *path,
+                           loom_config_type type)
 {
     const char *hook = s->hook;
     char opath[PATH_MAX_LEN], err[256];
@@ -1803,7 +1608,7 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
          * default, strings read from it may be held. */
         if (!sp->default_value || find_setting(&cfg->defaults, path, &blocked))
             continue;
-        schema_entry e = spec_entry(path, sp);
+        loom_config_setting e = spec_entry(path, sp);
         int rc = set_from_text(&cfg->defaults, path, sp->default_value, (int)e.type, NULL, err,
                                sizeof err);
         const config_setting_t *d = rc ? NULL : find_setting(&cfg->defaults, path, &blocked);
@@ -1852,7 +1657,7 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
         join_path(path, sizeof path, group_path, config_setting_name(s));
         if (!sp || in_list(skip, sp->name) || schema_find(path))
             continue;
-        schema_entry e = spec_entry(path, sp);
+        loom_config_setting e = spec_entry(path, sp);
         int rc = check_value(cfg, s, path, &e);
         if (rc)
             return rc;
@@ -1871,16 +1676,16 @@ int loom_config_check_group(loom_config *cfg, const char *group_path,
 
 /* ------------------------------------------------------ loom settings */
 
-static const char *type_name(value_type t)
+static const char *type_name(loom_config_type t)
 {
     switch (t) {
-    case V_INT: return "int";
-    case V_FLOAT: return "float";
-    case V_BOOL: return "bool";
-    case V_STRING: return "string";
-    case V_STRINGS: return "strings";
-    case V_INTS: return "ints";
-    case V_GLOBS: return "globs";
+    case LOOM_CFG_INT: return "int";
+    case LOOM_CFG_FLOAT: return "float";
+    case LOOM_CFG_BOOL: return "bool";
+    case LOOM_CFG_STRING: return "string";
+    case LOOM_CFG_STRINGS: return "strings";
+    case LOOM_CFG_INTS: return "ints";
+    case LOOM_CFG_GLOBS: return "globs";
     }
     return "?";
 }
@@ -1925,7 +1730,7 @@ const char *loom_config_not_implemented(const char *path)
 }
 
 /* "a | b | c", "0 <= x < 1", ">= 1", or "" when anything goes. */
-static void rules_text(const schema_entry *e, char *buf, size_t cap)
+static void rules_text(const loom_config_setting *e, char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';
@@ -1933,27 +1738,28 @@ static void rules_text(const schema_entry *e, char *buf, size_t cap)
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", k ? " | " : "", e->choices[k]);
     if (e->choices)
         return;
-    int has_lo = e->flags & (GE | GT), has_hi = e->flags & (LE | LT);
+    int has_lo = e->flags & (LOOM_CFG_GE | LOOM_CFG_GT);
+    int has_hi = e->flags & (LOOM_CFG_LE | LOOM_CFG_LT);
     if (has_lo && has_hi)
-        snprintf(buf, cap, "%g %s x %s %g", e->lo, e->flags & GE ? "<=" : "<",
-                 e->flags & LE ? "<=" : "<", e->hi);
+        snprintf(buf, cap, "%g %s x %s %g", e->lo, e->flags & LOOM_CFG_GE ? "<=" : "<",
+                 e->flags & LOOM_CFG_LE ? "<=" : "<", e->hi);
     else if (has_lo)
-        snprintf(buf, cap, "%s %g", e->flags & GE ? ">=" : ">", e->lo);
+        snprintf(buf, cap, "%s %g", e->flags & LOOM_CFG_GE ? ">=" : ">", e->lo);
     else if (has_hi)
-        snprintf(buf, cap, "%s %g", e->flags & LE ? "<=" : "<", e->hi);
+        snprintf(buf, cap, "%s %g", e->flags & LOOM_CFG_LE ? "<=" : "<", e->hi);
 }
 
 void loom_config_spec_rules(const loom_setting_spec *spec, char *buf, size_t cap)
 {
-    schema_entry e = spec_entry(spec->name, spec);
+    loom_config_setting e = spec_entry(spec->name, spec);
     rules_text(&e, buf, cap);
 }
 
 void loom_config_print_schema(FILE *f)
 {
     fprintf(f, "%-30s %-8s %-12s %s\n", "setting", "type", "default", "what (allowed)");
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
-        const schema_entry *e = &schema[i];
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++) {
         char allowed[256];
         rules_text(e, allowed, sizeof allowed);
         const char *def = e->def ? (e->def[0] ? e->def : "\"\"") : "(required)";
@@ -2016,10 +1822,11 @@ static void print_plugin_values(const loom_config *cfg, FILE *f, const config_se
 void loom_config_print_values(const loom_config *cfg, FILE *f)
 {
     fprintf(f, "%-30s %-24s %s\n", "setting", "value", "from");
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(schema); i++) {
-        const config_setting_t *s = lookup(cfg, schema[i].path);
+    const loom_config_setting *e;
+    for (size_t i = 0; (e = schema_at(i)); i++) {
+        const config_setting_t *s = lookup(cfg, e->path);
         if (s)
-            print_value(cfg, f, schema[i].path, s);
+            print_value(cfg, f, e->path, s);
     }
     print_plugin_values(cfg, f, config_root_setting(&cfg->tree), "");
 }

@@ -2,17 +2,88 @@
 #ifndef LOOM_RUNTIME_CONFIG_H
 #define LOOM_RUNTIME_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include "loom/plugin.h"
 
 /* A parsed, validated job config (the README's Configuration). Every setting the core knows
- * has a schema entry (type, default, allowed values); groups owned by
- * plugins (comm.<backend>, the extra settings of parallel.<axis>) are
- * validated when the plugin loads, against its loom_setting_spec list.
- * Settings reserved for a later release (data.val) are
- * refused when a config sets them. Paths use dots: "parallel.dp.size". */
+ * has a schema entry (type, default, allowed values): the runtime's own
+ * below, and those each layer above adds for itself (loom_config_add_settings).
+ * Groups owned by plugins (comm.<backend>, the extra settings of
+ * parallel.<axis>) are validated when the plugin loads, against its
+ * loom_setting_spec list. Settings reserved for a later release are refused
+ * when a config sets them. Paths use dots: "parallel.dp.size". */
 typedef struct loom_config loom_config;
+
+/* ------------------------------------------------------------ schemas */
+
+typedef enum loom_config_type {
+    LOOM_CFG_INT = 1,
+    LOOM_CFG_FLOAT,
+    LOOM_CFG_BOOL,
+    LOOM_CFG_STRING,
+    LOOM_CFG_STRINGS, /* a list of strings: [ "a", "b" ] */
+    LOOM_CFG_INTS,    /* a list of integers */
+    LOOM_CFG_GLOBS,   /* files: a path or glob pattern, or a list of them */
+} loom_config_type;
+
+/* The rules of a setting (its flags). */
+enum {
+    LOOM_CFG_NONEMPTY = 1 << 0, /* strings (and list elements) must not be "" */
+    LOOM_CFG_REQUIRED = 1 << 1, /* no default: the user must give it */
+    LOOM_CFG_GE = 1 << 2,       /* value >= lo (for lists: each element) */
+    LOOM_CFG_GT = 1 << 3,       /* value > lo */
+    LOOM_CFG_LE = 1 << 4,       /* value <= hi */
+    LOOM_CFG_LT = 1 << 5,       /* value < hi */
+    LOOM_CFG_SOME = 1 << 6,     /* a list with at least one element */
+    LOOM_CFG_WIDE = 1 << 7,     /* an integer read into int64_t; without it, into int */
+};
+
+typedef struct loom_config_setting {
+    const char *path;
+    loom_config_type type;
+    /* The default as a user would write it; strings need no quotes and lists
+     * of strings may be written "a, b". NULL for a required setting. */
+    const char *def;
+    const char *const *choices; /* NULL-ended; for strings and string-list elements */
+    double lo, hi;
+    int flags;
+    const char *help;
+} loom_config_setting;
+
+#define LOOM_CFG_SETTING(path_, type_, def_, ...)                                                  \
+    {                                                                                              \
+        .path = (path_), .type = (type_), .def = (def_), __VA_ARGS__                               \
+    }
+
+/* The settings of one layer, and the relations between them that no single
+ * value shows: check runs once every value of the config is valid, and
+ * refuses with loom_config_fail_relation (NULL: no relations). */
+typedef struct loom_config_settings {
+    const loom_config_setting *settings;
+    size_t count;
+    int (*check)(const loom_config *cfg);
+} loom_config_settings;
+
+/* The runtime's own settings: where plugins are found (plugins.*), and how
+ * the job runs (parallel.*, comm.*, memory.*). Every config has them; a
+ * program that adds them itself chooses where they are listed. */
+extern const loom_config_settings loom_config_plugin_settings;
+extern const loom_config_settings loom_config_runtime_settings;
+
+/* Add a layer's settings to every config loaded from now on, listed after
+ * those added before (adding them again changes nothing). Call it before
+ * the first config is loaded, from one thread. */
+int loom_config_add_settings(const loom_config_settings *settings);
+
+/* Refuse path for its relation to other: "where: path: detail", where is
+ * the place path was set, else the place other was (a default has none),
+ * else the config itself. Returns LOOM_ERR_INVALID. */
+int loom_config_fail_relation(const loom_config *cfg, const char *path, const char *other,
+                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ------------------------------------------------------------ configs */
 
 /* path may be NULL: only defaults and overrides. overrides are "path=value"
  * strings from --set, parsed as libconfig values (a bare word is a string). */
@@ -29,7 +100,7 @@ int loom_config_int(const loom_config *cfg, const char *path, int64_t *out);
 int loom_config_float(const loom_config *cfg, const char *path, double *out);
 int loom_config_bool(const loom_config *cfg, const char *path, int *out);
 int loom_config_string(const loom_config *cfg, const char *path, const char **out);
-/* Lists of strings ("plugins.path", "bench.comms"): -1 when absent. */
+/* Lists of strings ("plugins.path"): -1 when absent. */
 int loom_config_list_len(const loom_config *cfg, const char *path);
 const char *loom_config_list_string(const loom_config *cfg, const char *path, int index);
 int loom_config_is_set(const loom_config *cfg, const char *path);
@@ -39,7 +110,7 @@ void loom_config_print_schema(FILE *f);
 /* Why path (a setting or a group) is refused for now, e.g. "offload-nvme is
  * a later release"; NULL for a path that is implemented. */
 const char *loom_config_not_implemented(const char *path);
-/* "examples/bench.cfg:12", "--set bench.iters=5", the source of a derived
+/* "examples/bench.cfg:12", "--set comm.timeout_s=30", the source of a derived
  * value ("gpt2.bin's header"), or "default". Static buffer per thread. */
 const char *loom_config_where(const loom_config *cfg, const char *path);
 const char *loom_config_file(const loom_config *cfg); /* NULL without a file */

@@ -1,14 +1,19 @@
 /* The config module: schema defaults, typed reads, every kind of error with
  * its exact one-line message (file:line from real temp files), --set
- * overrides, plugin groups, and the example configs.
+ * overrides, plugin groups, and the example configs; every case but
+ * "layers" against the whole schema the commands check (every layer's
+ * settings), "layers" against what the runtime knows alone and what a layer
+ * adds to it.
  *
- *   config_test CASE [EXAMPLES_DIR]    one case ("all" runs every case) */
+ *   config_test CASE [EXAMPLES_DIR]    one case ("all" runs every case but
+ *                                      examples and layers) */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/settings.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "runtime/config.h"
@@ -893,6 +898,75 @@ static void case_int_range(void)
     loom_config_free(cfg);
 }
 
+/* A layer's settings as a test adds them: extra.low <= extra.high. */
+static int check_extra(const loom_config *cfg)
+{
+    int64_t low = 0, high = 0;
+    loom_config_int(cfg, "extra.low", &low);
+    loom_config_int(cfg, "extra.high", &high);
+    if (low > high)
+        return loom_config_fail_relation(cfg, "extra.high", "extra.low",
+                                         "expected an integer >= extra.low (%lld), found %lld",
+                                         (long long)low, (long long)high);
+    return LOOM_OK;
+}
+
+static const loom_config_setting extra_settings[] = {
+    LOOM_CFG_SETTING("extra.low", LOOM_CFG_INT, "1", .lo = 0, .flags = LOOM_CFG_GE,
+                     .help = "the lower one"),
+    LOOM_CFG_SETTING("extra.high", LOOM_CFG_INT, "2", .help = "the higher one"),
+};
+
+static const loom_config_settings extra = {
+    .settings = extra_settings,
+    .count = LOOM_ARRAY_LEN(extra_settings),
+    .check = check_extra,
+};
+
+/* The runtime alone knows its own settings, none of the layers above it;
+ * what a layer adds is checked like them, its relations included, and
+ * listed in the order added, the runtime's own last unless added. */
+static void case_layers(void)
+{
+    expect_error("alone.cfg", "train = { batch = 8; };\n", NULL, 0, 1,
+                 "train: unknown group (valid here: plugins, parallel, comm, memory)");
+    expect_error("alone2.cfg", "model = { layers = 2; };\n", NULL, 0, 1,
+                 "model: unknown group (valid here: plugins, parallel, comm, memory)");
+    expect_error("alone3.cfg", "bench = { iters = 2; };\n", NULL, 0, 1,
+                 "bench: unknown group (valid here: plugins, parallel, comm, memory)");
+    loom_config *cfg = load_ok(NULL, NULL, NULL, 0);
+    int64_t v;
+    CHECK(loom_config_int(cfg, "train.batch", &v) == LOOM_ERR_NOT_FOUND);
+    CHECK(get_int(cfg, "parallel.dp.size") == 1);
+    CHECK(!loom_config_core_owns("train") && loom_config_core_owns("parallel.dp.size"));
+    loom_config_free(cfg);
+
+    CHECK(loom_config_add_settings(&extra) == LOOM_OK);
+    CHECK(loom_config_add_settings(&extra) == LOOM_OK); /* once is enough */
+    cfg = load_ok(NULL, NULL, NULL, 0);
+    CHECK(get_int(cfg, "extra.low") == 1 && get_int(cfg, "extra.high") == 2);
+    loom_config_free(cfg);
+    expect_error("extra.cfg", "\nextra = {\n  low = 5;\n};\n", NULL, 0, 3,
+                 "extra.high: expected an integer >= extra.low (5), found 2");
+    const char *high[] = {"extra.high=3"};
+    expect_error("extra2.cfg", "extra = {\n  low = 5;\n};\n", high, 1, -1,
+                 "--set extra.high=3: extra.high: expected an integer >= extra.low (5), found 3");
+    expect_error("extra3.cfg", "extra = { low = -1; };\n", NULL, 0, 1,
+                 "extra.low: expected an integer >= 0, found -1");
+    expect_error("extra4.cfg", "extra = { hihg = 1; };\n", NULL, 0, 1,
+                 "extra.hihg: unknown setting; did you mean 'extra.high'?");
+    expect_error("extra5.cfg", "foo = 1;\n", NULL, 0, 1,
+                 "foo: unknown setting (valid here: extra, plugins, parallel, comm, memory)");
+
+    CHECK(loom_cli_add_settings() == LOOM_OK);
+    expect_error("all.cfg", "foo = 1;\n", NULL, 0, 1,
+                 "foo: unknown setting (valid here: extra, plugins, model, data, train, "
+                 "parallel, comm, memory, bench)");
+    cfg = load_ok("all2.cfg", "train = { batch = 8; };\nextra = { high = 7; };\n", NULL, 0);
+    CHECK(get_int(cfg, "train.batch") == 8 && get_int(cfg, "extra.high") == 7);
+    loom_config_free(cfg);
+}
+
 typedef struct test_case {
     const char *name;
     void (*run)(void);
@@ -943,6 +1017,13 @@ int main(int argc, char **argv)
         return 2;
     }
     int ran = 0;
+    if (!strcmp(which, "layers")) {
+        case_layers();
+        ran = 1;
+    } else if (loom_cli_add_settings() != LOOM_OK) {
+        fprintf(stderr, "config_test: %s\n", loom_last_error());
+        return 2;
+    }
     if (!strcmp(which, "examples")) {
         case_examples(argc > 2 ? argv[2] : NULL);
         ran = 1;

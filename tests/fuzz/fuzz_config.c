@@ -1,5 +1,6 @@
-/* The config parser: loom_config_parse on the input's text, then every
- * value printed as `loom settings CONFIG` prints them.
+/* The config parser: loom_config_parse on the input's text, against every
+ * layer's settings as the commands check them, then every value printed as
+ * `loom settings CONFIG` prints them.
  *
  * Input: the config file's text up to the first NUL byte; each
  * NUL-separated piece after it is one --set override (at most 4). */
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/settings.h"
 #include "loom/status.h"
 #include "runtime/config.h"
 #include "fuzz_files.h"
@@ -16,8 +18,10 @@ enum { MAX_OVERRIDES = 4 };
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *text = malloc(size + 1);
-    if (!text)
+    if (!text || loom_cli_add_settings() != LOOM_OK) {
+        free(text);
         return 0;
+    }
     memcpy(text, data, size);
     text[size] = '\0';
     const char *overrides[MAX_OVERRIDES];

@@ -3,7 +3,9 @@
 #   runtime <- model <- train <- plan <- cli.
 # A source includes headers as "<layer>/<name>.h" (or the ABI's "loom/..."),
 # from its own layer or a lower one, never a higher one's; and only the
-# loader names a versioned plugin struct (loom_<kind>_plugin_v<N>_t). Every
+# loader names a versioned plugin struct (loom_<kind>_plugin_v<N>_t); and the
+# runtime names no setting of a layer above it (model.*, data.*, train.*,
+# bench.*: each layer adds its own to the config's schema). Every
 # folder of the core (but the installed headers, include/) is a layer here.
 # The check runs first on a made-up core whose violations it must report, so
 # a check that reports nothing fails too.
@@ -45,6 +47,9 @@ violations() {
             /loom_[a-z]+_plugin_v[0-9]+_t/ && FILENAME != "runtime/loader.c" && FILENAME != "runtime/loader.h" {
                 printf "%s:%d: names a versioned plugin struct; only the loader may (use the ops table)\n", FILENAME, FNR
             }
+            mine == "runtime" && /"(model|data|train|bench)\./ {
+                printf "%s:%d: the runtime names a setting of a higher layer (the layer that reads it adds it: loom_config_add_settings)\n", FILENAME, FNR
+            }
         ' $files
     )
 }
@@ -57,22 +62,24 @@ printf '#include "plan/plan.h"\n' > "$fake/train/fit.c"
 printf '#include "cli/args.h"\n#include "train/train.h"\n' > "$fake/plan/plan.c"
 printf '#include "plan/plan.h"\n#include "loom/status.h"\n' > "$fake/cli/cmd_plan.c"
 printf '#include "config.h"\n' > "$fake/runtime/log.c"
-printf 'loom_comm_plugin_v1_t *p;\n' > "$fake/model/model.c"
+printf 'loom_comm_plugin_v1_t *p;\nconst char *seq = "train.seq";\n' > "$fake/model/model.c"
+printf 'const char *batch = "train.batch";\n' > "$fake/runtime/config.c"
 got=$(violations "$fake")
 for want in \
     'train/fit.c:1: the train layer includes "plan/plan.h" of the higher plan layer' \
     'plan/plan.c:1: the plan layer includes "cli/args.h" of the higher cli layer' \
     'runtime/log.c:1: includes "config.h" without its layer folder' \
     'model/model.c:1: names a versioned plugin struct' \
+    'runtime/config.c:1: the runtime names a setting of a higher layer' \
     'core/stray: a folder that is no layer'; do
     case "$got" in
     *"$want"*) ;;
     *) printf 'layers_test: the check misses "%s"; it reported:\n%s\n' "$want" "$got"; exit 1 ;;
     esac
 done
-if [ "$(printf '%s\n' "$got" | wc -l)" -ne 5 ]; then
-    printf 'layers_test: the check reports allowed includes (train/train.h from plan, '
-    printf 'plan/plan.h from cli, loom/status.h):\n%s\n' "$got"
+if [ "$(printf '%s\n' "$got" | wc -l)" -ne 6 ]; then
+    printf 'layers_test: the check reports allowed things (train/train.h from plan, '
+    printf 'plan/plan.h from cli, loom/status.h, a train setting in the model):\n%s\n' "$got"
     exit 1
 fi
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli/plan_calibrate.h"
+#include "cli/settings.h"
 #include "loom/status.h"
 #include "runtime/log.h"
 
@@ -224,6 +225,8 @@ static int write_calibration(int argc, char **argv)
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "";
+    if (loom_cli_add_settings() != LOOM_OK)
+        return 2;
     if (!strcmp(which, "write"))
         return write_calibration(argc, argv);
     if (argc < 3) {
