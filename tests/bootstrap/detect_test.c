@@ -11,18 +11,7 @@
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/log.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "detect_test: %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (last error: %s)\n", loom_last_error());                             \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static const char *const all_vars[] = {
     "LOOM_RANK",

@@ -16,20 +16,9 @@
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/log.h"
+#include "rank_check.h"
 
 static loom_launch_env env;
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "store_test: rank %d: %s:%d: check failed: %s: ", env.rank, __FILE__,  \
-                    __LINE__, #cond);                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (last error: %s)\n", loom_last_error());                             \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static double seconds(void) { return (double)loom_now_ns() / 1e9; }
 
@@ -224,6 +213,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "store_test: %s\n", loom_last_error());
         return 1;
     }
+    my_rank = env.rank;
     if (env.world_size != 3) {
         fprintf(stderr, "store_test: wants 3 ranks, got %d (source %s)\n", env.world_size,
                 env.source);

@@ -18,27 +18,9 @@
 #include "loom/status.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
+#include "check.h"
 
-static int failures;
 static char tmpdir[64];
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(got, want)                                                                       \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        if (!g_ || strcmp(g_, w_)) {                                                               \
-            fprintf(stderr, "%s:%d: got  \"%s\"\n%*s  want \"%s\"\n", __FILE__, __LINE__,          \
-                    g_ ? g_ : "(null)", (int)strlen(__FILE__) + 6, "", w_);                        \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* Write a config into the temp dir; returns its path (static per call site
  * is not enough, so a small ring of buffers). */

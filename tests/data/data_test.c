@@ -19,27 +19,9 @@
 #include "model/formats.h"
 #include "model/mt19937.h"
 #include "runtime/log.h"
+#include "check.h"
 
-static int failures;
 static char tmpdir[64];
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(got, want)                                                                       \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        if (!g_ || strcmp(g_, w_)) {                                                               \
-            fprintf(stderr, "%s:%d: got  \"%s\"\n%*s  want \"%s\"\n", __FILE__, __LINE__,          \
-                    g_ ? g_ : "(null)", (int)strlen(__FILE__) + 6, "", w_);                        \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static const char *tmp_path(const char *name)
 {
@@ -648,7 +630,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "unknown case %s\n", c);
         return 2;
     }
-    if (failures)
-        fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures ? 1 : 0;
+    return check_done("data_test");
 }

@@ -19,20 +19,10 @@
 #include "model/kernels.h"
 #include "runtime/cpu.h"
 #include "runtime/log.h"
+#include "check.h"
 
 enum { SKIPPED = 77 };
 static int skipped;
-
-static int failures;
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
 
 static uint64_t rng = 88172645463325252ull;
 static float uniform(void)

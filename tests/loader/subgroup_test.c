@@ -13,19 +13,9 @@
 #include "runtime/group.h"
 #include "runtime/log.h"
 #include "runtime/runtime.h"
+#include "check.h"
 
 static const loom_comm_api *C = &loom_core_comm_api;
-static int failures;
-
-#define EXPECT(cond, ...)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
 
 /* A subgroup of rank 0 and a split of the world: both over `want`, and
  * an allreduce through each gives the one value back. */
@@ -33,28 +23,28 @@ static void check(loom_runtime *rt, const char *backend, const char *want)
 {
     loom_group *world = NULL, *sub = NULL, *split = NULL;
     int rc = loom_group_world(rt, backend, &world);
-    EXPECT(rc == LOOM_OK, "%s world: %s", backend, loom_last_error());
+    CHECK(rc == LOOM_OK, "%s world: %s", backend, loom_last_error());
     if (rc != LOOM_OK)
         return;
     int zero = 0;
     rc = loom_group_subgroup(world, &zero, 1, &sub);
-    EXPECT(rc == LOOM_OK, "%s subgroup: %s", backend, loom_last_error());
+    CHECK(rc == LOOM_OK, "%s subgroup: %s", backend, loom_last_error());
     rc = C->split(world, 7, 0, &split);
-    EXPECT(rc == LOOM_OK, "%s split: %s", backend, loom_last_error());
+    CHECK(rc == LOOM_OK, "%s split: %s", backend, loom_last_error());
     loom_group *groups[2] = {sub, split};
     const char *what[2] = {"subgroup of one", "split of one"};
     for (int i = 0; i < 2; i++) {
         if (!groups[i])
             continue;
-        EXPECT(!strcmp(C->backend(groups[i]), want), "%s over %s: backend %s, want %s", what[i],
-               backend, C->backend(groups[i]), want);
+        CHECK(!strcmp(C->backend(groups[i]), want), "%s over %s: backend %s, want %s", what[i],
+              backend, C->backend(groups[i]), want);
         float x = 3.5f, y = 0;
         loom_request *req = NULL;
         rc = C->allreduce(groups[i], &x, &y, 1, LOOM_F32, LOOM_SUM, &req);
         if (rc == LOOM_OK)
             rc = C->wait(req);
-        EXPECT(rc == LOOM_OK && y == 3.5f, "%s over %s: allreduce %s, %g", what[i], backend,
-               loom_status_string(rc), y);
+        CHECK(rc == LOOM_OK && y == 3.5f, "%s over %s: allreduce %s, %g", what[i], backend,
+              loom_status_string(rc), y);
         printf("%s over %s: %s\n", what[i], backend, C->backend(groups[i]));
     }
     loom_group_destroy(sub);

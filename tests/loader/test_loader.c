@@ -17,6 +17,7 @@
 #include "runtime/config.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"
+#include "check.h"
 
 #ifndef BUILD_PLUGIN_DIR
 #error "BUILD_PLUGIN_DIR: the build tree's lib/loom"
@@ -28,24 +29,13 @@
 #define SKIP 77
 
 static const char *plugin_dir;
-static int failures;
-
-#define EXPECT(cond, ...)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
 
 /* A search path of the test plugin folder only (plus what loom always adds). */
 static void search_test_plugins(loom_search_path *sp)
 {
     setenv("LOOM_PLUGIN_PATH", plugin_dir, 1);
     int rc = loom_search_path_init(sp, NULL);
-    EXPECT(rc == LOOM_OK, "search path: %s", loom_last_error());
+    CHECK(rc == LOOM_OK, "search path: %s", loom_last_error());
 }
 
 static void plugin_path(char *buf, size_t cap, loom_plugin_kind kind, const char *name)
@@ -124,18 +114,18 @@ static void check_refusal(const refusal *r)
     int rc = loom_plugin_load(&sp, r->kind, r->name, &p);
     const char *msg = loom_last_error();
     printf("%s: %s\n", r->name, msg);
-    EXPECT(rc == r->status, "%s: status %d, want %d", r->name, rc, r->status);
-    EXPECT(p == NULL, "%s: *out must be NULL after a refusal", r->name);
-    EXPECT(!strchr(msg, '\n'), "%s: the message must be one line", r->name);
+    CHECK(rc == r->status, "%s: status %d, want %d", r->name, rc, r->status);
+    CHECK(p == NULL, "%s: *out must be NULL after a refusal", r->name);
+    CHECK(!strchr(msg, '\n'), "%s: the message must be one line", r->name);
     char head[PATH_MAX + 128];
     snprintf(head, sizeof head, "plugin %s '%s' refused: %s: ", loom_plugin_kind_name(r->kind),
              r->name, path);
-    EXPECT(!strncmp(msg, head, strlen(head)), "%s: message must start '%s'", r->name, head);
+    CHECK(!strncmp(msg, head, strlen(head)), "%s: message must start '%s'", r->name, head);
     for (int i = 0; i < 3 && r->expect[i]; i++)
-        EXPECT(strstr(msg, r->expect[i]), "%s: message lacks '%s'", r->name, r->expect[i]);
+        CHECK(strstr(msg, r->expect[i]), "%s: message lacks '%s'", r->name, r->expect[i]);
     /* Refused means unloaded: the file is no longer mapped. */
     void *still = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
-    EXPECT(still == NULL, "%s: refused plugin is still loaded", r->name);
+    CHECK(still == NULL, "%s: refused plugin is still loaded", r->name);
     if (still)
         dlclose(still);
     loom_search_path_free(&sp);
@@ -149,14 +139,14 @@ static loom_plugin *load_ok(loom_plugin_kind kind, const char *name)
     search_test_plugins(&sp);
     loom_plugin *p = NULL;
     int rc = loom_plugin_load(&sp, kind, name, &p);
-    EXPECT(rc == LOOM_OK && p, "%s %s: %s", loom_plugin_kind_name(kind), name, loom_last_error());
+    CHECK(rc == LOOM_OK && p, "%s %s: %s", loom_plugin_kind_name(kind), name, loom_last_error());
     loom_search_path_free(&sp);
     if (p) {
-        EXPECT(p->kind == kind, "kind %d", p->kind);
-        EXPECT(!strcmp(p->header->name, name), "name %s", p->header->name);
+        CHECK(p->kind == kind, "kind %d", p->kind);
+        CHECK(!strcmp(p->header->name, name), "name %s", p->header->name);
         char path[PATH_MAX];
         plugin_path(path, sizeof path, kind, name);
-        EXPECT(!strcmp(p->path, path), "path %s, want %s", p->path, path);
+        CHECK(!strcmp(p->path, path), "path %s, want %s", p->path, path);
     }
     return p;
 }
@@ -167,10 +157,10 @@ static void case_good(void)
     if (!p)
         return;
     const loom_comm_plugin_v1_t *own = (const loom_comm_plugin_v1_t *)p->exported;
-    EXPECT(p->ops.comm.allreduce == own->allreduce, "allreduce is the plugin's");
-    EXPECT(p->ops.comm.group_start == own->group_start, "group_start is the plugin's");
-    EXPECT(!p->ops.comm.abort, "abort is NULL");
-    EXPECT(p->header == &p->ops.comm.header, "the header is the ops table's");
+    CHECK(p->ops.comm.allreduce == own->allreduce, "allreduce is the plugin's");
+    CHECK(p->ops.comm.group_start == own->group_start, "group_start is the plugin's");
+    CHECK(!p->ops.comm.abort, "abort is NULL");
+    CHECK(p->header == &p->ops.comm.header, "the header is the ops table's");
     loom_plugin_unload(p);
 }
 
@@ -179,14 +169,14 @@ static void case_oldminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "oldminor");
     if (!p)
         return;
-    EXPECT(p->exported->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
-           "struct_size %u", p->exported->struct_size);
-    EXPECT(p->ops.comm.wait, "wait present");
+    CHECK(p->exported->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
+          "struct_size %u", p->exported->struct_size);
+    CHECK(p->ops.comm.wait, "wait present");
     /* Past its struct_size lies whatever the linker put there: never an op.
      * group_start, absent, is the core's no-op bracket. */
-    EXPECT(p->ops.comm.group_start && p->ops.comm.group_start(NULL) == LOOM_OK,
-           "group_start beyond the struct is the core's no-op");
-    EXPECT(!p->ops.comm.abort, "abort beyond the struct");
+    CHECK(p->ops.comm.group_start && p->ops.comm.group_start(NULL) == LOOM_OK,
+          "group_start beyond the struct is the core's no-op");
+    CHECK(!p->ops.comm.abort, "abort beyond the struct");
     loom_plugin_unload(p);
 }
 
@@ -195,12 +185,12 @@ static void case_newminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "newminor");
     if (!p)
         return;
-    EXPECT(p->exported->abi_version == LOOM_ABI_VERSION(1, LOOM_ABI_MINOR + 1), "abi %x",
-           p->exported->abi_version);
-    EXPECT(p->exported->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
-           "struct_size %u", p->exported->struct_size);
-    EXPECT(p->ops.comm.group_start, "group_start present");
-    EXPECT(!p->ops.comm.abort, "abort is NULL");
+    CHECK(p->exported->abi_version == LOOM_ABI_VERSION(1, LOOM_ABI_MINOR + 1), "abi %x",
+          p->exported->abi_version);
+    CHECK(p->exported->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
+          "struct_size %u", p->exported->struct_size);
+    CHECK(p->ops.comm.group_start, "group_start present");
+    CHECK(!p->ops.comm.abort, "abort is NULL");
     loom_plugin_unload(p);
 }
 
@@ -221,18 +211,18 @@ static void case_by_path(void)
     loom_search_path empty = {0};
     loom_plugin *p = NULL;
     int rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
-    EXPECT(rc == LOOM_OK && p, "by path: %s", loom_last_error());
+    CHECK(rc == LOOM_OK && p, "by path: %s", loom_last_error());
     loom_plugin_unload(p);
 
     plugin_path(path, sizeof path, LOOM_PLUGIN_COMM, "misnamed");
     rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
-    EXPECT(rc == LOOM_ERR_INVALID, "misnamed by path: %d", rc);
-    EXPECT(strstr(loom_last_error(), "name mismatch"), "%s", loom_last_error());
+    CHECK(rc == LOOM_ERR_INVALID, "misnamed by path: %d", rc);
+    CHECK(strstr(loom_last_error(), "name mismatch"), "%s", loom_last_error());
 
     snprintf(path, sizeof path, "%s/libloom-comm-absent.so", plugin_dir);
     rc = loom_plugin_load(&empty, LOOM_PLUGIN_COMM, path, &p);
-    EXPECT(rc == LOOM_ERR_NOT_FOUND, "absent file: %d", rc);
-    EXPECT(strstr(loom_last_error(), "cannot open: No such file"), "%s", loom_last_error());
+    CHECK(rc == LOOM_ERR_NOT_FOUND, "absent file: %d", rc);
+    CHECK(strstr(loom_last_error(), "cannot open: No such file"), "%s", loom_last_error());
 }
 
 /* ---- the search path ---- */
@@ -255,17 +245,17 @@ static void case_search_order(void)
     setenv("LOOM_PLUGIN_PATH", env, 1);
     loom_search_path sp;
     int rc = loom_search_path_init(&sp, NULL);
-    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    CHECK(rc == LOOM_OK, "%s", loom_last_error());
     char build[PATH_MAX];
     canonical(BUILD_PLUGIN_DIR, build, sizeof build);
     const char *want[] = {a, b, build, LOOM_PLUGIN_INSTALL_DIR};
-    EXPECT(sp.count == 4, "count %d, want 4", sp.count);
+    CHECK(sp.count == 4, "count %d, want 4", sp.count);
     for (int i = 0; i < sp.count && i < 4; i++) {
         char got[PATH_MAX];
         canonical(sp.dirs[i], got, sizeof got);
         char w[PATH_MAX];
         canonical(want[i], w, sizeof w);
-        EXPECT(!strcmp(got, w), "dirs[%d] = %s, want %s", i, sp.dirs[i], want[i]);
+        CHECK(!strcmp(got, w), "dirs[%d] = %s, want %s", i, sp.dirs[i], want[i]);
     }
     loom_search_path_free(&sp);
 }
@@ -276,38 +266,38 @@ static void case_notfound(void)
     setenv("LOOM_PLUGIN_PATH", "/nonexistent-a:/nonexistent-b", 1);
     loom_search_path sp;
     int rc = loom_search_path_init(&sp, NULL);
-    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    CHECK(rc == LOOM_OK, "%s", loom_last_error());
     loom_plugin *p = NULL;
     rc = loom_plugin_load(&sp, LOOM_PLUGIN_COMM, "ucz", &p);
     const char *msg = loom_last_error();
     printf("notfound: %s\n", msg);
-    EXPECT(rc == LOOM_ERR_NOT_FOUND, "status %d", rc);
+    CHECK(rc == LOOM_ERR_NOT_FOUND, "status %d", rc);
     char want[4 * PATH_MAX];
     snprintf(want, sizeof want,
              "plugin comm 'ucz' not found: no libloom-comm-ucz.so in /nonexistent-a, "
              "/nonexistent-b, %s, %s (set plugins.path or LOOM_PLUGIN_PATH)",
              sp.count > 2 ? sp.dirs[2] : "?", LOOM_PLUGIN_INSTALL_DIR);
-    EXPECT(!strcmp(msg, want), "\n  got  %s\n  want %s", msg, want);
+    CHECK(!strcmp(msg, want), "\n  got  %s\n  want %s", msg, want);
     char build[PATH_MAX], third[PATH_MAX];
     canonical(BUILD_PLUGIN_DIR, build, sizeof build);
     canonical(sp.count > 2 ? sp.dirs[2] : "?", third, sizeof third);
-    EXPECT(!strcmp(build, third), "third dir %s is not the build's lib/loom %s", third, build);
+    CHECK(!strcmp(build, third), "third dir %s is not the build's lib/loom %s", third, build);
     loom_search_path_free(&sp);
 
     /* A relative entry is taken from the current directory: say which. */
     setenv("LOOM_PLUGIN_PATH", "relative/plugins", 1);
     rc = loom_search_path_init(&sp, NULL);
-    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
+    CHECK(rc == LOOM_OK, "%s", loom_last_error());
     rc = loom_plugin_load(&sp, LOOM_PLUGIN_COMM, "ucz", &p);
     msg = loom_last_error();
     printf("notfound (relative): %s\n", msg);
     char cwd[PATH_MAX], note[PATH_MAX + 128];
-    EXPECT(getcwd(cwd, sizeof cwd) != NULL, "getcwd");
+    CHECK(getcwd(cwd, sizeof cwd) != NULL, "getcwd");
     snprintf(note, sizeof note,
              "; relative LOOM_PLUGIN_PATH entries are taken from the current directory %s)", cwd);
-    EXPECT(rc == LOOM_ERR_NOT_FOUND && strstr(msg, "no libloom-comm-ucz.so in relative/plugins, "),
-           "%s", msg);
-    EXPECT(strstr(msg, note), "lacks '%s': %s", note, msg);
+    CHECK(rc == LOOM_ERR_NOT_FOUND && strstr(msg, "no libloom-comm-ucz.so in relative/plugins, "),
+          "%s", msg);
+    CHECK(strstr(msg, note), "lacks '%s': %s", note, msg);
     loom_search_path_free(&sp);
 }
 
@@ -321,18 +311,18 @@ static int case_config_path(void)
         printf("config module not built yet: skipped\n");
         return SKIP;
     }
-    EXPECT(rc == LOOM_OK, "config: %s", loom_last_error());
+    CHECK(rc == LOOM_OK, "config: %s", loom_last_error());
     if (rc != LOOM_OK)
         return 1;
     setenv("LOOM_PLUGIN_PATH", "/from-env", 1);
     loom_search_path sp;
     rc = loom_search_path_init(&sp, cfg);
-    EXPECT(rc == LOOM_OK, "%s", loom_last_error());
-    EXPECT(sp.count >= 3, "count %d", sp.count);
+    CHECK(rc == LOOM_OK, "%s", loom_last_error());
+    CHECK(sp.count >= 3, "count %d", sp.count);
     if (sp.count >= 3) {
-        EXPECT(!strcmp(sp.dirs[0], "/from-config-a"), "dirs[0] %s", sp.dirs[0]);
-        EXPECT(!strcmp(sp.dirs[1], "/from-config-b"), "dirs[1] %s", sp.dirs[1]);
-        EXPECT(!strcmp(sp.dirs[2], "/from-env"), "dirs[2] %s", sp.dirs[2]);
+        CHECK(!strcmp(sp.dirs[0], "/from-config-a"), "dirs[0] %s", sp.dirs[0]);
+        CHECK(!strcmp(sp.dirs[1], "/from-config-b"), "dirs[1] %s", sp.dirs[1]);
+        CHECK(!strcmp(sp.dirs[2], "/from-env"), "dirs[2] %s", sp.dirs[2]);
     }
     loom_search_path_free(&sp);
     loom_config_free(cfg);
@@ -379,7 +369,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_loader: no case '%s'\n", which);
         return 2;
     }
-    if (failures)
-        fprintf(stderr, "%d expectation%s failed\n", failures, failures > 1 ? "s" : "");
-    return failures ? 1 : 0;
+    return check_done("test_loader");
 }

@@ -25,6 +25,7 @@
 
 #include "runtime/crc32c.h"
 #include "loom/memtier.h"
+#include "check.h"
 
 #define MIB (1024 * 1024)
 #define SKIP 77
@@ -129,21 +130,6 @@ static const loom_host host = {
 };
 
 /* ------------------------------------------------------------ helpers */
-
-static int failures;
-#define CHECK(cond, ...) ((cond) ? 1 : (report(__LINE__), fprintf(stderr, __VA_ARGS__), \
-                                         fputc('\n', stderr), 0))
-#define REQUIRE(cond, ...)                                                   \
-    do {                                                                     \
-        if (!CHECK(cond, __VA_ARGS__))                                       \
-            exit(1);                                                         \
-    } while (0)
-
-static void report(int line)
-{
-    fprintf(stderr, "FAIL nvme_test.c:%d: ", line);
-    failures++;
-}
 
 static int has(const char *text, const char *part)
 {

@@ -22,25 +22,7 @@
 #include "cli/settings.h"
 #include "loom/status.h"
 #include "runtime/log.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_EQ(got, want)                                                                        \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (g_ != w_) {                                                                            \
-            fprintf(stderr, "%s:%d: got %.17g, want %.17g\n", __FILE__, __LINE__, g_, w_);         \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static void write_and_read_back(const loom_plan_calibration *cal, loom_plan_cluster *back)
 {

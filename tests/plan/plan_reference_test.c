@@ -21,46 +21,7 @@
 #include "runtime/runtime.h"
 #include "plan/plan_reference.h"
 #include "train/schedule.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* Exact where the figure is an integer count (doubles hold them exactly
- * below 2^53). */
-#define CHECK_EQ(got, want)                                                                        \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (g_ != w_) {                                                                            \
-            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #got, g_, w_);  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_REL(got, want, rel)                                                                  \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (!(fabs(g_ - w_) <= (rel) * fabs(w_))) {                                                \
-            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #got, g_, w_);  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(got, want)                                                                       \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        if (strcmp(g_, w_)) {                                                                      \
-            fprintf(stderr, "%s:%d: %s = \"%s\", want \"%s\"\n", __FILE__, __LINE__, #got, g_,     \
-                    w_);                                                                           \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 /* ---------------------------------------------------------------- shapes */
 
@@ -565,7 +526,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "plan_reference_test: no case '%s'\n", which);
         return 2;
     }
-    if (failures)
-        fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures ? 1 : 0;
+    return check_done("plan_reference_test");
 }

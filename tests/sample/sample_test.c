@@ -16,27 +16,9 @@
 #include "model/sample.h"
 #include "model/tokenizer.h"
 #include "runtime/log.h"
+#include "check.h"
 
-static int failures;
 static char tmpdir[64];
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* The last error contains want. */
-#define CHECK_ERROR(want)                                                                          \
-    do {                                                                                           \
-        if (!strstr(loom_last_error(), (want))) {                                                  \
-            fprintf(stderr, "%s:%d: error \"%s\"\n  lacks \"%s\"\n", __FILE__, __LINE__,           \
-                    loom_last_error(), (want));                                                    \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* ------------------------------------------------------------ choose */
 

@@ -21,36 +21,9 @@
 #include "runtime/runtime.h"
 #include "cli/schedule_svg.h"
 #include "train/schedule.h"
+#include "check.h"
 
-static int failures;
 static const char *filldrain_path;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(got, want)                                                                       \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        if (!g_ || strcmp(g_, w_)) {                                                               \
-            fprintf(stderr, "%s:%d: got  \"%s\"\n%*s  want \"%s\"\n", __FILE__, __LINE__,          \
-                    g_ ? g_ : "(null)", (int)strlen(__FILE__) + 6, "", w_);                        \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_NEAR(got, want, tol)                                                                 \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (!(fabs(g_ - w_) <= (tol))) {                                                           \
-            fprintf(stderr, "%s:%d: %s = %.12g, want %.12g\n", __FILE__, __LINE__, #got, g_, w_);  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* ---------------------------------------------------- hand-written lists */
 
@@ -686,7 +659,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "schedule_test: no case '%s'\n", argv[1]);
         return 2;
     }
-    if (failures)
-        fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures ? 1 : 0;
+    return check_done("schedule_test");
 }
