@@ -257,13 +257,13 @@ static int plan_config(const char *path, const char *const *sets, int nsets,
     loom_plan_job job;
     memset(&job, 0, sizeof job);
     char desc[256];
-    const loom_strategy_ops *ops = NULL;
+    const loom_plugin *schedule_plugin = NULL;
     int rc = loom_config_load(path, sets, nsets, &cfg);
     if (rc == LOOM_OK)
         rc = loom_plan_job_read(cfg, &job);
     int pipeline = rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1;
     if (pipeline && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
-        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &ops);
+        rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &schedule_plugin);
     if (rc == LOOM_OK)
         rc = loom_plan_make(&job, cluster, pipeline ? &schedule : NULL, out);
     loom_plan_job_free(&job);
@@ -330,6 +330,118 @@ static int try_mesh(const loom_cli_config_args *args, const char *const *extra, 
     return fits;
 }
 
+/* parallel.pp.stage_layers for pp stages: the blocks spread evenly, the
+ * remainder taken from the first and last stages, which hold the
+ * embedding and head. 0: the layers do not spread so. */
+static int stage_layers_setting(const loom_plan_shape *sh, int pp, char *out, size_t cap)
+{
+    int per = (sh->layers + pp - 1) / pp, spare = per * pp - sh->layers;
+    if (spare > 2 || per < 1 || (spare > 0 && pp < 2))
+        return 0;
+    int used = snprintf(out, cap, "parallel.pp.stage_layers=[");
+    for (int st = 0; st < pp; st++) {
+        int n = per - ((st == 0 && spare >= 1) || (st == pp - 1 && spare >= 2));
+        used += snprintf(out + used, cap - (size_t)used, "%s%d", st ? "," : "", n);
+    }
+    snprintf(out + used, cap - (size_t)used, "]");
+    return 1;
+}
+
+/* The candidates the search keeps, and how many meshes it tried. */
+typedef struct ranking {
+    candidate *all;
+    int count, cap, tried;
+} ranking;
+
+static const char *const search_strategies[] = {"ddp", "zero1", "zero2", "zero3"};
+
+/* One tp x pp x dp mesh under each dp strategy, with and without
+ * recomputation, and without a pipeline with and without accumulation;
+ * those that fit go into r. */
+static void try_variants(const loom_cli_config_args *args, const loom_plan_job *base,
+                         const loom_plan_cluster *cluster, const int mesh[3], const char *layers,
+                         ranking *r)
+{
+    int tp = mesh[0], pp = mesh[1], dp = mesh[2], per_rank = base->batch / dp;
+    char sizes[3][64], extra[4][64];
+    snprintf(sizes[0], sizeof sizes[0], "parallel.tp.size=%d", tp);
+    snprintf(sizes[1], sizeof sizes[1], "parallel.pp.size=%d", pp);
+    snprintf(sizes[2], sizeof sizes[2], "parallel.dp.size=%d", dp);
+    for (int sidx = 0; sidx < 4; sidx++)
+        for (int rec = 0; rec < 2; rec++)
+            for (int acc = 0; acc < (pp > 1 ? 1 : 2); acc++) {
+                const char *sets[10];
+                int n = 0;
+                for (int k = 0; k < 3; k++)
+                    sets[n++] = sizes[k];
+                snprintf(extra[0], sizeof extra[0], "parallel.dp.strategy=%s",
+                         search_strategies[sidx]);
+                snprintf(extra[1], sizeof extra[1], "train.recompute=%s", rec ? "block" : "none");
+                snprintf(extra[2], sizeof extra[2], "parallel.tp.sequence_parallel=%s",
+                         tp > 1 ? "true" : "false");
+                if (pp > 1)
+                    snprintf(extra[3], sizeof extra[3], "parallel.pp.microbatches=%d", per_rank);
+                else
+                    snprintf(extra[3], sizeof extra[3], "train.grad_accum=%d", acc ? per_rank : 1);
+                for (int k = 0; k < 4; k++)
+                    sets[n++] = extra[k];
+                if (pp > 1)
+                    sets[n++] = layers;
+                if (acc && per_rank == 1)
+                    continue;
+                candidate c;
+                memset(&c, 0, sizeof c);
+                r->tried++;
+                if (!try_mesh(args, sets, n, cluster, &c))
+                    continue;
+                c.tp = tp;
+                c.pp = pp;
+                c.dp = dp;
+                snprintf(c.label, sizeof c.label, "tp %d x pp %d x dp %d, %s%s%s", tp, pp, dp,
+                         search_strategies[sidx], rec ? ", recompute" : "",
+                         pp > 1 ? "" : acc ? ", micro-batch 1" : "");
+                if (r->count < r->cap)
+                    r->all[r->count++] = c;
+            }
+}
+
+/* The fastest `top`, why the first wins, and the best of each
+ * tensor-parallel width: what widening tp costs, and where it leaves the
+ * node. */
+static void print_ranking(const ranking *r, int world, int top, const loom_plan_cluster *cluster)
+{
+    int count = r->count;
+    printf("search: %d ranks, %d meshes tried, %d fit; the fastest %d:\n", world, r->tried, count,
+           top < count ? top : count);
+    printf("  %-4s %-42s %10s %10s %7s %8s %10s %10s %10s\n", "rank", "mesh", "step ms", "tokens/s",
+           "MFU", "bubble", "compute", "exposed", "memory");
+    for (int i = 0; i < count && i < top; i++) {
+        const candidate *c = &r->all[i];
+        char mem[32];
+        loom_mem_format((uint64_t)c->memory, mem, sizeof mem);
+        printf("  %-4d %-42s %10.3f %10.4g %6.1f%% %7.1f%% %10.3f %10.3f %10s\n", i + 1, c->label,
+               c->step_s * 1e3, c->tokens_per_s, 100 * c->mfu, 100 * c->bubble, c->compute_s * 1e3,
+               c->exposed_s * 1e3, mem);
+        if (c->nwarnings)
+            printf("       note: %s\n", c->warning);
+    }
+    if (count)
+        printf("why the first wins: %s\n", r->all[0].why);
+    printf("the fastest mesh at each tp:\n");
+    for (int tp = 1; tp <= world; tp *= 2)
+        for (int i = 0; i < count; i++) {
+            const candidate *c = &r->all[i];
+            if (c->tp != tp)
+                continue;
+            int nodes = cluster->ranks_per_node > 0 && tp > cluster->ranks_per_node
+                            ? tp / cluster->ranks_per_node : 1;
+            printf("  tp %-4d rank %-4d %-42s %10.3f ms: compute %.3f ms, exposed communication "
+                   "%.3f ms%s\n", tp, i + 1, c->label, c->step_s * 1e3, c->compute_s * 1e3,
+                   c->exposed_s * 1e3, nodes > 1 ? " (tp's all-reduces cross nodes)" : "");
+            break;
+        }
+}
+
 /* Every mesh of the config's ranks (or the cluster's): tp and pp powers of
  * two that divide them and the model (tp within the heads, pp within the
  * layers, their layers spread as evenly as they go with the first and last
@@ -348,109 +460,27 @@ static int search(const loom_cli_config_args *args, const loom_plan_job *base,
     if (world == 1 && cluster->nodes > 0 && cluster->ranks_per_node > 0)
         world = cluster->nodes * cluster->ranks_per_node;
     const loom_plan_shape *sh = &base->shape;
-    static const char *const strategies[] = {"ddp", "zero1", "zero2", "zero3"};
-    int cap = 4096, count = 0, tried = 0;
-    candidate *all = calloc((size_t)cap, sizeof *all);
-    if (!all)
+    ranking r = {.cap = 4096};
+    if (!(r.all = calloc((size_t)r.cap, sizeof *r.all)))
         return loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
     for (int tp = 1; tp <= world && tp <= sh->heads; tp *= 2) {
         if (world % tp || sh->heads % tp || sh->channels % tp)
             continue;
         for (int pp = 1; pp * tp <= world && pp <= sh->layers; pp *= 2) {
-            if (world % (tp * pp))
+            int mesh[3] = {tp, pp, world / (tp * pp)};
+            char layers[2048] = "";
+            if (world % (tp * pp) || base->batch % mesh[2])
                 continue;
-            int dp = world / (tp * pp);
-            if (base->batch % dp)
+            if (pp > 1 && !stage_layers_setting(sh, pp, layers, sizeof layers))
                 continue;
-            char layers[2048] = "", sizes[3][64], extra[4][64];
-            snprintf(sizes[0], sizeof sizes[0], "parallel.tp.size=%d", tp);
-            snprintf(sizes[1], sizeof sizes[1], "parallel.pp.size=%d", pp);
-            snprintf(sizes[2], sizeof sizes[2], "parallel.dp.size=%d", dp);
-            if (pp > 1) {
-                /* the blocks spread evenly, the remainder taken from the
-                 * first and last stages, which hold the embedding and head */
-                int per = (sh->layers + pp - 1) / pp, spare = per * pp - sh->layers, used = 0;
-                if (spare > 2 || per < 1 || (spare > 0 && pp < 2))
-                    continue;
-                used = snprintf(layers, sizeof layers, "parallel.pp.stage_layers=[");
-                for (int st = 0; st < pp; st++) {
-                    int n = per - ((st == 0 && spare >= 1) || (st == pp - 1 && spare >= 2));
-                    used += snprintf(layers + used, sizeof layers - (size_t)used, "%s%d", st ? "," : "", n);
-                }
-                snprintf(layers + used, sizeof layers - (size_t)used, "]");
-            }
-            int per_rank = base->batch / dp;
-            for (int sidx = 0; sidx < 4; sidx++)
-                for (int rec = 0; rec < 2; rec++)
-                    for (int acc = 0; acc < (pp > 1 ? 1 : 2); acc++) {
-                        const char *sets[10];
-                        int n = 0;
-                        for (int k = 0; k < 3; k++)
-                            sets[n++] = sizes[k];
-                        snprintf(extra[0], sizeof extra[0], "parallel.dp.strategy=%s", strategies[sidx]);
-                        snprintf(extra[1], sizeof extra[1], "train.recompute=%s", rec ? "block" : "none");
-                        snprintf(extra[2], sizeof extra[2], "parallel.tp.sequence_parallel=%s",
-                                 tp > 1 ? "true" : "false");
-                        if (pp > 1)
-                            snprintf(extra[3], sizeof extra[3], "parallel.pp.microbatches=%d", per_rank);
-                        else
-                            snprintf(extra[3], sizeof extra[3], "train.grad_accum=%d", acc ? per_rank : 1);
-                        for (int k = 0; k < 4; k++)
-                            sets[n++] = extra[k];
-                        if (pp > 1)
-                            sets[n++] = layers;
-                        if (acc && per_rank == 1)
-                            continue;
-                        candidate c;
-                        memset(&c, 0, sizeof c);
-                        tried++;
-                        if (!try_mesh(args, sets, n, cluster, &c))
-                            continue;
-                        c.tp = tp;
-                        c.pp = pp;
-                        c.dp = dp;
-                        snprintf(c.label, sizeof c.label, "tp %d x pp %d x dp %d, %s%s%s", tp, pp, dp,
-                                 strategies[sidx], rec ? ", recompute" : "",
-                                 pp > 1 ? "" : acc ? ", micro-batch 1" : "");
-                        if (count < cap)
-                            all[count++] = c;
-                    }
+            try_variants(args, base, cluster, mesh, layers, &r);
         }
     }
-    qsort(all, (size_t)count, sizeof *all, by_step);
-    printf("search: %d ranks, %d meshes tried, %d fit; the fastest %d:\n", world, tried, count,
-           top < count ? top : count);
-    printf("  %-4s %-42s %10s %10s %7s %8s %10s %10s %10s\n", "rank", "mesh", "step ms", "tokens/s",
-           "MFU", "bubble", "compute", "exposed", "memory");
-    for (int i = 0; i < count && i < top; i++) {
-        const candidate *c = &all[i];
-        char mem[32];
-        loom_mem_format((uint64_t)c->memory, mem, sizeof mem);
-        printf("  %-4d %-42s %10.3f %10.4g %6.1f%% %7.1f%% %10.3f %10.3f %10s\n", i + 1, c->label,
-               c->step_s * 1e3, c->tokens_per_s, 100 * c->mfu, 100 * c->bubble, c->compute_s * 1e3,
-               c->exposed_s * 1e3, mem);
-        if (c->nwarnings)
-            printf("       note: %s\n", c->warning);
-    }
-    if (count)
-        printf("why the first wins: %s\n", all[0].why);
-    /* the best of each tensor-parallel width: what widening tp costs, and
-     * where it leaves the node */
-    printf("the fastest mesh at each tp:\n");
-    for (int tp = 1; tp <= world; tp *= 2)
-        for (int i = 0; i < count; i++) {
-            if (all[i].tp != tp)
-                continue;
-            int nodes = cluster->ranks_per_node > 0 && tp > cluster->ranks_per_node
-                            ? tp / cluster->ranks_per_node : 1;
-            printf("  tp %-4d rank %-4d %-42s %10.3f ms: compute %.3f ms, exposed communication "
-                   "%.3f ms%s\n", tp, i + 1, all[i].label, all[i].step_s * 1e3, all[i].compute_s * 1e3,
-                   all[i].exposed_s * 1e3,
-                   nodes > 1 ? " (tp's all-reduces cross nodes)" : "");
-            break;
-        }
-    free(all);
-    return count ? LOOM_OK : loom_fail(LOOM_ERR_INVALID, "plan --search: no mesh of %d ranks fits", world);
+    qsort(r.all, (size_t)r.count, sizeof *r.all, by_step);
+    print_ranking(&r, world, top, cluster);
+    free(r.all);
+    return r.count ? LOOM_OK
+                   : loom_fail(LOOM_ERR_INVALID, "plan --search: no mesh of %d ranks fits", world);
 }
 
 int loom_cmd_plan(int argc, char **argv)

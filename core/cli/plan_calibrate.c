@@ -546,22 +546,12 @@ static int calibrate_links(const char *loom_exe, int max_ranks, FILE *progress,
     return LOOM_OK;
 }
 
-int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
-                        loom_plan_calibration *out)
+/* This machine's name, cores (one rank a core) and memory, from sysconf. */
+static int describe_machine(loom_plan_calibration *out, FILE *progress)
 {
-    memset(out, 0, sizeof *out);
-    if (max_ranks < 2)
-        return loom_fail(LOOM_ERR_INVALID, "calibrate: %d ranks at most leaves no collective to "
-                         "time; allow 2 or more", max_ranks);
-    if (access(loom_exe, X_OK))
-        return loom_fail(LOOM_ERR_NOT_FOUND, "calibrate: cannot run '%s': %s", loom_exe,
-                         strerror(errno));
-    uint64_t t0 = loom_now_ns();
     loom_plan_cluster *c = &out->cluster;
-    char cpu[80], date[32];
+    char cpu[80];
     cpu_name(cpu, sizeof cpu);
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (cores < 1 || pages < 1 || page < 1)
@@ -575,9 +565,16 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
     set_note(out, "ranks_per_node", "The cores online (sysconf): one rank a core, as loom "
                                     "launch runs ranks here.");
     set_note(out, "host_memory", "Physical pages times the page size (sysconf).");
-
     say(progress, "calibrate: %ld cores, %.2f GiB of memory; vector instructions %s\n", cores,
         c->host_bytes / (1u << 30), loom_cpu_describe());
+    return LOOM_OK;
+}
+
+/* The peak of the matrix products in each precision and the memory roof,
+ * on one thread. */
+static int measure_compute(loom_plan_calibration *out, FILE *progress)
+{
+    loom_plan_cluster *c = &out->cluster;
     double bf16_flops = 0;
     int rc = measure_products(LOOM_BF16, &bf16_flops);
     char bf16_library[384];
@@ -615,7 +612,28 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
              "written once, so %.4g GB/s read + written.\nA pure roofline: loom's non-GEMM "
              "kernels may run below it (exp, tanh, divisions).",
              MEMCPY_RUNS, copied / 1e9, out->memcpy_bytes_per_s / 1e9);
+    return LOOM_OK;
+}
 
+int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
+                        loom_plan_calibration *out)
+{
+    memset(out, 0, sizeof *out);
+    if (max_ranks < 2)
+        return loom_fail(LOOM_ERR_INVALID, "calibrate: %d ranks at most leaves no collective to "
+                         "time; allow 2 or more", max_ranks);
+    if (access(loom_exe, X_OK))
+        return loom_fail(LOOM_ERR_NOT_FOUND, "calibrate: cannot run '%s': %s", loom_exe,
+                         strerror(errno));
+    uint64_t t0 = loom_now_ns();
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
+    int rc = describe_machine(out, progress);
+    if (rc == LOOM_OK)
+        rc = measure_compute(out, progress);
+    if (rc)
+        return rc;
     scratch s;
     if ((rc = make_scratch(&s)))
         return rc;
