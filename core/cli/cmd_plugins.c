@@ -15,6 +15,7 @@
 #include "loom/comm.h"
 #include "loom/memtier.h"
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
@@ -26,6 +27,7 @@
 #include "runtime/loader.h"
 #include "runtime/log.h"
 #include "runtime/runtime.h"
+#include "train/schedule.h"
 
 static void plugins_usage(FILE *f)
 {
@@ -389,6 +391,50 @@ out:
     check_status(c, "destroy", "destroy", vt->destroy(tier));
 }
 
+static int append_action(void *builder, int pp_rank, loom_action action)
+{
+    return loom_schedule_append(builder, pp_rank, action);
+}
+
+/* A schedule's lists for a few shapes, each validated as the trainer
+ * would before its first step. A shape the schedule refuses (one it does
+ * not serve) is a note; lists the validator refuses are a failure. */
+static void check_schedule_functional(checker *c, const loom_plugin *p, const loom_host *host)
+{
+    static const int shapes[][3] = {{2, 1, 2}, {2, 1, 4}, {3, 1, 3}, {4, 1, 8}, {2, 2, 4},
+                                    {4, 2, 8}};
+    int built = 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(shapes); i++) {
+        int stages = shapes[i][0], virtual_stages = shapes[i][1], micro = shapes[i][2];
+        char check[96];
+        snprintf(check, sizeof check, "lists for p = %d, v = %d, m = %d", stages, virtual_stages,
+                 micro);
+        loom_schedule s;
+        if (loom_schedule_init(&s, p->header->name, stages, virtual_stages, micro) != LOOM_OK) {
+            fail_status(c, check, "loom_schedule_init", LOOM_ERR_NO_MEMORY);
+            continue;
+        }
+        loom_pipeline_shape shape = {.stages = stages, .virtual_stages = virtual_stages,
+                                     .microbatches = micro, .builder = &s,
+                                     .emit = append_action};
+        loom_clear_error();
+        int rc = loom_plugin_schedule_build(p, host, &shape);
+        if (rc != LOOM_OK) {
+            printf("note: %s: refused by the schedule: %s\n", check,
+                   *loom_last_error() ? loom_last_error() : "(it said nothing)");
+            loom_clear_error();
+        } else if ((rc = loom_schedule_validate(&s)) != LOOM_OK) {
+            fail_status(c, check, "the validator", rc);
+        } else {
+            report_check(c, check, NULL);
+            built++;
+        }
+        loom_schedule_free(&s);
+    }
+    if (!built)
+        fail_check(c, "lists", "the schedule refused every shape tried");
+}
+
 /* The runtime's host table for the plugin, in a world of one, then the
  * checks of its kind. Strategies need a mesh and a model to do anything;
  * they get the load checks only. */
@@ -433,6 +479,8 @@ static void check_functional(checker *c, const loom_plugin *p, const char *const
         report_check(c, "host", NULL);
         if (p->kind == LOOM_PLUGIN_COMM)
             check_comm_functional(c, &p->ops.comm, host);
+        else if (p->kind == LOOM_PLUGIN_SCHEDULE)
+            check_schedule_functional(c, p, host);
         else
             check_memtier_functional(c, &p->ops.memtier, host);
     }
@@ -470,6 +518,25 @@ static int check_plugin_file(const char *file, const char *const *overrides, int
     }
     if (loaded_fd >= 0 && write(loaded_fd, "L", 1) != 1)
         loaded_fd = -1;
+    if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis == LOOM_AXIS_PP) {
+        /* the same file again, as the trainer loads it: through the adapter */
+        printf("note: a pipeline schedule built as a strategy (before loom ABI 1.8): loom loads "
+               "it as a schedule through an adapter; rebuild it against loom/schedule.h\n");
+        loom_plugin *schedule = NULL;
+        if (loom_plugin_load_file(path, LOOM_PLUGIN_SCHEDULE, NULL, NULL, &schedule) != LOOM_OK) {
+            fail_check(&c, "adapter", "%s", loom_last_error());
+        } else {
+            report_check(&c, "adapter", NULL);
+            loom_plugin_unload(p);
+            p = schedule;
+        }
+    }
+    printf("optional ops provided:");
+    int nprovided = 0;
+    for (int op = 0; op < LOOM_OPTIONAL_COUNT; op++)
+        if (loom_plugin_provides(p, (loom_optional_op)op))
+            printf("%s %s", nprovided++ ? "," : "", loom_optional_op_name((loom_optional_op)op));
+    printf("%s\n", nprovided ? "" : " none");
     check_functional(&c, p, overrides, noverrides);
     if (c.failures)
         printf("%d check%s failed\n", c.failures, c.failures > 1 ? "s" : "");

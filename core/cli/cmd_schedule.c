@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 #include "loom/status.h"
-#include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -45,7 +45,7 @@ static void print_list(const loom_schedule *s, int r, int verbose)
 
 /* Read the pp settings, load the schedule plugin, build and validate. */
 int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *out,
-                             char *desc, size_t desc_cap, const loom_strategy_ops **plugin_ops)
+                            char *desc, size_t desc_cap, const loom_plugin **schedule_plugin)
 {
     int64_t p = 1, v = 1, m = 1;
     const char *name = NULL; /* the schema's default */
@@ -66,48 +66,30 @@ int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *o
     char where[256];
     snprintf(where, sizeof where, "%s", where_schedule);
     const loom_plugin *plugin;
-    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_STRATEGY, name, &plugin);
-    if (rc != LOOM_OK)
-        return rc;
-    const loom_strategy_ops *ops = &plugin->ops.strategy;
-    *plugin_ops = ops;
-    if (ops->axis != LOOM_AXIS_PP)
-        return loom_fail(LOOM_ERR_INVALID, "%s: parallel.pp.schedule = \"%s\" is a strategy for "
-                         "the %s axis, not a pipeline schedule", where, name,
-                         loom_axis_name((loom_axis)ops->axis));
-    if (!ops->pipeline_schedule)
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "%s: strategy %s does not implement "
-                         "pipeline_schedule", where, name);
-    const loom_host *host;
-    if ((rc = loom_runtime_host(rt, plugin, "parallel.pp", &host)) != LOOM_OK)
-        return rc;
-    loom_strategy_setup setup;
-    memset(&setup, 0, sizeof setup);
-    setup.struct_size = sizeof setup;
-    setup.axis = LOOM_AXIS_PP;
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        setup.sizes[a] = 1;
-    setup.sizes[LOOM_AXIS_PP] = (int)p;
-    setup.grad_accum = (int)m;
-    setup.compute_dtype = LOOM_F32;
-    loom_strategy *strategy = NULL;
-    char detail[1024];
-    if ((rc = ops->create(host, &setup, &strategy)) != LOOM_OK) {
+    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_SCHEDULE, name, &plugin);
+    if (rc != LOOM_OK) {
+        char detail[1024];
         snprintf(detail, sizeof detail, "%s", loom_last_error());
         return loom_fail(rc, "%s: %s", where, detail);
     }
-    ops->describe(strategy, desc, desc_cap);
-    rc = loom_schedule_build(ops, strategy, plugin->header->name, (int)p, (int)v, (int)m, out);
+    *schedule_plugin = plugin;
+    const loom_host *host;
+    if ((rc = loom_runtime_host(rt, plugin, "parallel.pp", &host)) != LOOM_OK)
+        return rc;
+    snprintf(desc, desc_cap, "%s schedule over %lld stages%s", plugin->header->name,
+             (long long)p, plugin->built_as != LOOM_PLUGIN_SCHEDULE
+                               ? " (a strategy-kind schedule, adapted)" : "");
+    rc = loom_schedule_build(plugin, host, (int)p, (int)v, (int)m, out);
     if (rc != LOOM_OK) {
+        char detail[1024];
         snprintf(detail, sizeof detail, "%s", loom_last_error());
         loom_fail(rc, "%s: %s", where, detail);
     }
-    ops->destroy(strategy);
     return rc;
 }
 
-static int report(const loom_schedule *s, const loom_strategy_ops *ops, const char *desc, int verbose,
-                  const char *svg_path)
+static int report(const loom_schedule *s, const loom_plugin *plugin, const char *desc,
+                  int verbose, const char *svg_path)
 {
     double cost[LOOM_ACT_KIND_COUNT];
     loom_schedule_default_costs(cost);
@@ -127,7 +109,8 @@ static int report(const loom_schedule *s, const loom_strategy_ops *ops, const ch
            cost[LOOM_ACT_BACKWARD_WEIGHT], cost[LOOM_ACT_BACKWARD]);
     printf("  makespan %g, bubble %.4f", tl.makespan, tl.bubble);
     const char *formula = NULL;
-    double th = ops->pipeline_bubble ? ops->pipeline_bubble(p, v, m, &formula) : -1.0;
+    const loom_schedule_ops *ops = &plugin->ops.schedule;
+    double th = ops->bubble ? ops->bubble(p, v, m, &formula) : -1.0;
     if (th >= 0.0)
         printf(" (theory %s = %.4f)", formula, th);
     printf("\n  peak stash (%s alive at once):", v > 1 ? "stage-micro-batches" : "micro-batches");
@@ -166,14 +149,14 @@ int loom_cmd_schedule(int argc, char **argv)
     loom_schedule s;
     memset(&s, 0, sizeof s);
     char desc[256] = "";
-    const loom_strategy_ops *ops = NULL;
+    const loom_plugin *plugin = NULL;
     int rc = loom_config_load(args.config, args.overrides, args.noverrides, &cfg);
     if (rc == LOOM_OK)
         rc = loom_runtime_create(cfg, &rt);
     if (rc == LOOM_OK)
-        rc = loom_cli_build_schedule(cfg, rt, &s, desc, sizeof desc, &ops);
+        rc = loom_cli_build_schedule(cfg, rt, &s, desc, sizeof desc, &plugin);
     if (rc == LOOM_OK)
-        rc = report(&s, ops, desc, verbose, svg_path);
+        rc = report(&s, plugin, desc, verbose, svg_path);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom schedule: %s\n", loom_last_error());
     fflush(stdout);

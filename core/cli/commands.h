@@ -33,6 +33,6 @@ int loom_cmd_plan(int argc, char **argv);
 /* The pipeline schedule a config names (parallel.pp.*), built by its plugin
  * and validated; desc: the plugin's description (cmd_schedule.c). */
 int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *out, char *desc,
-                            size_t desc_cap, const loom_strategy_ops **plugin_ops);
+                            size_t desc_cap, const loom_plugin **schedule_plugin);
 
 #endif

@@ -382,8 +382,9 @@ static int pick_axis(harness *h, const loom_plugin *p)
     static const char *const size_keys[LOOM_AXIS_COUNT] = {
         [LOOM_AXIS_TP] = "parallel.tp.size", [LOOM_AXIS_SP] = "parallel.sp.size",
         [LOOM_AXIS_PP] = "parallel.pp.size", [LOOM_AXIS_DP] = "parallel.dp.size"};
-    if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis < LOOM_AXIS_COUNT) {
-        loom_axis a = (loom_axis)p->ops.strategy.axis;
+    int schedule = p->kind == LOOM_PLUGIN_SCHEDULE;
+    if (schedule || (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis < LOOM_AXIS_COUNT)) {
+        loom_axis a = schedule ? LOOM_AXIS_PP : (loom_axis)p->ops.strategy.axis;
         h->label = loom_axis_name(a);
         h->size_key = size_keys[a];
         h->strategy_key = strategy_keys[a];
@@ -397,8 +398,8 @@ static int pick_axis(harness *h, const loom_plugin *p)
         h->strategy_key = "comm.default";
         return 0;
     }
-    fprintf(stderr, "loom plugins: --train drives strategy and comm plugins; a %s plugin gets "
-                    "the conformance checks only (drop --train)\n",
+    fprintf(stderr, "loom plugins: --train drives strategy, schedule and comm plugins; a %s "
+                    "plugin gets the conformance checks only (drop --train)\n",
             loom_plugin_kind_name(p->kind));
     return -1;
 }

@@ -11,16 +11,6 @@
 #include "cli/plugin_rows.h"
 #include "runtime/log.h"
 
-static const char *abi_text(uint32_t v, char *buf, size_t cap)
-{
-    if (!v)
-        snprintf(buf, cap, "-");
-    else
-        snprintf(buf, cap, "%u.%u", LOOM_ABI_VERSION_MAJOR(v), LOOM_ABI_VERSION_MINOR(v));
-    return buf;
-}
-
-
 static int cmp_names(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -59,17 +49,23 @@ static int list_file(row_list *l, const char *dir, const char *file)
     char status[1024];
     uint32_t kind = loom_plugin_kind_of(r->kind);
     if (!kind) {
-        snprintf(status, sizeof status,
-                 "refused: unknown kind '%s' (loom knows comm, strategy and memtier)", r->kind);
+        snprintf(status, sizeof status, "refused: unknown kind '%s' (loom knows comm, strategy, "
+                 "schedule and memtier)", r->kind);
     } else {
         loom_plugin_checks checks = {0};
         loom_plugin *p = NULL;
         if (loom_plugin_read_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
-            abi_text(p->header->abi_version, r->abi, sizeof r->abi);
+            snprintf(r->abi, sizeof r->abi, "%s", p->built_for);
             snprintf(status, sizeof status, "ok");
+            /* a pipeline schedule built before schedules had a kind */
+            if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis == LOOM_AXIS_PP) {
+                snprintf(r->kind, sizeof r->kind, "%s",
+                         loom_plugin_kind_name(LOOM_PLUGIN_SCHEDULE));
+                snprintf(status, sizeof status, "ok (strategy-kind schedule, adapted)");
+            }
             loom_plugin_unload(p);
         } else {
-            abi_text(checks.abi_version, r->abi, sizeof r->abi);
+            loom_plugin_abi_text(checks.abi_version, r->abi, sizeof r->abi);
             snprintf(status, sizeof status, "refused: %s", checks.reason);
         }
         loom_clear_error();

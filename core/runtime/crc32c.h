@@ -1,6 +1,6 @@
 /* loom runtime — CRC32C (Castagnoli): the checksum of every checkpoint file
- * (train/ckpt.h) and of every chunk the nvme tier keeps (offload-nvme
- * compiles this file in). */
+ * (train/ckpt_format.h) and of every chunk the nvme tier keeps (plugins reach it
+ * through the host table: loom_host.crc32c and copy_crc32c). */
 #ifndef LOOM_RUNTIME_CRC32C_H
 #define LOOM_RUNTIME_CRC32C_H
 

@@ -28,6 +28,7 @@
 #include "loom/comm.h"
 #include "loom/memtier.h"
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "runtime/config.h"
@@ -43,6 +44,8 @@
 #define PROBE_MAX_MAJOR 9
 /* A settings list longer than this has lost its NULL terminator. */
 #define MAX_SETTINGS 256
+/* The kinds are numbered from LOOM_PLUGIN_COMM to this one. */
+#define LAST_KIND LOOM_PLUGIN_SCHEDULE
 
 /* ------------------------------------------------------------ search path */
 
@@ -217,7 +220,7 @@ void loom_search_path_free(loom_search_path *sp)
 
 uint32_t loom_plugin_kind_of(const char *kind_name)
 {
-    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER; k++)
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LAST_KIND; k++)
         if (!strcmp(kind_name, loom_plugin_kind_name(k)))
             return k;
     return 0;
@@ -302,6 +305,10 @@ static const op_slot strategy_dp_required[] = {
     OP(loom_strategy_plugin_v1_t, data_optimizer_step),
 };
 
+static const op_slot schedule_required[] = {
+    OP(loom_schedule_plugin_v1_t, build),
+};
+
 typedef struct op_list {
     const op_slot *ops;
     size_t count;
@@ -316,6 +323,7 @@ static int required_ops(uint32_t kind, int axis, op_list lists[2])
     switch (kind) {
     case LOOM_PLUGIN_COMM: lists[0] = (op_list)OP_LIST(comm_required); return 1;
     case LOOM_PLUGIN_MEMTIER: lists[0] = (op_list)OP_LIST(memtier_required); return 1;
+    case LOOM_PLUGIN_SCHEDULE: lists[0] = (op_list)OP_LIST(schedule_required); return 1;
     case LOOM_PLUGIN_STRATEGY:
         lists[0] = (op_list)OP_LIST(strategy_common_required);
         switch (axis) {
@@ -335,7 +343,9 @@ static size_t required_size(uint32_t kind, int axis)
 {
     op_list lists[2];
     int n = required_ops(kind, axis, lists);
-    size_t end = sizeof(loom_plugin_header) + 2 * sizeof(uint32_t); /* + kind's fixed fields */
+    size_t end = sizeof(loom_plugin_header);
+    if (kind != LOOM_PLUGIN_SCHEDULE)
+        end += 2 * sizeof(uint32_t); /* the kind's fixed fields */
     for (int l = 0; l < n; l++)
         for (size_t i = 0; i < lists[l].count; i++)
             if (lists[l].ops[i].offset + sizeof(void *) > end)
@@ -352,6 +362,87 @@ static int op_present(const loom_plugin_header *h, size_t offset)
     return fn != NULL;
 }
 
+/* Every optional op: the kind whose struct has it, where, and its name. */
+static const struct {
+    loom_plugin_kind kind;
+    op_slot slot;
+} optional_ops[LOOM_OPTIONAL_COUNT] = {
+    [LOOM_OPTIONAL_COMM_GROUP_START] = {LOOM_PLUGIN_COMM, OP(loom_comm_plugin_v1_t, group_start)},
+    [LOOM_OPTIONAL_COMM_GROUP_END] = {LOOM_PLUGIN_COMM, OP(loom_comm_plugin_v1_t, group_end)},
+    [LOOM_OPTIONAL_COMM_MEM_REGISTER] = {LOOM_PLUGIN_COMM,
+                                         OP(loom_comm_plugin_v1_t, mem_register)},
+    [LOOM_OPTIONAL_COMM_MEM_DEREGISTER] = {LOOM_PLUGIN_COMM,
+                                           OP(loom_comm_plugin_v1_t, mem_deregister)},
+    [LOOM_OPTIONAL_COMM_ABORT] = {LOOM_PLUGIN_COMM, OP(loom_comm_plugin_v1_t, abort)},
+    [LOOM_OPTIONAL_DATA_BEFORE_FORWARD] = {LOOM_PLUGIN_STRATEGY,
+                                           OP(loom_strategy_plugin_v1_t, data_before_forward)},
+    [LOOM_OPTIONAL_DATA_AFTER_FORWARD] = {LOOM_PLUGIN_STRATEGY,
+                                          OP(loom_strategy_plugin_v1_t, data_after_forward)},
+    [LOOM_OPTIONAL_DATA_BEFORE_BACKWARD] = {LOOM_PLUGIN_STRATEGY,
+                                            OP(loom_strategy_plugin_v1_t, data_before_backward)},
+    [LOOM_OPTIONAL_DATA_GRADS_READY] = {LOOM_PLUGIN_STRATEGY,
+                                        OP(loom_strategy_plugin_v1_t, data_grads_ready)},
+    [LOOM_OPTIONAL_DATA_FINISH_BACKWARD] = {LOOM_PLUGIN_STRATEGY,
+                                            OP(loom_strategy_plugin_v1_t, data_finish_backward)},
+    [LOOM_OPTIONAL_DATA_GRAD_NORM_SQ] = {LOOM_PLUGIN_STRATEGY,
+                                         OP(loom_strategy_plugin_v1_t, data_grad_norm_sq)},
+    [LOOM_OPTIONAL_DATA_ZERO_GRADS] = {LOOM_PLUGIN_STRATEGY,
+                                       OP(loom_strategy_plugin_v1_t, data_zero_grads)},
+    [LOOM_OPTIONAL_DATA_GET_STATE] = {LOOM_PLUGIN_STRATEGY,
+                                      OP(loom_strategy_plugin_v1_t, data_get_state)},
+    [LOOM_OPTIONAL_DATA_SET_STATE] = {LOOM_PLUGIN_STRATEGY,
+                                      OP(loom_strategy_plugin_v1_t, data_set_state)},
+    [LOOM_OPTIONAL_DATA_GET_SHARD] = {LOOM_PLUGIN_STRATEGY,
+                                      OP(loom_strategy_plugin_v1_t, data_get_shard)},
+    [LOOM_OPTIONAL_DATA_EVAL] = {LOOM_PLUGIN_STRATEGY, OP(loom_strategy_plugin_v1_t, data_eval)},
+    [LOOM_OPTIONAL_SEQUENCE_POSITIONS] = {LOOM_PLUGIN_STRATEGY,
+                                          OP(loom_strategy_plugin_v1_t, sequence_positions)},
+    [LOOM_OPTIONAL_PIPELINE_BUBBLE] = {LOOM_PLUGIN_STRATEGY,
+                                       OP(loom_strategy_plugin_v1_t, pipeline_bubble)},
+    [LOOM_OPTIONAL_MEMTIER_ADDRESS] = {LOOM_PLUGIN_MEMTIER,
+                                       OP(loom_memtier_plugin_v1_t, address)},
+    [LOOM_OPTIONAL_MEMTIER_PREFETCH] = {LOOM_PLUGIN_MEMTIER,
+                                        OP(loom_memtier_plugin_v1_t, prefetch)},
+    [LOOM_OPTIONAL_SCHEDULE_BUBBLE] = {LOOM_PLUGIN_SCHEDULE,
+                                       OP(loom_schedule_plugin_v1_t, bubble)},
+};
+
+const char *loom_optional_op_name(loom_optional_op op)
+{
+    return (unsigned)op < LOOM_OPTIONAL_COUNT ? optional_ops[op].slot.name : "?";
+}
+
+/* The optional ops a struct of kind has non-NULL, as loom_plugin.provided. */
+static uint64_t provided_ops(loom_plugin_kind kind, const loom_plugin_header *h)
+{
+    uint64_t provided = 0;
+    for (int op = 0; op < LOOM_OPTIONAL_COUNT; op++)
+        if (optional_ops[op].kind == kind && op_present(h, optional_ops[op].slot.offset))
+            provided |= (uint64_t)1 << op;
+    return provided;
+}
+
+void loom_plugin_abi_text(uint32_t abi_version, char *buf, size_t cap)
+{
+    if (!abi_version)
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%u.%u", LOOM_ABI_VERSION_MAJOR(abi_version),
+                 LOOM_ABI_VERSION_MINOR(abi_version));
+}
+
+/* What the minor a struct of kind was built for promises, as
+ * loom_plugin.features. */
+static uint32_t features_of(loom_plugin_kind kind, uint32_t abi_version)
+{
+    uint32_t minor = LOOM_ABI_VERSION_MINOR(abi_version), features = 0;
+    if (minor >= 3)
+        features |= LOOM_FEATURE_SETTING_RULES;
+    if (kind == LOOM_PLUGIN_STRATEGY && minor >= 6)
+        features |= LOOM_FEATURE_UPDATE_RANGE;
+    return features;
+}
+
 /* ------------------------------------------------------------ ops table */
 
 static int no_unit_hook(loom_strategy *s, loom_unit *unit) { (void)s; (void)unit; return LOOM_OK; }
@@ -365,34 +456,60 @@ static int no_bracket(loom_comm *comm) { (void)comm; return LOOM_OK; }
 
 #define DEFAULT_OP(ops, member, fn) ((ops)->member ? (void)0 : (void)((ops)->member = (fn)))
 
-/* Copy what the plugin's struct has of the newest one (the rest stays
- * zero) and put the core's no-ops where an absent op means nothing to do. */
-static void fill_ops(loom_plugin *p, const loom_plugin_header *exported)
+/* Copy what a struct of kind has of the newest one into ops (the rest
+ * stays zero) and put the core's no-ops where an absent op means nothing
+ * to do. */
+static void normalise(loom_plugin *p, loom_plugin_kind kind, const loom_plugin_header *exported,
+                      void *ops)
 {
     size_t size = 0;
-    switch (p->kind) {
+    switch (kind) {
     case LOOM_PLUGIN_COMM: size = sizeof p->ops.comm; break;
     case LOOM_PLUGIN_STRATEGY: size = sizeof p->ops.strategy; break;
     case LOOM_PLUGIN_MEMTIER: size = sizeof p->ops.memtier; break;
+    case LOOM_PLUGIN_SCHEDULE: size = sizeof p->ops.schedule; break;
     }
-    memcpy(&p->ops, exported, exported->struct_size < size ? exported->struct_size : size);
-    p->exported = exported;
-    p->header = (const loom_plugin_header *)&p->ops;
+    memcpy(ops, exported, exported->struct_size < size ? exported->struct_size : size);
     /* Readers of the settings see this loom's spec, whatever the plugin's. */
-    loom_plugin_header *normalised = (loom_plugin_header *)&p->ops;
+    loom_plugin_header *normalised = ops;
     normalised->settings = p->settings;
     normalised->settings_stride = sizeof(loom_setting_spec);
-    if (p->kind == LOOM_PLUGIN_COMM) {
-        DEFAULT_OP(&p->ops.comm, group_start, no_bracket);
-        DEFAULT_OP(&p->ops.comm, group_end, no_bracket);
-    } else if (p->kind == LOOM_PLUGIN_STRATEGY) {
-        loom_strategy_ops *s = &p->ops.strategy;
+    if (kind == LOOM_PLUGIN_COMM) {
+        loom_comm_ops *c = ops;
+        DEFAULT_OP(c, group_start, no_bracket);
+        DEFAULT_OP(c, group_end, no_bracket);
+    } else if (kind == LOOM_PLUGIN_STRATEGY) {
+        loom_strategy_ops *s = ops;
         DEFAULT_OP(s, data_before_forward, no_unit_hook);
         DEFAULT_OP(s, data_after_forward, no_unit_hook);
         DEFAULT_OP(s, data_before_backward, no_unit_hook);
         DEFAULT_OP(s, data_grads_ready, no_grads_hook);
         DEFAULT_OP(s, data_finish_backward, no_step_hook);
     }
+}
+
+/* The core's view of the plugin and what it provides. A schedule built as
+ * a strategy keeps that struct in adapted; its schedule view has the
+ * header (kind schedule) and the bubble, and runs through
+ * loom_plugin_schedule_build. */
+static void fill_ops(loom_plugin *p, loom_plugin_kind built_as, const loom_plugin_header *exported)
+{
+    p->built_as = built_as;
+    p->exported = exported;
+    p->header = (const loom_plugin_header *)&p->ops;
+    p->features = features_of(built_as, exported->abi_version);
+    loom_plugin_abi_text(exported->abi_version, p->built_for, sizeof p->built_for);
+    if (built_as == p->kind) {
+        normalise(p, p->kind, exported, &p->ops);
+        p->provided = provided_ops(p->kind, exported);
+        return;
+    }
+    normalise(p, built_as, exported, &p->adapted);
+    p->ops.schedule.header = p->adapted.header;
+    p->ops.schedule.header.kind = LOOM_PLUGIN_SCHEDULE;
+    p->ops.schedule.bubble = p->adapted.pipeline_bubble;
+    if (provided_ops(built_as, exported) & ((uint64_t)1 << LOOM_OPTIONAL_PIPELINE_BUBBLE))
+        p->provided = (uint64_t)1 << LOOM_OPTIONAL_SCHEDULE_BUBBLE;
 }
 
 /* ------------------------------------------------------------ settings */
@@ -752,8 +869,10 @@ static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf
  * checks are reported. */
 typedef struct load_run {
     const char *path;
-    loom_plugin_kind kind;
+    loom_plugin_kind kind; /* the kind of struct checked: LOOM_PLUGIN_STRATEGY when adapting */
     const char *kind_name;
+    /* A schedule asked for, found built as a strategy (before ABI 1.8). */
+    int adapting;
     const char *expect_name; /* NULL: no name to check against */
     loom_plugin_checks *checks;
     /* Reading the file instead of loading it: its image (then no dlopen). */
@@ -812,7 +931,7 @@ static int refuse_no_symbol(load_run *r, void *dl)
                       "this loom's headers", built, r->kind_name, major, r->kind_name,
                       LOOM_ABI_MAJOR, LOOM_ABI_MAJOR);
     }
-    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER; k++) {
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LAST_KIND; k++) {
         if (k == r->kind)
             continue;
         for (int major = 1; major <= PROBE_MAX_MAJOR; major++) {
@@ -1549,7 +1668,7 @@ uint32_t loom_plugin_kind_in_file(const char *path)
     if (image_open(path, &im, why, sizeof why))
         return 0;
     uint32_t found = 0;
-    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LOOM_PLUGIN_MEMTIER && !found; k++) {
+    for (uint32_t k = LOOM_PLUGIN_COMM; k <= LAST_KIND && !found; k++) {
         char sym[64];
         snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", loom_plugin_kind_name(k), LOOM_ABI_MAJOR);
         if (image_symbol(&im, sym))
@@ -1666,11 +1785,19 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         passed(r, "dlopen");
     }
 
-    char sym[64];
-    snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", r->kind_name, LOOM_ABI_MAJOR);
     const loom_plugin_header *h = find_symbol(r, dl, r->kind_name, LOOM_ABI_MAJOR);
+    const char *strategy_name = loom_plugin_kind_name(LOOM_PLUGIN_STRATEGY);
+    if (!h && r->kind == LOOM_PLUGIN_SCHEDULE &&
+        (h = find_symbol(r, dl, strategy_name, LOOM_ABI_MAJOR))) {
+        /* built before ABI 1.8: checked as the strategy it is, then adapted */
+        r->adapting = 1;
+        r->kind = LOOM_PLUGIN_STRATEGY;
+        r->kind_name = strategy_name;
+    }
     if (!h)
         return refuse_no_symbol(r, dl);
+    char sym[64];
+    snprintf(sym, sizeof sym, "loom_%s_plugin_v%d", r->kind_name, LOOM_ABI_MAJOR);
     r->checks->abi_version = h->abi_version;
     passed(r, "symbol");
 
@@ -1732,6 +1859,11 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
             return refuse(r, LOOM_ERR_INVALID, "axis",
                           "axis %u is not one of LOOM_AXIS_TP, _SP, _PP, _DP (0..%d)", a,
                           LOOM_AXIS_COUNT - 1);
+        if (r->adapting && a != LOOM_AXIS_PP)
+            return refuse(r, LOOM_ERR_INVALID, "axis",
+                          "wrong kind: it is a strategy of the %s axis (exports %s), not a "
+                          "pipeline schedule; name a schedule in parallel.pp.schedule",
+                          loom_axis_name((loom_axis)a), sym);
         passed(r, "axis");
     }
 
@@ -1811,15 +1943,18 @@ static int open_plugin(const char *path, loom_plugin_kind kind, const char *expe
     if (!strcmp(kind_name, "?"))
         return loom_fail(LOOM_ERR_INVALID, "plugin %s: unknown plugin kind %d", path, (int)kind);
 
-    /* A file named for a plugin carries the name its header must have. */
+    /* A file named for a plugin carries the name its header must have (a
+     * schedule's may be named for the strategy it was built as). */
     char fkind[32], fname[128];
-    if (!expect_name &&
-        loom_plugin_parse_file_name(path, fkind, sizeof fkind, fname, sizeof fname) &&
-        loom_plugin_kind_of(fkind) == (uint32_t)kind)
+    uint32_t file_kind = 0;
+    if (loom_plugin_parse_file_name(path, fkind, sizeof fkind, fname, sizeof fname))
+        file_kind = loom_plugin_kind_of(fkind);
+    if (!expect_name && (file_kind == (uint32_t)kind ||
+                         (kind == LOOM_PLUGIN_SCHEDULE && file_kind == LOOM_PLUGIN_STRATEGY)))
         expect_name = fname;
 
     plugin_image image = {0};
-    load_run run = {path, kind, kind_name, expect_name, checks, read_only ? &image : NULL};
+    load_run run = {path, kind, kind_name, 0, expect_name, checks, read_only ? &image : NULL};
     void *dl = NULL;
     const loom_plugin_header *header = NULL;
     loom_setting_spec *settings = NULL;
@@ -1842,7 +1977,7 @@ static int open_plugin(const char *path, loom_plugin_kind kind, const char *expe
             p->path = copy;
             p->kind = kind;
             p->settings = settings;
-            fill_ops(p, header);
+            fill_ops(p, run.kind, header);
             settings = NULL;
         }
     }
@@ -1882,17 +2017,24 @@ int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const ch
     if (strchr(name, '/'))
         return loom_plugin_load_file(name, kind, NULL, NULL, out);
 
-    char file[256];
+    /* A schedule built before ABI 1.8 is a strategy's file. */
+    char file[256], old_file[256] = "";
     if ((size_t)snprintf(file, sizeof file, "libloom-%s-%s.so", kind_name, name) >= sizeof file)
         return loom_fail(LOOM_ERR_INVALID, "plugin %s '%.40s...': name too long", kind_name,
                          name);
+    if (kind == LOOM_PLUGIN_SCHEDULE)
+        snprintf(old_file, sizeof old_file, "libloom-%s-%s.so",
+                 loom_plugin_kind_name(LOOM_PLUGIN_STRATEGY), name);
     for (int i = 0; i < ndirs; i++) {
-        char path[PATH_MAX];
-        if ((size_t)snprintf(path, sizeof path, "%s/%s", sp->dirs[i], file) >= sizeof path)
-            continue;
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
-            return loom_plugin_load_file(path, kind, name, NULL, out);
+        const char *files[2] = {file, old_file};
+        for (int f = 0; f < 2 && files[f][0]; f++) {
+            char path[PATH_MAX];
+            if ((size_t)snprintf(path, sizeof path, "%s/%s", sp->dirs[i], files[f]) >= sizeof path)
+                continue;
+            struct stat st;
+            if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+                return loom_plugin_load_file(path, kind, name, NULL, out);
+        }
     }
 
     /* Not found: name every directory tried, in order, and where the
@@ -1906,29 +2048,31 @@ int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const ch
         used = strlen(notes);
         snprintf(notes + used, sizeof notes - used, "; %s", sp->notes[i]);
     }
+    char wanted[600];
+    snprintf(wanted, sizeof wanted, "%s%s%s", file, old_file[0] ? " (nor " : "", old_file);
+    if (old_file[0])
+        snprintf(wanted + strlen(wanted), sizeof wanted - strlen(wanted), ")");
     return loom_fail(LOOM_ERR_NOT_FOUND,
                      "plugin %s '%s' not found: no %s in %s (set plugins.path or "
-                     "LOOM_PLUGIN_PATH%s)", kind_name, name, file,
+                     "LOOM_PLUGIN_PATH%s)", kind_name, name, wanted,
                      ndirs ? dirs : "(an empty search path)", notes);
 }
 
 /* The data hooks whose core default (no communication) is right only for a
  * dp group of one, as alternatives: one of each row must be implemented. */
 static const struct {
-    op_slot ops[2];
+    loom_optional_op ops[2]; /* one op: the second is LOOM_OPTIONAL_COUNT */
     const char *why;
 } dp_group_hooks[] = {
-    {{OP(loom_strategy_plugin_v1_t, data_grads_ready),
-      OP(loom_strategy_plugin_v1_t, data_finish_backward)},
+    {{LOOM_OPTIONAL_DATA_GRADS_READY, LOOM_OPTIONAL_DATA_FINISH_BACKWARD},
      "nothing would average the gradients over the dp group"},
-    {{OP(loom_strategy_plugin_v1_t, data_grad_norm_sq)},
+    {{LOOM_OPTIONAL_DATA_GRAD_NORM_SQ, LOOM_OPTIONAL_COUNT},
      "the core would sum this rank's unit gradients without communication, and clipping would "
      "see a wrong norm"},
-    {{OP(loom_strategy_plugin_v1_t, data_zero_grads)},
+    {{LOOM_OPTIONAL_DATA_ZERO_GRADS, LOOM_OPTIONAL_COUNT},
      "the core would clear the units' gradients only, not the strategy's own buffers"},
-    {{OP(loom_strategy_plugin_v1_t, data_set_state)}, "checkpoints could not be restored"},
-    {{OP(loom_strategy_plugin_v1_t, data_get_state),
-      OP(loom_strategy_plugin_v1_t, data_get_shard)},
+    {{LOOM_OPTIONAL_DATA_SET_STATE, LOOM_OPTIONAL_COUNT}, "checkpoints could not be restored"},
+    {{LOOM_OPTIONAL_DATA_GET_STATE, LOOM_OPTIONAL_DATA_GET_SHARD},
      "checkpoints could not be written"},
 };
 
@@ -1937,20 +2081,22 @@ int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size)
     if (p->kind != LOOM_PLUGIN_STRATEGY || p->ops.strategy.axis != LOOM_AXIS_DP || dp_size <= 1)
         return LOOM_OK;
     for (size_t i = 0; i < LOOM_ARRAY_LEN(dp_group_hooks); i++) {
-        const op_slot *ops = dp_group_hooks[i].ops;
-        if (op_present(p->exported, ops[0].offset) ||
-            (ops[1].name && op_present(p->exported, ops[1].offset)))
+        const loom_optional_op *ops = dp_group_hooks[i].ops;
+        int two = ops[1] != LOOM_OPTIONAL_COUNT;
+        if (loom_plugin_provides(p, ops[0]) || (two && loom_plugin_provides(p, ops[1])))
             continue;
+        const char *first = loom_optional_op_name(ops[0]);
+        const char *second = two ? loom_optional_op_name(ops[1]) : "";
         char hooks[96];
-        if (ops[1].name)
-            snprintf(hooks, sizeof hooks, "%s and %s are NULL", ops[0].name, ops[1].name);
+        if (two)
+            snprintf(hooks, sizeof hooks, "%s and %s are NULL", first, second);
         else
-            snprintf(hooks, sizeof hooks, "%s is NULL", ops[0].name);
+            snprintf(hooks, sizeof hooks, "%s is NULL", first);
         return loom_fail(LOOM_ERR_INVALID,
                          "strategy '%s' cannot serve a dp group of %d ranks: %s, so %s; implement "
                          "%s%s%s (the core's defaults are right for a dp group of one only)",
-                         p->header->name, dp_size, hooks, dp_group_hooks[i].why, ops[0].name,
-                         ops[1].name ? " or " : "", ops[1].name ? ops[1].name : "");
+                         p->header->name, dp_size, hooks, dp_group_hooks[i].why, first,
+                         two ? " or " : "", second);
     }
     return LOOM_OK;
 }
@@ -1985,6 +2131,8 @@ static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf
 {
     if (kind == LOOM_PLUGIN_COMM)
         snprintf(buf, cap, "comm.%s", h->name);
+    else if (kind == LOOM_PLUGIN_SCHEDULE)
+        snprintf(buf, cap, "parallel.pp");
     else if (kind == LOOM_PLUGIN_STRATEGY)
         snprintf(buf, cap, "parallel.%s",
                  loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)h)->axis));
@@ -1995,4 +2143,33 @@ static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf
 void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap)
 {
     settings_group(p->kind, p->header, buf, cap);
+}
+
+int loom_plugin_schedule_build(const loom_plugin *p, const loom_host *host,
+                               const loom_pipeline_shape *shape)
+{
+    if (p->kind != LOOM_PLUGIN_SCHEDULE)
+        return loom_fail(LOOM_ERR_INVALID, "plugin %s '%s' is not a pipeline schedule",
+                         loom_plugin_kind_name(p->kind), p->header->name);
+    if (p->built_as == LOOM_PLUGIN_SCHEDULE)
+        return p->ops.schedule.build(host, shape);
+    /* What the trainer gave a pp strategy's create that a schedule can use:
+     * the pipeline's size and its micro-batches. */
+    const loom_strategy_ops *old = &p->adapted;
+    loom_strategy_setup setup;
+    memset(&setup, 0, sizeof setup);
+    setup.struct_size = sizeof setup;
+    setup.axis = LOOM_AXIS_PP;
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+        setup.sizes[a] = 1;
+    setup.sizes[LOOM_AXIS_PP] = shape->stages;
+    setup.grad_accum = shape->microbatches;
+    setup.compute_dtype = LOOM_F32;
+    loom_strategy *instance = NULL;
+    int rc = old->create(host, &setup, &instance);
+    if (rc != LOOM_OK)
+        return rc;
+    rc = old->pipeline_schedule(instance, shape);
+    int destroyed = old->destroy(instance);
+    return rc != LOOM_OK ? rc : destroyed;
 }

@@ -18,10 +18,52 @@
  * NCCL's ncclNet_t stands for its newest ncclNet_vN_t). */
 #include "loom/comm.h"
 #include "loom/memtier.h"
+#include "loom/schedule.h"
 #include "loom/strategy.h"
 typedef loom_comm_plugin_v1_t loom_comm_ops;
 typedef loom_strategy_plugin_v1_t loom_strategy_ops;
 typedef loom_memtier_plugin_v1_t loom_memtier_ops;
+typedef loom_schedule_plugin_v1_t loom_schedule_ops;
+
+/* The optional ops, one bit each in loom_plugin.provided: set when the
+ * plugin's own struct has the op non-NULL within its struct_size. The ops
+ * table cannot say, since the loader puts the core's defaults where a
+ * plugin has none. */
+typedef enum loom_optional_op {
+    LOOM_OPTIONAL_COMM_GROUP_START,
+    LOOM_OPTIONAL_COMM_GROUP_END,
+    LOOM_OPTIONAL_COMM_MEM_REGISTER,
+    LOOM_OPTIONAL_COMM_MEM_DEREGISTER,
+    LOOM_OPTIONAL_COMM_ABORT,
+    LOOM_OPTIONAL_DATA_BEFORE_FORWARD,
+    LOOM_OPTIONAL_DATA_AFTER_FORWARD,
+    LOOM_OPTIONAL_DATA_BEFORE_BACKWARD,
+    LOOM_OPTIONAL_DATA_GRADS_READY,
+    LOOM_OPTIONAL_DATA_FINISH_BACKWARD,
+    LOOM_OPTIONAL_DATA_GRAD_NORM_SQ,
+    LOOM_OPTIONAL_DATA_ZERO_GRADS,
+    LOOM_OPTIONAL_DATA_GET_STATE,
+    LOOM_OPTIONAL_DATA_SET_STATE,
+    LOOM_OPTIONAL_DATA_GET_SHARD,
+    LOOM_OPTIONAL_DATA_EVAL,
+    LOOM_OPTIONAL_SEQUENCE_POSITIONS,
+    LOOM_OPTIONAL_PIPELINE_BUBBLE,
+    LOOM_OPTIONAL_MEMTIER_ADDRESS,
+    LOOM_OPTIONAL_MEMTIER_PREFETCH,
+    LOOM_OPTIONAL_SCHEDULE_BUBBLE,
+    LOOM_OPTIONAL_COUNT
+} loom_optional_op;
+
+/* What the ABI minor a plugin was built for promises beyond its ops, one bit
+ * each in loom_plugin.features. */
+typedef enum loom_plugin_feature {
+    /* 1.3: its settings list carries allowed values and bounds */
+    LOOM_FEATURE_SETTING_RULES = 1u << 0,
+    /* 1.6, a strategy: it steps master weights through update_range (or,
+     * 1.7, update_range_store), which tell the core which tensors a range
+     * holds; before, through update, which cannot */
+    LOOM_FEATURE_UPDATE_RANGE = 1u << 1,
+} loom_plugin_feature;
 
 typedef struct loom_plugin {
     void *dl; /* NULL for a plugin only read (loom_plugin_read_file) */
@@ -32,11 +74,19 @@ typedef struct loom_plugin {
     size_t image_size;
     char *path;
     loom_plugin_kind kind;
-    /* The plugin's own struct, as exported: its abi_version and
-     * struct_size say what it was built for. */
+    /* The kind of struct the file exports: kind, or LOOM_PLUGIN_STRATEGY
+     * for a schedule built before ABI 1.8 as a strategy of the pp axis,
+     * which the loader adapts (loom_plugin_schedule_build). */
+    loom_plugin_kind built_as;
+    /* The plugin's own struct, as exported; the loader's alone: what
+     * others need of it is recorded below. */
     const loom_plugin_header *exported;
     /* The normalised copy; header is &ops.<kind>.header. */
     const loom_plugin_header *header;
+    /* 1 << loom_optional_op for each optional op the plugin provides. */
+    uint64_t provided;
+    uint32_t features; /* loom_plugin_feature bits */
+    char built_for[16]; /* the ABI it was built for, as "1.7", for messages */
     /* The settings list, checked and copied as this loom's loom_setting_spec
      * array ended by {0} (header->settings points here). */
     loom_setting_spec *settings;
@@ -44,8 +94,35 @@ typedef struct loom_plugin {
         loom_comm_ops comm;
         loom_strategy_ops strategy;
         loom_memtier_ops memtier;
+        loom_schedule_ops schedule;
     } ops;
+    /* A schedule built as a strategy: that struct, normalised, which the
+     * adapter calls (ops.schedule has its header and bubble, no build). */
+    loom_strategy_ops adapted;
 } loom_plugin;
+
+static inline int loom_plugin_provides(const loom_plugin *p, loom_optional_op op)
+{
+    return (unsigned)op < LOOM_OPTIONAL_COUNT && ((p->provided >> op) & 1u);
+}
+
+static inline int loom_plugin_has_feature(const loom_plugin *p, loom_plugin_feature feature)
+{
+    return (p->features & (uint32_t)feature) != 0;
+}
+
+/* "group_start", "data_eval", ...: the op's name in its struct. */
+const char *loom_optional_op_name(loom_optional_op op);
+
+/* "1.7" for an abi_version, "-" for 0 (not known). */
+void loom_plugin_abi_text(uint32_t abi_version, char *buf, size_t cap);
+
+/* Run a schedule plugin (kind LOOM_PLUGIN_SCHEDULE): its build op, or for
+ * one built as a strategy its create (given the shape's pp size and
+ * micro-batches), pipeline_schedule and destroy. Every caller goes through
+ * this, never ops.schedule.build. */
+int loom_plugin_schedule_build(const loom_plugin *p, const loom_host *host,
+                               const loom_pipeline_shape *shape);
 
 /* The directories plugins are looked up in, in order: plugins.path from the
  * config (a relative entry taken from the folder of the config file that
@@ -63,7 +140,9 @@ void loom_search_path_free(loom_search_path *sp);
 
 /* Find and check a plugin; name is a short name ("mpi") or, with a '/', a
  * file path. Every refusal is one line naming the file, what was found and
- * what was wanted. A plugin that crashes the process while it loads (a
+ * what was wanted. A schedule is looked for in each folder as
+ * libloom-schedule-<name>.so, then as libloom-strategy-<name>.so (one built
+ * before ABI 1.8, adapted). A plugin that crashes the process while it loads (a
  * corrupt file, or its constructor) is named in one line on stderr before
  * the process dies of the signal. */
 int loom_plugin_load(const loom_search_path *sp, loom_plugin_kind kind, const char *name,
@@ -118,7 +197,8 @@ uint32_t loom_plugin_kind_of(const char *kind_name);
  * the hook. LOOM_OK for any other plugin or a group of one. */
 int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size);
 /* The config group a plugin's settings live in: comm.<name> for a
- * communicator, parallel.<axis> for a strategy, memory.offload for a tier. */
+ * communicator, parallel.<axis> for a strategy, parallel.pp for a schedule,
+ * memory.offload for a tier. */
 void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap);
 
 /* How the loader tells whether the dynamic loader would find a library a

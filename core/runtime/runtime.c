@@ -8,6 +8,7 @@
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/config.h"
+#include "runtime/crc32c.h"
 #include "runtime/flight.h"
 #include "runtime/group.h"
 #include "runtime/loader.h"
@@ -349,10 +350,9 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
         return rc;
     }
     snprintf(e->name, sizeof e->name, "%s", name);
-    uint32_t abi = e->plugin->exported->abi_version;
-    loom_log(LOOM_LOG_DEBUG, "loaded %s plugin %s (ABI %u.%u) from %s",
-             loom_plugin_kind_name(kind), e->plugin->header->name, LOOM_ABI_VERSION_MAJOR(abi),
-             LOOM_ABI_VERSION_MINOR(abi), e->plugin->path);
+    loom_log(LOOM_LOG_DEBUG, "loaded %s plugin %s (ABI %s%s) from %s",
+             loom_plugin_kind_name(kind), e->plugin->header->name, e->plugin->built_for,
+             e->plugin->built_as != kind ? ", built as a strategy, adapted" : "", e->plugin->path);
     e->next = rt->plugins;
     rt->plugins = e;
     *out = e->plugin;
@@ -412,6 +412,8 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->tiered_fetch = host_tiered_fetch;
     h->tiered_acquire = host_tiered_acquire;
     h->tiered_release = host_tiered_release;
+    h->crc32c = loom_crc32c_extend;
+    h->copy_crc32c = loom_copy_crc32c;
     s->next = rt->hosts;
     rt->hosts = s;
     *out = h;

@@ -45,8 +45,9 @@ int trainer_setup_eval(trainer *t)
         (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval.batches)) != LOOM_OK)
         return rc;
     /* the plugin's own ops: the loader fills absent hooks with no-ops */
-    const loom_strategy_ops *own = (const loom_strategy_ops *)t->data_axis.plugin->exported;
-    if (own->data_before_forward && !t->data_axis.ops->data_eval)
+    const loom_plugin *dp = t->data_axis.plugin;
+    if (loom_plugin_provides(dp, LOOM_OPTIONAL_DATA_BEFORE_FORWARD) &&
+        !loom_plugin_provides(dp, LOOM_OPTIONAL_DATA_EVAL))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: strategy %s gathers parameters in its forward hooks but cannot run "
                          "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "

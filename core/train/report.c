@@ -325,14 +325,18 @@ void trainer_print_header(const trainer *t)
     char desc[768] = "";
     if (t->data_axis.ops->describe)
         t->data_axis.ops->describe(t->data_axis.strategy, desc, 256);
-    const axis_strategy *axes[3] = {&t->axes.tp, &t->axes.sp, &t->pipe.axis};
-    for (int i = 0; i < 3; i++) {
+    const axis_strategy *axes[2] = {&t->axes.tp, &t->axes.sp};
+    for (int i = 0; i < 2; i++) {
         size_t n = strlen(desc);
         if (axes[i]->s && n + 3 < sizeof desc) {
             snprintf(desc + n, sizeof desc - n, "; ");
             axes[i]->ops->describe(axes[i]->s, desc + n + 2, sizeof desc - n - 2);
         }
     }
+    size_t n = strlen(desc);
+    if (t->pipe.schedule_plugin)
+        snprintf(desc + n, sizeof desc - n, "; %s schedule over %d stages",
+                 t->pipe.schedule_plugin->header->name, t->mesh->sizes[LOOM_AXIS_PP]);
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
            "(micro-batch %d x %d %s); %s; %s; %d rank%s, dp over %s; MFU against "
            "%.1f GFLOP/s per rank (%s)\n",

@@ -1,7 +1,7 @@
 /* Pipeline schedules as data: building, validating, simulating and drawing
  * the per-rank action lists (see schedule.h for the conventions). */
+#include "loom/schedule.h"
 #include "loom/status.h"
-#include "loom/strategy.h"
 #include "runtime/log.h"
 #include "train/schedule.h"
 
@@ -113,18 +113,13 @@ static int emit_action(void *builder, int pp_rank, loom_action action)
     return loom_schedule_append(builder, pp_rank, action);
 }
 
-int loom_schedule_build(const loom_strategy_ops *ops, loom_strategy *strategy,
-                        const char *name, int stages, int virtual_stages, int microbatches,
-                        loom_schedule *out)
+int loom_schedule_build(const loom_plugin *plugin, const loom_host *host, int stages,
+                        int virtual_stages, int microbatches, loom_schedule *out)
 {
+    const char *name = plugin->header->name;
     int rc = loom_schedule_init(out, name, stages, virtual_stages, microbatches);
     if (rc != LOOM_OK)
         return rc;
-    if (!ops->pipeline_schedule) {
-        loom_schedule_free(out);
-        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "schedule \"%s\": the plugin has no "
-                         "pipeline_schedule op", name);
-    }
     loom_pipeline_shape shape;
     memset(&shape, 0, sizeof shape);
     shape.stages = stages;
@@ -133,7 +128,7 @@ int loom_schedule_build(const loom_strategy_ops *ops, loom_strategy *strategy,
     shape.builder = out;
     shape.emit = emit_action;
     loom_clear_error();
-    rc = ops->pipeline_schedule(strategy, &shape);
+    rc = loom_plugin_schedule_build(plugin, host, &shape);
     if (rc != LOOM_OK) {
         if (!*loom_last_error())
             loom_fail(rc, "schedule \"%s\": the plugin failed (status %d) without saying why",

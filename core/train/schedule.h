@@ -28,13 +28,13 @@
  *     run; all ranks' lists must run to the end.
  * A refusal is one line naming the schedule, the rank, the index in its
  * list and the action. */
-#ifndef LOOM_SCHEDULE_H
-#define LOOM_SCHEDULE_H
+#ifndef LOOM_TRAIN_SCHEDULE_H
+#define LOOM_TRAIN_SCHEDULE_H
 
 #include <stddef.h>
 #include <stdio.h>
 
-#include "loom/strategy.h"
+#include "loom/schedule.h"
 #include "runtime/loader.h"
 
 typedef struct loom_schedule {
@@ -54,12 +54,12 @@ int loom_schedule_init(loom_schedule *s, const char *name, int stages, int virtu
 int loom_schedule_append(loom_schedule *s, int rank, loom_action action);
 void loom_schedule_free(loom_schedule *s); /* leaves s zeroed; safe on a zeroed struct */
 
-/* Ask the plugin for its lists (ops->pipeline_schedule) and validate them.
- * name: the schedule's name for messages (the plugin's). On failure out is
+/* Ask the schedule plugin for its lists (loom_plugin_schedule_build: an
+ * adapted one too) and validate them; host is its own (parallel.pp). The
+ * plugin's name is the schedule's in every message. On failure out is
  * freed and the one-line reason recorded (loom_fail). */
-int loom_schedule_build(const loom_strategy_ops *ops, loom_strategy *strategy,
-                        const char *name, int stages, int virtual_stages, int microbatches,
-                        loom_schedule *out);
+int loom_schedule_build(const loom_plugin *plugin, const loom_host *host, int stages,
+                        int virtual_stages, int microbatches, loom_schedule *out);
 int loom_schedule_validate(const loom_schedule *s);
 
 /* Stage of virtual stage vs on rank r, and the rank holding a stage. */

@@ -186,16 +186,15 @@ static int create_strategy(trainer *t)
         return rc;
     /* Before 1.6 a strategy steps through update, which cannot tell a
      * unit's tensors apart. */
-    uint32_t abi = t->data_axis.plugin->exported->abi_version;
-    if (t->decay_matrices && LOOM_ABI_VERSION_MINOR(abi) < 6)
+    if (t->decay_matrices && !loom_plugin_has_feature(t->data_axis.plugin,
+                                                      LOOM_FEATURE_UPDATE_RANGE))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\" needs a data strategy built for loom "
                          "plugin ABI 1.6 or later (it steps ranges through update_range), but "
-                         "%s was built for %u.%u (%s); rebuild it against this loom or set "
+                         "%s was built for %s (%s); rebuild it against this loom or set "
                          "train.decay = \"all\"",
                          loom_config_where(t->cfg, "train.decay"), name,
-                         LOOM_ABI_VERSION_MAJOR(abi), LOOM_ABI_VERSION_MINOR(abi),
-                         t->data_axis.plugin->path);
+                         t->data_axis.plugin->built_for, t->data_axis.plugin->path);
     const loom_host *host;
     if ((rc = loom_runtime_host(t->rt, t->data_axis.plugin, "parallel.dp", &host)) != LOOM_OK)
         return rc;
@@ -226,18 +225,19 @@ static const char *axis_strategy_path(loom_axis axis)
                                   : "parallel.sp.strategy";
 }
 
-/* The strategy plugin the config names for a tp, sp or pp axis, a strategy
- * of that axis, with its settings group checked. */
+/* The plugin the config names for a tp, sp or pp axis, a strategy of that
+ * axis (a schedule for pp), with its settings group checked. */
 static int load_axis_plugin(trainer *t, loom_axis axis, const loom_plugin **plugin,
                             const loom_host **host)
 {
     const char *strategy_path = axis_strategy_path(axis);
     const char *name = NULL;
     loom_config_string(t->cfg, strategy_path, &name);
-    int rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_STRATEGY, name, plugin);
+    loom_plugin_kind kind = axis == LOOM_AXIS_PP ? LOOM_PLUGIN_SCHEDULE : LOOM_PLUGIN_STRATEGY;
+    int rc = loom_runtime_plugin(t->rt, kind, name, plugin);
     if (rc != LOOM_OK)
         return trainer_fail_at(t, rc, strategy_path);
-    uint32_t its_axis = (*plugin)->ops.strategy.axis;
+    uint32_t its_axis = kind == LOOM_PLUGIN_SCHEDULE ? LOOM_AXIS_PP : (*plugin)->ops.strategy.axis;
     if (its_axis != (uint32_t)axis)
         return loom_fail(LOOM_ERR_INVALID,
                          "%s: %s = \"%s\" is a strategy for the %s axis, not %s",

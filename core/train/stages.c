@@ -128,10 +128,15 @@ int trainer_plan_pipeline(trainer *t)
     for (int vs = 0; vs < v; vs++)
         for (int u = t->pipe.stage_first[vs * p + r]; u <= t->pipe.stage_last[vs * p + r]; u++)
             t->pipe.runs[u] = 1;
-    if ((rc = trainer_create_axis(t, LOOM_AXIS_PP, &t->pipe.axis)) != LOOM_OK)
+    const char *name = NULL;
+    const loom_host *host;
+    loom_config_string(t->cfg, "parallel.pp.schedule", &name);
+    if ((rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_SCHEDULE, name, &t->pipe.schedule_plugin)) !=
+        LOOM_OK)
+        return trainer_fail_at(t, rc, "parallel.pp.schedule");
+    if ((rc = loom_runtime_host(t->rt, t->pipe.schedule_plugin, "parallel.pp", &host)) != LOOM_OK)
         return rc;
-    const char *name = t->pipe.axis.plugin->header->name;
-    if ((rc = loom_schedule_build(t->pipe.axis.ops, t->pipe.axis.s, name, p, v, t->pipe.micro_batches,
+    if ((rc = loom_schedule_build(t->pipe.schedule_plugin, host, p, v, t->pipe.micro_batches,
                                   &t->pipe.schedule)) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
     return LOOM_OK;
@@ -141,8 +146,6 @@ void trainer_teardown_pipeline(trainer *t)
 {
     trainer_pipeline_run *p = &t->pipe;
     loom_pipeline_destroy(p->executor);
-    if (p->axis.s)
-        p->axis.ops->destroy(p->axis.s);
     loom_schedule_free(&p->schedule);
     for (int k = 0; p->mb_inputs && k < p->micro_batches; k++)
         free(p->mb_inputs[k]);

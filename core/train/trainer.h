@@ -68,7 +68,7 @@ typedef struct trainer_model_axes {
 /* The pipeline run (stages.c; pp > 1): stages, micro-batches, schedule
  * and executor. */
 typedef struct trainer_pipeline_run {
-    axis_strategy axis;
+    const loom_plugin *schedule_plugin; /* parallel.pp.schedule */
     loom_schedule schedule;
     loom_pipeline *executor;
     int *stage_first, *stage_last; /* units of each stage */

@@ -7,43 +7,11 @@
  * loom validates and executes them.
  *
  * It is built against an installed loom (find_package(loom)), as a third
- * party would build it (tests/schedule also builds it in the tree to check
- * its lists). `loom schedule CONFIG --set
- * parallel.pp.schedule=/path/to/libloom-strategy-filldrain.so --svg f.svg`
- * checks and draws it without training. */
-#include <stdio.h>
-#include <stdlib.h>
-
-#include <loom/strategy.h>
-
-struct loom_strategy {
-    const loom_host *host;
-    int stages;
-};
-
-static int filldrain_create(const loom_host *host, const loom_strategy_setup *setup,
-                            loom_strategy **out)
-{
-    loom_strategy *s = calloc(1, sizeof *s);
-    if (!s)
-        return host->error(host, LOOM_ERR_NO_MEMORY, "filldrain: out of memory");
-    s->host = host;
-    s->stages = setup->sizes[LOOM_AXIS_PP];
-    *out = s;
-    return LOOM_OK;
-}
-
-static int filldrain_destroy(loom_strategy *s)
-{
-    free(s);
-    return LOOM_OK;
-}
-
-static int filldrain_describe(const loom_strategy *s, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "fill-drain schedule over %d stages", s->stages);
-    return LOOM_OK;
-}
+ * party would build it, into libloom-schedule-filldrain.so (tests/schedule
+ * also builds it in the tree to check its lists). `loom schedule CONFIG
+ * --set parallel.pp.schedule=/path/to/libloom-schedule-filldrain.so --svg
+ * f.svg` checks and draws it without training. */
+#include <loom/schedule.h>
 
 static int emit(const loom_pipeline_shape *shape, int rank, loom_action_kind kind, int mb)
 {
@@ -51,12 +19,12 @@ static int emit(const loom_pipeline_shape *shape, int rank, loom_action_kind kin
     return shape->emit(shape->builder, rank, a);
 }
 
-static int filldrain_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+static int filldrain_build(const loom_host *host, const loom_pipeline_shape *shape)
 {
     if (shape->virtual_stages != 1)
-        return s->host->error(s->host, LOOM_ERR_NOT_SUPPORTED,
-                              "filldrain: one virtual stage per rank only (got %d)",
-                              shape->virtual_stages);
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED,
+                           "filldrain: one virtual stage per rank only (got %d)",
+                           shape->virtual_stages);
     int p = shape->stages, m = shape->microbatches, rc = LOOM_OK;
     for (int r = 0; r < p && rc == LOOM_OK; r++) {
         for (int mb = 0; mb < m && rc == LOOM_OK; mb++) {
@@ -79,13 +47,9 @@ static int filldrain_schedule(loom_strategy *s, const loom_pipeline_shape *shape
     return rc;
 }
 
-LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
-    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, "filldrain",
+LOOM_PLUGIN_EXPORT const loom_schedule_plugin_v1_t loom_schedule_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_SCHEDULE, loom_schedule_plugin_v1_t, "filldrain",
                                  "pipeline schedule: all forwards, then all backwards newest first",
                                  NULL),
-    .axis = LOOM_AXIS_PP,
-    .create = filldrain_create,
-    .destroy = filldrain_destroy,
-    .describe = filldrain_describe,
-    .pipeline_schedule = filldrain_schedule,
+    .build = filldrain_build,
 };

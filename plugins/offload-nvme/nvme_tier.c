@@ -3,7 +3,7 @@
  * Each rank keeps one unnamed file (O_TMPFILE: nothing outlives the
  * process, not even after kill -9) and moves it in chunks of block_bytes
  * through io_uring, with O_DIRECT and registered buffers, keeping a CRC32C
- * per chunk that every read checks.
+ * per chunk (the host's, the core's own) that every read checks.
  *
  * A whole chunk at a 4096-aligned address of the caller moves straight
  * between the disk and the caller's memory (zero copy), which is registered
@@ -37,7 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/crc32c.h"
 #include "loom/memtier.h"
 
 #define DIRECT_ALIGN 4096 /* what O_DIRECT asks of offsets, lengths and buffers */
@@ -465,7 +464,7 @@ static void run_part(loom_memtier *t, loom_tier_request *r, size_t chunk, size_t
         start_io(t, s, 0);
     } else if (len == bb) {
         s->phase = PHASE_WRITE;
-        s->crc = loom_copy_crc32c(s->buf, user, bb);
+        s->crc = t->host->copy_crc32c(s->buf, user, bb);
         start_io(t, s, 1);
     } else if (ci->state == CHUNK_WRITTEN) {
         s->phase = PHASE_PATCH_READ; /* read, check, patch, then write */
@@ -474,7 +473,7 @@ static void run_part(loom_memtier *t, loom_tier_request *r, size_t chunk, size_t
         s->phase = PHASE_WRITE;
         memset(s->buf, 0, bb);
         memcpy(s->buf + within, user, len);
-        s->crc = loom_crc32c(s->buf, bb);
+        s->crc = t->host->crc32c(0, s->buf, bb);
         start_io(t, s, 1);
     }
 }
@@ -530,7 +529,7 @@ static void io_done(loom_memtier *t, io_slot *s, int res)
         slot_free(t, s);
         return;
     }
-    uint32_t found = loom_crc32c(s->buf, bb);
+    uint32_t found = t->host->crc32c(0, s->buf, bb);
     if (found != ci->crc) {
         check_crc(t, r, s->chunk, ci->crc, found);
     } else if (s->phase == PHASE_READ) {
@@ -539,7 +538,7 @@ static void io_done(loom_memtier *t, io_slot *s, int res)
         cache_store(t, s->chunk, s->buf);
     } else {
         memcpy(s->buf + s->within, s->user, s->len);
-        s->crc = loom_crc32c(s->buf, bb);
+        s->crc = t->host->crc32c(0, s->buf, bb);
         s->phase = PHASE_WRITE;
         start_io(t, s, 1);
         return;
@@ -571,7 +570,7 @@ static void compute_deferred(loom_memtier *t)
 {
     for (unsigned i = 0; i < t->ndeferred; i++) {
         deferred_crc *d = &t->deferred[i];
-        uint32_t crc = loom_crc32c(d->bytes, t->block_bytes);
+        uint32_t crc = t->host->crc32c(0, d->bytes, t->block_bytes);
         if (d->write)
             d->write->crc = crc;
         else
@@ -718,6 +717,14 @@ static int tier_create(const loom_host *host, loom_memtier **out)
     *out = NULL;
     const char *path = NULL;
     int64_t depth = 0, block = 0;
+    /* Every chunk's checksum is the core's CRC32C, so one implementation
+     * writes and checks them all. */
+    if (host->version < 6 || host->struct_size < offsetof(loom_host, copy_crc32c) +
+                                                     sizeof host->copy_crc32c)
+        return host->error(host, LOOM_ERR_NOT_SUPPORTED, "memory.offload: the nvme tier needs "
+                           "the host's crc32c (host table version 6, loom ABI 1.8), and this "
+                           "loom gives version %u; use the loom this plugin was built with",
+                           host->version);
     if (host->config_string(host, "path", &path) != LOOM_OK || !path || !*path)
         return host->error(host, LOOM_ERR_INVALID, "memory.offload.path is not set; name an "
                            "existing directory on a fast local disk");

@@ -1,8 +1,8 @@
 /* The pipeline schedules loom ships (docs/pipeline.md): gpipe, 1f1b,
  * interleaved and zb-h1. One source, built once per schedule with
- * PP_SCHEDULE set (see CMakeLists.txt). A schedule plugin runs nothing: it
- * emits each pp rank's list of actions, and the core validates, simulates
- * and executes them.
+ * PP_SCHEDULE set (see CMakeLists.txt) into libloom-schedule-<name>.so. A
+ * schedule plugin runs nothing: it emits each pp rank's list of actions,
+ * and the core validates, simulates and executes them.
  *
  * Each schedule decides only the order of the compute actions on each rank
  * (forward, backward, or backward-input and backward-weight); emit_compute
@@ -13,11 +13,7 @@
  *
  * Stage s = vs·p + r is virtual stage vs of rank r (p ranks, v virtual
  * stages, m micro-batches). */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "loom/strategy.h"
+#include "loom/schedule.h"
 
 #define PP_GPIPE 1
 #define PP_1F1B 2
@@ -43,33 +39,6 @@
 /* The build's one input. Every schedule is compiled, and so checked, in
  * every build; the others fold away. */
 static const int schedule = PP_SCHEDULE;
-
-struct loom_strategy {
-    const loom_host *host;
-    int stages;
-};
-
-static int pp_create(const loom_host *host, const loom_strategy_setup *setup, loom_strategy **out)
-{
-    loom_strategy *s = malloc(sizeof *s);
-    if (!s)
-        return host->error(host, LOOM_ERR_NO_MEMORY, SCHEDULE_NAME ": out of memory");
-    *s = (loom_strategy){.host = host, .stages = setup->sizes[LOOM_AXIS_PP]};
-    *out = s;
-    return LOOM_OK;
-}
-
-static int pp_destroy(loom_strategy *s)
-{
-    free(s);
-    return LOOM_OK;
-}
-
-static int pp_describe(const loom_strategy *s, char *buf, size_t cap)
-{
-    snprintf(buf, cap, SCHEDULE_NAME " schedule over %d stages", s->stages);
-    return LOOM_OK;
-}
 
 static int emit(const loom_pipeline_shape *shape, int rank, int kind, int vs, int mb)
 {
@@ -101,14 +70,14 @@ static int emit_compute(const loom_pipeline_shape *shape, int rank, int kind, in
     return rc;
 }
 
-static int need_one_virtual_stage(loom_strategy *s, const loom_pipeline_shape *shape)
+static int need_one_virtual_stage(const loom_host *host, const loom_pipeline_shape *shape)
 {
     if (shape->virtual_stages == 1)
         return LOOM_OK;
-    return s->host->error(s->host, LOOM_ERR_INVALID,
-                          SCHEDULE_NAME ": one virtual stage per rank only (parallel.pp."
-                          "virtual_stages = %d); the interleaved schedule takes more",
-                          shape->virtual_stages);
+    return host->error(host, LOOM_ERR_INVALID,
+                       SCHEDULE_NAME ": one virtual stage per rank only (parallel.pp."
+                       "virtual_stages = %d); the interleaved schedule takes more",
+                       shape->virtual_stages);
 }
 
 /* GPipe: every virtual stage's forwards in micro-batch order, then the
@@ -141,9 +110,10 @@ static int schedule_gpipe(const loom_pipeline_shape *shape)
  * the B's reach rank 0 sooner because no W sits between them on the way,
  * and the delayed W's fill the waits of the cool-down. With equal F, B and
  * W costs each rank idles p−1 units against 1F1B's 3(p−1). */
-static int schedule_1f1b(loom_strategy *s, const loom_pipeline_shape *shape, int split_backward)
+static int schedule_1f1b(const loom_host *host, const loom_pipeline_shape *shape,
+                         int split_backward)
 {
-    int rc = need_one_virtual_stage(s, shape);
+    int rc = need_one_virtual_stage(host, shape);
     int p = shape->stages, m = shape->microbatches;
     int backward = split_backward ? LOOM_ACT_BACKWARD_INPUT : LOOM_ACT_BACKWARD;
     for (int r = 0; r < p && rc == LOOM_OK; r++) {
@@ -176,24 +146,24 @@ static int schedule_1f1b(loom_strategy *s, const loom_pipeline_shape *shape, int
  * warms up with 2(p−r−1) + (v−1)p forwards (all of them when m = p), then
  * alternates, then drains. The groups of p are why m must be a multiple of
  * p. */
-static int schedule_interleaved(loom_strategy *s, const loom_pipeline_shape *shape)
+static int schedule_interleaved(const loom_host *host, const loom_pipeline_shape *shape)
 {
     int p = shape->stages, v = shape->virtual_stages, m = shape->microbatches, rc = LOOM_OK;
     if (v < 2)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "interleaved: needs parallel.pp.virtual_stages of 2 or more "
-                              "(got %d); with one, use the 1f1b schedule", v);
+        return host->error(host, LOOM_ERR_INVALID,
+                           "interleaved: needs parallel.pp.virtual_stages of 2 or more "
+                           "(got %d); with one, use the 1f1b schedule", v);
     if (m % p != 0 && m < p)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "interleaved: parallel.pp.microbatches = %d is not a multiple of "
-                              "parallel.pp.size = %d (micro-batches go through the virtual "
-                              "stages in groups of %d); use %d", m, p, p, p);
+        return host->error(host, LOOM_ERR_INVALID,
+                           "interleaved: parallel.pp.microbatches = %d is not a multiple of "
+                           "parallel.pp.size = %d (micro-batches go through the virtual "
+                           "stages in groups of %d); use %d", m, p, p, p);
     if (m % p != 0)
-        return s->host->error(s->host, LOOM_ERR_INVALID,
-                              "interleaved: parallel.pp.microbatches = %d is not a multiple of "
-                              "parallel.pp.size = %d (micro-batches go through the virtual "
-                              "stages in groups of %d); use %d or %d",
-                              m, p, p, m / p * p, (m / p + 1) * p);
+        return host->error(host, LOOM_ERR_INVALID,
+                           "interleaved: parallel.pp.microbatches = %d is not a multiple of "
+                           "parallel.pp.size = %d (micro-batches go through the virtual "
+                           "stages in groups of %d); use %d or %d",
+                           m, p, p, m / p * p, (m / p + 1) * p);
     int total = m * v, group = p * v;
     for (int r = 0; r < p && rc == LOOM_OK; r++) {
         int warmup = m == p ? total : 2 * (p - r - 1) + (v - 1) * p;
@@ -225,13 +195,13 @@ static int schedule_interleaved(loom_strategy *s, const loom_pipeline_shape *sha
     return rc;
 }
 
-static int pp_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
+static int pp_build(const loom_host *host, const loom_pipeline_shape *shape)
 {
     switch (schedule) {
     case PP_GPIPE: return schedule_gpipe(shape);
-    case PP_1F1B: return schedule_1f1b(s, shape, 0);
-    case PP_INTERLEAVED: return schedule_interleaved(s, shape);
-    default: return schedule_1f1b(s, shape, 1); /* PP_ZB_H1 */
+    case PP_1F1B: return schedule_1f1b(host, shape, 0);
+    case PP_INTERLEAVED: return schedule_interleaved(host, shape);
+    default: return schedule_1f1b(host, shape, 1); /* PP_ZB_H1 */
     }
 }
 
@@ -253,13 +223,9 @@ static double pp_bubble(int p, int v, int m, const char **formula)
     return schedule == PP_GPIPE && v != 1 ? -1.0 : (double)(p - 1) / (m + p - 1);
 }
 
-LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
-    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, SCHEDULE_NAME,
+LOOM_PLUGIN_EXPORT const loom_schedule_plugin_v1_t loom_schedule_plugin_v1 = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_SCHEDULE, loom_schedule_plugin_v1_t, SCHEDULE_NAME,
                                  SCHEDULE_TEXT, NULL),
-    .axis = LOOM_AXIS_PP,
-    .create = pp_create,
-    .destroy = pp_destroy,
-    .describe = pp_describe,
-    .pipeline_schedule = pp_schedule,
-    .pipeline_bubble = pp_bubble,
+    .build = pp_build,
+    .bubble = pp_bubble,
 };

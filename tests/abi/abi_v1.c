@@ -8,6 +8,7 @@
 #include "loom/comm.h"
 #include "loom/memtier.h"
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "loom/tensor.h"
@@ -24,12 +25,13 @@ PIN_VALUE(LOOM_ABI_VERSION(1, 0), 0x10000u);
 PIN_VALUE(LOOM_PLUGIN_COMM, 1);
 PIN_VALUE(LOOM_PLUGIN_STRATEGY, 2);
 PIN_VALUE(LOOM_PLUGIN_MEMTIER, 3);
+PIN_VALUE(LOOM_PLUGIN_SCHEDULE, 4); /* since 1.8 */
 PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 5); /* 4 since 1.6: loom_optimizer_step.update_range;
-                                     5 since 1.7: update_range_store */
+PIN_VALUE(LOOM_HOST_VERSION, 6); /* 4 since 1.6: loom_optimizer_step.update_range;
+                                     5 since 1.7: update_range_store; 6 since 1.8: crc32c */
 PIN_VALUE(LOOM_TIERED_READ, 0);
 PIN_VALUE(LOOM_TIERED_OVERWRITE, 1);
 PIN_VALUE(LOOM_OK, 0);
@@ -166,7 +168,7 @@ PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
 PIN(loom_strategy_plugin_v1_t, data_eval, 256);
 PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
-PIN_SIZE(loom_host, 200);
+PIN_SIZE(loom_host, 216);
 PIN(loom_host, struct_size, 0);
 PIN(loom_host, version, 4);
 PIN(loom_host, rank, 8);
@@ -195,6 +197,8 @@ PIN(loom_host, tiered_free, 168);
 PIN(loom_host, tiered_fetch, 176);
 PIN(loom_host, tiered_acquire, 184);
 PIN(loom_host, tiered_release, 192);
+PIN(loom_host, crc32c, 200);      /* since 1.8 */
+PIN(loom_host, copy_crc32c, 208); /* since 1.8 */
 
 PIN_SIZE(loom_comm_api, 144);
 PIN(loom_comm_api, struct_size, 0);
@@ -229,6 +233,10 @@ PIN_SIZE(loom_attention_kernels, 24);
 PIN_SIZE(loom_attention, 112);
 PIN_SIZE(loom_action, 8);
 PIN_SIZE(loom_pipeline_shape, 32);
+PIN_SIZE(loom_schedule_plugin_v1_t, 56); /* since 1.8 */
+PIN(loom_schedule_plugin_v1_t, header, 0);
+PIN(loom_schedule_plugin_v1_t, build, 40);
+PIN(loom_schedule_plugin_v1_t, bubble, 48);
 PIN_SIZE(loom_strategy_setup, 112);
 
 #endif

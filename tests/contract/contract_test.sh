@@ -8,6 +8,8 @@
 #   unknown_bit    a capability bit the core does not know is refused at load
 #   group          with the hooks a dp group needs, it trains at dp=3 as one rank
 #   norm_differs   a norm of the rank's own share is stopped at the first step
+#   eval_refused   a forward hook of its own but no data_eval: validation is
+#                  refused; the core's no-op forward hook (minimal) is not one
 #   usage: contract_test.sh LOOM SOURCE_DIR PLUGIN_DIR CASE
 set -eu
 LOOM=$1
@@ -32,6 +34,15 @@ expect_refusal() {
 }
 
 case "$CASE" in
+eval_refused)
+    VAL="--set data.val=$SRC/examples/data/val.bin --set train.eval_every=3 --set train.eval_batches=2"
+    # shellcheck disable=SC2086 # VAL is several words
+    expect_refusal "strategy fwdhook gathers parameters in its forward hooks but cannot run forward only (it has no data_eval, ABI 1.5); remove data.val or choose another parallel.dp.strategy" \
+        train --set parallel.dp.strategy="$PLUGINS/libloom-strategy-fwdhook.so" $VAL
+    # shellcheck disable=SC2086
+    train --set parallel.dp.strategy="$PLUGINS/libloom-strategy-minimal.so" $VAL > ok.log 2>&1 ||
+        { cat ok.log; echo "contract_test: validation refused for a strategy with no forward hook"; exit 1; }
+    echo "no forward hook of its own: validated" ;;
 clip_default)
     # A clip far below the gradients' norm changes every step, so a norm of
     # 0 (clipping off) or a wrong one shows.

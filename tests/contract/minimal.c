@@ -4,7 +4,8 @@
  * units' gradients, zeroing them), which is right for a dp group of one
  * only: serving more ranks, the core refuses it. Variants declare
  * requirements through `capabilities` (CAPABILITIES), or add what a dp
- * group needs (GROUP), with a norm that is wrong there (SHARE_NORM). */
+ * group needs (GROUP), with a norm that is wrong there (SHARE_NORM), or a
+ * forward hook of its own without data_eval (FORWARD_HOOK). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,19 @@ static int minimal_set_state(loom_strategy *s, loom_unit *u, const float *params
 #define GROUP_HOOKS
 #endif
 
+#if defined(VARIANT_FORWARD_HOOK)
+/* Does nothing, as the core's default would: what counts is that the
+ * plugin provides it, which says it may gather parameters there. */
+static int minimal_before_forward(loom_strategy *s, loom_unit *unit)
+{
+    (void)s, (void)unit;
+    return LOOM_OK;
+}
+#define FORWARD_HOOK .data_before_forward = minimal_before_forward,
+#else
+#define FORWARD_HOOK
+#endif
+
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, PLUGIN_NAME,
                                  "replicated, no communication: the REQUIRED hooks only", NULL),
@@ -200,4 +214,5 @@ LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
     .data_optimizer_step = minimal_step,
     .capabilities = CAPABILITIES,
     GROUP_HOOKS
+    FORWARD_HOOK
 };

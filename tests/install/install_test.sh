@@ -51,12 +51,14 @@ cp -r "$SRC/examples/out-of-tree-plugin" "$TMP/plugin-src"
 cmake -S "$TMP/plugin-src" -B "$PLUGINS" -DCMAKE_PREFIX_PATH="$PREFIX" > "$TMP/plugin.log" ||
     { cat "$TMP/plugin.log"; exit 1; }
 cmake --build "$PLUGINS" >> "$TMP/plugin.log" || { cat "$TMP/plugin.log"; exit 1; }
-for name in filldrain paramserver; do
-    file=$PLUGINS/libloom-strategy-$name.so
+for plugin in schedule-filldrain strategy-paramserver; do
+    kind=${plugin%%-*}
+    name=${plugin#*-}
+    file=$PLUGINS/libloom-$plugin.so
     # loom_add_plugin hides every symbol but the plugin struct (the linker's
     # own markers aside).
     extra=$(nm -D --defined-only "$file" | awk '{ print $3 }' |
-            grep -v -x -e loom_strategy_plugin_v1 -e _init -e _fini -e __bss_start -e _edata -e _end || true)
+            grep -v -x -e "loom_${kind}_plugin_v1" -e _init -e _fini -e __bss_start -e _edata -e _end || true)
     [ -z "$extra" ] || { echo "install_test: $name exports more than its plugin struct:" $extra; exit 1; }
     "$PREFIX/bin/loom" plugins --check "$file"
     LOOM_PLUGIN_PATH="$PLUGINS" "$PREFIX/bin/loom" plugins | grep -E "$name.*ok" > /dev/null ||
@@ -65,7 +67,7 @@ done
 # The harness: the installed loom trains with the plugin at 2 pipeline
 # stages, its own plugins from its prefix (harness.cfg's data is relative to
 # the source tree).
-(cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$PLUGINS/libloom-strategy-filldrain.so" \
+(cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$PLUGINS/libloom-schedule-filldrain.so" \
     --train examples/harness.cfg --ranks 2) > "$TMP/harness.log" 2>&1 ||
     { cat "$TMP/harness.log"; echo "install_test: the harness fails with the installed loom"; exit 1; }
 grep -q "^pp=2: 10 steps, losses match" "$TMP/harness.log" ||

@@ -1,6 +1,8 @@
 /* The loader against deliberately broken plugins: every refusal is one
  * line naming the file and the cause, the refused file is unloaded again,
- * and the plugins that fit (including an older and a newer minor) load.
+ * and the plugins that fit (including an older and a newer minor) load,
+ * with what they provide recorded. Schedules load as their own kind, and
+ * as a strategy of the pp axis built before ABI 1.8, adapted.
  *
  * usage: test_loader CASE PLUGIN_DIR   (CASE "all" runs every case) */
 #include <dlfcn.h>
@@ -12,6 +14,7 @@
 
 #include "loom/comm.h"
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "runtime/config.h"
@@ -101,6 +104,10 @@ static const refusal refusals[] = {
      {"axis 7 is not one of LOOM_AXIS_TP, _SP, _PP, _DP"}},
     {"tpmissing", LOOM_PLUGIN_STRATEGY, LOOM_ERR_INVALID,
      {"REQUIRED op tensor_exit is NULL for axis tp"}},
+    {"schedkind", LOOM_PLUGIN_SCHEDULE, LOOM_ERR_INVALID,
+     {"wrong kind: header.kind says strategy (2) but the symbol is loom_schedule_plugin_v1"}},
+    {"nobuild", LOOM_PLUGIN_SCHEDULE, LOOM_ERR_INVALID,
+     {"REQUIRED op build is NULL; a schedule plugin must implement it"}},
 };
 
 static void check_refusal(const refusal *r)
@@ -156,11 +163,19 @@ static void case_good(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "good");
     if (!p)
         return;
-    const loom_comm_plugin_v1_t *own = (const loom_comm_plugin_v1_t *)p->exported;
-    CHECK(p->ops.comm.allreduce == own->allreduce, "allreduce is the plugin's");
-    CHECK(p->ops.comm.group_start == own->group_start, "group_start is the plugin's");
+    const loom_comm_plugin_v1_t *own = dlsym(p->dl, "loom_comm_plugin_v1");
+    CHECK(own && p->ops.comm.allreduce == own->allreduce, "allreduce is the plugin's");
+    CHECK(own && p->ops.comm.group_start == own->group_start, "group_start is the plugin's");
     CHECK(!p->ops.comm.abort, "abort is NULL");
     CHECK(p->header == &p->ops.comm.header, "the header is the ops table's");
+    CHECK(loom_plugin_provides(p, LOOM_OPTIONAL_COMM_GROUP_START) &&
+          loom_plugin_provides(p, LOOM_OPTIONAL_COMM_GROUP_END), "it provides the brackets");
+    CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_COMM_ABORT), "it provides no abort");
+    CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_DATA_EVAL), "a strategy's op, not a comm's");
+    char built_for[16];
+    snprintf(built_for, sizeof built_for, "1.%d", LOOM_ABI_MINOR);
+    CHECK(!strcmp(p->built_for, built_for), "built for %s, want %s", p->built_for, built_for);
+    CHECK(loom_plugin_has_feature(p, LOOM_FEATURE_SETTING_RULES), "1.3's setting rules");
     loom_plugin_unload(p);
 }
 
@@ -169,9 +184,14 @@ static void case_oldminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "oldminor");
     if (!p)
         return;
-    CHECK(p->exported->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
-          "struct_size %u", p->exported->struct_size);
+    CHECK(p->header->struct_size == offsetof(loom_comm_plugin_v1_t, group_start),
+          "struct_size %u", p->header->struct_size);
+    CHECK(!strcmp(p->built_for, "1.0"), "built for %s", p->built_for);
+    CHECK(!loom_plugin_has_feature(p, LOOM_FEATURE_SETTING_RULES), "no setting rules in 1.0");
     CHECK(p->ops.comm.wait, "wait present");
+    /* defaulted, not provided: the loader says which */
+    CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_COMM_GROUP_START),
+          "group_start is past its struct: not provided");
     /* Past its struct_size lies whatever the linker put there: never an op.
      * group_start, absent, is the core's no-op bracket. */
     CHECK(p->ops.comm.group_start && p->ops.comm.group_start(NULL) == LOOM_OK,
@@ -185,10 +205,10 @@ static void case_newminor(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_COMM, "newminor");
     if (!p)
         return;
-    CHECK(p->exported->abi_version == LOOM_ABI_VERSION(1, LOOM_ABI_MINOR + 1), "abi %x",
-          p->exported->abi_version);
-    CHECK(p->exported->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
-          "struct_size %u", p->exported->struct_size);
+    CHECK(p->header->abi_version == LOOM_ABI_VERSION(1, LOOM_ABI_MINOR + 1), "abi %x",
+          p->header->abi_version);
+    CHECK(p->header->struct_size == sizeof(loom_comm_plugin_v1_t) + sizeof(void *),
+          "struct_size %u", p->header->struct_size);
     CHECK(p->ops.comm.group_start, "group_start present");
     CHECK(!p->ops.comm.abort, "abort is NULL");
     loom_plugin_unload(p);
@@ -199,6 +219,118 @@ static void case_kinds(void)
     loom_plugin *p = load_ok(LOOM_PLUGIN_MEMTIER, "good");
     loom_plugin_unload(p);
     p = load_ok(LOOM_PLUGIN_STRATEGY, "good");
+    loom_plugin_unload(p);
+}
+
+/* The actions a schedule plugin emits, as text: "r0 4/0/1 ..." */
+typedef struct lists {
+    char text[4096];
+} lists;
+
+static int record(void *builder, int pp_rank, loom_action a)
+{
+    lists *l = builder;
+    size_t n = strlen(l->text);
+    snprintf(l->text + n, sizeof l->text - n, " r%d:%u/%u/%d", pp_rank, a.kind, a.virtual_stage,
+             (int)a.microbatch);
+    return LOOM_OK;
+}
+
+static int build_lists(const loom_plugin *p, int stages, int micro, lists *out)
+{
+    static loom_host host; /* the test schedules call nothing of it */
+    host.struct_size = sizeof host;
+    host.version = LOOM_HOST_VERSION;
+    out->text[0] = '\0';
+    loom_pipeline_shape shape = {.stages = stages, .virtual_stages = 1, .microbatches = micro,
+                                 .builder = out, .emit = record};
+    return loom_plugin_schedule_build(p, &host, &shape);
+}
+
+/* A schedule of its own kind, and the same schedule built before ABI 1.8
+ * as a strategy of the pp axis (libloom-strategy-oldsched.so), found by
+ * the schedule's name and adapted: the same lists, the same bubble. */
+static void case_schedule(void)
+{
+    loom_plugin *now = load_ok(LOOM_PLUGIN_SCHEDULE, "good");
+    loom_search_path sp;
+    search_test_plugins(&sp);
+    loom_plugin *old = NULL;
+    int rc = loom_plugin_load(&sp, LOOM_PLUGIN_SCHEDULE, "oldsched", &old);
+    CHECK(rc == LOOM_OK && old, "oldsched: %s", loom_last_error());
+    loom_search_path_free(&sp);
+    if (!now || !old)
+        return;
+    CHECK(now->built_as == LOOM_PLUGIN_SCHEDULE, "good is built as a schedule");
+    CHECK(old->kind == LOOM_PLUGIN_SCHEDULE && old->built_as == LOOM_PLUGIN_STRATEGY,
+          "oldsched: kind %d built as %d", old->kind, old->built_as);
+    CHECK(old->header->kind == LOOM_PLUGIN_SCHEDULE, "the adapted header says schedule");
+    CHECK(strstr(old->path, "/libloom-strategy-oldsched.so") != NULL, "path %s", old->path);
+    CHECK(loom_plugin_provides(now, LOOM_OPTIONAL_SCHEDULE_BUBBLE) &&
+          loom_plugin_provides(old, LOOM_OPTIONAL_SCHEDULE_BUBBLE), "both provide the bubble");
+    char where[192];
+    loom_plugin_settings_group(old, where, sizeof where);
+    CHECK(!strcmp(where, "parallel.pp"), "settings in %s", where);
+    static const int shapes[][2] = {{2, 2}, {3, 4}, {4, 8}};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(shapes); i++) {
+        lists a, b;
+        int p = shapes[i][0], m = shapes[i][1];
+        CHECK(build_lists(now, p, m, &a) == LOOM_OK, "good p=%d m=%d: %s", p, m,
+              loom_last_error());
+        CHECK(build_lists(old, p, m, &b) == LOOM_OK, "oldsched p=%d m=%d: %s", p, m,
+              loom_last_error());
+        CHECK(a.text[0] && !strcmp(a.text, b.text), "p=%d m=%d:\n  good    %s\n  adapted %s", p,
+              m, a.text, b.text);
+        char want[32];
+        snprintf(want, sizeof want, " r%d:", p - 1); /* the adapter told create the pp size */
+        CHECK(strstr(b.text, want) != NULL, "p=%d: no action of the last rank", p);
+        const char *fa = NULL, *fb = NULL;
+        double ba = now->ops.schedule.bubble(p, 1, m, &fa);
+        double bb = old->ops.schedule.bubble(p, 1, m, &fb);
+        CHECK(ba == bb && fa && fb && !strcmp(fa, fb), "bubble %g %g", ba, bb);
+    }
+    loom_plugin_unload(now);
+    loom_plugin_unload(old);
+
+    /* a strategy of another axis is no schedule: one line saying so */
+    char path[PATH_MAX];
+    plugin_path(path, sizeof path, LOOM_PLUGIN_STRATEGY, "good");
+    loom_search_path empty = {0};
+    loom_plugin *dp = NULL;
+    rc = loom_plugin_load(&empty, LOOM_PLUGIN_SCHEDULE, path, &dp);
+    const char *msg = loom_last_error();
+    printf("schedule: %s\n", msg);
+    CHECK(rc == LOOM_ERR_INVALID && !dp, "a dp strategy as a schedule: %d", rc);
+    CHECK(strstr(msg, "wrong kind: it is a strategy of the dp axis (exports "
+                      "loom_strategy_plugin_v1), not a pipeline schedule") && !strchr(msg, '\n'),
+          "%s", msg);
+    /* and a schedule is no strategy */
+    plugin_path(path, sizeof path, LOOM_PLUGIN_SCHEDULE, "good");
+    rc = loom_plugin_load(&empty, LOOM_PLUGIN_STRATEGY, path, &dp);
+    CHECK(rc == LOOM_ERR_INVALID && strstr(loom_last_error(), "wrong kind: it is a schedule "
+                                                              "plugin (exports "
+                                                              "loom_schedule_plugin_v1)"),
+          "%s", loom_last_error());
+}
+
+/* What a data strategy provides and what its minor promises, as recorded
+ * at load: the trainer asks these, never the plugin's own struct. */
+static void case_provides(void)
+{
+    loom_plugin *p = load_ok(LOOM_PLUGIN_STRATEGY, "good");
+    if (!p)
+        return;
+    CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_DATA_BEFORE_FORWARD),
+          "data_before_forward is the core's no-op, not the plugin's");
+    CHECK(p->ops.strategy.data_before_forward, "... and the table holds the no-op");
+    CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_DATA_EVAL), "no data_eval");
+    CHECK(loom_plugin_has_feature(p, LOOM_FEATURE_UPDATE_RANGE), "built for 1.6 or later");
+    CHECK(!strcmp(loom_optional_op_name(LOOM_OPTIONAL_DATA_GET_SHARD), "data_get_shard"),
+          "%s", loom_optional_op_name(LOOM_OPTIONAL_DATA_GET_SHARD));
+    CHECK(loom_plugin_check_dp_size(p, 1) == LOOM_OK, "a dp group of one");
+    CHECK(loom_plugin_check_dp_size(p, 2) == LOOM_ERR_INVALID &&
+              strstr(loom_last_error(), "data_grads_ready and data_finish_backward are NULL"),
+          "%s", loom_last_error());
     loom_plugin_unload(p);
 }
 
@@ -351,7 +483,8 @@ int main(int argc, char **argv)
         {"good", case_good},       {"oldminor", case_oldminor},
         {"newminor", case_newminor}, {"kinds", case_kinds},
         {"by-path", case_by_path}, {"search-order", case_search_order},
-        {"notfound", case_notfound},
+        {"notfound", case_notfound}, {"schedule", case_schedule},
+        {"provides", case_provides},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
         if (all || !strcmp(which, cases[i].name)) {

@@ -5,7 +5,8 @@
 # embedding across the first and last stage, checkpoints, and bad configs.
 #   usage: pipeline_test.sh LOOM SOURCE_DIR CASE [ARGS...]
 #     contract SCHEDULE P M [V] [BACKEND] [--set ...] | mesh DP TP PP [DP_STRATEGY] | sequence SP_STRATEGY | stash |
-#     precision PRECISION | recompute | checkpoint | example | trace | bad NAME
+#     precision PRECISION | recompute | checkpoint | example | trace | bad NAME |
+#     adapted SCHEDULE_SO STRATEGY_KIND_SO
 set -eu
 LOOM=$1
 SRC=$2
@@ -151,6 +152,16 @@ example)
     "$LOOM" schedule "$SRC/examples/pipeline.cfg" --svg example.svg > schedule.log 2>&1 || { cat schedule.log; exit 1; }
     grep -q "<svg" example.svg || { echo "pipeline_test: loom schedule wrote no SVG"; exit 1; }
     grep "bubble" schedule.log ;;
+adapted)
+    # one schedule built as a schedule and as a strategy of the pp axis
+    # (before ABI 1.8, loaded through the adapter): the same losses, bit for bit
+    for p in 2 3; do
+        uneven=""; [ "$p" = 3 ] && uneven="--set parallel.pp.stage_layers=1,1,2"
+        run "new$p" "$p" $(pp "$p" 4 "$1") --set train.batch=12 $uneven
+        run "old$p" "$p" $(pp "$p" 4 "$2") --set train.batch=12 $uneven
+        grep -q "; filldrain schedule over $p stages;" "new$p.log" || { cat "new$p.log"; echo "pipeline_test: no schedule in the header"; exit 1; }
+        compare "new$p" "old$p" 0
+    done ;;
 trace)
     run traced 2 $(pp 2 4 zb-h1) --set train.steps=2 --trace "$TMP/trace.json"
     for want in '"name":"forward mb 0"' '"name":"backward-input mb 3"' '"name":"backward-weight mb 3"' '"pid":1'; do

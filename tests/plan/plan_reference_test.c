@@ -412,30 +412,16 @@ static double simulated_bubble(schedules *sc, const char *name, int p, int v, in
 {
     const loom_plugin *plugin;
     const loom_host *host;
-    int rc = loom_runtime_plugin(sc->rt, LOOM_PLUGIN_STRATEGY, name, &plugin);
+    int rc = loom_runtime_plugin(sc->rt, LOOM_PLUGIN_SCHEDULE, name, &plugin);
     if (rc == LOOM_OK)
         rc = loom_runtime_host(sc->rt, plugin, "parallel.pp", &host);
     if (rc != LOOM_OK) {
         fprintf(stderr, "plan_reference_test: %s\n", loom_last_error());
         exit(2);
     }
-    const loom_strategy_plugin_v1_t *ops = (const loom_strategy_plugin_v1_t *)plugin->header;
-    loom_strategy_setup setup;
-    memset(&setup, 0, sizeof setup);
-    setup.struct_size = sizeof setup;
-    setup.axis = LOOM_AXIS_PP;
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        setup.sizes[a] = 1;
-    setup.sizes[LOOM_AXIS_PP] = p;
-    setup.grad_accum = m;
-    loom_strategy *st = NULL;
     loom_schedule s;
     loom_schedule_timeline tl;
-    rc = ops->create(host, &setup, &st);
-    if (rc == LOOM_OK) {
-        rc = loom_schedule_build(ops, st, name, p, v, m, &s);
-        ops->destroy(st);
-    }
+    rc = loom_schedule_build(plugin, host, p, v, m, &s);
     if (rc == LOOM_OK && (rc = loom_schedule_simulate(&s, cost, &tl)) != LOOM_OK)
         loom_schedule_free(&s);
     if (rc != LOOM_OK) {

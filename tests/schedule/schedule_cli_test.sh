@@ -1,12 +1,15 @@
 #!/bin/sh
 # `loom schedule` from the command line: the per-rank lists, --verbose, the
 # SVG (well-formed XML with one rect per compute action), an out-of-tree
-# schedule by file, and bad configs refused with one line naming file:line.
-#   schedule_cli_test.sh LOOM CASE FILLDRAIN_SO
+# schedule by file, the same schedule built as a strategy before ABI 1.8
+# (adapted: the same lists, bubble and plan), and bad configs refused with
+# one line naming file:line.
+#   schedule_cli_test.sh LOOM CASE FILLDRAIN_SO OLD_FILLDRAIN_SO
 set -u
 LOOM=$1
 CASE=$2
 FILLDRAIN=$3
+OLD_FILLDRAIN=$4
 TMP=$(mktemp -d /tmp/loom-schedule-cli.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -97,6 +100,26 @@ filldrain)
     expect_line "$TMP/out" "rank 2: F0 F1 B1 B0"
     grep -F "bubble 0.5000" "$TMP/out" > /dev/null || { cat "$TMP/out"; fail "bubble"; }
     ;;
+adapted)
+    # the schedule-kind filldrain and the strategy-kind one, adapted: every
+    # line but the first (which says which) the same, at several shapes
+    for shape in "2 4" "3 2" "4 8"; do
+        set -- $shape
+        write_cfg "$1" "$FILLDRAIN" "$2" 1
+        "$LOOM" schedule "$TMP/pp.cfg" --verbose > "$TMP/new" 2>&1 || { cat "$TMP/new"; fail "exit $?"; }
+        write_cfg "$1" "$OLD_FILLDRAIN" "$2" 1
+        "$LOOM" schedule "$TMP/pp.cfg" --verbose > "$TMP/old" 2>&1 || { cat "$TMP/old"; fail "exit $?"; }
+        expect_line "$TMP/new" "schedule \"filldrain\": filldrain schedule over $1 stages; p = $1, v = 1, m = $2 (valid)"
+        expect_line "$TMP/old" "schedule \"filldrain\": filldrain schedule over $1 stages (a strategy-kind schedule, adapted); p = $1, v = 1, m = $2 (valid)"
+        tail -n +2 "$TMP/new" > "$TMP/new.rest"
+        tail -n +2 "$TMP/old" > "$TMP/old.rest"
+        cmp -s "$TMP/new.rest" "$TMP/old.rest" || { diff "$TMP/new.rest" "$TMP/old.rest"; fail "p = $1, m = $2: the adapted schedule differs"; }
+    done
+    # its refusal comes through the adapter as its own line
+    write_cfg 2 "$OLD_FILLDRAIN" 2 2
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "filldrain with v = 2 accepted"
+    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: filldrain: one virtual stage per rank only (got 2)"
+    ;;
 bad_size)
     write_cfg 1 1f1b 4 1
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "pp.size = 1 accepted"
@@ -112,7 +135,9 @@ bad_interleaved)
 bad_schedule)
     write_cfg 2 ddp 4 1
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "ddp accepted as a schedule"
-    expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: parallel.pp.schedule = \"ddp\" is a strategy for the dp axis, not a pipeline schedule"
+    grep -F "loom schedule: $TMP/pp.cfg:5: plugin schedule 'ddp' refused: " "$TMP/err" > /dev/null &&
+        grep -F "libloom-strategy-ddp.so: wrong kind: it is a strategy of the dp axis (exports loom_strategy_plugin_v1), not a pipeline schedule; name a schedule in parallel.pp.schedule" "$TMP/err" > /dev/null &&
+        [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "ddp not refused in one line"; }
     write_cfg 2 1f1b 4 2
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "1f1b with v = 2 accepted"
     expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: 1f1b: one virtual stage per rank only (parallel.pp.virtual_stages = 2); the interleaved schedule takes more"

@@ -359,29 +359,15 @@ static int build(schedule_source *src, const char *name, int p, int v, int m, lo
 {
     const loom_plugin *plugin;
     const loom_host *host;
-    int rc = loom_runtime_plugin(src->rt, LOOM_PLUGIN_STRATEGY, name, &plugin);
+    int rc = loom_runtime_plugin(src->rt, LOOM_PLUGIN_SCHEDULE, name, &plugin);
     if (rc == LOOM_OK)
         rc = loom_runtime_host(src->rt, plugin, "parallel.pp", &host);
     if (rc != LOOM_OK) {
         fprintf(stderr, "schedule_test: %s\n", loom_last_error());
         exit(2);
     }
-    const loom_strategy_plugin_v1_t *ops = (const loom_strategy_plugin_v1_t *)plugin->header;
-    CHECK(ops->axis == LOOM_AXIS_PP);
-    loom_strategy_setup setup;
-    memset(&setup, 0, sizeof setup);
-    setup.struct_size = sizeof setup;
-    setup.axis = LOOM_AXIS_PP;
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        setup.sizes[a] = 1;
-    setup.sizes[LOOM_AXIS_PP] = p;
-    setup.grad_accum = m;
-    loom_strategy *st = NULL;
-    if ((rc = ops->create(host, &setup, &st)) != LOOM_OK)
-        return rc;
-    rc = loom_schedule_build(ops, st, plugin->header->name, p, v, m, out);
-    ops->destroy(st);
-    return rc;
+    CHECK(plugin->kind == LOOM_PLUGIN_SCHEDULE);
+    return loom_schedule_build(plugin, host, p, v, m, out);
 }
 
 static void count_kinds(const loom_schedule *s, int r, int counts[LOOM_ACT_KIND_COUNT])

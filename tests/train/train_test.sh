@@ -285,7 +285,7 @@ named_plugins)
     refused "loom train: --set comm.tp=nosuch: comm.tp: plugin comm 'nosuch' not found" --set comm.tp=nosuch
     refused "loom train: --set parallel.tp.strategy=zero3: parallel.tp.strategy = \"zero3\" is a strategy for the dp axis, not tp" \
         --set parallel.tp.strategy=zero3
-    refused "loom train: --set parallel.pp.schedule=nosuch: plugin strategy 'nosuch' not found" \
+    refused "loom train: --set parallel.pp.schedule=nosuch: plugin schedule 'nosuch' not found" \
         --set parallel.pp.schedule=nosuch
     refused "loom train: --set parallel.sp.bogus=1: parallel.sp.bogus: unknown setting" \
         --set parallel.sp.bogus=1

@@ -3,7 +3,7 @@
  *
  * A plugin file is libloom-<kind>-<name>.so and exports exactly one const
  * data symbol, loom_<kind>_plugin_v<MAJOR> (e.g. loom_comm_plugin_v1), whose
- * type is the frozen struct of comm.h, strategy.h or memtier.h. Structs only
+ * type is the frozen struct of comm.h, strategy.h, schedule.h or memtier.h. Structs only
  * grow at their end (minor versions); the core calls an op only when
  * offsetof(op) < header.struct_size and the pointer is non-NULL. A new major
  * gets a new struct type and symbol name.
@@ -24,7 +24,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 7
+#define LOOM_ABI_MINOR 8
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -41,6 +41,7 @@ typedef enum loom_plugin_kind {
     LOOM_PLUGIN_COMM = 1,
     LOOM_PLUGIN_STRATEGY = 2,
     LOOM_PLUGIN_MEMTIER = 3,
+    LOOM_PLUGIN_SCHEDULE = 4, /* since ABI 1.8: pipeline schedules (schedule.h) */
 } loom_plugin_kind;
 
 static inline const char *loom_plugin_kind_name(uint32_t kind)
@@ -49,6 +50,7 @@ static inline const char *loom_plugin_kind_name(uint32_t kind)
     case LOOM_PLUGIN_COMM: return "comm";
     case LOOM_PLUGIN_STRATEGY: return "strategy";
     case LOOM_PLUGIN_MEMTIER: return "memtier";
+    case LOOM_PLUGIN_SCHEDULE: return "schedule";
     default: return "?";
     }
 }
@@ -185,8 +187,9 @@ typedef struct loom_tiered loom_tiered;
 #define LOOM_TIERED_OVERWRITE 1u /* the caller writes all of it before reading: nothing is read */
 
 /* Version 4 (ABI 1.6) adds no member: it says the loom_optimizer_step the
- * core passes has update_range; version 5 (ABI 1.7), update_range_store. */
-#define LOOM_HOST_VERSION 5
+ * core passes has update_range; version 5 (ABI 1.7), update_range_store;
+ * version 6 (ABI 1.8) adds crc32c and copy_crc32c. */
+#define LOOM_HOST_VERSION 6
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;
@@ -267,6 +270,15 @@ typedef struct loom_host {
     int (*tiered_acquire)(const struct loom_host *host, loom_tiered *t, int segment,
                           unsigned mode, void **ptr);
     int (*tiered_release)(const struct loom_host *host, loom_tiered *t, int segment, int dirty);
+
+    /* Since LOOM_HOST_VERSION 6 (ABI 1.8): the core's CRC32C (Castagnoli,
+     * the checksum of its checkpoint files), with the CPU's instruction
+     * where it has one. crc32c gives the CRC32C of what crc was the CRC32C
+     * of followed by n bytes more (crc 0 to start: crc32c(0, "123456789",
+     * 9) = 0xE3069283); copy_crc32c copies n bytes and gives the CRC32C of
+     * them, computed while they are in cache. */
+    uint32_t (*crc32c)(uint32_t crc, const void *data, size_t n);
+    uint32_t (*copy_crc32c)(void *dst, const void *src, size_t n);
 } loom_host;
 
 #endif

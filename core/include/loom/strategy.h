@@ -13,7 +13,8 @@
  *                  data_finish_backward, or the core refuses it;
  *   tensor axis:   parameters replicated, border operators identity;
  *   sequence axis: the whole sequence on each rank, local attention;
- *   pipeline axis: one stage holds every unit.
+ *   pipeline axis: one stage holds every unit (schedules are plugins of
+ *                  their own kind since ABI 1.8: loom/schedule.h).
  * Exported as `const loom_strategy_plugin_v1_t loom_strategy_plugin_v1`.
  *
  * Strategies never see the model's insides: the model is a list of units
@@ -26,6 +27,7 @@
 
 #include "loom/comm.h"
 #include "loom/plugin.h"
+#include "loom/schedule.h"
 
 typedef enum loom_axis {
     LOOM_AXIS_TP = 0, /* innermost: talks most, fastest links */
@@ -173,35 +175,12 @@ typedef struct loom_attention {
 
 /* ---- pipeline axis ---- */
 
-typedef enum loom_action_kind {
-    LOOM_ACT_FORWARD = 0,
-    LOOM_ACT_BACKWARD = 1,        /* input and weight gradients together */
-    LOOM_ACT_BACKWARD_INPUT = 2,
-    LOOM_ACT_BACKWARD_WEIGHT = 3,
-    LOOM_ACT_SEND_ACTIVATION = 4,
-    LOOM_ACT_RECV_ACTIVATION = 5,
-    LOOM_ACT_SEND_GRADIENT = 6,
-    LOOM_ACT_RECV_GRADIENT = 7,
-    LOOM_ACT_KIND_COUNT
-} loom_action_kind;
-
-typedef struct loom_action {
-    uint16_t kind;          /* loom_action_kind */
-    uint16_t virtual_stage; /* 0 .. virtual_stages-1 on this pp rank */
-    int32_t microbatch;
-} loom_action;
-
-typedef struct loom_pipeline_shape {
-    int stages;           /* pp ranks */
-    int virtual_stages;   /* model chunks per pp rank */
-    int microbatches;
-    /* Stage s = virtual_stage * stages + pp_rank holds a contiguous range of
-     * units; sends go to the rank holding stage s+1 (activations) or s-1
-     * (gradients). */
-    void *builder; /* opaque, passed back to emit */
-    /* Append one action to pp_rank's list. */
-    int (*emit)(void *builder, int pp_rank, loom_action action);
-} loom_pipeline_shape;
+/* Pipeline schedules are plugins of their own kind since ABI 1.8
+ * (loom/schedule.h, which holds loom_action and loom_pipeline_shape). A
+ * strategy of this axis, built before, is loaded as a schedule through the
+ * core's adapter: create, pipeline_schedule, destroy and pipeline_bubble
+ * below are all it uses, and its create gets the mesh sizes and the
+ * micro-batches (grad_accum) only: no groups, no model shape. */
 
 /* ---- what the core gives a strategy at create ---- */
 
@@ -323,7 +302,7 @@ typedef struct loom_strategy_plugin_v1_t {
     int (*attention_forward)(loom_strategy *s, const loom_attention *a);
     int (*attention_backward)(loom_strategy *s, const loom_attention *a);
 
-    /* ---- pipeline axis (REQUIRED there) ---- */
+    /* ---- pipeline axis (REQUIRED there; a schedule plugin since 1.8) ---- */
 
     /* Emit every pp rank's action list through shape->emit. The core
      * validates the lists before the first step and runs them. */
