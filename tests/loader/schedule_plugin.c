@@ -93,9 +93,11 @@ static int old_schedule(loom_strategy *s, const loom_pipeline_shape *shape)
     return fill_drain(s->stages, shape);
 }
 
+/* As built by loom 1.7, the last minor before schedules had a kind. */
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {
-    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_STRATEGY, loom_strategy_plugin_v1_t, PLUGIN_NAME,
-                                 "fill-drain, as a strategy of the pp axis (loader tests)", NULL),
+    .header = {LOOM_ABI_VERSION(1, 7), (uint32_t)sizeof(loom_strategy_plugin_v1_t),
+               LOOM_PLUGIN_STRATEGY, (uint32_t)sizeof(loom_setting_spec), PLUGIN_NAME,
+               "fill-drain, as a strategy of the pp axis (loader tests)", NULL},
     .axis = LOOM_AXIS_PP,
     .create = old_create,
     .destroy = old_destroy,

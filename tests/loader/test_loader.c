@@ -265,6 +265,7 @@ static void case_schedule(void)
     CHECK(old->kind == LOOM_PLUGIN_SCHEDULE && old->built_as == LOOM_PLUGIN_STRATEGY,
           "oldsched: kind %d built as %d", old->kind, old->built_as);
     CHECK(old->header->kind == LOOM_PLUGIN_SCHEDULE, "the adapted header says schedule");
+    CHECK(!strcmp(old->built_for, "1.7"), "oldsched built for %s", old->built_for);
     CHECK(strstr(old->path, "/libloom-strategy-oldsched.so") != NULL, "path %s", old->path);
     CHECK(loom_plugin_provides(now, LOOM_OPTIONAL_SCHEDULE_BUBBLE) &&
           loom_plugin_provides(old, LOOM_OPTIONAL_SCHEDULE_BUBBLE), "both provide the bubble");
