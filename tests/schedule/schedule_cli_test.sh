@@ -115,6 +115,17 @@ adapted)
         tail -n +2 "$TMP/old" > "$TMP/old.rest"
         cmp -s "$TMP/new.rest" "$TMP/old.rest" || { diff "$TMP/new.rest" "$TMP/old.rest"; fail "p = $1, m = $2: the adapted schedule differs"; }
     done
+    # and loom plan makes the same plan of them (but the line naming the file)
+    SRC=$(cd "$(dirname "$0")/../.." && pwd)
+    for so in "$FILLDRAIN" "$OLD_FILLDRAIN"; do
+        "$LOOM" plan "$SRC/tests/pipeline/pp.cfg" --set parallel.pp.size=3 --set parallel.pp.microbatches=3 \
+            --set parallel.pp.stage_layers=1,1,2 --set train.batch=12 --set parallel.pp.schedule="$so" > "$TMP/plan" 2>&1 ||
+            { cat "$TMP/plan"; fail "loom plan with $so: exit $?"; }
+        grep -v "^  mesh " "$TMP/plan" > "$TMP/plan.$(basename "$so")"
+    done
+    cmp -s "$TMP/plan.$(basename "$FILLDRAIN")" "$TMP/plan.$(basename "$OLD_FILLDRAIN")" ||
+        { diff "$TMP/plan.$(basename "$FILLDRAIN")" "$TMP/plan.$(basename "$OLD_FILLDRAIN")"; fail "loom plan differs"; }
+    grep -q "pp.send" "$TMP/plan.$(basename "$FILLDRAIN")" || { cat "$TMP/plan.$(basename "$FILLDRAIN")"; fail "no plan"; }
     # its refusal comes through the adapter as its own line
     write_cfg 2 "$OLD_FILLDRAIN" 2 2
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "filldrain with v = 2 accepted"
