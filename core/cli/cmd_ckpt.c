@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "model/model.h"
 #include "runtime/log.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 
 static int ckpt_usage(void)
 {

@@ -20,7 +20,7 @@
 #include "model/tokenizer.h"
 #include "runtime/files.h"
 #include "runtime/log.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 
 #define LLMC_CHECKPOINT_MAGIC 20240326
 #define DEFAULT_TOKENS 64

@@ -19,7 +19,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 #include "train/trainer.h"
 
 /* ---- checkpoints: llm.c's weights (--save) and loom's resumable state ---- */
@@ -372,7 +372,7 @@ static int can_save(const trainer *t)
     return LOOM_OK;
 }
 
-/* A sharded checkpoint (ckpt.h): every rank writes its own state into
+/* A sharded checkpoint (ckpt_format.h): every rank writes its own state into
  * DIR.tmp, then rank 0 adds meta.loom and moves it into place, so DIR is
  * always a whole checkpoint. Ranks that repeat another's state (the
  * sequence axis) write an empty shard file. After each phase the ranks
@@ -1013,8 +1013,7 @@ int trainer_load_state(trainer *t, const char *path)
         rc = loom_pipeline_sync_tied(t->pipe.executor);
     if (rc == LOOM_OK) {
         t->step = h->step;
-        t->scaler.good_steps = h->good_steps;
-        t->scaler.scale = h->loss_scale;
+        trainer_scaler_restore(t, h->loss_scale, h->good_steps);
     }
     free(whole);
     loom_ckpt_close(ck);

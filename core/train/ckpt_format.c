@@ -1,4 +1,4 @@
-/* Resumable checkpoints, sharded and consolidated (see ckpt.h), and
+/* Resumable checkpoints, sharded and consolidated (see ckpt_format.h), and
  * `loom ckpt`. */
 #include <dirent.h>
 #include <errno.h>
@@ -19,13 +19,13 @@
 #include "runtime/crc32c.h"
 #include "runtime/files.h"
 #include "runtime/log.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 
 #define STATE_MAGIC "LOOMSTAT"
 #define META_MAGIC "LOOMMETA"
 #define SHARD_MAGIC "LOOMSHRD"
 /* 2 added the data loader's position (model/dataloader.h) after the header
- * of the consolidated file and of meta.loom; 3 the stamp (ckpt.h) after
+ * of the consolidated file and of meta.loom; 3 the stamp (ckpt_format.h) after
  * every file's fixed header; 4 the lineage after the stamp of meta.loom and
  * of the consolidated file. 1 to 3 are still read. */
 #define FORMAT_VERSION 4u
@@ -590,7 +590,7 @@ static void file_path(const loom_ckpt *ck, int file, char *buf, size_t cap)
         snprintf(buf, cap, "%.4000s/shard-%d.loom", ck->path, file);
 }
 
-/* A stamped file's checksum, over the whole file (ckpt.h). */
+/* A stamped file's checksum, over the whole file (ckpt_format.h). */
 static int verify_checksum(const char *path, FILE *f, size_t head_bytes)
 {
     unsigned char head[sizeof(meta_disk)];

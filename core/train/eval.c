@@ -28,7 +28,7 @@ int trainer_setup_eval(trainer *t)
         return rc;
     if (npatterns == 0) {
         free(patterns);
-        /* config.c refuses eval settings without data.val; "" turns them off */
+        /* train_settings.c refuses eval settings without data.val; "" turns them off */
         if (t->rank == 0 && loom_config_is_set(t->cfg, "data.val") &&
             (loom_config_is_set(t->cfg, "train.eval_every") ||
              loom_config_is_set(t->cfg, "train.eval_batches")))
@@ -58,7 +58,7 @@ int trainer_setup_eval(trainer *t)
     trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
     if ((rc = loom_dataloader_init(&t->eval.loader, &t->eval.data, &order,
                                    t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
-                                   t->pipe.micro_batches)) != LOOM_OK)
+                                   t->micro_batches)) != LOOM_OK)
         return rc;
     /* Reading past the end would repeat batches and weigh them twice. */
     const loom_data_order *o = &t->eval.loader.order;
@@ -92,14 +92,14 @@ static int eval_batch(trainer *t, double *loss_sum)
 {
     int rc = LOOM_OK;
     if (t->pipe.executor) {
-        for (int k = 0; k < t->pipe.micro_batches; k++)
+        for (int k = 0; k < t->micro_batches; k++)
             if ((rc = loom_dataloader_next(&t->eval.loader, t->pipe.mb_inputs[k], t->pipe.mb_targets[k])) !=
                 LOOM_OK)
                 return rc;
         return loom_pipeline_evaluate(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets, loss_sum);
     }
     *loss_sum = 0;
-    for (int k = 0; rc == LOOM_OK && k < t->pipe.micro_batches; k++) {
+    for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
         float loss = 0;
         if ((rc = loom_dataloader_next(&t->eval.loader, t->inputs, t->targets)) == LOOM_OK)
             rc = trainer_forward(t, &loss);
@@ -112,7 +112,7 @@ static int eval_batch(trainer *t, double *loss_sum)
  * holds it), sequence shards and dp ranks. */
 static int global_mean(trainer *t, double loss_sum, float *out)
 {
-    double local = loss_sum / ((double)t->eval.batches * t->pipe.micro_batches);
+    double local = loss_sum / ((double)t->eval.batches * t->micro_batches);
     loom_group **g = t->mesh->groups;
     int rc = LOOM_OK;
     if (t->pipe.executor)

@@ -17,6 +17,13 @@ void trainer_setup_scaler(trainer *t)
     trainer_read_int(t->cfg, "train.max_skipped", &s->max_skipped);
 }
 
+/* A checkpoint's scale and good steps, resumed. */
+void trainer_scaler_restore(trainer *t, float scale, int64_t good_steps)
+{
+    t->scaler.scale = scale;
+    t->scaler.good_steps = good_steps;
+}
+
 /* The step's verdict on its gradients of norm (unscaled) and its loss:
  * skipped when the norm is not finite, diverged when nothing can mend it
  * (an fp16 overflow is the scale's to mend while halving it can: down to

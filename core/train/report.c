@@ -16,6 +16,7 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/trace.h"
+#include "train/test_hooks.h"
 #include "train/trainer.h"
 
 /* ---- reporting ---- */
@@ -342,7 +343,7 @@ void trainer_print_header(const trainer *t)
            "%.1f GFLOP/s per rank (%s)\n",
            t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
            t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
-           t->pipe.micro_batches, t->pipe.executor ? "pipelined" : "accumulation",
+           t->micro_batches, t->pipe.executor ? "pipelined" : "accumulation",
            loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
            loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->report.peak_flops / 1e9,
            t->report.peak_source);
@@ -497,4 +498,58 @@ void trainer_close_reporting(trainer *t)
     if (t->report.metrics)
         fclose(t->report.metrics);
     t->report.metrics = NULL;
+}
+
+/* The tier and comm counters at a step's start (end 0), and what the step
+ * moved (end 1). */
+void trainer_count_traffic(trainer *t, int end)
+{
+    loom_tier_counters now;
+    loom_tiers_counters(t->tiers, &now);
+    if (!end) {
+        t->report.tier_start = now;
+    } else {
+        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
+            t->report.tier_step.read[p] = now.read[p] - t->report.tier_start.read[p];
+            t->report.tier_step.written[p] = now.written[p] - t->report.tier_start.written[p];
+        }
+        t->report.tier_step.wait_ns = now.wait_ns - t->report.tier_start.wait_ns;
+    }
+    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
+        loom_comm_counters moved;
+        loom_group_counters(t->mesh->groups[a], &moved);
+        if (!end) {
+            t->report.comm_start[a] = moved;
+            continue;
+        }
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            t->report.comm_step[a].calls[op] = moved.calls[op] - t->report.comm_start[a].calls[op];
+            t->report.comm_step[a].bytes[op] = moved.bytes[op] - t->report.comm_start[a].bytes[op];
+        }
+    }
+}
+
+/* The peak MFU is measured against: train.peak_gflops, or the matrix
+ * products' rate on this rank measured at start on the model's MLP-up
+ * product of one micro-batch (rows x 4C x C). */
+int trainer_measure_peak(trainer *t)
+{
+    int rc;
+    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
+    if (stated > 0) {
+        t->report.peak_flops = stated * 1e9;
+        snprintf(t->report.peak_source, sizeof t->report.peak_source, "train.peak_gflops");
+        return LOOM_OK;
+    }
+    int rows = t->micro_batch * t->seq, C = t->shape.channels;
+    t->report.peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
+    if (t->report.peak_flops <= 0)
+        return (rc = loom_gemm_take_error()) != LOOM_OK
+                   ? rc
+                   : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix "
+                                                   "products");
+    snprintf(t->report.peak_source, sizeof t->report.peak_source,
+             "%s, measured at start on %dx%dx%d", loom_gemm_describe(), rows, 4 * C, C);
+    t->report.peak_flops *= trainer_test_peak_scale();
+    return LOOM_OK;
 }

@@ -1,6 +1,6 @@
 /* loom train — which experiment a job continues, and where it resumes.
  *
- * A checkpoint records its lineage (ckpt.h): the settings that shape the
+ * A checkpoint records its lineage (ckpt_format.h): the settings that shape the
  * trajectory and the data's identity, hashed, at the run that started it,
  * kept by every job resumed from it. A job that writes checkpoints refuses
  * a train.checkpoint_dir holding another lineage's (unless

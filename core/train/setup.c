@@ -10,7 +10,6 @@
 #include "model/kernels.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
-#include "train/test_hooks.h"
 #include "train/trainer.h"
 
 /* ---- set-up ---- */
@@ -48,23 +47,7 @@ static int choose_gemm(trainer *t)
     int rc = loom_gemm_select((loom_gemm_library)loom_gemm_library_parse(name), t->dtype);
     if (rc != LOOM_OK)
         return trainer_fail_at(t, rc, "model.gemm");
-    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
-    if (stated > 0) {
-        t->report.peak_flops = stated * 1e9;
-        snprintf(t->report.peak_source, sizeof t->report.peak_source, "train.peak_gflops");
-        return LOOM_OK;
-    }
-    int rows = t->micro_batch * t->seq, C = t->shape.channels;
-    t->report.peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
-    if (t->report.peak_flops <= 0)
-        return (rc = loom_gemm_take_error()) != LOOM_OK
-                   ? rc
-                   : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory measuring the matrix "
-                                                   "products");
-    snprintf(t->report.peak_source, sizeof t->report.peak_source, "%s, measured at start on %dx%dx%d",
-             loom_gemm_describe(), rows, 4 * C, C);
-    t->report.peak_flops *= trainer_test_peak_scale();
-    return LOOM_OK;
+    return trainer_measure_peak(t);
 }
 
 /* The mesh's shape against the job, before any group is made, so the
@@ -131,7 +114,7 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
     setup->max_seq = t->shape.max_seq;
     setup->micro_batch = t->micro_batch;
     setup->seq = t->seq;
-    setup->grad_accum = t->pipe.micro_batches;
+    setup->grad_accum = t->micro_batches;
     setup->compute_dtype = t->dtype;
 }
 
@@ -150,9 +133,8 @@ static int check_requirements(const trainer *t, const char *name)
         {LOOM_STRATEGY_PARAMS_SHARDED, "LOOM_STRATEGY_PARAMS_SHARDED",
          "parameters complete only between its forward and backward hooks", pp > 1,
          "parallel.pp.size", "a pipeline keeps each stage's parameters whole at rest"},
-        {LOOM_STRATEGY_ONE_MICROBATCH, "LOOM_STRATEGY_ONE_MICROBATCH",
-         "one micro-batch per step", t->pipe.micro_batches > 1,
-         pp > 1 ? "parallel.pp.microbatches" : "train.grad_accum",
+        {LOOM_STRATEGY_ONE_MICROBATCH, "LOOM_STRATEGY_ONE_MICROBATCH", "one micro-batch per step",
+         t->micro_batches > 1, pp > 1 ? "parallel.pp.microbatches" : "train.grad_accum",
          "this job accumulates several micro-batches per step"},
         {LOOM_STRATEGY_GRADS_IN_ORDER, "LOOM_STRATEGY_GRADS_IN_ORDER",
          "gradients reported unit by unit in reverse order, one micro-batch at a time", pp > 1,
@@ -358,28 +340,29 @@ static int open_data(trainer *t)
     if (rc != LOOM_OK)
         return rc;
     int dp = t->mesh->sizes[LOOM_AXIS_DP], pp = t->mesh->sizes[LOOM_AXIS_PP];
-    t->pipe.micro_batches = t->grad_accum;
+    t->micro_batches = t->grad_accum;
     if (pp > 1) {
         /* a pipeline's micro-batches are its accumulation */
-        trainer_read_int(t->cfg, "parallel.pp.microbatches", &t->pipe.micro_batches);
+        trainer_read_int(t->cfg, "parallel.pp.microbatches", &t->micro_batches);
         if (t->grad_accum != 1)
             return loom_fail(LOOM_ERR_INVALID, "%s: with a pipeline, parallel.pp.microbatches is "
                              "the gradient accumulation; set train.grad_accum = 1",
                              loom_config_where(t->cfg, "train.grad_accum"));
-        if (t->batch % (dp * t->pipe.micro_batches) != 0)
-            return loom_fail(LOOM_ERR_INVALID, "%s: train.batch %d does not divide by "
+        if (t->batch % (dp * t->micro_batches) != 0)
+            return loom_fail(LOOM_ERR_INVALID,
+                             "%s: train.batch %d does not divide by "
                              "parallel.dp.size %d × parallel.pp.microbatches %d",
                              loom_config_where(t->cfg, "parallel.pp.microbatches"), t->batch, dp,
-                             t->pipe.micro_batches);
+                             t->micro_batches);
     }
     loom_data_order order = {.batch = t->batch, .seq = t->seq};
     loom_config_bool(t->cfg, "data.shuffle", &order.shuffle);
     trainer_read_int(t->cfg, "data.readers", &order.readers);
     trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
     if ((rc = loom_dataloader_init(&t->loader, &t->train_data, &order,
-                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->pipe.micro_batches)) != LOOM_OK)
+                                   t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
         return rc;
-    t->micro_batch = t->batch / (dp * t->pipe.micro_batches);
+    t->micro_batch = t->batch / (dp * t->micro_batches);
     return LOOM_OK;
 }
 

@@ -5,6 +5,7 @@
 
 #include "loom/status.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 #include "train/trainer.h"
 
 /* ---- the pipeline axis ---- */
@@ -104,11 +105,11 @@ int trainer_setup_pipeline(trainer *t, const float *unit0_init)
         return rc;
     t->pipe.stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->pipe.stage_peaks);
     size_t N = (size_t)t->micro_batch * t->seq;
-    t->pipe.mb_inputs = calloc((size_t)t->pipe.micro_batches, sizeof *t->pipe.mb_inputs);
-    t->pipe.mb_targets = calloc((size_t)t->pipe.micro_batches, sizeof *t->pipe.mb_targets);
+    t->pipe.mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->pipe.mb_inputs);
+    t->pipe.mb_targets = calloc((size_t)t->micro_batches, sizeof *t->pipe.mb_targets);
     if (!t->pipe.mb_inputs || !t->pipe.mb_targets || !t->pipe.stage_peaks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    for (int k = 0; k < t->pipe.micro_batches; k++)
+    for (int k = 0; k < t->micro_batches; k++)
         if (!(t->pipe.mb_inputs[k] = malloc(N * sizeof(int))) ||
             !(t->pipe.mb_targets[k] = malloc(N * sizeof(int))))
             return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
@@ -136,10 +137,32 @@ int trainer_plan_pipeline(trainer *t)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
     if ((rc = loom_runtime_host(t->rt, t->pipe.schedule_plugin, "parallel.pp", &host)) != LOOM_OK)
         return rc;
-    if ((rc = loom_schedule_build(t->pipe.schedule_plugin, host, p, v, t->pipe.micro_batches,
+    if ((rc = loom_schedule_build(t->pipe.schedule_plugin, host, p, v, t->micro_batches,
                                   &t->pipe.schedule)) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
     return LOOM_OK;
+}
+
+/* The loss lives on the last stage: sum over the pp group (the others
+ * add 0). The idle share of the step, averaged over the stages. */
+int trainer_pipeline_totals(trainer *t, float *loss)
+{
+    loom_pipeline_stats st;
+    loom_pipeline_get_stats(t->pipe.executor, &st);
+    double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
+    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
+    *loss = (float)both[0];
+    t->pipe.bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
+    /* every stage's activation peak, for the metrics */
+    loom_mem_usage u;
+    loom_mem_usage_get(&u);
+    int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
+    loom_request *req = NULL;
+    if (rc == LOOM_OK &&
+        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->pipe.stage_peaks,
+                                           2, LOOM_I64, &req)) == LOOM_OK)
+        rc = loom_core_comm_api.wait(req);
+    return rc;
 }
 
 void trainer_teardown_pipeline(trainer *t)
@@ -147,9 +170,9 @@ void trainer_teardown_pipeline(trainer *t)
     trainer_pipeline_run *p = &t->pipe;
     loom_pipeline_destroy(p->executor);
     loom_schedule_free(&p->schedule);
-    for (int k = 0; p->mb_inputs && k < p->micro_batches; k++)
+    for (int k = 0; p->mb_inputs && k < t->micro_batches; k++)
         free(p->mb_inputs[k]);
-    for (int k = 0; p->mb_targets && k < p->micro_batches; k++)
+    for (int k = 0; p->mb_targets && k < t->micro_batches; k++)
         free(p->mb_targets[k]);
     free(p->mb_inputs);
     free(p->mb_targets);

@@ -83,7 +83,7 @@ int trainer_grads_ready(trainer *t, int u, int last_micro)
 
 static float step_dloss(const trainer *t)
 {
-    return t->scaler.scale / ((float)t->micro_batch * (float)t->seq * (float)t->pipe.micro_batches);
+    return t->scaler.scale / ((float)t->micro_batch * (float)t->seq * (float)t->micro_batches);
 }
 
 static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
@@ -152,55 +152,6 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc;
     }
     return LOOM_OK;
-}
-
-static void count_traffic(trainer *t, int end)
-{
-    loom_tier_counters now;
-    loom_tiers_counters(t->tiers, &now);
-    if (!end) {
-        t->report.tier_start = now;
-    } else {
-        for (int p = 0; p < LOOM_PURPOSE_COUNT; p++) {
-            t->report.tier_step.read[p] = now.read[p] - t->report.tier_start.read[p];
-            t->report.tier_step.written[p] = now.written[p] - t->report.tier_start.written[p];
-        }
-        t->report.tier_step.wait_ns = now.wait_ns - t->report.tier_start.wait_ns;
-    }
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
-        loom_comm_counters moved;
-        loom_group_counters(t->mesh->groups[a], &moved);
-        if (!end) {
-            t->report.comm_start[a] = moved;
-            continue;
-        }
-        for (int op = 0; op < LOOM_OP_COUNT; op++) {
-            t->report.comm_step[a].calls[op] = moved.calls[op] - t->report.comm_start[a].calls[op];
-            t->report.comm_step[a].bytes[op] = moved.bytes[op] - t->report.comm_start[a].bytes[op];
-        }
-    }
-}
-
-/* The loss lives on the last stage: sum over the pp group (the others
- * add 0). The idle share of the step, averaged over the stages. */
-static int pipeline_totals(trainer *t, float *loss)
-{
-    loom_pipeline_stats st;
-    loom_pipeline_get_stats(t->pipe.executor, &st);
-    double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
-    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
-    *loss = (float)both[0];
-    t->pipe.bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
-    /* every stage's activation peak, for the metrics */
-    loom_mem_usage u;
-    loom_mem_usage_get(&u);
-    int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
-    loom_request *req = NULL;
-    if (rc == LOOM_OK &&
-        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->pipe.stage_peaks, 2,
-                                           LOOM_I64, &req)) == LOOM_OK)
-        rc = loom_core_comm_api.wait(req);
-    return rc;
 }
 
 /* The strategy's norm and zeroing, or the core's for a strategy that
@@ -277,93 +228,130 @@ static void read_kernel_times(step_result *r, uint64_t end)
     loom_trace_counters("kernel_ms", end, keys, ms, LOOM_KERNEL_KINDS);
 }
 
-int trainer_step(trainer *t, step_result *r)
+/* Forward and backward over the step's micro-batches (by the pipeline's
+ * schedule on a pipeline), the gradients then finished by the data
+ * strategy; *loss_sum: the sum of the micro-batches' mean losses. */
+static int forward_backward(trainer *t, double *loss_sum)
 {
-    uint64_t t0 = loom_now_ns();
-    double loss_sum = 0;
-    count_traffic(t, 0);
-    loom_kernel_time_reset();
-    loom_flight_step(t->step + 1);
     int rc;
+    *loss_sum = 0;
     if (t->pipe.executor) {
-        for (int k = 0; k < t->pipe.micro_batches; k++)
-            if ((rc = loom_dataloader_next(&t->loader, t->pipe.mb_inputs[k], t->pipe.mb_targets[k])) !=
-                LOOM_OK)
+        for (int k = 0; k < t->micro_batches; k++)
+            if ((rc = loom_dataloader_next(&t->loader, t->pipe.mb_inputs[k],
+                                           t->pipe.mb_targets[k])) != LOOM_OK)
                 return rc;
-        if ((rc = loom_pipeline_step(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets, step_dloss(t),
-                                     &loss_sum)) != LOOM_OK)
+        if ((rc = loom_pipeline_step(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets,
+                                     step_dloss(t), loss_sum)) != LOOM_OK)
             return rc;
     }
-    for (int k = 0; !t->pipe.executor && k < t->pipe.micro_batches; k++) {
+    for (int k = 0; !t->pipe.executor && k < t->micro_batches; k++) {
         float loss = 0;
-        if ((rc = run_micro_batch(t, k == t->pipe.micro_batches - 1, &loss)) != LOOM_OK)
+        if ((rc = run_micro_batch(t, k == t->micro_batches - 1, &loss)) != LOOM_OK)
             return rc;
-        loss_sum += loss;
+        *loss_sum += loss;
     }
     loom_flight_issuer("finish backward");
     if ((rc = t->data_axis.ops->data_finish_backward(t->data_axis.strategy)) != LOOM_OK)
         return rc;
     trainer_sync_units(t);
-    /* The step's loss: the mean over micro-batches and dp ranks (computed
-     * by the last pipeline stage alone). */
+    return LOOM_OK;
+}
+
+/* The step's loss: the mean over micro-batches and dp ranks (computed by
+ * the last pipeline stage alone). */
+static int global_loss(trainer *t, double loss_sum, float *global)
+{
     const loom_comm_api *C = &loom_core_comm_api;
-    float local = (float)(loss_sum / t->pipe.micro_batches), global = local;
+    float local = (float)(loss_sum / t->micro_batches);
     loom_request *req;
     loom_flight_issuer("loss");
-    if (t->pipe.executor && (rc = pipeline_totals(t, &local)) != LOOM_OK)
+    int rc = LOOM_OK;
+    if (t->pipe.executor && (rc = trainer_pipeline_totals(t, &local)) != LOOM_OK)
         return rc;
     /* sp ranks hold equal shares of each sequence's tokens */
     if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
-        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32, LOOM_AVG)) !=
-            LOOM_OK)
+        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32,
+                                      LOOM_AVG)) != LOOM_OK)
         return rc;
-    if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, &global, 1, LOOM_F32, LOOM_AVG,
-                           &req)) != LOOM_OK ||
-        (rc = C->wait(req)) != LOOM_OK)
-        return rc;
+    *global = local;
+    if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, global, 1, LOOM_F32, LOOM_AVG,
+                           &req)) == LOOM_OK)
+        rc = C->wait(req);
+    return rc;
+}
+
+/* The global gradient norm, unscaled: over the dp shards, the tp-replicated
+ * tensors once, and each pipeline stage's units once. */
+static int global_norm(trainer *t, float *norm)
+{
     double norm_sq = 0;
     loom_flight_issuer("gradient norm");
-    if ((rc = grads_norm_sq(t, &norm_sq)) != LOOM_OK || (rc = check_norm_agrees(t, norm_sq)) != LOOM_OK)
-        return rc;
-    if (t->mesh->sizes[LOOM_AXIS_TP] > 1) {
+    int rc = grads_norm_sq(t, &norm_sq);
+    if (rc == LOOM_OK)
+        rc = check_norm_agrees(t, norm_sq);
+    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);
         memset(t->axes.repl_grads, 0, t->axes.repl_count * sizeof(float)); /* the next step's */
-        if (rc != LOOM_OK)
-            return rc;
     }
-    /* each stage's units once */
-    if (t->pipe.executor &&
-        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM)) !=
-            LOOM_OK)
-        return rc;
-    float norm = (float)(sqrt(norm_sq) / t->scaler.scale);
-    r->loss = global;
-    r->grad_norm = norm;
-    r->lr = loom_lr_at(&t->lr_schedule, t->step);
-    trainer_scaler_judge(t, global, norm, r);
+    if (rc == LOOM_OK && t->pipe.executor)
+        rc =
+            trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM);
+    *norm = (float)(sqrt(norm_sq) / t->scaler.scale);
+    return rc;
+}
+
+/* The optimizer's step, or on a skipped step the gradients dropped; the
+ * loss scaler told either way. */
+static int apply_or_skip(trainer *t, step_result *r)
+{
+    int rc;
     if (r->skipped) {
         /* the step is dropped (the scale halved first) */
         trainer_scaler_update(t, r);
         if ((rc = zero_grads(t)) != LOOM_OK)
             return rc;
         trainer_sync_units(t);
-    } else {
-        loom_flight_issuer("optimizer");
-        if ((rc = optimizer_step(t, r, norm)) != LOOM_OK)
-            return rc;
-        /* the step's write-backs land within the step they belong to */
-        if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)
-            return rc;
-        trainer_sync_units(t);
-        if (t->pipe.executor && (rc = loom_pipeline_sync_tied(t->pipe.executor)) != LOOM_OK)
-            return rc;
-        /* after the optimizer, which unscaled by the step's scale */
-        trainer_scaler_update(t, r);
+        return LOOM_OK;
     }
+    loom_flight_issuer("optimizer");
+    if ((rc = optimizer_step(t, r, r->grad_norm)) != LOOM_OK)
+        return rc;
+    /* the step's write-backs land within the step they belong to */
+    if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)
+        return rc;
+    trainer_sync_units(t);
+    if (t->pipe.executor && (rc = loom_pipeline_sync_tied(t->pipe.executor)) != LOOM_OK)
+        return rc;
+    /* after the optimizer, which unscaled by the step's scale */
+    trainer_scaler_update(t, r);
+    return LOOM_OK;
+}
+
+int trainer_step(trainer *t, step_result *r)
+{
+    uint64_t t0 = loom_now_ns();
+    trainer_count_traffic(t, 0);
+    loom_kernel_time_reset();
+    loom_flight_step(t->step + 1);
+    double loss_sum = 0;
+    float loss = 0, norm = 0;
+    int rc = forward_backward(t, &loss_sum);
+    if (rc == LOOM_OK)
+        rc = global_loss(t, loss_sum, &loss);
+    if (rc == LOOM_OK)
+        rc = global_norm(t, &norm);
+    if (rc != LOOM_OK)
+        return rc;
+    r->loss = loss;
+    r->grad_norm = norm;
+    r->lr = loom_lr_at(&t->lr_schedule, t->step);
+    trainer_scaler_judge(t, loss, norm, r);
+    if ((rc = apply_or_skip(t, r)) != LOOM_OK)
+        return rc;
     uint64_t end = loom_now_ns();
     r->seconds = (double)(end - t0) / 1e9;
     read_kernel_times(r, end);
-    count_traffic(t, 1);
+    trainer_count_traffic(t, 1);
     loom_flight_issuer("between steps");
     return LOOM_OK;
 }

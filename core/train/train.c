@@ -1,5 +1,5 @@
 /* loom train — the loop: set up (setup.c), open the run's checkpoints
- * (save.c) and reporting (report.c), validate before training (eval.c),
+ * (checkpoints.c) and reporting (report.c), validate before training (eval.c),
  * run train.steps steps (step.c), each reported, judged by the loss scaler
  * (loss_scale.c), sampled every train.sample_every and checkpointed every
  * train.checkpoint_every and after the last, then finish and tear down,

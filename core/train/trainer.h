@@ -1,5 +1,5 @@
 /* loom train — the trainer: one run's state, shared by the files of the
- * train layer (setup.c, tensor.c, stages.c, step.c, save.c, report.c and
+ * train layer (setup.c, model_axes.c, stages.c, step.c, checkpoints.c, report.c and
  * the loop in train.c). Not seen outside core/train. */
 #ifndef LOOM_TRAIN_TRAINER_H
 #define LOOM_TRAIN_TRAINER_H
@@ -20,13 +20,13 @@
 #include "runtime/mesh.h"
 #include "runtime/runtime.h"
 #include "runtime/tier.h"
-#include "train/pipeline.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 #include "train/fit.h"
+#include "train/pipeline.h"
 #include "train/schedule.h"
 #include "train/train.h"
 
-/* train.checkpoint_async: the snapshot and the pending checkpoint (save.c). */
+/* train.checkpoint_async: the snapshot and the pending checkpoint (checkpoints.c). */
 typedef struct ckpt_async ckpt_async;
 
 /* A strategy of the tensor or sequence axis. */
@@ -52,7 +52,7 @@ typedef struct trainer_data_axis {
     int *index;
 } trainer_data_axis;
 
-/* The model axes (tensor.c): the tensor and sequence strategies (loaded
+/* The model axes (model_axes.c): the tensor and sequence strategies (loaded
  * when their size is > 1) and what they split. */
 typedef struct trainer_model_axes {
     axis_strategy tp, sp;
@@ -73,7 +73,6 @@ typedef struct trainer_pipeline_run {
     loom_pipeline *executor;
     int *stage_first, *stage_last; /* units of each stage */
     unsigned char *runs;           /* per unit: one of this rank's stages holds it */
-    int micro_batches;             /* per step on this rank: grad_accum or pp.microbatches */
     int **mb_inputs, **mb_targets; /* the step's micro-batches */
     double bubble;                 /* the last step's idle share, averaged over the pp ranks */
     int64_t *stage_peaks;          /* per pp rank: peak activation bytes, live micro-batches */
@@ -95,7 +94,7 @@ typedef struct trainer_evaluation {
     loom_dataloader loader;
 } trainer_evaluation;
 
-/* Checkpoints (save.c, restart.c): this job's random id, stamped on every
+/* Checkpoints (checkpoints.c, restart.c): this job's random id, stamped on every
  * file it writes, and how many times the ranks have agreed on a
  * checkpoint's outcome (names the store keys of the reasons). */
 typedef struct trainer_checkpoints {
@@ -145,6 +144,7 @@ typedef struct trainer {
     loom_dataset train_data; /* data.train */
     loom_dataloader loader;
     int batch, seq, grad_accum, micro_batch, rank, world;
+    int micro_batches;   /* per step on this rank: grad_accum or pp.microbatches */
     int64_t steps, step; /* step: the next step to run, 0-based */
     loom_dtype dtype;
     loom_lr_schedule lr_schedule;
@@ -197,11 +197,11 @@ int trainer_setup(trainer *t, const loom_train_options *o);
 int trainer_check_machine(trainer *t, loom_train_machine_check check);
 /* After a phase every rank went through: the first failing rank's line,
  * on every rank ("rank 2 <failed>: <its reason>"; the others fail as
- * followers, LOOM_ERR_REMOTE), or LOOM_OK where all succeeded (save.c). */
+ * followers, LOOM_ERR_REMOTE), or LOOM_OK where all succeeded (checkpoints.c). */
 int trainer_agree(trainer *t, const char *failed, int rc);
 void trainer_teardown(trainer *t);
 
-/* tensor.c */
+/* model_axes.c */
 int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op);
 int trainer_setup_parallel_model(trainer *t, int recompute);
 int trainer_tp_norm_sq(trainer *t, double *norm_sq);
@@ -212,6 +212,9 @@ int trainer_choose_units(trainer *t);
 int trainer_setup_pipeline(trainer *t, const float *unit0_init);
 int trainer_plan_pipeline(trainer *t);
 void trainer_teardown_pipeline(trainer *t);
+/* the step's loss summed over the pp group, the bubble and every stage's
+ * activation peak */
+int trainer_pipeline_totals(trainer *t, float *loss);
 
 /* step.c */
 void trainer_sync_units(trainer *t);
@@ -226,6 +229,7 @@ void trainer_scaler_judge(const trainer *t, float loss, float norm, step_result 
 /* after the optimizer (or, on a skipped step, before its gradients go) */
 void trainer_scaler_update(trainer *t, const step_result *r);
 int trainer_scaler_watch(trainer *t, const step_result *r);
+void trainer_scaler_restore(trainer *t, float scale, int64_t good_steps);
 
 /* eval.c */
 int trainer_setup_eval(trainer *t);
@@ -235,7 +239,7 @@ int trainer_evaluate_first(trainer *t);
 /* done: the steps done with this one; sets r->evaluated and r->val_loss */
 int trainer_evaluate_due(trainer *t, int64_t done, step_result *r);
 
-/* save.c: the component's life. Open: outputs checked, run id, lineage,
+/* checkpoints.c: the component's life. Open: outputs checked, run id, lineage,
  * the directory locked (train.checkpoint_every > 0), a checkpoint loaded
  * (--resume, or the latest after a restart). Due: the async one polled,
  * then a checkpoint every train.checkpoint_every steps and after the last.
@@ -300,6 +304,8 @@ int trainer_open_reporting(trainer *t, const loom_train_options *o);
 void trainer_report_step(trainer *t, const step_result *r);
 int trainer_sample_due(trainer *t);
 void trainer_close_reporting(trainer *t);
+int trainer_measure_peak(trainer *t);
+void trainer_count_traffic(trainer *t, int end);
 int trainer_write_trace(trainer *t, const char *path);
 int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent);
 

@@ -10,7 +10,7 @@
   ckpt_edit.py downgrade FILE                    format 4 to 3: meta.loom without its lineage; resealed
 
 --reseal writes the stamp's checksum anew, so that the reader's range checks,
-not its checksum, must catch the damage. The layout is the one core/train/ckpt.c
+not its checksum, must catch the damage. The layout is the one core/train/ckpt_format.c
 writes: a fixed header (meta.loom 112 bytes, a shard 16), the stamp (run id
 u64, step i64, bytes u64, crc32c u32, reserved u32), then the body (meta.loom's
 from format 4: the lineage, 32 bytes and the settings' text of the length at

@@ -1,4 +1,4 @@
-/* loom's own checkpoint reader (train/ckpt.c), as `loom ckpt info` and
+/* loom's own checkpoint reader (train/ckpt_format.c), as `loom ckpt info` and
  * `loom ckpt consolidate` read a checkpoint: open it, make a model of its
  * shape for the units' views, print what info prints, and read every
  * unit's params, m and v.
@@ -21,7 +21,7 @@
 #include "model/formats.h"
 #include "model/model.h"
 #include "runtime/crc32c.h"
-#include "train/ckpt.h"
+#include "train/ckpt_format.h"
 #include "fuzz_files.h"
 
 enum { MAX_SHARDS = 8 };
@@ -41,7 +41,7 @@ static int small_shape(const loom_gpt2_shape *s)
     return per_layer <= MAX_PARAMS && n <= MAX_PARAMS;
 }
 
-/* The on-disk layout ckpt.c writes (ckpt.h): a fixed header, whose size
+/* The on-disk layout ckpt_format.c writes (ckpt_format.h): a fixed header, whose size
  * its magic tells, with the format version at byte 8 and, in meta.loom,
  * the step at byte 40; from format 3 the stamp right after it. */
 enum {
