@@ -192,87 +192,113 @@ static int refuse(const loom_schedule *s, int rank, int index, const char *fmt, 
     return loom_fail(LOOM_ERR_INVALID, "schedule \"%s\": %s: %s", s->name, what, why);
 }
 
+/* An action's kind, virtual stage and micro-batch exist, and its send or
+ * receive has a neighbour stage. */
+static int check_action_fields(const loom_schedule *s, int r, int i, loom_action a)
+{
+    int v = s->virtual_stages, m = s->microbatches, S = s->stages * v;
+    if (a.kind >= LOOM_ACT_KIND_COUNT)
+        return refuse(s, r, i, "unknown action kind %u (kinds are 0..%d)", (unsigned)a.kind,
+                      LOOM_ACT_KIND_COUNT - 1);
+    if (a.virtual_stage >= v)
+        return refuse(s, r, i, "virtual stage %u does not exist (%d per rank)",
+                      (unsigned)a.virtual_stage, v);
+    if (a.microbatch < 0 || a.microbatch >= m)
+        return refuse(s, r, i, "micro-batch %d does not exist (the step has 0..%d)",
+                      (int)a.microbatch, m - 1);
+    int st = loom_schedule_stage(s, r, a.virtual_stage);
+    int first = st == 0, last = st == S - 1;
+    switch (a.kind) {
+    case LOOM_ACT_RECV_ACTIVATION:
+        if (first)
+            return refuse(s, r, i, "stage 0 has no previous stage to receive from");
+        break;
+    case LOOM_ACT_SEND_ACTIVATION:
+        if (last)
+            return refuse(s, r, i, "the last stage has no next stage to send to");
+        break;
+    case LOOM_ACT_RECV_GRADIENT:
+        if (last)
+            return refuse(s, r, i, "the last stage has no next stage to receive from");
+        break;
+    case LOOM_ACT_SEND_GRADIENT:
+        if (first)
+            return refuse(s, r, i, "stage 0 has no previous stage to send to");
+        break;
+    default: break;
+    }
+    return LOOM_OK;
+}
+
+/* An action's first appearance, and what must have run before it on this
+ * rank, against the index of the actions before it. */
+static int check_action_order(const loom_schedule *s, int r, int i, loom_action a, action_index *ix)
+{
+    int S = s->stages * s->virtual_stages;
+    int st = loom_schedule_stage(s, r, a.virtual_stage), mb = a.microbatch;
+    int first = st == 0, last = st == S - 1;
+    int earlier = *slot(ix, a.kind, st, mb);
+    if (earlier >= 0)
+        return refuse(s, r, i, "appears a second time (first at action %d)", earlier);
+    int whole = *slot(ix, LOOM_ACT_BACKWARD, st, mb);
+    int input = *slot(ix, LOOM_ACT_BACKWARD_INPUT, st, mb);
+    int weight = *slot(ix, LOOM_ACT_BACKWARD_WEIGHT, st, mb);
+    int forward = *slot(ix, LOOM_ACT_FORWARD, st, mb);
+    if (a.kind == LOOM_ACT_BACKWARD && (input >= 0 || weight >= 0))
+        return refuse(s, r, i, "mixes a whole backward with the split one (%s at action %d)",
+                      input >= 0 ? "backward-input" : "backward-weight",
+                      input >= 0 ? input : weight);
+    if ((a.kind == LOOM_ACT_BACKWARD_INPUT || a.kind == LOOM_ACT_BACKWARD_WEIGHT) && whole >= 0)
+        return refuse(s, r, i,
+                      "mixes the split backward with a whole backward (at "
+                      "action %d)",
+                      whole);
+    switch (a.kind) {
+    case LOOM_ACT_FORWARD:
+        if (!first && *slot(ix, LOOM_ACT_RECV_ACTIVATION, st, mb) < 0)
+            return refuse(s, r, i,
+                          "its input has not been received (no recv activation "
+                          "before it)");
+        break;
+    case LOOM_ACT_SEND_ACTIVATION:
+        if (forward < 0)
+            return refuse(s, r, i, "its forward has not run on this rank");
+        break;
+    case LOOM_ACT_BACKWARD:
+    case LOOM_ACT_BACKWARD_INPUT:
+        if (forward < 0)
+            return refuse(s, r, i, "its forward has not run on this rank");
+        if (!last && *slot(ix, LOOM_ACT_RECV_GRADIENT, st, mb) < 0)
+            return refuse(s, r, i,
+                          "its output gradient has not been received (no recv "
+                          "gradient before it)");
+        break;
+    case LOOM_ACT_BACKWARD_WEIGHT:
+        if (input < 0)
+            return refuse(s, r, i, "its backward-input has not run on this rank");
+        break;
+    case LOOM_ACT_SEND_GRADIENT:
+        if (whole < 0 && input < 0)
+            return refuse(s, r, i, "its backward has not run on this rank");
+        break;
+    default: break;
+    }
+    return LOOM_OK;
+}
+
 /* Kinds, ranges, borders, duplicates and dependencies of one rank's list,
  * recording each action in the index. */
 static int check_rank_list(const loom_schedule *s, int r, action_index *ix)
 {
-    int p = s->stages, v = s->virtual_stages, m = s->microbatches, S = p * v;
     for (int i = 0; i < s->count[r]; i++) {
         loom_action a = s->actions[r][i];
-        if (a.kind >= LOOM_ACT_KIND_COUNT)
-            return refuse(s, r, i, "unknown action kind %u (kinds are 0..%d)", (unsigned)a.kind,
-                          LOOM_ACT_KIND_COUNT - 1);
-        if (a.virtual_stage >= v)
-            return refuse(s, r, i, "virtual stage %u does not exist (%d per rank)",
-                          (unsigned)a.virtual_stage, v);
-        if (a.microbatch < 0 || a.microbatch >= m)
-            return refuse(s, r, i, "micro-batch %d does not exist (the step has 0..%d)",
-                          (int)a.microbatch, m - 1);
-        int st = loom_schedule_stage(s, r, a.virtual_stage), mb = a.microbatch;
-        int first = st == 0, last = st == S - 1;
-        switch (a.kind) {
-        case LOOM_ACT_RECV_ACTIVATION:
-            if (first)
-                return refuse(s, r, i, "stage 0 has no previous stage to receive from");
-            break;
-        case LOOM_ACT_SEND_ACTIVATION:
-            if (last)
-                return refuse(s, r, i, "the last stage has no next stage to send to");
-            break;
-        case LOOM_ACT_RECV_GRADIENT:
-            if (last)
-                return refuse(s, r, i, "the last stage has no next stage to receive from");
-            break;
-        case LOOM_ACT_SEND_GRADIENT:
-            if (first)
-                return refuse(s, r, i, "stage 0 has no previous stage to send to");
-            break;
-        default: break;
-        }
-        int earlier = *slot(ix, a.kind, st, mb);
-        if (earlier >= 0)
-            return refuse(s, r, i, "appears a second time (first at action %d)", earlier);
-        int whole = *slot(ix, LOOM_ACT_BACKWARD, st, mb);
-        int input = *slot(ix, LOOM_ACT_BACKWARD_INPUT, st, mb);
-        int weight = *slot(ix, LOOM_ACT_BACKWARD_WEIGHT, st, mb);
-        int forward = *slot(ix, LOOM_ACT_FORWARD, st, mb);
-        if (a.kind == LOOM_ACT_BACKWARD && (input >= 0 || weight >= 0))
-            return refuse(s, r, i, "mixes a whole backward with the split one (%s at action %d)",
-                          input >= 0 ? "backward-input" : "backward-weight",
-                          input >= 0 ? input : weight);
-        if ((a.kind == LOOM_ACT_BACKWARD_INPUT || a.kind == LOOM_ACT_BACKWARD_WEIGHT) &&
-            whole >= 0)
-            return refuse(s, r, i, "mixes the split backward with a whole backward (at "
-                          "action %d)", whole);
-        switch (a.kind) {
-        case LOOM_ACT_FORWARD:
-            if (!first && *slot(ix, LOOM_ACT_RECV_ACTIVATION, st, mb) < 0)
-                return refuse(s, r, i, "its input has not been received (no recv activation "
-                              "before it)");
-            break;
-        case LOOM_ACT_SEND_ACTIVATION:
-            if (forward < 0)
-                return refuse(s, r, i, "its forward has not run on this rank");
-            break;
-        case LOOM_ACT_BACKWARD:
-        case LOOM_ACT_BACKWARD_INPUT:
-            if (forward < 0)
-                return refuse(s, r, i, "its forward has not run on this rank");
-            if (!last && *slot(ix, LOOM_ACT_RECV_GRADIENT, st, mb) < 0)
-                return refuse(s, r, i, "its output gradient has not been received (no recv "
-                              "gradient before it)");
-            break;
-        case LOOM_ACT_BACKWARD_WEIGHT:
-            if (input < 0)
-                return refuse(s, r, i, "its backward-input has not run on this rank");
-            break;
-        case LOOM_ACT_SEND_GRADIENT:
-            if (whole < 0 && input < 0)
-                return refuse(s, r, i, "its backward has not run on this rank");
-            break;
-        default: break;
-        }
-        *slot(ix, a.kind, st, mb) = i;
+        int rc = check_action_fields(s, r, i, a);
+        if (rc == LOOM_OK)
+            rc = check_action_order(s, r, i, a, ix);
+        if (rc != LOOM_OK)
+            return rc;
+        int st = loom_schedule_stage(s, r, a.virtual_stage);
+        *slot(ix, a.kind, st, a.microbatch) = i;
     }
     return LOOM_OK;
 }
@@ -475,50 +501,41 @@ void loom_schedule_timeline_free(const loom_schedule *s, loom_schedule_timeline 
     memset(tl, 0, sizeof *tl);
 }
 
-int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
-                           loom_schedule_timeline *out)
+/* The timeline's arrays, one start and end per action and rank. */
+static int timeline_alloc(const loom_schedule *s, loom_schedule_timeline *out)
 {
-    int p = s->stages, rc;
+    int p = s->stages;
     memset(out, 0, sizeof *out);
     out->start = calloc((size_t)p, sizeof *out->start);
     out->end = calloc((size_t)p, sizeof *out->end);
     out->busy = calloc((size_t)p, sizeof *out->busy);
     out->peak_stash = calloc((size_t)p, sizeof *out->peak_stash);
-    int *pc = calloc((size_t)p, sizeof *pc);
-    int ok = out->start && out->end && out->busy && out->peak_stash && pc;
+    int ok = out->start && out->end && out->busy && out->peak_stash;
     for (int r = 0; ok && r < p; r++) {
         size_t n = (size_t)s->count[r] + 1;
         ok = (out->start[r] = calloc(n, sizeof(double))) && (out->end[r] = calloc(n, sizeof(double)));
     }
-    if (!ok) {
-        free(pc);
-        loom_schedule_timeline_free(s, out);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "schedule: out of memory");
-    }
-    action_index ix;
-    if ((rc = index_init(&ix, s)) != LOOM_OK) {
-        free(pc);
-        loom_schedule_timeline_free(s, out);
-        return rc;
-    }
-    for (int r = 0; r < p; r++)
-        for (int i = 0; i < s->count[r]; i++) {
-            loom_action a = s->actions[r][i];
-            if (a.kind < LOOM_ACT_KIND_COUNT)
-                *slot(&ix, a.kind, loom_schedule_stage(s, r, a.virtual_stage), a.microbatch) = i;
-        }
-    /* The deadlock walk again, with clocks: a receive starts when its send
-     * has ended. */
+    if (ok)
+        return LOOM_OK;
+    loom_schedule_timeline_free(s, out);
+    return loom_fail(LOOM_ERR_NO_MEMORY, "schedule: out of memory");
+}
+
+/* The deadlock walk again, with clocks: a receive starts when its send
+ * has ended. pc: per rank, the actions walked. */
+static void walk_clocks(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
+                        const action_index *ix, int *pc, loom_schedule_timeline *out)
+{
     for (int progress = 1; progress;) {
         progress = 0;
-        for (int r = 0; r < p; r++)
+        for (int r = 0; r < s->stages; r++)
             while (pc[r] < s->count[r]) {
                 int i = pc[r];
                 loom_action a = s->actions[r][i];
                 double t = i > 0 ? out->end[r][i - 1] : 0.0;
                 if (is_recv(a.kind)) {
                     int pr, pi;
-                    send_of(s, &ix, r, a, &pr, &pi);
+                    send_of(s, ix, r, a, &pr, &pi);
                     if (pi < 0 || pc[pr] <= pi)
                         break;
                     if (out->end[pr][pi] > t)
@@ -534,12 +551,14 @@ int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KI
                 progress = 1;
             }
     }
-    for (int r = 0; r < p; r++)
-        if (pc[r] < s->count[r])
-            rc = loom_fail(LOOM_ERR_INVALID, "schedule \"%s\": cannot simulate a schedule that "
-                           "deadlocks (validate it first)", s->name);
-    /* The stash in list order: forward adds a stage-micro-batch, its last
-     * backward action removes it. */
+}
+
+/* The stash in list order: forward adds a stage-micro-batch, its last
+ * backward action removes it; and the bubble. */
+static void count_stash_and_bubble(const loom_schedule *s, loom_schedule_timeline *out)
+{
+    int p = s->stages;
+    double busy = 0.0;
     for (int r = 0; r < p; r++) {
         int live = 0;
         for (int i = 0; i < s->count[r]; i++) {
@@ -549,11 +568,39 @@ int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KI
             if (k == LOOM_ACT_BACKWARD || k == LOOM_ACT_BACKWARD_WEIGHT)
                 live--;
         }
-    }
-    double busy = 0.0;
-    for (int r = 0; r < p; r++)
         busy += out->busy[r];
+    }
     out->bubble = out->makespan > 0.0 ? 1.0 - busy / ((double)p * out->makespan) : 0.0;
+}
+
+int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
+                           loom_schedule_timeline *out)
+{
+    int p = s->stages;
+    int rc = timeline_alloc(s, out);
+    if (rc != LOOM_OK)
+        return rc;
+    int *pc = calloc((size_t)p, sizeof *pc);
+    action_index ix;
+    if (!pc || (rc = index_init(&ix, s)) != LOOM_OK) {
+        free(pc);
+        loom_schedule_timeline_free(s, out);
+        return pc ? rc : loom_fail(LOOM_ERR_NO_MEMORY, "schedule: out of memory");
+    }
+    for (int r = 0; r < p; r++)
+        for (int i = 0; i < s->count[r]; i++) {
+            loom_action a = s->actions[r][i];
+            if (a.kind < LOOM_ACT_KIND_COUNT)
+                *slot(&ix, a.kind, loom_schedule_stage(s, r, a.virtual_stage), a.microbatch) = i;
+        }
+    walk_clocks(s, cost, &ix, pc, out);
+    for (int r = 0; r < p; r++)
+        if (pc[r] < s->count[r])
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "schedule \"%s\": cannot simulate a schedule that "
+                           "deadlocks (validate it first)",
+                           s->name);
+    count_stash_and_bubble(s, out);
     index_free(&ix);
     free(pc);
     if (rc != LOOM_OK)
