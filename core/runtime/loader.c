@@ -2163,7 +2163,7 @@ int loom_plugin_schedule_build(const loom_plugin *p, const loom_host *host,
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
         setup.sizes[a] = 1;
     setup.sizes[LOOM_AXIS_PP] = shape->stages;
-    setup.grad_accum = shape->microbatches;
+    setup.micro_batches = shape->microbatches;
     setup.compute_dtype = LOOM_F32;
     loom_strategy *instance = NULL;
     int rc = old->create(host, &setup, &instance);

@@ -114,7 +114,7 @@ static void fill_setup(const trainer *t, loom_axis axis, loom_strategy_setup *se
     setup->max_seq = t->shape.max_seq;
     setup->micro_batch = t->micro_batch;
     setup->seq = t->seq;
-    setup->grad_accum = t->micro_batches;
+    setup->micro_batches = t->micro_batches;
     setup->compute_dtype = t->dtype;
 }
 

@@ -238,6 +238,9 @@ PIN(loom_schedule_plugin_v1_t, header, 0);
 PIN(loom_schedule_plugin_v1_t, build, 40);
 PIN(loom_schedule_plugin_v1_t, bubble, 48);
 PIN_SIZE(loom_strategy_setup, 112);
+/* micro_batches since 1.8: the same int as grad_accum, its older name */
+PIN(loom_strategy_setup, grad_accum, 104);
+PIN(loom_strategy_setup, micro_batches, 104);
 
 #endif
 

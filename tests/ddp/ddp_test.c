@@ -121,7 +121,7 @@ static void run(fixture *fx, const scenario *sc)
     setup.layers = NUNITS - 2;
     setup.micro_batch = 2;
     setup.seq = 8;
-    setup.grad_accum = sc->grad_accum;
+    setup.micro_batches = sc->grad_accum;
     setup.compute_dtype = dt;
 
     loom_strategy *s;

@@ -172,7 +172,7 @@ static void run(fixture *fx, const scenario *sc)
     setup.layers = NUNITS - 2;
     setup.micro_batch = 2;
     setup.seq = 8;
-    setup.grad_accum = K;
+    setup.micro_batches = K;
     setup.compute_dtype = dt;
 
     loom_strategy *s;

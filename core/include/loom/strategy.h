@@ -180,7 +180,7 @@ typedef struct loom_attention {
  * strategy of this axis, built before, is loaded as a schedule through the
  * core's adapter: create, pipeline_schedule, destroy and pipeline_bubble
  * below are all it uses, and its create gets the mesh sizes and the
- * micro-batches (grad_accum) only: no groups, no model shape. */
+ * micro-batches (micro_batches) only: no groups, no model shape. */
 
 /* ---- what the core gives a strategy at create ---- */
 
@@ -194,8 +194,14 @@ typedef struct loom_strategy_setup {
     loom_group *groups[LOOM_AXIS_COUNT]; /* this rank's communicator per axis */
     /* model shape */
     int layers, heads, channels, vocab, padded_vocab, max_seq;
-    /* run shape */
-    int micro_batch, seq, grad_accum;
+    /* run shape: micro_batches is the step's micro-batches on this rank,
+     * train.grad_accum or, on a pipeline, parallel.pp.microbatches
+     * (grad_accum: its name before ABI 1.8, the same int) */
+    int micro_batch, seq;
+    union {
+        int micro_batches;
+        int grad_accum;
+    };
     loom_dtype compute_dtype;          /* f32, bf16 or f16 */
 } loom_strategy_setup;
 
