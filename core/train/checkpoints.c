@@ -37,7 +37,7 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
     h->run_id = t->ckpt.run_id;
     h->lineage = t->ckpt.lineage;
     unsigned char *position = NULL;
-    int rc = loom_dataloader_save(&t->loader, &position, &h->data_position_bytes);
+    int rc = loom_dataloader_save(&t->data.loader, &position, &h->data_position_bytes);
     h->data_position = position;
     return rc;
 }
@@ -984,9 +984,10 @@ int trainer_load_state(trainer *t, const char *path)
      * other data or batches fails at once. */
     const loom_ckpt_header *h = ck ? loom_ckpt_header_of(ck) : NULL;
     if (rc == LOOM_OK)
-        rc = h->data_position ? loom_dataloader_restore(&t->loader, h->data_position,
-                                                        h->data_position_bytes, path)
-                              : loom_dataloader_restore_offset(&t->loader, h->data_offset, path);
+        rc = h->data_position
+                 ? loom_dataloader_restore(&t->data.loader, h->data_position,
+                                           h->data_position_bytes, path)
+                 : loom_dataloader_restore_offset(&t->data.loader, h->data_offset, path);
     if ((rc = trainer_agree(t, failed, rc)) != LOOM_OK) {
         loom_ckpt_close(ck);
         return rc;

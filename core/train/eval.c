@@ -101,7 +101,8 @@ static int eval_batch(trainer *t, double *loss_sum)
     *loss_sum = 0;
     for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
         float loss = 0;
-        if ((rc = loom_dataloader_next(&t->eval.loader, t->inputs, t->targets)) == LOOM_OK)
+        if ((rc = loom_dataloader_next(&t->eval.loader, t->data.inputs, t->data.targets)) ==
+            LOOM_OK)
             rc = trainer_forward(t, &loss);
         *loss_sum += loss;
     }

@@ -68,5 +68,5 @@ int trainer_scaler_watch(trainer *t, const step_result *r)
                      "gradient norm that is not finite (train.max_skipped = %d); the run "
                      "diverged: lower train.lr (%g) or set train.clip, and start again",
                      (long long)t->step + 1, r->loss, r->grad_norm, s->diverged_steps,
-                     s->diverged_steps == 1 ? "" : "s", s->max_skipped, t->lr_schedule.lr);
+                     s->diverged_steps == 1 ? "" : "s", s->max_skipped, t->opt.lr_schedule.lr);
 }

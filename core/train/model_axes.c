@@ -215,8 +215,8 @@ int trainer_setup_parallel_model(trainer *t, int recompute)
     if (sp > 1) {
         if ((rc = sequence_positions(t)) != LOOM_OK)
             return rc;
-        if ((rc = loom_dataloader_set_positions(&t->loader, t->axes.positions, t->axes.npositions)) !=
-            LOOM_OK)
+        if ((rc = loom_dataloader_set_positions(&t->data.loader, t->axes.positions,
+                                                t->axes.npositions)) != LOOM_OK)
             return rc;
     }
     loom_model_setup ms = {t->shape, t->micro_batch, t->seq, t->dtype, recompute};

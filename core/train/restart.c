@@ -105,9 +105,9 @@ void trainer_choose_lineage(trainer *t, const char *resume)
     /* the data by name and length (its contents are checked at resume) */
     uint64_t data = HASH_START;
     char line[4300];
-    for (int i = 0; i < t->train_data.nfiles; i++) {
-        snprintf(line, sizeof line, "%s:%lld\n", base_name(t->train_data.paths[i]),
-                 (long long)t->train_data.tokens[i]);
+    for (int i = 0; i < t->data.set.nfiles; i++) {
+        snprintf(line, sizeof line, "%s:%lld\n", base_name(t->data.set.paths[i]),
+                 (long long)t->data.set.tokens[i]);
         data = hash_text(data, line);
     }
     uint64_t settings = hash_text(HASH_START, t->ckpt.trajectory);

@@ -168,8 +168,8 @@ static int create_strategy(trainer *t)
         return rc;
     /* Before 1.6 a strategy steps through update, which cannot tell a
      * unit's tensors apart. */
-    if (t->decay_matrices && !loom_plugin_has_feature(t->data_axis.plugin,
-                                                      LOOM_FEATURE_UPDATE_RANGE))
+    if (t->opt.decay_matrices &&
+        !loom_plugin_has_feature(t->data_axis.plugin, LOOM_FEATURE_UPDATE_RANGE))
         return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                          "%s: train.decay = \"matrices\" needs a data strategy built for loom "
                          "plugin ABI 1.6 or later (it steps ranges through update_range), but "
@@ -285,19 +285,19 @@ static void read_settings(trainer *t)
     const char *lr_shape = "constant";
     loom_config_string(t->cfg, "train.schedule", &lr_shape);
     t->dtype = trainer_read_precision(t->cfg);
-    t->lr_schedule.lr = trainer_read_float(t->cfg, "train.lr");
-    loom_config_int(t->cfg, "train.warmup", &t->lr_schedule.warmup);
-    t->lr_schedule.steps = t->steps;
-    t->lr_schedule.cosine = !strcmp(lr_shape, "cosine");
-    t->lr_schedule.final_frac = trainer_read_float(t->cfg, "train.lr_final_frac");
-    t->beta1 = trainer_read_float(t->cfg, "train.beta1");
-    t->beta2 = trainer_read_float(t->cfg, "train.beta2");
-    t->eps = trainer_read_float(t->cfg, "train.eps");
-    t->weight_decay = trainer_read_float(t->cfg, "train.weight_decay");
+    t->opt.lr_schedule.lr = trainer_read_float(t->cfg, "train.lr");
+    loom_config_int(t->cfg, "train.warmup", &t->opt.lr_schedule.warmup);
+    t->opt.lr_schedule.steps = t->steps;
+    t->opt.lr_schedule.cosine = !strcmp(lr_shape, "cosine");
+    t->opt.lr_schedule.final_frac = trainer_read_float(t->cfg, "train.lr_final_frac");
+    t->opt.beta1 = trainer_read_float(t->cfg, "train.beta1");
+    t->opt.beta2 = trainer_read_float(t->cfg, "train.beta2");
+    t->opt.eps = trainer_read_float(t->cfg, "train.eps");
+    t->opt.weight_decay = trainer_read_float(t->cfg, "train.weight_decay");
     const char *decay = "all";
     loom_config_string(t->cfg, "train.decay", &decay);
-    t->decay_matrices = !strcmp(decay, "matrices");
-    t->clip = trainer_read_float(t->cfg, "train.clip");
+    t->opt.decay_matrices = !strcmp(decay, "matrices");
+    t->opt.clip = trainer_read_float(t->cfg, "train.clip");
     trainer_setup_scaler(t);
     int threads = 1;
     trainer_read_int(t->cfg, "train.threads", &threads);
@@ -334,7 +334,7 @@ static int open_data(trainer *t)
     int npatterns = 0, rc;
     if ((rc = trainer_read_files(t->cfg, "data.train", &patterns, &npatterns)) != LOOM_OK)
         return rc;
-    rc = loom_dataset_open(&t->train_data, "data.train", loom_config_where(t->cfg, "data.train"),
+    rc = loom_dataset_open(&t->data.set, "data.train", loom_config_where(t->cfg, "data.train"),
                            patterns, npatterns, t->shape.vocab);
     free(patterns);
     if (rc != LOOM_OK)
@@ -359,7 +359,7 @@ static int open_data(trainer *t)
     loom_config_bool(t->cfg, "data.shuffle", &order.shuffle);
     trainer_read_int(t->cfg, "data.readers", &order.readers);
     trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
-    if ((rc = loom_dataloader_init(&t->loader, &t->train_data, &order,
+    if ((rc = loom_dataloader_init(&t->data.loader, &t->data.set, &order,
                                    t->mesh->coords[LOOM_AXIS_DP], dp, t->micro_batches)) != LOOM_OK)
         return rc;
     t->micro_batch = t->batch / (dp * t->micro_batches);
@@ -447,9 +447,9 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     if ((rc = trainer_setup_parallel_model(t, !strcmp(recompute, "block"))) != LOOM_OK)
         return rc;
     size_t N = (size_t)t->micro_batch * t->seq;
-    t->inputs = malloc(N * sizeof(int));
-    t->targets = malloc(N * sizeof(int));
-    if (!t->inputs || !t->targets)
+    t->data.inputs = malloc(N * sizeof(int));
+    t->data.targets = malloc(N * sizeof(int));
+    if (!t->data.inputs || !t->data.targets)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     if ((rc = trainer_choose_units(t)) != LOOM_OK || (rc = create_strategy(t)) != LOOM_OK)
         return rc;
@@ -470,6 +470,15 @@ static void teardown_data_axis(trainer *t)
     free(d->index);
 }
 
+static void teardown_data(trainer *t)
+{
+    trainer_data *d = &t->data;
+    loom_dataloader_free(&d->loader);
+    loom_dataset_close(&d->set);
+    free(d->inputs);
+    free(d->targets);
+}
+
 void trainer_teardown(trainer *t)
 {
     /* plugins' objects before the runtime unloads them */
@@ -478,13 +487,10 @@ void trainer_teardown(trainer *t)
     trainer_teardown_model_axes(t);
     trainer_teardown_eval(t);
     trainer_close_reporting(t);
+    teardown_data(t);
     loom_model_destroy(t->model);
-    loom_dataloader_free(&t->loader);
-    loom_dataset_close(&t->train_data);
     loom_mesh_destroy(t->mesh);
     loom_runtime_destroy(t->rt);
     loom_config_free(t->cfg);
-    free(t->inputs);
-    free(t->targets);
     trainer_unlock_checkpoints(t->ckpt.lock_fd);
 }

@@ -28,15 +28,20 @@ static void count_whole_update(const loom_optimizer_step *s, float *master, cons
 static int optimizer_step(trainer *t, const step_result *r, float norm)
 {
     loom_optimizer_step s = {
-        .step = t->step + 1, .lr = r->lr, .beta1 = t->beta1, .beta2 = t->beta2, .eps = t->eps,
-        .weight_decay = t->weight_decay, .grad_scale = 1.0f / t->scaler.scale,
-        .update = t->decay_matrices ? count_whole_update : loom_adamw_update,
-        .update_range = t->decay_matrices ? loom_adamw_update_range_matrices
-                                          : loom_adamw_update_range_all,
-        .update_range_store = t->decay_matrices ? loom_adamw_update_range_store_matrices
-                                                : loom_adamw_update_range_store_all};
-    if (t->clip > 0 && norm > t->clip)
-        s.grad_scale *= t->clip / norm;
+        .step = t->step + 1,
+        .lr = r->lr,
+        .beta1 = t->opt.beta1,
+        .beta2 = t->opt.beta2,
+        .eps = t->opt.eps,
+        .weight_decay = t->opt.weight_decay,
+        .grad_scale = 1.0f / t->scaler.scale,
+        .update = t->opt.decay_matrices ? count_whole_update : loom_adamw_update,
+        .update_range =
+            t->opt.decay_matrices ? loom_adamw_update_range_matrices : loom_adamw_update_range_all,
+        .update_range_store = t->opt.decay_matrices ? loom_adamw_update_range_store_matrices
+                                                    : loom_adamw_update_range_store_all};
+    if (t->opt.clip > 0 && norm > t->opt.clip)
+        s.grad_scale *= t->opt.clip / norm;
     atomic_store(&whole_updates, 0);
     int rc = t->data_axis.ops->data_optimizer_step(t->data_axis.strategy, &s);
     if (rc == LOOM_OK && atomic_load(&whole_updates) > 0)
@@ -105,7 +110,7 @@ static void issuer_unit(const trainer *t, const char *what, int u)
         loom_flight_issuer("%s %s", what, t->units[u].name);
 }
 
-/* The forward of the micro-batch in t->inputs through every unit, with
+/* The forward of the micro-batch in t->data.inputs through every unit, with
  * the data strategy's hooks; the loss of its tokens. */
 int trainer_forward(trainer *t, float *loss)
 {
@@ -118,7 +123,8 @@ int trainer_forward(trainer *t, float *loss)
         /* The LM head is tied to wte: the embedding is needed again. */
         if (u == head && (rc = HOOK(t, data_before_forward, 0)) != LOOM_OK)
             return rc;
-        if ((rc = loom_model_forward(t->model, u, t->inputs, t->targets, loss)) != LOOM_OK)
+        if ((rc = loom_model_forward(t->model, u, t->data.inputs, t->data.targets, loss)) !=
+            LOOM_OK)
             return rc;
         if ((rc = HOOK(t, data_after_forward, u)) != LOOM_OK)
             return rc;
@@ -132,7 +138,7 @@ int trainer_forward(trainer *t, float *loss)
 static int run_micro_batch(trainer *t, int last_micro, float *loss)
 {
     int rc, head = t->nunits - 1;
-    if ((rc = loom_dataloader_next(&t->loader, t->inputs, t->targets)) != LOOM_OK ||
+    if ((rc = loom_dataloader_next(&t->data.loader, t->data.inputs, t->data.targets)) != LOOM_OK ||
         (rc = trainer_forward(t, loss)) != LOOM_OK)
         return rc;
     /* Each token's loss weighs 1/(tokens per micro-batch x micro-batches):
@@ -237,7 +243,7 @@ static int forward_backward(trainer *t, double *loss_sum)
     *loss_sum = 0;
     if (t->pipe.executor) {
         for (int k = 0; k < t->micro_batches; k++)
-            if ((rc = loom_dataloader_next(&t->loader, t->pipe.mb_inputs[k],
+            if ((rc = loom_dataloader_next(&t->data.loader, t->pipe.mb_inputs[k],
                                            t->pipe.mb_targets[k])) != LOOM_OK)
                 return rc;
         if ((rc = loom_pipeline_step(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets,
@@ -344,7 +350,7 @@ int trainer_step(trainer *t, step_result *r)
         return rc;
     r->loss = loss;
     r->grad_norm = norm;
-    r->lr = loom_lr_at(&t->lr_schedule, t->step);
+    r->lr = loom_lr_at(&t->opt.lr_schedule, t->step);
     trainer_scaler_judge(t, loss, norm, r);
     if ((rc = apply_or_skip(t, r)) != LOOM_OK)
         return rc;

@@ -1,6 +1,6 @@
-/* loom train — the trainer: one run's state, shared by the files of the
- * train layer (setup.c, model_axes.c, stages.c, step.c, checkpoints.c, report.c and
- * the loop in train.c). Not seen outside core/train. */
+/* loom train — the trainer: one run's state, the job and its components,
+ * shared by the files of the train layer; each component is written by its
+ * own files only (named at its struct). Not seen outside core/train. */
 #ifndef LOOM_TRAIN_TRAINER_H
 #define LOOM_TRAIN_TRAINER_H
 
@@ -132,8 +132,23 @@ typedef struct trainer_reporting {
     int64_t sample_every, sample_tokens; /* train.sample_every, train.sample_tokens */
 } trainer_reporting;
 
+/* The optimizer's settings (setup.c): AdamW and the learning rate. */
+typedef struct trainer_optimizer {
+    loom_lr_schedule lr_schedule;
+    float beta1, beta2, eps, weight_decay, clip;
+    int decay_matrices; /* train.decay = "matrices": only tensors of 2+ dimensions decay */
+} trainer_optimizer;
+
+/* The training data (setup.c opens it; step.c reads a micro-batch at a
+ * time into inputs and targets). */
+typedef struct trainer_data {
+    loom_dataset set; /* data.train */
+    loom_dataloader loader;
+    int *inputs, *targets;
+} trainer_data;
+
 typedef struct trainer {
-    /* the job: settings, runtime, mesh, model and data (setup.c) */
+    /* the job: settings, runtime, mesh and model (setup.c); the step (train.c) */
     loom_runtime *rt;
     loom_config *cfg;
     loom_mesh *mesh;
@@ -141,19 +156,15 @@ typedef struct trainer {
     loom_unit *units;
     int nunits;
     loom_gpt2_shape shape;
-    loom_dataset train_data; /* data.train */
-    loom_dataloader loader;
     int batch, seq, grad_accum, micro_batch, rank, world;
     int micro_batches;   /* per step on this rank: grad_accum or pp.microbatches */
     int64_t steps, step; /* step: the next step to run, 0-based */
     loom_dtype dtype;
-    loom_lr_schedule lr_schedule;
-    float beta1, beta2, eps, weight_decay, clip;
-    int decay_matrices; /* train.decay = "matrices": only tensors of 2+ dimensions decay */
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
-    int *inputs, *targets;
     loom_tiers *tiers;  /* memory.offload (owned by rt) */
     /* the components */
+    trainer_optimizer opt;
+    trainer_data data;
     trainer_data_axis data_axis;
     trainer_model_axes axes;
     trainer_pipeline_run pipe;
