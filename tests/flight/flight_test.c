@@ -11,18 +11,7 @@
 #include "loom/status.h"
 #include "runtime/flight.h"
 #include "runtime/log.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "flight_test:%d: ", __LINE__);                                         \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 /* ---- SIGUSR1 dumps the table even after a library took the signal ---- */
 

@@ -9,18 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/loader.h"
-
-static int failures;
-
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "library_search_test: ");                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static int check_cache(void)
 {
@@ -37,13 +26,13 @@ static int check_cache(void)
         if (line[0] != '\t' || sscanf(line + 1, "%511s (", name) != 1)
             continue;
         names++;
-        EXPECT(loom_ld_cache_names("/etc/ld.so.cache", name),
-               "ldconfig -p lists %s, the loader does not find it in /etc/ld.so.cache", name);
+        CHECK(loom_ld_cache_names("/etc/ld.so.cache", name),
+              "ldconfig -p lists %s, the loader does not find it in /etc/ld.so.cache", name);
     }
     pclose(p);
-    EXPECT(!loom_ld_cache_names("/etc/ld.so.cache", "libloom-nobody-has-this.so.7"),
-           "a library nobody has is in the cache");
-    EXPECT(!loom_ld_cache_names("/nonexistent/ld.so.cache", "libc.so.6"), "a missing cache names libc");
+    CHECK(!loom_ld_cache_names("/etc/ld.so.cache", "libloom-nobody-has-this.so.7"),
+          "a library nobody has is in the cache");
+    CHECK(!loom_ld_cache_names("/nonexistent/ld.so.cache", "libc.so.6"), "a missing cache names libc");
     printf("library_search_test: %d names of ldconfig -p found in /etc/ld.so.cache\n", names);
     return names;
 }
@@ -59,10 +48,10 @@ static void check_folders(void)
     loom_folder_list_add(folders, sizeof folders, "/li");
     const char *want = "/lib:/usr/lib:/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:"
                        "/lib/x86_64-linux-gnu:/li";
-    EXPECT(!strcmp(folders, want), "folders %s, want %s", folders, want);
+    CHECK(!strcmp(folders, want), "folders %s, want %s", folders, want);
     char small[16] = "/lib";
     loom_folder_list_add(small, sizeof small, "/usr/lib/x86_64-linux-gnu");
-    EXPECT(!strcmp(small, "/lib"), "a folder past the list's room was added: %s", small);
+    CHECK(!strcmp(small, "/lib"), "a folder past the list's room was added: %s", small);
 }
 
 int main(void)
