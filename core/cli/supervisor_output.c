@@ -9,21 +9,9 @@
 #include <unistd.h>
 
 #include "cli/supervisor_run.h"
+#include "runtime/files.h"
 
 #define MAX_PARTIAL 65536 /* a longer line is cut rather than held */
-
-static void write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return; /* our own output is gone (EPIPE): nothing to tell anyone */
-        buf += n;
-        len -= (size_t)n;
-    }
-}
 
 /* Append data to the stream's line and pass on every complete line with
  * the rank's prefix, in one write so no other rank's line lands inside it.
@@ -71,7 +59,7 @@ static void stream_emit(rank_stream *st, const char *data, size_t n, int final)
         out[used++] = '\n';
         start = st->len;
     }
-    write_all(st->to_fd, out, used);
+    loom_write_all(st->to_fd, out, used);
     free(out);
     memmove(st->line, st->line + start, st->len - start);
     st->len -= start;

@@ -1,4 +1,4 @@
-/* Opening the files a user names, for reading (files.h). */
+/* Opening the files a user names, for reading, and writing all of a buffer (files.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -67,4 +67,18 @@ FILE *loom_fopen_regular(const char *path, const char **why)
             *why = strerror(err);
     }
     return f;
+}
+
+void loom_write_all(int fd, const void *buf, size_t len)
+{
+    const char *at = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, at, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        at += n;
+        len -= (size_t)n;
+    }
 }

@@ -15,6 +15,7 @@
 
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
+#include "runtime/files.h"
 #include "runtime/flight.h"
 #include "runtime/log.h"
 
@@ -533,19 +534,6 @@ static atomic_flag writing = ATOMIC_FLAG_INIT;
 static char dump_buf[1 << 16];
 static loom_flight_group_view dump_group;
 
-static void write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return;
-        buf += n;
-        len -= (size_t)n;
-    }
-}
-
 void loom_flight_write(int fd, const char *why)
 {
     if (!table || atomic_flag_test_and_set(&writing))
@@ -569,7 +557,7 @@ void loom_flight_write(int fd, const char *why)
     }
     if (groups == 0)
         put(&t, "  no communication yet\n");
-    write_all(fd, dump_buf, t.len);
+    loom_write_all(fd, dump_buf, t.len);
     atomic_flag_clear(&writing);
 }
 
