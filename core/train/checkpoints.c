@@ -28,12 +28,12 @@
 static int fill_header(const trainer *t, loom_ckpt_header *h)
 {
     memset(h, 0, sizeof *h);
-    h->dtype = t->dtype;
-    h->shape = t->shape;
-    h->step = t->step;
+    h->dtype = t->job.dtype;
+    h->shape = t->job.shape;
+    h->step = t->job.step;
     h->good_steps = t->scaler.good_steps;
     h->loss_scale = t->scaler.scale;
-    h->nunits = t->nunits;
+    h->nunits = t->job.nunits;
     h->run_id = t->ckpt.run_id;
     h->lineage = t->ckpt.lineage;
     unsigned char *position = NULL;
@@ -52,28 +52,29 @@ static int fill_header(const trainer *t, loom_ckpt_header *h)
  * rank (an async checkpoint: every rank's write has ended). */
 static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
 {
-    if (t->world == 1)
+    if (t->job.world == 1)
         return rc;
     char reason[1024], key[96];
     snprintf(reason, sizeof reason, "%s", rc == LOOM_OK ? "" : loom_last_error());
     int64_t round = t->ckpt.agreements++;
-    loom_store *store = loom_runtime_store(t->rt);
+    loom_store *store = loom_runtime_store(t->job.rt);
     if (rc != LOOM_OK && store) {
-        snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, t->rank);
+        snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, t->job.rank);
         loom_store_put(store, key, reason, strlen(reason) + 1);
     }
     /* the first failing rank, and whether every rank is ready (ready) */
-    double agreed[2] = {rc == LOOM_OK ? (double)t->world : (double)t->rank, ready && *ready};
-    int comm_rc = trainer_group_allreduce(t->mesh->world, agreed, ready ? 2 : 1, LOOM_F64,
-                                          LOOM_MIN);
+    double agreed[2] = {rc == LOOM_OK ? (double)t->job.world : (double)t->job.rank,
+                        ready && *ready};
+    int comm_rc =
+        trainer_group_allreduce(t->job.mesh->world, agreed, ready ? 2 : 1, LOOM_F64, LOOM_MIN);
     if (comm_rc != LOOM_OK)
         return comm_rc;
     if (ready)
         *ready = agreed[1] > 0;
     int rank = (int)agreed[0];
-    if (rank >= t->world)
+    if (rank >= t->job.world)
         return LOOM_OK;
-    if (rank != t->rank) {
+    if (rank != t->job.rank) {
         /* This rank is named a follower even when it failed too (a disk
          * that the first filled): the launcher blames the first rank, and
          * this rank's own reason goes to its log. */
@@ -83,7 +84,7 @@ static int agree_ready(trainer *t, const char *failed, int rc, int *ready)
         size_t len = 0;
         snprintf(key, sizeof key, "agree/%lld/%d", (long long)round, rank);
         if (!store || loom_store_get(store, key, reason, sizeof reason, &len,
-                                     loom_runtime_timeout(t->rt)) != LOOM_OK)
+                                     loom_runtime_timeout(t->job.rt)) != LOOM_OK)
             snprintf(reason, sizeof reason, "(its output says why)");
         reason[sizeof reason - 1] = '\0';
     }
@@ -98,12 +99,12 @@ int trainer_agree(trainer *t, const char *failed, int rc)
 int trainer_choose_run_id(trainer *t)
 {
     uint64_t id = 0;
-    if (t->rank == 0 && getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+    if (t->job.rank == 0 && getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
         id = loom_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
-    if (t->world > 1) {
+    if (t->job.world > 1) {
         /* two exact halves: a double holds 32 bits without loss */
         double halves[2] = {(double)(id >> 32), (double)(id & 0xffffffffu)};
-        int rc = trainer_group_allreduce(t->mesh->world, halves, 2, LOOM_F64, LOOM_SUM);
+        int rc = trainer_group_allreduce(t->job.mesh->world, halves, 2, LOOM_F64, LOOM_SUM);
         if (rc != LOOM_OK)
             return rc;
         id = (uint64_t)halves[0] << 32 | (uint64_t)halves[1];
@@ -140,14 +141,14 @@ typedef struct ckpt_snapshot {
 static int snapshot_unit(trainer *t, ckpt_snapshot *s, int i, int ok)
 {
     loom_unit *u = dp_unit(t, i);
-    int tp_rank = t->mesh->coords[LOOM_AXIS_TP], rc;
+    int tp_rank = t->job.mesh->coords[LOOM_AXIS_TP], rc;
     size_t n = u->numel, begin = 0, count = n;
     float *buf = s->data + s->used;
     if (t->data_axis.ops->data_get_shard) {
         if (!ok)
             return LOOM_OK;
-        if ((rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, NULL, NULL, NULL)) !=
-            LOOM_OK)
+        if ((rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, NULL,
+                                                   NULL, NULL)) != LOOM_OK)
             return rc;
         if (begin + count > n)
             return loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_get_shard gave %s the range "
@@ -157,15 +158,15 @@ static int snapshot_unit(trainer *t, ckpt_snapshot *s, int i, int ok)
             return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: strategy %s gave %s %zu elements, "
                              "more than it had at the start (the snapshot holds %zu floats)",
                              t->data_axis.plugin->header->name, u->name, count, s->capacity);
-        rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, buf, buf + count,
-                                   buf + 2 * count);
+        rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, buf,
+                                              buf + count, buf + 2 * count);
     } else {
         if (s->used + 3 * n > s->capacity)
             return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: the snapshot of %zu floats has no "
                              "room for %s", s->capacity, u->name);
         /* data_get_state is collective on the dp group: every rank calls it */
         rc = t->data_axis.ops->data_get_state(t->data_axis.strategy, u, buf, buf + n, buf + 2 * n);
-        if (t->mesh->coords[LOOM_AXIS_DP] != 0)
+        if (t->job.mesh->coords[LOOM_AXIS_DP] != 0)
             return rc;
     }
     if (rc != LOOM_OK || count == 0 || !ok) /* owns nothing of it: another rank writes it */
@@ -181,18 +182,19 @@ static int snapshot_unit(trainer *t, ckpt_snapshot *s, int i, int ok)
 static int snapshot_floats(trainer *t, size_t *floats)
 {
     size_t kept = 0, room = 0;
-    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
-    for (int i = 0; writes && i < t->nunits; i++) {
+    int writes = t->job.mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; writes && i < t->job.nunits; i++) {
         if (!holds(t, i))
             continue;
         loom_unit *u = dp_unit(t, i);
         size_t begin = 0, count = u->numel, call = u->numel;
         if (t->data_axis.ops->data_get_shard) {
-            int rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count, NULL, NULL, NULL);
+            int rc = t->data_axis.ops->data_get_shard(t->data_axis.strategy, u, &begin, &count,
+                                                      NULL, NULL, NULL);
             if (rc != LOOM_OK)
                 return rc;
             call = count;
-        } else if (t->mesh->coords[LOOM_AXIS_DP] != 0) {
+        } else if (t->job.mesh->coords[LOOM_AXIS_DP] != 0) {
             count = 0;
         }
         room = kept + 3 * call > room ? kept + 3 * call : room;
@@ -236,7 +238,8 @@ static int remove_leftover(const trainer *t, const char *path)
     if (!stamped || run_id != t->ckpt.run_id) {
         char who[64] = "a job that stopped";
         if (stamped)
-            snprintf(who, sizeof who, "run %016llx, a job that stopped", (unsigned long long)run_id);
+            snprintf(who, sizeof who, "run %016llx, a job that stopped",
+                     (unsigned long long)run_id);
         loom_log(LOOM_LOG_INFO, "checkpoint: removing %s, left unfinished by %s", path, who);
     }
     return loom_ckpt_remove_dir(path);
@@ -326,9 +329,9 @@ static int begin_save(trainer *t, ckpt_save *s, const char *dir)
     snprintf(s->dir, sizeof s->dir, "%.4000s", dir);
     snprintf(s->tmp, sizeof s->tmp, "%.4000s.tmp", dir);
     snprintf(s->failed, sizeof s->failed, "failed the checkpoint %.4000s", dir);
-    s->step = t->step;
+    s->step = t->job.step;
     int rc = LOOM_OK;
-    if (t->rank == 0 && (rc = fill_header(t, &s->header)) == LOOM_OK &&
+    if (t->job.rank == 0 && (rc = fill_header(t, &s->header)) == LOOM_OK &&
         (rc = remove_leftover(t, s->tmp)) == LOOM_OK && mkdir(s->tmp, 0777) != 0)
         rc = loom_fail(LOOM_ERR_INVALID, "checkpoint: cannot create '%s': %s", s->tmp,
                        strerror(errno));
@@ -343,16 +346,18 @@ static int begin_save(trainer *t, ckpt_save *s, const char *dir)
 static int finish_save(trainer *t, const ckpt_save *s, int rc)
 {
     if ((rc = trainer_agree(t, s->failed, rc)) != LOOM_OK) {
-        if (t->rank == 0)
+        if (t->job.rank == 0)
             remove_failed(s->tmp);
         return rc;
     }
-    if (t->rank == 0) {
-        const loom_param_shard **shards = calloc((size_t)t->nunits, sizeof *shards);
-        for (int i = 0; shards && i < t->nunits; i++)
-            shards[i] = t->axes.tp_shards ? t->axes.tp_shards[i] : loom_model_shards(t->model, i);
-        rc = shards ? loom_ckpt_write_meta(s->tmp, &s->header, t->mesh->sizes[LOOM_AXIS_TP],
-                                           t->world, t->data_axis.plugin->header->name, t->units, shards)
+    if (t->job.rank == 0) {
+        const loom_param_shard **shards = calloc((size_t)t->job.nunits, sizeof *shards);
+        for (int i = 0; shards && i < t->job.nunits; i++)
+            shards[i] =
+                t->axes.tp_shards ? t->axes.tp_shards[i] : loom_model_shards(t->job.model, i);
+        rc = shards ? loom_ckpt_write_meta(s->tmp, &s->header, t->job.mesh->sizes[LOOM_AXIS_TP],
+                                           t->job.world, t->data_axis.plugin->header->name,
+                                           t->job.units, shards)
                     : loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
         free(shards);
         if (rc == LOOM_OK)
@@ -388,8 +393,8 @@ int trainer_save_sharded(trainer *t, const char *dir)
     if ((rc = begin_save(t, &s, dir)) != LOOM_OK)
         return rc;
     size_t biggest = 0;
-    for (int i = 0; i < t->nunits; i++)
-        biggest = t->units[i].numel > biggest ? t->units[i].numel : biggest;
+    for (int i = 0; i < t->job.nunits; i++)
+        biggest = t->job.units[i].numel > biggest ? t->job.units[i].numel : biggest;
     ckpt_record record;
     ckpt_snapshot snap = {malloc(3 * biggest * sizeof(float) + 1), 3 * biggest, 0, &record, 0};
     loom_ckpt_shard_writer w;
@@ -397,9 +402,9 @@ int trainer_save_sharded(trainer *t, const char *dir)
     if (!snap.data)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
     if (rc == LOOM_OK)
-        rc = loom_ckpt_shard_open(&w, s.tmp, t->rank, t->ckpt.run_id, s.step);
-    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
-    for (int i = 0; snap.data && writes && i < t->nunits; i++)
+        rc = loom_ckpt_shard_open(&w, s.tmp, t->job.rank, t->ckpt.run_id, s.step);
+    int writes = t->job.mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; snap.data && writes && i < t->job.nunits; i++)
         if (holds(t, i)) {
             snap.used = 0;
             snap.nrecords = 0;
@@ -471,7 +476,7 @@ static void prune_checkpoints(const char *parent, int64_t step, int64_t keep)
 /* Rank 0, once a checkpoint is in place. */
 static void announce(const trainer *t, const char *parent, const ckpt_save *s, int64_t keep)
 {
-    if (t->rank != 0)
+    if (t->job.rank != 0)
         return;
     printf("saved %s\n", s->dir);
     if (keep > 0)
@@ -518,7 +523,7 @@ static void *write_in_background(void *arg)
 int trainer_setup_async_checkpoints(trainer *t)
 {
     int async = 0;
-    loom_config_bool(t->cfg, "train.checkpoint_async", &async);
+    loom_config_bool(t->job.cfg, "train.checkpoint_async", &async);
     if (!async || t->ckpt.every <= 0)
         return LOOM_OK;
     int rc = can_save(t);
@@ -527,7 +532,8 @@ int trainer_setup_async_checkpoints(trainer *t)
     void *data = NULL;
     if (rc == LOOM_OK && !a)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "train.checkpoint_async: out of memory");
-    if (rc == LOOM_OK && !(a->snap.records = calloc((size_t)t->nunits + 1, sizeof(ckpt_record))))
+    if (rc == LOOM_OK &&
+        !(a->snap.records = calloc((size_t)t->job.nunits + 1, sizeof(ckpt_record))))
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "train.checkpoint_async: out of memory");
     if (rc == LOOM_OK)
         rc = snapshot_floats(t, &floats);
@@ -540,7 +546,7 @@ int trainer_setup_async_checkpoints(trainer *t)
         memset(data, 0, floats * sizeof(float));
         a->snap.data = data;
         a->snap.capacity = floats;
-        a->rank = t->rank;
+        a->rank = t->job.rank;
         t->ckpt.async = a;
     } else if (a) {
         free(a->snap.records);
@@ -549,14 +555,14 @@ int trainer_setup_async_checkpoints(trainer *t)
     if ((rc = trainer_agree(t, "could not set up train.checkpoint_async", rc)) != LOOM_OK)
         return rc;
     double bytes = (double)floats * sizeof(float);
-    if (t->world > 1 &&
-        (rc = trainer_group_allreduce(t->mesh->world, &bytes, 1, LOOM_F64, LOOM_MAX)) != LOOM_OK)
+    if (t->job.world > 1 && (rc = trainer_group_allreduce(t->job.mesh->world, &bytes, 1, LOOM_F64,
+                                                          LOOM_MAX)) != LOOM_OK)
         return rc;
-    if (t->rank == 0) {
+    if (t->job.rank == 0) {
         char human[32];
         loom_mem_format((uint64_t)bytes, human, sizeof human);
         printf("train.checkpoint_async: the snapshot takes %s of host memory%s\n", human,
-               t->world > 1 ? " on the rank that holds most" : "");
+               t->job.world > 1 ? " on the rank that holds most" : "");
         fflush(stdout);
     }
     return LOOM_OK;
@@ -570,7 +576,7 @@ static int start_async(trainer *t, const char *parent, int64_t keep)
 {
     ckpt_async *a = t->ckpt.async;
     char dir[4200];
-    snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->step);
+    snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->job.step);
     int rc = begin_save(t, &a->save, dir);
     if (rc != LOOM_OK)
         return rc;
@@ -579,8 +585,8 @@ static int start_async(trainer *t, const char *parent, int64_t keep)
     a->run_id = t->ckpt.run_id;
     a->snap.used = 0;
     a->snap.nrecords = 0;
-    int writes = t->mesh->coords[LOOM_AXIS_SP] == 0;
-    for (int i = 0; writes && i < t->nunits; i++)
+    int writes = t->job.mesh->coords[LOOM_AXIS_SP] == 0;
+    for (int i = 0; writes && i < t->job.nunits; i++)
         if (holds(t, i)) {
             int unit_rc = snapshot_unit(t, &a->snap, i, rc == LOOM_OK);
             rc = rc == LOOM_OK ? unit_rc : rc;
@@ -628,7 +634,7 @@ static int settle(trainer *t, int wait)
         atomic_store(&a->stop, 1);
         join_writer(a);
         trainer_agree(t, a->save.failed, LOOM_OK); /* every rank's writer has stopped */
-        if (t->rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
+        if (t->job.rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
             loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
         a->pending = 0;
         end_save(&a->save);
@@ -661,7 +667,7 @@ void trainer_checkpoint_abandon(trainer *t)
         /* the other ranks are not asked (they may be gone): rank 0 removes
          * what it finds, and what a slower rank writes after that goes
          * with the next job's start */
-        if (t->rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
+        if (t->job.rank == 0 && loom_ckpt_remove_dir(a->save.tmp) != LOOM_OK)
             loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
         end_save(&a->save);
         loom_fail(LOOM_ERR_INVALID, "%s", reason);
@@ -680,8 +686,8 @@ int trainer_checkpoint(trainer *t, const char *parent, int64_t keep)
         return rc == LOOM_OK ? start_async(t, parent, keep) : rc;
     }
     char dir[4200];
-    snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->step);
-    ckpt_save s = {.step = t->step};
+    snprintf(dir, sizeof dir, "%.4000s/step-%lld", parent, (long long)t->job.step);
+    ckpt_save s = {.step = t->job.step};
     snprintf(s.dir, sizeof s.dir, "%s", dir);
     int rc = trainer_save_sharded(t, dir);
     if (rc == LOOM_OK)
@@ -797,9 +803,9 @@ int trainer_open_checkpoints(trainer *t, const loom_train_options *o)
 {
     trainer_checkpoints *c = &t->ckpt;
     c->dir = "checkpoints";
-    loom_config_string(t->cfg, "train.checkpoint_dir", &c->dir);
-    loom_config_int(t->cfg, "train.checkpoint_every", &c->every);
-    loom_config_int(t->cfg, "train.keep_checkpoints", &c->keep);
+    loom_config_string(t->job.cfg, "train.checkpoint_dir", &c->dir);
+    loom_config_int(t->job.cfg, "train.checkpoint_every", &c->every);
+    loom_config_int(t->job.cfg, "train.keep_checkpoints", &c->keep);
     int rc = trainer_check_outputs(t, o);
     if (rc == LOOM_OK)
         rc = trainer_choose_run_id(t);
@@ -819,7 +825,8 @@ int trainer_checkpoint_due(trainer *t)
 {
     const trainer_checkpoints *c = &t->ckpt;
     int rc = trainer_checkpoint_poll(t);
-    if (rc == LOOM_OK && c->every > 0 && (t->step % c->every == 0 || t->step == t->steps))
+    if (rc == LOOM_OK && c->every > 0 &&
+        (t->job.step % c->every == 0 || t->job.step == t->job.steps))
         rc = trainer_checkpoint(t, c->dir, c->keep);
     return rc;
 }
@@ -837,7 +844,7 @@ int trainer_finish_checkpoints(trainer *t, int rc)
 int trainer_save_final_weights(trainer *t, const loom_train_options *o)
 {
     int rc = trainer_save_weights(t, o->save, o->save_dtype);
-    if (rc == LOOM_OK && t->rank == 0)
+    if (rc == LOOM_OK && t->job.rank == 0)
         printf("saved %s\n", o->save);
     return rc;
 }
@@ -850,27 +857,28 @@ int trainer_lock_checkpoints(trainer *t, const char *dir, int *lock_fd)
 {
     *lock_fd = -1;
     int rc = LOOM_OK;
-    if (t->rank == 0) {
+    if (t->job.rank == 0) {
         char path[4200], holder[512] = "";
         snprintf(path, sizeof path, "%.4000s/loom.lock", dir);
         int fd = -1;
         if (mkdir(dir, 0777) != 0 && errno != EEXIST)
             rc = loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir '%s' cannot be created: %s",
-                           loom_config_where(t->cfg, "train.checkpoint_dir"), dir,
+                           loom_config_where(t->job.cfg, "train.checkpoint_dir"), dir,
                            strerror(errno));
         else if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666)) < 0)
             rc = loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir: cannot open '%s': %s",
-                           loom_config_where(t->cfg, "train.checkpoint_dir"), path,
+                           loom_config_where(t->job.cfg, "train.checkpoint_dir"), path,
                            strerror(errno));
         else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             if (errno == EWOULDBLOCK) {
                 ssize_t got = pread(fd, holder, sizeof holder - 1, 0);
                 holder[got > 0 ? got : 0] = '\0';
                 holder[strcspn(holder, "\n")] = '\0';
-                rc = loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir '%s' is in use by "
+                rc = loom_fail(LOOM_ERR_INVALID,
+                               "%s: train.checkpoint_dir '%s' is in use by "
                                "another job (%s); give this job a directory of its own, or wait "
                                "for that one to end",
-                               loom_config_where(t->cfg, "train.checkpoint_dir"), dir,
+                               loom_config_where(t->job.cfg, "train.checkpoint_dir"), dir,
                                holder[0] ? holder : "it did not say which");
             } else {
                 /* a file system without locks: run, but say what is not guarded */
@@ -911,16 +919,17 @@ void trainer_unlock_checkpoints(int lock_fd)
 /* Whole arrays -> this tp rank's slices -> the data strategy. */
 static int set_unit_state(trainer *t, int i, float *p, float *m, float *v)
 {
-    if (t->mesh->sizes[LOOM_AXIS_TP] == 1)
+    if (t->job.mesh->sizes[LOOM_AXIS_TP] == 1)
         return t->data_axis.ops->data_set_state(t->data_axis.strategy, dp_unit(t, i), p, m, v);
-    size_t n = t->units[i].numel;
+    size_t n = t->job.units[i].numel;
     float *local = malloc(3 * n * sizeof(float) + 1);
     if (!local)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
-    loom_model_slice(t->model, i, p, local);
-    loom_model_slice(t->model, i, m, local + n);
-    loom_model_slice(t->model, i, v, local + 2 * n);
-    int rc = t->data_axis.ops->data_set_state(t->data_axis.strategy, dp_unit(t, i), local, local + n, local + 2 * n);
+    loom_model_slice(t->job.model, i, p, local);
+    loom_model_slice(t->job.model, i, m, local + n);
+    loom_model_slice(t->job.model, i, v, local + 2 * n);
+    int rc = t->data_axis.ops->data_set_state(t->data_axis.strategy, dp_unit(t, i), local,
+                                              local + n, local + 2 * n);
     free(local);
     return rc;
 }
@@ -936,12 +945,12 @@ static int check_resume(const trainer *t, const loom_ckpt *ck, const char *path)
         const char *setting;
         int saved, config;
     } fields[] = {
-        {"model.layers", h->shape.layers, t->shape.layers},
-        {"model.heads", h->shape.heads, t->shape.heads},
-        {"model.channels", h->shape.channels, t->shape.channels},
-        {"model.vocab", h->shape.vocab, t->shape.vocab},
-        {"model.padded_vocab", h->shape.padded_vocab, t->shape.padded_vocab},
-        {"model.max_seq", h->shape.max_seq, t->shape.max_seq},
+        {"model.layers", h->shape.layers, t->job.shape.layers},
+        {"model.heads", h->shape.heads, t->job.shape.heads},
+        {"model.channels", h->shape.channels, t->job.shape.channels},
+        {"model.vocab", h->shape.vocab, t->job.shape.vocab},
+        {"model.padded_vocab", h->shape.padded_vocab, t->job.shape.padded_vocab},
+        {"model.max_seq", h->shape.max_seq, t->job.shape.max_seq},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(fields); i++)
         if (fields[i].saved != fields[i].config)
@@ -949,17 +958,21 @@ static int check_resume(const trainer *t, const loom_ckpt *ck, const char *path)
                              "config; set %s = %d to resume it", path, fields[i].setting,
                              fields[i].saved, fields[i].config, fields[i].setting,
                              fields[i].saved);
-    int rc = loom_ckpt_check_model(ck, t->units, t->nunits);
+    int rc = loom_ckpt_check_model(ck, t->job.units, t->job.nunits);
     if (rc != LOOM_OK)
         return rc;
-    if (h->dtype != t->dtype)
-        return loom_fail(LOOM_ERR_INVALID, "--resume %s: saved with precision %s, the config says "
-                         "%s", path, loom_dtype_name(h->dtype), loom_dtype_name(t->dtype));
-    if (h->step > t->steps || (h->step == t->steps && !t->ckpt.restarting))
-        return loom_fail(LOOM_ERR_INVALID, "--resume %s: the checkpoint is after step %lld, and "
+    if (h->dtype != t->job.dtype)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "--resume %s: saved with precision %s, the config says "
+                         "%s",
+                         path, loom_dtype_name(h->dtype), loom_dtype_name(t->job.dtype));
+    if (h->step > t->job.steps || (h->step == t->job.steps && !t->ckpt.restarting))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "--resume %s: the checkpoint is after step %lld, and "
                          "train.steps is %lld: nothing is left to train; raise train.steps "
-                         "(e.g. --set train.steps=%lld) to go on", path, (long long)h->step,
-                         (long long)t->steps, (long long)(h->step + t->steps));
+                         "(e.g. --set train.steps=%lld) to go on",
+                         path, (long long)h->step, (long long)t->job.steps,
+                         (long long)(h->step + t->job.steps));
     return LOOM_OK;
 }
 
@@ -978,7 +991,7 @@ int trainer_load_state(trainer *t, const char *path)
     int rc = loom_ckpt_open_unverified(path, &ck);
     if (rc == LOOM_OK)
         rc = check_resume(t, ck, path);
-    for (int i = t->rank; rc == LOOM_OK && i < loom_ckpt_files(ck); i += t->world)
+    for (int i = t->job.rank; rc == LOOM_OK && i < loom_ckpt_files(ck); i += t->job.world)
         rc = loom_ckpt_verify_file(ck, i);
     /* The data order is checked before any state is read: a resume with
      * other data or batches fails at once. */
@@ -993,18 +1006,18 @@ int trainer_load_state(trainer *t, const char *path)
         return rc;
     }
     size_t biggest = 0;
-    for (int i = 0; i < t->nunits; i++) {
-        size_t n = loom_model_full_numel(t->model, i);
+    for (int i = 0; i < t->job.nunits; i++) {
+        size_t n = loom_model_full_numel(t->job.model, i);
         biggest = n > biggest ? n : biggest;
     }
     float *whole = malloc(3 * biggest * sizeof(float));
     if (!whole)
         rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
-    for (int i = 0; rc == LOOM_OK && i < t->nunits; i++) {
-        size_t n = loom_model_full_numel(t->model, i);
+    for (int i = 0; rc == LOOM_OK && i < t->job.nunits; i++) {
+        size_t n = loom_model_full_numel(t->job.model, i);
         if (!holds(t, i))
             continue;
-        rc = loom_ckpt_read_unit(ck, t->units, i, whole, whole + n, whole + 2 * n);
+        rc = loom_ckpt_read_unit(ck, t->job.units, i, whole, whole + n, whole + 2 * n);
         if (rc == LOOM_OK)
             rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
@@ -1013,7 +1026,7 @@ int trainer_load_state(trainer *t, const char *path)
     if (rc == LOOM_OK && t->pipe.executor) /* the last stage's copy of unit 0 */
         rc = loom_pipeline_sync_tied(t->pipe.executor);
     if (rc == LOOM_OK) {
-        t->step = h->step;
+        t->job.step = h->step;
         trainer_scaler_restore(t, h->loss_scale, h->good_steps);
     }
     free(whole);
@@ -1033,11 +1046,11 @@ int trainer_gather_weights(trainer *t, const char *scratch, float **weights)
     int rc = trainer_save_sharded(t, scratch);
     if (rc != LOOM_OK)
         return rc;
-    if (t->rank == 0) {
+    if (t->job.rank == 0) {
         loom_ckpt *ck = NULL;
         if ((rc = loom_ckpt_open(scratch, &ck)) == LOOM_OK &&
-            (rc = loom_ckpt_check_model(ck, t->units, t->nunits)) == LOOM_OK)
-            rc = loom_ckpt_read_llmc(ck, t->model, weights);
+            (rc = loom_ckpt_check_model(ck, t->job.units, t->job.nunits)) == LOOM_OK)
+            rc = loom_ckpt_read_llmc(ck, t->job.model, weights);
         loom_ckpt_close(ck);
         char reason[1024];
         snprintf(reason, sizeof reason, "%s", loom_last_error());
@@ -1058,8 +1071,8 @@ int trainer_save_weights(trainer *t, const char *path, loom_dtype dtype)
     snprintf(dir, sizeof dir, "%.4000s.shards", path);
     float *weights = NULL;
     int rc = trainer_gather_weights(t, dir, &weights);
-    if (rc == LOOM_OK && t->rank == 0)
-        rc = loom_checkpoint_write(path, &t->shape, weights, dtype);
+    if (rc == LOOM_OK && t->job.rank == 0)
+        rc = loom_checkpoint_write(path, &t->job.shape, weights, dtype);
     free(weights);
     return rc;
 }

@@ -124,7 +124,10 @@ static int write_all(FILE *f, const void *p, size_t bytes)
     return bytes == 0 || fwrite(p, 1, bytes, f) == bytes;
 }
 
-static int read_all(FILE *f, void *p, size_t bytes) { return bytes == 0 || fread(p, 1, bytes, f) == bytes; }
+static int read_all(FILE *f, void *p, size_t bytes)
+{
+    return bytes == 0 || fread(p, 1, bytes, f) == bytes;
+}
 
 static int known_version(uint32_t version)
 {
@@ -327,8 +330,8 @@ int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, u
     return file_create(&w->file, path, sizeof(shard_disk), 1);
 }
 
-int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin, size_t count,
-                   const float *params, const float *m, const float *v)
+int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin,
+                        size_t count, const float *params, const float *m, const float *v)
 {
     record_disk r = {unit, tp_rank, begin, count};
     size_t bytes = count * sizeof(float);
@@ -1259,10 +1262,11 @@ void loom_ckpt_print_info(const loom_ckpt *ck, const loom_unit *units, FILE *f)
     for (int u = 0; u < h->nunits; u++)
         params += loom_ckpt_whole_numel(&units[u]);
     fprintf(f, "%s: %s\n", ck->path, what);
-    fprintf(f, "  model     gpt2 layers %d, heads %d, channels %d, vocab %d (padded %d), max_seq %d: "
-           "%zu parameters in %d units\n",
-           h->shape.layers, h->shape.heads, h->shape.channels, h->shape.vocab,
-           h->shape.padded_vocab, h->shape.max_seq, params, h->nunits);
+    fprintf(f,
+            "  model     gpt2 layers %d, heads %d, channels %d, vocab %d (padded %d), max_seq %d: "
+            "%zu parameters in %d units\n",
+            h->shape.layers, h->shape.heads, h->shape.channels, h->shape.vocab,
+            h->shape.padded_vocab, h->shape.max_seq, params, h->nunits);
     fprintf(f, "  training  after step %lld, precision %s, loss scale %g\n", (long long)h->step,
             loom_dtype_name(h->dtype), h->loss_scale);
     if (ck->format >= FORMAT_STAMPED)

@@ -92,8 +92,8 @@ int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, u
                          int64_t step);
 /* One record: elements [begin, begin + count) of tp rank tp_rank's flat
  * buffer of a unit. */
-int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin, size_t count,
-                   const float *params, const float *m, const float *v);
+int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin,
+                        size_t count, const float *params, const float *m, const float *v);
 /* ok: stamp, fsync and close; otherwise (or if that fails) remove the file. */
 int loom_ckpt_shard_close(loom_ckpt_shard_writer *w, int ok);
 

@@ -23,26 +23,28 @@ int trainer_setup_eval(trainer *t)
 {
     const char **patterns = NULL;
     int npatterns = 0;
-    int rc = trainer_read_files(t->cfg, "data.val", &patterns, &npatterns);
+    int rc = trainer_read_files(t->job.cfg, "data.val", &patterns, &npatterns);
     if (rc != LOOM_OK)
         return rc;
     if (npatterns == 0) {
         free(patterns);
         /* train_settings.c refuses eval settings without data.val; "" turns them off */
-        if (t->rank == 0 && loom_config_is_set(t->cfg, "data.val") &&
-            (loom_config_is_set(t->cfg, "train.eval_every") ||
-             loom_config_is_set(t->cfg, "train.eval_batches")))
-            loom_log(LOOM_LOG_INFO, "%s: data.val = \"\": no validation (train.eval_every and "
-                     "train.eval_batches unused)", loom_config_where(t->cfg, "data.val"));
+        if (t->job.rank == 0 && loom_config_is_set(t->job.cfg, "data.val") &&
+            (loom_config_is_set(t->job.cfg, "train.eval_every") ||
+             loom_config_is_set(t->job.cfg, "train.eval_batches")))
+            loom_log(LOOM_LOG_INFO,
+                     "%s: data.val = \"\": no validation (train.eval_every and "
+                     "train.eval_batches unused)",
+                     loom_config_where(t->job.cfg, "data.val"));
         return LOOM_OK;
     }
-    rc = loom_dataset_open(&t->eval.data, "data.val", loom_config_where(t->cfg, "data.val"),
-                           patterns, npatterns, t->shape.vocab);
+    rc = loom_dataset_open(&t->eval.data, "data.val", loom_config_where(t->job.cfg, "data.val"),
+                           patterns, npatterns, t->job.shape.vocab);
     free(patterns);
     if (rc != LOOM_OK)
         return rc;
-    if ((rc = trainer_read_int(t->cfg, "train.eval_every", &t->eval.every)) != LOOM_OK ||
-        (rc = trainer_read_int(t->cfg, "train.eval_batches", &t->eval.batches)) != LOOM_OK)
+    if ((rc = trainer_read_int(t->job.cfg, "train.eval_every", &t->eval.every)) != LOOM_OK ||
+        (rc = trainer_read_int(t->job.cfg, "train.eval_batches", &t->eval.batches)) != LOOM_OK)
         return rc;
     /* the plugin's own ops: the loader fills absent hooks with no-ops */
     const loom_plugin *dp = t->data_axis.plugin;
@@ -52,13 +54,14 @@ int trainer_setup_eval(trainer *t)
                          "%s: strategy %s gathers parameters in its forward hooks but cannot run "
                          "forward only (it has no data_eval, ABI 1.5); remove data.val or choose "
                          "another parallel.dp.strategy",
-                         loom_config_where(t->cfg, "data.val"), t->data_axis.plugin->header->name);
-    loom_data_order order = {.batch = t->batch, .seq = t->seq, .shuffle = 0};
-    trainer_read_int(t->cfg, "data.readers", &order.readers);
-    trainer_read_int(t->cfg, "data.read_batch", &order.read_batch);
-    if ((rc = loom_dataloader_init(&t->eval.loader, &t->eval.data, &order,
-                                   t->mesh->coords[LOOM_AXIS_DP], t->mesh->sizes[LOOM_AXIS_DP],
-                                   t->micro_batches)) != LOOM_OK)
+                         loom_config_where(t->job.cfg, "data.val"),
+                         t->data_axis.plugin->header->name);
+    loom_data_order order = {.batch = t->job.batch, .seq = t->job.seq, .shuffle = 0};
+    trainer_read_int(t->job.cfg, "data.readers", &order.readers);
+    trainer_read_int(t->job.cfg, "data.read_batch", &order.read_batch);
+    if ((rc = loom_dataloader_init(
+             &t->eval.loader, &t->eval.data, &order, t->job.mesh->coords[LOOM_AXIS_DP],
+             t->job.mesh->sizes[LOOM_AXIS_DP], t->job.micro_batches)) != LOOM_OK)
         return rc;
     /* Reading past the end would repeat batches and weigh them twice. */
     const loom_data_order *o = &t->eval.loader.order;
@@ -71,10 +74,10 @@ int trainer_setup_eval(trainer *t)
                          "%s: train.eval_batches = %d, but data.val holds %lld batches of "
                          "train.batch %d x train.seq %d before it repeats; set "
                          "train.eval_batches <= %lld or validate on more data",
-                         loom_config_where(t->cfg, "train.eval_batches"), t->eval.batches,
-                         (long long)batches, t->batch, t->seq, (long long)batches);
-    if (t->axes.positions &&
-        (rc = loom_dataloader_set_positions(&t->eval.loader, t->axes.positions, t->axes.npositions)) != LOOM_OK)
+                         loom_config_where(t->job.cfg, "train.eval_batches"), t->eval.batches,
+                         (long long)batches, t->job.batch, t->job.seq, (long long)batches);
+    if (t->axes.positions && (rc = loom_dataloader_set_positions(&t->eval.loader, t->axes.positions,
+                                                                 t->axes.npositions)) != LOOM_OK)
         return rc;
     t->eval.on = 1;
     return LOOM_OK;
@@ -92,14 +95,15 @@ static int eval_batch(trainer *t, double *loss_sum)
 {
     int rc = LOOM_OK;
     if (t->pipe.executor) {
-        for (int k = 0; k < t->micro_batches; k++)
-            if ((rc = loom_dataloader_next(&t->eval.loader, t->pipe.mb_inputs[k], t->pipe.mb_targets[k])) !=
-                LOOM_OK)
+        for (int k = 0; k < t->job.micro_batches; k++)
+            if ((rc = loom_dataloader_next(&t->eval.loader, t->pipe.mb_inputs[k],
+                                           t->pipe.mb_targets[k])) != LOOM_OK)
                 return rc;
-        return loom_pipeline_evaluate(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets, loss_sum);
+        return loom_pipeline_evaluate(t->pipe.executor, t->pipe.mb_inputs, t->pipe.mb_targets,
+                                      loss_sum);
     }
     *loss_sum = 0;
-    for (int k = 0; rc == LOOM_OK && k < t->micro_batches; k++) {
+    for (int k = 0; rc == LOOM_OK && k < t->job.micro_batches; k++) {
         float loss = 0;
         if ((rc = loom_dataloader_next(&t->eval.loader, t->data.inputs, t->data.targets)) ==
             LOOM_OK)
@@ -113,12 +117,12 @@ static int eval_batch(trainer *t, double *loss_sum)
  * holds it), sequence shards and dp ranks. */
 static int global_mean(trainer *t, double loss_sum, float *out)
 {
-    double local = loss_sum / ((double)t->eval.batches * t->micro_batches);
-    loom_group **g = t->mesh->groups;
+    double local = loss_sum / ((double)t->eval.batches * t->job.micro_batches);
+    loom_group **g = t->job.mesh->groups;
     int rc = LOOM_OK;
     if (t->pipe.executor)
         rc = trainer_group_allreduce(g[LOOM_AXIS_PP], &local, 1, LOOM_F64, LOOM_SUM);
-    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_SP] > 1)
+    if (rc == LOOM_OK && t->job.mesh->sizes[LOOM_AXIS_SP] > 1)
         rc = trainer_group_allreduce(g[LOOM_AXIS_SP], &local, 1, LOOM_F64, LOOM_AVG);
     if (rc == LOOM_OK)
         rc = trainer_group_allreduce(g[LOOM_AXIS_DP], &local, 1, LOOM_F64, LOOM_AVG);
@@ -131,7 +135,8 @@ int trainer_evaluate(trainer *t, float *loss)
     uint64_t t0 = loom_now_ns();
     loom_flight_issuer("validation");
     loom_dataloader_rewind(&t->eval.loader);
-    int rc = t->data_axis.ops->data_eval ? t->data_axis.ops->data_eval(t->data_axis.strategy, 1) : LOOM_OK;
+    int rc = t->data_axis.ops->data_eval ? t->data_axis.ops->data_eval(t->data_axis.strategy, 1)
+                                         : LOOM_OK;
     double loss_sum = 0;
     for (int b = 0; rc == LOOM_OK && b < t->eval.batches; b++) {
         double batch_sum = 0;
@@ -151,17 +156,18 @@ int trainer_evaluate(trainer *t, float *loss)
  * and after the last. */
 int trainer_evaluate_first(trainer *t)
 {
-    if (!t->eval.on || t->eval.every <= 0 || t->step != 0)
+    if (!t->eval.on || t->eval.every <= 0 || t->job.step != 0)
         return LOOM_OK;
     float val = 0;
     int rc = trainer_evaluate(t, &val);
-    if (rc == LOOM_OK && t->rank == 0)
+    if (rc == LOOM_OK && t->job.rank == 0)
         trainer_report_validation(t, val);
     return rc;
 }
 
 int trainer_evaluate_due(trainer *t, int64_t done, step_result *r)
 {
-    r->evaluated = t->eval.on && (done == t->steps || (t->eval.every > 0 && done % t->eval.every == 0));
+    r->evaluated =
+        t->eval.on && (done == t->job.steps || (t->eval.every > 0 && done % t->eval.every == 0));
     return r->evaluated ? trainer_evaluate(t, &r->val_loss) : LOOM_OK;
 }

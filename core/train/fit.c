@@ -13,16 +13,16 @@ int trainer_check_machine(trainer *t, loom_train_machine_check check)
     if (!check)
         return LOOM_OK;
     /* a launcher places ranks in blocks per node */
-    const loom_launch_env *env = loom_runtime_env(t->rt);
-    loom_train_machine m = {.cfg = t->cfg,
-                            .rank = t->rank,
-                            .world = t->world,
+    const loom_launch_env *env = loom_runtime_env(t->job.rt);
+    loom_train_machine m = {.cfg = t->job.cfg,
+                            .rank = t->job.rank,
+                            .world = t->job.world,
                             .local = env->local_size > 0 ? env->local_size : 1,
                             .first = env->rank - (env->local_rank >= 0 ? env->local_rank : 0),
-                            .schedule = t->mesh->sizes[LOOM_AXIS_PP] > 1 ? &t->pipe.schedule
-                                                                         : NULL};
-    if (m.first < 0 || m.first + m.local > t->world) {
-        m.first = t->rank;
+                            .schedule =
+                                t->job.mesh->sizes[LOOM_AXIS_PP] > 1 ? &t->pipe.schedule : NULL};
+    if (m.first < 0 || m.first + m.local > t->job.world) {
+        m.first = t->job.rank;
         m.local = 1;
     }
     return trainer_agree(t, "cannot start", check(&m));

@@ -12,9 +12,9 @@
 void trainer_setup_scaler(trainer *t)
 {
     trainer_loss_scaler *s = &t->scaler;
-    s->scale = t->dtype == LOOM_F16 ? trainer_read_float(t->cfg, "train.loss_scale") : 1.0f;
-    loom_config_int(t->cfg, "train.loss_scale_window", &s->window);
-    trainer_read_int(t->cfg, "train.max_skipped", &s->max_skipped);
+    s->scale = t->job.dtype == LOOM_F16 ? trainer_read_float(t->job.cfg, "train.loss_scale") : 1.0f;
+    loom_config_int(t->job.cfg, "train.loss_scale_window", &s->window);
+    trainer_read_int(t->job.cfg, "train.max_skipped", &s->max_skipped);
 }
 
 /* A checkpoint's scale and good steps, resumed. */
@@ -32,22 +32,22 @@ void trainer_scaler_judge(const trainer *t, float loss, float norm, step_result 
 {
     r->skipped = !isfinite(norm);
     r->diverged =
-        !isfinite(loss) || (r->skipped && (t->dtype != LOOM_F16 || t->scaler.scale <= 1.0f));
+        !isfinite(loss) || (r->skipped && (t->job.dtype != LOOM_F16 || t->scaler.scale <= 1.0f));
 }
 
 void trainer_scaler_update(trainer *t, const step_result *r)
 {
     trainer_loss_scaler *s = &t->scaler;
-    if (t->dtype != LOOM_F16)
+    if (t->job.dtype != LOOM_F16)
         return;
     if (r->skipped) {
-        if (t->rank == 0)
+        if (t->job.rank == 0)
             loom_log(LOOM_LOG_INFO, "fp16: gradients overflowed at step %lld; loss scale %g -> %g",
-                     (long long)t->step + 1, s->scale, s->scale / 2);
+                     (long long)t->job.step + 1, s->scale, s->scale / 2);
         s->scale /= 2;
         s->good_steps = 0;
     } else if (++s->good_steps >= s->window) {
-        if (t->rank == 0)
+        if (t->job.rank == 0)
             loom_log(LOOM_LOG_INFO, "fp16: %lld good steps; loss scale %g -> %g",
                      (long long)s->good_steps, s->scale, s->scale * 2);
         s->scale *= 2;
@@ -67,6 +67,6 @@ int trainer_scaler_watch(trainer *t, const step_result *r)
                      "step %lld: loss %g, gradient norm %g: %d step%s in a row with a loss or "
                      "gradient norm that is not finite (train.max_skipped = %d); the run "
                      "diverged: lower train.lr (%g) or set train.clip, and start again",
-                     (long long)t->step + 1, r->loss, r->grad_norm, s->diverged_steps,
+                     (long long)t->job.step + 1, r->loss, r->grad_norm, s->diverged_steps,
                      s->diverged_steps == 1 ? "" : "s", s->max_skipped, t->opt.lr_schedule.lr);
 }

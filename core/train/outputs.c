@@ -158,25 +158,25 @@ static int check_here(trainer *t, const loom_train_options *o)
     char why[4400];
     if (o->trace) {
         char part[4200];
-        snprintf(part, sizeof part, "%.4000s.rank%d", o->trace, t->rank);
-        if ((t->rank == 0 && probe_file(o->trace, why, sizeof why) != 0) ||
+        snprintf(part, sizeof part, "%.4000s.rank%d", o->trace, t->job.rank);
+        if ((t->job.rank == 0 && probe_file(o->trace, why, sizeof why) != 0) ||
             probe_file(part, why, sizeof why) != 0)
             return loom_fail(LOOM_ERR_INVALID, "--trace %s: %s", o->trace, why);
     }
-    if (t->rank != 0)
+    if (t->job.rank != 0)
         return LOOM_OK;
     if (o->save && probe_file(o->save, why, sizeof why) != 0)
         return loom_fail(LOOM_ERR_INVALID, "--save %s: %s", o->save, why);
     int64_t checkpoint_every = 0, sample_every = 0;
-    loom_config_int(t->cfg, "train.checkpoint_every", &checkpoint_every);
-    loom_config_int(t->cfg, "train.sample_every", &sample_every);
+    loom_config_int(t->job.cfg, "train.checkpoint_every", &checkpoint_every);
+    loom_config_int(t->job.cfg, "train.sample_every", &sample_every);
     if (checkpoint_every > 0 || sample_every > 0) {
         /* samples pass through it too, and leave it as they found it */
         const char *dir = "checkpoints";
-        loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
+        loom_config_string(t->job.cfg, "train.checkpoint_dir", &dir);
         if (prepare_dir(dir, checkpoint_every > 0, why, sizeof why) != 0)
             return loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir = \"%s\": %s",
-                             loom_config_where(t->cfg, "train.checkpoint_dir"), dir, why);
+                             loom_config_where(t->job.cfg, "train.checkpoint_dir"), dir, why);
     }
     return LOOM_OK;
 }
@@ -188,13 +188,13 @@ int trainer_check_outputs(trainer *t, const loom_train_options *o)
     snprintf(message, sizeof message, "%s", rc == LOOM_OK ? "" : loom_last_error());
     /* One verdict for every rank, in the first failing rank's words: a rank
      * that stopped with a vaguer line could be the one the launcher shows. */
-    int32_t first = rc == LOOM_OK ? t->world : t->rank;
-    int arc = trainer_group_allreduce(t->mesh->world, &first, 1, LOOM_I32, LOOM_MIN);
-    if (arc != LOOM_OK || first == t->world)
+    int32_t first = rc == LOOM_OK ? t->job.world : t->job.rank;
+    int arc = trainer_group_allreduce(t->job.mesh->world, &first, 1, LOOM_I32, LOOM_MIN);
+    if (arc != LOOM_OK || first == t->job.world)
         return rc != LOOM_OK ? rc : arc;
     loom_request *req = NULL;
     const loom_comm_api *C = &loom_core_comm_api;
-    arc = C->broadcast(t->mesh->world, message, sizeof message, LOOM_U8, (int)first, &req);
+    arc = C->broadcast(t->job.mesh->world, message, sizeof message, LOOM_U8, (int)first, &req);
     if (arc == LOOM_OK)
         arc = C->wait(req);
     message[sizeof message - 1] = '\0';

@@ -460,7 +460,8 @@ static int exchange_tied_grads(loom_pipeline *pl)
     void *g = pl->units[0].grads;
     for (size_t i = 0; rc == LOOM_OK && i < n; i++)
         loom_store_f32(g, pl->s.dtype, i,
-                       loom_load_f32(g, pl->s.dtype, i) + loom_load_f32(head_share, pl->s.dtype, i));
+                       loom_load_f32(g, pl->s.dtype, i) +
+                           loom_load_f32(head_share, pl->s.dtype, i));
     loom_mem_free(head_share);
     if (rc == LOOM_OK)
         rc = pl->s.hooks.grads_ready(pl->s.hooks.ctx, 0, 1);
@@ -503,7 +504,9 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
         switch (a.kind) {
         case LOOM_ACT_RECV_ACTIVATION:
         case LOOM_ACT_RECV_GRADIENT: rc = wait_recv(pl, i); break;
-        case LOOM_ACT_SEND_ACTIVATION: rc = send_activation(pl, a.virtual_stage, a.microbatch); break;
+        case LOOM_ACT_SEND_ACTIVATION:
+            rc = send_activation(pl, a.virtual_stage, a.microbatch);
+            break;
         case LOOM_ACT_SEND_GRADIENT: rc = send_gradient(pl, a.virtual_stage, a.microbatch); break;
         case LOOM_ACT_FORWARD:
             rc = run_forward(pl, a.virtual_stage, a.microbatch);
@@ -512,7 +515,8 @@ int loom_pipeline_step(loom_pipeline *pl, int *const *inputs, int *const *target
         case LOOM_ACT_BACKWARD:
         case LOOM_ACT_BACKWARD_INPUT:
         case LOOM_ACT_BACKWARD_WEIGHT: {
-            int input = a.kind == LOOM_ACT_BACKWARD_INPUT, weight = a.kind == LOOM_ACT_BACKWARD_WEIGHT;
+            int input = a.kind == LOOM_ACT_BACKWARD_INPUT,
+                weight = a.kind == LOOM_ACT_BACKWARD_WEIGHT;
             rc = run_backward(pl, a.virtual_stage, a.microbatch,
                               input ? PART_INPUT : weight ? PART_WEIGHT : PART_BOTH);
             trace_action(pl, input ? "backward-input" : weight ? "backward-weight" : "backward",
@@ -581,4 +585,7 @@ int loom_pipeline_evaluate(loom_pipeline *pl, int *const *inputs, int *const *ta
     return loom_fail(rc, "pipeline: validation: %s", detail);
 }
 
-void loom_pipeline_get_stats(const loom_pipeline *pl, loom_pipeline_stats *out) { *out = pl->stats; }
+void loom_pipeline_get_stats(const loom_pipeline *pl, loom_pipeline_stats *out)
+{
+    *out = pl->stats;
+}

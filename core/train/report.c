@@ -71,9 +71,9 @@ static void check_peak(trainer *t, double flops_per_rank, int say)
     if (t->report.peak_unreliable || flops_per_rank <= t->report.peak_flops)
         return;
     double start = t->report.peak_flops;
-    if (!t->report.peak_remeasured && !(trainer_read_float(t->cfg, "train.peak_gflops") > 0)) {
+    if (!t->report.peak_remeasured && !(trainer_read_float(t->job.cfg, "train.peak_gflops") > 0)) {
         t->report.peak_remeasured = 1;
-        int rows = t->micro_batch * t->seq, C = t->shape.channels;
+        int rows = t->job.micro_batch * t->job.seq, C = t->job.shape.channels;
         double again = loom_gemm_measure(rows, 4 * C, C, 0.1);
         if (again > t->report.peak_flops)
             t->report.peak_flops = again;
@@ -82,7 +82,7 @@ static void check_peak(trainer *t, double flops_per_rank, int say)
                 printf("MFU: step %lld ran at %.3g GFLOP/s per rank, above the peak measured at "
                        "start (%.3g, while the machine was busy); measured again: %.3g GFLOP/s "
                        "per rank from this step on\n",
-                       (long long)t->step + 1, flops_per_rank / 1e9, start / 1e9,
+                       (long long)t->job.step + 1, flops_per_rank / 1e9, start / 1e9,
                        t->report.peak_flops / 1e9);
             return;
         }
@@ -92,21 +92,21 @@ static void check_peak(trainer *t, double flops_per_rank, int say)
         printf("MFU n/a from step %lld: it ran at %.3g GFLOP/s per rank, above the peak of %.3g "
                "(%s%s); set train.peak_gflops to this machine's peak, or run on a quiet "
                "machine\n",
-               (long long)t->step + 1, flops_per_rank / 1e9, t->report.peak_flops / 1e9,
+               (long long)t->job.step + 1, flops_per_rank / 1e9, t->report.peak_flops / 1e9,
                t->report.peak_source, t->report.peak_remeasured ? ", and measured again" : "");
 }
 
 /* This step's MFU, or NAN where the peak is not to be trusted. */
 static double step_mfu(trainer *t, double tokens_per_s, int say)
 {
-    double rate = loom_model_flops_per_token(t->model) * tokens_per_s / t->world;
+    double rate = loom_model_flops_per_token(t->job.model) * tokens_per_s / t->job.world;
     check_peak(t, rate, say);
     return t->report.peak_unreliable ? NAN : rate / t->report.peak_flops;
 }
 
 void trainer_print_progress(trainer *t, const step_result *r)
 {
-    double tokens = (double)t->batch * t->seq;
+    double tokens = (double)t->job.batch * t->job.seq;
     double tps = tokens / r->seconds;
     double mfu = step_mfu(t, tps, 1);
     char mfu_text[16] = "   n/a";
@@ -124,12 +124,11 @@ void trainer_print_progress(trainer *t, const step_result *r)
         snprintf(val, sizeof val, " | val %.6f", r->val_loss);
     printf("step %4lld/%lld | loss %.6f%s | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s | "
            "MFU %s%s | peak host: %s%s%s\n",
-           (long long)t->step + 1, (long long)t->steps, r->loss, val, r->lr, r->grad_norm,
-           r->seconds * 1e3, tps, mfu_text, bubble, mem, offload,
-           r->skipped ? " | skipped" : "");
-    if (r->evaluated && t->step + 1 == t->steps)
+           (long long)t->job.step + 1, (long long)t->job.steps, r->loss, val, r->lr, r->grad_norm,
+           r->seconds * 1e3, tps, mfu_text, bubble, mem, offload, r->skipped ? " | skipped" : "");
+    if (r->evaluated && t->job.step + 1 == t->job.steps)
         printf("validation loss %.6f (%d batches of data.val, %lld tokens)\n", r->val_loss,
-               t->eval.batches, (long long)t->eval.batches * t->batch * t->seq);
+               t->eval.batches, (long long)t->eval.batches * t->job.batch * t->job.seq);
     fflush(stdout);
 }
 
@@ -148,11 +147,11 @@ static void json_number(FILE *f, const char *name, const char *fmt, double value
 void trainer_report_validation(const trainer *t, float val_loss)
 {
     FILE *metrics = t->report.metrics;
-    printf("step %4lld/%lld | val %.6f (before training)\n", (long long)t->step,
-           (long long)t->steps, val_loss);
+    printf("step %4lld/%lld | val %.6f (before training)\n", (long long)t->job.step,
+           (long long)t->job.steps, val_loss);
     fflush(stdout);
     if (metrics) {
-        fprintf(metrics, "{\"step\": %lld", (long long)t->step);
+        fprintf(metrics, "{\"step\": %lld", (long long)t->job.step);
         json_number(metrics, "val_loss", "%.9g", val_loss);
         fprintf(metrics, "}\n");
     }
@@ -182,10 +181,10 @@ static void write_tier_bytes(FILE *f, const loom_mem_usage *u, int peaks)
 
 void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
 {
-    double tps = (double)t->batch * t->seq / r->seconds;
+    double tps = (double)t->job.batch * t->job.seq / r->seconds;
     loom_mem_usage u;
     loom_mem_usage_get(&u);
-    fprintf(f, "{\"step\": %lld", (long long)t->step + 1);
+    fprintf(f, "{\"step\": %lld", (long long)t->job.step + 1);
     json_number(f, "loss", "%.9g", r->loss);
     json_number(f, "lr", "%.9g", r->lr);
     json_number(f, "grad_norm", "%.9g", r->grad_norm);
@@ -222,8 +221,9 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
         fprintf(f, ", \"live_microbatches\": %d", st.peak_live);
         for (int k = 0; k < 2; k++) {
             fprintf(f, ", \"stage_%s\": [", k ? "live_microbatches" : "activation_bytes");
-            for (int stage = 0; stage < t->mesh->sizes[LOOM_AXIS_PP]; stage++)
-                fprintf(f, "%s%lld", stage ? ", " : "", (long long)t->pipe.stage_peaks[2 * stage + k]);
+            for (int stage = 0; stage < t->job.mesh->sizes[LOOM_AXIS_PP]; stage++)
+                fprintf(f, "%s%lld", stage ? ", " : "",
+                        (long long)t->pipe.stage_peaks[2 * stage + k]);
             fprintf(f, "]");
         }
     }
@@ -234,7 +234,8 @@ void trainer_write_metrics(FILE *f, trainer *t, const step_result *r)
         int first = 1;
         for (int a = 0; a < LOOM_AXIS_COUNT; a++)
             for (int op = 0; op < LOOM_OP_COUNT; op++) {
-                uint64_t n = k ? t->report.comm_step[a].calls[op] : t->report.comm_step[a].bytes[op];
+                uint64_t n =
+                    k ? t->report.comm_step[a].calls[op] : t->report.comm_step[a].bytes[op];
                 if (!t->report.comm_step[a].calls[op])
                     continue;
                 fprintf(f, "%s\"%s.%s\": %llu", first ? "" : ", ", loom_axis_name((loom_axis)a),
@@ -278,11 +279,14 @@ void trainer_print_kernel_summary(const trainer *t)
     int64_t n = t->report.steps_timed > 1 ? t->report.steps_timed - 1 : 1;
     double ms[LOOM_KERNEL_KINDS], compute = 0;
     for (int k = 0; k < LOOM_KERNEL_KINDS; k++) {
-        double s = t->report.kernel_sum_s[k] - (t->report.steps_timed > 1 ? t->report.kernel_first_s[k] : 0);
+        double s = t->report.kernel_sum_s[k] -
+                   (t->report.steps_timed > 1 ? t->report.kernel_first_s[k] : 0);
         ms[k] = 1e3 * s / (double)n;
         compute += ms[k];
     }
-    double step = 1e3 * (t->report.step_sum_s - (t->report.steps_timed > 1 ? t->report.step_first_s : 0)) / (double)n;
+    double step =
+        1e3 * (t->report.step_sum_s - (t->report.steps_timed > 1 ? t->report.step_first_s : 0)) /
+        (double)n;
     char which[64];
     if (t->report.steps_timed > 1)
         snprintf(which, sizeof which, "mean of the %lld steps after the first", (long long)n);
@@ -290,7 +294,7 @@ void trainer_print_kernel_summary(const trainer *t)
         snprintf(which, sizeof which, "the only step");
     printf("compute by kernel (%s%s): %.1f ms a step of %.1f ms (%.0f%%) in the model and the "
            "optimizer\n",
-           which, t->world > 1 ? ", rank 0" : "", compute, step,
+           which, t->job.world > 1 ? ", rank 0" : "", compute, step,
            step > 0 ? 100 * compute / step : 0.0);
     printf("  %-13s %10s %12s\n", "kernel", "ms/step", "% of compute");
     for (int k = 0; k < LOOM_KERNEL_KINDS; k++)
@@ -302,10 +306,10 @@ void trainer_print_kernel_summary(const trainer *t)
 /* Which units each pipeline stage holds, and on which pp rank. */
 static void print_stages(const trainer *t)
 {
-    int p = t->mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe.schedule.virtual_stages;
+    int p = t->job.mesh->sizes[LOOM_AXIS_PP], stages = p * t->pipe.schedule.virtual_stages;
     printf("pipeline stages:");
     for (int st = 0; st < stages; st++) {
-        int first = t->pipe.stage_first[st], last = t->pipe.stage_last[st], L = t->shape.layers;
+        int first = t->pipe.stage_first[st], last = t->pipe.stage_last[st], L = t->job.shape.layers;
         int b0 = first == 0 ? 0 : first - 1, b1 = last == L + 1 ? L - 1 : last - 1;
         printf("%s %d (pp rank %d):%s", st ? " |" : "", st, st % p, first == 0 ? " embedding" : "");
         if (b1 >= b0)
@@ -321,8 +325,8 @@ static void print_stages(const trainer *t)
 void trainer_print_header(const trainer *t)
 {
     size_t params = 0;
-    for (int i = 0; i < t->nunits; i++)
-        params += loom_model_full_numel(t->model, i);
+    for (int i = 0; i < t->job.nunits; i++)
+        params += loom_model_full_numel(t->job.model, i);
     char desc[768] = "";
     if (t->data_axis.ops->describe)
         t->data_axis.ops->describe(t->data_axis.strategy, desc, 256);
@@ -337,23 +341,24 @@ void trainer_print_header(const trainer *t)
     size_t n = strlen(desc);
     if (t->pipe.schedule_plugin)
         snprintf(desc + n, sizeof desc - n, "; %s schedule over %d stages",
-                 t->pipe.schedule_plugin->header->name, t->mesh->sizes[LOOM_AXIS_PP]);
+                 t->pipe.schedule_plugin->header->name, t->job.mesh->sizes[LOOM_AXIS_PP]);
     printf("loom train: GPT-2 L=%d C=%d NH=%d V=%d (Vp %d), %.2fM parameters; batch %d x seq %d "
            "(micro-batch %d x %d %s); %s; %s; %d rank%s, dp over %s; MFU against "
            "%.1f GFLOP/s per rank (%s)\n",
-           t->shape.layers, t->shape.channels, t->shape.heads, t->shape.vocab,
-           t->shape.padded_vocab, (double)params / 1e6, t->batch, t->seq, t->micro_batch,
-           t->micro_batches, t->pipe.executor ? "pipelined" : "accumulation",
-           loom_dtype_name(t->dtype), desc, t->world, t->world == 1 ? "" : "s",
-           loom_core_comm_api.backend(t->mesh->groups[LOOM_AXIS_DP]), t->report.peak_flops / 1e9,
-           t->report.peak_source);
+           t->job.shape.layers, t->job.shape.channels, t->job.shape.heads, t->job.shape.vocab,
+           t->job.shape.padded_vocab, (double)params / 1e6, t->job.batch, t->job.seq,
+           t->job.micro_batch, t->job.micro_batches,
+           t->pipe.executor ? "pipelined" : "accumulation", loom_dtype_name(t->job.dtype), desc,
+           t->job.world, t->job.world == 1 ? "" : "s",
+           loom_core_comm_api.backend(t->job.mesh->groups[LOOM_AXIS_DP]),
+           t->report.peak_flops / 1e9, t->report.peak_source);
     const char *products = loom_gemm_products_note();
     printf("cpu: %s; %s\n", loom_cpu_describe(),
-           products[0]             ? products
-           : t->dtype == LOOM_BF16 ? "bf16 storage and products"
-                                   : "f32 products");
-    if (t->mesh->comm_choice[0])
-        printf("comm: %s\n", t->mesh->comm_choice);
+           products[0]                 ? products
+           : t->job.dtype == LOOM_BF16 ? "bf16 storage and products"
+                                       : "f32 products");
+    if (t->job.mesh->comm_choice[0])
+        printf("comm: %s\n", t->job.mesh->comm_choice);
     if (loom_launch_binding())
         printf("launch: %s\n", loom_launch_binding());
     if (t->pipe.executor)
@@ -364,9 +369,9 @@ void trainer_print_header(const trainer *t)
 /* Every rank writes its part; rank 0 merges them once all have. */
 int trainer_write_trace(trainer *t, const char *path)
 {
-    char **parts = calloc((size_t)t->world, sizeof *parts);
+    char **parts = calloc((size_t)t->job.world, sizeof *parts);
     int rc = parts ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
-    for (int r = 0; r < t->world && rc == LOOM_OK; r++) {
+    for (int r = 0; r < t->job.world && rc == LOOM_OK; r++) {
         size_t len = strlen(path) + 32;
         if (!(parts[r] = malloc(len)))
             rc = loom_fail(LOOM_ERR_NO_MEMORY, "trace: out of memory");
@@ -374,16 +379,16 @@ int trainer_write_trace(trainer *t, const char *path)
             snprintf(parts[r], len, "%s.rank%d", path, r);
     }
     if (rc == LOOM_OK)
-        rc = loom_trace_write_part(parts[t->rank]);
-    loom_store *store = loom_runtime_store(t->rt);
+        rc = loom_trace_write_part(parts[t->job.rank]);
+    loom_store *store = loom_runtime_store(t->job.rt);
     if (rc == LOOM_OK && store)
-        rc = loom_store_barrier(store, "train/trace", loom_runtime_timeout(t->rt));
-    if (rc == LOOM_OK && t->rank == 0) {
-        rc = loom_trace_merge(path, (const char *const *)parts, t->world);
+        rc = loom_store_barrier(store, "train/trace", loom_runtime_timeout(t->job.rt));
+    if (rc == LOOM_OK && t->job.rank == 0) {
+        rc = loom_trace_merge(path, (const char *const *)parts, t->job.world);
         if (rc == LOOM_OK)
             printf("wrote trace %s\n", path);
     }
-    for (int r = 0; parts && r < t->world; r++)
+    for (int r = 0; parts && r < t->job.world; r++)
         free(parts[r]);
     free(parts);
     return rc;
@@ -423,24 +428,25 @@ static void print_sample_line(const int *tokens, int count, int vocab)
 int trainer_print_sample(trainer *t, int tokens, const char *scratch_parent)
 {
     char dir[4200];
-    snprintf(dir, sizeof dir, "%.4000s/sample-step-%lld", scratch_parent, (long long)t->step);
+    snprintf(dir, sizeof dir, "%.4000s/sample-step-%lld", scratch_parent, (long long)t->job.step);
     char made[4096] = "", why[512];
     /* a failure here is the gather's to report, on every rank */
-    if (t->rank == 0 && trainer_make_dirs(scratch_parent, made, sizeof made, why, sizeof why) != 0)
+    if (t->job.rank == 0 &&
+        trainer_make_dirs(scratch_parent, made, sizeof made, why, sizeof why) != 0)
         made[0] = '\0';
     float *weights = NULL;
     int rc = trainer_gather_weights(t, dir, &weights);
-    if (t->rank == 0)
+    if (t->job.rank == 0)
         trainer_remove_made_dirs(scratch_parent, made); /* only what the sample left empty */
-    if (rc != LOOM_OK || t->rank != 0)
+    if (rc != LOOM_OK || t->job.rank != 0)
         return rc;
-    int start = loom_sample_start_token(t->shape.vocab);
+    int start = loom_sample_start_token(t->job.shape.vocab);
     int *out = malloc((size_t)tokens * sizeof *out);
     loom_sample_options o = {.tokens = tokens, .temperature = 0.0f};
-    rc = out ? loom_sample(&t->shape, weights, &start, 1, &o, out)
+    rc = out ? loom_sample(&t->job.shape, weights, &start, 1, &o, out)
              : loom_fail(LOOM_ERR_NO_MEMORY, "train.sample_every: out of memory");
     if (rc == LOOM_OK)
-        print_sample_line(out, tokens, t->shape.vocab);
+        print_sample_line(out, tokens, t->job.shape.vocab);
     free(out);
     free(weights);
     return rc;
@@ -460,18 +466,18 @@ int trainer_open_reporting(trainer *t, const loom_train_options *o)
     char path[4096] = "";
     const char *mark = o->metrics ? strstr(o->metrics, "{rank}") : NULL;
     if (mark)
-        snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - o->metrics), o->metrics, t->rank,
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - o->metrics), o->metrics, t->job.rank,
                  mark + strlen("{rank}"));
     else if (o->metrics)
         snprintf(path, sizeof path, "%s", o->metrics);
-    if (o->metrics && (t->rank == 0 || mark) &&
+    if (o->metrics && (t->job.rank == 0 || mark) &&
         !(r->metrics = fopen(path, restarted && atoi(restarted) > 0 ? "a" : "w")))
         return loom_fail(LOOM_ERR_INVALID, "--metrics %s: %s", path, strerror(errno));
     if (o->trace)
-        loom_trace_enable(t->rank);
-    loom_config_int(t->cfg, "train.sample_every", &r->sample_every);
-    loom_config_int(t->cfg, "train.sample_tokens", &r->sample_tokens);
-    if (t->rank == 0)
+        loom_trace_enable(t->job.rank);
+    loom_config_int(t->job.cfg, "train.sample_every", &r->sample_every);
+    loom_config_int(t->job.cfg, "train.sample_tokens", &r->sample_tokens);
+    if (t->job.rank == 0)
         trainer_print_header(t);
     return LOOM_OK;
 }
@@ -479,7 +485,7 @@ int trainer_open_reporting(trainer *t, const loom_train_options *o)
 void trainer_report_step(trainer *t, const step_result *r)
 {
     trainer_count_kernel_times(t, r);
-    if (t->rank == 0)
+    if (t->job.rank == 0)
         trainer_print_progress(t, r);
     if (t->report.metrics)
         trainer_write_metrics(t->report.metrics, t, r);
@@ -488,7 +494,7 @@ void trainer_report_step(trainer *t, const step_result *r)
 int trainer_sample_due(trainer *t)
 {
     int64_t every = t->report.sample_every;
-    if (every <= 0 || t->step % every != 0)
+    if (every <= 0 || t->job.step % every != 0)
         return LOOM_OK;
     return trainer_print_sample(t, (int)t->report.sample_tokens, t->ckpt.dir);
 }
@@ -505,7 +511,7 @@ void trainer_close_reporting(trainer *t)
 void trainer_count_traffic(trainer *t, int end)
 {
     loom_tier_counters now;
-    loom_tiers_counters(t->tiers, &now);
+    loom_tiers_counters(t->job.tiers, &now);
     if (!end) {
         t->report.tier_start = now;
     } else {
@@ -517,7 +523,7 @@ void trainer_count_traffic(trainer *t, int end)
     }
     for (int a = 0; a < LOOM_AXIS_COUNT; a++) {
         loom_comm_counters moved;
-        loom_group_counters(t->mesh->groups[a], &moved);
+        loom_group_counters(t->job.mesh->groups[a], &moved);
         if (!end) {
             t->report.comm_start[a] = moved;
             continue;
@@ -535,13 +541,13 @@ void trainer_count_traffic(trainer *t, int end)
 int trainer_measure_peak(trainer *t)
 {
     int rc;
-    double stated = trainer_read_float(t->cfg, "train.peak_gflops");
+    double stated = trainer_read_float(t->job.cfg, "train.peak_gflops");
     if (stated > 0) {
         t->report.peak_flops = stated * 1e9;
         snprintf(t->report.peak_source, sizeof t->report.peak_source, "train.peak_gflops");
         return LOOM_OK;
     }
-    int rows = t->micro_batch * t->seq, C = t->shape.channels;
+    int rows = t->job.micro_batch * t->job.seq, C = t->job.shape.channels;
     t->report.peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
     if (t->report.peak_flops <= 0)
         return (rc = loom_gemm_take_error()) != LOOM_OK

@@ -82,26 +82,26 @@ void trainer_choose_lineage(trainer *t, const char *resume)
         int b = 0;
         switch (trajectory_settings[i].type) {
         case 'i':
-            loom_config_int(t->cfg, name, &n);
+            loom_config_int(t->job.cfg, name, &n);
             append(t->ckpt.trajectory, cap, &used, "%s=%lld\n", name, (long long)n);
             break;
         case 'f':
-            loom_config_float(t->cfg, name, &f);
+            loom_config_float(t->job.cfg, name, &f);
             append(t->ckpt.trajectory, cap, &used, "%s=%.9g\n", name, f);
             break;
         case 'b':
-            loom_config_bool(t->cfg, name, &b);
+            loom_config_bool(t->job.cfg, name, &b);
             append(t->ckpt.trajectory, cap, &used, "%s=%s\n", name, b ? "true" : "false");
             break;
         default:
-            loom_config_string(t->cfg, name, &s);
+            loom_config_string(t->job.cfg, name, &s);
             append(t->ckpt.trajectory, cap, &used, "%s=%s\n", name, s);
         }
     }
     const char *schedule = "constant";
-    loom_config_string(t->cfg, "train.schedule", &schedule);
+    loom_config_string(t->job.cfg, "train.schedule", &schedule);
     if (strcmp(schedule, "constant") != 0)
-        append(t->ckpt.trajectory, cap, &used, "train.steps=%lld\n", (long long)t->steps);
+        append(t->ckpt.trajectory, cap, &used, "train.steps=%lld\n", (long long)t->job.steps);
     /* the data by name and length (its contents are checked at resume) */
     uint64_t data = HASH_START;
     char line[4300];
@@ -112,7 +112,8 @@ void trainer_choose_lineage(trainer *t, const char *resume)
     }
     uint64_t settings = hash_text(HASH_START, t->ckpt.trajectory);
     snprintf(line, sizeof line, "%016llx", (unsigned long long)data);
-    t->ckpt.lineage = (loom_ckpt_lineage){hash_text(settings, line), settings, data, t->ckpt.trajectory};
+    t->ckpt.lineage =
+        (loom_ckpt_lineage){hash_text(settings, line), settings, data, t->ckpt.trajectory};
     t->ckpt.resumed = resume != NULL;
     if (!resume)
         return;
@@ -247,7 +248,7 @@ int trainer_check_lineage(const trainer *t, const char *dir)
      * the older checkpoints beside it are likely that run's own */
     scan_lineages(dir, t->ckpt.lineage.id, !t->ckpt.resumed, s);
     int rc = LOOM_OK, overwrite = 0;
-    loom_config_bool(t->cfg, "train.checkpoint_overwrite", &overwrite);
+    loom_config_bool(t->job.cfg, "train.checkpoint_overwrite", &overwrite);
     if (s->theirs >= 0) {
         char why[700];
         describe_difference(t, s, why, sizeof why);
@@ -257,10 +258,11 @@ int trainer_check_lineage(const trainer *t, const char *dir)
                    "resumes only this run's\n", dir, s->theirs, why);
             fflush(stdout);
         } else {
-            rc = loom_fail(LOOM_ERR_INVALID, "%s: train.checkpoint_dir '%s' holds step-%lld of "
+            rc = loom_fail(LOOM_ERR_INVALID,
+                           "%s: train.checkpoint_dir '%s' holds step-%lld of "
                            "another run (%s); use a new directory, --resume %s/step-%lld to "
                            "continue it, or set train.checkpoint_overwrite = true to replace it",
-                           loom_config_where(t->cfg, "train.checkpoint_dir"), dir, s->theirs,
+                           loom_config_where(t->job.cfg, "train.checkpoint_dir"), dir, s->theirs,
                            why, dir, s->theirs);
         }
     }
@@ -274,7 +276,7 @@ const char *trainer_restart_resume(const trainer *t, const char *asked, char *bu
     if (!restart || atoi(restart) <= 0)
         return asked;
     const char *dir = "checkpoints";
-    loom_config_string(t->cfg, "train.checkpoint_dir", &dir);
+    loom_config_string(t->job.cfg, "train.checkpoint_dir", &dir);
     lineage_scan *s = calloc(1, sizeof *s);
     if (s)
         scan_lineages(dir, t->ckpt.lineage.id, 0, s);
@@ -283,7 +285,7 @@ const char *trainer_restart_resume(const trainer *t, const char *asked, char *bu
         snprintf(buf, cap, "%s/step-%lld", dir, s->mine);
         from = buf;
     }
-    if (t->rank == 0) {
+    if (t->job.rank == 0) {
         char other[200] = "";
         if (s && s->theirs > (s->mine >= 0 ? s->mine : -1))
             snprintf(other, sizeof other, " (step-%lld there is another run's, lineage %016llx: "

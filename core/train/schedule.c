@@ -307,10 +307,22 @@ static int check_rank_list(const loom_schedule *s, int r, action_index *ix)
 static void counterpart(int kind, int stage, int *peer_kind, int *peer_stage)
 {
     switch (kind) {
-    case LOOM_ACT_SEND_ACTIVATION: *peer_kind = LOOM_ACT_RECV_ACTIVATION; *peer_stage = stage + 1; break;
-    case LOOM_ACT_RECV_ACTIVATION: *peer_kind = LOOM_ACT_SEND_ACTIVATION; *peer_stage = stage - 1; break;
-    case LOOM_ACT_SEND_GRADIENT: *peer_kind = LOOM_ACT_RECV_GRADIENT; *peer_stage = stage - 1; break;
-    case LOOM_ACT_RECV_GRADIENT: *peer_kind = LOOM_ACT_SEND_GRADIENT; *peer_stage = stage + 1; break;
+    case LOOM_ACT_SEND_ACTIVATION:
+        *peer_kind = LOOM_ACT_RECV_ACTIVATION;
+        *peer_stage = stage + 1;
+        break;
+    case LOOM_ACT_RECV_ACTIVATION:
+        *peer_kind = LOOM_ACT_SEND_ACTIVATION;
+        *peer_stage = stage - 1;
+        break;
+    case LOOM_ACT_SEND_GRADIENT:
+        *peer_kind = LOOM_ACT_RECV_GRADIENT;
+        *peer_stage = stage - 1;
+        break;
+    case LOOM_ACT_RECV_GRADIENT:
+        *peer_kind = LOOM_ACT_SEND_GRADIENT;
+        *peer_stage = stage + 1;
+        break;
     default: *peer_kind = -1; *peer_stage = -1;
     }
 }
@@ -363,7 +375,8 @@ static int check_complete(const loom_schedule *s, const action_index *ix)
                 if (st < S - 1 && *slot(ix, LOOM_ACT_SEND_ACTIVATION, st, mb) < 0)
                     return refuse(s, r, i, "its output is never sent to stage %d", st + 1);
             }
-            if (a.kind == LOOM_ACT_BACKWARD_INPUT && *slot(ix, LOOM_ACT_BACKWARD_WEIGHT, st, mb) < 0)
+            if (a.kind == LOOM_ACT_BACKWARD_INPUT &&
+                *slot(ix, LOOM_ACT_BACKWARD_WEIGHT, st, mb) < 0)
                 return refuse(s, r, i, "its backward-weight is missing");
             if ((a.kind == LOOM_ACT_BACKWARD || a.kind == LOOM_ACT_BACKWARD_INPUT) && st > 0 &&
                 *slot(ix, LOOM_ACT_SEND_GRADIENT, st, mb) < 0)
@@ -513,7 +526,8 @@ static int timeline_alloc(const loom_schedule *s, loom_schedule_timeline *out)
     int ok = out->start && out->end && out->busy && out->peak_stash;
     for (int r = 0; ok && r < p; r++) {
         size_t n = (size_t)s->count[r] + 1;
-        ok = (out->start[r] = calloc(n, sizeof(double))) && (out->end[r] = calloc(n, sizeof(double)));
+        ok = (out->start[r] = calloc(n, sizeof(double))) &&
+             (out->end[r] = calloc(n, sizeof(double)));
     }
     if (ok)
         return LOOM_OK;

@@ -52,38 +52,51 @@ static int split_stages(trainer *t, int stages)
     t->pipe.stage_last = calloc((size_t)stages, sizeof *t->pipe.stage_last);
     if (!t->pipe.stage_first || !t->pipe.stage_last)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    return loom_split_stages(t->cfg, t->shape.layers, stages, t->pipe.stage_first, t->pipe.stage_last);
+    return loom_split_stages(t->job.cfg, t->job.shape.layers, stages, t->pipe.stage_first,
+                             t->pipe.stage_last);
 }
 
 /* The units the data strategy looks after: all of them, or on a pipeline
  * those of this rank's stages. */
 int trainer_choose_units(trainer *t)
 {
-    t->data_axis.index = malloc((size_t)t->nunits * sizeof *t->data_axis.index);
+    t->data_axis.index = malloc((size_t)t->job.nunits * sizeof *t->data_axis.index);
     if (!t->data_axis.index)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     if (!t->pipe.runs) {
-        for (int u = 0; u < t->nunits; u++)
+        for (int u = 0; u < t->job.nunits; u++)
             t->data_axis.index[u] = u;
-        t->data_axis.units = t->units;
-        t->data_axis.nunits = t->nunits;
+        t->data_axis.units = t->job.units;
+        t->data_axis.nunits = t->job.nunits;
         return LOOM_OK;
     }
-    t->data_axis.units = calloc((size_t)t->nunits, sizeof *t->data_axis.units);
+    t->data_axis.units = calloc((size_t)t->job.nunits, sizeof *t->data_axis.units);
     if (!t->data_axis.units)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    for (int u = 0; u < t->nunits; u++) {
+    for (int u = 0; u < t->job.nunits; u++) {
         t->data_axis.index[u] = t->pipe.runs[u] ? t->data_axis.nunits : -1;
         if (t->pipe.runs[u])
-            t->data_axis.units[t->data_axis.nunits++] = t->units[u];
+            t->data_axis.units[t->data_axis.nunits++] = t->job.units[u];
     }
     return LOOM_OK;
 }
 
-static int pp_before_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_forward, u); }
-static int pp_after_forward(void *ctx, int u) { return HOOK((trainer *)ctx, data_after_forward, u); }
-static int pp_before_backward(void *ctx, int u) { return HOOK((trainer *)ctx, data_before_backward, u); }
-static int pp_grads_ready(void *ctx, int u, int last_micro) { return trainer_grads_ready(ctx, u, last_micro); }
+static int pp_before_forward(void *ctx, int u)
+{
+    return HOOK((trainer *)ctx, data_before_forward, u);
+}
+static int pp_after_forward(void *ctx, int u)
+{
+    return HOOK((trainer *)ctx, data_after_forward, u);
+}
+static int pp_before_backward(void *ctx, int u)
+{
+    return HOOK((trainer *)ctx, data_before_backward, u);
+}
+static int pp_grads_ready(void *ctx, int u, int last_micro)
+{
+    return trainer_grads_ready(ctx, u, last_micro);
+}
 
 /* The schedule (validated before the first step) and its executor. */
 int trainer_setup_pipeline(trainer *t, const float *unit0_init)
@@ -92,24 +105,25 @@ int trainer_setup_pipeline(trainer *t, const float *unit0_init)
     loom_pipeline_setup ps;
     memset(&ps, 0, sizeof ps);
     ps.schedule = &t->pipe.schedule;
-    ps.rank = t->mesh->coords[LOOM_AXIS_PP];
-    ps.group = t->mesh->groups[LOOM_AXIS_PP];
-    ps.model = t->model;
+    ps.rank = t->job.mesh->coords[LOOM_AXIS_PP];
+    ps.group = t->job.mesh->groups[LOOM_AXIS_PP];
+    ps.model = t->job.model;
     ps.stage_first = t->pipe.stage_first;
     ps.stage_last = t->pipe.stage_last;
-    ps.dtype = t->dtype;
+    ps.dtype = t->job.dtype;
     ps.tied_init = unit0_init;
     ps.hooks = (loom_pipeline_hooks){t, pp_before_forward, pp_after_forward, pp_before_backward,
                                      pp_grads_ready};
     if ((rc = loom_pipeline_create(&ps, &t->pipe.executor)) != LOOM_OK)
         return rc;
-    t->pipe.stage_peaks = calloc(2 * (size_t)t->mesh->sizes[LOOM_AXIS_PP], sizeof *t->pipe.stage_peaks);
-    size_t N = (size_t)t->micro_batch * t->seq;
-    t->pipe.mb_inputs = calloc((size_t)t->micro_batches, sizeof *t->pipe.mb_inputs);
-    t->pipe.mb_targets = calloc((size_t)t->micro_batches, sizeof *t->pipe.mb_targets);
+    t->pipe.stage_peaks =
+        calloc(2 * (size_t)t->job.mesh->sizes[LOOM_AXIS_PP], sizeof *t->pipe.stage_peaks);
+    size_t N = (size_t)t->job.micro_batch * t->job.seq;
+    t->pipe.mb_inputs = calloc((size_t)t->job.micro_batches, sizeof *t->pipe.mb_inputs);
+    t->pipe.mb_targets = calloc((size_t)t->job.micro_batches, sizeof *t->pipe.mb_targets);
     if (!t->pipe.mb_inputs || !t->pipe.mb_targets || !t->pipe.stage_peaks)
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
-    for (int k = 0; k < t->micro_batches; k++)
+    for (int k = 0; k < t->job.micro_batches; k++)
         if (!(t->pipe.mb_inputs[k] = malloc(N * sizeof(int))) ||
             !(t->pipe.mb_targets[k] = malloc(N * sizeof(int))))
             return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
@@ -120,24 +134,25 @@ int trainer_setup_pipeline(trainer *t, const float *unit0_init)
  * units this rank builds. */
 int trainer_plan_pipeline(trainer *t)
 {
-    int p = t->mesh->sizes[LOOM_AXIS_PP], r = t->mesh->coords[LOOM_AXIS_PP], v = 1, rc;
-    trainer_read_int(t->cfg, "parallel.pp.virtual_stages", &v);
+    int p = t->job.mesh->sizes[LOOM_AXIS_PP], r = t->job.mesh->coords[LOOM_AXIS_PP], v = 1, rc;
+    trainer_read_int(t->job.cfg, "parallel.pp.virtual_stages", &v);
     if ((rc = split_stages(t, p * v)) != LOOM_OK)
         return rc;
-    if (!(t->pipe.runs = calloc((size_t)t->shape.layers + 2, 1)))
+    if (!(t->pipe.runs = calloc((size_t)t->job.shape.layers + 2, 1)))
         return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
     for (int vs = 0; vs < v; vs++)
         for (int u = t->pipe.stage_first[vs * p + r]; u <= t->pipe.stage_last[vs * p + r]; u++)
             t->pipe.runs[u] = 1;
     const char *name = NULL;
     const loom_host *host;
-    loom_config_string(t->cfg, "parallel.pp.schedule", &name);
-    if ((rc = loom_runtime_plugin(t->rt, LOOM_PLUGIN_SCHEDULE, name, &t->pipe.schedule_plugin)) !=
-        LOOM_OK)
+    loom_config_string(t->job.cfg, "parallel.pp.schedule", &name);
+    if ((rc = loom_runtime_plugin(t->job.rt, LOOM_PLUGIN_SCHEDULE, name,
+                                  &t->pipe.schedule_plugin)) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
-    if ((rc = loom_runtime_host(t->rt, t->pipe.schedule_plugin, "parallel.pp", &host)) != LOOM_OK)
+    if ((rc = loom_runtime_host(t->job.rt, t->pipe.schedule_plugin, "parallel.pp", &host)) !=
+        LOOM_OK)
         return rc;
-    if ((rc = loom_schedule_build(t->pipe.schedule_plugin, host, p, v, t->micro_batches,
+    if ((rc = loom_schedule_build(t->pipe.schedule_plugin, host, p, v, t->job.micro_batches,
                                   &t->pipe.schedule)) != LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.pp.schedule");
     return LOOM_OK;
@@ -150,17 +165,18 @@ int trainer_pipeline_totals(trainer *t, float *loss)
     loom_pipeline_stats st;
     loom_pipeline_get_stats(t->pipe.executor, &st);
     double both[2] = {*loss, st.step_s > 0 ? 1.0 - st.busy_s / st.step_s : 0};
-    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
+    int rc =
+        trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_PP], both, 2, LOOM_F64, LOOM_SUM);
     *loss = (float)both[0];
-    t->pipe.bubble = both[1] / t->mesh->sizes[LOOM_AXIS_PP];
+    t->pipe.bubble = both[1] / t->job.mesh->sizes[LOOM_AXIS_PP];
     /* every stage's activation peak, for the metrics */
     loom_mem_usage u;
     loom_mem_usage_get(&u);
     int64_t mine[2] = {(int64_t)u.peak[LOOM_TIER_HOST][LOOM_PURPOSE_ACTIVATIONS], st.peak_live};
     loom_request *req = NULL;
     if (rc == LOOM_OK &&
-        (rc = loom_core_comm_api.allgather(t->mesh->groups[LOOM_AXIS_PP], mine, t->pipe.stage_peaks,
-                                           2, LOOM_I64, &req)) == LOOM_OK)
+        (rc = loom_core_comm_api.allgather(t->job.mesh->groups[LOOM_AXIS_PP], mine,
+                                           t->pipe.stage_peaks, 2, LOOM_I64, &req)) == LOOM_OK)
         rc = loom_core_comm_api.wait(req);
     return rc;
 }
@@ -170,9 +186,9 @@ void trainer_teardown_pipeline(trainer *t)
     trainer_pipeline_run *p = &t->pipe;
     loom_pipeline_destroy(p->executor);
     loom_schedule_free(&p->schedule);
-    for (int k = 0; p->mb_inputs && k < t->micro_batches; k++)
+    for (int k = 0; p->mb_inputs && k < t->job.micro_batches; k++)
         free(p->mb_inputs[k]);
-    for (int k = 0; p->mb_targets && k < t->micro_batches; k++)
+    for (int k = 0; p->mb_targets && k < t->job.micro_batches; k++)
         free(p->mb_targets[k]);
     free(p->mb_inputs);
     free(p->mb_targets);

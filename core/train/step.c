@@ -28,7 +28,7 @@ static void count_whole_update(const loom_optimizer_step *s, float *master, cons
 static int optimizer_step(trainer *t, const step_result *r, float norm)
 {
     loom_optimizer_step s = {
-        .step = t->step + 1,
+        .step = t->job.step + 1,
         .lr = r->lr,
         .beta1 = t->opt.beta1,
         .beta2 = t->opt.beta2,
@@ -49,20 +49,21 @@ static int optimizer_step(trainer *t, const step_result *r, float norm)
                          "%s: train.decay = \"matrices\", but strategy %s stepped through "
                          "loom_optimizer_step.update, which cannot tell a unit's tensors apart; "
                          "it must call update_range (ABI 1.6), or set train.decay = \"all\"",
-                         loom_config_where(t->cfg, "train.decay"), t->data_axis.plugin->header->name);
+                         loom_config_where(t->job.cfg, "train.decay"),
+                         t->data_axis.plugin->header->name);
     return rc;
 }
 
 static void sync_unit(trainer *t, int u)
 {
     const loom_unit *su = dp_unit(t, u);
-    t->units[u].params = su->params;
-    t->units[u].grads = su->grads;
+    t->job.units[u].params = su->params;
+    t->job.units[u].grads = su->grads;
 }
 
 void trainer_sync_units(trainer *t)
 {
-    for (int u = 0; u < t->nunits; u++)
+    for (int u = 0; u < t->job.nunits; u++)
         if (holds(t, u))
             sync_unit(t, u);
 }
@@ -74,7 +75,7 @@ int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int
     int rc = hook(t->data_axis.strategy, dp_unit(t, u));
     sync_unit(t, u);
     /* tier transfers that landed meanwhile end their trace spans now */
-    return rc == LOOM_OK ? loom_tiers_progress(t->tiers) : rc;
+    return rc == LOOM_OK ? loom_tiers_progress(t->job.tiers) : rc;
 }
 
 int trainer_grads_ready(trainer *t, int u, int last_micro)
@@ -88,34 +89,35 @@ int trainer_grads_ready(trainer *t, int u, int last_micro)
 
 static float step_dloss(const trainer *t)
 {
-    return t->scaler.scale / ((float)t->micro_batch * (float)t->seq * (float)t->micro_batches);
+    return t->scaler.scale /
+           ((float)t->job.micro_batch * (float)t->job.seq * (float)t->job.micro_batches);
 }
 
 static void trace_unit(const trainer *t, const char *what, int u, uint64_t start)
 {
     char name[48];
-    if (t->units[u].kind == LOOM_UNIT_BLOCK)
+    if (t->job.units[u].kind == LOOM_UNIT_BLOCK)
         snprintf(name, sizeof name, "%s block %d", what, u - 1);
     else
-        snprintf(name, sizeof name, "%s %s", what, t->units[u].name);
+        snprintf(name, sizeof name, "%s %s", what, t->job.units[u].name);
     loom_trace_span(LOOM_LANE_COMPUTE, name, start, loom_now_ns(), 0);
 }
 
 /* What the flight recorder says issued the ops from here on. */
 static void issuer_unit(const trainer *t, const char *what, int u)
 {
-    if (t->units[u].kind == LOOM_UNIT_BLOCK)
+    if (t->job.units[u].kind == LOOM_UNIT_BLOCK)
         loom_flight_issuer("%s block %d", what, u - 1);
     else
-        loom_flight_issuer("%s %s", what, t->units[u].name);
+        loom_flight_issuer("%s %s", what, t->job.units[u].name);
 }
 
 /* The forward of the micro-batch in t->data.inputs through every unit, with
  * the data strategy's hooks; the loss of its tokens. */
 int trainer_forward(trainer *t, float *loss)
 {
-    int rc, head = t->nunits - 1;
-    for (int u = 0; u < t->nunits; u++) {
+    int rc, head = t->job.nunits - 1;
+    for (int u = 0; u < t->job.nunits; u++) {
         uint64_t t0 = loom_now_ns();
         issuer_unit(t, "forward", u);
         if ((rc = HOOK(t, data_before_forward, u)) != LOOM_OK)
@@ -123,7 +125,7 @@ int trainer_forward(trainer *t, float *loss)
         /* The LM head is tied to wte: the embedding is needed again. */
         if (u == head && (rc = HOOK(t, data_before_forward, 0)) != LOOM_OK)
             return rc;
-        if ((rc = loom_model_forward(t->model, u, t->data.inputs, t->data.targets, loss)) !=
+        if ((rc = loom_model_forward(t->job.model, u, t->data.inputs, t->data.targets, loss)) !=
             LOOM_OK)
             return rc;
         if ((rc = HOOK(t, data_after_forward, u)) != LOOM_OK)
@@ -137,7 +139,7 @@ int trainer_forward(trainer *t, float *loss)
 
 static int run_micro_batch(trainer *t, int last_micro, float *loss)
 {
-    int rc, head = t->nunits - 1;
+    int rc, head = t->job.nunits - 1;
     if ((rc = loom_dataloader_next(&t->data.loader, t->data.inputs, t->data.targets)) != LOOM_OK ||
         (rc = trainer_forward(t, loss)) != LOOM_OK)
         return rc;
@@ -151,7 +153,7 @@ static int run_micro_batch(trainer *t, int last_micro, float *loss)
             return rc;
         if (u == head && (rc = HOOK(t, data_before_backward, 0)) != LOOM_OK)
             return rc; /* the head adds into wte's gradient */
-        if ((rc = loom_model_backward(t->model, u, dloss)) != LOOM_OK)
+        if ((rc = loom_model_backward(t->job.model, u, dloss)) != LOOM_OK)
             return rc;
         trace_unit(t, "backward", u, t0);
         if ((rc = trainer_grads_ready(t, u, last_micro)) != LOOM_OK)
@@ -187,11 +189,12 @@ static int grads_norm_sq(trainer *t, double *out)
  * of their reductions only. */
 static int check_norm_agrees(trainer *t, double norm_sq)
 {
-    if (t->mesh->sizes[LOOM_AXIS_DP] == 1 || t->norm_checked)
+    if (t->job.mesh->sizes[LOOM_AXIS_DP] == 1 || t->job.norm_checked)
         return LOOM_OK;
-    t->norm_checked = 1;
+    t->job.norm_checked = 1;
     double spread[2] = {norm_sq, -norm_sq};
-    int rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_DP], spread, 2, LOOM_F64, LOOM_MAX);
+    int rc =
+        trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_DP], spread, 2, LOOM_F64, LOOM_MAX);
     if (rc != LOOM_OK)
         return rc;
     double hi = spread[0], lo = -spread[1];
@@ -199,8 +202,8 @@ static int check_norm_agrees(trainer *t, double norm_sq)
         return loom_fail(LOOM_ERR_INTERNAL,
                          "strategy %s: data_grad_norm_sq differs across the dp group at step %lld "
                          "(from %.9g to %.9g); it must return the sum of squares over the whole "
-                         "group, the same on every dp rank", t->data_axis.plugin->header->name,
-                         (long long)t->step + 1, lo, hi);
+                         "group, the same on every dp rank",
+                         t->data_axis.plugin->header->name, (long long)t->job.step + 1, lo, hi);
     return LOOM_OK;
 }
 
@@ -242,7 +245,7 @@ static int forward_backward(trainer *t, double *loss_sum)
     int rc;
     *loss_sum = 0;
     if (t->pipe.executor) {
-        for (int k = 0; k < t->micro_batches; k++)
+        for (int k = 0; k < t->job.micro_batches; k++)
             if ((rc = loom_dataloader_next(&t->data.loader, t->pipe.mb_inputs[k],
                                            t->pipe.mb_targets[k])) != LOOM_OK)
                 return rc;
@@ -250,9 +253,9 @@ static int forward_backward(trainer *t, double *loss_sum)
                                      step_dloss(t), loss_sum)) != LOOM_OK)
             return rc;
     }
-    for (int k = 0; !t->pipe.executor && k < t->micro_batches; k++) {
+    for (int k = 0; !t->pipe.executor && k < t->job.micro_batches; k++) {
         float loss = 0;
-        if ((rc = run_micro_batch(t, k == t->micro_batches - 1, &loss)) != LOOM_OK)
+        if ((rc = run_micro_batch(t, k == t->job.micro_batches - 1, &loss)) != LOOM_OK)
             return rc;
         *loss_sum += loss;
     }
@@ -268,19 +271,19 @@ static int forward_backward(trainer *t, double *loss_sum)
 static int global_loss(trainer *t, double loss_sum, float *global)
 {
     const loom_comm_api *C = &loom_core_comm_api;
-    float local = (float)(loss_sum / t->micro_batches);
+    float local = (float)(loss_sum / t->job.micro_batches);
     loom_request *req;
     loom_flight_issuer("loss");
     int rc = LOOM_OK;
     if (t->pipe.executor && (rc = trainer_pipeline_totals(t, &local)) != LOOM_OK)
         return rc;
     /* sp ranks hold equal shares of each sequence's tokens */
-    if (t->mesh->sizes[LOOM_AXIS_SP] > 1 &&
-        (rc = trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32,
+    if (t->job.mesh->sizes[LOOM_AXIS_SP] > 1 &&
+        (rc = trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_SP], &local, 1, LOOM_F32,
                                       LOOM_AVG)) != LOOM_OK)
         return rc;
     *global = local;
-    if ((rc = C->allreduce(t->mesh->groups[LOOM_AXIS_DP], &local, global, 1, LOOM_F32, LOOM_AVG,
+    if ((rc = C->allreduce(t->job.mesh->groups[LOOM_AXIS_DP], &local, global, 1, LOOM_F32, LOOM_AVG,
                            &req)) == LOOM_OK)
         rc = C->wait(req);
     return rc;
@@ -295,13 +298,13 @@ static int global_norm(trainer *t, float *norm)
     int rc = grads_norm_sq(t, &norm_sq);
     if (rc == LOOM_OK)
         rc = check_norm_agrees(t, norm_sq);
-    if (rc == LOOM_OK && t->mesh->sizes[LOOM_AXIS_TP] > 1) {
+    if (rc == LOOM_OK && t->job.mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);
         memset(t->axes.repl_grads, 0, t->axes.repl_count * sizeof(float)); /* the next step's */
     }
     if (rc == LOOM_OK && t->pipe.executor)
-        rc =
-            trainer_group_allreduce(t->mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64, LOOM_SUM);
+        rc = trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64,
+                                     LOOM_SUM);
     *norm = (float)(sqrt(norm_sq) / t->scaler.scale);
     return rc;
 }
@@ -323,7 +326,7 @@ static int apply_or_skip(trainer *t, step_result *r)
     if ((rc = optimizer_step(t, r, r->grad_norm)) != LOOM_OK)
         return rc;
     /* the step's write-backs land within the step they belong to */
-    if ((rc = loom_tiers_flush(t->tiers)) != LOOM_OK)
+    if ((rc = loom_tiers_flush(t->job.tiers)) != LOOM_OK)
         return rc;
     trainer_sync_units(t);
     if (t->pipe.executor && (rc = loom_pipeline_sync_tied(t->pipe.executor)) != LOOM_OK)
@@ -338,7 +341,7 @@ int trainer_step(trainer *t, step_result *r)
     uint64_t t0 = loom_now_ns();
     trainer_count_traffic(t, 0);
     loom_kernel_time_reset();
-    loom_flight_step(t->step + 1);
+    loom_flight_step(t->job.step + 1);
     double loss_sum = 0;
     float loss = 0, norm = 0;
     int rc = forward_backward(t, &loss_sum);
@@ -350,7 +353,7 @@ int trainer_step(trainer *t, step_result *r)
         return rc;
     r->loss = loss;
     r->grad_norm = norm;
-    r->lr = loom_lr_at(&t->opt.lr_schedule, t->step);
+    r->lr = loom_lr_at(&t->opt.lr_schedule, t->job.step);
     trainer_scaler_judge(t, loss, norm, r);
     if ((rc = apply_or_skip(t, r)) != LOOM_OK)
         return rc;

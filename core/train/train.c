@@ -17,7 +17,7 @@
  * the training thread spent on checkpoints, counted in the next step. */
 static int after_step(trainer *t, step_result *r, double *checkpoint_seconds)
 {
-    int64_t done = t->step + 1;
+    int64_t done = t->job.step + 1;
     r->seconds += *checkpoint_seconds;
     int rc = trainer_evaluate_due(t, done, r);
     if (rc != LOOM_OK)
@@ -25,8 +25,8 @@ static int after_step(trainer *t, step_result *r, double *checkpoint_seconds)
     trainer_report_step(t, r);
     if ((rc = trainer_scaler_watch(t, r)) != LOOM_OK)
         return rc;
-    t->step = done;
-    trainer_test_after_step(t->step);
+    t->job.step = done;
+    trainer_test_after_step(t->job.step);
     if ((rc = trainer_sample_due(t)) != LOOM_OK)
         return rc;
     uint64_t start = loom_now_ns();
@@ -50,14 +50,14 @@ static int run_steps(trainer *t, const loom_train_options *o)
     if ((rc = trainer_evaluate_first(t)) != LOOM_OK)
         return rc;
     double checkpoint_seconds = 0;
-    while (rc == LOOM_OK && t->step < t->steps) {
+    while (rc == LOOM_OK && t->job.step < t->job.steps) {
         step_result r;
         rc = trainer_step(t, &r);
         if (rc == LOOM_OK)
             rc = after_step(t, &r, &checkpoint_seconds);
     }
     rc = trainer_finish_checkpoints(t, rc);
-    if (rc == LOOM_OK && t->rank == 0)
+    if (rc == LOOM_OK && t->job.rank == 0)
         trainer_print_kernel_summary(t);
     if (rc == LOOM_OK && o->save)
         rc = trainer_save_final_weights(t, o);

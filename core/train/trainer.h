@@ -39,7 +39,7 @@ typedef struct axis_strategy {
 /* The components of a run. Each has its own set-up and teardown and is
  * written by its own files only (named at each); the others read it. */
 
-/* The data axis (setup.c, step.c): the dp strategy and the units it was
+/* The data axis (setup.c, stages.c): the dp strategy and the units it was
  * given: the model's own, or on a pipeline the copies of this rank's
  * (units[index[u]], -1: not here). Hooks see the strategy's structs; the
  * model's follow them. */
@@ -147,22 +147,27 @@ typedef struct trainer_data {
     int *inputs, *targets;
 } trainer_data;
 
-typedef struct trainer {
-    /* the job: settings, runtime, mesh and model (setup.c); the step (train.c) */
+/* The job (setup.c): settings, runtime, mesh and model; the step counter
+ * (train.c, and checkpoints.c when a checkpoint is loaded). */
+typedef struct trainer_job {
     loom_runtime *rt;
     loom_config *cfg;
     loom_mesh *mesh;
+    loom_tiers *tiers; /* memory.offload (owned by rt) */
+    int rank, world;
     loom_model *model;
     loom_unit *units;
     int nunits;
     loom_gpt2_shape shape;
-    int batch, seq, grad_accum, micro_batch, rank, world;
+    int batch, seq, grad_accum, micro_batch;
     int micro_batches;   /* per step on this rank: grad_accum or pp.microbatches */
     int64_t steps, step; /* step: the next step to run, 0-based */
     loom_dtype dtype;
     int norm_checked; /* the dp ranks' norms were compared once (step.c) */
-    loom_tiers *tiers;  /* memory.offload (owned by rt) */
-    /* the components */
+} trainer_job;
+
+typedef struct trainer {
+    trainer_job job;
     trainer_optimizer opt;
     trainer_data data;
     trainer_data_axis data_axis;
@@ -213,7 +218,8 @@ int trainer_agree(trainer *t, const char *failed, int rc);
 void trainer_teardown(trainer *t);
 
 /* model_axes.c */
-int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype, loom_redop op);
+int trainer_group_allreduce(loom_group *g, void *data, size_t count, loom_dtype dtype,
+                            loom_redop op);
 int trainer_setup_parallel_model(trainer *t, int recompute);
 int trainer_tp_norm_sq(trainer *t, double *norm_sq);
 void trainer_teardown_model_axes(trainer *t);
