@@ -1518,7 +1518,7 @@ static int in_folders(const char *list, const char *origin, const char *lib)
         if (rest)
             snprintf(dir, sizeof dir, "%s%.*s", origin, (int)(len - (size_t)(rest - list)), rest);
         else
-            snprintf(dir, sizeof dir, "%.*s", (int)len, len ? list : ".");
+            snprintf(dir, sizeof dir, "%.*s", len ? (int)len : 1, len ? list : ".");
         if (strchr(dir, '$'))
             unknown = 1;
         else if (snprintf(path, sizeof path, "%s/%s", dir, lib) > 0 && access(path, F_OK) == 0)
