@@ -3,7 +3,8 @@
  *
  * A plugin file is libloom-<kind>-<name>.so and exports exactly one const
  * data symbol, loom_<kind>_plugin_v<MAJOR> (e.g. loom_comm_plugin_v1), whose
- * type is the frozen struct of comm.h, strategy.h, schedule.h or memtier.h. Structs only
+ * type is the frozen struct of comm.h, strategy.h, schedule.h, memtier.h or
+ * compute.h. Structs only
  * grow at their end (minor versions); the core calls an op only when
  * offsetof(op) < header.struct_size and the pointer is non-NULL. A new major
  * gets a new struct type and symbol name.
@@ -24,7 +25,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 8
+#define LOOM_ABI_MINOR 9
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -42,6 +43,7 @@ typedef enum loom_plugin_kind {
     LOOM_PLUGIN_STRATEGY = 2,
     LOOM_PLUGIN_MEMTIER = 3,
     LOOM_PLUGIN_SCHEDULE = 4, /* since ABI 1.8: pipeline schedules (schedule.h) */
+    LOOM_PLUGIN_COMPUTE = 5,  /* since ABI 1.9: compute backends (compute.h) */
 } loom_plugin_kind;
 
 static inline const char *loom_plugin_kind_name(uint32_t kind)
@@ -51,6 +53,7 @@ static inline const char *loom_plugin_kind_name(uint32_t kind)
     case LOOM_PLUGIN_STRATEGY: return "strategy";
     case LOOM_PLUGIN_MEMTIER: return "memtier";
     case LOOM_PLUGIN_SCHEDULE: return "schedule";
+    case LOOM_PLUGIN_COMPUTE: return "compute";
     default: return "?";
     }
 }
@@ -167,6 +170,7 @@ typedef enum loom_trace_lane {
 
 struct loom_comm_api;
 struct loom_comm;
+struct loom_compute_api;
 
 /* Model state whose home tier memory.offload chooses by purpose, for
  * ZeRO-Offload and ZeRO-Infinity: OPTIMIZER (fp32 master weights and Adam
@@ -188,8 +192,9 @@ typedef struct loom_tiered loom_tiered;
 
 /* Version 4 (ABI 1.6) adds no member: it says the loom_optimizer_step the
  * core passes has update_range; version 5 (ABI 1.7), update_range_store;
- * version 6 (ABI 1.8) adds crc32c and copy_crc32c. */
-#define LOOM_HOST_VERSION 6
+ * version 6 (ABI 1.8) adds crc32c and copy_crc32c; version 7 (ABI 1.9),
+ * compute. */
+#define LOOM_HOST_VERSION 7
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;
@@ -279,6 +284,12 @@ typedef struct loom_host {
      * them, computed while they are in cache. */
     uint32_t (*crc32c)(uint32_t crc, const void *data, size_t n);
     uint32_t (*copy_crc32c)(void *dst, const void *src, size_t n);
+
+    /* Since LOOM_HOST_VERSION 7 (ABI 1.9): the run's compute backend
+     * (loom/compute.h), where the model's buffers live and the only way to
+     * touch them. A strategy built before 1.9 is refused with a backend
+     * whose memory the host cannot address. */
+    const struct loom_compute_api *compute;
 } loom_host;
 
 #endif
