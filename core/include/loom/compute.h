@@ -38,6 +38,9 @@ typedef struct loom_compute_setup {
     int threads;          /* CPU threads the backend may use (train.threads) */
     loom_dtype precision; /* the run's storage dtype: f32, bf16 or f16 */
     int deterministic;    /* 1: results identical run to run (no TF32, fixed reduction order) */
+    /* The built-in cpu backend, for a backend that wraps it or runs some of
+     * its work on the host (its instances are created with the same setup). */
+    const struct loom_compute_plugin_v1_t *cpu;
 } loom_compute_setup;
 
 /* One operand of a matrix product: element (r, c) of the matrix it stands
