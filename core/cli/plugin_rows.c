@@ -50,7 +50,7 @@ static int list_file(row_list *l, const char *dir, const char *file)
     uint32_t kind = loom_plugin_kind_of(r->kind);
     if (!kind) {
         snprintf(status, sizeof status, "refused: unknown kind '%s' (loom knows comm, strategy, "
-                 "schedule and memtier)", r->kind);
+                 "schedule, memtier and compute)", r->kind);
     } else {
         loom_plugin_checks checks = {0};
         loom_plugin *p = NULL;

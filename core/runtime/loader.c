@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "loom/comm.h"
+#include "loom/compute.h"
 #include "loom/memtier.h"
 #include "loom/plugin.h"
 #include "loom/schedule.h"
@@ -45,7 +46,7 @@
 /* A settings list longer than this has lost its NULL terminator. */
 #define MAX_SETTINGS 256
 /* The kinds are numbered from LOOM_PLUGIN_COMM to this one. */
-#define LAST_KIND LOOM_PLUGIN_SCHEDULE
+#define LAST_KIND LOOM_PLUGIN_COMPUTE
 
 /* ------------------------------------------------------------ search path */
 
@@ -309,6 +310,67 @@ static const op_slot schedule_required[] = {
     OP(loom_schedule_plugin_v1_t, build),
 };
 
+/* Every op but probe and native_queue, and alloc and free, which a backend
+ * of the host tier may leave to the core (see compute_memory_ops). A
+ * missing kernel would be a refusal in the middle of a step, or worse a
+ * silent fallback to memory the backend cannot read. */
+#define CO(member) OP(loom_compute_plugin_v1_t, member)
+static const op_slot compute_required[] = {
+    CO(create),
+    CO(destroy),
+    CO(describe),
+    CO(to_device),
+    CO(to_host),
+    CO(copy),
+    CO(copy_rows),
+    CO(zero),
+    CO(synchronize),
+    CO(event_record),
+    CO(event_wait),
+    CO(event_free),
+    CO(status),
+    CO(gemm),
+    CO(multiply_dtype),
+    CO(matmul_forward),
+    CO(matmul_backward_input),
+    CO(matmul_backward_weight),
+    CO(encoder_forward),
+    CO(encoder_backward),
+    CO(embedding_rows_forward),
+    CO(embedding_rows_backward),
+    CO(position_forward),
+    CO(position_backward),
+    CO(layernorm_forward),
+    CO(residual_layernorm_forward),
+    CO(layernorm_backward_input),
+    CO(layernorm_backward_weight),
+    CO(residual_forward),
+    CO(bias_forward),
+    CO(bias_backward),
+    CO(bias_gelu_forward),
+    CO(gelu_backward),
+    CO(attention_forward),
+    CO(attention_backward),
+    CO(crossentropy_forward),
+    CO(crossentropy_backward),
+    CO(crossentropy_slice_max),
+    CO(crossentropy_slice_sums),
+    CO(crossentropy_slice_finish),
+    CO(crossentropy_slice_backward),
+    CO(mean),
+    CO(adamw),
+    CO(sum_squares),
+    CO(count_nonfinite),
+    CO(scale),
+    CO(convert),
+    CO(accumulate),
+};
+/* Required of a backend whose memory is not the host's. */
+static const op_slot compute_memory_ops[] = {
+    CO(alloc),
+    CO(free),
+};
+
 typedef struct op_list {
     const op_slot *ops;
     size_t count;
@@ -324,6 +386,7 @@ static int required_ops(uint32_t kind, int axis, op_list lists[2])
     case LOOM_PLUGIN_COMM: lists[0] = (op_list)OP_LIST(comm_required); return 1;
     case LOOM_PLUGIN_MEMTIER: lists[0] = (op_list)OP_LIST(memtier_required); return 1;
     case LOOM_PLUGIN_SCHEDULE: lists[0] = (op_list)OP_LIST(schedule_required); return 1;
+    case LOOM_PLUGIN_COMPUTE: lists[0] = (op_list)OP_LIST(compute_required); return 1;
     case LOOM_PLUGIN_STRATEGY:
         lists[0] = (op_list)OP_LIST(strategy_common_required);
         switch (axis) {
@@ -405,6 +468,8 @@ static const struct {
                                         OP(loom_memtier_plugin_v1_t, prefetch)},
     [LOOM_OPTIONAL_SCHEDULE_BUBBLE] = {LOOM_PLUGIN_SCHEDULE,
                                        OP(loom_schedule_plugin_v1_t, bubble)},
+    [LOOM_OPTIONAL_COMPUTE_PROBE] = {LOOM_PLUGIN_COMPUTE, CO(probe)},
+    [LOOM_OPTIONAL_COMPUTE_NATIVE_QUEUE] = {LOOM_PLUGIN_COMPUTE, CO(native_queue)},
 };
 
 const char *loom_optional_op_name(loom_optional_op op)
@@ -468,6 +533,7 @@ static void normalise(loom_plugin *p, loom_plugin_kind kind, const loom_plugin_h
     case LOOM_PLUGIN_STRATEGY: size = sizeof p->ops.strategy; break;
     case LOOM_PLUGIN_MEMTIER: size = sizeof p->ops.memtier; break;
     case LOOM_PLUGIN_SCHEDULE: size = sizeof p->ops.schedule; break;
+    case LOOM_PLUGIN_COMPUTE: size = sizeof p->ops.compute; break;
     }
     memcpy(ops, exported, exported->struct_size < size ? exported->struct_size : size);
     /* Readers of the settings see this loom's spec, whatever the plugin's. */
@@ -862,7 +928,7 @@ static int check_description(const loom_plugin_header *h, char *why, size_t cap)
 /* --------------------------------------------------------------- loading */
 
 /* The config group of a plugin's settings: comm.<name>, parallel.<axis>,
- * memory.offload. */
+ * memory.offload, compute.<name>. */
 static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf, size_t cap);
 
 /* One load in progress: the file, what we know of it so far, and where its
@@ -1722,6 +1788,24 @@ static void *dlopen_saying_crashes(const char *path)
     return dl;
 }
 
+/* The "tier" check of a compute backend: where its memory is accounted and
+ * what communicators see it as, each one the core knows. */
+static int check_compute_fields(load_run *r, const loom_compute_plugin_v1_t *c)
+{
+    if (c->tier != LOOM_TIER_HOST && c->tier != LOOM_TIER_DEVICE)
+        return refuse(r, LOOM_ERR_INVALID, "tier",
+                      "compute backend %s has tier %u; want LOOM_TIER_DEVICE (%d) for memory of "
+                      "its own or LOOM_TIER_HOST (%d) for the host's", c->header.name, c->tier,
+                      LOOM_TIER_DEVICE, LOOM_TIER_HOST);
+    if (c->mem_kind >= LOOM_MEM_KIND_COUNT)
+        return refuse(r, LOOM_ERR_INVALID, "tier",
+                      "compute backend %s has mem_kind %u; want LOOM_MEM_HOST (%d) or "
+                      "LOOM_MEM_DEVICE (%d), the kind of memory communicators see its buffers as",
+                      c->header.name, c->mem_kind, LOOM_MEM_HOST, LOOM_MEM_DEVICE);
+    passed(r, "tier");
+    return LOOM_OK;
+}
+
 /* Every check in order; on success *dl and *header are the plugin's. */
 static int check_file(load_run *r, void **dl_out, const loom_plugin_header **header_out,
                       loom_setting_spec **settings_out)
@@ -1867,10 +1951,19 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         passed(r, "axis");
     }
 
-    op_list lists[2];
+    if (r->kind == LOOM_PLUGIN_COMPUTE) {
+        int rc = check_compute_fields(r, (const loom_compute_plugin_v1_t *)h);
+        if (rc != LOOM_OK)
+            return rc;
+    }
+
+    op_list lists[3];
     int nlists = required_ops(r->kind, axis, lists);
-    char missing[256] = "";
-    int nmissing = 0;
+    if (r->kind == LOOM_PLUGIN_COMPUTE &&
+        ((const loom_compute_plugin_v1_t *)h)->tier != LOOM_TIER_HOST)
+        lists[nlists++] = (op_list)OP_LIST(compute_memory_ops);
+    char missing[512] = "";
+    int nmissing = 0, kernels_only = 1;
     for (int l = 0; l < nlists; l++) {
         for (size_t i = 0; i < lists[l].count; i++) {
             if (op_present(h, lists[l].ops[i].offset))
@@ -1879,8 +1972,17 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
             snprintf(missing + used, sizeof missing - used, "%s%s", nmissing ? ", " : "",
                      lists[l].ops[i].name);
             nmissing++;
+            kernels_only &= lists[l].ops[i].offset >= offsetof(loom_compute_plugin_v1_t, gemm);
         }
     }
+    if (nmissing && r->kind == LOOM_PLUGIN_COMPUTE)
+        return refuse(r, LOOM_ERR_INVALID, "required ops", "compute backend %s leaves %s NULL; %s",
+                      h->name, missing,
+                      kernels_only ? "every kernel of a training step is required (a missing "
+                                     "kernel would run nowhere)"
+                                   : "a compute backend must implement every op but probe and "
+                                     "native_queue (alloc and free too, unless its tier is "
+                                     "host)");
     if (nmissing)
         return refuse(r, LOOM_ERR_INVALID, "required ops",
                       "REQUIRED op%s %s %s NULL%s%s; a %s plugin must implement %s",
@@ -2133,6 +2235,8 @@ static void settings_group(uint32_t kind, const loom_plugin_header *h, char *buf
         snprintf(buf, cap, "comm.%s", h->name);
     else if (kind == LOOM_PLUGIN_SCHEDULE)
         snprintf(buf, cap, "parallel.pp");
+    else if (kind == LOOM_PLUGIN_COMPUTE)
+        snprintf(buf, cap, "compute.%s", h->name);
     else if (kind == LOOM_PLUGIN_STRATEGY)
         snprintf(buf, cap, "parallel.%s",
                  loom_axis_name((loom_axis)((const loom_strategy_plugin_v1_t *)h)->axis));

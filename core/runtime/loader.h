@@ -17,6 +17,7 @@
  * versioned types; a new major adds an adapter here and nowhere else (as
  * NCCL's ncclNet_t stands for its newest ncclNet_vN_t). */
 #include "loom/comm.h"
+#include "loom/compute.h"
 #include "loom/memtier.h"
 #include "loom/schedule.h"
 #include "loom/strategy.h"
@@ -24,6 +25,7 @@ typedef loom_comm_plugin_v1_t loom_comm_ops;
 typedef loom_strategy_plugin_v1_t loom_strategy_ops;
 typedef loom_memtier_plugin_v1_t loom_memtier_ops;
 typedef loom_schedule_plugin_v1_t loom_schedule_ops;
+typedef loom_compute_plugin_v1_t loom_compute_ops;
 
 /* The optional ops, one bit each in loom_plugin.provided: set when the
  * plugin's own struct has the op non-NULL within its struct_size. The ops
@@ -51,6 +53,8 @@ typedef enum loom_optional_op {
     LOOM_OPTIONAL_MEMTIER_ADDRESS,
     LOOM_OPTIONAL_MEMTIER_PREFETCH,
     LOOM_OPTIONAL_SCHEDULE_BUBBLE,
+    LOOM_OPTIONAL_COMPUTE_PROBE,
+    LOOM_OPTIONAL_COMPUTE_NATIVE_QUEUE,
     LOOM_OPTIONAL_COUNT
 } loom_optional_op;
 
@@ -95,6 +99,7 @@ typedef struct loom_plugin {
         loom_strategy_ops strategy;
         loom_memtier_ops memtier;
         loom_schedule_ops schedule;
+        loom_compute_ops compute;
     } ops;
     /* A schedule built as a strategy: that struct, normalised, which the
      * adapter calls (ops.schedule has its header and bubble, no build). */
@@ -198,7 +203,7 @@ uint32_t loom_plugin_kind_of(const char *kind_name);
 int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size);
 /* The config group a plugin's settings live in: comm.<name> for a
  * communicator, parallel.<axis> for a strategy, parallel.pp for a schedule,
- * memory.offload for a tier. */
+ * memory.offload for a tier, compute.<name> for a compute backend. */
 void loom_plugin_settings_group(const loom_plugin *p, char *buf, size_t cap);
 
 /* How the loader tells whether the dynamic loader would find a library a

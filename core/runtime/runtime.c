@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/compute.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
@@ -54,6 +55,7 @@ struct loom_runtime {
     plugin_entry *plugins;
     local_kv *local;
     loom_tiers *tiers; /* created at the first need */
+    const loom_compute_api *compute; /* every host's compute; NULL until set */
 };
 
 static host_slot *slot_of(const loom_host *host) { return (host_slot *)(uintptr_t)host; }
@@ -359,6 +361,14 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
     return LOOM_OK;
 }
 
+int loom_runtime_set_compute(loom_runtime *rt, const loom_compute_api *api)
+{
+    rt->compute = api;
+    for (host_slot *s = rt->hosts; s; s = s->next)
+        s->host.compute = api;
+    return LOOM_OK;
+}
+
 int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *settings_path,
                       const loom_host **out)
 {
@@ -414,6 +424,7 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->tiered_release = host_tiered_release;
     h->crc32c = loom_crc32c_extend;
     h->copy_crc32c = loom_copy_crc32c;
+    h->compute = rt->compute;
     s->next = rt->hosts;
     rt->hosts = s;
     *out = h;

@@ -25,6 +25,11 @@ int loom_runtime_tiers(loom_runtime *rt, struct loom_tiers **out);
  * specs). Owned by rt. */
 int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *settings_path,
                       const loom_host **out);
+/* The run's compute backend, as strategies reach it (loom_host.compute):
+ * set in every host table made so far and in every one made after; tables
+ * made before the first call have NULL. api must outlive rt (or the next
+ * call). */
+int loom_runtime_set_compute(loom_runtime *rt, const loom_compute_api *api);
 /* Load a plugin once per runtime (cached by kind and name; unloaded at
  * destroy). */
 int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,

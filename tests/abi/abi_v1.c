@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "loom/comm.h"
+#include "loom/compute.h"
 #include "loom/memtier.h"
 #include "loom/plugin.h"
 #include "loom/schedule.h"
@@ -26,12 +27,14 @@ PIN_VALUE(LOOM_PLUGIN_COMM, 1);
 PIN_VALUE(LOOM_PLUGIN_STRATEGY, 2);
 PIN_VALUE(LOOM_PLUGIN_MEMTIER, 3);
 PIN_VALUE(LOOM_PLUGIN_SCHEDULE, 4); /* since 1.8 */
+PIN_VALUE(LOOM_PLUGIN_COMPUTE, 5);  /* since 1.9 */
 PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 6); /* 4 since 1.6: loom_optimizer_step.update_range;
-                                     5 since 1.7: update_range_store; 6 since 1.8: crc32c */
+PIN_VALUE(LOOM_HOST_VERSION, 7); /* 4 since 1.6: loom_optimizer_step.update_range;
+                                     5 since 1.7: update_range_store; 6 since 1.8: crc32c;
+                                     7 since 1.9: compute */
 PIN_VALUE(LOOM_TIERED_READ, 0);
 PIN_VALUE(LOOM_TIERED_OVERWRITE, 1);
 PIN_VALUE(LOOM_OK, 0);
@@ -168,7 +171,7 @@ PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
 PIN(loom_strategy_plugin_v1_t, data_eval, 256);
 PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
-PIN_SIZE(loom_host, 216);
+PIN_SIZE(loom_host, 224);
 PIN(loom_host, struct_size, 0);
 PIN(loom_host, version, 4);
 PIN(loom_host, rank, 8);
@@ -199,6 +202,7 @@ PIN(loom_host, tiered_acquire, 184);
 PIN(loom_host, tiered_release, 192);
 PIN(loom_host, crc32c, 200);      /* since 1.8 */
 PIN(loom_host, copy_crc32c, 208); /* since 1.8 */
+PIN(loom_host, compute, 216);     /* since 1.9 */
 
 PIN_SIZE(loom_comm_api, 144);
 PIN(loom_comm_api, struct_size, 0);
@@ -241,6 +245,102 @@ PIN_SIZE(loom_strategy_setup, 112);
 /* micro_batches since 1.8: the same int as grad_accum, its older name */
 PIN(loom_strategy_setup, grad_accum, 104);
 PIN(loom_strategy_setup, micro_batches, 104);
+
+/* The compute backends (since 1.9): the plugin struct, what create and the
+ * kernels receive, and the host's compute service. */
+PIN_SIZE(loom_compute_plugin_v1_t, 464);
+PIN(loom_compute_plugin_v1_t, header, 0);
+PIN(loom_compute_plugin_v1_t, tier, 40);
+PIN(loom_compute_plugin_v1_t, mem_kind, 44);
+PIN(loom_compute_plugin_v1_t, probe, 48);
+PIN(loom_compute_plugin_v1_t, create, 56);
+PIN(loom_compute_plugin_v1_t, destroy, 64);
+PIN(loom_compute_plugin_v1_t, describe, 72);
+PIN(loom_compute_plugin_v1_t, alloc, 80);
+PIN(loom_compute_plugin_v1_t, free, 88);
+PIN(loom_compute_plugin_v1_t, to_device, 96);
+PIN(loom_compute_plugin_v1_t, to_host, 104);
+PIN(loom_compute_plugin_v1_t, copy, 112);
+PIN(loom_compute_plugin_v1_t, copy_rows, 120);
+PIN(loom_compute_plugin_v1_t, zero, 128);
+PIN(loom_compute_plugin_v1_t, synchronize, 136);
+PIN(loom_compute_plugin_v1_t, event_record, 144);
+PIN(loom_compute_plugin_v1_t, event_wait, 152);
+PIN(loom_compute_plugin_v1_t, event_free, 160);
+PIN(loom_compute_plugin_v1_t, status, 168);
+PIN(loom_compute_plugin_v1_t, gemm, 176);
+PIN(loom_compute_plugin_v1_t, multiply_dtype, 184);
+PIN(loom_compute_plugin_v1_t, matmul_forward, 192);
+PIN(loom_compute_plugin_v1_t, matmul_backward_input, 200);
+PIN(loom_compute_plugin_v1_t, matmul_backward_weight, 208);
+PIN(loom_compute_plugin_v1_t, encoder_forward, 216);
+PIN(loom_compute_plugin_v1_t, encoder_backward, 224);
+PIN(loom_compute_plugin_v1_t, embedding_rows_forward, 232);
+PIN(loom_compute_plugin_v1_t, embedding_rows_backward, 240);
+PIN(loom_compute_plugin_v1_t, position_forward, 248);
+PIN(loom_compute_plugin_v1_t, position_backward, 256);
+PIN(loom_compute_plugin_v1_t, layernorm_forward, 264);
+PIN(loom_compute_plugin_v1_t, residual_layernorm_forward, 272);
+PIN(loom_compute_plugin_v1_t, layernorm_backward_input, 280);
+PIN(loom_compute_plugin_v1_t, layernorm_backward_weight, 288);
+PIN(loom_compute_plugin_v1_t, residual_forward, 296);
+PIN(loom_compute_plugin_v1_t, bias_forward, 304);
+PIN(loom_compute_plugin_v1_t, bias_backward, 312);
+PIN(loom_compute_plugin_v1_t, bias_gelu_forward, 320);
+PIN(loom_compute_plugin_v1_t, gelu_backward, 328);
+PIN(loom_compute_plugin_v1_t, attention_forward, 336);
+PIN(loom_compute_plugin_v1_t, attention_backward, 344);
+PIN(loom_compute_plugin_v1_t, crossentropy_forward, 352);
+PIN(loom_compute_plugin_v1_t, crossentropy_backward, 360);
+PIN(loom_compute_plugin_v1_t, crossentropy_slice_max, 368);
+PIN(loom_compute_plugin_v1_t, crossentropy_slice_sums, 376);
+PIN(loom_compute_plugin_v1_t, crossentropy_slice_finish, 384);
+PIN(loom_compute_plugin_v1_t, crossentropy_slice_backward, 392);
+PIN(loom_compute_plugin_v1_t, mean, 400);
+PIN(loom_compute_plugin_v1_t, adamw, 408);
+PIN(loom_compute_plugin_v1_t, sum_squares, 416);
+PIN(loom_compute_plugin_v1_t, count_nonfinite, 424);
+PIN(loom_compute_plugin_v1_t, scale, 432);
+PIN(loom_compute_plugin_v1_t, convert, 440);
+PIN(loom_compute_plugin_v1_t, accumulate, 448);
+PIN(loom_compute_plugin_v1_t, native_queue, 456);
+PIN_SIZE(loom_compute_setup, 32);
+PIN(loom_compute_setup, struct_size, 0);
+PIN(loom_compute_setup, device, 4);
+PIN(loom_compute_setup, threads, 8);
+PIN(loom_compute_setup, precision, 12);
+PIN(loom_compute_setup, deterministic, 16);
+PIN(loom_compute_setup, cpu, 24);
+PIN_SIZE(loom_compute_operand, 24);
+PIN(loom_compute_operand, data, 0);
+PIN(loom_compute_operand, dtype, 8);
+PIN(loom_compute_operand, ld, 12);
+PIN(loom_compute_operand, transposed, 16);
+PIN_SIZE(loom_compute_weight, 16);
+PIN(loom_compute_weight, data, 0);
+PIN(loom_compute_weight, dtype, 8);
+PIN_SIZE(loom_compute_adamw, 32);
+PIN(loom_compute_adamw, step, 0);
+PIN(loom_compute_adamw, lr, 8);
+PIN(loom_compute_adamw, beta1, 12);
+PIN(loom_compute_adamw, beta2, 16);
+PIN(loom_compute_adamw, eps, 20);
+PIN(loom_compute_adamw, weight_decay, 24);
+PIN(loom_compute_adamw, grad_scale, 28);
+PIN_SIZE(loom_compute_api, 88);
+PIN(loom_compute_api, struct_size, 0);
+PIN(loom_compute_api, tier, 4);
+PIN(loom_compute_api, mem_kind, 8);
+PIN(loom_compute_api, reserved, 12);
+PIN(loom_compute_api, backend, 16);
+PIN(loom_compute_api, to_device, 24);
+PIN(loom_compute_api, to_host, 32);
+PIN(loom_compute_api, copy, 40);
+PIN(loom_compute_api, zero, 48);
+PIN(loom_compute_api, convert, 56);
+PIN(loom_compute_api, sum_squares, 64);
+PIN(loom_compute_api, scale, 72);
+PIN(loom_compute_api, synchronize, 80);
 
 #endif
 
