@@ -127,6 +127,19 @@ void loom_adamw_update_range_store_all(const loom_optimizer_step *s, const loom_
     loom_kernel_time_end();
 }
 
+void loom_adamw_apply(const loom_compute_adamw *step, float *master, const void *grad,
+                      loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
+                      loom_dtype params_dtype)
+{
+    const loom_optimizer_step s = {.step = step->step, .lr = step->lr, .beta1 = step->beta1,
+                                   .beta2 = step->beta2, .eps = step->eps,
+                                   .weight_decay = step->weight_decay,
+                                   .grad_scale = step->grad_scale};
+    loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
+    adamw(&s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+    loom_kernel_time_end();
+}
+
 /* Whether element i of the unit's flat buffer lies in a tensor that decays,
  * and where the run of elements like it ends (at most end). */
 static int decays_until(const loom_unit *unit, size_t i, size_t end, size_t *until)

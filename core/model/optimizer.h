@@ -4,6 +4,7 @@
 #ifndef LOOM_OPTIMIZER_H
 #define LOOM_OPTIMIZER_H
 
+#include "loom/compute.h"
 #include "loom/tensor.h"
 #include "loom/strategy.h"
 
@@ -32,6 +33,13 @@ void loom_adamw_update_range_store_matrices(const loom_optimizer_step *s, const 
                                             size_t offset, float *master, const void *grad,
                                             loom_dtype grad_dtype, float *m, float *v, size_t n,
                                             void *params, loom_dtype params_dtype);
+
+/* The compute backend's adamw (loom/compute.h) on the CPU: the update
+ * above with step's constants, decaying every element by its weight_decay,
+ * the same bits as loom_adamw_update_range_store_all with those numbers. */
+void loom_adamw_apply(const loom_compute_adamw *step, float *master, const void *grad,
+                      loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
+                      loom_dtype params_dtype);
 
 typedef struct loom_lr_schedule {
     float lr;
