@@ -1,7 +1,7 @@
 # loom_add_plugin(<kind> <name> SOURCES <file>... [LIBS <library>...])
 #
 # Builds a loom plugin: the MODULE library libloom-<kind>-<name>.so (the
-# file name the loader requires; <kind> is comm, strategy, schedule or memtier),
+# file name the loader requires; <kind> is comm, strategy, schedule, memtier or compute),
 # whose target is loom-<kind>-<name>. It is C11 and compiled with hidden
 # visibility (-fvisibility=hidden), so the struct marked LOOM_PLUGIN_EXPORT
 # is the one symbol it exports; it links loom::abi (headers only: a plugin
@@ -17,8 +17,8 @@ function(loom_add_plugin kind name)
     message(FATAL_ERROR "loom_add_plugin(${kind} ${name} ...): unexpected '${P_UNPARSED_ARGUMENTS}' "
       "or no SOURCES; write loom_add_plugin(<kind> <name> SOURCES <file>... [LIBS <library>...])")
   endif()
-  if(NOT kind MATCHES "^(comm|strategy|schedule|memtier)$")
-    message(FATAL_ERROR "loom_add_plugin(${kind} ${name} ...): the kind is comm, strategy, schedule or memtier")
+  if(NOT kind MATCHES "^(comm|strategy|schedule|memtier|compute)$")
+    message(FATAL_ERROR "loom_add_plugin(${kind} ${name} ...): the kind is comm, strategy, schedule, memtier or compute")
   endif()
   set(target loom-${kind}-${name})
   add_library(${target} MODULE ${P_SOURCES})
