@@ -1963,7 +1963,7 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
         ((const loom_compute_plugin_v1_t *)h)->tier != LOOM_TIER_HOST)
         lists[nlists++] = (op_list)OP_LIST(compute_memory_ops);
     char missing[512] = "";
-    int nmissing = 0, kernels_only = 1;
+    int nmissing = 0, nkernels = 0, nmemory = 0;
     for (int l = 0; l < nlists; l++) {
         for (size_t i = 0; i < lists[l].count; i++) {
             if (op_present(h, lists[l].ops[i].offset))
@@ -1972,17 +1972,20 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
             snprintf(missing + used, sizeof missing - used, "%s%s", nmissing ? ", " : "",
                      lists[l].ops[i].name);
             nmissing++;
-            kernels_only &= lists[l].ops[i].offset >= offsetof(loom_compute_plugin_v1_t, gemm);
+            nkernels += lists[l].ops[i].offset >= offsetof(loom_compute_plugin_v1_t, gemm);
+            nmemory += lists[l].ops == compute_memory_ops;
         }
     }
     if (nmissing && r->kind == LOOM_PLUGIN_COMPUTE)
         return refuse(r, LOOM_ERR_INVALID, "required ops", "compute backend %s leaves %s NULL; %s",
                       h->name, missing,
-                      kernels_only ? "every kernel of a training step is required (a missing "
-                                     "kernel would run nowhere)"
-                                   : "a compute backend must implement every op but probe and "
-                                     "native_queue (alloc and free too, unless its tier is "
-                                     "host)");
+                      nkernels == nmissing ? "every kernel of a training step is required (a "
+                                             "missing kernel would run nowhere)"
+                      : nmemory == nmissing ? "a backend of the device tier allocates its own "
+                                              "memory (only one of the host tier may leave "
+                                              "alloc and free to the core)"
+                                            : "a compute backend must implement every op but "
+                                              "probe and native_queue");
     if (nmissing)
         return refuse(r, LOOM_ERR_INVALID, "required ops",
                       "REQUIRED op%s %s %s NULL%s%s; a %s plugin must implement %s",

@@ -108,6 +108,17 @@ static const refusal refusals[] = {
      {"wrong kind: header.kind says strategy (2) but the symbol is loom_schedule_plugin_v1"}},
     {"nobuild", LOOM_PLUGIN_SCHEDULE, LOOM_ERR_INVALID,
      {"REQUIRED op build is NULL; a schedule plugin must implement it"}},
+    {"nullkernel", LOOM_PLUGIN_COMPUTE, LOOM_ERR_INVALID,
+     {"compute backend nullkernel leaves crossentropy_slice_sums NULL; every kernel of a "
+      "training step is required (a missing kernel would run nowhere)"}},
+    {"noalloc", LOOM_PLUGIN_COMPUTE, LOOM_ERR_INVALID,
+     {"compute backend noalloc leaves alloc, free NULL; a backend of the device tier allocates "
+      "its own memory (only one of the host tier may leave alloc and free to the core)"}},
+    {"badtier", LOOM_PLUGIN_COMPUTE, LOOM_ERR_INVALID,
+     {"compute backend badtier has tier 7; want LOOM_TIER_DEVICE (0) for memory of its own or "
+      "LOOM_TIER_HOST (1) for the host's"}},
+    {"badmemkind", LOOM_PLUGIN_COMPUTE, LOOM_ERR_INVALID,
+     {"compute backend badmemkind has mem_kind 5; want LOOM_MEM_HOST (0) or LOOM_MEM_DEVICE (1)"}},
 };
 
 static void check_refusal(const refusal *r)
@@ -220,6 +231,33 @@ static void case_kinds(void)
     loom_plugin_unload(p);
     p = load_ok(LOOM_PLUGIN_STRATEGY, "good");
     loom_plugin_unload(p);
+}
+
+/* Compute backends: "compute" names the kind; one of the device tier with
+ * memory of its own, one of the host tier that leaves alloc and free to
+ * the core; probe and native_queue are optional, and provided says which. */
+static void case_compute(void)
+{
+    CHECK(loom_plugin_kind_of("compute") == LOOM_PLUGIN_COMPUTE, "kind of \"compute\"");
+    loom_plugin *p = load_ok(LOOM_PLUGIN_COMPUTE, "good");
+    if (p) {
+        CHECK(p->kind == LOOM_PLUGIN_COMPUTE && p->header->kind == LOOM_PLUGIN_COMPUTE, "kind");
+        CHECK(p->ops.compute.tier == LOOM_TIER_DEVICE, "tier %u", p->ops.compute.tier);
+        CHECK(p->ops.compute.mem_kind == LOOM_MEM_DEVICE, "mem_kind %u", p->ops.compute.mem_kind);
+        CHECK(p->ops.compute.alloc && p->ops.compute.crossentropy_slice_sums, "ops copied");
+        CHECK(loom_plugin_provides(p, LOOM_OPTIONAL_COMPUTE_PROBE), "probe provided");
+        CHECK(!loom_plugin_provides(p, LOOM_OPTIONAL_COMPUTE_NATIVE_QUEUE), "no native_queue");
+        char group[64];
+        loom_plugin_settings_group(p, group, sizeof group);
+        CHECK(!strcmp(group, "compute.good"), "settings group %s", group);
+        loom_plugin_unload(p);
+    }
+    p = load_ok(LOOM_PLUGIN_COMPUTE, "host");
+    if (p) {
+        CHECK(p->ops.compute.tier == LOOM_TIER_HOST, "tier %u", p->ops.compute.tier);
+        CHECK(!p->ops.compute.alloc && !p->ops.compute.free, "alloc and free left to the core");
+        loom_plugin_unload(p);
+    }
 }
 
 /* The actions a schedule plugin emits, as text: "r0 4/0/1 ..." */
@@ -485,7 +523,7 @@ int main(int argc, char **argv)
         {"newminor", case_newminor}, {"kinds", case_kinds},
         {"by-path", case_by_path}, {"search-order", case_search_order},
         {"notfound", case_notfound}, {"schedule", case_schedule},
-        {"provides", case_provides},
+        {"provides", case_provides}, {"compute", case_compute},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
         if (all || !strcmp(which, cases[i].name)) {
