@@ -251,10 +251,8 @@ static sim_block *take_first_fit(loom_compute *c, size_t bytes)
         b = b->next;
     if (!b)
         return NULL;
-    if (b->bytes > bytes) {
-        sim_block *rest = calloc(1, sizeof *rest);
-        if (!rest)
-            return NULL;
+    sim_block *rest = b->bytes > bytes ? calloc(1, sizeof *rest) : NULL;
+    if (rest) { /* without memory for it, b is used whole */
         rest->offset = b->offset + bytes;
         rest->bytes = b->bytes - bytes;
         rest->prev = b;
@@ -292,6 +290,32 @@ static int raise_high_water(loom_compute *c, size_t end)
     return rc;
 }
 
+static int sim_free(loom_compute *c, void *ptr);
+
+/* Zeroes the arena's [from, to): its whole pages are dropped (they read as
+ * zero again, and give their memory back), the partial ones at its ends
+ * are cleared. */
+static int zero_block(loom_compute *c, size_t from, size_t to)
+{
+    size_t first_page = (from + c->page - 1) / c->page * c->page;
+    size_t end_page = to / c->page * c->page;
+    if (first_page >= end_page) {
+        first_page = to;
+        end_page = to;
+    }
+    if (end_page > first_page &&
+        madvise(c->base + first_page, end_page - first_page, MADV_DONTNEED) != 0)
+        return c->host->error(c->host, LOOM_ERR_INTERNAL,
+                              "sim: madvise of the arena's bytes [%zu, %zu) failed: %s",
+                              first_page, end_page, strerror(errno));
+    int rc = open_arena(c);
+    if (rc != LOOM_OK)
+        return rc;
+    memset(c->base + from, 0, first_page - from);
+    memset(c->base + end_page, 0, to - end_page);
+    return close_arena(c);
+}
+
 static int sim_alloc(loom_compute *c, size_t bytes, void **out)
 {
     *out = NULL;
@@ -318,13 +342,11 @@ static int sim_alloc(loom_compute *c, size_t bytes, void **out)
                               bytes, in_use, (long long)c->size_gib);
     char *p = c->base + b->offset;
     if (rc == LOOM_OK)
-        rc = open_arena(c);
-    if (rc == LOOM_OK) {
-        memset(p, 0, b->bytes);
-        rc = close_arena(c);
-    }
-    if (rc != LOOM_OK)
+        rc = zero_block(c, b->offset, b->offset + b->bytes);
+    if (rc != LOOM_OK) {
+        sim_free(c, p);
         return rc;
+    }
     *out = p;
     return LOOM_OK;
 }
