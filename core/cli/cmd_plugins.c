@@ -481,6 +481,8 @@ static void check_functional(checker *c, const loom_plugin *p, const char *const
             check_comm_functional(c, &p->ops.comm, host);
         else if (p->kind == LOOM_PLUGIN_SCHEDULE)
             check_schedule_functional(c, p, host);
+        else if (p->kind == LOOM_PLUGIN_COMPUTE)
+            loom_compute_check(p, host, report_check, c);
         else
             check_memtier_functional(c, &p->ops.memtier, host);
     }

@@ -1,4 +1,5 @@
-/* The numerics harness for plugin authors (cli/plugin_harness.h).
+/* The numerics harness for plugin authors (cli/plugin_harness.h), and the
+ * functional checks of a compute backend at the end of this file.
  *
  * Every run is this program itself, `loom launch -n N -- loom train CONFIG`
  * with --metrics and --save (llm.c weights, which the trainer consolidates
@@ -11,6 +12,8 @@
 #include <ftw.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,7 @@
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "cli/plugin_harness.h"
+#include "model/compute.h"
 #include "model/formats.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
@@ -571,4 +575,344 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
     else if (failures == 0)
         printf("numerics hold at every rank count\n");
     return failures ? 1 : 0;
+}
+
+/* ---- the compute check of `loom plugins --check` ---- */
+
+/* What a compute backend's check holds: the backend, the built-in cpu
+ * backend it is compared with, and where the checks are reported. */
+typedef struct compute_check {
+    const loom_compute_plugin_v1_t *vt, *cpu;
+    loom_compute *self, *ref;
+    loom_check_report report;
+    void *ctx;
+} compute_check;
+
+static void compute_passed(compute_check *cc, const char *check)
+{
+    cc->report(cc->ctx, check, NULL);
+}
+
+static void compute_failed(compute_check *cc, const char *check, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void compute_failed(compute_check *cc, const char *check, const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    cc->report(cc->ctx, check, why);
+}
+
+/* A backend call that failed: its status and the detail it recorded. */
+static void compute_call_failed(compute_check *cc, const char *check, const char *call, int rc)
+{
+    const char *detail = loom_last_error();
+    compute_failed(cc, check, "%s returned %d (%s)%s%s", call, rc, loom_status_string(rc),
+                   detail[0] ? ": " : "", detail);
+    loom_clear_error();
+}
+
+/* Bytes that cross a page and end at an odd offset, for the round trip; the
+ * kernels' arrays are each under SLOT_BYTES, one slot apiece after them. */
+enum { ROUND_TRIP_BYTES = 2 * 4096 + 100, SLOT_BYTES = 256, SLOTS = 10 };
+#define FIRST_SLOT ((ROUND_TRIP_BYTES + SLOT_BYTES - 1) / SLOT_BYTES * SLOT_BYTES)
+#define SLOT_AT(base, i) ((void *)((char *)(base) + FIRST_SLOT + (size_t)(i)*SLOT_BYTES))
+#define BLOCK_BYTES (FIRST_SLOT + SLOTS * SLOT_BYTES)
+
+/* Memory of the backend: its own, or for a host-tier backend that leaves
+ * that to the core, host memory aligned as alloc's would be. */
+static int compute_alloc(compute_check *cc, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (cc->vt->alloc)
+        return cc->vt->alloc(cc->self, bytes, out);
+    if (posix_memalign(out, 256, bytes))
+        return LOOM_ERR_NO_MEMORY;
+    memset(*out, 0, bytes);
+    return LOOM_OK;
+}
+
+static int compute_free(compute_check *cc, void *p)
+{
+    if (cc->vt->free)
+        return cc->vt->free(cc->self, p);
+    free(p);
+    return LOOM_OK;
+}
+
+/* A fresh block reads back zero; bytes sent to it read back the same; copy
+ * and zero within it do what they say. */
+static void check_compute_memory(compute_check *cc, void *block)
+{
+    const loom_compute_plugin_v1_t *vt = cc->vt;
+    unsigned char *src = malloc(ROUND_TRIP_BYTES), *dst = malloc(ROUND_TRIP_BYTES);
+    if (!src || !dst) {
+        compute_failed(cc, "to_device and to_host", "out of host memory for the check itself");
+        goto out;
+    }
+    int rc = LOOM_OK;
+    size_t i = 0;
+    if (vt->alloc) {
+        rc = vt->to_host(cc->self, dst, block, ROUND_TRIP_BYTES);
+        while (rc == LOOM_OK && i < ROUND_TRIP_BYTES && dst[i] == 0)
+            i++;
+        if (rc != LOOM_OK)
+            compute_call_failed(cc, "alloc zeroes", "to_host", rc);
+        else if (i < ROUND_TRIP_BYTES)
+            compute_failed(cc, "alloc zeroes", "byte %zu of a new block is %u; alloc must zero "
+                           "the memory it gives", i, dst[i]);
+        else
+            compute_passed(cc, "alloc zeroes");
+    }
+
+    for (i = 0; i < ROUND_TRIP_BYTES; i++)
+        src[i] = (unsigned char)(i * 131u + 7u);
+    memset(dst, 0, ROUND_TRIP_BYTES);
+    rc = vt->to_device(cc->self, block, src, ROUND_TRIP_BYTES);
+    if (rc == LOOM_OK)
+        rc = vt->to_host(cc->self, dst, block, ROUND_TRIP_BYTES);
+    for (i = 0; rc == LOOM_OK && i < ROUND_TRIP_BYTES && src[i] == dst[i];)
+        i++;
+    if (rc != LOOM_OK)
+        compute_call_failed(cc, "to_device and to_host", "to_device or to_host", rc);
+    else if (i < ROUND_TRIP_BYTES)
+        compute_failed(cc, "to_device and to_host", "byte %zu reads back %u, %u was sent", i,
+                       dst[i], src[i]);
+    else
+        compute_passed(cc, "to_device and to_host");
+
+    /* 200 bytes from an odd offset into a slot, then the slot zeroed */
+    void *slot = SLOT_AT(block, 0);
+    memset(dst, 0xff, SLOT_BYTES);
+    rc = vt->copy(cc->self, slot, (char *)block + 33, 200);
+    if (rc == LOOM_OK)
+        rc = vt->to_host(cc->self, dst, slot, 200);
+    if (rc != LOOM_OK)
+        compute_call_failed(cc, "copy", "copy or to_host", rc);
+    else if (memcmp(dst, src + 33, 200))
+        compute_failed(cc, "copy", "the bytes copied read back different");
+    else
+        compute_passed(cc, "copy");
+    rc = vt->zero(cc->self, slot, 200);
+    if (rc == LOOM_OK)
+        rc = vt->to_host(cc->self, dst, slot, 200);
+    for (i = 0; rc == LOOM_OK && i < 200 && dst[i] == 0;)
+        i++;
+    if (rc != LOOM_OK)
+        compute_call_failed(cc, "zero", "zero or to_host", rc);
+    else if (i < 200)
+        compute_failed(cc, "zero", "byte %zu reads back %u after zero", i, dst[i]);
+    else
+        compute_passed(cc, "zero");
+out:
+    free(src);
+    free(dst);
+}
+
+/* The numerics contract between backends: 1e-5 of the largest value. */
+#define COMPUTE_TOLERANCE 1e-5
+
+/* An op's output (got, brought back to the host) against the cpu
+ * backend's (want): the same bits pass; a difference within the numerics
+ * contract passes with a note; more fails, naming the op and the element. */
+static int compare_with_cpu(compute_check *cc, const char *op, const char *what,
+                            const float *got, const float *want, size_t n)
+{
+    if (!memcmp(got, want, n * sizeof *got))
+        return 0;
+    double scale = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= worst)) {
+            worst = d;
+            at = i;
+        }
+    }
+    if (worst <= COMPUTE_TOLERANCE * scale) {
+        printf("note: %s: %s is not the cpu backend's bits (largest difference %.1e of the "
+               "largest value), within the numerics contract's %.0e\n", op, what,
+               scale > 0 ? worst / scale : worst, COMPUTE_TOLERANCE);
+        return 0;
+    }
+    compute_failed(cc, op, "%s[%zu] = %.9g, the cpu backend's is %.9g", what, at, (double)got[at],
+                   (double)want[at]);
+    return 1;
+}
+
+enum { GEMM_M = 4, GEMM_N = 5, GEMM_K = 6, LN_N = 3, LN_C = 8 };
+
+/* One f32 product, (M, K) * (K, N), of values whose products and sums are
+ * all exact, so any order of summation gives the cpu backend's bits. */
+static void check_compute_gemm(compute_check *cc, void *block)
+{
+    float a[GEMM_M * GEMM_K], b[GEMM_K * GEMM_N], got[GEMM_M * GEMM_N], want[GEMM_M * GEMM_N];
+    for (int i = 0; i < GEMM_M * GEMM_K; i++)
+        a[i] = (float)((i * 7) % 9 - 4) * 0.25f;
+    for (int i = 0; i < GEMM_K * GEMM_N; i++)
+        b[i] = (float)((i * 5) % 7 - 3) * 0.5f;
+    memset(want, 0, sizeof want);
+    loom_compute_operand ha = {a, LOOM_F32, GEMM_K, 0}, hb = {b, LOOM_F32, GEMM_N, 0};
+    int rc = cc->cpu->gemm(cc->ref, want, GEMM_N, GEMM_M, GEMM_N, GEMM_K, ha, hb, 1.0f, 0.0f,
+                           LOOM_F32, 1, 0, 0, 0);
+    if (rc != LOOM_OK) {
+        compute_call_failed(cc, "gemm", "the cpu backend's gemm", rc);
+        return;
+    }
+    void *da = SLOT_AT(block, 1), *db = SLOT_AT(block, 2), *dout = SLOT_AT(block, 3);
+    rc = cc->vt->to_device(cc->self, da, a, sizeof a);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_device(cc->self, db, b, sizeof b);
+    if (rc != LOOM_OK) {
+        compute_call_failed(cc, "gemm", "to_device", rc);
+        return;
+    }
+    loom_compute_operand oa = {da, LOOM_F32, GEMM_K, 0}, ob = {db, LOOM_F32, GEMM_N, 0};
+    rc = cc->vt->gemm(cc->self, dout, GEMM_N, GEMM_M, GEMM_N, GEMM_K, oa, ob, 1.0f, 0.0f,
+                      LOOM_F32, 1, 0, 0, 0);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_host(cc->self, got, dout, sizeof got);
+    if (rc != LOOM_OK)
+        compute_call_failed(cc, "gemm", "gemm or to_host", rc);
+    else if (!compare_with_cpu(cc, "gemm", "out", got, want, GEMM_M * GEMM_N))
+        compute_passed(cc, "gemm");
+}
+
+static void check_compute_layernorm(compute_check *cc, void *block)
+{
+    enum { ROWS = LN_N * LN_C };
+    float inp[ROWS], w[LN_C], bias[LN_C];
+    float out[ROWS], mean[LN_N], rstd[LN_N], got_out[ROWS], got_mean[LN_N], got_rstd[LN_N];
+    for (int i = 0; i < ROWS; i++)
+        inp[i] = (float)((i * 11) % 13) * 0.37f - 1.5f;
+    for (int i = 0; i < LN_C; i++) {
+        w[i] = 1.0f + 0.125f * (float)i;
+        bias[i] = 0.0625f * (float)(i - 3);
+    }
+    int rc = cc->cpu->layernorm_forward(cc->ref, out, mean, rstd, inp, w, bias, LN_N, LN_C);
+    if (rc != LOOM_OK) {
+        compute_call_failed(cc, "layernorm_forward", "the cpu backend's layernorm_forward", rc);
+        return;
+    }
+    void *dinp = SLOT_AT(block, 4), *dw = SLOT_AT(block, 5), *dbias = SLOT_AT(block, 6);
+    void *dout = SLOT_AT(block, 7), *dmean = SLOT_AT(block, 8), *drstd = SLOT_AT(block, 9);
+    rc = cc->vt->to_device(cc->self, dinp, inp, sizeof inp);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_device(cc->self, dw, w, sizeof w);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_device(cc->self, dbias, bias, sizeof bias);
+    if (rc != LOOM_OK) {
+        compute_call_failed(cc, "layernorm_forward", "to_device", rc);
+        return;
+    }
+    rc = cc->vt->layernorm_forward(cc->self, dout, dmean, drstd, dinp, dw, dbias, LN_N, LN_C);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_host(cc->self, got_out, dout, sizeof got_out);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_host(cc->self, got_mean, dmean, sizeof got_mean);
+    if (rc == LOOM_OK)
+        rc = cc->vt->to_host(cc->self, got_rstd, drstd, sizeof got_rstd);
+    if (rc != LOOM_OK)
+        compute_call_failed(cc, "layernorm_forward", "layernorm_forward or to_host", rc);
+    else if (!compare_with_cpu(cc, "layernorm_forward", "out", got_out, out, ROWS) &&
+             !compare_with_cpu(cc, "layernorm_forward", "mean", got_mean, mean, LN_N) &&
+             !compare_with_cpu(cc, "layernorm_forward", "rstd", got_rstd, rstd, LN_N))
+        compute_passed(cc, "layernorm_forward");
+}
+
+void loom_compute_check(const loom_plugin *p, const loom_host *host, loom_check_report report,
+                        void *ctx)
+{
+    compute_check cc = {&p->ops.compute, &loom_compute_cpu, NULL, NULL, report, ctx};
+    const loom_compute_plugin_v1_t *vt = cc.vt;
+    printf("note: its memory is accounted in the %s tier and is %s memory to communicators\n",
+           loom_tier_name((loom_tier)vt->tier), vt->mem_kind == LOOM_MEM_DEVICE ? "device"
+                                                                                 : "host");
+    if (vt->probe) {
+        char why[512] = "";
+        int rc = vt->probe(host, why, sizeof why);
+        if (rc != LOOM_OK) {
+            printf("note: probe: %s cannot run here: %s\n", p->header->name,
+                   why[0] ? why : "(it said nothing)");
+            printf("note: functional checks skipped: run --check where the backend can run\n");
+            loom_clear_error();
+            return;
+        }
+        compute_passed(&cc, "probe");
+    }
+    loom_compute_setup setup = {.struct_size = sizeof setup, .device = 0, .threads = 1,
+                                .precision = LOOM_F32, .deterministic = 1,
+                                .cpu = &loom_compute_cpu};
+    int rc = vt->create(host, &setup, &cc.self);
+    if (rc != LOOM_OK || !cc.self) {
+        if (rc == LOOM_OK)
+            compute_failed(&cc, "create", "returned ok but no backend");
+        else
+            compute_call_failed(&cc, "create", "create", rc);
+        return;
+    }
+    compute_passed(&cc, "create");
+    rc = loom_compute_cpu.create(host, &setup, &cc.ref);
+    if (rc != LOOM_OK) {
+        compute_call_failed(&cc, "cpu backend", "the cpu backend's create", rc);
+        vt->destroy(cc.self);
+        return;
+    }
+
+    char line[512] = "";
+    rc = vt->describe(cc.self, line, sizeof line);
+    if (rc != LOOM_OK)
+        compute_call_failed(&cc, "describe", "describe", rc);
+    else if (!line[0] || strchr(line, '\n'))
+        compute_failed(&cc, "describe", "want one line, got \"%s\"", line);
+    else {
+        compute_passed(&cc, "describe");
+        printf("note: describe: %s\n", line);
+    }
+
+    void *block = NULL;
+    rc = compute_alloc(&cc, BLOCK_BYTES, &block);
+    if (!vt->alloc)
+        printf("note: alloc and free are the core's: host memory\n");
+    if (rc != LOOM_OK || !block) {
+        if (rc == LOOM_OK)
+            compute_failed(&cc, "alloc", "returned ok but no memory");
+        else
+            compute_call_failed(&cc, "alloc", "alloc", rc);
+    } else if ((uintptr_t)block % 256) {
+        compute_failed(&cc, "alloc", "%p is not aligned to 256 bytes", block);
+    } else {
+        if (vt->alloc)
+            compute_passed(&cc, "alloc");
+        check_compute_memory(&cc, block);
+        check_compute_gemm(&cc, block);
+        check_compute_layernorm(&cc, block);
+    }
+    rc = vt->synchronize(cc.self);
+    if (rc != LOOM_OK)
+        compute_call_failed(&cc, "synchronize", "synchronize", rc);
+    else
+        compute_passed(&cc, "synchronize");
+    rc = vt->status(cc.self);
+    if (rc != LOOM_OK)
+        compute_call_failed(&cc, "status", "status", rc);
+    else
+        compute_passed(&cc, "status");
+    if (block) {
+        rc = compute_free(&cc, block);
+        if (rc != LOOM_OK)
+            compute_call_failed(&cc, "free", "free", rc);
+        else if (vt->free)
+            compute_passed(&cc, "free");
+    }
+    loom_compute_cpu.destroy(cc.ref);
+    rc = vt->destroy(cc.self);
+    if (rc != LOOM_OK)
+        compute_call_failed(&cc, "destroy", "destroy", rc);
+    else
+        compute_passed(&cc, "destroy");
 }

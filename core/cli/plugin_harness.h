@@ -1,7 +1,8 @@
 /* loom CLI — the numerics harness of `loom plugins --check FILE --train
  * CONFIG`: the plugin trains CONFIG at several rank counts, and each run's
  * per-step losses, gradient norms and final weights are compared with the
- * single-rank run of CONFIG. */
+ * single-rank run of CONFIG. And the functional checks of a compute
+ * backend, which `loom plugins --check FILE` runs. */
 #ifndef LOOM_CLI_PLUGIN_HARNESS_H
 #define LOOM_CLI_PLUGIN_HARNESS_H
 
@@ -20,5 +21,17 @@ typedef struct loom_harness_options {
  * one line per run. 0 when every run matches, 1 on a divergence or a failed
  * run, 2 on bad options. */
 int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o);
+
+/* The functional checks of a compute backend under `loom plugins --check`,
+ * on device 0 with one thread, f32, deterministic: probe (a backend that
+ * declines is noted and not checked further), create, describe, alloc (or
+ * host memory for a host-tier backend without one), a round trip through
+ * to_device and to_host, copy, zero, one gemm and one layernorm_forward
+ * against the built-in cpu backend's bits, synchronize, status, free and
+ * destroy. report hears each check as it runs (failure NULL when it
+ * passed); notes are printed. */
+typedef void (*loom_check_report)(void *ctx, const char *check, const char *failure);
+void loom_compute_check(const loom_plugin *plugin, const loom_host *host,
+                        loom_check_report report, void *ctx);
 
 #endif

@@ -57,6 +57,10 @@ static int list_file(row_list *l, const char *dir, const char *file)
         if (loom_plugin_read_file(r->path, (loom_plugin_kind)kind, NULL, &checks, &p) == LOOM_OK) {
             snprintf(r->abi, sizeof r->abi, "%s", p->built_for);
             snprintf(status, sizeof status, "ok");
+            /* where a backend's memory is, and what it is */
+            if (p->kind == LOOM_PLUGIN_COMPUTE)
+                snprintf(status, sizeof status, "ok (%s tier: %s)",
+                         loom_tier_name((loom_tier)p->ops.compute.tier), p->header->description);
             /* a pipeline schedule built before schedules had a kind */
             if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis == LOOM_AXIS_PP) {
                 snprintf(r->kind, sizeof r->kind, "%s",

@@ -238,6 +238,7 @@ static int layernorm_forward(loom_compute *c, float *out, float *mean, float *rs
 #if defined(VARIANT_HOST)
 #define TIER LOOM_TIER_HOST
 #define MEM_KIND LOOM_MEM_HOST
+#define MEMORY "the core's host memory"
 #elif defined(VARIANT_BADTIER)
 #define TIER 7
 #define MEM_KIND LOOM_MEM_DEVICE
@@ -248,10 +249,13 @@ static int layernorm_forward(loom_compute *c, float *out, float *mean, float *rs
 #define TIER LOOM_TIER_DEVICE
 #define MEM_KIND LOOM_MEM_DEVICE
 #endif
+#ifndef MEMORY
+#define MEMORY "memory of its own"
+#endif
 
 LOOM_PLUGIN_EXPORT const loom_compute_plugin_v1_t loom_compute_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMPUTE, loom_compute_plugin_v1_t, PLUGIN_NAME,
-                                 "the cpu kernels on memory of its own (loader tests)", NULL),
+                                 "the cpu kernels on " MEMORY " (loader tests)", NULL),
     .tier = TIER,
     .mem_kind = MEM_KIND,
     .probe = probe,
