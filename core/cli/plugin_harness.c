@@ -582,7 +582,7 @@ int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o
 /* What a compute backend's check holds: the backend, the built-in cpu
  * backend it is compared with, and where the checks are reported. */
 typedef struct compute_check {
-    const loom_compute_plugin_v1_t *vt, *cpu;
+    const loom_compute_ops *vt, *cpu;
     loom_compute *self, *ref;
     loom_check_report report;
     void *ctx;
@@ -646,7 +646,7 @@ static int compute_free(compute_check *cc, void *p)
  * and zero within it do what they say. */
 static void check_compute_memory(compute_check *cc, void *block)
 {
-    const loom_compute_plugin_v1_t *vt = cc->vt;
+    const loom_compute_ops *vt = cc->vt;
     unsigned char *src = malloc(ROUND_TRIP_BYTES), *dst = malloc(ROUND_TRIP_BYTES);
     if (!src || !dst) {
         compute_failed(cc, "to_device and to_host", "out of host memory for the check itself");
@@ -828,7 +828,7 @@ void loom_compute_check(const loom_plugin *p, const loom_host *host, loom_check_
                         void *ctx)
 {
     compute_check cc = {&p->ops.compute, &loom_compute_cpu, NULL, NULL, report, ctx};
-    const loom_compute_plugin_v1_t *vt = cc.vt;
+    const loom_compute_ops *vt = cc.vt;
     printf("note: its memory is accounted in the %s tier and is %s memory to communicators\n",
            loom_tier_name((loom_tier)vt->tier), vt->mem_kind == LOOM_MEM_DEVICE ? "device"
                                                                                  : "host");
