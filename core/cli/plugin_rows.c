@@ -58,9 +58,12 @@ static int list_file(row_list *l, const char *dir, const char *file)
             snprintf(r->abi, sizeof r->abi, "%s", p->built_for);
             snprintf(status, sizeof status, "ok");
             /* where a backend's memory is, and what it is */
-            if (p->kind == LOOM_PLUGIN_COMPUTE)
-                snprintf(status, sizeof status, "ok (%s tier: %s)",
+            if (p->kind == LOOM_PLUGIN_COMPUTE) {
+                char note[1200];
+                snprintf(note, sizeof note, "%s tier: %s",
                          loom_tier_name((loom_tier)p->ops.compute.tier), p->header->description);
+                r->note = strdup(note); /* out of memory: the row without it */
+            }
             /* a pipeline schedule built before schedules had a kind */
             if (p->kind == LOOM_PLUGIN_STRATEGY && p->ops.strategy.axis == LOOM_AXIS_PP) {
                 snprintf(r->kind, sizeof r->kind, "%s",
@@ -139,8 +142,9 @@ void plugin_rows_print(const row_list *l)
            "status");
     for (int i = 0; i < l->count; i++) {
         const plugin_row *r = &l->rows[i];
-        printf("%-*s  %-*s  %-*s  %-*s  %s\n", wk, r->kind, wn, r->name, wa, r->abi, wp,
-               r->path, r->status);
+        printf("%-*s  %-*s  %-*s  %-*s  %s%s%s%s\n", wk, r->kind, wn, r->name, wa, r->abi, wp,
+               r->path, r->status, r->note ? " (" : "", r->note ? r->note : "",
+               r->note ? ")" : "");
     }
 }
 
@@ -149,6 +153,7 @@ void plugin_rows_free(row_list *l)
     for (int i = 0; i < l->count; i++) {
         free(l->rows[i].path);
         free(l->rows[i].status);
+        free(l->rows[i].note);
     }
     free(l->rows);
 }

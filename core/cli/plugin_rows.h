@@ -12,7 +12,8 @@ typedef struct plugin_row {
     char name[128];
     char abi[16];
     char *path;
-    char *status;
+    char *status; /* "ok", or "refused: why" */
+    char *note;   /* NULL, or what follows the status in brackets */
 } plugin_row;
 
 /* Sorted by kind, then name. */
