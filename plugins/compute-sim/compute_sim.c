@@ -377,6 +377,8 @@ static int sim_free(loom_compute *c, void *ptr)
 
 static int sim_to_device(loom_compute *c, void *dst, const void *src, size_t bytes)
 {
+    if (bytes == 0)
+        return LOOM_OK; /* as the cpu backend: no buffer needed */
     if (!in_arena(c, dst, bytes))
         return not_device(c, "to_device", "destination", dst, bytes);
     if (!outside_arena(c, src, bytes))
@@ -386,6 +388,8 @@ static int sim_to_device(loom_compute *c, void *dst, const void *src, size_t byt
 
 static int sim_to_host(loom_compute *c, void *dst, const void *src, size_t bytes)
 {
+    if (bytes == 0)
+        return LOOM_OK; /* as the cpu backend: no buffer needed */
     if (!in_arena(c, src, bytes))
         return not_device(c, "to_host", "source", src, bytes);
     if (!outside_arena(c, dst, bytes))
@@ -395,6 +399,8 @@ static int sim_to_host(loom_compute *c, void *dst, const void *src, size_t bytes
 
 static int sim_copy(loom_compute *c, void *dst, const void *src, size_t bytes)
 {
+    if (bytes == 0)
+        return LOOM_OK; /* as the cpu backend: no buffer needed */
     if (!in_arena(c, dst, bytes))
         return not_device(c, "copy", "destination", dst, bytes);
     if (!in_arena(c, src, bytes))
@@ -413,8 +419,13 @@ static int copy_pitched(void *dst, size_t dst_pitch, const void *src, size_t src
 static int sim_copy_rows(loom_compute *c, void *dst, size_t dst_pitch, const void *src,
                          size_t src_pitch, size_t row_bytes, size_t rows)
 {
-    if (rows == 0)
+    if (rows == 0 || row_bytes == 0)
         return LOOM_OK;
+    if (rows > 1 && (row_bytes > dst_pitch || row_bytes > src_pitch))
+        return c->host->error(c->host, LOOM_ERR_INVALID,
+                              "sim: copy_rows of rows of %zu bytes between pitches of %zu and %zu "
+                              "bytes: the rows would overlap",
+                              row_bytes, dst_pitch, src_pitch);
     size_t dst_span = (rows - 1) * dst_pitch + row_bytes;
     size_t src_span = (rows - 1) * src_pitch + row_bytes;
     if (!in_arena(c, dst, dst_span))
@@ -426,6 +437,8 @@ static int sim_copy_rows(loom_compute *c, void *dst, size_t dst_pitch, const voi
 
 static int sim_zero(loom_compute *c, void *dst, size_t bytes)
 {
+    if (bytes == 0)
+        return LOOM_OK; /* as the cpu backend: no buffer needed */
     if (!in_arena(c, dst, bytes))
         return not_device(c, "zero", "destination", dst, bytes);
     GUARDED(c, (memset(dst, 0, bytes), LOOM_OK));

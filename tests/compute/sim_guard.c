@@ -382,6 +382,17 @@ static void test_misuse(void)
     CHECK_EQ(sim->copy(c, host_buf, dev, 1024), LOOM_ERR_INVALID);
     CHECK_EQ(sim->zero(c, host_buf, 1024), LOOM_ERR_INVALID);
     CHECK(has(H.error, "sim: zero's destination"), "%s", H.error);
+    CHECK_EQ(sim->copy_rows(c, dev, 16, dev + 64, 16, 32, 2), LOOM_ERR_INVALID);
+    CHECK(has(H.error, "sim: copy_rows of rows of 32 bytes between pitches of 16 and 16"), "%s",
+          H.error);
+    CHECK_EQ(sim->copy_rows(c, host_buf, 16, dev, 16, 16, 2), LOOM_ERR_INVALID);
+    CHECK(has(H.error, "sim: copy_rows's destination"), "%s", H.error);
+    /* nothing to move needs no buffer, as on the cpu backend */
+    OK(sim->to_device(c, NULL, NULL, 0));
+    OK(sim->to_host(c, NULL, NULL, 0));
+    OK(sim->copy(c, NULL, NULL, 0));
+    OK(sim->zero(c, NULL, 0));
+    OK(sim->copy_rows(c, NULL, 0, NULL, 0, 0, 3));
     CHECK_EQ(sim->free(c, host_buf), LOOM_ERR_INVALID);
     CHECK(has(H.error, "is not a buffer the backend's alloc returned"), "%s", H.error);
     CHECK_EQ(sim->free(c, dev + 1), LOOM_ERR_INVALID);
