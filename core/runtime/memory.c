@@ -2,6 +2,7 @@
  * and the core keeps current and peak bytes for each pair, so a run can
  * print its footprint and a test can assert it exactly. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,102 @@ _Static_assert(sizeof(block_header) == ALIGNMENT, "header keeps the block aligne
 
 static pthread_mutex_t usage_lock = PTHREAD_MUTEX_INITIALIZER;
 static loom_mem_usage usage;
+
+/* Device blocks, sorted by address so that a pointer anywhere inside one
+ * is found by binary search: device memory may not be readable, so nothing
+ * is kept in front of it. Guarded by usage_lock. */
+typedef struct device_block {
+    uintptr_t start;
+    uint64_t bytes;
+    loom_purpose purpose;
+    int cuda; /* runtime/device.c's: it frees and accounts the block */
+} device_block;
+
+static struct {
+    device_block *blocks;
+    size_t count, cap;
+    loom_device_memory dm;
+    int registered;
+} device;
+/* How many device blocks live: pointers are not looked up while none do,
+ * the common case of a run on the CPU. */
+static atomic_size_t device_blocks_live;
+
+/* A block of 0 bytes still has an address that must be found. */
+static uintptr_t block_end(const device_block *b) { return b->start + (b->bytes ? b->bytes : 1); }
+
+/* The index of the block at or before p (the last whose start <= p), or
+ * -1 when there is none. Called with usage_lock held. */
+static ptrdiff_t block_at_or_before(uintptr_t p)
+{
+    size_t lo = 0, hi = device.count; /* the answer is lo - 1 */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (device.blocks[mid].start <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (ptrdiff_t)lo - 1;
+}
+
+/* The block containing p, or NULL. Called with usage_lock held. */
+static device_block *find_block(uintptr_t p)
+{
+    ptrdiff_t i = block_at_or_before(p);
+    if (i < 0 || p >= block_end(&device.blocks[i]))
+        return NULL;
+    return &device.blocks[i];
+}
+
+static int add_block(void *ptr, uint64_t bytes, loom_purpose purpose, int cuda)
+{
+    pthread_mutex_lock(&usage_lock);
+    if (device.count == device.cap) {
+        size_t cap = device.cap ? 2 * device.cap : 64;
+        device_block *grown = realloc(device.blocks, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&usage_lock);
+            return loom_fail(LOOM_ERR_NO_MEMORY, "memory: out of memory for the device blocks' table");
+        }
+        device.blocks = grown;
+        device.cap = cap;
+    }
+    uintptr_t start = (uintptr_t)ptr;
+    size_t at = (size_t)(block_at_or_before(start) + 1);
+    memmove(device.blocks + at + 1, device.blocks + at, (device.count - at) * sizeof *device.blocks);
+    device.blocks[at] = (device_block){start, bytes, purpose, cuda};
+    device.count++;
+    atomic_fetch_add(&device_blocks_live, 1);
+    pthread_mutex_unlock(&usage_lock);
+    return LOOM_OK;
+}
+
+/* What a lookup of a pointer to free found. */
+typedef enum { NOT_DEVICE, DEVICE_BLOCK, INSIDE_DEVICE_BLOCK } device_lookup;
+
+/* Takes the block starting at ptr out of the table into *out. */
+static device_lookup take_block(const void *ptr, device_block *out, loom_device_memory *dm,
+                                int *registered)
+{
+    if (!atomic_load(&device_blocks_live))
+        return NOT_DEVICE;
+    pthread_mutex_lock(&usage_lock);
+    device_block *b = find_block((uintptr_t)ptr);
+    device_lookup found = !b ? NOT_DEVICE : b->start == (uintptr_t)ptr ? DEVICE_BLOCK
+                                                                        : INSIDE_DEVICE_BLOCK;
+    if (found == DEVICE_BLOCK) {
+        *out = *b;
+        size_t at = (size_t)(b - device.blocks);
+        memmove(b, b + 1, (device.count - at - 1) * sizeof *b);
+        device.count--;
+        atomic_fetch_sub(&device_blocks_live, 1);
+    }
+    *dm = device.dm;
+    *registered = device.registered;
+    pthread_mutex_unlock(&usage_lock);
+    return found;
+}
 
 /* memory.host_limit and what happened to it. */
 static struct {
@@ -203,6 +300,125 @@ void loom_mem_account(loom_tier tier, loom_purpose purpose, int64_t delta)
     account(tier, purpose, delta);
 }
 
+static int device_registered(void)
+{
+    pthread_mutex_lock(&usage_lock);
+    int registered = device.registered;
+    pthread_mutex_unlock(&usage_lock);
+    return registered;
+}
+
+/* A block of the registered device memory, accounted and in the table. */
+static int device_alloc(loom_purpose purpose, size_t bytes, void **out)
+{
+    pthread_mutex_lock(&usage_lock);
+    loom_device_memory dm = device.dm;
+    pthread_mutex_unlock(&usage_lock);
+    void *p = NULL;
+    int rc = dm.alloc(dm.ctx, bytes ? bytes : 1, &p);
+    if (rc != LOOM_OK)
+        return rc;
+    if (!p)
+        return loom_fail(LOOM_ERR_INTERNAL,
+                         "memory: the %s backend's alloc of %zu bytes for %s returned no memory",
+                         dm.name, bytes, loom_purpose_name(purpose));
+    if ((rc = add_block(p, bytes, purpose, 0)) != LOOM_OK) {
+        dm.free(dm.ctx, p);
+        return rc;
+    }
+    account(LOOM_TIER_DEVICE, purpose, (int64_t)bytes);
+    *out = p;
+    return LOOM_OK;
+}
+
+void loom_mem_set_device(const loom_device_memory *dm)
+{
+    pthread_mutex_lock(&usage_lock);
+    size_t live = 0;
+    for (size_t i = 0; i < device.count; i++)
+        live += !device.blocks[i].cuda;
+    const char *was = device.registered ? device.dm.name : NULL;
+    if (dm) {
+        device.dm = *dm;
+        device.registered = 1;
+    } else {
+        device.dm = (loom_device_memory){0};
+        device.registered = 0;
+    }
+    pthread_mutex_unlock(&usage_lock);
+    if (live && was)
+        loom_log(LOOM_LOG_ERROR,
+                 "memory: the %s backend's device memory was %s with %zu blocks still allocated",
+                 was, dm ? "replaced" : "unregistered", live);
+}
+
+int loom_mem_is_device(const void *ptr)
+{
+    if (!atomic_load(&device_blocks_live))
+        return 0;
+    pthread_mutex_lock(&usage_lock);
+    int inside = find_block((uintptr_t)ptr) != NULL;
+    pthread_mutex_unlock(&usage_lock);
+    return inside;
+}
+
+loom_tier loom_mem_staging_tier(void)
+{
+    pthread_mutex_lock(&usage_lock);
+    int registered = device.registered;
+    loom_tier tier = registered ? device.dm.staging_tier : LOOM_TIER_HOST;
+    pthread_mutex_unlock(&usage_lock);
+#ifdef LOOM_HAVE_CUDA
+    if (!registered)
+        tier = LOOM_TIER_PINNED; /* CUDA copies pinned memory at full speed, asynchronously */
+#endif
+    return tier;
+}
+
+/* A copy of a CUDA block that takes longer than this is a hung device. */
+#define CUDA_COPY_TIMEOUT_S 300.0
+
+/* Copies bytes at device (within one device block) to or from host. */
+static int device_copy(void *dst, const void *src, size_t bytes, int to_host)
+{
+    const void *device_side = to_host ? src : dst;
+    pthread_mutex_lock(&usage_lock);
+    device_block *b = find_block((uintptr_t)device_side);
+    int inside = b && (uintptr_t)device_side + bytes <= b->start + b->bytes;
+    int cuda = b && b->cuda, registered = device.registered;
+    loom_device_memory dm = device.dm;
+    pthread_mutex_unlock(&usage_lock);
+    if (!bytes)
+        return LOOM_OK;
+    if (!inside)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "memory: a copy %s device memory of %zu bytes at %p that are not inside "
+                         "one device block",
+                         to_host ? "from" : "to", bytes, device_side);
+#ifdef LOOM_HAVE_CUDA
+    if (cuda)
+        return loom_device_copy(dst, src, bytes, CUDA_COPY_TIMEOUT_S);
+#else
+    (void)cuda;
+#endif
+    if (!registered)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "memory: a copy %s a device block whose backend's device memory was "
+                         "unregistered",
+                         to_host ? "from" : "to");
+    return to_host ? dm.to_host(dm.ctx, dst, src, bytes) : dm.to_device(dm.ctx, dst, src, bytes);
+}
+
+int loom_mem_device_to_host(void *dst, const void *src, size_t bytes)
+{
+    return device_copy(dst, src, bytes, 1);
+}
+
+int loom_mem_host_to_device(void *dst, const void *src, size_t bytes)
+{
+    return device_copy(dst, src, bytes, 0);
+}
+
 int loom_mem_alloc(loom_tier tier, loom_purpose purpose, size_t bytes, void **out)
 {
     if ((unsigned)purpose >= LOOM_PURPOSE_COUNT)
@@ -211,11 +427,22 @@ int loom_mem_alloc(loom_tier tier, loom_purpose purpose, size_t bytes, void **ou
                                                                  : LOOM_OK;
     if (rc != LOOM_OK)
         return rc;
+    if (tier == LOOM_TIER_DEVICE && device_registered())
+        return device_alloc(purpose, bytes, out);
     if (tier == LOOM_TIER_DEVICE || tier == LOOM_TIER_PINNED) {
 #ifdef LOOM_HAVE_CUDA
         /* device.c keeps these blocks (no header in front: the CPU cannot
-         * write device memory); the accounting stays here. */
+         * write device memory); the accounting stays here, and device
+         * blocks go into the table that loom_mem_is_device reads. */
         rc = loom_device_alloc(tier, purpose, bytes, out);
+        if (rc == LOOM_OK && tier == LOOM_TIER_DEVICE &&
+            (rc = add_block(*out, bytes, purpose, 1)) != LOOM_OK) {
+            loom_tier t;
+            loom_purpose pu;
+            uint64_t b;
+            loom_device_free(*out, &t, &pu, &b);
+            *out = NULL;
+        }
         if (rc == LOOM_OK)
             account(tier, purpose, (int64_t)bytes);
         return rc;
@@ -254,9 +481,32 @@ void loom_mem_free(void *ptr)
 {
     if (!ptr)
         return;
+    /* Device blocks first: reading a header in front of a device pointer
+     * would fault. */
+    device_block b;
+    loom_device_memory dm;
+    int registered;
+    switch (take_block(ptr, &b, &dm, &registered)) {
+    case INSIDE_DEVICE_BLOCK:
+        loom_log(LOOM_LOG_ERROR, "memory: free of a pointer inside a device block (%p)", ptr);
+        return;
+    case DEVICE_BLOCK:
+        if (b.cuda)
+            break; /* device.c frees it, below */
+        if (registered)
+            dm.free(dm.ctx, ptr);
+        else
+            loom_log(LOOM_LOG_ERROR,
+                     "memory: free of a device block (%p) after its backend's device memory was "
+                     "unregistered; the block is lost",
+                     ptr);
+        account(LOOM_TIER_DEVICE, b.purpose, -(int64_t)b.bytes);
+        return;
+    case NOT_DEVICE:
+        break;
+    }
 #ifdef LOOM_HAVE_CUDA
-    /* Device and pinned blocks first: reading a header in front of a device
-     * pointer would fault. */
+    /* Then device.c's device and pinned blocks. */
     loom_tier dtier;
     loom_purpose dpurpose;
     uint64_t dbytes;
