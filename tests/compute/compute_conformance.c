@@ -7,8 +7,8 @@
  * compared with those loops, written out below as the model had them, and
  * with double-precision references too, so that a kernel that is wrong
  * fails and not only one that changed. AdamW is compared with the
- * strategies' update_range_store, sum_squares with the strategies' own
- * 8-lane sum.
+ * strategies' update_range_store, sum_squares with the 8-lane sum the
+ * strategies computed on the host before backends.
  *
  *   compute_conformance                                 the built-in cpu backend
  *   compute_conformance <libloom-compute-X.so> [tolerance]
@@ -21,7 +21,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "common/strategy_common.h"
 #include "loom/compute.h"
 #include "model/compute.h"
 #include "model/gemm.h"
@@ -868,6 +867,20 @@ static void test_loss(void)
 
 /* ---- the optimizer and the norm ---- */
 
+/* The strategies' sum of squares before backends (strategy_add_squares):
+ * element i in running sum i mod 8, the eight added into sum at the end. */
+static double eight_lane_squares(double sum, const void *x, loom_dtype dtype, size_t n)
+{
+    double lane[8] = {0};
+    for (size_t i = 0; i < n; i++) {
+        double e = loom_load_f32(x, dtype, i);
+        lane[i % 8] += e * e;
+    }
+    for (int k = 0; k < 8; k++)
+        sum += lane[k];
+    return sum;
+}
+
 static void test_adamw(void)
 {
     enum { n = 37 };
@@ -929,14 +942,20 @@ static void test_adamw(void)
 
 static void test_norm(void)
 {
-    enum { n = 37 };
+    enum { n = 301 };
     const loom_dtype types[] = {LOOM_F32, LOOM_BF16, LOOM_F16};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         const loom_dtype dt = types[t];
+        /* magnitudes far apart (within f16's range), so that the sums round
+         * and their order shows in the bits */
+        const int spread_exp = dt == LOOM_F16 ? 6 : 20;
+        float *spread = random_floats(n, -3, 3);
+        for (int i = 0; i < n; i++)
+            spread[i] = ldexpf(spread[i], (int)uniform(-spread_exp, spread_exp + 1));
         void *x = host_alloc(n * loom_dtype_size(dt));
-        loom_convert(x, dt, random_floats(n, -3, 3), LOOM_F32, n);
+        loom_convert(x, dt, spread, LOOM_F32, n);
         void *dx = upload(x, n * loom_dtype_size(dt));
-        double got = 0.25, want = strategy_add_squares(0.25, x, dt, n), plain = 0.25;
+        double got = 0.25, want = eight_lane_squares(0.25, x, dt, n), plain = 0.25;
         for (int i = 0; i < n; i++)
             plain += (double)loom_load_f32(x, dt, i) * loom_load_f32(x, dt, i);
         RUN("sum_squares", ops->sum_squares(backend, dx, dt, n, &got));
