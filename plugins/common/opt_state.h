@@ -1,8 +1,9 @@
-/* plugins/common — a data strategy's optimizer state: fp32 master weights
- * (16-bit runs) and Adam's m and v, one segment per unit, placed by
- * memory.offload through the host's tiered service (ZeRO-Offload), so the
- * optimizer step can stream it: fetch unit i+1, step unit i, release it
- * dirty (written behind). In host memory every call is free. */
+/* plugins/common — a data strategy's model state in segments, one per
+ * unit, and its optimizer state: fp32 master weights (16-bit runs) and
+ * Adam's m and v, placed by memory.offload through the host's tiered
+ * service (ZeRO-Offload), so the optimizer step can stream it: fetch unit
+ * i+1, step unit i, release it dirty (written behind). In host memory every
+ * call is free. */
 #ifndef LOOM_PLUGIN_COMMON_OPT_STATE_H
 #define LOOM_PLUGIN_COMMON_OPT_STATE_H
 
@@ -10,13 +11,40 @@
 
 #include "loom/plugin.h"
 
+/* Segments of model state. Where the model's buffers are host memory (the
+ * cpu backend), the core's tiered service holds them, where memory.offload
+ * says; on a device they are the compute service's memory, one block, and
+ * fetch, acquire and release only point into it. Either way a segment is
+ * the model's memory between acquire and release: read and written only
+ * through the compute service (common/compute.h) and host->comm. */
+typedef struct state_buffer {
+    const loom_host *host;
+    loom_tiered *tiered; /* or */
+    char *base;          /* the compute service's memory */
+    size_t *offset;      /* of each segment in base */
+    int nsegments;
+} state_buffer;
+
+/* bytes[i]: segment i's. Zeroed. name labels its transfers ("zero3 m"). */
+int state_buffer_alloc(state_buffer *b, const loom_host *host, loom_purpose purpose,
+                       const char *name, int nsegments, const size_t *bytes);
+void state_buffer_free(state_buffer *b);
+int state_buffer_fetch(state_buffer *b, int segment);
+/* mode: LOOM_TIERED_READ or LOOM_TIERED_OVERWRITE (loom/plugin.h) */
+int state_buffer_acquire(state_buffer *b, int segment, unsigned mode, void **ptr);
+int state_buffer_release(state_buffer *b, int segment, int dirty);
+static inline int state_buffer_allocated(const state_buffer *b)
+{
+    return b->tiered || b->base;
+}
+
 typedef struct opt_state {
     const loom_host *host;
-    loom_tiered *master, *m, *v; /* master NULL: the parameters are their own (fp32) */
+    state_buffer master, m, v; /* master unallocated: the parameters are their own (fp32) */
     int nunits;
 } opt_state;
 
-/* One unit's state in host memory, between acquire and release. */
+/* One unit's state, between acquire and release. */
 typedef struct opt_view {
     float *master, *m, *v; /* master NULL without master weights */
 } opt_view;
@@ -29,6 +57,10 @@ void opt_state_free(opt_state *o);
 int opt_state_fetch(opt_state *o, int unit);
 int opt_state_acquire(opt_state *o, int unit, opt_view *out);
 int opt_state_release(opt_state *o, int unit, int dirty);
+static inline int opt_state_has_master(const opt_state *o)
+{
+    return state_buffer_allocated(&o->master);
+}
 
 /* Whether the host has the tiered service (ABI 1.4); else one line saying
  * what is missing, through host->error, naming the plugin. */

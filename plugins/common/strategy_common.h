@@ -1,12 +1,14 @@
 /* plugins/common — what several strategy plugins (plugins/strategy) do
- * alike. Header-only and built on the ABI headers alone: each plugin is a
- * .so of its own that links no loom library, so each gets its own copy. */
+ * alike. Built on the ABI headers alone: each plugin is a .so of its own
+ * that links no loom library, so each gets its own copy (of this header,
+ * and of loom_plugin_common for common/compute.h). */
 #ifndef LOOM_PLUGIN_COMMON_STRATEGY_H
 #define LOOM_PLUGIN_COMMON_STRATEGY_H
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/compute.h"
 #include "loom/strategy.h"
 
 /* For messages: a unit's name, or "?" when it has none. */
@@ -132,7 +134,9 @@ static inline double strategy_add_squares(double sum, const void *g, loom_dtype 
 /* AdamW on n elements of unit from offset, then the updated master weights
  * stored into params as dtype (16-bit copies; params == master for fp32):
  * in one pass on a core with update_range_store (ABI 1.7), else
- * update_range, then loom_from_f32. */
+ * update_range, then a conversion (a core that old has no compute service:
+ * host memory, which cannot fail). The buffers are the model's, as they
+ * are: the core runs the update where they live. */
 static inline void strategy_update_store(const loom_host *h, const loom_optimizer_step *step,
                                          const loom_unit *unit, size_t offset, float *master,
                                          const void *grad, float *m, float *v, size_t n,
@@ -146,22 +150,8 @@ static inline void strategy_update_store(const loom_host *h, const loom_optimize
     }
     if (n)
         step->update_range(step, unit, offset, master, grad, dtype, m, v, n);
-    loom_from_f32(params, dtype, master, n);
-}
-
-/* A zeroed host buffer, accounted under purpose; *out is set only on
- * success. A byte is asked for even when bytes is 0, so an empty unit still
- * has an address. */
-static inline int strategy_alloc_zeroed(const loom_host *h, loom_purpose purpose, size_t bytes,
-                                        void **out)
-{
-    void *p = NULL;
-    int rc = h->mem_alloc(h, LOOM_TIER_HOST, purpose, bytes ? bytes : 1, &p);
-    if (rc != LOOM_OK)
-        return rc;
-    memset(p, 0, bytes);
-    *out = p;
-    return LOOM_OK;
+    if (n && (void *)master != params)
+        strategy_compute(h)->convert(h, params, dtype, master, LOOM_F32, n);
 }
 
 /* Frees an accounted buffer, if any, and forgets it. */

@@ -80,17 +80,17 @@ struct loom_strategy {
 
 /* ---------------------------------------------------------- reductions */
 
-static void bucket_completed(loom_strategy *s, int b)
+static int bucket_completed(loom_strategy *s, int b)
 {
     ddp_bucket *bk = &s->buckets[b];
     bk->done = 1;
     bk->req = NULL;
-    average_end((char *)s->grads + bk->offset * s->esize, bk->count, s->dtype,
-                average_prescale(s->dtype, s->dp_size), s->dp_size);
     char name[48];
     snprintf(name, sizeof name, "ddp bucket %d", b);
     s->host->trace(s->host, LOOM_LANE_COMM, name, bk->start_ns, s->host->now_ns(),
                    (uint64_t)(bk->count * s->esize));
+    return strategy_average_end(s->host, (char *)s->grads + bk->offset * s->esize, bk->count,
+                                s->dtype, average_prescale(s->dtype, s->dp_size), s->dp_size);
 }
 
 static int post_bucket(loom_strategy *s, int b)
@@ -99,17 +99,20 @@ static int post_bucket(loom_strategy *s, int b)
     void *range = (char *)s->grads + bk->offset * s->esize;
     bk->start_ns = s->host->now_ns();
     bk->posted = 1;
-    loom_redop average = average_begin(range, bk->count, s->dtype, s->dp_size);
-    int rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, average, &bk->req);
+    loom_redop average = LOOM_AVG;
+    int rc = strategy_average_begin(s->host, range, bk->count, s->dtype, s->dp_size, &average);
+    if (rc != LOOM_OK) {
+        bk->done = 1;
+        return rc; /* nothing posted: the group is still whole */
+    }
+    rc = s->host->comm->allreduce(s->dp, range, range, bk->count, s->dtype, average, &bk->req);
     if (rc != LOOM_OK) { /* the comm layer's detail names the op and the group */
         bk->req = NULL;
         bk->done = 1;
         s->failed = 1;
         return rc;
     }
-    if (!bk->req)
-        bucket_completed(s, b);
-    return LOOM_OK;
+    return bk->req ? LOOM_OK : bucket_completed(s, b);
 }
 
 /* Post, in bucket order, every bucket whose units have all reported. */
@@ -151,11 +154,14 @@ static int complete_posted(loom_strategy *s, int wait)
         int rc = wait ? s->host->comm->wait(bk->req) : s->host->comm->test(bk->req);
         if (!wait && rc == LOOM_IN_PROGRESS)
             continue;
-        bucket_completed(s, b); /* test and wait release the request either way */
-        if (rc != LOOM_OK) {
+        if (rc != LOOM_OK) { /* test and wait release the request either way */
+            bk->done = 1;
+            bk->req = NULL;
             s->failed = 1;
             return rc; /* the comm layer's detail names the op and the missing ranks */
         }
+        if ((rc = bucket_completed(s, b)) != LOOM_OK)
+            return rc;
     }
     return LOOM_OK;
 }
@@ -272,8 +278,8 @@ static int ddp_describe(const loom_strategy *s, char *buf, size_t cap)
 
 /* ----------------------------------------------------------- data axis */
 
-/* Unit i's optimizer state in host memory until opt_state_release, and
- * its master weights: the state's, or the fp32 parameters themselves. */
+/* Unit i's optimizer state until opt_state_release, and its master
+ * weights: the state's, or the fp32 parameters themselves. */
 static int unit_state(loom_strategy *s, int i, opt_view *st, float **master)
 {
     int rc = opt_state_acquire(&s->opt, i, st);
@@ -282,14 +288,17 @@ static int unit_state(loom_strategy *s, int i, opt_view *st, float **master)
     return rc;
 }
 
-/* Unit i's master weights from full fp32 values, and its parameters from them. */
-static void set_unit_master(loom_strategy *s, int i, float *master, const float *values)
+/* Unit i's master weights from full fp32 values (host memory), and its
+ * parameters from them. */
+static int set_unit_master(loom_strategy *s, int i, float *master, const float *values)
 {
+    const loom_host *h = s->host;
+    const loom_compute_api *c = strategy_compute(h);
     size_t off = s->slots[i].offset, n = s->units[i].numel;
-    if (n && master != values)
-        memcpy(master, values, n * sizeof(float));
-    if (s->dtype != LOOM_F32)
-        loom_from_f32((char *)s->params + off * s->esize, s->dtype, master, n);
+    int rc = n ? c->to_device(h, master, values, n * sizeof(float)) : LOOM_OK;
+    if (rc == LOOM_OK && n && s->dtype != LOOM_F32)
+        rc = c->convert(h, (char *)s->params + off * s->esize, s->dtype, master, LOOM_F32, n);
+    return rc;
 }
 
 static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float *const *init)
@@ -340,11 +349,11 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
     size_t n = s->numel;
     void *params = NULL, *grads = NULL;
     size_t *elems = malloc((size_t)nunits * sizeof *elems);
-    rc = elems ? h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, n * s->esize, &params)
+    rc = elems ? strategy_alloc_model(h, LOOM_PURPOSE_PARAMS, n * s->esize, &params)
                : h->error(h, LOOM_ERR_NO_MEMORY, "ddp: out of memory");
     s->params = params;
     if (rc == LOOM_OK)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, n * s->esize, &grads);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_GRADS, n * s->esize, &grads);
     s->grads = grads;
     for (int i = 0; rc == LOOM_OK && i < nunits; i++)
         elems[i] = units[i].numel;
@@ -355,15 +364,16 @@ static int ddp_data_setup(loom_strategy *s, loom_unit *units, int nunits, float 
         free_buffers(s);
         return rc; /* mem_alloc said what it could not get */
     }
-    memset(s->grads, 0, n * s->esize);
     for (int i = 0; i < nunits && rc == LOOM_OK; i++) {
         size_t off = s->slots[i].offset;
         opt_view st;
         float *master = NULL;
         if ((rc = unit_state(s, i, &st, &master)) != LOOM_OK)
             break;
-        set_unit_master(s, i, master, init[i]);
-        rc = opt_state_release(&s->opt, i, 1);
+        rc = set_unit_master(s, i, master, init[i]);
+        int r2 = opt_state_release(&s->opt, i, 1);
+        if (rc == LOOM_OK)
+            rc = r2;
         units[i].params = (char *)s->params + off * s->esize;
         units[i].grads = (char *)s->grads + off * s->esize;
         units[i].strategy_data = &s->slots[i];
@@ -442,8 +452,11 @@ static int ddp_data_grad_norm_sq(loom_strategy *s, double *out)
     if (rc != LOOM_OK)
         return rc;
     /* Gradients are replicated after the average: the local sum is the global one. */
-    *out = strategy_add_squares(0.0, s->grads, s->dtype, s->numel);
-    return LOOM_OK;
+    double sum = 0.0;
+    rc = strategy_compute(s->host)->sum_squares(s->host, s->grads, s->dtype, s->numel, &sum);
+    if (rc == LOOM_OK)
+        *out = sum;
+    return rc;
 }
 
 static int ddp_data_zero_grads(loom_strategy *s)
@@ -455,8 +468,7 @@ static int ddp_data_zero_grads(loom_strategy *s)
     if (rc != LOOM_OK)
         return rc;
     reset_step(s);
-    memset(s->grads, 0, s->numel * s->esize);
-    return LOOM_OK;
+    return strategy_compute(s->host)->zero(s->host, s->grads, s->numel * s->esize);
 }
 
 static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *step)
@@ -488,8 +500,7 @@ static int ddp_data_optimizer_step(loom_strategy *s, const loom_optimizer_step *
     }
     if (rc != LOOM_OK)
         return rc;
-    memset(s->grads, 0, s->numel * s->esize);
-    return LOOM_OK;
+    return strategy_compute(h)->zero(h, s->grads, s->numel * s->esize);
 }
 
 /* Replicated state: every dp rank already holds all of it, so checkpointing
@@ -515,13 +526,15 @@ static int ddp_data_get_state(loom_strategy *s, loom_unit *unit, float *params, 
     int rc = unit_state(s, i, &st, &master);
     if (rc != LOOM_OK)
         return rc;
+    const loom_compute_api *c = strategy_compute(s->host);
     if (params)
-        memcpy(params, master, bytes);
-    if (m)
-        memcpy(m, st.m, bytes);
-    if (v)
-        memcpy(v, st.v, bytes);
-    return opt_state_release(&s->opt, i, 0);
+        rc = c->to_host(s->host, params, master, bytes);
+    if (m && rc == LOOM_OK)
+        rc = c->to_host(s->host, m, st.m, bytes);
+    if (v && rc == LOOM_OK)
+        rc = c->to_host(s->host, v, st.v, bytes);
+    int r2 = opt_state_release(&s->opt, i, 0);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *params,
@@ -536,13 +549,15 @@ static int ddp_data_set_state(loom_strategy *s, loom_unit *unit, const float *pa
     int rc = unit_state(s, i, &st, &master);
     if (rc != LOOM_OK)
         return rc;
+    const loom_compute_api *c = strategy_compute(s->host);
     if (params)
-        set_unit_master(s, i, master, params);
-    if (m)
-        memcpy(st.m, m, bytes);
-    if (v)
-        memcpy(st.v, v, bytes);
-    return opt_state_release(&s->opt, i, 1);
+        rc = set_unit_master(s, i, master, params);
+    if (m && rc == LOOM_OK)
+        rc = c->to_device(s->host, st.m, m, bytes);
+    if (v && rc == LOOM_OK)
+        rc = c->to_device(s->host, st.v, v, bytes);
+    int r2 = opt_state_release(&s->opt, i, 1);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

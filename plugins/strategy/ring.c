@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -147,7 +146,7 @@ static int prepare(loom_strategy *r, const loom_attention *a)
     size_t bytes = 2 * strategy_attention_bytes(&r->shape);
     void **bufs[5] = {&r->kv[0], &r->kv[1], &r->dkv[0], &r->dkv[1], &r->dkv_in};
     for (int i = 0; i < 5 && rc == LOOM_OK; i++)
-        rc = h->mem_alloc(h, LOOM_TIER_HOST, LOOM_PURPOSE_COMM, bytes, bufs[i]);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_COMM, bytes, bufs[i]);
     if (rc != LOOM_OK) {
         release_buffers(r);
         free(r->positions);
@@ -225,9 +224,11 @@ static int hold_own_block(loom_strategy *r, const loom_attention *a)
     if (rc != LOOM_OK)
         return rc;
     const size_t bytes = strategy_attention_bytes(&r->shape);
-    memcpy(r->kv[0], a->k, bytes);
-    memcpy((char *)r->kv[0] + bytes, a->v, bytes);
-    return LOOM_OK;
+    const loom_compute_api *c = strategy_compute(r->host);
+    rc = c->copy(r->host, r->kv[0], a->k, bytes);
+    if (rc == LOOM_OK)
+        rc = c->copy(r->host, (char *)r->kv[0] + bytes, a->v, bytes);
+    return rc;
 }
 
 /* ------------------------------------------------------------ attention */
@@ -297,7 +298,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0 && (rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK)
             return rc;
         char *mine = r->dkv[i % 2];
-        memset(mine, 0, 2 * E * es);
+        if ((rc = strategy_compute(r->host)->zero(r->host, mine, 2 * E * es)) != LOOM_OK)
+            return rc;
         if (visible(r, a->positions, src)) {
             const size_t seq = (size_t)sh->T * sh->NH * sh->HS * es, lse = (size_t)sh->NH * sh->T;
             const char *k = r->kv[cur];
@@ -318,7 +320,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)
                 return rc;
-            reduce_elements(mine, mine, r->dkv_in, 2 * E, sh->dtype, LOOM_SUM);
+            if ((rc = strategy_add(r->host, mine, r->dkv_in, 2 * E, sh->dtype)) != LOOM_OK)
+                return rc;
         }
         if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
             return rc;
@@ -333,9 +336,9 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
         (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
         return rc;
-    reduce_elements(a->dk, a->dk, r->dkv_in, E, sh->dtype, LOOM_SUM);
-    reduce_elements(a->dv, a->dv, (char *)r->dkv_in + E * es, E, sh->dtype, LOOM_SUM);
-    return LOOM_OK;
+    if ((rc = strategy_add(r->host, a->dk, r->dkv_in, E, sh->dtype)) != LOOM_OK)
+        return rc;
+    return strategy_add(r->host, a->dv, (char *)r->dkv_in + E * es, E, sh->dtype);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

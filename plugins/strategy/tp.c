@@ -163,10 +163,13 @@ static int broken(loom_strategy *s)
                           "continue");
 }
 
-static void copy_view(const loom_tensor *in, loom_tensor *out)
+/* The tensors are the model's activations: copied where they live. */
+static int copy_view(loom_strategy *s, const loom_tensor *in, loom_tensor *out)
 {
-    if (out->data != in->data)
-        memcpy(out->data, in->data, (size_t)loom_tensor_numel(in) * loom_dtype_size(in->dtype));
+    if (out->data == in->data)
+        return LOOM_OK;
+    size_t bytes = (size_t)loom_tensor_numel(in) * loom_dtype_size(in->dtype);
+    return strategy_compute(s->host)->copy(s->host, out->data, in->data, bytes);
 }
 
 static int all_reduce(loom_strategy *s, const char *op, loom_region region, const loom_tensor *in,
@@ -229,8 +232,7 @@ static int replicate(loom_strategy *s, const char *op, loom_region region, const
         return broken(s);
     if (s->sequence_parallel)
         return exchange_rows(s, op, region, GATHER_ROWS, in, out);
-    copy_view(in, out);
-    return LOOM_OK;
+    return copy_view(s, in, out);
 }
 
 /* and the sum over the ranks: all-reduced, or with sequence parallelism

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/reduce.h"
 #include "common/strategy_common.h"
 #include "loom/strategy.h"
 
@@ -145,12 +144,12 @@ static int prepare(loom_strategy *u, const loom_attention *a)
         return rc; /* out of memory */
     size_t bytes = strategy_attention_bytes(&u->shape);
     if (rc == LOOM_OK)
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, bytes, &u->send);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_COMM, bytes, &u->send);
     if (rc == LOOM_OK)
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, bytes, &u->recv);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_COMM, bytes, &u->recv);
     void **scratch[4] = {&u->dq, &u->dk, &u->dv, &u->dout};
     for (int i = 0; i < 4 && rc == LOOM_OK; i++)
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_ACTIVATIONS, bytes, scratch[i]);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_ACTIVATIONS, bytes, scratch[i]);
     if (rc != LOOM_OK) {
         free_buffers(u);
         u->failed = 1;
@@ -180,13 +179,13 @@ static saved_layer *layer_of(loom_strategy *u, const float *key, int create)
     void **buffers[4] = {&l->q, &l->k, &l->v, &l->out};
     int rc = LOOM_OK;
     for (int i = 0; i < 4 && rc == LOOM_OK; i++)
-        rc = strategy_alloc_zeroed(u->host, LOOM_PURPOSE_ACTIVATIONS, bytes, buffers[i]);
+        rc = strategy_alloc_model(u->host, LOOM_PURPOSE_ACTIVATIONS, bytes, buffers[i]);
     void *lse = NULL;
     if (rc == LOOM_OK)
-        rc = strategy_alloc_zeroed(u->host, LOOM_PURPOSE_ACTIVATIONS,
-                                   (size_t)u->shape.B * (u->shape.NH / u->size) * u->size *
-                                       u->shape.T * sizeof(float),
-                                   &lse);
+        rc = strategy_alloc_model(u->host, LOOM_PURPOSE_ACTIVATIONS,
+                                  (size_t)u->shape.B * (u->shape.NH / u->size) * u->size *
+                                      u->shape.T * sizeof(float),
+                                  &lse);
     if (rc != LOOM_OK) {
         release_layer(u, l);
         return NULL;
@@ -217,6 +216,21 @@ static int exchange(loom_strategy *u)
     return rc;
 }
 
+/* T rows of row bytes, at pitch from_pitch from from and to_pitch in to,
+ * copied where the model's memory lives: the compute service copies only
+ * contiguous ranges, so a strided block is a copy per row. */
+static int copy_rows(loom_strategy *u, char *to, size_t to_pitch, const char *from,
+                     size_t from_pitch, size_t row, int T)
+{
+    const loom_compute_api *c = strategy_compute(u->host);
+    if (to_pitch == row && from_pitch == row)
+        return c->copy(u->host, to, from, (size_t)T * row);
+    int rc = LOOM_OK;
+    for (int t = 0; t < T && rc == LOOM_OK; t++)
+        rc = c->copy(u->host, to + (size_t)t * to_pitch, from + (size_t)t * from_pitch, row);
+    return rc;
+}
+
 /* Sequence-sharded (B, T, NH, HS) -> head-sharded (B, s*T, Hs, HS): block
  * j of the send buffer is heads j*Hs.. of all local rows, for rank j; block
  * i received holds rank i's rows of this rank's heads, placed at rows
@@ -225,51 +239,52 @@ static int to_heads(loom_strategy *u, const void *x, void *dst)
 {
     const int s = u->size, B = u->shape.B, T = u->shape.T;
     const size_t row = head_row_bytes(u), C = (size_t)s * row;
+    const loom_compute_api *c = strategy_compute(u->host);
     char *send = u->send;
-    for (int j = 0; j < s; j++)
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
-                memcpy(send + (((size_t)j * B + b) * T + t) * row,
-                       (const char *)x + ((size_t)b * T + t) * C + (size_t)j * row, row);
-    int rc = exchange(u);
-    if (rc != LOOM_OK)
+    int rc = LOOM_OK;
+    for (int j = 0; j < s && rc == LOOM_OK; j++)
+        for (int b = 0; b < B && rc == LOOM_OK; b++)
+            rc = copy_rows(u, send + ((size_t)j * B + b) * T * row, row,
+                           (const char *)x + (size_t)b * T * C + (size_t)j * row, C, row, T);
+    if (rc != LOOM_OK || (rc = exchange(u)) != LOOM_OK)
         return rc;
     const char *recv = u->recv;
-    for (int i = 0; i < s; i++)
-        for (int b = 0; b < B; b++)
-            memcpy((char *)dst + ((size_t)b * s * T + (size_t)i * T) * row,
-                   recv + ((size_t)i * B + b) * T * row, (size_t)T * row);
-    return LOOM_OK;
+    for (int i = 0; i < s && rc == LOOM_OK; i++)
+        for (int b = 0; b < B && rc == LOOM_OK; b++)
+            rc = c->copy(u->host, (char *)dst + ((size_t)b * s * T + (size_t)i * T) * row,
+                         recv + ((size_t)i * B + b) * T * row, (size_t)T * row);
+    return rc;
 }
 
 /* The way back: head-sharded rows i*T.. go to rank i, and the blocks
  * received (rank j's heads of this rank's rows) land in heads j*Hs.. of
- * dst, added to it when accumulate. */
+ * dst, added to it when accumulate (laid out in send first, which the
+ * exchange is done with, then added whole: the same sums element by
+ * element). */
 static int to_sequence(loom_strategy *u, const void *src, void *dst, int accumulate)
 {
     const int s = u->size, B = u->shape.B, T = u->shape.T;
     const size_t row = head_row_bytes(u), C = (size_t)s * row;
+    const loom_compute_api *c = strategy_compute(u->host);
     char *send = u->send;
-    for (int i = 0; i < s; i++)
-        for (int b = 0; b < B; b++)
-            memcpy(send + ((size_t)i * B + b) * T * row,
-                   (const char *)src + ((size_t)b * s * T + (size_t)i * T) * row, (size_t)T * row);
-    int rc = exchange(u);
-    if (rc != LOOM_OK)
+    int rc = LOOM_OK;
+    for (int i = 0; i < s && rc == LOOM_OK; i++)
+        for (int b = 0; b < B && rc == LOOM_OK; b++)
+            rc = c->copy(u->host, send + ((size_t)i * B + b) * T * row,
+                         (const char *)src + ((size_t)b * s * T + (size_t)i * T) * row,
+                         (size_t)T * row);
+    if (rc != LOOM_OK || (rc = exchange(u)) != LOOM_OK)
         return rc;
     const char *recv = u->recv;
-    const size_t row_elems = row / loom_dtype_size(u->shape.dtype);
-    for (int j = 0; j < s; j++)
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) {
-                const char *from = recv + (((size_t)j * B + b) * T + t) * row;
-                char *to = (char *)dst + ((size_t)b * T + t) * C + (size_t)j * row;
-                if (accumulate)
-                    reduce_elements(to, to, from, row_elems, u->shape.dtype, LOOM_SUM);
-                else
-                    memcpy(to, from, row);
-            }
-    return LOOM_OK;
+    char *to = accumulate ? send : dst;
+    for (int j = 0; j < s && rc == LOOM_OK; j++)
+        for (int b = 0; b < B && rc == LOOM_OK; b++)
+            rc = copy_rows(u, to + (size_t)b * T * C + (size_t)j * row, C,
+                           recv + ((size_t)j * B + b) * T * row, row, row, T);
+    if (rc == LOOM_OK && accumulate)
+        rc = strategy_add(u->host, dst, send, strategy_attention_elems(&u->shape),
+                          u->shape.dtype);
+    return rc;
 }
 
 static int broken(loom_strategy *u)
@@ -315,9 +330,12 @@ static int ulysses_backward(loom_strategy *u, const loom_attention *a)
     if (rc != LOOM_OK)
         return rc;
     size_t bytes = strategy_attention_bytes(&u->shape);
-    memset(u->dq, 0, bytes);
-    memset(u->dk, 0, bytes);
-    memset(u->dv, 0, bytes);
+    const loom_compute_api *c = strategy_compute(u->host);
+    void *grads[3] = {u->dq, u->dk, u->dv};
+    for (int i = 0; i < 3 && rc == LOOM_OK; i++)
+        rc = c->zero(u->host, grads[i], bytes); /* the kernel adds into them */
+    if (rc != LOOM_OK)
+        return rc;
     const strategy_attention_shape *sh = &u->shape;
     const int Tf = u->size * sh->T, Hs = sh->NH / u->size;
     a->kernels->block_backward(l->q, u->positions, Tf, l->k, l->v, u->positions, Tf, sh->B, Hs,

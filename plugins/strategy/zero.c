@@ -181,7 +181,7 @@ struct loom_strategy {
     /* Where memory.offload puts them, one segment per unit (ZeRO-Infinity):
      * zero3's owned parameter shards (PARAMS; fp32: the master weights) and
      * zero2/3's accumulated gradient shards (GRADS). */
-    loom_tiered *param_shards, *grad_shards;
+    state_buffer param_shards, grad_shards;
     /* Master shards (16-bit runs) and Adam's moments of the owned shards
      * (OPTIMIZER), where memory.offload puts them (ZeRO-Offload). */
     opt_state opt;
@@ -210,19 +210,19 @@ static char *at(void *base, size_t elems, size_t esize) { return (char *)base + 
 
 static int unit_index(const loom_strategy *s, const zero_unit *z) { return (int)(z - s->zu); }
 
-/* The owned shard of the parameters in the compute dtype, in host memory
- * until put_params_shard: zero3's (fetched from its tier; mode: a
- * LOOM_TIERED_* of loom/plugin.h), or zero1/2's range of the full
- * parameters. */
+/* The owned shard of the parameters in the compute dtype, until
+ * put_params_shard: zero3's (fetched from its tier; mode: a LOOM_TIERED_*
+ * of loom/plugin.h), or zero1/2's range of the full parameters. */
 static int get_params_shard(loom_strategy *s, zero_unit *z, unsigned mode, void **out)
 {
     if (zero_stage < 3) {
         *out = at(z->params, z->own_begin, s->esize);
         return LOOM_OK;
     }
-    int rc = s->host->tiered_acquire(s->host, s->param_shards, unit_index(s, z), mode, out);
+    int rc = state_buffer_acquire(&s->param_shards, unit_index(s, z), mode, out);
     if (rc == LOOM_OK && mode == LOOM_TIERED_OVERWRITE) /* the padding stays zeros */
-        memset(at(*out, z->own_count, s->esize), 0, (z->shard - z->own_count) * s->esize);
+        rc = strategy_compute(s->host)->zero(s->host, at(*out, z->own_count, s->esize),
+                                             (z->shard - z->own_count) * s->esize);
     return rc;
 }
 
@@ -230,11 +230,10 @@ static int put_params_shard(loom_strategy *s, zero_unit *z, int dirty)
 {
     if (zero_stage < 3)
         return LOOM_OK;
-    return s->host->tiered_release(s->host, s->param_shards, unit_index(s, z), dirty);
+    return state_buffer_release(&s->param_shards, unit_index(s, z), dirty);
 }
 
-/* The owned shard's averaged gradient, in host memory until
- * put_grad_shard: zero1's reduce-scatter result, or zero2/3's accumulated
+/* The owned shard's averaged gradient, until put_grad_shard: zero1's reduce-scatter result, or zero2/3's accumulated
  * shard (zeros when it counts as clear). */
 static int get_grad_shard(loom_strategy *s, zero_unit *z, void **out)
 {
@@ -243,9 +242,9 @@ static int get_grad_shard(loom_strategy *s, zero_unit *z, void **out)
         return LOOM_OK;
     }
     unsigned mode = z->grad_clear ? LOOM_TIERED_OVERWRITE : LOOM_TIERED_READ;
-    int rc = s->host->tiered_acquire(s->host, s->grad_shards, unit_index(s, z), mode, out);
+    int rc = state_buffer_acquire(&s->grad_shards, unit_index(s, z), mode, out);
     if (rc == LOOM_OK && z->grad_clear)
-        memset(*out, 0, z->shard * s->esize);
+        rc = strategy_compute(s->host)->zero(s->host, *out, z->shard * s->esize);
     return rc;
 }
 
@@ -255,11 +254,10 @@ static int put_grad_shard(loom_strategy *s, zero_unit *z, int dirty)
         return LOOM_OK;
     if (dirty)
         z->grad_clear = 0;
-    return s->host->tiered_release(s->host, s->grad_shards, unit_index(s, z), dirty);
+    return state_buffer_release(&s->grad_shards, unit_index(s, z), dirty);
 }
 
-/* A unit's optimizer state and master weights in host memory until
- * put_unit_state: the state's master shard in 16-bit runs, else the fp32
+/* A unit's optimizer state and master weights until put_unit_state: the state's master shard in 16-bit runs, else the fp32
  * parameter shard itself. params_mode: how the parameter shard is needed
  * (LOOM_TIERED_OVERWRITE when only written). */
 static int get_unit_state(loom_strategy *s, zero_unit *z, unsigned params_mode, opt_view *st,
@@ -403,8 +401,12 @@ static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
 {
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    loom_redop average = average_begin(z->grads, z->padded, s->dtype, s->shard_size);
-    int rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
+    loom_redop average = LOOM_AVG;
+    int rc = strategy_average_begin(s->host, z->grads, z->padded, s->dtype, s->shard_size,
+                                     &average);
+    if (rc != LOOM_OK)
+        return rc; /* nothing posted */
+    rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
                                           average, &req);
     return track(s, z, &z->reduce, "reducescatter", z->padded, rc, req);
 }
@@ -425,9 +427,12 @@ static int post_average(loom_strategy *s, zero_unit *z)
     z->averaging = 1;
     z->reduce.start_ns = s->host->now_ns();
     loom_request *req = NULL;
-    loom_redop average = average_begin(s->recv, z->shard, s->dtype,
-                                       s->host->comm->size(s->replica));
-    int rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, average,
+    loom_redop average = LOOM_AVG;
+    int rc = strategy_average_begin(s->host, s->recv, z->shard, s->dtype,
+                                     s->host->comm->size(s->replica), &average);
+    if (rc != LOOM_OK)
+        return rc; /* nothing posted */
+    rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, average,
                                       &req);
     return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
 }
@@ -437,12 +442,13 @@ static int post_average(loom_strategy *s, zero_unit *z)
 /* A reduced gradient shard (in the compute dtype) becomes the average over
  * the dp group: after the reduce-scatter, and the replicas' all-reduce under
  * HSDP, each begun by average_begin. */
-static void average_shard_end(loom_strategy *s, void *shard, size_t n)
+static int average_shard_end(loom_strategy *s, void *shard, size_t n)
 {
     int replicas = s->replica ? s->host->comm->size(s->replica) : 1;
-    average_end(shard, n, s->dtype,
-                average_prescale(s->dtype, s->shard_size) * average_prescale(s->dtype, replicas),
-                s->shard_size * replicas);
+    return strategy_average_end(
+        s->host, shard, n, s->dtype,
+        average_prescale(s->dtype, s->shard_size) * average_prescale(s->dtype, replicas),
+        s->shard_size * replicas);
 }
 
 /* The one reduce-scatter in flight completes: its result joins the owned
@@ -458,12 +464,14 @@ static int finish_reduce(loom_strategy *s)
     if (rc != LOOM_OK)
         return rc;
     z->averaging = 0;
-    average_shard_end(s, s->recv, z->shard);
+    if ((rc = average_shard_end(s, s->recv, z->shard)) != LOOM_OK)
+        return rc;
     void *owned = NULL;
     if ((rc = get_grad_shard(s, z, &owned)) != LOOM_OK)
         return rc;
-    reduce_elements(owned, owned, s->recv, z->shard, s->dtype, LOOM_SUM);
-    if ((rc = put_grad_shard(s, z, 1)) != LOOM_OK) /* written behind when offloaded */
+    rc = strategy_add(s->host, owned, s->recv, z->shard, s->dtype);
+    int r2 = put_grad_shard(s, z, 1); /* written behind when offloaded */
+    if ((rc = rc != LOOM_OK ? rc : r2) != LOOM_OK)
         return rc;
     s->host->mem_free(s->host, z->grads);
     z->grads = NULL;
@@ -480,8 +488,8 @@ static int open_grads(loom_strategy *s, zero_unit *z)
     int rc;
     if (z->reducing && (rc = finish_reduce(s)) != LOOM_OK)
         return rc;
-    if ((rc = strategy_alloc_zeroed(s->host, LOOM_PURPOSE_GRADS, z->padded * s->esize,
-                                    &z->grads)) != LOOM_OK)
+    if ((rc = strategy_alloc_model(s->host, LOOM_PURPOSE_GRADS, z->padded * s->esize,
+                                   &z->grads)) != LOOM_OK)
         return rc;
     z->unit->grads = z->grads;
     return LOOM_OK;
@@ -493,9 +501,9 @@ static int start_gather(loom_strategy *s, zero_unit *z)
 {
     if (z->params)
         return LOOM_OK; /* gathered or on its way */
-    void *full = NULL;
-    int rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS,
-                                z->padded * s->esize, &full);
+    void *full = NULL; /* all of it gathered: nothing to clear */
+    int rc = s->host->mem_alloc(s->host, (loom_tier)strategy_compute(s->host)->tier,
+                                LOOM_PURPOSE_PARAMS, z->padded * s->esize, &full);
     if (rc != LOOM_OK)
         return rc;
     z->params = full;
@@ -570,7 +578,7 @@ static int prefetch_after(loom_strategy *s, const zero_step *steps, int i)
                 continue; /* gathered, or on its way */
             int rc = j <= i + s->prefetch
                          ? start_gather(s, &s->zu[us[k]])
-                         : s->host->tiered_fetch(s->host, s->param_shards, us[k]);
+                         : state_buffer_fetch(&s->param_shards, us[k]);
             if (rc != LOOM_OK)
                 return rc;
         }
@@ -661,15 +669,12 @@ static void free_buffers(loom_strategy *s)
     free_if(h, s->params_all);
     free_if(h, s->grads_all);
     free_if(h, s->reduced);
-    if (s->param_shards)
-        h->tiered_free(h, s->param_shards);
-    if (s->grad_shards)
-        h->tiered_free(h, s->grad_shards);
+    state_buffer_free(&s->param_shards);
+    state_buffer_free(&s->grad_shards);
     if (s->opt.host)
         opt_state_free(&s->opt);
     free_if(h, s->recv);
     s->params_all = s->grads_all = s->reduced = s->recv = NULL;
-    s->param_shards = s->grad_shards = NULL;
     free(s->zu);
     free(s->fsteps);
     free(s->bsteps);
@@ -809,19 +814,19 @@ static int alloc_model_state(loom_strategy *s)
         bytes[i] = s->zu[i].shard * s->esize;
     }
     if (rc == LOOM_OK && zero_stage == 3)
-        rc = h->tiered_alloc(h, LOOM_PURPOSE_PARAMS, NAME " params", s->nunits, bytes,
-                             &s->param_shards);
+        rc = state_buffer_alloc(&s->param_shards, h, LOOM_PURPOSE_PARAMS, NAME " params",
+                                s->nunits, bytes);
     else if (rc == LOOM_OK)
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_PARAMS, full, &s->params_all);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_PARAMS, full, &s->params_all);
     if (rc == LOOM_OK && zero_stage == 1) {
-        rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_GRADS, full, &s->grads_all);
+        rc = strategy_alloc_model(h, LOOM_PURPOSE_GRADS, full, &s->grads_all);
         if (rc == LOOM_OK)
-            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, owned, &s->reduced);
+            rc = strategy_alloc_model(h, LOOM_PURPOSE_COMM, owned, &s->reduced);
     } else if (rc == LOOM_OK) {
-        rc = h->tiered_alloc(h, LOOM_PURPOSE_GRADS, NAME " grads", s->nunits, bytes,
-                             &s->grad_shards);
+        rc = state_buffer_alloc(&s->grad_shards, h, LOOM_PURPOSE_GRADS, NAME " grads",
+                                s->nunits, bytes);
         if (rc == LOOM_OK)
-            rc = strategy_alloc_zeroed(h, LOOM_PURPOSE_COMM, s->max_shard * s->esize, &s->recv);
+            rc = strategy_alloc_model(h, LOOM_PURPOSE_COMM, s->max_shard * s->esize, &s->recv);
     }
     if (rc == LOOM_OK)
         rc = opt_state_alloc(&s->opt, h, NAME, s->nunits, elems, s->dtype != LOOM_F32);
@@ -836,13 +841,16 @@ static int alloc_model_state(loom_strategy *s)
  * master weights. */
 static int place_initial_params(loom_strategy *s, float *const *init)
 {
+    const loom_host *h = s->host;
+    const loom_compute_api *c = strategy_compute(h);
     int rc = LOOM_OK;
     for (int i = 0; i < s->nunits && rc == LOOM_OK; i++) {
         zero_unit *z = &s->zu[i];
         z->grad_clear = 1;
         if (zero_stage < 3) {
             z->params = at(s->params_all, z->flat_off, s->esize);
-            loom_from_f32(z->params, s->dtype, init[i], z->numel);
+            if ((rc = strategy_upload_f32(h, z->params, s->dtype, init[i], z->numel)) != LOOM_OK)
+                break;
         }
         if (zero_stage == 1)
             z->grads = at(s->grads_all, z->flat_off, s->esize);
@@ -852,12 +860,14 @@ static int place_initial_params(loom_strategy *s, float *const *init)
         if ((rc = get_unit_state(s, z, LOOM_TIERED_OVERWRITE, &st, &shard, &master)) != LOOM_OK)
             break;
         if (zero_stage == 3 && !st.master) /* fp32: the shard is the master, padding zeros */
-            memset(shard, 0, z->shard * s->esize);
-        if (z->own_count)
-            memcpy(master, init[i] + z->own_begin, z->own_count * sizeof(float));
-        if (zero_stage == 3)
-            loom_from_f32(shard, s->dtype, master, z->own_count);
-        rc = put_unit_state(s, z, 1);
+            rc = c->zero(h, shard, z->shard * s->esize);
+        if (rc == LOOM_OK && z->own_count)
+            rc = c->to_device(h, master, init[i] + z->own_begin, z->own_count * sizeof(float));
+        if (rc == LOOM_OK && zero_stage == 3 && z->own_count && shard != (void *)master)
+            rc = c->convert(h, shard, s->dtype, master, LOOM_F32, z->own_count);
+        int r2 = put_unit_state(s, z, 1);
+        if (rc == LOOM_OK)
+            rc = r2;
         z->unit->params = z->params;
         z->unit->grads = z->grads;
         z->unit->strategy_data = z;
@@ -1072,8 +1082,10 @@ static int zero_data_finish_backward(loom_strategy *s)
         rc = quiesce(s);
     if (rc != LOOM_OK)
         return rc;
-    for (int i = 0; zero_stage == 1 && i < s->nunits; i++)
-        average_shard_end(s, at(s->reduced, s->zu[i].shard_off, s->esize), s->zu[i].shard);
+    for (int i = 0; zero_stage == 1 && rc == LOOM_OK && i < s->nunits; i++)
+        rc = average_shard_end(s, at(s->reduced, s->zu[i].shard_off, s->esize), s->zu[i].shard);
+    if (rc != LOOM_OK)
+        return rc;
     reset_step(s);
     return LOOM_OK;
 }
@@ -1101,12 +1113,13 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
         if (zero_stage > 1 && z->grad_clear)
             continue; /* zeros add nothing */
         if (i + 1 < s->nunits && zero_stage > 1 && !s->zu[i + 1].grad_clear &&
-            (rc = s->host->tiered_fetch(s->host, s->grad_shards, i + 1)) != LOOM_OK)
+            (rc = state_buffer_fetch(&s->grad_shards, i + 1)) != LOOM_OK)
             return rc;
         if ((rc = get_grad_shard(s, z, &g)) != LOOM_OK)
             return rc;
-        local = strategy_add_squares(local, g, s->dtype, z->own_count);
-        if ((rc = put_grad_shard(s, z, 0)) != LOOM_OK)
+        rc = strategy_compute(s->host)->sum_squares(s->host, g, s->dtype, z->own_count, &local);
+        int r2 = put_grad_shard(s, z, 0);
+        if ((rc = rc != LOOM_OK ? rc : r2) != LOOM_OK)
             return rc;
     }
     double global = local;
@@ -1120,14 +1133,17 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
     return LOOM_OK;
 }
 
-static void clear_grads(loom_strategy *s)
+static int clear_grads(loom_strategy *s)
 {
+    const loom_compute_api *c = strategy_compute(s->host);
+    int rc = LOOM_OK;
     if (zero_stage == 1)
-        memset(s->grads_all, 0, s->padded * s->esize);
-    if (zero_stage == 1)
-        memset(s->reduced, 0, s->shard_total * s->esize);
+        rc = c->zero(s->host, s->grads_all, s->padded * s->esize);
+    if (zero_stage == 1 && rc == LOOM_OK)
+        rc = c->zero(s->host, s->reduced, s->shard_total * s->esize);
     for (int i = 0; i < s->nunits; i++)
         s->zu[i].grad_clear = 1;
+    return rc;
 }
 
 static int zero_data_zero_grads(loom_strategy *s)
@@ -1141,8 +1157,7 @@ static int zero_data_zero_grads(loom_strategy *s)
     if (rc != LOOM_OK)
         return rc;
     reset_step(s);
-    clear_grads(s);
-    return LOOM_OK;
+    return clear_grads(s);
 }
 
 /* zero1/2 after the step: every rank's new shard to every rank, in place,
@@ -1164,12 +1179,11 @@ static int fetch_for_step(loom_strategy *s, int i)
 {
     if (i >= s->nunits)
         return LOOM_OK;
-    const loom_host *h = s->host;
     int rc = opt_state_fetch(&s->opt, i);
     if (rc == LOOM_OK && zero_stage > 1 && !s->zu[i].grad_clear)
-        rc = h->tiered_fetch(h, s->grad_shards, i);
-    if (rc == LOOM_OK && zero_stage == 3 && !s->opt.master) /* fp32: the shard is the master */
-        rc = h->tiered_fetch(h, s->param_shards, i);
+        rc = state_buffer_fetch(&s->grad_shards, i);
+    if (rc == LOOM_OK && zero_stage == 3 && !opt_state_has_master(&s->opt))
+        rc = state_buffer_fetch(&s->param_shards, i); /* fp32: the shard is the master */
     return rc;
 }
 
@@ -1214,8 +1228,7 @@ static int zero_data_optimizer_step(loom_strategy *s, const loom_optimizer_step 
         rc = gather_stepped_params(s);
     if (rc != LOOM_OK)
         return rc;
-    clear_grads(s);
-    return LOOM_OK;
+    return clear_grads(s);
 }
 
 /* Checkpointing: full fp32 arrays from the owned shards of every rank. */
@@ -1228,7 +1241,8 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
     float *full = NULL, *master = NULL;
     void *own = NULL;
     opt_view st;
-    if ((rc = s->host->mem_alloc(s->host, LOOM_TIER_HOST, LOOM_PURPOSE_COMM,
+    const loom_compute_api *c = strategy_compute(s->host);
+    if ((rc = s->host->mem_alloc(s->host, (loom_tier)c->tier, LOOM_PURPOSE_COMM,
                                  z->padded * sizeof(float), (void **)&full)) != LOOM_OK)
         return rc;
     if ((rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master)) != LOOM_OK) {
@@ -1250,7 +1264,7 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
                 full = NULL;
             break;
         }
-        memcpy(dst[k], full, z->numel * sizeof(float));
+        rc = c->to_host(s->host, dst[k], full, z->numel * sizeof(float));
     }
     free_if(s->host, full);
     int r2 = put_unit_state(s, z, 0);
@@ -1270,16 +1284,19 @@ static int zero_data_set_state(loom_strategy *s, loom_unit *unit, const float *p
     opt_view st;
     if ((rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master)) != LOOM_OK)
         return rc;
+    const loom_host *h = s->host;
+    const loom_compute_api *c = strategy_compute(h);
     float *dst[3] = {master, st.m, st.v};
     const float *src[3] = {params, m, v};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 3 && rc == LOOM_OK; k++)
         if (src[k] && z->own_count)
-            memcpy(dst[k], src[k] + z->own_begin, z->own_count * sizeof(float));
-    if (params && zero_stage == 3)
-        loom_from_f32(own, s->dtype, master, z->own_count);
-    if (params && z->params) /* zero1/2 always; zero3 while gathered: keep it current */
-        loom_from_f32(z->params, s->dtype, params, z->numel);
-    return put_unit_state(s, z, 1);
+            rc = c->to_device(h, dst[k], src[k] + z->own_begin, z->own_count * sizeof(float));
+    if (rc == LOOM_OK && params && zero_stage == 3 && z->own_count && own != (void *)master)
+        rc = c->convert(h, own, s->dtype, master, LOOM_F32, z->own_count);
+    if (rc == LOOM_OK && params && z->params) /* zero1/2 always; zero3 while gathered */
+        rc = strategy_upload_f32(h, z->params, s->dtype, params, z->numel);
+    int r2 = put_unit_state(s, z, 1);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 /* Sharded checkpoints: the owned shard as it is, no communication. Under
@@ -1304,13 +1321,15 @@ static int zero_data_get_shard(loom_strategy *s, loom_unit *unit, size_t *begin,
     int rc = get_unit_state(s, z, LOOM_TIERED_READ, &st, &own, &master);
     if (rc != LOOM_OK)
         return rc;
+    const loom_compute_api *c = strategy_compute(s->host);
     if (params)
-        memcpy(params, master, bytes);
-    if (m)
-        memcpy(m, st.m, bytes);
-    if (v)
-        memcpy(v, st.v, bytes);
-    return put_unit_state(s, z, 0);
+        rc = c->to_host(s->host, params, master, bytes);
+    if (m && rc == LOOM_OK)
+        rc = c->to_host(s->host, m, st.m, bytes);
+    if (v && rc == LOOM_OK)
+        rc = c->to_host(s->host, v, st.v, bytes);
+    int r2 = put_unit_state(s, z, 0);
+    return rc != LOOM_OK ? rc : r2;
 }
 
 /* Initializers must be constant expressions: here the stage is spelled as
