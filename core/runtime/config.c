@@ -101,7 +101,8 @@ const loom_config_settings loom_config_runtime_settings = {
 /* Groups where names the core does not know belong to a plugin (the
  * strategy of that axis, the offload tier): they are checked by
  * loom_config_check_group when the plugin loads. Besides these, any group
- * directly under comm is the comm plugin of that name's (comm.ucx = {...}). */
+ * directly under comm is the comm plugin of that name's (comm.ucx = {...}),
+ * and any directly under compute the compute backend's (compute.sim). */
 static const char *const plugin_groups[] = {"parallel.dp", "parallel.tp", "parallel.sp",
                                             "parallel.pp", "memory.offload"};
 
@@ -588,7 +589,10 @@ static int unknown_setting(const loom_config *cfg, const config_setting_t *s, co
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", valid.names[i]);
     }
-    return fail_at(cfg, s, path, "unknown %s (valid here: %s%s)", what, list, note ? note : "");
+    const char *more = note ? note : "";
+    if (!list[0] && !strncmp(more, "; or ", 5))
+        more += 5; /* a group of plugins' groups alone, as compute is */
+    return fail_at(cfg, s, path, "unknown %s (valid here: %s%s)", what, list, more);
 }
 
 /* ------------------------------------------------------------ checking values */
@@ -738,7 +742,7 @@ static int owned_by_plugin(const char *group, const config_setting_t *s)
     for (size_t i = 0; i < LOOM_ARRAY_LEN(plugin_groups); i++)
         if (!strcmp(group, plugin_groups[i]))
             return 1;
-    return !strcmp(group, "comm") && config_setting_is_group(s);
+    return (!strcmp(group, "comm") || !strcmp(group, "compute")) && config_setting_is_group(s);
 }
 
 static int validate_group(const loom_config *cfg, const config_setting_t *g, const char *group)
@@ -752,7 +756,7 @@ static int validate_group(const loom_config *cfg, const config_setting_t *g, con
         int rc;
         if (e)
             rc = check_value(cfg, s, path, e);
-        else if (schema_is_group(path))
+        else if (schema_is_group(path) || !strcmp(path, "compute"))
             rc = config_setting_is_group(s)
                      ? validate_group(cfg, s, path)
                      : fail_at(cfg, s, path, "expected a group ({ ... }), found %s",
@@ -764,6 +768,9 @@ static int validate_group(const loom_config *cfg, const config_setting_t *g, con
                 unknown_setting(cfg, s, group, NULL,
                                 !strcmp(group, "comm")
                                     ? "; or a group of a comm plugin's settings, e.g. ucx = { ... }"
+                                : !strcmp(group, "compute")
+                                    ? "; or a group of a compute backend's settings, e.g. "
+                                      "sim = { ... }"
                                     : NULL);
         if (rc)
             return rc;

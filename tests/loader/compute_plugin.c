@@ -253,9 +253,17 @@ static int layernorm_forward(loom_compute *c, float *out, float *mean, float *rs
 #define MEMORY "memory of its own"
 #endif
 
+/* One setting, in compute.<name>, for the config's compute group. */
+static const loom_setting_spec settings[] = {
+    {.name = "queue_depth", .type = LOOM_SETTING_INT, .default_value = "2",
+     .help = "kernels in flight (loader tests)", .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX,
+     .min = 1, .max = 64},
+    {0},
+};
+
 LOOM_PLUGIN_EXPORT const loom_compute_plugin_v1_t loom_compute_plugin_v1 = {
     .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMPUTE, loom_compute_plugin_v1_t, PLUGIN_NAME,
-                                 "the cpu kernels on " MEMORY " (loader tests)", NULL),
+                                 "the cpu kernels on " MEMORY " (loader tests)", settings),
     .tier = TIER,
     .mem_kind = MEM_KIND,
     .probe = probe,
