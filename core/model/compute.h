@@ -20,4 +20,23 @@ typedef struct loom_backend {
 /* The process's cpu backend, created on first use (threads: the kernels'). */
 loom_backend *loom_backend_cpu(void);
 
+/* The attention kernels a sequence strategy composes (loom_attention's
+ * kernels), on backend b: positions arrive as host arrays. */
+const loom_attention_kernels *loom_backend_attention_kernels(const loom_backend *b);
+
+/* model.device: "cpu", "auto" (the cuda plugin where it loads and sees a
+ * device, else cpu) or a compute plugin's name ("cuda", "sim"); setup's
+ * cpu member is filled in here. why: the header's line on which backend
+ * and why. A device-tier backend's memory becomes the device tier
+ * (loom_mem_alloc) until close. */
+struct loom_runtime;
+int loom_backend_open(struct loom_runtime *rt, const char *device,
+                      const loom_compute_setup *setup, loom_backend **out, char *why, size_t cap);
+void loom_backend_close(loom_backend *b);
+/* Serve b to strategies (loom_host's compute) and to the optimizer's
+ * update functions; loom_backend_current: the backend served (NULL: none
+ * yet, the cpu's kernels). */
+int loom_backend_install(struct loom_runtime *rt, const loom_backend *b);
+const loom_backend *loom_backend_current(void);
+
 #endif

@@ -1,4 +1,6 @@
-/* The GPT-2 model as units, on the kernels of kernels.c. */
+/* The GPT-2 model as units, on the run's compute backend (model/compute.h):
+ * every buffer the model keeps is the backend's memory, and only the
+ * backend's calls read or write it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +11,9 @@
 #include "loom/strategy.h"
 #include "loom/tensor.h"
 #include "model/formats.h"
+#include "model/compute.h"
 #include "model/gemm.h"
 #include "model/kernel_time.h"
-#include "model/kernels.h"
 #include "model/model.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -130,7 +132,12 @@ struct loom_model {
     void *gemm_scratch;           /* lent to loom_gemm for bf16 products */
     size_t gemm_scratch_bytes;
     loom_model_ops ops;
+    const loom_backend *b;        /* where the buffers live and the kernels run */
     int *positions;               /* the global position of each of the T rows of a sequence */
+    const int *positions_b;       /* the same in the backend's memory */
+    int *row_positions;           /* each residual row's position, in the backend's memory */
+    int *row_positions_host;      /* the host array, when the backend reads host memory */
+    float *dlosses_host;          /* the head's seed before it goes to dlosses */
     block_acts scratch_own;       /* the scratch set as allocated (recomputation) */
     int status;                   /* the first failure of a parallel op this pass */
     int planning;                 /* loom_model_plan: count what create would allocate */
@@ -141,6 +148,19 @@ struct loom_model {
 
 /* ---- buffers ---- */
 
+/* A backend call; its failure becomes the pass's (record). */
+#define K(op, ...) record(m, m->b->ops->op(m->b->self, __VA_ARGS__))
+
+static void record(loom_model *m, int rc)
+{
+    if (rc != LOOM_OK && m->status == LOOM_OK)
+        m->status = rc;
+}
+
+static loom_tier backend_tier(const loom_model *m) { return (loom_tier)m->b->ops->tier; }
+
+static int bf16_weights(const loom_model *m);
+
 static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
 {
     /* planning: a pointer that is never read, so the callers run unchanged */
@@ -150,7 +170,7 @@ static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
         return &planned_buffer;
     }
     void *p = NULL;
-    if (loom_mem_alloc(LOOM_TIER_HOST, purpose, bytes ? bytes : 1, &p) != LOOM_OK)
+    if (loom_mem_alloc(backend_tier(m), purpose, bytes ? bytes : 1, &p) != LOOM_OK)
         return NULL;
     if (m->nallocations == m->capallocations) {
         int cap = m->capallocations ? 2 * m->capallocations : 64;
@@ -163,7 +183,8 @@ static void *model_alloc(loom_model *m, loom_purpose purpose, size_t bytes)
         m->capallocations = cap;
     }
     m->allocations[m->nallocations++] = p;
-    memset(p, 0, bytes);
+    if (m->b->ops->zero(m->b->self, p, bytes) != LOOM_OK) /* fresh memory: cannot fail but on a broken backend */
+        return NULL;
     return p;
 }
 
@@ -357,7 +378,7 @@ static int alloc_slot(loom_model *m, model_slot *s, const unsigned char *cover)
     }
     carver c = {NULL, 0};
     layout_slot(m, &c, s);
-    int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS, c.used ? c.used : 1, &s->mem);
+    int rc = loom_mem_alloc(backend_tier(m), LOOM_PURPOSE_ACTIVATIONS, c.used ? c.used : 1, &s->mem);
     if (rc != LOOM_OK) {
         char cause[768];
         snprintf(cause, sizeof cause, "%s", loom_last_error());
@@ -648,6 +669,38 @@ static int set_runs(loom_model *m)
     return LOOM_OK;
 }
 
+/* The positions the kernels read, in the backend's memory: those of a
+ * sequence's rows, and those of this rank's residual rows (rows are (B, T)
+ * flattened; sequence parallelism keeps rows row0 .. row0+R-1 of them).
+ * A host-memory backend reads the host arrays themselves. */
+static int place_positions(loom_model *m)
+{
+    int R = m->R;
+    int *rows = malloc((size_t)R * sizeof *rows);
+    if (!rows)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
+    for (int r = 0; r < R; r++)
+        rows[r] = m->positions[(m->row0 + r) % m->T];
+    if (backend_tier(m) == LOOM_TIER_HOST) {
+        m->positions_b = m->positions;
+        m->row_positions = m->row_positions_host = rows;
+        return LOOM_OK;
+    }
+    int *seq = model_alloc(m, LOOM_PURPOSE_OTHER, (size_t)m->T * sizeof(int));
+    int *row = model_alloc(m, LOOM_PURPOSE_OTHER, (size_t)R * sizeof(int));
+    if (seq && row && !m->planning) {
+        K(to_device, seq, m->positions, (size_t)m->T * sizeof(int));
+        K(to_device, row, rows, (size_t)R * sizeof(int));
+    }
+    free(rows);
+    if (!seq || !row)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "model: cannot allocate the positions: %s",
+                         loom_last_error());
+    m->positions_b = seq;
+    m->row_positions = row;
+    return m->status;
+}
+
 /* What every slot shares, for the units this rank runs: the fp32 scratch
  * set that 16-bit and recomputing blocks borrow, the backward's scratch
  * (the whole backward's deferred set points into it), and the fp32 copies
@@ -674,13 +727,13 @@ static int alloc_shared(loom_model *m)
     if (ok && blocks && m->tp > 1)
         ok = (m->whole.dfcprojb = f32(m, C)) != NULL;
     if (ok && head)
-        ok = (m->dlosses = f32(m, N)) != NULL;
+        ok = (m->dlosses = f32(m, N)) && (m->dlosses_host = malloc(N * sizeof(float)));
     if (ok && head && m->tp > 1)
         ok = (m->rowstat = f32(m, 3 * N)) != NULL;
     if (ok && m->seqpar)
         ok = (m->gathered = f32(m, N * C)) && (m->dfull = f32(m, N * C)) &&
              (m->dsmall = f32(m, R * C));
-    if (ok && m->s.dtype == LOOM_BF16 && loom_gemm_multiply_dtype() == LOOM_BF16) {
+    if (ok && bf16_weights(m)) {
         /* the bf16 copies of the f32 operands of the products */
         m->gemm_scratch_bytes = loom_gemm_scratch_bytes(N, wide > C ? wide : C);
         ok = (m->gemm_scratch = model_alloc(m, LOOM_PURPOSE_ACTIVATIONS, m->gemm_scratch_bytes)) != NULL;
@@ -739,9 +792,11 @@ static int create(const loom_model_setup *setup, const loom_model_layout *layout
         return loom_fail(LOOM_ERR_NO_MEMORY, "model: out of memory");
     set_dims(m, setup, lay);
     m->planning = planning;
-    int rc;
-    if ((rc = check_setup(m)) == LOOM_OK && (rc = build_units(m)) == LOOM_OK &&
-        (rc = set_runs(m)) == LOOM_OK && (rc = alloc_shared(m)) == LOOM_OK && !planning) {
+    m->b = setup->backend ? setup->backend : loom_backend_cpu();
+    int rc = m->b ? LOOM_OK : LOOM_ERR_NO_MEMORY;
+    if (rc == LOOM_OK && (rc = check_setup(m)) == LOOM_OK && (rc = build_units(m)) == LOOM_OK &&
+        (rc = set_runs(m)) == LOOM_OK && (rc = place_positions(m)) == LOOM_OK &&
+        (rc = alloc_shared(m)) == LOOM_OK && !planning) {
         point_whole(m);
         /* slot 0 from the start: callers that never name a slot use it */
         rc = loom_model_use_slot(m, 0);
@@ -817,6 +872,8 @@ void loom_model_destroy(loom_model *m)
     free(m->slots);
     free(m->runs);
     free(m->positions);
+    free(m->row_positions_host);
+    free(m->dlosses_host);
     free(m);
 }
 
@@ -909,8 +966,6 @@ void loom_model_join_params(const loom_model *m, float *const *unit_params, floa
 
 /* ---- precision plumbing ---- */
 
-static int bf16_weights(const loom_model *m);
-
 static const float *unit_params32(loom_model *m, int unit)
 {
     loom_unit *u = &m->units[unit];
@@ -923,13 +978,12 @@ static const float *unit_params32(loom_model *m, int unit)
         for (int t = 0; t < u->ntensors; t++) {
             const loom_param_desc *d = &u->tensors[t];
             if (t != QKVW && t != ATTPROJW && t != FCW && t != FCPROJW)
-                TIMED(CONVERT, loom_convert(dst + d->offset, LOOM_F32,
-                                            (const uint16_t *)u->params + d->offset, m->s.dtype,
-                                            d->count));
+                TIMED(CONVERT, K(convert, dst + d->offset, LOOM_F32,
+                                 (const uint16_t *)u->params + d->offset, m->s.dtype, d->count));
         }
         return dst;
     }
-    TIMED(CONVERT, loom_convert(dst, LOOM_F32, u->params, m->s.dtype, u->numel));
+    TIMED(CONVERT, K(convert, dst, LOOM_F32, u->params, m->s.dtype, u->numel));
     return dst;
 }
 
@@ -950,10 +1004,10 @@ static const float *embedding_params32(loom_model *m, const int *tokens)
     for (int n = 0; n < m->N; n++) {
         const int row = tokens[n] - m->v0;
         if (row >= 0 && row < m->Vl)
-            loom_convert(dst + wte->offset + (size_t)row * C, LOOM_F32,
-                         src + wte->offset + (size_t)row * C, m->s.dtype, C);
+            K(convert, dst + wte->offset + (size_t)row * C, LOOM_F32,
+              src + wte->offset + (size_t)row * C, m->s.dtype, C);
     }
-    loom_convert(dst + wpe->offset, LOOM_F32, src + wpe->offset, m->s.dtype, wpe->count);
+    K(convert, dst + wpe->offset, LOOM_F32, src + wpe->offset, m->s.dtype, wpe->count);
     loom_kernel_time_end();
     return dst;
 }
@@ -971,12 +1025,6 @@ static float *unit_grads32(loom_model *m, int unit)
     return unit == 0 ? m->emb_grad32 : m->grad32;
 }
 
-static void record(loom_model *m, int rc)
-{
-    if (rc != LOOM_OK && m->status == LOOM_OK)
-        m->status = rc;
-}
-
 static void commit_grads(loom_model *m, int unit)
 {
     loom_unit *u = &m->units[unit];
@@ -987,19 +1035,19 @@ static void commit_grads(loom_model *m, int unit)
     if (m->ops.reduce_grads)
         TIMED(COMM, record(m, m->ops.reduce_grads(m->ops.ctx, u, g32)));
     if (m->s.dtype == LOOM_F32)
-        loom_accumulate(u->grads, LOOM_F32, g32, n);
+        K(accumulate, u->grads, LOOM_F32, g32, n);
     else /* through f32 and back: a conversion */
-        TIMED(CONVERT, loom_accumulate(u->grads, m->s.dtype, g32, n));
+        TIMED(CONVERT, K(accumulate, u->grads, m->s.dtype, g32, n));
 }
 
 static void to_stored(loom_model *m, void *dst, const float *src, size_t n)
 {
-    TIMED(CONVERT, loom_convert(dst, m->s.dtype, src, LOOM_F32, n));
+    TIMED(CONVERT, K(convert, dst, m->s.dtype, src, LOOM_F32, n));
 }
 
 static void from_stored(loom_model *m, float *dst, const void *src, size_t n)
 {
-    TIMED(CONVERT, loom_convert(dst, LOOM_F32, src, m->s.dtype, n));
+    TIMED(CONVERT, K(convert, dst, LOOM_F32, src, m->s.dtype, n));
 }
 
 /* ---- blocks ---- */
@@ -1007,17 +1055,18 @@ static void from_stored(loom_model *m, float *dst, const void *src, size_t n)
 /* Whether the products read the stored bf16 weights as they are. */
 static int bf16_weights(const loom_model *m)
 {
-    return m->s.dtype == LOOM_BF16 && loom_gemm_multiply_dtype() == LOOM_BF16;
+    return m->s.dtype == LOOM_BF16 &&
+           m->b->ops->multiply_dtype(m->b->self, LOOM_BF16) == LOOM_BF16;
 }
 
 /* The weight at w, a tensor in unit's f32 parameters p, as the products
  * read it: the same elements of the stored bf16 parameters in a bf16 run
  * that multiplies in bf16, else w. */
-static loom_weight weight(const loom_model *m, int unit, const float *p, const float *w)
+static loom_compute_weight weight(const loom_model *m, int unit, const float *p, const float *w)
 {
     if (bf16_weights(m))
-        return (loom_weight){(const uint16_t *)m->units[unit].params + (w - p), LOOM_BF16};
-    return loom_weight_f32(w);
+        return (loom_compute_weight){(const uint16_t *)m->units[unit].params + (w - p), LOOM_BF16};
+    return (loom_compute_weight){w, LOOM_F32};
 }
 
 static const float *tensor(const loom_model *m, int unit, const float *base, int t)
@@ -1032,31 +1081,33 @@ static float *gtensor(const loom_model *m, int unit, float *base, int t)
 
 void loom_model_set_ops(loom_model *m, const loom_model_ops *ops) { m->ops = *ops; }
 
-/* The attention op: the sequence strategy's if installed, else the CPU
- * kernels over this rank's positions. Forward when dout is NULL. */
+/* The attention op: the sequence strategy's if installed (the backend's
+ * kernels in its hands), else the backend's over this rank's positions.
+ * Forward when dout is NULL. */
 static void attention(loom_model *m, block_acts *a, const float *dout, float *dq, float *dk,
                       float *dv)
 {
     int B = m->s.batch, T = m->T, NH = m->NHl, HS = m->HS;
+    const int *pos = m->positions_b;
     loom_attention at = {B, T, NH, HS, LOOM_F32, m->positions, a->q, a->k, a->v, a->atty,
-                         a->lse, dout, dq, dk, dv, &loom_attention_kernels_cpu};
+                         a->lse, dout, dq, dk, dv, loom_backend_attention_kernels(m->b)};
     if (!dout && m->ops.attention_forward)
         record(m, m->ops.attention_forward(m->ops.ctx, &at));
     else if (dout && m->ops.attention_backward)
         record(m, m->ops.attention_backward(m->ops.ctx, &at));
     else if (!dout)
-        loom_attention_kernels_cpu.block_forward(a->q, m->positions, T, a->k, a->v, m->positions,
-                                                 T, B, NH, HS, LOOM_F32, a->atty, a->lse, 1);
+        K(attention_forward, a->q, pos, T, a->k, a->v, pos, T, B, NH, HS, LOOM_F32, a->atty,
+          a->lse, 1);
     else
-        loom_attention_kernels_cpu.block_backward(a->q, m->positions, T, a->k, a->v,
-                                                  m->positions, T, B, NH, HS, LOOM_F32, a->atty,
-                                                  dout, a->lse, dq, dk, dv);
+        K(attention_backward, a->q, pos, T, a->k, a->v, pos, T, B, NH, HS, LOOM_F32, a->atty,
+          dout, a->lse, dq, dk, dv);
 }
 
 /* A (rows, cols) fp32 view for the border hooks. */
-static loom_tensor view(float *data, int rows, int cols)
+static loom_tensor view(const loom_model *m, float *data, int rows, int cols)
 {
-    loom_tensor t = {data, LOOM_F32, LOOM_MEM_HOST, 2, {rows, cols}, {cols, 1}};
+    loom_tensor t = {data, LOOM_F32, (loom_mem_kind)m->b->ops->mem_kind, 2, {rows, cols},
+                     {cols, 1}};
     return t;
 }
 
@@ -1073,10 +1124,11 @@ static float *border(loom_model *m, border_fn fn, loom_region region, float *in,
         out = in;
     if (!fn) {
         if (out != in) /* no tensor strategy: this rank's rows are all there are */
-            memcpy(out, in, (size_t)(in_rows < out_rows ? in_rows : out_rows) * cols * sizeof(float));
+            K(copy, out, in, (size_t)(in_rows < out_rows ? in_rows : out_rows) * cols * sizeof(float));
         return out;
     }
-    loom_tensor x = view(in, in_rows, cols), y = view(out, m->seqpar ? out_rows : in_rows, cols);
+    loom_tensor x = view(m, in, in_rows, cols);
+    loom_tensor y = view(m, out, m->seqpar ? out_rows : in_rows, cols);
     TIMED(COMM, record(m, fn(m->ops.ctx, region, &x, &y)));
     return out;
 }
@@ -1094,21 +1146,6 @@ static float *region_out(loom_model *m, loom_region region, float *partial, floa
     return border(m, m->ops.region_exit, region, partial, m->N, out, m->R, m->C);
 }
 
-/* Row-parallel biases are added once, after g. */
-static void add_bias(float *x, const float *bias, int rows, int C)
-{
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < C; c++)
-            x[(size_t)r * C + c] += bias[c];
-}
-
-static void bias_grad(float *dbias, const float *dout, int rows, int C)
-{
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < C; c++)
-            dbias[c] += dout[(size_t)r * C + c];
-}
-
 /* a->x holds the input; fills every activation and a->out. */
 static void block_forward(loom_model *m, int unit, const float *p, block_acts *a)
 {
@@ -1117,38 +1154,38 @@ static void block_forward(loom_model *m, int unit, const float *p, block_acts *a
     int split = m->tp > 1; /* row-parallel biases go after the border */
     const float *qkvw = tensor(m, unit, p, QKVW), *qkvb = tensor(m, unit, p, QKVB);
     const float *attprojb = tensor(m, unit, p, ATTPROJB), *fcprojb = tensor(m, unit, p, FCPROJB);
-    TIMED(LAYERNORM, loom_layernorm_forward(a->ln1, a->mean1, a->rstd1, a->x,
+    TIMED(LAYERNORM, K(layernorm_forward, a->ln1, a->mean1, a->rstd1, a->x,
                                             tensor(m, unit, p, LN1W), tensor(m, unit, p, LN1B),
                                             R, C));
     const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     /* QKV as three products so q, k and v land contiguous, heads side by side */
-    TIMED(MATMUL_FWD, loom_matmul_forward(a->q, in, weight(m, unit, p, qkvw), qkvb, N, C, Cq));
+    TIMED(MATMUL_FWD, K(matmul_forward, a->q, in, weight(m, unit, p, qkvw), qkvb, N, C, Cq));
     TIMED(MATMUL_FWD,
-          loom_matmul_forward(a->k, in, weight(m, unit, p, qkvw + CqC), qkvb + Cq, N, C, Cq));
-    TIMED(MATMUL_FWD, loom_matmul_forward(a->v, in, weight(m, unit, p, qkvw + 2 * CqC),
+          K(matmul_forward, a->k, in, weight(m, unit, p, qkvw + CqC), qkvb + Cq, N, C, Cq));
+    TIMED(MATMUL_FWD, K(matmul_forward, a->v, in, weight(m, unit, p, qkvw + 2 * CqC),
                                           qkvb + 2 * Cq, N, C, Cq));
     TIMED(ATTENTION, attention(m, a, NULL, NULL, NULL, NULL));
     float *proj = m->dtmp_a; /* free during forward, as is dtmp_b */
     TIMED(MATMUL_FWD,
-          loom_matmul_forward(proj, a->atty, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
+          K(matmul_forward, proj, a->atty, weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
                               split ? NULL : attprojb, N, Cq, C));
     float *y = region_out(m, LOOM_REGION_ATTENTION, proj, m->dtmp_b);
-    if (split)
-        add_bias(y, attprojb, R, C);
-    TIMED(LAYERNORM, loom_residual_layernorm_forward(a->res2, a->ln2, a->mean2, a->rstd2, a->x, y,
+    if (split) /* row-parallel biases are added once, after g */
+        K(bias_forward, y, attprojb, R, C);
+    TIMED(LAYERNORM, K(residual_layernorm_forward, a->res2, a->ln2, a->mean2, a->rstd2, a->x, y,
                                                      tensor(m, unit, p, LN2W),
                                                      tensor(m, unit, p, LN2B), R, C));
     in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    TIMED(MATMUL_FWD, loom_matmul_forward(a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
+    TIMED(MATMUL_FWD, K(matmul_forward, a->fch, in, weight(m, unit, p, tensor(m, unit, p, FCW)),
                                           NULL, N, C, F));
-    TIMED(GELU, loom_bias_gelu_forward(a->fch_gelu, a->fch, tensor(m, unit, p, FCB), N, F));
+    TIMED(GELU, K(bias_gelu_forward, a->fch_gelu, a->fch, tensor(m, unit, p, FCB), N, F));
     TIMED(MATMUL_FWD,
-          loom_matmul_forward(proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
+          K(matmul_forward, proj, a->fch_gelu, weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
                               split ? NULL : fcprojb, N, F, C));
     y = region_out(m, LOOM_REGION_MLP, proj, m->dtmp_b);
     if (split)
-        add_bias(y, fcprojb, R, C);
-    TIMED(RESIDUAL, loom_residual_forward(a->out, a->res2, y, R * C));
+        K(bias_forward, y, fcprojb, R, C);
+    TIMED(RESIDUAL, K(residual_forward, a->out, a->res2, y, R * C));
 }
 
 /* ---- a block's backward, region by region ----
@@ -1172,11 +1209,11 @@ static void region_out_backward(loom_model *m, loom_region region, float *dbias,
 {
     int R = m->R, C = m->C;
     if (m->tp > 1) {
-        memset(dbias, 0, (size_t)C * sizeof(float));
-        bias_grad(dbias, m->dresid, R, C);
+        K(zero, dbias, (size_t)C * sizeof(float));
+        K(bias_backward, dbias, m->dresid, R, C);
     }
     if (!m->seqpar) /* the border works in place */
-        memcpy(dy, m->dresid, (size_t)R * C * sizeof(float));
+        K(copy, dy, m->dresid, (size_t)R * C * sizeof(float));
     border(m, m->ops.region_exit_backward, region, m->seqpar ? m->dresid : dy, R, dy, m->N, C);
 }
 
@@ -1188,7 +1225,7 @@ static void layernorm_in_backward(loom_model *m, loom_region region, float *din,
                                   const float *rstd)
 {
     border(m, m->ops.region_enter_backward, region, din, m->N, dln, m->R, m->C);
-    TIMED(LAYERNORM, loom_layernorm_backward_input(m->dresid, dln, x, weight, mean, rstd,
+    TIMED(LAYERNORM, K(layernorm_backward_input, m->dresid, dln, x, weight, mean, rstd,
                                                    m->R, m->C));
 }
 
@@ -1200,8 +1237,8 @@ static void projection_backward_weight(loom_model *m, int unit, float *g, int w,
 {
     int split = m->tp > 1;
     if (split)
-        bias_grad(gtensor(m, unit, g, b), dbias, 1, m->C);
-    TIMED(MATMUL_DW, loom_matmul_backward_weight(gtensor(m, unit, g, w),
+        K(bias_backward, gtensor(m, unit, g, b), dbias, 1, m->C);
+    TIMED(MATMUL_DW, K(matmul_backward_weight, gtensor(m, unit, g, w),
                                                  split ? NULL : gtensor(m, unit, g, b), dy, in,
                                                  m->N, K, m->C));
 }
@@ -1216,14 +1253,14 @@ static void mlp_backward_input(loom_model *m, int unit, const float *p, const bl
     float *dfch_gelu = m->dwide_a;
     float *din = m->seqpar ? m->dtmp_b : d->dln2;
     region_out_backward(m, LOOM_REGION_MLP, d->dfcprojb, d->dmlp);
-    memset(dfch_gelu, 0, NF * sizeof(float));
-    TIMED(MATMUL_DX, loom_matmul_backward_input(dfch_gelu, d->dmlp,
+    K(zero, dfch_gelu, NF * sizeof(float));
+    TIMED(MATMUL_DX, K(matmul_backward_input, dfch_gelu, d->dmlp,
                                                 weight(m, unit, p, tensor(m, unit, p, FCPROJW)),
                                                 N, F, C));
-    memset(d->dfch, 0, NF * sizeof(float));
-    TIMED(GELU, loom_gelu_backward(d->dfch, a->fch, dfch_gelu, N * F));
-    memset(din, 0, (size_t)N * C * sizeof(float));
-    TIMED(MATMUL_DX, loom_matmul_backward_input(din, d->dfch,
+    K(zero, d->dfch, NF * sizeof(float));
+    TIMED(GELU, K(gelu_backward, d->dfch, a->fch, dfch_gelu, N * F));
+    K(zero, din, (size_t)N * C * sizeof(float));
+    TIMED(MATMUL_DX, K(matmul_backward_input, din, d->dfch,
                                                 weight(m, unit, p, tensor(m, unit, p, FCW)), N, C,
                                                 F));
     layernorm_in_backward(m, LOOM_REGION_MLP, din, d->dln2, a->res2, tensor(m, unit, p, LN2W),
@@ -1236,9 +1273,9 @@ static void mlp_backward_weight(loom_model *m, int unit, float *g, const block_a
     projection_backward_weight(m, unit, g, FCPROJW, FCPROJB, d->dfcprojb, d->dmlp, a->fch_gelu,
                                m->F);
     const float *in = region_in(m, LOOM_REGION_MLP, a->ln2);
-    TIMED(MATMUL_DW, loom_matmul_backward_weight(gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB),
+    TIMED(MATMUL_DW, K(matmul_backward_weight, gtensor(m, unit, g, FCW), gtensor(m, unit, g, FCB),
                                                  d->dfch, in, m->N, m->C, m->F));
-    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, LN2W),
+    TIMED(LAYERNORM, K(layernorm_backward_weight, gtensor(m, unit, g, LN2W),
                                                     gtensor(m, unit, g, LN2B), d->dln2, a->res2,
                                                     a->mean2, a->rstd2, m->R, m->C));
 }
@@ -1253,20 +1290,20 @@ static void attention_backward_input(loom_model *m, int unit, const float *p, bl
     float *datty = m->dtmp_b;
     float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
     region_out_backward(m, LOOM_REGION_ATTENTION, d->dattprojb, d->datt);
-    memset(datty, 0, NCq * sizeof(float));
-    TIMED(MATMUL_DX, loom_matmul_backward_input(datty, d->datt,
+    K(zero, datty, NCq * sizeof(float));
+    TIMED(MATMUL_DX, K(matmul_backward_input, datty, d->datt,
                                                 weight(m, unit, p, tensor(m, unit, p, ATTPROJW)),
                                                 N, Cq, C));
-    memset(d->dqkv, 0, 3 * NCq * sizeof(float));
+    K(zero, d->dqkv, 3 * NCq * sizeof(float));
     TIMED(ATTENTION, attention(m, a, datty, dq, dk, dv));
     const float *qkvw = tensor(m, unit, p, QKVW);
     float *din = m->seqpar ? m->dtmp_b : d->dln1; /* datty is spent */
-    memset(din, 0, (size_t)N * C * sizeof(float));
-    TIMED(MATMUL_DX, loom_matmul_backward_input(din, dq, weight(m, unit, p, qkvw), N, C, Cq));
+    K(zero, din, (size_t)N * C * sizeof(float));
+    TIMED(MATMUL_DX, K(matmul_backward_input, din, dq, weight(m, unit, p, qkvw), N, C, Cq));
     TIMED(MATMUL_DX,
-          loom_matmul_backward_input(din, dk, weight(m, unit, p, qkvw + CqC), N, C, Cq));
+          K(matmul_backward_input, din, dk, weight(m, unit, p, qkvw + CqC), N, C, Cq));
     TIMED(MATMUL_DX,
-          loom_matmul_backward_input(din, dv, weight(m, unit, p, qkvw + 2 * CqC), N, C, Cq));
+          K(matmul_backward_input, din, dv, weight(m, unit, p, qkvw + 2 * CqC), N, C, Cq));
     layernorm_in_backward(m, LOOM_REGION_ATTENTION, din, d->dln1, a->x,
                           tensor(m, unit, p, LN1W), a->mean1, a->rstd1);
 }
@@ -1281,11 +1318,11 @@ static void attention_backward_weight(loom_model *m, int unit, float *g, const b
     const float *in = region_in(m, LOOM_REGION_ATTENTION, a->ln1);
     const float *dq = d->dqkv, *dk = dq + NCq, *dv = dk + NCq;
     float *dqkvw = gtensor(m, unit, g, QKVW), *dqkvb = gtensor(m, unit, g, QKVB);
-    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw, dqkvb, dq, in, N, C, Cq));
-    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq));
-    TIMED(MATMUL_DW, loom_matmul_backward_weight(dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in,
+    TIMED(MATMUL_DW, K(matmul_backward_weight, dqkvw, dqkvb, dq, in, N, C, Cq));
+    TIMED(MATMUL_DW, K(matmul_backward_weight, dqkvw + CqC, dqkvb + Cq, dk, in, N, C, Cq));
+    TIMED(MATMUL_DW, K(matmul_backward_weight, dqkvw + 2 * CqC, dqkvb + 2 * Cq, dv, in,
                                                  N, C, Cq));
-    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, LN1W),
+    TIMED(LAYERNORM, K(layernorm_backward_weight, gtensor(m, unit, g, LN1W),
                                                     gtensor(m, unit, g, LN1B), d->dln1, a->x,
                                                     a->mean1, a->rstd1, m->R, C));
 }
@@ -1339,51 +1376,26 @@ static void block_input32(loom_model *m, int l, float *dst)
 
 /* ---- units ---- */
 
-/* The position of residual row r of this rank (rows are (B, T) flattened;
- * sequence parallelism keeps rows row0 .. row0+R-1 of them). */
-static int row_position(const loom_model *m, int r) { return m->positions[(m->row0 + r) % m->T]; }
-
 /* Vocabulary-parallel embedding: this rank's rows of wte for the tokens in
  * its range (zero for the rest), summed over the tensor group by g, then
- * the position embeddings added once. */
+ * the position embeddings added once, each residual row's own
+ * (row_positions: sequence parallelism keeps rows row0 .. row0+R-1). */
 static void embed_parallel(loom_model *m, const float *wte, const float *wpe, float *enc)
 {
     int N = m->N, C = m->C;
     float *part = m->seqpar ? m->dtmp_a : enc;
-    for (int n = 0; n < N; n++) {
-        float *row = part + (size_t)n * C;
-        int tok = m->slots[m->slot].tokens[n] - m->v0;
-        if (tok >= 0 && tok < m->Vl)
-            memcpy(row, wte + (size_t)tok * C, (size_t)C * sizeof(float));
-        else
-            memset(row, 0, (size_t)C * sizeof(float));
-    }
+    K(embedding_rows_forward, part, m->slots[m->slot].tokens, m->v0, m->Vl, wte, N, C);
     float *x = border(m, m->ops.region_exit, LOOM_REGION_VOCAB, part, N, enc, m->R, C);
-    for (int r = 0; r < m->R; r++) {
-        const float *pe = wpe + (size_t)row_position(m, r) * C;
-        for (int c = 0; c < C; c++)
-            x[(size_t)r * C + c] += pe[c];
-    }
+    K(position_forward, x, wpe, m->row_positions, m->R, C);
 }
 
 static void embed_parallel_backward(loom_model *m, float *dwte, float *dwpe, float *dresid)
 {
     int N = m->N, C = m->C;
-    for (int r = 0; r < m->R; r++) {
-        float *pe = dwpe + (size_t)row_position(m, r) * C;
-        for (int c = 0; c < C; c++)
-            pe[c] += dresid[(size_t)r * C + c];
-    }
+    K(position_backward, dwpe, dresid, m->row_positions, m->R, C);
     const float *d = border(m, m->ops.region_exit_backward, LOOM_REGION_VOCAB, dresid, m->R,
                             m->dfull, N, C);
-    for (int n = 0; n < N; n++) {
-        int tok = m->slots[m->slot].tokens[n] - m->v0;
-        if (tok < 0 || tok >= m->Vl)
-            continue;
-        float *row = dwte + (size_t)tok * C;
-        for (int c = 0; c < C; c++)
-            row[c] += d[(size_t)n * C + c];
-    }
+    K(embedding_rows_backward, dwte, d, m->slots[m->slot].tokens, m->v0, m->Vl, N, C);
 }
 
 static void vocab_reduce(loom_model *m, float *data, size_t count, loom_redop op)
@@ -1403,28 +1415,11 @@ static void parallel_loss(loom_model *m)
     const head_acts *h = &slot->head;
     int N = m->N, Vl = m->Vl, Vr = m->Vreal;
     float *mx = m->rowstat, *sum = mx + N, *tgt = sum + N;
-    for (int n = 0; n < N; n++) {
-        const float *x = h->logits + (size_t)n * Vl;
-        float best = -INFINITY;
-        for (int i = 0; i < Vr; i++)
-            best = x[i] > best ? x[i] : best;
-        mx[n] = best;
-    }
+    K(crossentropy_slice_max, mx, h->logits, N, Vl, Vr);
     vocab_reduce(m, mx, (size_t)N, LOOM_MAX);
-    for (int n = 0; n < N; n++) {
-        const float *x = h->logits + (size_t)n * Vl;
-        double s = 0;
-        for (int i = 0; i < Vr; i++)
-            s += expf(x[i] - mx[n]);
-        sum[n] = (float)s;
-        int t = slot->targets[n] - m->v0;
-        tgt[n] = t >= 0 && t < Vr ? x[t] : 0.0f;
-    }
+    K(crossentropy_slice_sums, sum, tgt, h->logits, mx, slot->targets, m->v0, N, Vl, Vr);
     vocab_reduce(m, sum, 2 * (size_t)N, LOOM_SUM);
-    for (int n = 0; n < N; n++) {
-        h->lse[n] = logf(sum[n]) + mx[n];
-        h->losses[n] = logf(sum[n]) + mx[n] - tgt[n];
-    }
+    K(crossentropy_slice_finish, h->lse, h->losses, mx, sum, tgt, N);
 }
 
 /* The logits' gradient over them, this rank's columns of (softmax -
@@ -1432,29 +1427,18 @@ static void parallel_loss(loom_model *m)
 static void parallel_loss_backward(loom_model *m)
 {
     const model_slot *s = &m->slots[m->slot];
-    const head_acts *h = &s->head;
-    int N = m->N, Vl = m->Vl, Vr = m->Vreal;
-    for (int n = 0; n < N; n++) {
-        float *x = h->logits + (size_t)n * Vl;
-        const float d = m->dlosses[n], L = h->lse[n];
-        for (int i = 0; i < Vr; i++)
-            x[i] = expf(x[i] - L) * d;
-        for (int i = Vr; i < Vl; i++)
-            x[i] = 0.0f;
-        int t = s->targets[n] - m->v0;
-        if (t >= 0 && t < Vr)
-            x[t] -= d;
-    }
+    K(crossentropy_slice_backward, s->head.logits, m->dlosses, s->head.lse, s->targets, m->v0,
+      m->N, m->Vl, m->Vreal);
 }
 
 /* The head's input, fp32: in place, or converted into dtmp_b. */
 /* The LM head's weight, the tied wte of unit 0: its stored bf16 as it is
  * (no f32 copy of the whole embedding), or its f32 parameters. */
-static loom_weight head_weight(loom_model *m)
+static loom_compute_weight head_weight(loom_model *m)
 {
     if (bf16_weights(m))
-        return (loom_weight){m->units[0].params, LOOM_BF16};
-    return loom_weight_f32(tensor(m, 0, unit_params32(m, 0), 0));
+        return (loom_compute_weight){m->units[0].params, LOOM_BF16};
+    return (loom_compute_weight){tensor(m, 0, unit_params32(m, 0), 0), LOOM_F32};
 }
 
 static const float *head_input32(loom_model *m)
@@ -1473,13 +1457,13 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     model_slot *s = &m->slots[m->slot];
     const float *p = unit == 0 ? embedding_params32(m, inputs) : unit_params32(m, unit);
     if (unit == 0) {
-        memcpy(s->tokens, inputs, (size_t)N * sizeof(int));
+        K(to_device, s->tokens, inputs, (size_t)N * sizeof(int));
         float *enc = m->inplace ? s->stream[1] : m->scratch.out;
         if (m->tp > 1)
             TIMED(ENCODER, embed_parallel(m, tensor(m, 0, p, 0), tensor(m, 0, p, 1), enc));
         else
-            TIMED(ENCODER, loom_encoder_forward(enc, s->tokens,
-                                                m->lay.positions ? m->positions : NULL,
+            TIMED(ENCODER, K(encoder_forward, enc, s->tokens,
+                                                m->lay.positions ? m->positions_b : NULL,
                                                 tensor(m, 0, p, 0), tensor(m, 0, p, 1), m->s.batch,
                                                 m->T, C));
         if (!m->inplace)
@@ -1503,24 +1487,21 @@ static int model_forward(loom_model *m, int unit, const int *inputs, const int *
     }
     /* head: final LayerNorm, tied LM head (wte of unit 0), loss */
     head_acts *h = &s->head;
-    memcpy(s->targets, targets, (size_t)N * sizeof(int));
+    K(to_device, s->targets, targets, (size_t)N * sizeof(int));
     const float *x = head_input32(m);
-    TIMED(LAYERNORM, loom_layernorm_forward(h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
+    TIMED(LAYERNORM, K(layernorm_forward, h->lnf, h->meanf, h->rstdf, x, tensor(m, unit, p, 0),
                                             tensor(m, unit, p, 1), R, C));
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-    TIMED(LM_HEAD, loom_matmul_forward(h->logits, in, head_weight(m), NULL, N, C, m->Vl));
+    TIMED(LM_HEAD, K(matmul_forward, h->logits, in, head_weight(m), NULL, N, C, m->Vl));
     loom_kernel_time_begin(LOOM_KERNEL_CROSSENTROPY);
     if (m->tp > 1)
         parallel_loss(m);
     else
-        loom_softmax_crossentropy_forward(h->losses, h->lse, h->logits, s->targets, N, m->V,
+        K(crossentropy_forward, h->losses, h->lse, h->logits, s->targets, N, m->V,
                                           m->Vp);
     loom_kernel_time_end();
-    double sum = 0;
-    for (int i = 0; i < N; i++)
-        sum += h->losses[i];
     if (loss)
-        *loss = (float)(sum / N);
+        K(mean, h->losses, (size_t)N, loss);
     return LOOM_OK;
 }
 
@@ -1533,11 +1514,12 @@ static void loss_backward(loom_model *m, float dloss)
     const model_slot *s = &m->slots[m->slot];
     int N = m->N;
     for (int i = 0; i < N; i++)
-        m->dlosses[i] = dloss;
+        m->dlosses_host[i] = dloss;
+    K(to_device, m->dlosses, m->dlosses_host, (size_t)N * sizeof(float));
     if (m->tp > 1)
         TIMED(CROSSENTROPY, parallel_loss_backward(m));
     else
-        TIMED(CROSSENTROPY, loom_softmax_crossentropy_backward(s->head.logits, m->dlosses,
+        TIMED(CROSSENTROPY, K(crossentropy_backward, s->head.logits, m->dlosses,
                                                                s->head.lse, s->targets, N, m->V,
                                                                m->Vp));
 }
@@ -1550,9 +1532,9 @@ static void head_backward_input(loom_model *m, const float *x, deferred *d)
     const head_acts *h = &m->slots[m->slot].head;
     const float *p = unit_params32(m, unit);
     float *din = m->seqpar ? m->dtmp_a : d->dlnf;
-    memset(din, 0, (size_t)N * C * sizeof(float));
-    TIMED(LM_HEAD, loom_matmul_backward_input(din, h->logits, head_weight(m), N, C, m->Vl));
-    memset(m->dresid, 0, (size_t)m->R * C * sizeof(float));
+    K(zero, din, (size_t)N * C * sizeof(float));
+    TIMED(LM_HEAD, K(matmul_backward_input, din, h->logits, head_weight(m), N, C, m->Vl));
+    K(zero, m->dresid, (size_t)m->R * C * sizeof(float));
     layernorm_in_backward(m, LOOM_REGION_VOCAB, din, d->dlnf, x, tensor(m, unit, p, 0), h->meanf,
                           h->rstdf);
 }
@@ -1564,10 +1546,10 @@ static void head_backward_weight(loom_model *m, const float *x, const deferred *
     int N = m->N, C = m->C, unit = m->L + 1;
     const head_acts *h = &m->slots[m->slot].head;
     const float *in = region_in(m, LOOM_REGION_VOCAB, h->lnf);
-    TIMED(LM_HEAD, loom_matmul_backward_weight(gtensor(m, 0, unit_grads32(m, 0), 0), NULL,
+    TIMED(LM_HEAD, K(matmul_backward_weight, gtensor(m, 0, unit_grads32(m, 0), 0), NULL,
                                                h->logits, in, N, C, m->Vl));
     float *g = unit_grads32(m, unit);
-    TIMED(LAYERNORM, loom_layernorm_backward_weight(gtensor(m, unit, g, 0), gtensor(m, unit, g, 1),
+    TIMED(LAYERNORM, K(layernorm_backward_weight, gtensor(m, unit, g, 0), gtensor(m, unit, g, 1),
                                                     d->dlnf, x, h->meanf, h->rstdf, m->R, C));
     commit_grads(m, unit);
     /* wte's share goes to unit 0's grads now when this rank does not run
@@ -1586,8 +1568,8 @@ static void embedding_backward_weight(loom_model *m, float *dout)
     if (m->tp > 1)
         TIMED(ENCODER, embed_parallel_backward(m, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout));
     else
-        TIMED(ENCODER, loom_encoder_backward(gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout,
-                                             s->tokens, m->lay.positions ? m->positions : NULL,
+        TIMED(ENCODER, K(encoder_backward, gtensor(m, 0, g, 0), gtensor(m, 0, g, 1), dout,
+                                             s->tokens, m->lay.positions ? m->positions_b : NULL,
                                              m->s.batch, m->T, m->C));
     commit_grads(m, 0);
 }
@@ -1616,15 +1598,15 @@ static void keep_recomputed(loom_model *m, const block_acts *a, deferred *d)
 {
     size_t R = (size_t)m->R, RC = R * m->C, NCq = (size_t)m->N * m->Cq;
     size_t NF = (size_t)m->N * m->F;
-    memcpy(d->ln1, a->ln1, RC * sizeof(float));
-    memcpy(d->ln2, a->ln2, RC * sizeof(float));
-    memcpy(d->res2, a->res2, RC * sizeof(float));
-    memcpy(d->atty, a->atty, NCq * sizeof(float));
-    memcpy(d->fch_gelu, a->fch_gelu, NF * sizeof(float));
-    memcpy(d->mean1, a->mean1, R * sizeof(float));
-    memcpy(d->rstd1, a->rstd1, R * sizeof(float));
-    memcpy(d->mean2, a->mean2, R * sizeof(float));
-    memcpy(d->rstd2, a->rstd2, R * sizeof(float));
+    K(copy, d->ln1, a->ln1, RC * sizeof(float));
+    K(copy, d->ln2, a->ln2, RC * sizeof(float));
+    K(copy, d->res2, a->res2, RC * sizeof(float));
+    K(copy, d->atty, a->atty, NCq * sizeof(float));
+    K(copy, d->fch_gelu, a->fch_gelu, NF * sizeof(float));
+    K(copy, d->mean1, a->mean1, R * sizeof(float));
+    K(copy, d->rstd1, a->rstd1, R * sizeof(float));
+    K(copy, d->mean2, a->mean2, R * sizeof(float));
+    K(copy, d->rstd2, a->rstd2, R * sizeof(float));
 }
 
 /* ... and the weight half reads those, and the block's input. */
@@ -1677,7 +1659,7 @@ static void unit_backward_input(loom_model *m, int unit, float dloss, deferred *
         if (m->s.recompute)
             keep_recomputed(m, a, d);
     } else { /* nothing flows further back: keep the gradient */
-        memcpy(d->dresid, m->dresid, (size_t)m->R * m->C * sizeof(float));
+        K(copy, d->dresid, m->dresid, (size_t)m->R * m->C * sizeof(float));
     }
 }
 
@@ -1725,7 +1707,7 @@ static int check_unit(const loom_model *m, int unit, const char *what)
  * (gemm.h) is the model's failure too. */
 static int unit_status(loom_model *m)
 {
-    record(m, loom_gemm_take_error());
+    record(m, m->b->ops->status(m->b->self));
     return m->status;
 }
 
@@ -1738,12 +1720,16 @@ int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *ta
     return rc != LOOM_OK ? rc : unit_status(m);
 }
 
-const float *loom_model_logits(const loom_model *m, int row)
+int loom_model_logits(loom_model *m, int row, float *out)
 {
     if (m->tp > 1 || row < 0 || row >= m->N || m->slot < 0 || m->slot >= m->nslots ||
         !m->slots[m->slot].mem || !covers(m, &m->slots[m->slot], m->L + 1))
-        return NULL;
-    return m->slots[m->slot].head.logits + (size_t)row * m->Vp;
+        return loom_fail(LOOM_ERR_INVALID,
+                         "model: no logits of row %d here (a tensor axis of more than one rank, "
+                         "a slot without the head, or a row outside 0..%d)", row, m->N - 1);
+    const float *logits = m->slots[m->slot].head.logits + (size_t)row * m->Vp;
+    int rc = m->b->ops->to_host(m->b->self, out, logits, (size_t)m->Vp * sizeof(float));
+    return rc != LOOM_OK ? rc : m->b->ops->status(m->b->self);
 }
 
 int loom_model_backward(loom_model *m, int unit, float dloss)
@@ -1764,7 +1750,7 @@ int loom_model_backward_input(loom_model *m, int unit, float dloss)
         return loom_fail(LOOM_ERR_INVALID,
                          "model: backward_input of unit %d in slot %d twice without its "
                          "backward_weight", unit, m->slot);
-    rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_ACTIVATIONS,
+    rc = loom_mem_alloc(backend_tier(m), LOOM_PURPOSE_ACTIVATIONS,
                         loom_model_deferred_bytes(m, unit), &d->mem);
     if (rc != LOOM_OK)
         return rc;

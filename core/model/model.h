@@ -25,6 +25,7 @@
 #define LOOM_MODEL_H
 
 #include "loom/tensor.h"
+#include "model/compute.h"
 #include "model/formats.h"
 #include "loom/strategy.h"
 
@@ -36,6 +37,10 @@ typedef struct loom_model_setup {
     int seq;            /* tokens per sequence */
     loom_dtype dtype;   /* f32, bf16 or f16 */
     int recompute;      /* 1: keep only each block's input */
+    /* Where every buffer of the model lives and every kernel runs; NULL:
+     * the process's cpu backend. Parameters and gradients the data
+     * strategy places must be this backend's memory too. */
+    const loom_backend *backend;
 } loom_model_setup;
 
 /* Where this rank sits on the tensor, sequence and pipeline axes. */
@@ -96,12 +101,13 @@ void loom_model_slice(const loom_model *m, int unit, const float *full, float *l
 int loom_model_forward(loom_model *m, int unit, const int *inputs, const int *targets,
                        float *loss);
 /* The logits the head's forward computed for token row `row` of the
- * micro-batch in the slot in use: padded_vocab floats, the first vocab of
- * them real tokens. Sampling draws the next token from them. Valid until
- * the head's backward of that slot, which writes their gradient over
- * them; NULL on a tensor axis of more than one rank (each holds a
- * vocabulary slice) or where the slot does not hold the head. */
-const float *loom_model_logits(const loom_model *m, int row);
+ * micro-batch in the slot in use, copied into out (host memory,
+ * padded_vocab floats, the first vocab of them real tokens). Sampling draws
+ * the next token from them. Valid until the head's backward of that slot,
+ * which writes their gradient over them; refused on a tensor axis of more
+ * than one rank (each holds a vocabulary slice) or where the slot does not
+ * hold the head. */
+int loom_model_logits(loom_model *m, int row, float *out);
 /* One unit backward of the slot in use; dloss is the gradient of each
  * token's loss (the head seeds it). Adds into units[unit].grads (and, for
  * the head, into the tied wte gradient of unit 0: committed with the

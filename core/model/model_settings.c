@@ -34,6 +34,9 @@ static const loom_config_setting settings[] = {
       "left unset)"),
     S("model.gemm", LOOM_CFG_STRING, "auto", .choices = gemm_libraries,
       .help = "library of the matrix products; auto = oneDNN when built with it, else OpenBLAS"),
+    S("model.device", LOOM_CFG_STRING, "cpu", .flags = LOOM_CFG_NONEMPTY,
+      .help = "compute backend the model runs on: \"cpu\", \"auto\" (cuda where its plugin "
+      "loads and sees a device, else cpu) or a compute plugin's name (\"cuda\", \"sim\")"),
     S("model.seed", LOOM_CFG_INT, "1337", .flags = LOOM_CFG_WIDE,
       .help = "seed of the random init"),
     S("model.checkpoint", LOOM_CFG_STRING, "",

@@ -137,7 +137,8 @@ int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *p
     int *inputs = malloc((size_t)seq * sizeof *inputs);
     int *targets = calloc((size_t)seq, sizeof *targets); /* any valid token: the loss is unused */
     loom_sample_candidate *work = malloc((size_t)shape->vocab * sizeof *work);
-    int rc = history && inputs && targets && work
+    float *logits = malloc((size_t)shape->padded_vocab * sizeof *logits);
+    int rc = history && inputs && targets && work && logits
                  ? build_model(shape, weights, seq, &model, &params)
                  : loom_fail(LOOM_ERR_NO_MEMORY, "sample: out of memory");
     uint64_t rng = loom_sample_rng(o->seed);
@@ -154,8 +155,8 @@ int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *p
             rc = loom_model_forward(model, u, inputs, targets, NULL);
         if (rc != LOOM_OK)
             break;
-        const float *logits = loom_model_logits(model, window - 1);
-        if ((rc = check_logits(logits, shape->vocab, have - nprompt)) != LOOM_OK)
+        if ((rc = loom_model_logits(model, window - 1, logits)) != LOOM_OK ||
+            (rc = check_logits(logits, shape->vocab, have - nprompt)) != LOOM_OK)
             break;
         history[have] = loom_sample_choose(logits, shape->vocab, o->temperature, o->top_k, &rng,
                                            work);
@@ -171,5 +172,6 @@ int loom_sample(const loom_gpt2_shape *shape, const float *weights, const int *p
     free(inputs);
     free(targets);
     free(work);
+    free(logits);
     return rc;
 }

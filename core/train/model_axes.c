@@ -224,7 +224,8 @@ int trainer_setup_parallel_model(trainer *t, int recompute)
                                                 t->axes.npositions)) != LOOM_OK)
             return rc;
     }
-    loom_model_setup ms = {t->job.shape, t->job.micro_batch, t->job.seq, t->job.dtype, recompute};
+    loom_model_setup ms = {t->job.shape, t->job.micro_batch, t->job.seq, t->job.dtype, recompute,
+                           t->job.backend};
     loom_model_layout lay;
     memset(&lay, 0, sizeof lay);
     lay.tp_size = tp;

@@ -52,6 +52,23 @@ static int choose_gemm(trainer *t)
     return trainer_measure_peak(t);
 }
 
+/* model.device's backend, served to the strategies (loom_host's compute). */
+static int open_backend(trainer *t)
+{
+    const char *device = "cpu";
+    loom_config_string(t->job.cfg, "model.device", &device);
+    loom_compute_setup setup = {.struct_size = sizeof setup,
+                                .device = loom_runtime_env(t->job.rt)->local_rank,
+                                .threads = loom_kernels_threads(),
+                                .precision = t->job.dtype,
+                                .deterministic = 1};
+    int rc = loom_backend_open(t->job.rt, device, &setup, &t->job.backend, t->job.device_why,
+                               sizeof t->job.device_why);
+    if (rc != LOOM_OK)
+        return trainer_fail_at(t, rc, "model.device");
+    return loom_backend_install(t->job.rt, t->job.backend);
+}
+
 /* The mesh's shape against the job, before any group is made, so the
  * message can name the settings. */
 static int check_mesh_shape(const trainer *t)
@@ -444,7 +461,8 @@ int trainer_setup(trainer *t, const loom_train_options *o)
         (rc = check_unused_axes(t)) != LOOM_OK)
         return rc;
     read_settings(t);
-    if ((rc = open_data(t)) != LOOM_OK || (rc = choose_gemm(t)) != LOOM_OK)
+    if ((rc = open_data(t)) != LOOM_OK || (rc = choose_gemm(t)) != LOOM_OK ||
+        (rc = open_backend(t)) != LOOM_OK)
         return rc;
     int pp = t->job.mesh->sizes[LOOM_AXIS_PP];
     if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)
@@ -498,6 +516,7 @@ void trainer_teardown(trainer *t)
     trainer_close_reporting(t);
     teardown_data(t);
     loom_model_destroy(t->job.model);
+    loom_backend_close(t->job.backend);
     loom_mesh_destroy(t->job.mesh);
     loom_runtime_destroy(t->job.rt);
     loom_config_free(t->job.cfg);

@@ -156,6 +156,8 @@ typedef struct trainer_job {
     loom_tiers *tiers; /* memory.offload (owned by rt) */
     int rank, world;
     loom_model *model;
+    loom_backend *backend; /* model.device's: where the model's buffers live */
+    char device_why[640];  /* which backend and why, for the header */
     loom_unit *units;
     int nunits;
     loom_gpt2_shape shape;

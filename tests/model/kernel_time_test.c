@@ -168,7 +168,7 @@ static double pair_ns(void)
 static void run_model(loom_dtype dtype, double pair)
 {
     const char *name = loom_dtype_name(dtype);
-    loom_model_setup s = {tiny, B, T, dtype, 0};
+    loom_model_setup s = {tiny, B, T, dtype, 0, NULL};
     loom_model *m;
     if (loom_model_create(&s, &m) != LOOM_OK) {
         fprintf(stderr, "model: %s\n", loom_last_error());

@@ -38,7 +38,7 @@ enum { B = 2, T = 7 };
 
 static void setup(fixture *f, loom_dtype dtype, int recompute, const float *llmc)
 {
-    loom_model_setup s = {shape, B, T, dtype, recompute};
+    loom_model_setup s = {shape, B, T, dtype, recompute, NULL};
     if (loom_model_create(&s, &f->m) != LOOM_OK) {
         fprintf(stderr, "model: %s\n", loom_last_error());
         exit(1);

@@ -99,7 +99,7 @@ static void case_params(void)
 
 static double model_flops(const loom_gpt2_shape *g, int batch, int seq)
 {
-    loom_model_setup setup = {*g, batch, seq, LOOM_F32, 0};
+    loom_model_setup setup = {*g, batch, seq, LOOM_F32, 0, NULL};
     loom_model *m;
     if (loom_model_create(&setup, &m) != LOOM_OK) {
         fprintf(stderr, "plan_reference_test: %s\n", loom_last_error());
@@ -256,7 +256,7 @@ static double loom_layer_bytes(const loom_gpt2_shape *g, loom_dtype dtype, int s
     for (int k = 0; k < 2; k++) {
         loom_gpt2_shape shape = *g;
         shape.layers += k;
-        loom_model_setup setup = {shape, batch, seq, dtype, 0};
+        loom_model_setup setup = {shape, batch, seq, dtype, 0, NULL};
         loom_model *m;
         if (loom_model_plan(&setup, NULL, &m) != LOOM_OK) {
             fprintf(stderr, "plan_reference_test: %s\n", loom_last_error());
