@@ -16,6 +16,7 @@
 #include "model/gemm.h"
 #include "model/kernels.h"
 #include "model/optimizer.h"
+#include "runtime/loader.h"
 #include "runtime/log.h"
 
 struct loom_compute {
@@ -652,8 +653,8 @@ static int cpu_accumulate(loom_compute *c, void *dst, loom_dtype dst_type, float
     return LOOM_OK;
 }
 
-const loom_compute_plugin_v1_t loom_compute_cpu = {
-    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMPUTE, loom_compute_plugin_v1_t, "cpu",
+const loom_compute_ops loom_compute_cpu = {
+    .header = LOOM_PLUGIN_HEADER(LOOM_PLUGIN_COMPUTE, loom_compute_ops, "cpu",
                                  "the model's kernels on the CPU (oneDNN or OpenBLAS products)",
                                  NULL),
     .tier = LOOM_TIER_HOST,
