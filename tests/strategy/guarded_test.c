@@ -164,16 +164,74 @@ static const loom_compute_api guarded = {
     .synchronize = g_synchronize,
 };
 
-/* ------------------------------------------------ one rank's communicator */
+/* ---------------------------------------------------- the communicator */
 
+/* Rank 0 of `ranks` (the setting ranks=, 1 by default), the others
+ * holding what it holds: a sum is twice its values, a gather its values
+ * `ranks` times. Collectives run inside the arena's reach, as a
+ * communicator that takes device buffers (or the core's staging) does. */
 static loom_group *const group = (loom_group *)&last_error; /* any address */
+static int ranks = 1;
 
 static int c_rank(const loom_group *g) { return (void)g, 0; }
-static int c_size(const loom_group *g) { return (void)g, 1; }
+static int c_size(const loom_group *g) { return (void)g, ranks; }
 static const char *c_backend(const loom_group *g) { return (void)g, "guarded"; }
 
-/* One rank: every collective is a copy, inside the arena's reach as a
- * communicator that takes device buffers (or the core's staging) has. */
+/* recv = send reduced over the ranks (all alike). */
+static void combine(const void *send, void *recv, size_t count, loom_dtype dtype, loom_redop op)
+{
+    if (send != recv)
+        memmove(recv, send, count * loom_dtype_size(dtype));
+    if (op != LOOM_SUM || ranks == 1)
+        return; /* the average, maximum or minimum of equal values is the value */
+    for (size_t i = 0; i < count; i++) {
+        if (dtype == LOOM_F64) {
+            ((double *)recv)[i] *= ranks;
+            continue;
+        }
+        float x = loom_load_f32(recv, dtype, i), sum = x;
+        for (int r = 1; r < ranks; r++)
+            sum += x;
+        loom_store_f32(recv, dtype, i, sum);
+    }
+}
+
+static int c_allreduce(loom_group *g, const void *send, void *recv, size_t count,
+                       loom_dtype dtype, loom_redop op, loom_request **req)
+{
+    (void)g;
+    *req = NULL;
+    arena_open();
+    combine(send, recv, count, dtype, op);
+    arena_close();
+    return LOOM_OK;
+}
+
+static int c_allgather(loom_group *g, const void *send, void *recv, size_t count,
+                       loom_dtype dtype, loom_request **req)
+{
+    (void)g;
+    *req = NULL;
+    size_t bytes = count * loom_dtype_size(dtype);
+    arena_open();
+    for (int r = ranks - 1; r >= 0; r--) /* from the top: send may be recv's first block */
+        memmove((char *)recv + r * bytes, send, bytes);
+    arena_close();
+    return LOOM_OK;
+}
+
+static int c_reducescatter(loom_group *g, const void *send, void *recv, size_t count,
+                           loom_dtype dtype, loom_redop op, loom_request **req)
+{
+    (void)g;
+    *req = NULL;
+    arena_open();
+    combine(send, recv, count, dtype, op); /* rank 0's block */
+    arena_close();
+    return LOOM_OK;
+}
+
+/* One rank's all-to-all (the sequence strategies run on one). */
 static int c_move(const void *send, void *recv, size_t count, loom_dtype dtype, loom_request **req)
 {
     *req = NULL;
@@ -182,27 +240,6 @@ static int c_move(const void *send, void *recv, size_t count, loom_dtype dtype, 
         memmove(recv, send, count * loom_dtype_size(dtype));
     arena_close();
     return LOOM_OK;
-}
-
-static int c_allreduce(loom_group *g, const void *send, void *recv, size_t count,
-                       loom_dtype dtype, loom_redop op, loom_request **req)
-{
-    (void)g, (void)op;
-    return c_move(send, recv, count, dtype, req);
-}
-
-static int c_allgather(loom_group *g, const void *send, void *recv, size_t count,
-                       loom_dtype dtype, loom_request **req)
-{
-    (void)g;
-    return c_move(send, recv, count, dtype, req);
-}
-
-static int c_reducescatter(loom_group *g, const void *send, void *recv, size_t count,
-                           loom_dtype dtype, loom_redop op, loom_request **req)
-{
-    (void)g, (void)op;
-    return c_move(send, recv, count, dtype, req);
 }
 
 static int c_alltoall(loom_group *g, const void *send, void *recv, size_t count,
@@ -513,7 +550,7 @@ static void run_data(const loom_strategy_plugin_v1_t *p, loom_dtype dtype, recor
     loom_strategy_setup setup = {.struct_size = sizeof setup, .axis = LOOM_AXIS_DP,
                                  .compute_dtype = dtype};
     setup.groups[LOOM_AXIS_DP] = group;
-    setup.sizes[LOOM_AXIS_DP] = 1;
+    setup.sizes[LOOM_AXIS_DP] = ranks;
     loom_strategy *s = NULL;
     REQUIRE(p->create(the_host, &setup, &s) == LOOM_OK, "create: %s", last_error);
     loom_unit units[NUNITS];
@@ -572,12 +609,13 @@ static void run_data(const loom_strategy_plugin_v1_t *p, loom_dtype dtype, recor
             REQUIRE(p->data_get_state(s, &units[u], state[0], state[1], state[2]) == LOOM_OK,
                     "get_state: %s", last_error);
             note(out, state, sizeof state);
-            if (p->data_get_shard) {
-                size_t begin = 0, count = 0;
+            if (p->data_get_shard) { /* rank 0's shard: the first elements */
+                size_t begin = 1, count = 0;
                 float shard[3][64];
                 REQUIRE(p->data_get_shard(s, &units[u], &begin, &count, shard[0], shard[1],
                                           shard[2]) == LOOM_OK, "%s", last_error);
-                CHECK(count == unit_elems[u] && !memcmp(shard[2], state[2], count * 4));
+                CHECK(begin == 0 && count > 0 && count <= unit_elems[u] &&
+                      !memcmp(shard[2], state[2], count * 4));
             }
             for (size_t i = 0; i < unit_elems[u]; i++)
                 for (int k = 0; k < 3; k++)
@@ -729,6 +767,9 @@ int main(int argc, char **argv)
     REQUIRE(argc >= 3, "usage: guarded_test <plugin.so> <data|tp|sp> [name=value...]");
     settings = argv + 3;
     nsettings = argc - 3;
+    ranks = atoi(setting("ranks", "1"));
+    REQUIRE(ranks >= 1 && (ranks == 1 || !strcmp(argv[2], "data")),
+            "ranks=%d: the data strategies only run on more ranks than one", ranks);
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     REQUIRE(lib, "%s", dlerror());
     const loom_strategy_plugin_v1_t *p = dlsym(lib, "loom_strategy_plugin_v1");
