@@ -3,9 +3,11 @@
 
 #include "loom/strategy.h"
 #include "loom/tensor.h"
+#include "model/compute.h"
 #include "model/kernel_time.h"
 #include "model/kernels.h"
 #include "model/optimizer.h"
+#include "runtime/log.h"
 
 /* One step's constants and buffers, for the spans the kernels' threads
  * take (each element is independent: any split gives the same bits). */
@@ -99,11 +101,33 @@ static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
     loom_kernels_for_spans(n, adamw_span, &k);
 }
 
+/* The step on the run's backend (model/compute.h): the buffers are its
+ * memory, which only its calls may touch. The cpu backend's adamw is the
+ * function above; another's is called through its table. */
+static void adamw_on_backend(const loom_optimizer_step *s, float *master, const void *grad,
+                             loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
+                             loom_dtype params_dtype)
+{
+    const loom_backend *b = loom_backend_current();
+    if (!b || b->ops == &loom_compute_cpu) {
+        adamw(s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+        return;
+    }
+    const loom_compute_adamw k = {.step = s->step, .lr = s->lr, .beta1 = s->beta1,
+                                  .beta2 = s->beta2, .eps = s->eps,
+                                  .weight_decay = s->weight_decay, .grad_scale = s->grad_scale};
+    int rc = b->ops->adamw(b->self, &k, master, grad, grad_dtype, m, v, n,
+                           params != (void *)master ? params : NULL, params_dtype);
+    if (rc != LOOM_OK)
+        loom_log(LOOM_LOG_ERROR, "optimizer: the %s backend's adamw failed: %s", b->name,
+                 loom_last_error());
+}
+
 void loom_adamw_update(const loom_optimizer_step *s, float *master, const void *grad,
                        loom_dtype grad_dtype, float *m, float *v, size_t n)
 {
     loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
-    adamw(s, master, grad, grad_dtype, m, v, n, NULL, LOOM_F32);
+    adamw_on_backend(s, master, grad, grad_dtype, m, v, n, NULL, LOOM_F32);
     loom_kernel_time_end();
 }
 
@@ -123,7 +147,7 @@ void loom_adamw_update_range_store_all(const loom_optimizer_step *s, const loom_
     (void)unit;
     (void)offset;
     loom_kernel_time_begin(LOOM_KERNEL_OPTIMIZER);
-    adamw(s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+    adamw_on_backend(s, master, grad, grad_dtype, m, v, n, params, params_dtype);
     loom_kernel_time_end();
 }
 
@@ -179,8 +203,9 @@ void loom_adamw_update_range_store_matrices(const loom_optimizer_step *s, const 
     for (size_t i = offset, until; i < end; i = until) {
         const loom_optimizer_step *step = decays_until(unit, i, end, &until) ? s : &plain;
         size_t k = i - offset;
-        adamw(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k, v + k,
-              until - i, params ? (char *)params + k * psize : NULL, params_dtype);
+        adamw_on_backend(step, master + k, (const char *)grad + k * esize, grad_dtype, m + k,
+                         v + k, until - i, params ? (char *)params + k * psize : NULL,
+                         params_dtype);
     }
     loom_kernel_time_end();
 }
