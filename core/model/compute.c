@@ -228,7 +228,7 @@ static int plugin_host(loom_runtime *rt, const loom_plugin *plugin, const loom_h
 /* Whether the plugin can run here; one line in why when it cannot. */
 static int probe(loom_runtime *rt, const loom_plugin *plugin, char *why, size_t cap)
 {
-    const loom_compute_plugin_v1_t *ops = &plugin->ops.compute;
+    const loom_compute_ops *ops = &plugin->ops.compute;
     const loom_host *host = NULL;
     if (!ops->probe)
         return LOOM_OK;
@@ -244,7 +244,7 @@ static int probe(loom_runtime *rt, const loom_plugin *plugin, char *why, size_t 
 static int create_plugin(loom_runtime *rt, const loom_plugin *plugin,
                          const loom_compute_setup *setup, opened_backend *o)
 {
-    const loom_compute_plugin_v1_t *ops = &plugin->ops.compute;
+    const loom_compute_ops *ops = &plugin->ops.compute;
     const loom_host *host = NULL;
     int rc = plugin_host(rt, plugin, &host);
     if (rc != LOOM_OK)

@@ -6,13 +6,14 @@
 
 #include "loom/compute.h"
 #include "loom/strategy.h"
+#include "runtime/loader.h"
 
 /* The built-in backend: the CPU kernels (kernels.h, gemm.h, optimizer.h). */
-extern const loom_compute_plugin_v1_t loom_compute_cpu;
+extern const loom_compute_ops loom_compute_cpu;
 
 /* A backend instance as the core holds it. */
 typedef struct loom_backend {
-    const loom_compute_plugin_v1_t *ops;
+    const loom_compute_ops *ops;
     loom_compute *self;
     const char *name; /* "cpu", "sim", "cuda" */
 } loom_backend;

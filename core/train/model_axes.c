@@ -7,6 +7,7 @@
 
 #include "loom/status.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 #include "train/trainer.h"
 
 /* This rank's positions of each sequence: the sequence strategy's (a
@@ -156,8 +157,8 @@ static int op_reduce_grads(void *ctx, const loom_unit *unit, float *grads)
             (rc = trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_TP], grads + off, n,
                                           LOOM_F32, LOOM_SUM)) != LOOM_OK)
             return rc;
-        for (size_t j = 0; j < n; j++)
-            keep[j] += grads[off + j];
+        if ((rc = BACKEND(t, residual_forward, keep, keep, grads + off, n)) != LOOM_OK)
+            return rc;
         keep += n;
     }
     return LOOM_OK;
@@ -201,8 +202,12 @@ static int setup_tp_state(trainer *t)
             if (unit->tensors[i].split == LOOM_SPLIT_REPLICATED)
                 t->axes.repl_count += unit->tensors[i].count;
     }
-    t->axes.repl_grads = calloc(t->axes.repl_count ? t->axes.repl_count : 1, sizeof(float));
-    return t->axes.repl_grads ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    size_t bytes = (t->axes.repl_count ? t->axes.repl_count : 1) * sizeof(float);
+    int rc = loom_mem_alloc((loom_tier)t->job.backend->ops->tier, LOOM_PURPOSE_GRADS, bytes,
+                            (void **)&t->axes.repl_grads);
+    if (rc == LOOM_OK)
+        rc = BACKEND(t, zero, t->axes.repl_grads, bytes);
+    return rc;
 }
 
 /* Load the tp and sp strategies the mesh needs, find this rank's
@@ -275,9 +280,16 @@ int trainer_tp_norm_sq(trainer *t, double *norm_sq)
         (rc = trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_DP], t->axes.repl_grads,
                                       t->axes.repl_count, LOOM_F32, LOOM_AVG)) != LOOM_OK)
         return rc;
+    float *host = malloc((t->axes.repl_count ? t->axes.repl_count : 1) * sizeof(float));
+    if (!host)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory");
+    rc = BACKEND(t, to_host, host, t->axes.repl_grads, t->axes.repl_count * sizeof(float));
     double repl = 0;
     for (size_t i = 0; i < t->axes.repl_count; i++)
-        repl += (double)t->axes.repl_grads[i] * t->axes.repl_grads[i];
+        repl += (double)host[i] * host[i];
+    free(host);
+    if (rc != LOOM_OK)
+        return rc;
     *norm_sq -= (double)(tp - 1) * repl;
     if (*norm_sq < 0 && isfinite(*norm_sq))
         *norm_sq = 0; /* rounding, when the slices carry no gradient */
@@ -294,7 +306,7 @@ void trainer_teardown_model_axes(trainer *t)
     for (int i = 0; a->tp_shards && i < t->job.nunits; i++)
         free(a->tp_shards[i]);
     free(a->tp_shards);
-    free(a->repl_grads);
+    loom_mem_free(a->repl_grads);
     free(a->repl_offset);
     free(a->positions);
 }

@@ -86,6 +86,11 @@ static int tag_of(const loom_pipeline *pl, int gradient, int stage, int mb)
 }
 static int tied_tag(const loom_pipeline *pl, int which) { return 2 * pl->S * pl->m + which; }
 
+/* The model's buffers and the messages of them live in its backend, and
+ * move only through its calls. */
+#define BK(pl, op, ...) ((pl)->s.backend->ops->op((pl)->s.backend->self, __VA_ARGS__))
+static loom_tier tier_of(const loom_pipeline *pl) { return (loom_tier)pl->s.backend->ops->tier; }
+
 static int *recv_index(loom_pipeline *pl, int gradient, int vs, int mb)
 {
     return &pl->recv_of[((size_t)gradient * pl->v + (size_t)vs) * pl->m + (size_t)mb];
@@ -181,15 +186,23 @@ int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out)
         loom_unit *u0 = &pl->units[0];
         pl->tied_numel = u0->numel;
         size_t bytes = u0->numel * loom_dtype_size(setup->dtype);
-        int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_PARAMS, bytes, &pl->tied_params);
+        void *stored = malloc(bytes ? bytes : 1);
+        int rc = stored ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "pipeline: out of memory");
         if (rc == LOOM_OK)
-            rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_GRADS, bytes, &pl->tied_grads);
+            rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_PARAMS, bytes, &pl->tied_params);
+        if (rc == LOOM_OK)
+            rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_GRADS, bytes, &pl->tied_grads);
+        if (rc == LOOM_OK) {
+            loom_from_f32(stored, setup->dtype, setup->tied_init, u0->numel);
+            rc = BK(pl, to_device, pl->tied_params, stored, bytes);
+        }
+        free(stored);
+        if (rc == LOOM_OK)
+            rc = BK(pl, zero, pl->tied_grads, bytes);
         if (rc != LOOM_OK) {
             loom_pipeline_destroy(pl);
             return rc;
         }
-        loom_from_f32(pl->tied_params, setup->dtype, setup->tied_init, u0->numel);
-        memset(pl->tied_grads, 0, bytes);
         u0->params = pl->tied_params;
         u0->grads = pl->tied_grads;
     }
@@ -207,7 +220,7 @@ static int post_recv(loom_pipeline *pl, int index)
     int stage = stage_of(pl, a.virtual_stage);
     size_t count = gradient ? pl->grad_count : pl->stream_count;
     loom_dtype dtype = gradient ? LOOM_F32 : pl->stream_dtype;
-    int rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, count * loom_dtype_size(dtype),
+    int rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_COMM, count * loom_dtype_size(dtype),
                             &msg->buf);
     if (rc != LOOM_OK)
         return rc;
@@ -341,7 +354,7 @@ static int run_forward(loom_pipeline *pl, int vs, int mb)
         size_t count;
         loom_dtype dtype;
         void *stream = loom_model_stream(pl->s.model, first, &count, &dtype);
-        memcpy(stream, in, count * loom_dtype_size(dtype));
+        rc = BK(pl, copy, stream, in, count * loom_dtype_size(dtype));
         loom_mem_free(in);
     }
     for (int u = first; rc == LOOM_OK && u <= last; u++) {
@@ -378,7 +391,7 @@ static int run_backward(loom_pipeline *pl, int vs, int mb, int part)
         float *dout = take_recv(pl, 1, vs, mb);
         size_t count;
         float *grad = loom_model_stream_grad(pl->s.model, &count);
-        memcpy(grad, dout, count * sizeof(float));
+        rc = BK(pl, copy, grad, dout, count * sizeof(float));
         loom_mem_free(dout);
     }
     for (int u = last; rc == LOOM_OK && u >= first; u--) {
@@ -399,9 +412,9 @@ static int run_backward(loom_pipeline *pl, int vs, int mb, int part)
         size_t count;
         const float *din = loom_model_stream_grad(pl->s.model, &count);
         void **slot = &pl->grad_out[(size_t)vs * pl->m + (size_t)mb];
-        if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, count * sizeof(float), slot)) ==
+        if ((rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_COMM, count * sizeof(float), slot)) ==
             LOOM_OK)
-            memcpy(*slot, din, count * sizeof(float));
+            rc = BK(pl, copy, *slot, din, count * sizeof(float));
     }
     if (rc == LOOM_OK && part != PART_INPUT)
         chunk_done(pl, vs, mb);
@@ -417,9 +430,8 @@ static int send_activation(loom_pipeline *pl, int vs, int mb)
     const void *out = loom_model_stream(pl->s.model, pl->s.stage_last[s] + 1, &count, &dtype);
     size_t bytes = count * loom_dtype_size(dtype);
     void *buf = NULL;
-    if (rc == LOOM_OK && (rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, bytes, &buf)) ==
-                             LOOM_OK) {
-        memcpy(buf, out, bytes);
+    if (rc == LOOM_OK && (rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_COMM, bytes, &buf)) ==
+                             LOOM_OK && (rc = BK(pl, copy, buf, out, bytes)) == LOOM_OK) {
         rc = post_send(pl, buf, count, dtype, next_rank(pl), tag_of(pl, 0, s + 1, mb));
     }
     return rc;
@@ -436,6 +448,20 @@ static int send_gradient(loom_pipeline *pl, int vs, int mb)
 
 /* ---- the tied embedding ---- */
 
+/* unit 0's gradient += the head's share of it (n elements of the compute
+ * dtype), rounded once to that dtype. */
+static int add_head_share(loom_pipeline *pl, void *share, size_t n)
+{
+    if (pl->s.dtype == LOOM_F32)
+        return BK(pl, accumulate, pl->units[0].grads, LOOM_F32, share, n);
+    float *wide = NULL;
+    int rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_COMM, n * sizeof(float), (void **)&wide);
+    if (rc == LOOM_OK && (rc = BK(pl, convert, wide, LOOM_F32, share, pl->s.dtype, n)) == LOOM_OK)
+        rc = BK(pl, accumulate, pl->units[0].grads, pl->s.dtype, wide, n);
+    loom_mem_free(wide);
+    return rc;
+}
+
 static int exchange_tied_grads(loom_pipeline *pl)
 {
     size_t n = pl->units[0].numel, bytes = n * loom_dtype_size(pl->s.dtype);
@@ -445,23 +471,20 @@ static int exchange_tied_grads(loom_pipeline *pl)
         if ((rc = C->send(pl->s.group, pl->tied_grads, n, pl->s.dtype, 0, tied_tag(pl, 0),
                           &req)) == LOOM_OK)
             rc = C->wait(req);
-        memset(pl->tied_grads, 0, bytes);
-        return rc;
+        int zeroed = BK(pl, zero, pl->tied_grads, bytes);
+        return rc != LOOM_OK ? rc : zeroed;
     }
     if (!pl->holds_first)
         return LOOM_OK;
     void *head_share = NULL;
-    if ((rc = loom_mem_alloc(LOOM_TIER_HOST, LOOM_PURPOSE_COMM, bytes, &head_share)) != LOOM_OK)
+    if ((rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_COMM, bytes, &head_share)) != LOOM_OK)
         return rc;
     int last_rank = (pl->S - 1) % pl->p;
     if ((rc = C->recv(pl->s.group, head_share, n, pl->s.dtype, last_rank, tied_tag(pl, 0), &req)) ==
         LOOM_OK)
         rc = C->wait(req);
-    void *g = pl->units[0].grads;
-    for (size_t i = 0; rc == LOOM_OK && i < n; i++)
-        loom_store_f32(g, pl->s.dtype, i,
-                       loom_load_f32(g, pl->s.dtype, i) +
-                           loom_load_f32(head_share, pl->s.dtype, i));
+    if (rc == LOOM_OK)
+        rc = add_head_share(pl, head_share, n);
     loom_mem_free(head_share);
     if (rc == LOOM_OK)
         rc = pl->s.hooks.grads_ready(pl->s.hooks.ctx, 0, 1);

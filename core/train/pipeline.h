@@ -45,6 +45,7 @@ typedef struct loom_pipeline_setup {
     const int *stage_first, *stage_last; /* units of each stage (stages × virtual stages) */
     loom_dtype dtype;              /* compute dtype of unit params and grads */
     const float *tied_init;        /* last stage's rank: unit 0's initial fp32 params */
+    const loom_backend *backend;   /* the model's: where activations and their messages live */
     loom_pipeline_hooks hooks;
 } loom_pipeline_setup;
 

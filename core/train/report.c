@@ -50,7 +50,9 @@ static void offload_text(const trainer *t, const loom_mem_usage *u, char *buf, s
     char parts[256];
     size_t n = 0;
     buf[0] = '\0';
-    if (tier_parts(u, LOOM_TIER_NVME, parts, sizeof parts))
+    if (tier_parts(u, LOOM_TIER_DEVICE, parts, sizeof parts))
+        n += (size_t)snprintf(buf + n, cap - n, " | peak device: %s", parts);
+    if (n < cap && tier_parts(u, LOOM_TIER_NVME, parts, sizeof parts))
         n += (size_t)snprintf(buf + n, cap - n, " | peak nvme: %s", parts);
     if ((read || written) && n < cap) {
         char r[32], w[32];
@@ -357,6 +359,9 @@ void trainer_print_header(const trainer *t)
            products[0]                 ? products
            : t->job.dtype == LOOM_BF16 ? "bf16 storage and products"
                                        : "f32 products");
+    char compute[256] = "";
+    t->job.backend->ops->describe(t->job.backend->self, compute, sizeof compute);
+    printf("compute: %s (%s)\n", compute, t->job.device_why);
     if (t->job.mesh->comm_choice[0])
         printf("comm: %s\n", t->job.mesh->comm_choice);
     if (loom_launch_binding())

@@ -169,6 +169,23 @@ static int check_requirements(const trainer *t, const char *name)
     return LOOM_OK;
 }
 
+/* A strategy built before ABI 1.9 reads and writes the model's buffers on
+ * the host, which only the cpu backend's memory allows. */
+int trainer_check_residency(const trainer *t, const loom_plugin *plugin, const char *path)
+{
+    uint32_t abi = plugin->header->abi_version;
+    if (t->job.backend->ops->tier == LOOM_TIER_HOST || LOOM_ABI_VERSION_MAJOR(abi) > 1 ||
+        LOOM_ABI_VERSION_MINOR(abi) >= 9)
+        return LOOM_OK;
+    return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                     "%s: strategy %s was built for %s (%s), before the model's buffers could "
+                     "live on a device; with model.device = \"%s\" a strategy must be built for "
+                     "loom plugin ABI 1.9 or later (it reaches them through host->compute): "
+                     "rebuild it against this loom, or set model.device = \"cpu\"",
+                     loom_config_where(t->job.cfg, path), plugin->header->name, plugin->built_for,
+                     plugin->path, t->job.backend->name);
+}
+
 static int create_strategy(trainer *t)
 {
     const char *name = NULL;
@@ -185,7 +202,8 @@ static int create_strategy(trainer *t)
     if ((rc = loom_plugin_check_dp_size(t->data_axis.plugin, t->job.mesh->sizes[LOOM_AXIS_DP])) !=
         LOOM_OK)
         return trainer_fail_at(t, rc, "parallel.dp.size");
-    if ((rc = check_requirements(t, name)) != LOOM_OK)
+    if ((rc = check_requirements(t, name)) != LOOM_OK ||
+        (rc = trainer_check_residency(t, t->data_axis.plugin, "parallel.dp.strategy")) != LOOM_OK)
         return rc;
     /* Before 1.6 a strategy steps through update, which cannot tell a
      * unit's tensors apart. */
@@ -260,6 +278,8 @@ int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a)
     if (rc != LOOM_OK)
         return rc;
     a->ops = &a->plugin->ops.strategy;
+    if ((rc = trainer_check_residency(t, a->plugin, axis_strategy_path(axis))) != LOOM_OK)
+        return rc;
     loom_strategy_setup setup;
     fill_setup(t, axis, &setup);
     if ((rc = a->ops->create(host, &setup, &a->s)) != LOOM_OK) {

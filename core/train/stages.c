@@ -112,6 +112,7 @@ int trainer_setup_pipeline(trainer *t, const float *unit0_init)
     ps.stage_last = t->pipe.stage_last;
     ps.dtype = t->job.dtype;
     ps.tied_init = unit0_init;
+    ps.backend = t->job.backend;
     ps.hooks = (loom_pipeline_hooks){t, pp_before_forward, pp_after_forward, pp_before_backward,
                                      pp_grads_ready};
     if ((rc = loom_pipeline_create(&ps, &t->pipe.executor)) != LOOM_OK)

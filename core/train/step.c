@@ -171,15 +171,14 @@ static int grads_norm_sq(trainer *t, double *out)
         return t->data_axis.ops->data_grad_norm_sq(t->data_axis.strategy, out);
     /* (a dp group of one: the units' gradients are the whole) */
     double sum = 0;
-    for (int i = 0; i < t->data_axis.nunits; i++) {
+    int rc = LOOM_OK;
+    for (int i = 0; i < t->data_axis.nunits && rc == LOOM_OK; i++) {
         const loom_unit *u = &t->data_axis.units[i];
-        for (size_t k = 0; u->grads && k < u->numel; k++) {
-            double g = loom_load_f32(u->grads, u->compute_dtype, k);
-            sum += g * g;
-        }
+        if (u->grads)
+            rc = BACKEND(t, sum_squares, u->grads, u->compute_dtype, u->numel, &sum);
     }
     *out = sum;
-    return LOOM_OK;
+    return rc;
 }
 
 /* Every dp rank must clip by one norm, or the replicas drift apart
@@ -211,12 +210,13 @@ static int zero_grads(trainer *t)
 {
     if (t->data_axis.ops->data_zero_grads)
         return t->data_axis.ops->data_zero_grads(t->data_axis.strategy);
-    for (int i = 0; i < t->data_axis.nunits; i++) {
+    int rc = LOOM_OK;
+    for (int i = 0; i < t->data_axis.nunits && rc == LOOM_OK; i++) {
         const loom_unit *u = &t->data_axis.units[i];
         if (u->grads)
-            memset(u->grads, 0, u->numel * loom_dtype_size(u->compute_dtype));
+            rc = BACKEND(t, zero, u->grads, u->numel * loom_dtype_size(u->compute_dtype));
     }
-    return LOOM_OK;
+    return rc;
 }
 
 /* The step's time inside the model and the optimizer by kernel kind, and
@@ -300,7 +300,8 @@ static int global_norm(trainer *t, float *norm)
         rc = check_norm_agrees(t, norm_sq);
     if (rc == LOOM_OK && t->job.mesh->sizes[LOOM_AXIS_TP] > 1) {
         rc = trainer_tp_norm_sq(t, &norm_sq);
-        memset(t->axes.repl_grads, 0, t->axes.repl_count * sizeof(float)); /* the next step's */
+        if (rc == LOOM_OK) /* the next step's */
+            rc = BACKEND(t, zero, t->axes.repl_grads, t->axes.repl_count * sizeof(float));
     }
     if (rc == LOOM_OK && t->pipe.executor)
         rc = trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_PP], &norm_sq, 1, LOOM_F64,

@@ -181,6 +181,10 @@ typedef struct trainer {
     trainer_reporting report;
 } trainer;
 
+/* A call on the run's compute backend (model/compute.h), the only way to
+ * touch the model's buffers: BACKEND(t, zero, grads, bytes). */
+#define BACKEND(t, op, ...) ((t)->job.backend->ops->op((t)->job.backend->self, __VA_ARGS__))
+
 /* ---- strategy hooks ---- */
 
 /* The strategy's struct of model unit u, and the model's kept in step with it. */
@@ -206,6 +210,9 @@ int trainer_read_int(const loom_config *cfg, const char *path, int *out);
 float trainer_read_float(const loom_config *cfg, const char *path);
 loom_dtype trainer_read_precision(const loom_config *cfg); /* train.precision's dtype */
 int trainer_fail_at(const trainer *t, int rc, const char *path);
+/* Refused: a strategy built before ABI 1.9 with a backend whose memory
+ * the host cannot touch; path: the setting that names it. */
+int trainer_check_residency(const trainer *t, const loom_plugin *plugin, const char *path);
 int trainer_read_files(const loom_config *cfg, const char *setting, const char ***out, int *count);
 int trainer_create_axis(trainer *t, loom_axis axis, axis_strategy *a);
 int trainer_setup(trainer *t, const loom_train_options *o);
