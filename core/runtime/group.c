@@ -18,6 +18,7 @@
 #include "runtime/group.h"
 #include "runtime/loader.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
 
@@ -68,6 +69,17 @@ struct loom_group {
     struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
 };
 
+/* Host copies of an op's device buffers, for a backend that does not take
+ * device memory: what the backend is given, and what goes back to the
+ * device when the op completes. */
+typedef struct staging {
+    const void *send; /* what the backend is given */
+    void *recv;
+    void *host_send, *host_recv; /* the staging blocks (purpose comm); NULL: none */
+    void *device_recv;           /* where host_recv goes at completion; NULL: nowhere */
+    size_t recv_bytes;
+} staging;
+
 struct loom_request {
     loom_group *group;
     loom_comm_request *inner; /* NULL: complete (self) */
@@ -77,6 +89,7 @@ struct loom_request {
     int peer;                 /* sends and receives */
     uint64_t ticket;          /* in the flight recorder */
     int *self_done;           /* self recv: set when matched */
+    staging stage;
 };
 
 /* The groups over a backend, so the core finds the group of a loom_comm a
@@ -316,6 +329,7 @@ typedef struct op_start {
     loom_comm_op op;
     uint64_t t0, bytes, seq, ticket; /* t0: for the trace (span_clock) */
     int peer; /* sends and receives; -1 */
+    staging stage;
 } op_start;
 
 /* The trace's clock: a reading costs ~25 ns on a virtual machine, a tenth
@@ -323,19 +337,113 @@ typedef struct op_start {
  * its own, cheaper one). */
 static uint64_t span_clock(void) { return loom_trace_enabled() ? loom_now_ns() : 0; }
 
-static int issued(loom_group *g, const op_start *st, loom_comm_request *inner, loom_request **req)
+/* ------------------------------------------------ device buffers, staged
+ *
+ * A backend that does not declare device memory (comm-ucx, comm-mpi, the
+ * self communicator) is given host copies of an op's device buffers: what
+ * it sends is copied to the host before the op is posted, and what it
+ * receives goes back to the device when a test or wait completes the op.
+ * Each copy is a span "stage <op>" on the trace's memory lane. */
+
+static int takes_device(const loom_group *g)
+{
+    return g->ops && (g->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_DEVICE));
+}
+
+static int stage_copy(loom_comm_op op, void *dst, const void *src, size_t bytes, int to_host)
+{
+    uint64_t t0 = span_clock();
+    int rc = to_host ? loom_mem_device_to_host(dst, src, bytes)
+                     : loom_mem_host_to_device(dst, src, bytes);
+    if (loom_trace_enabled()) {
+        char name[32];
+        snprintf(name, sizeof name, "stage %s", loom_comm_op_name(op));
+        loom_trace_span(LOOM_LANE_MEMORY, name, t0, span_clock(), bytes);
+    }
+    return rc;
+}
+
+static void staging_free(staging *s)
+{
+    loom_mem_free(s->host_send);
+    loom_mem_free(s->host_recv);
+    s->host_send = s->host_recv = s->device_recv = NULL;
+}
+
+/* Host copies of send (send_bytes of it are sent) and recv (recv_bytes,
+ * copied back at completion when copy_back) where they are device memory
+ * and g's backend does not take it; st->stage says what to post. A send
+ * inside recv (an op in place) is staged inside recv's copy, so the
+ * backend sees the op in place too. */
+static int stage(loom_group *g, op_start *st, const void *send, size_t send_bytes, void *recv,
+                 size_t recv_bytes, int copy_back)
+{
+    staging *s = &st->stage;
+    s->send = send;
+    s->recv = recv;
+    if (takes_device(g))
+        return LOOM_OK;
+    int send_device = send && loom_mem_is_device(send), recv_device = recv && loom_mem_is_device(recv);
+    if (!send_device && !recv_device)
+        return LOOM_OK;
+    loom_tier tier = loom_mem_staging_tier();
+    int rc = LOOM_OK;
+    if (recv_device && (rc = loom_mem_alloc(tier, LOOM_PURPOSE_COMM, recv_bytes, &s->host_recv)) ==
+                           LOOM_OK) {
+        s->recv = s->host_recv;
+        if (copy_back) {
+            s->device_recv = recv;
+            s->recv_bytes = recv_bytes;
+        }
+    }
+    if (rc == LOOM_OK && send_device) {
+        uintptr_t at = (uintptr_t)send, from = (uintptr_t)recv;
+        if (recv_device && at >= from && at - from + send_bytes <= recv_bytes)
+            s->send = (char *)s->host_recv + (at - from);
+        else if ((rc = loom_mem_alloc(tier, LOOM_PURPOSE_COMM, send_bytes, &s->host_send)) ==
+                 LOOM_OK)
+            s->send = s->host_send;
+        if (rc == LOOM_OK && send_bytes)
+            rc = stage_copy(st->op, (void *)s->send, send, send_bytes, 1);
+    }
+    if (rc == LOOM_OK)
+        return LOOM_OK;
+    staging_free(s);
+    char said[1024];
+    snprintf(said, sizeof said, "%s", loom_last_error());
+    return loom_fail(rc,
+                     "comm: %s on group %s: staging its device buffers through host memory for "
+                     "%s%s failed: %s",
+                     loom_comm_op_name(st->op), g->name, g->ops ? "comm-" : "the communicator ",
+                     g->backend, said);
+}
+
+/* The op completed: what it received goes back to the device. */
+static int unstage(loom_comm_op op, staging *s)
+{
+    int rc = LOOM_OK;
+    if (s->device_recv)
+        rc = stage_copy(op, s->device_recv, s->host_recv, s->recv_bytes, 0);
+    staging_free(s);
+    return rc;
+}
+
+static int issued(loom_group *g, op_start *st, loom_comm_request *inner, loom_request **req)
 {
     count_op(g, st->op, st->bytes);
     if (!inner) {
-        loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_COMPLETED);
+        int rc = unstage(st->op, &st->stage);
+        loom_flight_mark(g->flight, st->ticket,
+                         rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
         loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(st->op), st->t0, span_clock(),
                         st->bytes);
         *req = NULL;
-        return LOOM_OK;
+        return rc;
     }
     loom_request *r = malloc(sizeof *r);
     if (!r) {
-        g->ops->wait(inner);
+        if (g->ops->wait(inner) == LOOM_OK)
+            staging_free(&st->stage);
         loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
         return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
     }
@@ -348,13 +456,15 @@ static int issued(loom_group *g, const op_start *st, loom_comm_request *inner, l
     r->peer = st->peer;
     r->ticket = st->ticket;
     r->self_done = NULL;
+    r->stage = st->stage;
     *req = r;
     return LOOM_OK;
 }
 
-/* The backend refused to post it. */
-static int post_failed(loom_group *g, const op_start *st, int rc)
+/* The backend refused to post it (or its buffers could not be staged). */
+static int post_failed(loom_group *g, op_start *st, int rc)
 {
+    staging_free(&st->stage);
     loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
     return rc;
 }
@@ -413,6 +523,10 @@ static int g_allreduce(loom_group *g, const void *send, void *recv, size_t count
     int rc = begin_op(g, LOOM_OP_ALLREDUCE, dtype, 1, op, 0, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, send, bytes, recv, bytes, 1)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    send = st.stage.send;
+    recv = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allreduce(g->comm, send, recv, count, dtype, op, &inner);
@@ -432,6 +546,10 @@ static int g_broadcast(loom_group *g, void *buf, size_t count, loom_dtype dtype,
     int rc = begin_op(g, LOOM_OP_BROADCAST, dtype, 0, LOOM_SUM, root, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
+    int is_root = g->rank == root; /* the root sends buf, the others receive it */
+    if ((rc = stage(g, &st, buf, is_root ? bytes : 0, buf, bytes, !is_root)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    buf = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->broadcast(g->comm, buf, count, dtype, root, &inner);
@@ -449,6 +567,10 @@ static int g_reduce(loom_group *g, const void *send, void *recv, size_t count, l
     int rc = begin_op(g, LOOM_OP_REDUCE, dtype, 1, op, root, 0, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, send, bytes, recv, bytes, g->rank == root)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    send = st.stage.send;
+    recv = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reduce(g->comm, send, recv, count, dtype, op, root, &inner);
@@ -469,6 +591,10 @@ static int g_allgather(loom_group *g, const void *send, void *recv, size_t count
                       &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, send, bytes, recv, bytes * (size_t)g->size, 1)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    send = st.stage.send;
+    recv = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->allgather(g->comm, send, recv, count, dtype, &inner);
@@ -489,6 +615,10 @@ static int g_reducescatter(loom_group *g, const void *send, void *recv, size_t c
                       &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, send, bytes * (size_t)g->size, recv, bytes, 1)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    send = st.stage.send;
+    recv = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->reducescatter(g->comm, send, recv, count, dtype, op, &inner);
@@ -509,6 +639,11 @@ static int g_alltoall(loom_group *g, const void *send, void *recv, size_t count,
                       &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, send, bytes * (size_t)g->size, recv, bytes * (size_t)g->size, 1)) !=
+        LOOM_OK)
+        return post_failed(g, &st, rc);
+    send = st.stage.send;
+    recv = st.stage.recv;
     loom_comm_request *inner = NULL;
     if (g->ops) {
         rc = g->ops->alltoall(g->comm, send, recv, count, dtype, &inner);
@@ -561,6 +696,9 @@ static int g_send(loom_group *g, const void *buf, size_t count, loom_dtype dtype
     int rc = begin_op(g, LOOM_OP_SEND, dtype, 0, LOOM_SUM, peer, tag, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, buf, bytes, NULL, 0, 0)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    buf = st.stage.send;
     loom_comm_request *inner = NULL;
     if (g->ops)
         rc = g->ops->send(g->comm, buf, count, dtype, peer, tag, &inner);
@@ -579,6 +717,9 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
     int rc = begin_op(g, LOOM_OP_RECV, dtype, 0, LOOM_SUM, peer, tag, bytes, &st);
     if (rc != LOOM_OK)
         return rc;
+    if ((rc = stage(g, &st, NULL, 0, buf, bytes, 1)) != LOOM_OK)
+        return post_failed(g, &st, rc);
+    buf = st.stage.recv;
     if (g->ops) {
         loom_comm_request *inner = NULL;
         rc = g->ops->recv(g->comm, buf, count, dtype, peer, tag, &inner);
@@ -608,7 +749,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
         free(r);
         free(m);
         free(done);
-        return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
+        return post_failed(g, &st, loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory"));
     }
     m->tag = tag;
     m->bytes = bytes;
@@ -624,6 +765,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
     r->start_ns = st.t0;
     r->bytes = bytes;
     r->self_done = done;
+    r->stage = st.stage;
     *req = r;
     return LOOM_OK;
 }
@@ -908,6 +1050,10 @@ static int g_test(loom_request *r)
         rc = *r->self_done ? LOOM_OK : LOOM_IN_PROGRESS;
     else if ((rc = r->group->ops->test(r->inner)) == LOOM_ERR_TIMEOUT)
         rc = timed_out(r);
+    /* After an error the transport may still write the staging blocks:
+     * they are left to it, as the caller leaves its buffers. */
+    if (rc == LOOM_OK)
+        rc = unstage(r->op, &r->stage);
     if (rc != LOOM_IN_PROGRESS) {
         loom_flight_mark(r->group->flight, r->ticket,
                          rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
@@ -929,6 +1075,8 @@ static int g_wait(loom_request *r)
                                        "comm: self recv waits for a send this rank never posted");
     else if ((rc = r->group->ops->wait(r->inner)) == LOOM_ERR_TIMEOUT)
         rc = timed_out(r);
+    if (rc == LOOM_OK) /* after an error, as in g_test */
+        rc = unstage(r->op, &r->stage);
     loom_flight_mark(fg, r->ticket, rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
     finished(r);
     return rc;
