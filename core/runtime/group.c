@@ -383,7 +383,8 @@ static int stage(loom_group *g, op_start *st, const void *send, size_t send_byte
     s->recv = recv;
     if (takes_device(g))
         return LOOM_OK;
-    int send_device = send && loom_mem_is_device(send), recv_device = recv && loom_mem_is_device(recv);
+    int send_device = send && loom_mem_is_device(send);
+    int recv_device = recv && loom_mem_is_device(recv);
     if (!send_device && !recv_device)
         return LOOM_OK;
     loom_tier tier = loom_mem_staging_tier();

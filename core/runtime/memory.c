@@ -95,14 +95,16 @@ static int add_block(void *ptr, uint64_t bytes, loom_purpose purpose, int cuda)
         device_block *grown = realloc(device.blocks, cap * sizeof *grown);
         if (!grown) {
             pthread_mutex_unlock(&usage_lock);
-            return loom_fail(LOOM_ERR_NO_MEMORY, "memory: out of memory for the device blocks' table");
+            return loom_fail(LOOM_ERR_NO_MEMORY,
+                             "memory: out of memory for the table of device blocks");
         }
         device.blocks = grown;
         device.cap = cap;
     }
     uintptr_t start = (uintptr_t)ptr;
     size_t at = (size_t)(block_at_or_before(start) + 1);
-    memmove(device.blocks + at + 1, device.blocks + at, (device.count - at) * sizeof *device.blocks);
+    memmove(device.blocks + at + 1, device.blocks + at,
+            (device.count - at) * sizeof *device.blocks);
     device.blocks[at] = (device_block){start, bytes, purpose, cuda};
     device.count++;
     atomic_fetch_add(&device_blocks_live, 1);

@@ -83,7 +83,9 @@ static int dev_to_host(void *ctx, void *dst, const void *src, size_t bytes)
         arena(PROT_NONE);
     }
     pthread_mutex_unlock(&dev.lock);
-    return fail ? loom_fail(LOOM_ERR_INTERNAL, "fake device: the copy to the host failed") : LOOM_OK;
+    if (fail)
+        return loom_fail(LOOM_ERR_INTERNAL, "fake device: the copy to the host failed");
+    return LOOM_OK;
 }
 
 static int dev_to_device(void *ctx, void *dst, const void *src, size_t bytes)

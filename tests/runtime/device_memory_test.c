@@ -108,7 +108,8 @@ int main(void)
     /* Nothing is device memory before a backend registers. */
     int on_stack = 0;
     CHECK_EQ(loom_mem_is_device(&on_stack), 0);
-    CHECK_EQ(loom_mem_staging_tier() == LOOM_TIER_HOST || loom_mem_staging_tier() == LOOM_TIER_PINNED, 1);
+    loom_tier unregistered = loom_mem_staging_tier();
+    CHECK(unregistered == LOOM_TIER_HOST || unregistered == LOOM_TIER_PINNED);
 
     loom_mem_set_device(&dm);
     CHECK_EQ(loom_mem_staging_tier(), LOOM_TIER_HOST);
