@@ -15,7 +15,7 @@ LOOM=$1
 SRC=$2
 CASE=$3
 BACKEND=${4:-mpi}
-CFG=$SRC/tests/train/tiny.cfg
+CFG=$SRC/tests/zero/tiny.cfg
 DATA=$SRC/examples/data/corpus.bin
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -67,7 +67,7 @@ near() {
 # line shows a peak there and none of params, grads or optimizer in host
 # memory.
 resident() {
-    line=$(grep '^step' "$1.log" | tail -1)
+    line=$(grep -E "^(\[0\] )?step" "$1.log" | tail -1)
     echo "$line" | grep -q 'peak device: .*params' || fail "$1: no params in the device tier: $line"
     host=$(echo "$line" | sed 's/.*peak host: \([^|]*\).*/\1/')
     case "$host" in
