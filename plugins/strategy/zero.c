@@ -233,8 +233,9 @@ static int put_params_shard(loom_strategy *s, zero_unit *z, int dirty)
     return state_buffer_release(&s->param_shards, unit_index(s, z), dirty);
 }
 
-/* The owned shard's averaged gradient, until put_grad_shard: zero1's reduce-scatter result, or zero2/3's accumulated
- * shard (zeros when it counts as clear). */
+/* The owned shard's averaged gradient, until put_grad_shard: zero1's
+ * reduce-scatter result, or zero2/3's accumulated shard (zeros when it
+ * counts as clear). */
 static int get_grad_shard(loom_strategy *s, zero_unit *z, void **out)
 {
     if (zero_stage == 1) {
@@ -257,8 +258,9 @@ static int put_grad_shard(loom_strategy *s, zero_unit *z, int dirty)
     return state_buffer_release(&s->grad_shards, unit_index(s, z), dirty);
 }
 
-/* A unit's optimizer state and master weights until put_unit_state: the state's master shard in 16-bit runs, else the fp32
- * parameter shard itself. params_mode: how the parameter shard is needed
+/* A unit's optimizer state and master weights until put_unit_state: the
+ * state's master shard in 16-bit runs, else the fp32 parameter shard
+ * itself. params_mode: how the parameter shard is needed
  * (LOOM_TIERED_OVERWRITE when only written). */
 static int get_unit_state(loom_strategy *s, zero_unit *z, unsigned params_mode, opt_view *st,
                           void **params, float **master)
