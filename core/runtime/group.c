@@ -370,6 +370,8 @@ static void staging_free(staging *s)
     s->host_send = s->host_recv = s->device_recv = NULL;
 }
 
+static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
+
 /* Host copies of send (send_bytes of it are sent) and recv (recv_bytes,
  * copied back at completion when copy_back) where they are device memory
  * and g's backend does not take it; st->stage says what to post. A send
@@ -382,6 +384,9 @@ static int stage(loom_group *g, op_start *st, const void *send, size_t send_byte
     s->send = send;
     s->recv = recv;
     if (takes_device(g))
+        return LOOM_OK;
+    /* self's collectives in place move nothing: no copy to stage */
+    if (!g->ops && send == recv && !is_p2p(st->op))
         return LOOM_OK;
     int send_device = send && loom_mem_is_device(send);
     int recv_device = recv && loom_mem_is_device(recv);
@@ -470,7 +475,6 @@ static int post_failed(loom_group *g, op_start *st, int rc)
     return rc;
 }
 
-static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
 
 /* The op's number on g, counted as every backend counts it (collectives
  * and sends and receives separately), so a timeout names the same op. */
