@@ -591,7 +591,9 @@ static void plan_gpt2_buffers(const loom_plan_job *j, const loom_schedule *sched
         add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
         add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
     } else if (p > 1 && holds_first && !holds_last) {
-        host[LOOM_PURPOSE_COMM] = max64(host[LOOM_PURPOSE_COMM], tied_bytes);
+        /* the share received, and in 16-bit runs its fp32 widening beside */
+        uint64_t widened = j->dtype == LOOM_F32 ? 0 : units[0].numel * sizeof(float);
+        host[LOOM_PURPOSE_COMM] = max64(host[LOOM_PURPOSE_COMM], tied_bytes + widened);
         add_comm(out, LOOM_AXIS_PP, LOOM_OP_RECV, 1, tied_bytes);
         add_comm(out, LOOM_AXIS_PP, LOOM_OP_SEND, 1, tied_bytes);
     }
@@ -620,6 +622,8 @@ static int plan_gpt2_axes(const loom_plan_job *j, loom_model *m, const stage_uni
     /* the norm's replicated gradients, averaged over dp (every unit's) */
     for (int u = 0; u < count; u++)
         replicated += plan_reduce_grads(j, &units[u], NULL);
+    if (j->sizes[LOOM_AXIS_TP] > 1) /* kept for the norm (core/train/model_axes.c) */
+        out->peak[LOOM_TIER_HOST][LOOM_PURPOSE_GRADS] += replicated * 4;
     if (j->sizes[LOOM_AXIS_TP] > 1 && j->sizes[LOOM_AXIS_DP] > 1)
         add_comm(out, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, replicated * 4);
     /* Ulysses keys what it keeps on each layer's statistics buffer: one
