@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/plan_calibrate.h"
+#include "model/compute.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -134,7 +135,13 @@ static void print_time(const loom_plan *p)
 
 static void print_memory(const loom_plan *p)
 {
-    printf("memory per rank, peak bytes by purpose (host tier):\n");
+    loom_tier tier = p->job.device_resident ? LOOM_TIER_DEVICE : LOOM_TIER_HOST;
+    if (p->job.device_resident)
+        printf("memory per rank, peak bytes by purpose (device tier, model.device = \"%s\"; the "
+               "host holds only copies staged for communicators that do not take device "
+               "memory, not predicted):\n", p->job.device);
+    else
+        printf("memory per rank, peak bytes by purpose (host tier):\n");
     printf("  %-8s %-7s", "pp rank", "units");
     for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
         printf(" %11s", loom_purpose_name((loom_purpose)k));
@@ -146,9 +153,9 @@ static void print_memory(const loom_plan *p)
         printf("  %-8d %-7s", r, units);
         uint64_t total = 0;
         for (int k = 0; k < LOOM_PURPOSE_COUNT; k++) {
-            format_bytes(pr->peak[LOOM_TIER_HOST][k], b, sizeof b);
+            format_bytes(pr->peak[tier][k], b, sizeof b);
             printf(" %11s", b);
-            total += pr->peak[LOOM_TIER_HOST][k];
+            total += pr->peak[tier][k];
         }
         format_bytes(total, b, sizeof b);
         printf(" %11s\n", b);
@@ -262,8 +269,16 @@ static int plan_config(const char *path, const char *const *sets, int nsets,
     if (rc == LOOM_OK)
         rc = loom_plan_job_read(cfg, &job);
     int pipeline = rc == LOOM_OK && job.sizes[LOOM_AXIS_PP] > 1;
-    if (pipeline && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK)
+    int device = rc == LOOM_OK && strcmp(job.device, "cpu") != 0;
+    if ((pipeline || device) && (rc = loom_runtime_create(cfg, &rt)) == LOOM_OK && pipeline)
         rc = loom_cli_build_schedule(cfg, rt, &schedule, desc, sizeof desc, &schedule_plugin);
+    loom_tier tier = LOOM_TIER_HOST;
+    if (rc == LOOM_OK && device && (rc = loom_backend_tier(rt, job.device, &tier)) != LOOM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        rc = loom_fail(rc, "%s: %s", loom_config_where(cfg, "model.device"), why);
+    }
+    job.device_resident = tier == LOOM_TIER_DEVICE;
     if (rc == LOOM_OK)
         rc = loom_plan_make(&job, cluster, pipeline ? &schedule : NULL, out);
     loom_plan_job_free(&job);

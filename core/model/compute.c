@@ -329,6 +329,23 @@ int loom_backend_open(loom_runtime *rt, const char *device, const loom_compute_s
     return LOOM_OK;
 }
 
+int loom_backend_tier(loom_runtime *rt, const char *device, loom_tier *tier)
+{
+    *tier = LOOM_TIER_HOST;
+    if (!strcmp(device, "cpu"))
+        return LOOM_OK;
+    const loom_plugin *plugin = NULL;
+    int is_auto = !strcmp(device, "auto");
+    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_COMPUTE, is_auto ? "cuda" : device, &plugin);
+    if (rc != LOOM_OK)
+        return is_auto ? LOOM_OK : rc;
+    char why[512] = "";
+    if (is_auto && probe(rt, plugin, why, sizeof why) != LOOM_OK)
+        return LOOM_OK;
+    *tier = (loom_tier)plugin->ops.compute.tier;
+    return LOOM_OK;
+}
+
 void loom_backend_close(loom_backend *b)
 {
     if (!b || b == &cpu_backend)

@@ -34,6 +34,9 @@ struct loom_runtime;
 int loom_backend_open(struct loom_runtime *rt, const char *device,
                       const loom_compute_setup *setup, loom_backend **out, char *why, size_t cap);
 void loom_backend_close(loom_backend *b);
+/* The tier the backend model.device names keeps the model in, as open
+ * would choose it, without creating it (`loom plan`). */
+int loom_backend_tier(struct loom_runtime *rt, const char *device, loom_tier *tier);
 /* Serve b to strategies (loom_host's compute) and to the optimizer's
  * update functions; loom_backend_current: the backend served (NULL: none
  * yet, the cpu's kernels). */

@@ -657,6 +657,30 @@ static void plan_gpt2_work(const loom_plan_job *j, double blocks, int holds_head
                                       host[LOOM_PURPOSE_OPTIMIZER]);
 }
 
+/* On a backend of its own memory (model.device) every buffer above is in
+ * the device tier — the model's, the strategies', the pipeline's messages —
+ * with the positions the kernels read (a sequence's and each residual
+ * row's). The host then holds only the copies of device buffers staged for
+ * communicators that do not take device memory (core/runtime/group.c),
+ * which depend on how many collectives each strategy keeps in flight and
+ * are not predicted. */
+static void place_on_device(const loom_plan_job *j, loom_plan_rank *out)
+{
+    uint64_t *host = out->peak[LOOM_TIER_HOST], *device = out->peak[LOOM_TIER_DEVICE];
+    for (int k = 0; k < LOOM_PURPOSE_COUNT; k++) {
+        device[k] += host[k];
+        host[k] = 0;
+    }
+    int tp = j->sizes[LOOM_AXIS_TP], T = j->seq / j->sizes[LOOM_AXIS_SP];
+    int rows = j->micro_batch * T / (j->sequence_parallel && tp > 1 ? tp : 1);
+    device[LOOM_PURPOSE_OTHER] += (uint64_t)(T + rows) * sizeof(int);
+    /* a sequence strategy's attention gets its query and key positions
+     * there too: ring's blocks of T, Ulysses' whole sequence */
+    if (j->sizes[LOOM_AXIS_SP] > 1)
+        device[LOOM_PURPOSE_OTHER] +=
+            2 * (uint64_t)(!strcmp(j->sp_strategy, "ring") ? T : j->seq) * sizeof(int);
+}
+
 static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule, int rank,
                           loom_plan_rank *out)
 {
@@ -689,6 +713,8 @@ static int plan_gpt2_rank(const loom_plan_job *j, const loom_schedule *schedule,
         double blocks = 0;
         rc = plan_gpt2_axes(j, m, &su, runs, &blocks, out);
         plan_gpt2_work(j, blocks, runs[L + 1], streamed, out);
+        if (j->device_resident)
+            place_on_device(j, out);
     }
     loom_model_destroy(m);
     free(runs);

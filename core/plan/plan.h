@@ -68,6 +68,11 @@ typedef struct loom_plan_job {
     loom_offload offload[LOOM_PURPOSE_COUNT]; /* memory.offload: where each purpose is kept */
     int nvme_queue_depth;       /* memory.offload.queue_depth (offload-nvme's) */
     uint64_t nvme_block_bytes;  /* memory.offload.block_bytes */
+    char device[32];            /* model.device as set: "cpu", "auto", a compute plugin */
+    /* The model's buffers live in the device tier (model.device names a
+     * backend of its own memory): set by whoever resolves device, as
+     * loom_backend_tier does; 0: host memory. */
+    int device_resident;
 } loom_plan_job;
 
 /* The job a config describes (the settings `loom train` reads, checked the

@@ -114,6 +114,7 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
         read_int(cfg, sizes[a], &j.sizes[a]);
     read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
+    read_name(cfg, "model.device", j.device, sizeof j.device);
     /* the shipped strategies' own settings, at their defaults when unset
      * (plugins/strategy/zero.c, ddp.c) */
     j.prefetch = 1;
