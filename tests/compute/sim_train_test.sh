@@ -140,5 +140,26 @@ checkpoint)
             fail "$rest: resuming on the other backend changed the losses"
     done
     echo "checkpoints: sim's = cpu's bit for bit, and each resumes on the other backend" ;;
+refusals)
+    # OLD: a folder holding a ddp built for ABI 1.5 (tests/train's old-abi)
+    OLD=$BACKEND
+    refused() {
+        want=$1; shift
+        status=0
+        "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > refused.log 2>&1 || status=$?
+        [ "$status" = 78 ] || { cat refused.log; fail "exit status $status, want 78 (a refusal)"; }
+        grep -qF -- "$want" refused.log || { cat refused.log; fail "the refusal does not say: $want"; }
+        echo "refused: $(tail -1 refused.log)"
+    }
+    refused "strategy ddp was built for 1.5 ($OLD/libloom-strategy-ddp.so), before the model's buffers could live on a device" \
+        --set model.device=sim --set plugins.path="[\"$OLD\"]"
+    refused "memory.offload.optimizer=host: moving model state out of the sim backend's device memory is not supported yet" \
+        --set model.device=sim --set memory.offload.optimizer=host --set parallel.dp.strategy=zero2
+    refused "model.device=nosuch: plugin compute 'nosuch' not found" --set model.device=nosuch
+    # auto: no cuda compute plugin here, so the cpu, and the header says why
+    run auto 1 auto
+    grep -q '^compute: cpu: .*(model.device = "auto": cpu (' auto.log ||
+        { cat auto.log; fail "model.device = auto does not say it chose cpu and why"; }
+    grep '^compute:' auto.log ;;
 *) fail "unknown case" ;;
 esac
