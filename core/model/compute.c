@@ -165,6 +165,21 @@ static int api_synchronize(const loom_host *host)
     return api_backend->ops->synchronize(api_backend->self);
 }
 
+static int api_copy_rows(const loom_host *host, void *dst, size_t dst_pitch, const void *src,
+                         size_t src_pitch, size_t row_bytes, size_t rows)
+{
+    (void)host;
+    return api_backend->ops->copy_rows(api_backend->self, dst, dst_pitch, src, src_pitch,
+                                       row_bytes, rows);
+}
+
+static int api_accumulate(const loom_host *host, void *dst, loom_dtype dst_type, float *src,
+                          size_t n)
+{
+    (void)host;
+    return api_backend->ops->accumulate(api_backend->self, dst, dst_type, src, n);
+}
+
 static loom_compute_api api = {.struct_size = sizeof api,
                                .to_device = api_to_device,
                                .to_host = api_to_host,
@@ -173,7 +188,9 @@ static loom_compute_api api = {.struct_size = sizeof api,
                                .convert = api_convert,
                                .sum_squares = api_sum_squares,
                                .scale = api_scale,
-                               .synchronize = api_synchronize};
+                               .synchronize = api_synchronize,
+                               .copy_rows = api_copy_rows,
+                               .accumulate = api_accumulate};
 
 int loom_backend_install(loom_runtime *rt, const loom_backend *b)
 {

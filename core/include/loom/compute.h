@@ -289,6 +289,13 @@ typedef struct loom_compute_api {
                        double *sum);
     int (*scale)(const loom_host *host, float *x, float s, size_t n);
     int (*synchronize)(const loom_host *host);
+    /* rows rows of row_bytes each between pitched layouts (packing a
+     * strided view in one call) */
+    int (*copy_rows)(const loom_host *host, void *dst, size_t dst_pitch, const void *src,
+                     size_t src_pitch, size_t row_bytes, size_t rows);
+    /* dst (f32, bf16 or f16) += src (f32), rounded to dst's type; src is
+     * zeroed */
+    int (*accumulate)(const loom_host *host, void *dst, loom_dtype dst_type, float *src, size_t n);
 } loom_compute_api;
 
 #endif
