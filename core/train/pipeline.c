@@ -127,6 +127,33 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl);
 }
 
+/* The last stage's copy of unit 0: the head reads wte from it and adds
+ * into its gradients; the first stage's is sent over after each step. */
+static int make_tied_copy(loom_pipeline *pl)
+{
+    loom_unit *u0 = &pl->units[0];
+    pl->tied_numel = u0->numel;
+    size_t bytes = u0->numel * loom_dtype_size(pl->s.dtype);
+    void *stored = malloc(bytes ? bytes : 1);
+    int rc = stored ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "pipeline: out of memory");
+    if (rc == LOOM_OK)
+        rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_PARAMS, bytes, &pl->tied_params);
+    if (rc == LOOM_OK)
+        rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_GRADS, bytes, &pl->tied_grads);
+    if (rc == LOOM_OK) {
+        loom_from_f32(stored, pl->s.dtype, pl->s.tied_init, u0->numel);
+        rc = BK(pl, to_device, pl->tied_params, stored, bytes);
+    }
+    free(stored);
+    if (rc == LOOM_OK)
+        rc = BK(pl, zero, pl->tied_grads, bytes);
+    if (rc == LOOM_OK) {
+        u0->params = pl->tied_params;
+        u0->grads = pl->tied_grads;
+    }
+    return rc;
+}
+
 int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out)
 {
     loom_pipeline *pl = calloc(1, sizeof *pl);
@@ -181,30 +208,10 @@ int loom_pipeline_create(const loom_pipeline_setup *setup, loom_pipeline **out)
     /* The model's slot 0 holds every unit of the rank; each virtual stage
      * makes slots of its own units instead, as micro-batches need them. */
     loom_model_release_slot(setup->model, 0);
-    if (pl->holds_last) {
-        /* the head reads wte from a copy of unit 0 and adds into its grads */
-        loom_unit *u0 = &pl->units[0];
-        pl->tied_numel = u0->numel;
-        size_t bytes = u0->numel * loom_dtype_size(setup->dtype);
-        void *stored = malloc(bytes ? bytes : 1);
-        int rc = stored ? LOOM_OK : loom_fail(LOOM_ERR_NO_MEMORY, "pipeline: out of memory");
-        if (rc == LOOM_OK)
-            rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_PARAMS, bytes, &pl->tied_params);
-        if (rc == LOOM_OK)
-            rc = loom_mem_alloc(tier_of(pl), LOOM_PURPOSE_GRADS, bytes, &pl->tied_grads);
-        if (rc == LOOM_OK) {
-            loom_from_f32(stored, setup->dtype, setup->tied_init, u0->numel);
-            rc = BK(pl, to_device, pl->tied_params, stored, bytes);
-        }
-        free(stored);
-        if (rc == LOOM_OK)
-            rc = BK(pl, zero, pl->tied_grads, bytes);
-        if (rc != LOOM_OK) {
-            loom_pipeline_destroy(pl);
-            return rc;
-        }
-        u0->params = pl->tied_params;
-        u0->grads = pl->tied_grads;
+    int rc = pl->holds_last ? make_tied_copy(pl) : LOOM_OK;
+    if (rc != LOOM_OK) {
+        loom_pipeline_destroy(pl);
+        return rc;
     }
     *out = pl;
     return LOOM_OK;
