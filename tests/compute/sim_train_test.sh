@@ -119,6 +119,9 @@ interleaved) mesh 2 $(pp 2 4 interleaved) --set parallel.pp.virtual_stages=2 \
 3d)       mesh 4 --set parallel.dp.size=2 --set parallel.tp.size=2 --set parallel.dp.strategy=zero1
           single ;;
 pp_tp)    mesh 4 $(pp 2 2 1f1b) --set parallel.tp.size=2; single ;;
+example)  # the README's demo, as shipped: 4 ranks of ddp, validation
+    CFG=$SRC/examples/train.cfg
+    mesh 4 --set data.val="$SRC/examples/data/val.bin" ;;
 checkpoint)
     # sim's checkpoint holds the cpu run's state bit for bit, and each
     # resumes on the other backend to the uninterrupted run's losses
