@@ -505,6 +505,8 @@ static uint32_t features_of(loom_plugin_kind kind, uint32_t abi_version)
         features |= LOOM_FEATURE_SETTING_RULES;
     if (kind == LOOM_PLUGIN_STRATEGY && minor >= 6)
         features |= LOOM_FEATURE_UPDATE_RANGE;
+    if (kind == LOOM_PLUGIN_STRATEGY && minor >= 9)
+        features |= LOOM_FEATURE_DEVICE_BUFFERS;
     return features;
 }
 

@@ -67,6 +67,9 @@ typedef enum loom_plugin_feature {
      * 1.7, update_range_store), which tell the core which tensors a range
      * holds; before, through update, which cannot */
     LOOM_FEATURE_UPDATE_RANGE = 1u << 1,
+    /* 1.9, a strategy: it reaches the model's buffers only through
+     * host->compute and host->comm, so they may live on a device */
+    LOOM_FEATURE_DEVICE_BUFFERS = 1u << 2,
 } loom_plugin_feature;
 
 typedef struct loom_plugin {

@@ -184,9 +184,8 @@ static int check_requirements(const trainer *t, const char *name)
  * the host, which only the cpu backend's memory allows. */
 int trainer_check_residency(const trainer *t, const loom_plugin *plugin, const char *path)
 {
-    uint32_t abi = plugin->header->abi_version;
-    if (t->job.backend->ops->tier == LOOM_TIER_HOST || LOOM_ABI_VERSION_MAJOR(abi) > 1 ||
-        LOOM_ABI_VERSION_MINOR(abi) >= 9)
+    if (t->job.backend->ops->tier == LOOM_TIER_HOST ||
+        loom_plugin_has_feature(plugin, LOOM_FEATURE_DEVICE_BUFFERS))
         return LOOM_OK;
     return loom_fail(LOOM_ERR_NOT_SUPPORTED,
                      "%s: strategy %s was built for %s (%s), before the model's buffers could "

@@ -255,10 +255,11 @@ static void test_ops(loom_group *g, size_t n)
  * names it and the reason, and nothing stays staged. */
 static void test_copy_fails(loom_group *g)
 {
-    float *a = device_floats(4);
+    float *a = device_floats(4), *b = device_floats(4);
     loom_request *req = NULL;
     dev.fail_copies = 1;
-    int rc = C->allreduce(g, a, a, 4, LOOM_F32, LOOM_SUM, &req);
+    /* out of place: the self communicator moves nothing for an op in place */
+    int rc = C->allreduce(g, a, b, 4, LOOM_F32, LOOM_SUM, &req);
     dev.fail_copies = 0;
     CHECK_EQ(rc, LOOM_ERR_INTERNAL);
     CHECK_ERROR("comm: allreduce on group ");
@@ -266,6 +267,7 @@ static void test_copy_fails(loom_group *g)
     CHECK_ERROR("fake device: the copy to the host failed");
     CHECK_EQ(staged_bytes(), 0);
     loom_mem_free(a);
+    loom_mem_free(b);
 }
 
 static int count_in_file(const char *path, const char *needle)
@@ -340,6 +342,8 @@ int main(int argc, char **argv)
     const char *ops[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce",
                          "alltoall",  "send",      "recv"};
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+        if (size == 1 && !strcmp(ops[i], "broadcast"))
+            continue; /* self's broadcast is in place: nothing to stage */
         char span[64];
         snprintf(span, sizeof span, "\"name\":\"stage %s\"", ops[i]);
         CHECK(count_in_file(trace, span) > 0, "no %s span in the trace", span);
