@@ -115,22 +115,49 @@ const loom_attention_kernels *loom_backend_attention_kernels(const loom_backend 
 
 static const loom_backend *api_backend;
 
+/* Whether p, which a copy names the backend's memory, is host memory
+ * instead: model state memory.offload moved off a device backend (a
+ * segment of the tiered service). Such a side is copied with memcpy, so a
+ * strategy's copies work wherever the state's home is. */
+static int offloaded(const void *p)
+{
+    return api_backend->ops->tier == LOOM_TIER_DEVICE && !loom_mem_is_device(p);
+}
+
 static int api_to_device(const loom_host *host, void *dst, const void *src, size_t bytes)
 {
     (void)host;
+    if (bytes && offloaded(dst)) {
+        memcpy(dst, src, bytes);
+        return LOOM_OK;
+    }
     return api_backend->ops->to_device(api_backend->self, dst, src, bytes);
 }
 
 static int api_to_host(const loom_host *host, void *dst, const void *src, size_t bytes)
 {
     (void)host;
+    if (bytes && offloaded(src)) {
+        memcpy(dst, src, bytes);
+        return LOOM_OK;
+    }
     return api_backend->ops->to_host(api_backend->self, dst, src, bytes);
 }
 
 static int api_copy(const loom_host *host, void *dst, const void *src, size_t bytes)
 {
     (void)host;
-    return api_backend->ops->copy(api_backend->self, dst, src, bytes);
+    const loom_backend *b = api_backend;
+    int host_dst = bytes && offloaded(dst), host_src = bytes && offloaded(src);
+    if (host_dst && host_src) {
+        memmove(dst, src, bytes);
+        return LOOM_OK;
+    }
+    if (host_dst)
+        return b->ops->to_host(b->self, dst, src, bytes);
+    if (host_src)
+        return b->ops->to_device(b->self, dst, src, bytes);
+    return b->ops->copy(b->self, dst, src, bytes);
 }
 
 static int api_zero(const loom_host *host, void *dst, size_t bytes)

@@ -8,6 +8,7 @@
 #include "model/kernels.h"
 #include "model/optimizer.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
 
 /* One step's constants and buffers, for the spans the kernels' threads
  * take (each element is independent: any split gives the same bits). */
@@ -101,9 +102,76 @@ static void adamw(const loom_optimizer_step *s, float *master, const void *grad,
     loom_kernels_for_spans(n, adamw_span, &k);
 }
 
+/* Elements a step on offloaded state copies through host memory at a
+ * time: each element is independent, so any split gives the same bits. */
+#define OFFLOAD_CHUNK ((size_t)1 << 20)
+
+/* A host view of bytes of the device buffer at p (p itself when it is host
+ * memory), in scratch; read: copy its values in. */
+static int host_view(const loom_backend *b, void *p, size_t bytes, char **scratch, int read,
+                     void **view)
+{
+    if (!p || !loom_mem_is_device(p)) {
+        *view = p;
+        return LOOM_OK;
+    }
+    *view = *scratch;
+    *scratch += (bytes + 63) / 64 * 64;
+    return read ? b->ops->to_host(b->self, *view, p, bytes) : LOOM_OK;
+}
+
+static int host_writeback(const loom_backend *b, void *p, const void *view, size_t bytes)
+{
+    return p && view != p ? b->ops->to_device(b->self, p, view, bytes) : LOOM_OK;
+}
+
+/* ZeRO-Offload: the state memory.offload moved off the device is host
+ * memory, so the step is the CPU's AdamW (the cpu backend's bits) on host
+ * views, a chunk at a time: the gradient (and any state still on the
+ * device) copied over, the updated state and parameters copied back. */
+static int adamw_offloaded(const loom_backend *b, const loom_optimizer_step *s, float *master,
+                           const void *grad, loom_dtype grad_dtype, float *m, float *v, size_t n,
+                           void *params, loom_dtype params_dtype)
+{
+    size_t gsize = loom_dtype_size(grad_dtype), psize = loom_dtype_size(params_dtype);
+    if (params == (void *)master)
+        params = NULL;
+    size_t chunk = n < OFFLOAD_CHUNK ? n : OFFLOAD_CHUNK;
+    size_t each = 3 * sizeof(float) + gsize + (params ? psize : 0);
+    char *scratch = NULL;
+    int rc = loom_mem_alloc(loom_mem_staging_tier(), LOOM_PURPOSE_COMM, chunk * each + 5 * 64,
+                            (void **)&scratch);
+    if (rc != LOOM_OK)
+        return rc;
+    rc = b->ops->synchronize(b->self); /* the gradient's producers have finished */
+    for (size_t i = 0; i < n && rc == LOOM_OK; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        char *next = scratch;
+        void *hm = NULL, *hg = NULL, *hmm = NULL, *hv = NULL, *hp = NULL;
+        float *dm = master + i, *dmm = m + i, *dv = v + i;
+        const char *dg = (const char *)grad + i * gsize;
+        char *dp = params ? (char *)params + i * psize : NULL;
+        if ((rc = host_view(b, dm, k * sizeof(float), &next, 1, &hm)) != LOOM_OK ||
+            (rc = host_view(b, (void *)dg, k * gsize, &next, 1, &hg)) != LOOM_OK ||
+            (rc = host_view(b, dmm, k * sizeof(float), &next, 1, &hmm)) != LOOM_OK ||
+            (rc = host_view(b, dv, k * sizeof(float), &next, 1, &hv)) != LOOM_OK ||
+            (rc = host_view(b, dp, k * psize, &next, 0, &hp)) != LOOM_OK)
+            break;
+        adamw(s, hm, hg, grad_dtype, hmm, hv, k, hp, params_dtype);
+        if ((rc = host_writeback(b, dm, hm, k * sizeof(float))) != LOOM_OK ||
+            (rc = host_writeback(b, dmm, hmm, k * sizeof(float))) != LOOM_OK ||
+            (rc = host_writeback(b, dv, hv, k * sizeof(float))) != LOOM_OK)
+            break;
+        rc = host_writeback(b, dp, hp, k * psize);
+    }
+    loom_mem_free(scratch);
+    return rc;
+}
+
 /* The step on the run's backend (model/compute.h): the buffers are its
  * memory, which only its calls may touch. The cpu backend's adamw is the
- * function above; another's is called through its table. */
+ * function above; another's is called through its table, unless the
+ * optimizer state was offloaded to host memory. */
 static void adamw_on_backend(const loom_optimizer_step *s, float *master, const void *grad,
                              loom_dtype grad_dtype, float *m, float *v, size_t n, void *params,
                              loom_dtype params_dtype)
@@ -111,6 +179,14 @@ static void adamw_on_backend(const loom_optimizer_step *s, float *master, const 
     const loom_backend *b = loom_backend_current();
     if (!b || b->ops == &loom_compute_cpu) {
         adamw(s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+        return;
+    }
+    if (b->ops->tier == LOOM_TIER_DEVICE && n &&
+        (!loom_mem_is_device(master) || !loom_mem_is_device(m) || !loom_mem_is_device(v))) {
+        int rc = adamw_offloaded(b, s, master, grad, grad_dtype, m, v, n, params, params_dtype);
+        if (rc != LOOM_OK)
+            loom_log(LOOM_LOG_ERROR, "optimizer: the step on state offloaded from the %s "
+                     "backend failed: %s", b->name, loom_last_error());
         return;
     }
     const loom_compute_adamw k = {.step = s->step, .lr = s->lr, .beta1 = s->beta1,

@@ -1,5 +1,7 @@
 /* Tiered model state (ZeRO-Offload, ZeRO-Infinity): each purpose lives
- * where memory.offload says. In host memory a segment is used in place. In
+ * where memory.offload says. Not offloaded, it lives where the model
+ * computes (host memory, or the device tier on a device backend); offloaded
+ * to "host", in host memory. There a segment is used in place. In
  * the nvme tier a segment is at home in a block of the tier and comes into
  * a host staging buffer for use: fetch reads it ahead, release writes it
  * behind. Staging memory changes hands only at the caller's calls (a write
@@ -43,7 +45,8 @@ typedef struct seg_slot {
 struct loom_tiered {
     loom_tiers *tiers;
     loom_purpose purpose;
-    loom_offload where; /* NONE and HOST: in host memory */
+    loom_offload where; /* NONE and HOST: in memory the caller uses in place */
+    int on_device;      /* that memory is the device tier's: the model computes there */
     char name[48];
     int nsegments;
     seg_slot *seg;
@@ -62,6 +65,7 @@ struct loom_tiers {
     loom_tiered *buffers;
     loom_tier_counters counters;
     int used[LOOM_PURPOSE_COUNT]; /* a buffer of this purpose was ever allocated */
+    int device; /* the model computes in device memory: what memory.offload keeps stays there */
 };
 
 static const char *const offload_names[] = {"none", "host", "nvme"};
@@ -101,7 +105,7 @@ loom_offload loom_tiers_offload(const loom_tiers *t, loom_purpose purpose)
 static void movable(const loom_tiers *t, loom_purpose p, uint64_t *held, uint64_t *staged)
 {
     for (const loom_tiered *b = t->buffers; b; b = b->next) {
-        if (b->purpose != p || b->where == LOOM_OFFLOAD_NVME)
+        if (b->purpose != p || b->where == LOOM_OFFLOAD_NVME || b->on_device)
             continue;
         for (int i = 0; i < b->nsegments; i++)
             *held += b->seg[i].bytes;
@@ -193,6 +197,28 @@ int loom_tiers_settle_budget(const loom_tiers *t)
                      limit, held, parts, loom_purpose_name(o.purpose), asked, advice);
 }
 
+void loom_tiers_set_device(loom_tiers *t, const char *backend)
+{
+    t->device = backend != NULL;
+    loom_config *cfg = loom_runtime_config(t->rt);
+    const char *const settings[] = {"memory.offload.optimizer", "memory.offload.params"};
+    for (size_t k = 0; k < LOOM_ARRAY_LEN(settings); k++) {
+        const char *value = NULL;
+        if (!cfg || loom_runtime_env(t->rt)->rank != 0 ||
+            loom_config_string(cfg, settings[k], &value) != LOOM_OK || strcmp(value, "host") != 0)
+            continue;
+        if (backend)
+            loom_log(LOOM_LOG_INFO,
+                     "%s = \"host\": this state lives in host memory, off the %s backend's "
+                     "device memory", settings[k], backend);
+        else
+            loom_log(LOOM_LOG_INFO,
+                     "%s = \"host\": loom computes in host memory, so this state stays where "
+                     "it is (with compute on a device it would move from device to host memory)",
+                     settings[k]);
+    }
+}
+
 /* ------------------------------------------------------------ create */
 
 int loom_tiers_create(loom_runtime *rt, loom_tiers **out)
@@ -208,16 +234,6 @@ int loom_tiers_create(loom_runtime *rt, loom_tiers **out)
         if (setting && cfg && loom_config_string(cfg, setting, &value) == LOOM_OK)
             t->where[p] = parse_offload(value);
         nvme |= t->where[p] == LOOM_OFFLOAD_NVME;
-    }
-    const char *const settings[] = {"memory.offload.optimizer", "memory.offload.params"};
-    for (size_t k = 0; k < LOOM_ARRAY_LEN(settings); k++) {
-        const char *value = NULL;
-        if (cfg && loom_runtime_env(rt)->rank == 0 &&
-            loom_config_string(cfg, settings[k], &value) == LOOM_OK && !strcmp(value, "host"))
-            loom_log(LOOM_LOG_INFO,
-                     "%s = \"host\": loom computes in host memory, so this state stays where "
-                     "it is (with compute on a GPU it would move from device to host memory)",
-                     settings[k]);
     }
     int64_t limit = 0;
     if (cfg)
@@ -388,6 +404,7 @@ int loom_tiers_alloc(loom_tiers *t, loom_purpose purpose, const char *name, int 
         return loom_fail(LOOM_ERR_NO_MEMORY, "memory: out of memory");
     }
     *b = (loom_tiered){.tiers = t, .purpose = purpose, .where = t->where[purpose],
+                       .on_device = t->device && t->where[purpose] == LOOM_OFFLOAD_NONE,
                        .nsegments = nsegments, .seg = seg, .offset = offset, .writing = -1};
     snprintf(b->name, sizeof b->name, "%s", name ? name : loom_purpose_name(purpose));
     size_t total = 0;
@@ -404,7 +421,10 @@ int loom_tiers_alloc(loom_tiers *t, loom_purpose purpose, const char *name, int 
     t->buffers = b;
     t->used[purpose] = 1;
     int rc = LOOM_OK;
-    if (b->where != LOOM_OFFLOAD_NVME) {
+    if (b->on_device) {
+        /* The device memory provider's blocks come zeroed (memory.h). */
+        rc = loom_mem_alloc(LOOM_TIER_DEVICE, purpose, total ? total : 1, (void **)&b->base);
+    } else if (b->where != LOOM_OFFLOAD_NVME) {
         rc = loom_mem_alloc(LOOM_TIER_HOST, purpose, total ? total : 1, (void **)&b->base);
         if (rc == LOOM_OK)
             memset(b->base, 0, total);

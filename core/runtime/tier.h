@@ -13,7 +13,7 @@ typedef struct loom_tiers loom_tiers;
 
 /* memory.offload's answer for a purpose. */
 typedef enum loom_offload {
-    LOOM_OFFLOAD_NONE = 0, /* where the strategy keeps it: host memory here */
+    LOOM_OFFLOAD_NONE = 0, /* where the model computes: host or device memory */
     LOOM_OFFLOAD_HOST = 1, /* host memory (off the device, where there is one) */
     LOOM_OFFLOAD_NVME = 2, /* the nvme memtier plugin's files */
 } loom_offload;
@@ -31,6 +31,11 @@ int loom_tiers_create(struct loom_runtime *rt, loom_tiers **out);
 void loom_tiers_destroy(loom_tiers *t);
 loom_offload loom_tiers_offload(const loom_tiers *t, loom_purpose purpose);
 const char *loom_offload_name(loom_offload o);
+/* Where the run's model computes, once its backend is open: backend is the
+ * name of one that keeps it in device memory, or NULL (host memory). On a
+ * device, a purpose memory.offload leaves at "none" has its home in the
+ * device tier, used in place; "host" and "nvme" move it off the device. */
+void loom_tiers_set_device(loom_tiers *t, const char *backend);
 
 /* The loom_host service (see loom/plugin.h). */
 int loom_tiers_alloc(loom_tiers *t, loom_purpose purpose, const char *name, int nsegments,

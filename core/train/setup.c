@@ -66,17 +66,20 @@ static int open_backend(trainer *t)
                                sizeof t->job.device_why);
     if (rc != LOOM_OK)
         return trainer_fail_at(t, rc, "model.device");
-    static const char *const offload_paths[LOOM_PURPOSE_COUNT] = {
-        [LOOM_PURPOSE_PARAMS] = "memory.offload.params",
-        [LOOM_PURPOSE_OPTIMIZER] = "memory.offload.optimizer"};
-    for (int p = 0; p < LOOM_PURPOSE_COUNT && t->job.backend->ops->tier != LOOM_TIER_HOST; p++)
-        if (offload_paths[p] && loom_tiers_offload(t->job.tiers, (loom_purpose)p) != LOOM_OFFLOAD_NONE)
-            return loom_fail(LOOM_ERR_NOT_SUPPORTED,
-                             "%s: moving model state out of the %s backend's device memory is not "
-                             "supported yet (its strategies keep the state where it computes); "
-                             "set %s = \"none\", or model.device = \"cpu\"",
-                             loom_config_where(t->job.cfg, offload_paths[p]),
-                             t->job.backend->name, offload_paths[p]);
+    int on_device = t->job.backend->ops->tier == LOOM_TIER_DEVICE;
+    /* ZeRO-Offload: the optimizer state may leave the device (the step
+     * runs the CPU's AdamW on it); the parameters and gradients the
+     * kernels compute on may not. */
+    if (on_device &&
+        loom_tiers_offload(t->job.tiers, LOOM_PURPOSE_PARAMS) != LOOM_OFFLOAD_NONE)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED,
+                         "%s: moving parameters and gradients out of the %s backend's device "
+                         "memory is not supported yet (only the optimizer state can move: "
+                         "memory.offload.optimizer); set memory.offload.params = \"none\", or "
+                         "model.device = \"cpu\"",
+                         loom_config_where(t->job.cfg, "memory.offload.params"),
+                         t->job.backend->name);
+    loom_tiers_set_device(t->job.tiers, on_device ? t->job.backend->name : NULL);
     return loom_backend_install(t->job.rt, t->job.backend);
 }
 

@@ -5,10 +5,16 @@
 #include "common/compute.h"
 #include "common/opt_state.h"
 
+/* Whether the host has the tiered service (ABI 1.4). */
+static int opt_state_check_tiered(const loom_host *host)
+{
+    return host->struct_size >= offsetof(loom_host, tiered_release) + sizeof host->tiered_release &&
+           host->tiered_release;
+}
+
 int opt_state_check_host(const loom_host *host, const char *name)
 {
-    if (host->struct_size < offsetof(loom_host, tiered_release) + sizeof host->tiered_release ||
-        !host->tiered_release)
+    if (!opt_state_check_tiered(host))
         return host->error(host, LOOM_ERR_NOT_SUPPORTED,
                            "%s: needs the core's tiered service (loom_host version 3, ABI 1.4); "
                            "this core is older", name);
@@ -21,7 +27,12 @@ int state_buffer_alloc(state_buffer *b, const loom_host *host, loom_purpose purp
                        const char *name, int nsegments, const size_t *bytes)
 {
     *b = (state_buffer){.host = host, .nsegments = nsegments};
-    if (strategy_model_on_host(host))
+    /* The optimizer state goes where memory.offload says, on a device too
+     * (ZeRO-Offload: the core gives it a home in the device tier, or host
+     * memory); parameter and gradient shards on a device stay in its
+     * memory, which memory.offload.params may not move. */
+    if (strategy_model_on_host(host) ||
+        (purpose == LOOM_PURPOSE_OPTIMIZER && opt_state_check_tiered(host)))
         return host->tiered_alloc(host, purpose, name, nsegments, bytes, &b->tiered);
     b->offset = malloc((size_t)(nsegments > 0 ? nsegments : 1) * sizeof *b->offset);
     if (!b->offset)

@@ -11,12 +11,15 @@
 
 #include "loom/plugin.h"
 
-/* Segments of model state. Where the model's buffers are host memory (the
- * cpu backend), the core's tiered service holds them, where memory.offload
- * says; on a device they are the compute service's memory, one block, and
- * fetch, acquire and release only point into it. Either way a segment is
- * the model's memory between acquire and release: read and written only
- * through the compute service (common/compute.h) and host->comm. */
+/* Segments of model state. The core's tiered service holds the optimizer
+ * state, and where the model's buffers are host memory (the cpu backend)
+ * every purpose, where memory.offload says: on a device backend, "none"
+ * is the device tier and "host" or "nvme" host memory. Parameter and
+ * gradient shards on a device are the compute service's memory, one block,
+ * and fetch, acquire and release only point into it. Either way a segment
+ * is read and written between acquire and release only through the compute
+ * service (common/compute.h, whose copies take host memory on either side)
+ * and host->comm. */
 typedef struct state_buffer {
     const loom_host *host;
     loom_tiered *tiered; /* or */

@@ -156,13 +156,47 @@ refusals)
     }
     refused "strategy ddp was built for 1.5 ($OLD/libloom-strategy-ddp.so), before the model's buffers could live on a device" \
         --set model.device=sim --set plugins.path="[\"$OLD\"]"
-    refused "memory.offload.optimizer=host: moving model state out of the sim backend's device memory is not supported yet" \
-        --set model.device=sim --set memory.offload.optimizer=host --set parallel.dp.strategy=zero2
+    refused "memory.offload.params=host: moving parameters and gradients out of the sim backend's device memory is not supported yet" \
+        --set model.device=sim --set memory.offload.params=host --set parallel.dp.strategy=zero3
     refused "model.device=nosuch: plugin compute 'nosuch' not found" --set model.device=nosuch
     # auto: no cuda compute plugin here, so the cpu, and the header says why
     run auto 1 auto
     grep -q '^compute: cpu: .*(model.device = "auto": cpu (' auto.log ||
         { cat auto.log; fail "model.device = auto does not say it chose cpu and why"; }
     grep '^compute:' auto.log ;;
+offload_host | offload_host_bf16 | offload_nvme)
+    # ZeRO-Offload: the optimizer state in host memory (or nvme through host
+    # staging), parameters and gradients on the device; the step is the
+    # CPU's AdamW, so the cpu run offloaded the same way gives the same bits
+    case "$CASE" in
+    offload_host) mesh_args="2 --set parallel.dp.strategy=zero2 --set memory.offload.optimizer=host" ;;
+    offload_host_bf16) mesh_args="2 --set parallel.dp.strategy=zero3 --set train.precision=bf16
+        --set memory.offload.optimizer=host" ;;
+    offload_nvme) mkdir tier
+        mesh_args="2 --set parallel.dp.strategy=ddp --set memory.offload.optimizer=nvme
+        --set memory.offload.path=$TMP/tier" ;;
+    esac
+    # shellcheck disable=SC2086
+    set -- $mesh_args --set parallel.dp.size=2
+    ranks=$1; shift
+    run cpu "$ranks" cpu "$@"
+    run sim "$ranks" sim "$@"
+    same sim cpu
+    want=host
+    [ "$CASE" = offload_nvme ] && want=nvme
+    line=$(grep -E "^(\[0\] )?step" sim.log | tail -1)
+    device=$(echo "$line" | sed 's/.*peak device: \([^|]*\).*/\1/')
+    case "$device" in
+    *params*grads*) ;;
+    *) fail "sim: params and grads not in the device tier: $line" ;;
+    esac
+    case "$device" in *optimizer*) fail "sim: optimizer state in the device tier: $line" ;; esac
+    echo "$line" | grep -q "peak $want: [^|]*optimizer" ||
+        fail "sim: no optimizer state in the $want tier: $line"
+    host=$(echo "$line" | sed 's/.*peak host: \([^|]*\).*/\1/')
+    case "$host" in
+    *params* | *grads*) fail "sim: parameters or gradients in host memory ($host)" ;;
+    esac
+    echo "sim: $line" ;;
 *) fail "unknown case" ;;
 esac
