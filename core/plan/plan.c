@@ -660,16 +660,26 @@ static void plan_gpt2_work(const loom_plan_job *j, double blocks, int holds_head
 /* On a backend of its own memory (model.device) every buffer above is in
  * the device tier — the model's, the strategies', the pipeline's messages —
  * with the positions the kernels read (a sequence's and each residual
- * row's). The host then holds only the copies of device buffers staged for
+ * row's), except the optimizer state memory.offload moves off the device.
+ * The host then holds only that, and the copies of device buffers staged for
  * communicators that do not take device memory (core/runtime/group.c),
  * which depend on how many collectives each strategy keeps in flight and
  * are not predicted. */
 static void place_on_device(const loom_plan_job *j, loom_plan_rank *out)
 {
     uint64_t *host = out->peak[LOOM_TIER_HOST], *device = out->peak[LOOM_TIER_DEVICE];
+    /* ZeRO-Offload: offloaded optimizer state stays where tiered() put it
+     * (host memory, or nvme and its host staging), and offload-nvme's ring
+     * stays in host memory with it */
+    uint64_t kept[LOOM_PURPOSE_COUNT] = {0};
+    if (j->offload[LOOM_PURPOSE_OPTIMIZER] != LOOM_OFFLOAD_NONE)
+        kept[LOOM_PURPOSE_OPTIMIZER] = host[LOOM_PURPOSE_OPTIMIZER];
+    for (int k = 0; k < LOOM_PURPOSE_COUNT; k++)
+        if (j->offload[k] == LOOM_OFFLOAD_NVME)
+            kept[LOOM_PURPOSE_OTHER] = (uint64_t)j->nvme_queue_depth * j->nvme_block_bytes + 4096;
     for (int k = 0; k < LOOM_PURPOSE_COUNT; k++) {
-        device[k] += host[k];
-        host[k] = 0;
+        device[k] += host[k] - kept[k];
+        host[k] = kept[k];
     }
     int tp = j->sizes[LOOM_AXIS_TP], T = j->seq / j->sizes[LOOM_AXIS_SP];
     int rows = j->micro_batch * T / (j->sequence_parallel && tp > 1 ? tp : 1);
