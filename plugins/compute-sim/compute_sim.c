@@ -669,6 +669,16 @@ static int sim_adamw(loom_compute *c, const loom_compute_adamw *step, float *mas
                      const void *grad, loom_dtype grad_dtype, float *m, float *v, size_t n,
                      void *params, loom_dtype params_dtype)
 {
+    /* state offloaded to host memory is the core's to step, not ours */
+    const void *state[3] = {master, m, v};
+    for (int k = 0; k < 3 && n; k++)
+        if (!in_arena(c, state[k], n * sizeof(float)))
+            return not_device(c, "adamw", k ? "moment" : "master weights", state[k],
+                              n * sizeof(float));
+    if (n && !in_arena(c, grad, n * loom_dtype_size(grad_dtype)))
+        return not_device(c, "adamw", "gradient", grad, n * loom_dtype_size(grad_dtype));
+    if (n && params && !in_arena(c, params, n * loom_dtype_size(params_dtype)))
+        return not_device(c, "adamw", "parameters", params, n * loom_dtype_size(params_dtype));
     GUARDED(c, c->cpu->adamw(c->inner, step, master, grad, grad_dtype, m, v, n, params,
                              params_dtype));
 }
