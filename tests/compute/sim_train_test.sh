@@ -198,5 +198,24 @@ offload_host | offload_host_bf16 | offload_nvme)
     *params* | *grads*) fail "sim: parameters or gradients in host memory ($host)" ;;
     esac
     echo "sim: $line" ;;
+offload_checkpoint)
+    # offloaded state checkpoints as the cpu run's, bit for bit, and the sim
+    # run resumes from the cpu run's checkpoint to its losses
+    set -- --set parallel.dp.size=2 --set parallel.dp.strategy=zero3 --set train.precision=bf16 \
+        --set memory.offload.optimizer=host
+    run cpu 2 cpu "$@" --set train.checkpoint_every=2 --set train.checkpoint_dir=cpu_ck
+    run sim 2 sim "$@" --set train.checkpoint_every=2 --set train.checkpoint_dir=sim_ck
+    same sim cpu
+    for ck in sim_ck cpu_ck; do
+        "$LOOM" ckpt consolidate $ck/step-2 --llmc $ck.bin > $ck.log 2>&1 ||
+            { cat $ck.log; fail "cannot consolidate $ck/step-2"; }
+    done
+    cmp -s sim_ck.bin cpu_ck.bin || fail "the sim run's checkpoint differs from the cpu run's"
+    run rest 2 sim "$@" --resume cpu_ck/step-2
+    [ "$(wc -l < rest.jsonl)" = 2 ] || fail "the resumed run did not start at step 3"
+    [ "$(tail -2 rest.jsonl | sed 's/.*"loss": \([^,]*\).*/\1/')" = \
+      "$(tail -2 cpu.jsonl | sed 's/.*"loss": \([^,]*\).*/\1/')" ] ||
+        fail "resuming the cpu run's checkpoint on sim changed the losses"
+    echo "offloaded state: sim's checkpoint = cpu's bit for bit, and sim resumes cpu's" ;;
 *) fail "unknown case" ;;
 esac
