@@ -137,9 +137,10 @@ static void print_memory(const loom_plan *p)
 {
     loom_tier tier = p->job.device_resident ? LOOM_TIER_DEVICE : LOOM_TIER_HOST;
     if (p->job.device_resident)
-        printf("memory per rank, peak bytes by purpose (device tier, model.device = \"%s\"; the "
-               "host holds only copies staged for communicators that do not take device "
-               "memory, not predicted):\n", p->job.device);
+        printf("memory per rank, peak bytes by purpose (device tier, model.device = \"%s\"; a "
+               "\"host\" row: what memory.offload moves off the device; the host's copies "
+               "staged for communicators that do not take device memory are not predicted):\n",
+               p->job.device);
     else
         printf("memory per rank, peak bytes by purpose (host tier):\n");
     printf("  %-8s %-7s", "pp rank", "units");
@@ -158,6 +159,18 @@ static void print_memory(const loom_plan *p)
             total += pr->peak[tier][k];
         }
         format_bytes(total, b, sizeof b);
+        printf(" %11s\n", b);
+        uint64_t host = 0; /* on a device: what memory.offload moved off it */
+        for (int k = 0; k < LOOM_PURPOSE_COUNT && tier == LOOM_TIER_DEVICE; k++)
+            host += pr->peak[LOOM_TIER_HOST][k];
+        if (!host)
+            continue;
+        printf("  %-8s %-7s", "", "host");
+        for (int k = 0; k < LOOM_PURPOSE_COUNT; k++) {
+            format_bytes(pr->peak[LOOM_TIER_HOST][k], b, sizeof b);
+            printf(" %11s", b);
+        }
+        format_bytes(host, b, sizeof b);
         printf(" %11s\n", b);
     }
 }

@@ -197,7 +197,14 @@ offload_host | offload_host_bf16 | offload_nvme)
     case "$host" in
     *params* | *grads*) fail "sim: parameters or gradients in host memory ($host)" ;;
     esac
-    echo "sim: $line" ;;
+    echo "sim: $line"
+    # loom plan shows the offloaded state in a host row under the device's
+    "$LOOM" plan "$CFG" --set data.train="$DATA" --set model.device=sim "$@" > plan.txt 2>&1 ||
+        { cat plan.txt; fail "loom plan failed"; }
+    row=$(grep -E '^ +host ' plan.txt) || { cat plan.txt; fail "loom plan shows no host row"; }
+    echo "$row" | awk '{ if ($6 == "0") exit 1 }' ||
+        { cat plan.txt; fail "loom plan's host row has no optimizer bytes"; }
+    echo "plan: $row" ;;
 offload_checkpoint)
     # offloaded state checkpoints as the cpu run's, bit for bit, and the sim
     # run resumes from the cpu run's checkpoint to its losses
