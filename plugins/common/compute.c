@@ -60,6 +60,32 @@ static int host_synchronize(const loom_host *h)
     return LOOM_OK;
 }
 
+static int host_copy_rows(const loom_host *h, void *dst, size_t dst_pitch, const void *src,
+                          size_t src_pitch, size_t row_bytes, size_t rows)
+{
+    for (size_t r = 0; r < rows; r++)
+        host_copy(h, (char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes);
+    return LOOM_OK;
+}
+
+/* The core's accumulate: each sum rounded once to dst's type. */
+static int host_accumulate(const loom_host *h, void *dst, loom_dtype dst_type, float *src,
+                           size_t n)
+{
+    (void)h;
+    if (dst_type == LOOM_F32) {
+        float *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] += src[i];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            loom_store_f32(dst, dst_type, i, loom_load_f32(dst, dst_type, i) + src[i]);
+    }
+    if (n)
+        memset(src, 0, n * sizeof *src);
+    return LOOM_OK;
+}
+
 static const loom_compute_api host_compute = {
     .struct_size = sizeof(loom_compute_api),
     .tier = LOOM_TIER_HOST,
@@ -73,6 +99,8 @@ static const loom_compute_api host_compute = {
     .sum_squares = host_sum_squares,
     .scale = host_scale,
     .synchronize = host_synchronize,
+    .copy_rows = host_copy_rows,
+    .accumulate = host_accumulate,
 };
 
 const loom_compute_api *strategy_compute(const loom_host *h)
@@ -82,6 +110,11 @@ const loom_compute_api *strategy_compute(const loom_host *h)
         return h->compute;
     return &host_compute;
 }
+
+/* A core's service from before a member was added ends before it. */
+#define HAS_CALL(c, member)                                                              \
+    (offsetof(loom_compute_api, member) + sizeof(c)->member <= (c)->struct_size &&       \
+     (c)->member != NULL)
 
 int strategy_model_on_host(const loom_host *h)
 {
@@ -130,6 +163,30 @@ int strategy_upload_f32(const loom_host *h, void *dst, loom_dtype t, const float
             rc = sync;
     }
     return rc;
+}
+
+int strategy_copy_rows(const loom_host *h, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t row_bytes, size_t rows)
+{
+    const loom_compute_api *c = strategy_compute(h);
+    if (!rows || !row_bytes)
+        return LOOM_OK;
+    if (rows == 1 || (dst_pitch == row_bytes && src_pitch == row_bytes))
+        return c->copy(h, dst, src, rows * row_bytes);
+    if (HAS_CALL(c, copy_rows))
+        return c->copy_rows(h, dst, dst_pitch, src, src_pitch, row_bytes, rows);
+    int rc = LOOM_OK;
+    for (size_t r = 0; r < rows && rc == LOOM_OK; r++)
+        rc = c->copy(h, (char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes);
+    return rc;
+}
+
+int strategy_add_spent(const loom_host *h, void *dst, void *src, size_t n, loom_dtype t)
+{
+    const loom_compute_api *c = strategy_compute(h);
+    if (t == LOOM_F32 && HAS_CALL(c, accumulate))
+        return n ? c->accumulate(h, dst, LOOM_F32, src, n) : LOOM_OK;
+    return strategy_add(h, dst, src, n, t);
 }
 
 /* ---- what the service lacks, done on the host ---- */

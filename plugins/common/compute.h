@@ -28,12 +28,26 @@ int strategy_alloc_model(const loom_host *h, loom_purpose purpose, size_t bytes,
  * model's memory when that is a device's). */
 int strategy_upload_f32(const loom_host *h, void *dst, loom_dtype t, const float *src, size_t n);
 
-/* The service has no element-wise sum and no f16 average, so these run on
- * the host: in place where the buffers are host memory, else on a copy
- * brought over with to_host and sent back with to_device (accounted host
- * memory, freed on return). */
+/* rows rows of row_bytes each, at pitch src_pitch from src to pitch
+ * dst_pitch at dst (a strided view packed or unpacked): one copy where the
+ * rows are contiguous, else one copy_rows, or on a core whose service
+ * predates copy_rows a copy per row. */
+int strategy_copy_rows(const loom_host *h, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t row_bytes, size_t rows);
 
-/* dst += src, n elements of t, rounded as reduce_elements sums. */
+/* dst += src, n elements of t, where src is scratch of the model's memory
+ * the caller is done with (it may be left zeroed): for f32 the service's
+ * accumulate, where the memory is, else strategy_add. The same bits
+ * either way: each element's sum is one f32 addition. */
+int strategy_add_spent(const loom_host *h, void *dst, void *src, size_t n, loom_dtype t);
+
+/* The service adds only f32 addends, consuming them (accumulate), and has
+ * no f16 average, so these run on the host: in place where the buffers are
+ * host memory, else on a copy brought over with to_host and sent back with
+ * to_device (accounted host memory, freed on return). */
+
+/* dst += src, n elements of t, rounded as reduce_elements sums; src is
+ * left as it was. */
 int strategy_add(const loom_host *h, void *dst, const void *src, size_t n, loom_dtype t);
 
 /* A host view of bytes of the model's memory at dev: dev itself where

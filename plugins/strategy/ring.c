@@ -320,7 +320,8 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
         if (i > 0) {
             if ((rc = finish(r, &drecv)) != LOOM_OK)
                 return rc;
-            if ((rc = strategy_add(r->host, mine, r->dkv_in, 2 * E, sh->dtype)) != LOOM_OK)
+            /* dkv_in is spent: the next step receives into it afresh */
+            if ((rc = strategy_add_spent(r->host, mine, r->dkv_in, 2 * E, sh->dtype)) != LOOM_OK)
                 return rc;
         }
         if ((rc = finish(r, &dsend)) != LOOM_OK) /* frees the other buffer for the next step */
@@ -336,9 +337,9 @@ static int ring_backward(loom_strategy *r, const loom_attention *a)
     if ((rc = pass_on(r, NULL, r->dkv_in, 2 * E, TAG_DKV, NULL, &drecv)) != LOOM_OK ||
         (rc = finish(r, &drecv)) != LOOM_OK || (rc = finish(r, &dsend)) != LOOM_OK)
         return rc;
-    if ((rc = strategy_add(r->host, a->dk, r->dkv_in, E, sh->dtype)) != LOOM_OK)
+    if ((rc = strategy_add_spent(r->host, a->dk, r->dkv_in, E, sh->dtype)) != LOOM_OK)
         return rc;
-    return strategy_add(r->host, a->dv, (char *)r->dkv_in + E * es, E, sh->dtype);
+    return strategy_add_spent(r->host, a->dv, (char *)r->dkv_in + E * es, E, sh->dtype);
 }
 
 LOOM_PLUGIN_EXPORT const loom_strategy_plugin_v1_t loom_strategy_plugin_v1 = {

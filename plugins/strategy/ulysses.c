@@ -216,43 +216,27 @@ static int exchange(loom_strategy *u)
     return rc;
 }
 
-/* T rows of row bytes, at pitch from_pitch from from and to_pitch in to,
- * copied where the model's memory lives: the compute service copies only
- * contiguous ranges, so a strided block is a copy per row. */
-static int copy_rows(loom_strategy *u, char *to, size_t to_pitch, const char *from,
-                     size_t from_pitch, size_t row, int T)
-{
-    const loom_compute_api *c = strategy_compute(u->host);
-    if (to_pitch == row && from_pitch == row)
-        return c->copy(u->host, to, from, (size_t)T * row);
-    int rc = LOOM_OK;
-    for (int t = 0; t < T && rc == LOOM_OK; t++)
-        rc = c->copy(u->host, to + (size_t)t * to_pitch, from + (size_t)t * from_pitch, row);
-    return rc;
-}
-
 /* Sequence-sharded (B, T, NH, HS) -> head-sharded (B, s*T, Hs, HS): block
  * j of the send buffer is heads j*Hs.. of all local rows, for rank j; block
  * i received holds rank i's rows of this rank's heads, placed at rows
- * i*T.. of each sequence (u->positions says which positions those are). */
+ * i*T.. of each sequence (u->positions says which positions those are).
+ * Each block is one strided copy: the B*T rows of a rank's heads are C
+ * apart in x, and the B sequences of a received block s*T rows apart in
+ * dst. */
 static int to_heads(loom_strategy *u, const void *x, void *dst)
 {
     const int s = u->size, B = u->shape.B, T = u->shape.T;
-    const size_t row = head_row_bytes(u), C = (size_t)s * row;
-    const loom_compute_api *c = strategy_compute(u->host);
-    char *send = u->send;
+    const size_t row = head_row_bytes(u), C = (size_t)s * row, block = (size_t)B * T * row;
+    const size_t seq = (size_t)T * row; /* one sequence's rows of a block */
     int rc = LOOM_OK;
     for (int j = 0; j < s && rc == LOOM_OK; j++)
-        for (int b = 0; b < B && rc == LOOM_OK; b++)
-            rc = copy_rows(u, send + ((size_t)j * B + b) * T * row, row,
-                           (const char *)x + (size_t)b * T * C + (size_t)j * row, C, row, T);
+        rc = strategy_copy_rows(u->host, (char *)u->send + j * block, row,
+                                (const char *)x + j * row, C, row, (size_t)B * T);
     if (rc != LOOM_OK || (rc = exchange(u)) != LOOM_OK)
         return rc;
-    const char *recv = u->recv;
     for (int i = 0; i < s && rc == LOOM_OK; i++)
-        for (int b = 0; b < B && rc == LOOM_OK; b++)
-            rc = c->copy(u->host, (char *)dst + ((size_t)b * s * T + (size_t)i * T) * row,
-                         recv + ((size_t)i * B + b) * T * row, (size_t)T * row);
+        rc = strategy_copy_rows(u->host, (char *)dst + i * seq, s * seq,
+                                (const char *)u->recv + i * block, seq, seq, (size_t)B);
     return rc;
 }
 
@@ -264,26 +248,21 @@ static int to_heads(loom_strategy *u, const void *x, void *dst)
 static int to_sequence(loom_strategy *u, const void *src, void *dst, int accumulate)
 {
     const int s = u->size, B = u->shape.B, T = u->shape.T;
-    const size_t row = head_row_bytes(u), C = (size_t)s * row;
-    const loom_compute_api *c = strategy_compute(u->host);
-    char *send = u->send;
+    const size_t row = head_row_bytes(u), C = (size_t)s * row, block = (size_t)B * T * row;
+    const size_t seq = (size_t)T * row;
     int rc = LOOM_OK;
     for (int i = 0; i < s && rc == LOOM_OK; i++)
-        for (int b = 0; b < B && rc == LOOM_OK; b++)
-            rc = c->copy(u->host, send + ((size_t)i * B + b) * T * row,
-                         (const char *)src + ((size_t)b * s * T + (size_t)i * T) * row,
-                         (size_t)T * row);
+        rc = strategy_copy_rows(u->host, (char *)u->send + i * block, seq,
+                                (const char *)src + i * seq, s * seq, seq, (size_t)B);
     if (rc != LOOM_OK || (rc = exchange(u)) != LOOM_OK)
         return rc;
-    const char *recv = u->recv;
-    char *to = accumulate ? send : dst;
+    char *to = accumulate ? u->send : dst;
     for (int j = 0; j < s && rc == LOOM_OK; j++)
-        for (int b = 0; b < B && rc == LOOM_OK; b++)
-            rc = copy_rows(u, to + (size_t)b * T * C + (size_t)j * row, C,
-                           recv + ((size_t)j * B + b) * T * row, row, row, T);
-    if (rc == LOOM_OK && accumulate)
-        rc = strategy_add(u->host, dst, send, strategy_attention_elems(&u->shape),
-                          u->shape.dtype);
+        rc = strategy_copy_rows(u->host, to + j * row, C, (const char *)u->recv + j * block,
+                                row, row, (size_t)B * T);
+    if (rc == LOOM_OK && accumulate) /* send is spent: the next exchange refills it */
+        rc = strategy_add_spent(u->host, dst, u->send, strategy_attention_elems(&u->shape),
+                                u->shape.dtype);
     return rc;
 }
 

@@ -471,7 +471,8 @@ static int finish_reduce(loom_strategy *s)
     void *owned = NULL;
     if ((rc = get_grad_shard(s, z, &owned)) != LOOM_OK)
         return rc;
-    rc = strategy_add(s->host, owned, s->recv, z->shard, s->dtype);
+    /* recv is spent: the next reduce-scatter writes it afresh */
+    rc = strategy_add_spent(s->host, owned, s->recv, z->shard, s->dtype);
     int r2 = put_grad_shard(s, z, 1); /* written behind when offloaded */
     if ((rc = rc != LOOM_OK ? rc : r2) != LOOM_OK)
         return rc;
