@@ -3,10 +3,18 @@
  * service keeps the model's buffers in an arena that is PROT_NONE except
  * inside the service's own calls (and the fake communicator's, optimizer's
  * and attention kernels', which stand for code that runs where the memory
- * lives), and against a host older than the service (version 6: the
+ * lives), against the same host with the service as a core of version 7
+ * had it before copy_rows and accumulate (the plugins' per-row copies and
+ * staged sums), and against a host older than the service (version 6: the
  * plugins' host-memory fallback). A plugin that reads or writes a model
- * buffer any other way dies of SIGSEGV in the first run; the two runs must
+ * buffer any other way dies of SIGSEGV in a guarded run, one that calls
+ * past the short service's struct_size fails there; the three runs must
  * give the same bits (states, norms, attention and border outputs).
+ *
+ * Settings besides the plugin's: ranks=N (the data and all-to-all
+ * strategies), max_copies=N (the full service's copy and copy_rows calls
+ * at most N: strided views packed in few calls) and min_accumulates=N
+ * (gradient sums done by the service's accumulate, at least N calls).
  *
  * guarded_test <plugin.so> <kind: data|tp|sp> [setting=value...] */
 #include <dlfcn.h>
@@ -81,13 +89,52 @@ static int g_to_host(const loom_host *h, void *dst, const void *src, size_t byte
     return LOOM_OK;
 }
 
+static long copy_calls;
+
 static int g_copy(const loom_host *h, void *dst, const void *src, size_t bytes)
 {
     (void)h;
+    copy_calls++;
     CHECK(!bytes || (in_arena(dst) && in_arena(src)), "copy from %p to %p", src, dst);
     CHECK(dst != src || !bytes, "copy onto itself");
     arena_open();
     memmove(dst, src, bytes);
+    arena_close();
+    return LOOM_OK;
+}
+
+/* Calls of the full service, counted for max_copies and min_accumulates. */
+static long copy_rows_calls, accumulate_calls;
+
+static int g_copy_rows(const loom_host *h, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t row_bytes, size_t rows)
+{
+    (void)h;
+    copy_rows_calls++;
+    CHECK(!rows || (in_arena(dst) && in_arena(src)), "copy_rows from %p to %p", src, dst);
+    CHECK(rows <= 1 || (row_bytes <= dst_pitch && row_bytes <= src_pitch),
+          "copy_rows of rows of %zu bytes at pitches %zu and %zu", row_bytes, dst_pitch,
+          src_pitch);
+    CHECK(!rows || in_arena((const char *)dst + (rows - 1) * dst_pitch + row_bytes - 1),
+          "copy_rows past the arena");
+    arena_open();
+    for (size_t r = 0; r < rows; r++)
+        memmove((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes);
+    arena_close();
+    return LOOM_OK;
+}
+
+/* dst += src rounded to dst's type, src zeroed, as the cpu backend does. */
+static int g_accumulate(const loom_host *h, void *dst, loom_dtype dst_type, float *src, size_t n)
+{
+    (void)h;
+    accumulate_calls++;
+    CHECK(!n || (in_arena(dst) && in_arena(src)), "accumulate of %p into %p", (void *)src, dst);
+    arena_open();
+    for (size_t i = 0; i < n; i++) {
+        loom_store_f32(dst, dst_type, i, loom_load_f32(dst, dst_type, i) + src[i]);
+        src[i] = 0;
+    }
     arena_close();
     return LOOM_OK;
 }
@@ -162,6 +209,44 @@ static const loom_compute_api guarded = {
     .sum_squares = g_sum_squares,
     .scale = g_scale,
     .synchronize = g_synchronize,
+    .copy_rows = g_copy_rows,
+    .accumulate = g_accumulate,
+};
+
+/* What lies past the end of an older core's service: never to be called. */
+static int past_end_copy_rows(const loom_host *h, void *dst, size_t dst_pitch, const void *src,
+                              size_t src_pitch, size_t row_bytes, size_t rows)
+{
+    (void)h, (void)dst, (void)dst_pitch, (void)src, (void)src_pitch, (void)row_bytes, (void)rows;
+    REQUIRE(0, "copy_rows called past the end of a service of %zu bytes",
+            offsetof(loom_compute_api, copy_rows));
+    return LOOM_ERR_INTERNAL;
+}
+
+static int past_end_accumulate(const loom_host *h, void *dst, loom_dtype dst_type, float *src,
+                               size_t n)
+{
+    (void)h, (void)dst, (void)dst_type, (void)src, (void)n;
+    REQUIRE(0, "accumulate called past the end of a service of %zu bytes",
+            offsetof(loom_compute_api, copy_rows));
+    return LOOM_ERR_INTERNAL;
+}
+
+/* The service of a version 7 core from before copy_rows and accumulate. */
+static const loom_compute_api guarded_short = {
+    .struct_size = offsetof(loom_compute_api, copy_rows),
+    .tier = LOOM_TIER_DEVICE,
+    .mem_kind = LOOM_MEM_DEVICE,
+    .backend = "guarded (short)",
+    .to_device = g_to_device,
+    .to_host = g_to_host,
+    .copy = g_copy,
+    .zero = g_zero,
+    .convert = g_convert,
+    .sum_squares = g_sum_squares,
+    .scale = g_scale,
+    .synchronize = g_synchronize,    .copy_rows = past_end_copy_rows,
+    .accumulate = past_end_accumulate,
 };
 
 /* ---------------------------------------------------- the communicator */
@@ -231,22 +316,18 @@ static int c_reducescatter(loom_group *g, const void *send, void *recv, size_t c
     return LOOM_OK;
 }
 
-/* One rank's all-to-all (the sequence strategies run on one). */
-static int c_move(const void *send, void *recv, size_t count, loom_dtype dtype, loom_request **req)
-{
-    *req = NULL;
-    arena_open();
-    if (send != recv)
-        memmove(recv, send, count * loom_dtype_size(dtype));
-    arena_close();
-    return LOOM_OK;
-}
-
+/* Every block back where it was, as if rank j's block for this rank were
+ * this rank's block j: each packed row reaches the results. */
 static int c_alltoall(loom_group *g, const void *send, void *recv, size_t count,
                       loom_dtype dtype, loom_request **req)
 {
     (void)g;
-    return c_move(send, recv, count, dtype, req);
+    *req = NULL;
+    arena_open();
+    if (send != recv)
+        memmove(recv, send, (size_t)ranks * count * loom_dtype_size(dtype));
+    arena_close();
+    return LOOM_OK;
 }
 
 /* A message to itself (ring attention's last hop): kept until received. */
@@ -368,7 +449,7 @@ static int h_mem_alloc(const loom_host *h, loom_tier tier, loom_purpose purpose,
 {
     (void)purpose;
     if (tier == LOOM_TIER_DEVICE) {
-        REQUIRE(h->compute == &guarded, "device memory asked of a host without it");
+        REQUIRE(h->compute, "device memory asked of a host without it");
         *out = arena_alloc(bytes);
     } else {
         *out = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -400,8 +481,11 @@ struct loom_tiered {
 static int t_alloc(const loom_host *h, loom_purpose purpose, const char *name, int n,
                    const size_t *bytes, loom_tiered **out)
 {
-    (void)purpose, (void)name;
-    CHECK(h->compute != &guarded, "tiered state on a host whose model is on the device");
+    (void)name;
+    /* On a device only the optimizer state may be tiered (the core places
+     * it); here it lives in the device tier, guarded as the model is. */
+    CHECK(!h->compute || purpose == LOOM_PURPOSE_OPTIMIZER,
+          "tiered state other than the optimizer's on a host whose model is on the device");
     loom_tiered *t = calloc(1, sizeof *t);
     REQUIRE(t && (t->offset = calloc((size_t)n, sizeof *t->offset)));
     size_t total = 0;
@@ -409,7 +493,8 @@ static int t_alloc(const loom_host *h, loom_purpose purpose, const char *name, i
         t->offset[i] = total;
         total += bytes[i];
     }
-    REQUIRE((t->base = calloc(1, total ? total : 1)));
+    t->base = h->compute ? arena_alloc(total ? total : 1) : calloc(1, total ? total : 1);
+    REQUIRE(t->base); /* the arena is zeros until first written */
     *out = t;
     return LOOM_OK;
 }
@@ -417,7 +502,8 @@ static int t_alloc(const loom_host *h, loom_purpose purpose, const char *name, i
 static void t_free(const loom_host *h, loom_tiered *t)
 {
     (void)h;
-    free(t->base);
+    if (!in_arena(t->base))
+        free(t->base);
     free(t->offset);
     free(t);
 }
@@ -441,11 +527,12 @@ static int t_release(const loom_host *h, loom_tiered *t, int segment, int dirty)
     return LOOM_OK;
 }
 
-static loom_host make_host(int with_compute)
+/* compute NULL: a version 6 host, which has no service. */
+static loom_host make_host(const loom_compute_api *compute)
 {
     return (loom_host){
         .struct_size = sizeof(loom_host),
-        .version = with_compute ? 7 : 6,
+        .version = compute ? 7 : 6,
         .world_size = 1,
         .local_size = 1,
         .timeout_s = 10,
@@ -465,7 +552,7 @@ static loom_host make_host(int with_compute)
         .tiered_fetch = t_fetch,
         .tiered_acquire = t_acquire,
         .tiered_release = t_release,
-        .compute = with_compute ? &guarded : NULL,
+        .compute = compute,
     };
 }
 
@@ -709,18 +796,21 @@ static void block_backward(const void *q, const int *q_pos, int tq, const void *
 
 static const loom_attention_kernels kernels = {sizeof kernels, block_forward, block_backward};
 
-/* Two layers' attention forward and backward on the sequence axis. */
+/* Two layers' attention forward and backward on the sequence axis: this
+ * rank's T = SEQ / ranks positions of each sequence. */
 static void run_sp(const loom_strategy_plugin_v1_t *p, record *out)
 {
-    enum { B = 2, T = 8, NH = 2, HS = 4, N = B * T * NH * HS };
+    enum { B = 2, SEQ = 8, NH = 2, HS = 4, MAX_N = B * SEQ * NH * HS };
     loom_strategy_setup setup = {.struct_size = sizeof setup, .axis = LOOM_AXIS_SP, .heads = NH,
-                                 .seq = T, .compute_dtype = LOOM_F32};
+                                 .seq = SEQ, .compute_dtype = LOOM_F32};
     setup.groups[LOOM_AXIS_SP] = group;
+    setup.sizes[LOOM_AXIS_SP] = ranks;
     loom_strategy *s = NULL;
     REQUIRE(p->create(the_host, &setup, &s) == LOOM_OK, "create: %s", last_error);
-    int positions[T], count = 0;
-    REQUIRE(p->sequence_positions(s, T, positions, &count) == LOOM_OK && count == T);
-    float v[N], zeros[N] = {0};
+    int positions[SEQ], T = 0;
+    REQUIRE(p->sequence_positions(s, SEQ, positions, &T) == LOOM_OK && T * ranks == SEQ);
+    const int N = B * T * NH * HS;
+    float v[MAX_N], zeros[MAX_N] = {0};
     void *lse[2];
     loom_attention a[2];
     for (int layer = 0; layer < 2; layer++) {
@@ -768,8 +858,10 @@ int main(int argc, char **argv)
     settings = argv + 3;
     nsettings = argc - 3;
     ranks = atoi(setting("ranks", "1"));
-    REQUIRE(ranks >= 1 && (ranks == 1 || !strcmp(argv[2], "data")),
-            "ranks=%d: the data strategies only run on more ranks than one", ranks);
+    REQUIRE(ranks >= 1 && (ranks == 1 || strcmp(argv[2], "tp")),
+            "ranks=%d: the tensor strategy runs on one rank only", ranks);
+    long max_copies = atol(setting("max_copies", "-1"));
+    long min_accumulates = atol(setting("min_accumulates", "0"));
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     REQUIRE(lib, "%s", dlerror());
     const loom_strategy_plugin_v1_t *p = dlsym(lib, "loom_strategy_plugin_v1");
@@ -777,21 +869,32 @@ int main(int argc, char **argv)
     arena = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     REQUIRE(arena != MAP_FAILED);
 
-    record on_host = {0}, on_device = {0};
-    loom_host old_core = make_host(0), device_core = make_host(1);
+    record on_host = {0}, on_device = {0}, on_short = {0};
+    loom_host old_core = make_host(NULL), device_core = make_host(&guarded),
+              short_core = make_host(&guarded_short);
     the_host = &old_core;
     run(p, argv[2], &on_host);
     the_host = &device_core;
     run(p, argv[2], &on_device);
+    long copies = copy_calls + copy_rows_calls, accumulates = accumulate_calls;
+    the_host = &short_core;
+    run(p, argv[2], &on_short);
     CHECK(arena_depth == 0);
     CHECK(arena_used > 0, "nothing was allocated on the device");
-    CHECK(on_host.len == on_device.len && on_host.len > 0, "%zu bytes of results, then %zu",
-          on_host.len, on_device.len);
+    CHECK(on_host.len == on_device.len && on_host.len == on_short.len && on_host.len > 0,
+          "%zu bytes of results, then %zu, then %zu", on_host.len, on_device.len, on_short.len);
     CHECK(!memcmp(on_host.bytes, on_device.bytes, on_host.len),
           "the guarded run's results differ from the host memory run's");
+    CHECK(!memcmp(on_host.bytes, on_short.bytes, on_host.len),
+          "the run on the short service differs from the host memory run's");
+    CHECK(max_copies < 0 || copies <= max_copies, "%ld copy and copy_rows calls, at most %ld",
+          copies, max_copies);
+    CHECK(accumulates >= min_accumulates, "%ld accumulate calls, at least %ld", accumulates,
+          min_accumulates);
     printf("%s (%s): %zu bytes of results alike; %zu bytes of the model's memory never touched "
-           "outside its calls\n",
-           p->header.name, argv[2], on_host.len, arena_used);
+           "outside its calls; %ld copies and %ld accumulates on the full service\n",
+           p->header.name, argv[2], on_host.len, arena_used, copies, accumulates);
+    free(on_short.bytes);
     free(on_host.bytes);
     free(on_device.bytes);
     return check_done("strategy.guarded");
