@@ -451,6 +451,8 @@ static int place_initial_params(trainer *t)
                                           t->data_axis.nunits, held);
         loom_mem_defer_limit(0);
         trainer_sync_units(t);
+        if (rc == LOOM_OK)
+            rc = trainer_check_resident(t);
         const char *name = NULL;
         loom_config_string(t->job.cfg, "parallel.dp.strategy", &name);
         if (rc == LOOM_OK)

@@ -68,12 +68,42 @@ void trainer_sync_units(trainer *t)
             sync_unit(t, u);
 }
 
+/* On a backend of its own memory the kernels read params and grads there:
+ * a strategy that left them in host memory would have them read as device
+ * memory (which a GPU faults on and sim would not notice). */
+static int check_resident(const trainer *t, int u)
+{
+    const loom_unit *su = dp_unit(t, u);
+    const char *where = su->params && !loom_mem_is_device(su->params) ? "parameters"
+                        : su->grads && !loom_mem_is_device(su->grads) ? "gradients"
+                                                                      : NULL;
+    if (t->job.backend->ops->tier == LOOM_TIER_HOST || !where)
+        return LOOM_OK;
+    return loom_fail(LOOM_ERR_INVALID,
+                     "%s: strategy %s keeps the %s of unit %d (%s) in host memory, but "
+                     "model.device = \"%s\" computes in device memory; a strategy allocates "
+                     "the model's buffers in host->compute->tier",
+                     loom_config_where(t->job.cfg, "parallel.dp.strategy"),
+                     t->data_axis.plugin->header->name, where, u, su->name, t->job.backend->name);
+}
+
+int trainer_check_resident(const trainer *t)
+{
+    int rc = LOOM_OK;
+    for (int u = 0; u < t->job.nunits && rc == LOOM_OK; u++)
+        if (holds(t, u))
+            rc = check_resident(t, u);
+    return rc;
+}
+
 /* A data-axis unit hook (absent ones are the loader's no-op), keeping the
  * model's unit in step with the strategy's. */
 int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u)
 {
     int rc = hook(t->data_axis.strategy, dp_unit(t, u));
     sync_unit(t, u);
+    if (rc == LOOM_OK)
+        rc = check_resident(t, u);
     /* tier transfers that landed meanwhile end their trace spans now */
     return rc == LOOM_OK ? loom_tiers_progress(t->job.tiers) : rc;
 }

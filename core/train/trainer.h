@@ -244,6 +244,9 @@ int trainer_pipeline_totals(trainer *t, float *loss);
 
 /* step.c */
 void trainer_sync_units(trainer *t);
+/* Refused: a unit's params or grads in host memory with a backend of its
+ * own memory (after data_setup, and after every unit hook). */
+int trainer_check_resident(const trainer *t);
 int trainer_hook_unit(trainer *t, int (*hook)(loom_strategy *, loom_unit *), int u);
 int trainer_grads_ready(trainer *t, int u, int last_micro);
 int trainer_forward(trainer *t, float *loss);

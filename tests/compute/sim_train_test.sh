@@ -144,8 +144,10 @@ checkpoint)
     done
     echo "checkpoints: sim's = cpu's bit for bit, and each resumes on the other backend" ;;
 refusals)
-    # OLD: a folder holding a ddp built for ABI 1.5 (tests/train's old-abi)
-    OLD=$BACKEND
+    # OLD: a folder holding a ddp built for ABI 1.5 (tests/train's old-abi);
+    # HOSTMEM: one holding a ddp of this ABI that keeps the model in host
+    # memory (host_memory_ddp.c)
+    OLD=${BACKEND%%:*} HOSTMEM=${BACKEND#*:}
     refused() {
         want=$1; shift
         status=0
@@ -156,6 +158,8 @@ refusals)
     }
     refused "strategy ddp was built for 1.5 ($OLD/libloom-strategy-ddp.so), before the model's buffers could live on a device" \
         --set model.device=sim --set plugins.path="[\"$OLD\"]"
+    refused "strategy ddp keeps the parameters of unit 0 (embedding) in host memory, but model.device = \"sim\" computes in device memory" \
+        --set model.device=sim --set plugins.path="[\"$HOSTMEM\"]"
     refused "memory.offload.params=host: moving parameters and gradients out of the sim backend's device memory is not supported yet" \
         --set model.device=sim --set memory.offload.params=host --set parallel.dp.strategy=zero3
     refused "model.device=nosuch: plugin compute 'nosuch' not found" --set model.device=nosuch
