@@ -166,10 +166,37 @@ static int api_zero(const loom_host *host, void *dst, size_t bytes)
     return api_backend->ops->zero(api_backend->self, dst, bytes);
 }
 
+/* A conversion with a side in host memory (offloaded state) on a device
+ * backend: that side goes through a device copy, so the backend's kernel
+ * does the conversion either way (the same bits); both host: the CPU's. */
+static int convert_offloaded(void *dst, loom_dtype dst_type, const void *src, loom_dtype src_type,
+                             size_t n)
+{
+    const loom_backend *b = api_backend;
+    int host_dst = offloaded(dst), host_src = offloaded(src);
+    if (host_dst && host_src) {
+        loom_convert(dst, dst_type, src, src_type, n);
+        return LOOM_OK;
+    }
+    size_t bytes = n * loom_dtype_size(host_src ? src_type : dst_type);
+    void *staged = NULL;
+    int rc = loom_mem_alloc(LOOM_TIER_DEVICE, LOOM_PURPOSE_COMM, bytes ? bytes : 1, &staged);
+    if (rc == LOOM_OK && host_src &&
+        (rc = b->ops->to_device(b->self, staged, src, bytes)) == LOOM_OK)
+        rc = b->ops->convert(b->self, dst, dst_type, staged, src_type, n);
+    if (rc == LOOM_OK && host_dst &&
+        (rc = b->ops->convert(b->self, staged, dst_type, src, src_type, n)) == LOOM_OK)
+        rc = b->ops->to_host(b->self, dst, staged, bytes);
+    loom_mem_free(staged);
+    return rc;
+}
+
 static int api_convert(const loom_host *host, void *dst, loom_dtype dst_type, const void *src,
                        loom_dtype src_type, size_t n)
 {
     (void)host;
+    if (n && (offloaded(dst) || offloaded(src)))
+        return convert_offloaded(dst, dst_type, src, src_type, n);
     return api_backend->ops->convert(api_backend->self, dst, dst_type, src, src_type, n);
 }
 
