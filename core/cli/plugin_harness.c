@@ -824,6 +824,77 @@ static void check_compute_layernorm(compute_check *cc, void *block)
         compute_passed(cc, "layernorm_forward");
 }
 
+/* Whether the backend can run here: a probe that declines is a note, and
+ * the functional checks are skipped. */
+static int compute_probe(compute_check *cc, const loom_plugin *p, const loom_host *host)
+{
+    if (!cc->vt->probe)
+        return 1;
+    char why[512] = "";
+    if (cc->vt->probe(host, why, sizeof why) != LOOM_OK) {
+        printf("note: probe: %s cannot run here: %s\n", p->header->name,
+               why[0] ? why : "(it said nothing)");
+        printf("note: functional checks skipped: run --check where the backend can run\n");
+        loom_clear_error();
+        return 0;
+    }
+    compute_passed(cc, "probe");
+    return 1;
+}
+
+static void check_compute_describe(compute_check *cc)
+{
+    char line[512] = "";
+    int rc = cc->vt->describe(cc->self, line, sizeof line);
+    if (rc != LOOM_OK) {
+        compute_call_failed(cc, "describe", "describe", rc);
+    } else if (!line[0] || strchr(line, '\n')) {
+        compute_failed(cc, "describe", "want one line, got \"%s\"", line);
+    } else {
+        compute_passed(cc, "describe");
+        printf("note: describe: %s\n", line);
+    }
+}
+
+/* A block of the backend's memory, the copies, a product and a LayerNorm
+ * on it, and the block given back. */
+static void check_compute_block(compute_check *cc)
+{
+    const loom_compute_ops *vt = cc->vt;
+    void *block = NULL;
+    int rc = compute_alloc(cc, BLOCK_BYTES, &block);
+    if (!vt->alloc)
+        printf("note: alloc and free are the core's: host memory\n");
+    if (rc != LOOM_OK || !block) {
+        if (rc == LOOM_OK)
+            compute_failed(cc, "alloc", "returned ok but no memory");
+        else
+            compute_call_failed(cc, "alloc", "alloc", rc);
+        return;
+    }
+    if ((uintptr_t)block % 256) {
+        compute_failed(cc, "alloc", "%p is not aligned to 256 bytes", block);
+    } else {
+        if (vt->alloc)
+            compute_passed(cc, "alloc");
+        check_compute_memory(cc, block);
+        check_compute_gemm(cc, block);
+        check_compute_layernorm(cc, block);
+    }
+    if ((rc = vt->synchronize(cc->self)) != LOOM_OK)
+        compute_call_failed(cc, "synchronize", "synchronize", rc);
+    else
+        compute_passed(cc, "synchronize");
+    if ((rc = vt->status(cc->self)) != LOOM_OK)
+        compute_call_failed(cc, "status", "status", rc);
+    else
+        compute_passed(cc, "status");
+    if ((rc = compute_free(cc, block)) != LOOM_OK)
+        compute_call_failed(cc, "free", "free", rc);
+    else if (vt->free)
+        compute_passed(cc, "free");
+}
+
 void loom_compute_check(const loom_plugin *p, const loom_host *host, loom_check_report report,
                         void *ctx)
 {
@@ -832,18 +903,8 @@ void loom_compute_check(const loom_plugin *p, const loom_host *host, loom_check_
     printf("note: its memory is accounted in the %s tier and is %s memory to communicators\n",
            loom_tier_name((loom_tier)vt->tier), vt->mem_kind == LOOM_MEM_DEVICE ? "device"
                                                                                  : "host");
-    if (vt->probe) {
-        char why[512] = "";
-        int rc = vt->probe(host, why, sizeof why);
-        if (rc != LOOM_OK) {
-            printf("note: probe: %s cannot run here: %s\n", p->header->name,
-                   why[0] ? why : "(it said nothing)");
-            printf("note: functional checks skipped: run --check where the backend can run\n");
-            loom_clear_error();
-            return;
-        }
-        compute_passed(&cc, "probe");
-    }
+    if (!compute_probe(&cc, p, host))
+        return;
     loom_compute_setup setup = {.struct_size = sizeof setup, .device = 0, .threads = 1,
                                 .precision = LOOM_F32, .deterministic = 1,
                                 .cpu = &loom_compute_cpu};
@@ -862,53 +923,8 @@ void loom_compute_check(const loom_plugin *p, const loom_host *host, loom_check_
         vt->destroy(cc.self);
         return;
     }
-
-    char line[512] = "";
-    rc = vt->describe(cc.self, line, sizeof line);
-    if (rc != LOOM_OK)
-        compute_call_failed(&cc, "describe", "describe", rc);
-    else if (!line[0] || strchr(line, '\n'))
-        compute_failed(&cc, "describe", "want one line, got \"%s\"", line);
-    else {
-        compute_passed(&cc, "describe");
-        printf("note: describe: %s\n", line);
-    }
-
-    void *block = NULL;
-    rc = compute_alloc(&cc, BLOCK_BYTES, &block);
-    if (!vt->alloc)
-        printf("note: alloc and free are the core's: host memory\n");
-    if (rc != LOOM_OK || !block) {
-        if (rc == LOOM_OK)
-            compute_failed(&cc, "alloc", "returned ok but no memory");
-        else
-            compute_call_failed(&cc, "alloc", "alloc", rc);
-    } else if ((uintptr_t)block % 256) {
-        compute_failed(&cc, "alloc", "%p is not aligned to 256 bytes", block);
-    } else {
-        if (vt->alloc)
-            compute_passed(&cc, "alloc");
-        check_compute_memory(&cc, block);
-        check_compute_gemm(&cc, block);
-        check_compute_layernorm(&cc, block);
-    }
-    rc = vt->synchronize(cc.self);
-    if (rc != LOOM_OK)
-        compute_call_failed(&cc, "synchronize", "synchronize", rc);
-    else
-        compute_passed(&cc, "synchronize");
-    rc = vt->status(cc.self);
-    if (rc != LOOM_OK)
-        compute_call_failed(&cc, "status", "status", rc);
-    else
-        compute_passed(&cc, "status");
-    if (block) {
-        rc = compute_free(&cc, block);
-        if (rc != LOOM_OK)
-            compute_call_failed(&cc, "free", "free", rc);
-        else if (vt->free)
-            compute_passed(&cc, "free");
-    }
+    check_compute_describe(&cc);
+    check_compute_block(&cc);
     loom_compute_cpu.destroy(cc.ref);
     rc = vt->destroy(cc.self);
     if (rc != LOOM_OK)
