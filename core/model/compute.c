@@ -163,6 +163,10 @@ static int api_copy(const loom_host *host, void *dst, const void *src, size_t by
 static int api_zero(const loom_host *host, void *dst, size_t bytes)
 {
     (void)host;
+    if (bytes && offloaded(dst)) {
+        memset(dst, 0, bytes);
+        return LOOM_OK;
+    }
     return api_backend->ops->zero(api_backend->self, dst, bytes);
 }
 
