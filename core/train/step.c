@@ -73,11 +73,13 @@ void trainer_sync_units(trainer *t)
  * memory (which a GPU faults on and sim would not notice). */
 static int check_resident(const trainer *t, int u)
 {
+    if (t->job.backend->ops->tier == LOOM_TIER_HOST) /* no lookup on the cpu's hot path */
+        return LOOM_OK;
     const loom_unit *su = dp_unit(t, u);
     const char *where = su->params && !loom_mem_is_device(su->params) ? "parameters"
                         : su->grads && !loom_mem_is_device(su->grads) ? "gradients"
                                                                       : NULL;
-    if (t->job.backend->ops->tier == LOOM_TIER_HOST || !where)
+    if (!where)
         return LOOM_OK;
     return loom_fail(LOOM_ERR_INVALID,
                      "%s: strategy %s keeps the %s of unit %d (%s) in host memory, but "
