@@ -256,6 +256,7 @@ int loom_backend_install(loom_runtime *rt, const loom_backend *b)
     api.tier = b->ops->tier;
     api.mem_kind = b->ops->mem_kind;
     api.backend = b->name;
+    api.native_queue = b->ops->native_queue ? b->ops->native_queue(b->self) : NULL;
     return loom_runtime_set_compute(rt, &api);
 }
 
@@ -315,6 +316,20 @@ static int probe(loom_runtime *rt, const loom_plugin *plugin, char *why, size_t 
     return ops->probe(host, why, cap);
 }
 
+/* Where comm staging of this backend's buffers goes: pinned host memory
+ * for a backend on a CUDA stream (its copies from there run at full speed
+ * and need no bounce through the driver's own buffer), host memory else. */
+static loom_tier staging_tier(const loom_compute_ops *ops)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (ops->native_queue)
+        return LOOM_TIER_PINNED;
+#else
+    (void)ops;
+#endif
+    return LOOM_TIER_HOST;
+}
+
 /* A compute plugin's instance, with its settings from compute.<name>. */
 static int create_plugin(loom_runtime *rt, const loom_plugin *plugin,
                          const loom_compute_setup *setup, opened_backend *o)
@@ -333,7 +348,7 @@ static int create_plugin(loom_runtime *rt, const loom_plugin *plugin,
     if (ops->tier == LOOM_TIER_DEVICE) {
         o->memory = (loom_device_memory){.ctx = &o->b,
                                          .name = o->b.name,
-                                         .staging_tier = LOOM_TIER_HOST,
+                                         .staging_tier = staging_tier(ops),
                                          .alloc = device_alloc,
                                          .free = device_free,
                                          .to_host = device_to_host,

@@ -153,6 +153,15 @@ int loom_device_available(void)
     return LOOM_OK;
 }
 
+int loom_device_count(void)
+{
+    int count = 0;
+    pthread_once(&load_once, load_runtime);
+    if (load_status != LOOM_OK || rt.GetDeviceCount(&count) != cudaSuccess)
+        return 0;
+    return count;
+}
+
 static const char *cuda_text(cudaError_t e) { return rt.GetErrorString(e); }
 
 /* ------------------------------------------------------ the block table */

@@ -15,6 +15,8 @@
 /* LOOM_OK when a CUDA device is visible, else fails with "no CUDA device
  * visible (cudaGetDeviceCount: <CUDA's text>)" or why the runtime did not load. */
 int loom_device_available(void);
+/* How many CUDA devices this process sees (0 without a usable runtime). */
+int loom_device_count(void);
 /* Raw device (cudaMalloc) or pinned host (cudaMallocHost) memory; memory.c
  * does the accounting. loom_device_free releases a block of ours and says
  * what it was (returns 1), or returns 0 for a pointer it does not know. */

@@ -5,9 +5,11 @@
 #include <string.h>
 
 #include "loom/comm.h"
+#include "loom/compute.h"
 #include "loom/status.h"
 #include "loom/strategy.h"
 #include "runtime/config.h"
+#include "runtime/device.h"
 #include "runtime/group.h"
 #include "runtime/log.h"
 #include "runtime/mesh.h"
@@ -45,6 +47,19 @@ static const char *axis_setting(const loom_config *cfg, loom_axis axis, const ch
     return name;
 }
 
+/* NCCL drives one GPU per rank: where the ranks on this machine outnumber
+ * its CUDA devices (they share one), refused says so. */
+static void gpus_per_rank(loom_runtime *rt, char *refused, size_t cap)
+{
+    int ranks = loom_runtime_env(rt)->local_size, gpus = 0;
+#ifdef LOOM_HAVE_CUDA
+    gpus = loom_device_count();
+#endif
+    if (ranks > gpus)
+        snprintf(refused, cap, ": %d rank%s on this machine, %d CUDA device%s (NCCL needs one per rank)",
+                 ranks, ranks > 1 ? "s" : "", gpus, gpus == 1 ? "" : "s");
+}
+
 int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, char *why,
                    size_t cap)
 {
@@ -60,6 +75,8 @@ int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, ch
         snprintf(refused, sizeof refused, ": %.700s", loom_last_error());
     else if (!(plugin->ops.comm.mem_kinds & LOOM_MEM_BIT(memory)))
         snprintf(refused, sizeof refused, ": it does not take %s memory", kind);
+    else if (device)
+        gpus_per_rank(rt, refused, sizeof refused);
     /* A plugin that loads on some ranks only (a node without UCX) must not
      * split the job: any rank that cannot use it makes every rank fall
      * back, and says why. */
@@ -95,12 +112,24 @@ int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, ch
                              detail);
         }
     }
-    *name = refused[0] ? "mpi" : want;
-    if (refused[0])
-        snprintf(why, cap, "auto: %s memory, comm-%s does not load%s", kind, want, refused);
-    else
+    if (!refused[0]) {
+        *name = want;
         snprintf(why, cap, "auto: %s memory, comm-%s loads", kind, want);
-    return LOOM_OK;
+        return LOOM_OK;
+    }
+    if (!device) {
+        *name = "mpi";
+        snprintf(why, cap, "auto: %s memory, comm-%s does not load%s", kind, want, refused);
+        return LOOM_OK;
+    }
+    /* Device buffers then go through host memory (group.c stages them), so
+     * the host's choice applies. */
+    char host_why[1024];
+    int rc = loom_comm_auto(rt, LOOM_MEM_HOST, name, host_why, sizeof host_why);
+    if (rc == LOOM_OK)
+        snprintf(why, cap, "auto: device memory, comm-nccl cannot be used%.500s; staged through "
+                 "host memory: %.400s", refused, host_why + strlen("auto: "));
+    return rc;
 }
 
 /* A comm plugin the config names: it must exist and its group
@@ -217,8 +246,15 @@ int loom_mesh_create(loom_runtime *rt, loom_mesh **out)
         return LOOM_ERR_INVALID;
     }
 
-    /* Each axis's backend; "auto" resolved once, for host memory: the
-     * trainer's tensors live on the host. */
+    /* Each axis's backend; "auto" resolved once, for the memory of the
+     * run's buffers: device memory where the compute backend runs on a CUDA
+     * stream, host memory otherwise (the cpu backend, and sim, whose
+     * buffers communicators get staged through the host). */
+    const loom_compute_api *compute = loom_runtime_compute(rt);
+    loom_mem_kind memory = compute && compute->struct_size >= sizeof *compute &&
+                                   compute->native_queue && compute->mem_kind == LOOM_MEM_DEVICE
+                               ? LOOM_MEM_DEVICE
+                               : LOOM_MEM_HOST;
     const char *backends[LOOM_AXIS_COUNT] = {0}, *whys[LOOM_AXIS_COUNT] = {0};
     const char *auto_name = NULL;
     char auto_why[1024] = "";
@@ -230,7 +266,7 @@ int loom_mesh_create(loom_runtime *rt, loom_mesh **out)
         if (strcmp(backends[a], "auto") != 0)
             continue;
         if (!auto_name)
-            rc = loom_comm_auto(rt, LOOM_MEM_HOST, &auto_name, auto_why, sizeof auto_why);
+            rc = loom_comm_auto(rt, memory, &auto_name, auto_why, sizeof auto_why);
         backends[a] = auto_name;
         whys[a] = auto_why;
     }

@@ -16,12 +16,15 @@ typedef struct loom_mesh {
     char comm_choice[1280];
 } loom_mesh;
 /* From parallel.<axis>.size and comm.default / comm.<axis>; "auto" is
- * resolved by loom_comm_auto for host memory (the trainer's). */
+ * resolved by loom_comm_auto for the memory of the run's compute backend
+ * (loom_runtime_compute: device memory on a CUDA stream, else host). */
 int loom_mesh_create(loom_runtime *rt, loom_mesh **out);
 void loom_mesh_destroy(loom_mesh *mesh);
 /* The backend "auto" stands for, for buffers of `memory`: comm-nccl for
- * device memory, comm-ucx for host memory, when that plugin loads (and
- * takes that memory) on every rank; comm-mpi otherwise. Every rank calls
+ * device memory (when every rank of each machine has a CUDA device of its
+ * own), comm-ucx for host memory, when that plugin loads (and takes that
+ * memory) on every rank; comm-mpi otherwise. Device memory that comm-nccl
+ * cannot take gets the host's choice (its buffers staged). Every rank calls
  * it, in the same order: they agree through the bootstrap store. *name
  * gets the backend, why the reason as the run's header shows it ("auto:
  * host memory, comm-ucx loads"). */

@@ -361,6 +361,8 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
     return LOOM_OK;
 }
 
+const loom_compute_api *loom_runtime_compute(const loom_runtime *rt) { return rt->compute; }
+
 int loom_runtime_set_compute(loom_runtime *rt, const loom_compute_api *api)
 {
     rt->compute = api;

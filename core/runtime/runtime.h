@@ -30,6 +30,8 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
  * made before the first call have NULL. api must outlive rt (or the next
  * call). */
 int loom_runtime_set_compute(loom_runtime *rt, const loom_compute_api *api);
+/* The api last set; NULL before the first loom_runtime_set_compute. */
+const loom_compute_api *loom_runtime_compute(const loom_runtime *rt);
 /* Load a plugin once per runtime (cached by kind and name; unloaded at
  * destroy). */
 int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,

@@ -491,13 +491,15 @@ int trainer_setup(trainer *t, const loom_train_options *o)
     if ((rc = loom_runtime_tiers(t->job.rt, &t->job.tiers)) != LOOM_OK)
         return rc;
     loom_mem_defer_limit(1);
-    if ((rc = check_mesh_shape(t)) != LOOM_OK ||
+    /* the backend before the mesh: comm "auto" chooses for its memory */
+    if ((rc = check_mesh_shape(t)) != LOOM_OK)
+        return rc;
+    read_settings(t);
+    if ((rc = open_backend(t)) != LOOM_OK ||
         (rc = loom_mesh_create(t->job.rt, &t->job.mesh)) != LOOM_OK ||
         (rc = check_unused_axes(t)) != LOOM_OK)
         return rc;
-    read_settings(t);
-    if ((rc = open_data(t)) != LOOM_OK || (rc = choose_gemm(t)) != LOOM_OK ||
-        (rc = open_backend(t)) != LOOM_OK)
+    if ((rc = open_data(t)) != LOOM_OK || (rc = choose_gemm(t)) != LOOM_OK)
         return rc;
     int pp = t->job.mesh->sizes[LOOM_AXIS_PP];
     if (pp > 1 && (rc = trainer_plan_pipeline(t)) != LOOM_OK)

@@ -43,6 +43,7 @@
 #include "common/clock.h"
 #include "common/group.h"
 #include "loom/comm.h"
+#include "loom/compute.h"
 
 /* ------------------------------------------------------------ settings */
 
@@ -130,6 +131,7 @@ struct loom_comm {
     nccl_settings_t set;
     int grouping;         /* depth of group_start brackets */
     void *barrier_buf;    /* one device float: barrier is a 1-element allreduce */
+    cudaEvent_t compute_mark; /* on the compute backend's queue: what each op waits for */
     struct deferred_free *deferred; /* stages the device may still use (see defer_stage) */
     /* Where a non-blocking ncclCommSplit of this group writes the child
      * communicator. NCCL fills it from its own thread when the split ends,
@@ -357,6 +359,8 @@ static void comm_free(loom_comm *c, double wait_s)
     }
     if (c->barrier_buf)
         h->mem_free(h, c->barrier_buf);
+    if (c->compute_mark)
+        cudaEventDestroy(c->compute_mark);
     if (c->stream)
         cudaStreamDestroy(c->stream); /* returns at once; queued work ends first */
     group_release(&c->group);
@@ -676,6 +680,28 @@ static void req_describe(const loom_comm_request *r, const loom_comm *c, char *b
     group_describe_op(c ? &c->group : NULL, r->name, r->seq, r->call.peer, r->call.tag, buf, cap);
 }
 
+/* The compute backend's kernels issued so far (on its native queue,
+ * loom_compute_api) may still be writing this op's buffers: the op's stream
+ * waits for them on the device, so the host never waits and a collective
+ * overlaps the kernels issued after it. */
+static int follow_compute(loom_comm *c)
+{
+    const loom_host *h = c->group.host;
+    const loom_compute_api *api = h->compute;
+    if (!api || api->struct_size < offsetof(loom_compute_api, native_queue) + sizeof(void *) ||
+        !api->native_queue)
+        return LOOM_OK;
+    cudaError_t e = cudaSuccess;
+    if (!c->compute_mark)
+        e = cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->compute_mark, (cudaStream_t)api->native_queue);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(c->stream, c->compute_mark, 0);
+    return e == cudaSuccess ? LOOM_OK
+                            : cuda_fail(h, e, "ordering an op after the compute backend's kernels");
+}
+
 /* Begin an op: number it, refuse it on a failed group, make its request
  * (NULL with LOOM_OK for an op of no elements, complete at issue). */
 static int op_begin(loom_comm *c, const comm_call *call, loom_comm_request **out)
@@ -712,6 +738,11 @@ static int op_begin(loom_comm *c, const comm_call *call, loom_comm_request **out
     if (e != cudaSuccess) {
         free(r);
         return cuda_fail(h, e, "cudaEventCreateWithFlags");
+    }
+    if ((st = follow_compute(c)) != LOOM_OK) {
+        cudaEventDestroy(r->done);
+        free(r);
+        return st;
     }
     *out = r;
     return LOOM_OK;

@@ -327,7 +327,7 @@ PIN(loom_compute_adamw, beta2, 16);
 PIN(loom_compute_adamw, eps, 20);
 PIN(loom_compute_adamw, weight_decay, 24);
 PIN(loom_compute_adamw, grad_scale, 28);
-PIN_SIZE(loom_compute_api, 104);
+PIN_SIZE(loom_compute_api, 112);
 PIN(loom_compute_api, struct_size, 0);
 PIN(loom_compute_api, tier, 4);
 PIN(loom_compute_api, mem_kind, 8);
@@ -343,6 +343,7 @@ PIN(loom_compute_api, scale, 72);
 PIN(loom_compute_api, synchronize, 80);
 PIN(loom_compute_api, copy_rows, 88);
 PIN(loom_compute_api, accumulate, 96);
+PIN(loom_compute_api, native_queue, 104); /* appended: read it where struct_size covers it */
 
 #endif
 

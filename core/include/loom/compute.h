@@ -296,6 +296,11 @@ typedef struct loom_compute_api {
     /* dst (f32, bf16 or f16) += src (f32), rounded to dst's type; src is
      * zeroed */
     int (*accumulate)(const loom_host *host, void *dst, loom_dtype dst_type, float *src, size_t n);
+    /* The backend's native queue (a cudaStream_t; NULL: none): a
+     * communicator that takes device memory orders each op after the
+     * kernels issued so far on it (an event the op's stream waits for),
+     * without waiting on the host. Present when struct_size covers it. */
+    void *native_queue;
 } loom_compute_api;
 
 #endif
