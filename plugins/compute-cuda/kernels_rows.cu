@@ -234,7 +234,7 @@ static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 static inline unsigned row_blocks(int rows)
 {
-    return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    return (unsigned)(((long long)rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
 }
 
 /* Blocks of a grid-stride element-wise kernel over n items: enough to fill
