@@ -334,17 +334,21 @@ __global__ void add_rows_kernel(float *xs, const float *wpe, const int *pos, int
     }
 }
 
-/* Group g adds rows row[start[g]] .. row[start[g+1] - 1] of src, in that
- * (increasing) order, into row key[g] of dst: per column, the cpu
- * backend's sequence of additions. */
+/* Group blockIdx.x adds rows row[start[g]] .. row[start[g+1] - 1] of src,
+ * in that (increasing) order, into row key[g] of dst: per column, the cpu
+ * backend's sequence of additions. blockIdx.y picks the columns. A group's
+ * additions are one chain, but its loads are not: unrolled, they are in
+ * flight together (a frequent token's group is hundreds of rows). */
 __global__ void grouped_rows_add_kernel(float *dst, const float *src, const int *start,
                                         const int *key, const int *row, int C)
 {
     const int g = blockIdx.x;
     const int begin = start[g], end = start[g + 1];
     float *d = dst + (size_t)key[g] * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const long long step = (long long)gridDim.y * blockDim.x;
+    for (long long c = (long long)blockIdx.y * blockDim.x + threadIdx.x; c < C; c += step) {
         float acc = d[c];
+#pragma unroll 8
         for (int i = begin; i < end; i++)
             acc += src[(size_t)row[i] * C + c];
         d[c] = acc;
@@ -438,14 +442,16 @@ static cudaError_t add_grouped_rows(const cuda_ctx *x, const int *host, size_t i
     if (rc == cudaSuccess)
         rc = cudaStreamSynchronize(x->stream);
     const int threads = C >= GROUP_BLOCK ? GROUP_BLOCK : (C + WARP - 1) / WARP * WARP;
+    const int tiles = (C + threads - 1) / threads;
+    const unsigned column_blocks = tiles < 65535 ? tiles : 65535; /* gridDim.y */
     for (int i = 0; i < 2 && rc == cudaSuccess; i++) {
         const row_groups *g = groups[i];
         if (!g || !g->groups)
             continue;
         int *start = dev + (g->start - host), *key = dev + (g->key - host);
         int *row = dev + (g->row - host);
-        grouped_rows_add_kernel<<<(unsigned)g->groups, threads, 0, x->stream>>>(dst[i], src, start,
-                                                                               key, row, C);
+        const dim3 grid((unsigned)g->groups, column_blocks);
+        grouped_rows_add_kernel<<<grid, threads, 0, x->stream>>>(dst[i], src, start, key, row, C);
         rc = cudaGetLastError();
     }
     if (owned) {
