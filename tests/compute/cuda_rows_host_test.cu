@@ -4,10 +4,18 @@
  * split of column sums and the host's grouping of rows for the scatters
  * into wte and wpe. Compared with the cpu backend's formulas (written out
  * below as core/model/kernels.c has them) and with double precision. No
- * GPU is needed: nothing here launches a kernel.
+ * GPU is needed: without --device nothing here launches a kernel.
  *
- *   nvcc -std=c++17 -O2 -I plugins/compute-cuda tests/compute/cuda_rows_host_test.cu \
- *       -o cuda_rows_host_test && ./cuda_rows_host_test */
+ * --device (exit 77 where there is no GPU) then runs every launcher of
+ * kernels_rows.cu on the GPU, at odd sizes and GPT-2 124M's, on aligned
+ * and misaligned rows: against double precision, against the cpu
+ * backend's loops bit for bit where the order is theirs (the embedding's
+ * scatters, residual, bias), misaligned against aligned bit for bit, and
+ * run against run; then prints each kernel's time at GPT-2 124M's shapes.
+ *
+ *   nvcc -std=c++17 -arch=sm_90 -O2 -I plugins/compute-cuda \
+ *       tests/compute/cuda_rows_host_test.cu -o cuda_rows_host_test
+ *   ./cuda_rows_host_test [--device] */
 #include "kernels_rows.cu"
 
 #include <math.h>
@@ -451,8 +459,544 @@ static void test_grouping(int n, int keys, int skip_some)
     free(seen);
 }
 
-int main(void)
+/* ---- --device: the launchers on a GPU, at GPT-2's sizes and odd ones ---- */
+
+#define CUDA_OK(call)                                                                              \
+    do {                                                                                           \
+        const cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "cuda_rows_host_test: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,     \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static cuda_ctx ctx;
+
+/* n floats of device memory, 256-aligned, plus offset floats before (offset 1: a row that
+ * is not 16-byte aligned); a host array's copy */
+static float *device_floats(const float *host, size_t n, int offset)
 {
+    float *d;
+    CUDA_OK(cudaMalloc((void **)&d, (n + (size_t)offset) * sizeof(float) + 16));
+    d += offset;
+    if (host)
+        CUDA_OK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    else
+        CUDA_OK(cudaMemset(d, 0xff, n * sizeof(float))); /* NaN until written */
+    return d;
+}
+
+static int *device_ints(const int *host, size_t n)
+{
+    int *d;
+    CUDA_OK(cudaMalloc((void **)&d, n * sizeof(int) + 16));
+    CUDA_OK(cudaMemcpy(d, host, n * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float *host_copy(const float *d, size_t n)
+{
+    float *h = (float *)malloc(n * sizeof(float) + 16);
+    if (!h) {
+        fprintf(stderr, "cuda_rows_host_test: out of memory\n");
+        exit(1);
+    }
+    CUDA_OK(cudaStreamSynchronize(ctx.stream));
+    CUDA_OK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void device_free(void *d, int offset) { CUDA_OK(cudaFree((float *)d - offset)); }
+
+static float *random_host(size_t n, double lo, double hi)
+{
+    float *h = (float *)malloc(n * sizeof(float) + 16);
+    if (!h) {
+        fprintf(stderr, "cuda_rows_host_test: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)uniform(lo, hi);
+    return h;
+}
+
+/* got against a double reference; how many differ (the first few printed) */
+static int expect_near(const char *what, const float *got, const double *ref, const double *scale,
+                       size_t n, double tol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double s = scale ? scale[i] : fmax(1.0, fabs(ref[i]));
+        if (!(fabs(got[i] - ref[i]) <= tol * s)) {
+            if (bad < 3)
+                fprintf(stderr, "cuda_rows_host_test: %s[%zu] = %.9g, want %.9g\n", what, i,
+                        got[i], ref[i]);
+            bad++;
+        }
+    }
+    EXPECT(!bad, "%s: %d of %zu values off", what, bad, n);
+    return bad;
+}
+
+static void expect_bits(const char *what, const float *got, const float *want, size_t n)
+{
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!same_bits(got[i], want[i]) && !bad++)
+            first = i;
+    EXPECT(!bad, "%s: %zu of %zu values differ in bits, the first [%zu]: %.9g, want %.9g", what,
+           bad, n, first, got[first], want[first]);
+}
+
+/* LayerNorm, its backward, the bias kernels and GELU on N rows of C, with
+ * every row buffer offset by `offset` floats; returns nothing, fails by
+ * EXPECT. outs: the aligned run's results, which a misaligned run must
+ * equal bit for bit (a row's order does not depend on the loads). */
+typedef struct row_results {
+    float *out, *mean, *rstd, *dinp, *dw, *db;
+} row_results;
+
+static void device_rows_case(int N, int C, int offset, row_results *aligned)
+{
+    const size_t NC = (size_t)N * C;
+    char what[96];
+    float *x = random_host(NC, -2, 2), *other = random_host(NC, -2, 2);
+    float *w = random_host(C, 0.5, 1.5), *b = random_host(C, -0.5, 0.5);
+    float *dout = random_host(NC, -1, 1), *dinp0 = random_host(NC, -1, 1);
+    float *dw0 = random_host(C, -1, 1), *db0 = random_host(C, -1, 1);
+    float *d_x = device_floats(x, NC, offset), *d_other = device_floats(other, NC, offset);
+    float *d_w = device_floats(w, C, offset), *d_b = device_floats(b, C, offset);
+    float *d_dout = device_floats(dout, NC, offset), *d_out = device_floats(NULL, NC, offset);
+    float *d_mean = device_floats(NULL, N, 0), *d_rstd = device_floats(NULL, N, 0);
+
+    /* forward */
+    CUDA_OK(cuda_layernorm_forward(&ctx, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
+    float *out = host_copy(d_out, NC), *mean = host_copy(d_mean, N), *rstd = host_copy(d_rstd, N);
+    double *ref = (double *)malloc(NC * sizeof(double)), *rm = (double *)malloc(N * sizeof(double));
+    double *rs = (double *)malloc(N * sizeof(double));
+    for (int r = 0; r < N; r++) {
+        const float *xr = x + (size_t)r * C;
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++)
+            m += xr[c];
+        m /= C;
+        for (int c = 0; c < C; c++)
+            v += (xr[c] - m) * (xr[c] - m);
+        const double s = 1.0 / sqrt(v / C + 1e-5);
+        rm[r] = m;
+        rs[r] = s;
+        for (int c = 0; c < C; c++)
+            ref[(size_t)r * C + c] = (xr[c] - m) * s * w[c] + b[c];
+    }
+    snprintf(what, sizeof what, "layernorm_forward N %d C %d offset %d: out", N, C, offset);
+    expect_near(what, out, ref, NULL, NC, 2e-5);
+    snprintf(what, sizeof what, "layernorm_forward N %d C %d offset %d: mean", N, C, offset);
+    expect_near(what, mean, rm, NULL, N, 2e-5);
+    snprintf(what, sizeof what, "layernorm_forward N %d C %d offset %d: rstd", N, C, offset);
+    expect_near(what, rstd, rs, NULL, N, 2e-5);
+
+    /* residual + LayerNorm: res = x + other, then the bits of layernorm_forward on res */
+    float *d_res = device_floats(NULL, NC, offset), *d_out2 = device_floats(NULL, NC, offset);
+    float *d_mean2 = device_floats(NULL, N, 0), *d_rstd2 = device_floats(NULL, N, 0);
+    CUDA_OK(cuda_residual_layernorm_forward(&ctx, d_res, d_out2, d_mean2, d_rstd2, d_x, d_other,
+                                            d_w, d_b, N, C));
+    float *res = host_copy(d_res, NC), *out2 = host_copy(d_out2, NC);
+    float *mean2 = host_copy(d_mean2, N), *rstd2 = host_copy(d_rstd2, N);
+    float *sum = (float *)malloc(NC * sizeof(float));
+    for (size_t i = 0; i < NC; i++)
+        sum[i] = x[i] + other[i];
+    snprintf(what, sizeof what, "residual_layernorm_forward N %d C %d: res", N, C);
+    expect_bits(what, res, sum, NC);
+    CUDA_OK(cuda_layernorm_forward(&ctx, d_out, d_mean, d_rstd, d_res, d_w, d_b, N, C));
+    float *out3 = host_copy(d_out, NC), *mean3 = host_copy(d_mean, N);
+    float *rstd3 = host_copy(d_rstd, N);
+    snprintf(what, sizeof what, "residual_layernorm_forward N %d C %d: out (vs apart)", N, C);
+    expect_bits(what, out2, out3, NC);
+    expect_bits("residual_layernorm_forward: mean (vs apart)", mean2, mean3, N);
+    expect_bits("residual_layernorm_forward: rstd (vs apart)", rstd2, rstd3, N);
+
+    /* backward input, from the forward's own mean and rstd (of x) */
+    CUDA_OK(cuda_layernorm_forward(&ctx, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
+    float *d_dinp = device_floats(dinp0, NC, offset);
+    CUDA_OK(cuda_layernorm_backward_input(&ctx, d_dinp, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
+    float *dinp = host_copy(d_dinp, NC);
+    for (int r = 0; r < N; r++) {
+        const double m = mean[r], s = rstd[r];
+        double a = 0, bb = 0;
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            const double norm = (x[i] - m) * s, dnorm = (double)w[c] * dout[i];
+            a += dnorm;
+            bb += dnorm * norm;
+        }
+        a /= C;
+        bb /= C;
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            const double norm = (x[i] - m) * s, dnorm = (double)w[c] * dout[i];
+            ref[i] = dinp0[i] + (dnorm - a - norm * bb) * s;
+        }
+    }
+    snprintf(what, sizeof what, "layernorm_backward_input N %d C %d offset %d", N, C, offset);
+    expect_near(what, dinp, ref, NULL, NC, 5e-5);
+
+    /* backward weight and bias_backward: column sums, twice for determinism */
+    double *rw = (double *)calloc(C, sizeof(double)), *rb = (double *)calloc(C, sizeof(double));
+    double *sw = (double *)calloc(C, sizeof(double)), *sb = (double *)calloc(C, sizeof(double));
+    for (int c = 0; c < C; c++) {
+        rw[c] = dw0[c];
+        rb[c] = db0[c];
+        sw[c] = fabs(dw0[c]) + 1e-3;
+        sb[c] = fabs(db0[c]) + 1e-3;
+    }
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            const double t = ((double)x[i] - mean[r]) * rstd[r] * dout[i];
+            rw[c] += t;
+            rb[c] += dout[i];
+            sw[c] += fabs(t);
+            sb[c] += fabs(dout[i]);
+        }
+    float *dws[2], *dbs[2];
+    for (int k = 0; k < 2; k++) {
+        float *d_dw = device_floats(dw0, C, offset), *d_db = device_floats(db0, C, offset);
+        CUDA_OK(cuda_layernorm_backward_weight(&ctx, d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N,
+                                               C));
+        dws[k] = host_copy(d_dw, C);
+        dbs[k] = host_copy(d_db, C);
+        device_free(d_dw, offset);
+        device_free(d_db, offset);
+    }
+    snprintf(what, sizeof what, "layernorm_backward_weight N %d C %d: dweight", N, C);
+    expect_near(what, dws[0], rw, sw, C, 1e-5);
+    snprintf(what, sizeof what, "layernorm_backward_weight N %d C %d: dbias", N, C);
+    expect_near(what, dbs[0], rb, sb, C, 1e-5);
+    expect_bits("layernorm_backward_weight: run to run", dws[1], dws[0], C);
+    expect_bits("layernorm_backward_weight: dbias run to run", dbs[1], dbs[0], C);
+    float *d_db = device_floats(db0, C, offset);
+    CUDA_OK(cuda_bias_backward(&ctx, d_db, d_dout, N, C));
+    float *db = host_copy(d_db, C);
+    snprintf(what, sizeof what, "bias_backward N %d C %d", N, C);
+    expect_near(what, db, rb, sb, C, 1e-5);
+    expect_bits("bias_backward: the layernorm's dbias", db, dbs[0], C);
+
+    /* bias_forward, bias_gelu_forward, gelu_backward, residual_forward */
+    CUDA_OK(cuda_bias_forward(&ctx, d_other, d_b, N, C));
+    float *biased = host_copy(d_other, NC);
+    for (size_t i = 0; i < NC; i++)
+        sum[i] = other[i] + b[i % C];
+    expect_bits("bias_forward", biased, sum, NC);
+    CUDA_OK(cudaMemcpy(d_other, other, NC * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cuda_bias_gelu_forward(&ctx, d_out, d_other, d_b, N, C));
+    float *pre = host_copy(d_other, NC), *gelu = host_copy(d_out, NC);
+    expect_bits("bias_gelu_forward: pre", pre, sum, NC);
+    for (size_t i = 0; i < NC; i++)
+        ref[i] = ref_gelu(sum[i]);
+    snprintf(what, sizeof what, "bias_gelu_forward N %d C %d: out", N, C);
+    expect_near(what, gelu, ref, NULL, NC, 2e-6);
+    CUDA_OK(cudaMemcpy(d_dinp, dinp0, NC * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cuda_gelu_backward(&ctx, d_dinp, d_other, d_dout, NC - (size_t)(N > 1)));
+    float *gdinp = host_copy(d_dinp, NC);
+    for (size_t i = 0; i < NC; i++)
+        ref[i] = dinp0[i] + (i < NC - (size_t)(N > 1) ? ref_gelu_grad(sum[i]) * dout[i] : 0.0);
+    snprintf(what, sizeof what, "gelu_backward n %zu offset %d", NC - (N > 1), offset);
+    expect_near(what, gdinp, ref, NULL, NC, 2e-6);
+    CUDA_OK(cuda_residual_forward(&ctx, d_out, d_x, d_other, NC - (size_t)(N > 1)));
+    float *rsum = host_copy(d_out, NC);
+    for (size_t i = 0; i + (N > 1) < NC; i++)
+        sum[i] = x[i] + pre[i];
+    expect_bits("residual_forward", rsum, sum, NC - (N > 1));
+
+    if (!aligned->out) {
+        aligned->out = out;
+        aligned->mean = mean;
+        aligned->rstd = rstd;
+        aligned->dinp = dinp;
+        aligned->dw = dws[0];
+        aligned->db = dbs[0];
+    } else {
+        snprintf(what, sizeof what, "N %d C %d: layernorm out, misaligned vs aligned", N, C);
+        expect_bits(what, out, aligned->out, NC);
+        expect_bits("layernorm mean, misaligned vs aligned", mean, aligned->mean, N);
+        expect_bits("layernorm rstd, misaligned vs aligned", rstd, aligned->rstd, N);
+        expect_bits("layernorm dinp, misaligned vs aligned", dinp, aligned->dinp, NC);
+        expect_bits("layernorm dweight, misaligned vs aligned", dws[0], aligned->dw, C);
+        expect_bits("layernorm dbias, misaligned vs aligned", dbs[0], aligned->db, C);
+        free(aligned->out);
+        free(aligned->mean);
+        free(aligned->rstd);
+        free(aligned->dinp);
+        free(aligned->dw);
+        free(aligned->db);
+        free(out);
+        free(mean);
+        free(rstd);
+        free(dinp);
+        free(dws[0]);
+        free(dbs[0]);
+    }
+    free(dws[1]);
+    free(dbs[1]);
+    float *hosts[] = {x, other, w, b, dout, dinp0, dw0, db0, res, out2, mean2, rstd2, sum, out3,
+                      mean3, rstd3, db, biased, pre, gelu, gdinp, rsum};
+    for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++)
+        free(hosts[i]);
+    free(ref);
+    free(rm);
+    free(rs);
+    free(rw);
+    free(rb);
+    free(sw);
+    free(sb);
+    float *rows_offset[] = {d_x, d_other, d_w, d_b, d_dout, d_out, d_res, d_out2, d_dinp, d_db};
+    for (size_t i = 0; i < sizeof rows_offset / sizeof *rows_offset; i++)
+        device_free(rows_offset[i], offset);
+    float *plain[] = {d_mean, d_rstd, d_mean2, d_rstd2};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        device_free(plain[i], 0);
+}
+
+/* The embedding's kernels: the cpu backend's loops (rows in order) give the bits exactly. */
+static void device_embedding_case(int B, int T, int C, int V, int with_pos)
+{
+    const int N = B * T, maxT = T + 3;
+    const size_t NC = (size_t)N * C;
+    char what[96];
+    int *tok = (int *)malloc((size_t)N * sizeof(int));
+    int *pos = (int *)malloc((size_t)T * sizeof(int));
+    for (int r = 0; r < N; r++) { /* skewed: a few tokens are most rows, as in text */
+        const double u = uniform(0, 1);
+        tok[r] = (int)(u * u * u * u * V) % V;
+    }
+    for (int t = 0; t < T; t++)
+        pos[t] = (t * 7 + 3) % maxT; /* distinct when gcd(7, maxT) = 1; repeats otherwise */
+    float *wte = random_host((size_t)V * C, -1, 1), *wpe = random_host((size_t)maxT * C, -1, 1);
+    float *dout = random_host(NC, -1, 1);
+    float *dwte0 = random_host((size_t)V * C, -1, 1), *dwpe0 = random_host((size_t)maxT * C, -1, 1);
+    int *d_tok = device_ints(tok, N), *d_pos = device_ints(pos, T);
+    float *d_wte = device_floats(wte, (size_t)V * C, 0);
+    float *d_wpe = device_floats(wpe, (size_t)maxT * C, 0);
+    float *d_dout = device_floats(dout, NC, 0), *d_out = device_floats(NULL, NC, 0);
+    const int *p = with_pos ? pos : NULL;
+
+    CUDA_OK(cuda_encoder_forward(&ctx, d_out, d_tok, with_pos ? d_pos : NULL, d_wte, d_wpe, B, T,
+                                 C));
+    float *out = host_copy(d_out, NC), *want = (float *)malloc(NC * sizeof(float));
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++)
+            want[(size_t)r * C + c] = wte[(size_t)tok[r] * C + c] +
+                                      wpe[(size_t)(p ? p[r % T] : r % T) * C + c];
+    snprintf(what, sizeof what, "encoder_forward B %d T %d C %d pos %d", B, T, C, with_pos);
+    expect_bits(what, out, want, NC);
+
+    float *d_dwte = device_floats(dwte0, (size_t)V * C, 0);
+    float *d_dwpe = device_floats(dwpe0, (size_t)maxT * C, 0);
+    CUDA_OK(cuda_encoder_backward(&ctx, d_dwte, d_dwpe, d_dout, d_tok, with_pos ? d_pos : NULL, B,
+                                  T, C));
+    float *dwte = host_copy(d_dwte, (size_t)V * C), *dwpe = host_copy(d_dwpe, (size_t)maxT * C);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            dwte0[(size_t)tok[r] * C + c] += dout[(size_t)r * C + c];
+            dwpe0[(size_t)(p ? p[r % T] : r % T) * C + c] += dout[(size_t)r * C + c];
+        }
+    snprintf(what, sizeof what, "encoder_backward B %d T %d C %d pos %d: dwte", B, T, C, with_pos);
+    expect_bits(what, dwte, dwte0, (size_t)V * C);
+    snprintf(what, sizeof what, "encoder_backward B %d T %d C %d pos %d: dwpe", B, T, C, with_pos);
+    expect_bits(what, dwpe, dwpe0, (size_t)maxT * C);
+
+    /* a vocabulary slice [v0, v0 + rows) */
+    const int v0 = V / 5, rows = V / 3 + 1;
+    CUDA_OK(cuda_embedding_rows_forward(&ctx, d_out, d_tok, v0, rows, d_wte, N, C));
+    float *slice = host_copy(d_out, NC);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            const int t = tok[r] - v0;
+            want[(size_t)r * C + c] = t >= 0 && t < rows ? wte[(size_t)t * C + c] : 0.0f;
+        }
+    expect_bits("embedding_rows_forward", slice, want, NC);
+    CUDA_OK(cudaMemcpy(d_dwte, wte, (size_t)V * C * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cuda_embedding_rows_backward(&ctx, d_dwte, d_dout, d_tok, v0, rows, N, C));
+    float *sdw = host_copy(d_dwte, (size_t)V * C);
+    for (int r = 0; r < N; r++) {
+        const int t = tok[r] - v0;
+        if (t >= 0 && t < rows)
+            for (int c = 0; c < C; c++)
+                wte[(size_t)t * C + c] += dout[(size_t)r * C + c];
+    }
+    expect_bits("embedding_rows_backward", sdw, wte, (size_t)V * C);
+
+    /* positions of R rows (a sequence-parallel rank's rows: row0 onward) */
+    int *rp = (int *)malloc((size_t)N * sizeof(int));
+    for (int r = 0; r < N; r++)
+        rp[r] = pos[(T / 2 + r) % T];
+    int *d_rp = device_ints(rp, N);
+    CUDA_OK(cudaMemcpy(d_out, dout, NC * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cuda_position_forward(&ctx, d_out, d_wpe, d_rp, N, C));
+    float *px = host_copy(d_out, NC);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++)
+            want[(size_t)r * C + c] = dout[(size_t)r * C + c] + wpe[(size_t)rp[r] * C + c];
+    expect_bits("position_forward", px, want, NC);
+    CUDA_OK(cudaMemcpy(d_dwpe, wpe, (size_t)maxT * C * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cuda_position_backward(&ctx, d_dwpe, d_dout, d_rp, N, C));
+    float *pdw = host_copy(d_dwpe, (size_t)maxT * C);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++)
+            wpe[(size_t)rp[r] * C + c] += dout[(size_t)r * C + c];
+    expect_bits("position_backward", pdw, wpe, (size_t)maxT * C);
+
+    void *hosts[] = {tok, pos, wte, wpe, dout, dwte0, dwpe0, out, want, dwte, dwpe, slice, sdw,
+                     rp, px, pdw};
+    for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++)
+        free(hosts[i]);
+    void *devs[] = {d_tok, d_pos, d_wte, d_wpe, d_dout, d_out, d_dwte, d_dwpe, d_rp};
+    for (size_t i = 0; i < sizeof devs / sizeof *devs; i++)
+        CUDA_OK(cudaFree(devs[i]));
+}
+
+/* microseconds a launch takes, the median of 21 */
+#define TIME_US(result, call)                                                                      \
+    do {                                                                                           \
+        float ms_[21];                                                                             \
+        cudaEvent_t a_, b_;                                                                        \
+        CUDA_OK(cudaEventCreate(&a_));                                                             \
+        CUDA_OK(cudaEventCreate(&b_));                                                             \
+        CUDA_OK(call);                                                                             \
+        for (int k_ = 0; k_ < 21; k_++) {                                                          \
+            CUDA_OK(cudaEventRecord(a_, ctx.stream));                                              \
+            CUDA_OK(call);                                                                         \
+            CUDA_OK(cudaEventRecord(b_, ctx.stream));                                              \
+            CUDA_OK(cudaEventSynchronize(b_));                                                     \
+            CUDA_OK(cudaEventElapsedTime(&ms_[k_], a_, b_));                                       \
+        }                                                                                          \
+        for (int i_ = 1; i_ < 21; i_++)                                                            \
+            for (int j_ = i_; j_ > 0 && ms_[j_] < ms_[j_ - 1]; j_--) {                             \
+                const float t_ = ms_[j_];                                                          \
+                ms_[j_] = ms_[j_ - 1];                                                             \
+                ms_[j_ - 1] = t_;                                                                  \
+            }                                                                                      \
+        result = 1000.0 * ms_[10];                                                                 \
+        CUDA_OK(cudaEventDestroy(a_));                                                             \
+        CUDA_OK(cudaEventDestroy(b_));                                                             \
+    } while (0)
+
+static void report(const char *what, double us, double bytes)
+{
+    printf("  %-44s %9.1f us  %7.0f GB/s\n", what, us, bytes / (us * 1e3));
+}
+
+/* GPT-2 124M's shapes: N = 16384 rows (B 16, T 1024), C 768, the MLP's 3072 */
+static void device_timings(void)
+{
+    const int N = 16384, C = 768, H = 3072, V = 50257;
+    const size_t NC = (size_t)N * C, NH = (size_t)N * H;
+    float *hx = random_host(NH, -2, 2);
+    float *x = device_floats(hx, NH, 0), *y = device_floats(hx, NH, 0);
+    float *z = device_floats(hx, NH, 0), *g = device_floats(hx, NH, 0);
+    float *w = device_floats(hx, H, 0), *mean = device_floats(NULL, N, 0);
+    float *rstd = device_floats(NULL, N, 0), *wte = device_floats(NULL, (size_t)V * C, 0);
+    CUDA_OK(cudaMemset(wte, 0, (size_t)V * C * sizeof(float)));
+    int *tok = (int *)malloc((size_t)N * sizeof(int));
+    for (int r = 0; r < N; r++) {
+        const double u = uniform(0, 1);
+        tok[r] = (int)(u * u * u * u * V) % V;
+    }
+    int *d_tok = device_ints(tok, N);
+    double us;
+    printf("timings (N %d, C %d, H %d):\n", N, C, H);
+    CUDA_OK(cuda_layernorm_forward(&ctx, y, mean, rstd, x, w, w, N, C));
+    TIME_US(us, cuda_layernorm_forward(&ctx, y, mean, rstd, x, w, w, N, C));
+    report("layernorm_forward", us, 2.0 * NC * 4);
+    TIME_US(us, cuda_residual_layernorm_forward(&ctx, z, y, mean, rstd, x, g, w, w, N, C));
+    report("residual_layernorm_forward", us, 4.0 * NC * 4);
+    TIME_US(us, cuda_layernorm_backward_input(&ctx, z, y, x, w, mean, rstd, N, C));
+    report("layernorm_backward_input", us, 4.0 * NC * 4);
+    TIME_US(us, cuda_layernorm_backward_weight(&ctx, g, g + C, y, x, mean, rstd, N, C));
+    report("layernorm_backward_weight", us, 2.0 * NC * 4);
+    TIME_US(us, cuda_bias_backward(&ctx, g, y, N, H));
+    report("bias_backward (C 3072)", us, 1.0 * NH * 4);
+    TIME_US(us, cuda_residual_forward(&ctx, z, x, y, NC));
+    report("residual_forward", us, 3.0 * NC * 4);
+    TIME_US(us, cuda_bias_gelu_forward(&ctx, z, y, w, N, H));
+    report("bias_gelu_forward (C 3072)", us, 3.0 * NH * 4);
+    TIME_US(us, cuda_gelu_backward(&ctx, z, x, y, NH));
+    report("gelu_backward (C 3072)", us, 4.0 * NH * 4);
+    TIME_US(us, cuda_encoder_forward(&ctx, z, d_tok, NULL, wte, x, 16, 1024, C));
+    report("encoder_forward", us, 2.0 * NC * 4);
+    TIME_US(us, cuda_encoder_backward(&ctx, wte, g, y, d_tok, NULL, 16, 1024, C));
+    report("encoder_backward (host grouping included)", us, 2.0 * NC * 4);
+    free(hx);
+    free(tok);
+    void *devs[] = {x, y, z, g, w, mean, rstd, wte, d_tok};
+    for (size_t i = 0; i < sizeof devs / sizeof *devs; i++)
+        CUDA_OK(cudaFree(devs[i]));
+}
+
+static int device_tests(void)
+{
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {
+        printf("cuda_rows_host_test --device: no GPU here, skipped\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaStreamCreate(&ctx.stream));
+    ctx.scratch_bytes = (size_t)64 << 20;
+    CUDA_OK(cudaMalloc(&ctx.scratch, ctx.scratch_bytes));
+    CUDA_OK(cudaMallocHost(&ctx.host_scratch, 4096));
+    ctx.sm_count = prop.multiProcessorCount;
+    ctx.deterministic = 1;
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, ctx.sm_count);
+    const int cases[][2] = {{1, 1}, {7, 12}, {33, 5}, {130, 13}, {37, 1600}, {2048, 3072},
+                            {16384, 768}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        row_results aligned = {};
+        const uint64_t seed = rng_state;
+        device_rows_case(cases[i][0], cases[i][1], 0, &aligned);
+        rng_state = seed; /* the same inputs, every row buffer one float off alignment */
+        device_rows_case(cases[i][0], cases[i][1], 1, &aligned);
+        printf("  rows N %d C %d: %s\n", cases[i][0], cases[i][1], failures ? "FAILED" : "ok");
+    }
+    /* the scratch too small for the column sums' partials: they add straight in */
+    const size_t scratch = ctx.scratch_bytes;
+    ctx.scratch_bytes = 4096;
+    {
+        row_results aligned = {};
+        const uint64_t seed = rng_state;
+        device_rows_case(300, 1100, 0, &aligned);
+        rng_state = seed;
+        device_rows_case(300, 1100, 1, &aligned);
+        printf("  rows N 300 C 1100, 4 KiB scratch: %s\n", failures ? "FAILED" : "ok");
+    }
+    ctx.scratch_bytes = scratch;
+    device_embedding_case(2, 5, 12, 11, 1);
+    device_embedding_case(3, 7, 13, 40, 0);
+    device_embedding_case(16, 1024, 768, 50257, 0);
+    device_embedding_case(4, 1024, 768, 50257, 1);
+    device_embedding_case(8, 4096, 64, 70000, 1); /* tokens past 65535: two radix passes */
+    printf("  embedding: %s\n", failures ? "FAILED" : "ok");
+    ctx.scratch_bytes = 4096; /* the groupings in memory of their own (cudaMallocAsync) */
+    device_embedding_case(4, 512, 40, 3000, 1);
+    ctx.scratch_bytes = scratch;
+    printf("  embedding, groupings past the scratch: %s\n", failures ? "FAILED" : "ok");
+    if (!failures)
+        device_timings();
+    CUDA_OK(cudaFree(ctx.scratch));
+    CUDA_OK(cudaFreeHost(ctx.host_scratch));
+    CUDA_OK(cudaStreamDestroy(ctx.stream));
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "--device") != 0)) {
+        fprintf(stderr, "usage: cuda_rows_host_test [--device]: --device runs the kernels on "
+                        "the GPU too\n");
+        return 2;
+    }
     test_gelu();
     const int Cs[] = {1, 3, 4, 5, 8, 12, 13, 64, 127, 128, 129, 768, 1000, 1600, 3072};
     for (size_t i = 0; i < sizeof Cs / sizeof *Cs; i++)
@@ -472,5 +1016,5 @@ int main(void)
         return 1;
     }
     printf("cuda_rows_host_test: ok\n");
-    return 0;
+    return argc == 2 ? device_tests() : 0;
 }
