@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(FINISH_THREADS)
     slice_finish_kernel(float *lse, float *losses, const float *max, const float *sum,
                         const float *target, int N)
 {
-    const int row = blockIdx.x * blockDim.x + threadIdx.x;
-    if (row >= N)
+    const size_t row = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= (size_t)N)
         return;
     const float L = logf(sum[row]) + max[row];
     lse[row] = L;
@@ -308,7 +308,7 @@ extern "C" cudaError_t cuda_crossentropy_slice_finish(const cuda_ctx *x, float *
         return N == 0 ? cudaSuccess : cudaErrorInvalidValue;
     if (!lse || !losses || !max || !sum || !target)
         return cudaErrorInvalidValue;
-    const unsigned blocks = (unsigned)((N + FINISH_THREADS - 1) / FINISH_THREADS);
+    const unsigned blocks = (unsigned)(((size_t)N + FINISH_THREADS - 1) / FINISH_THREADS);
     slice_finish_kernel<<<blocks, FINISH_THREADS, 0, x->stream>>>(lse, losses, max, sum, target,
                                                                   N);
     return cudaGetLastError();
