@@ -6,8 +6,10 @@
  * every gradient and parameter dtype; accumulate against loom_accumulate;
  * the non-finite test against isfinite; and the loss's per-element
  * gradients and loss against the CPU kernels. The kernels' files are
- * included whole: their host-callable functions are what is tested, and
- * nothing here launches a kernel.
+ * included whole: their host-callable functions are what is tested here.
+ * Where a GPU is visible, the launchers themselves run too, at real sizes,
+ * against the same functions and loom's CPU kernels (then the two big
+ * kernels' timings are printed); without one that part says it is skipped.
  *
  *   nvcc -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-ffp-contract=off \
  *        -Iplugins/compute-cuda tests/compute/cuda_math_host_test.cu \
