@@ -862,6 +862,13 @@ static cublasStatus_t choose_algorithm(loom_compute *c, gemm_plan *p, const char
         uint32_t align = p->key.m[k < 3 ? k : 2].align;
         s = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[k], &align, sizeof align);
     }
+    /* A deterministic run keeps split-K sums out of the output buffer,
+     * where the parts could be added in whatever order they finish. */
+    uint32_t schemes =
+        CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    if (s == CUBLAS_STATUS_SUCCESS && c->ctx.deterministic)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                 &schemes, sizeof schemes);
     *call = "cublasLtMatmulPreferenceSetAttribute";
     cublasLtMatmulHeuristicResult_t result;
     memset(&result, 0, sizeof result);
@@ -1178,7 +1185,7 @@ static int gpu_attention_forward(loom_compute *c, const void *q, const int *q_po
                                  int NH, int HS, loom_dtype dtype, void *out, float *lse,
                                  int first_block)
 {
-    cuda_dtype t;
+    cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "attention_forward", dtype, &t);
     if (rc != LOOM_OK)
         return rc;
@@ -1195,7 +1202,7 @@ static int gpu_attention_backward(loom_compute *c, const void *q, const int *q_p
                                   const void *dout, const float *lse, void *dq, void *dk,
                                   void *dv)
 {
-    cuda_dtype t;
+    cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "attention_backward", dtype, &t);
     if (rc != LOOM_OK)
         return rc;
@@ -1290,7 +1297,7 @@ static int gpu_adamw(loom_compute *c, const loom_compute_adamw *step, float *mas
                      void *params, loom_dtype params_dtype)
 {
     CHECK_CALL(c, "adamw", step && (!n || (master && grad && m && v)));
-    cuda_dtype g, p = CUDA_DTYPE_F32;
+    cuda_dtype g = CUDA_DTYPE_F32, p = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "adamw", grad_dtype, &g);
     if (rc == LOOM_OK && params)
         rc = dtype_of(c, "adamw", params_dtype, &p);
@@ -1308,7 +1315,7 @@ static int gpu_sum_squares(loom_compute *c, const void *x, loom_dtype dtype, siz
                            double *sum)
 {
     CHECK_CALL(c, "sum_squares", sum && (!n || x));
-    cuda_dtype t;
+    cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "sum_squares", dtype, &t);
     if (rc != LOOM_OK || !n)
         return rc;
@@ -1321,7 +1328,7 @@ static int gpu_count_nonfinite(loom_compute *c, const void *x, loom_dtype dtype,
                                size_t *count)
 {
     CHECK_CALL(c, "count_nonfinite", count && (!n || x));
-    cuda_dtype t;
+    cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "count_nonfinite", dtype, &t);
     if (rc != LOOM_OK)
         return rc;
@@ -1343,7 +1350,7 @@ static int gpu_scale(loom_compute *c, float *x, float s, size_t n)
 static int gpu_convert(loom_compute *c, void *dst, loom_dtype dst_type, const void *src,
                        loom_dtype src_type, size_t n)
 {
-    cuda_dtype to, from;
+    cuda_dtype to = CUDA_DTYPE_F32, from = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "convert", dst_type, &to);
     if (rc == LOOM_OK)
         rc = dtype_of(c, "convert", src_type, &from);
@@ -1354,7 +1361,7 @@ static int gpu_convert(loom_compute *c, void *dst, loom_dtype dst_type, const vo
 
 static int gpu_accumulate(loom_compute *c, void *dst, loom_dtype dst_type, float *src, size_t n)
 {
-    cuda_dtype to;
+    cuda_dtype to = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "accumulate", dst_type, &to);
     if (rc != LOOM_OK)
         return rc;
