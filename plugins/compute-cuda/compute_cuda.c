@@ -955,16 +955,14 @@ static int empty_product(loom_compute *c, float *out, int ldc, int M, int N, flo
     return launched(c, "gemm (an empty product)", e);
 }
 
-/* The product on cuBLASLt, its operands already in the dtype it multiplies. */
-static int run_product(loom_compute *c, float *out, int ldc, int M, int N, int K,
-                       const operand_view *a, const operand_view *b, float alpha, float beta,
-                       loom_dtype multiply, int batch, size_t stride_out)
+/* What cuBLASLt is asked for: C^T (N, M) = B^T A^T, loom's b first. */
+static gemm_key product_key(const loom_compute *c, float *out, int ldc, int M, int N,
+                            const operand_view *a, const operand_view *b, loom_dtype multiply,
+                            int batch, size_t stride_out)
 {
-    char product[96];
-    product_text(product, sizeof product, multiply, M, N, K, batch);
     gemm_key key;
     memset(&key, 0, sizeof key);
-    key.m[0] = lt_operand(b, batch); /* C^T = B^T A^T: loom's b comes first */
+    key.m[0] = lt_operand(b, batch);
     key.m[1] = lt_operand(a, batch);
     key.m[2] = (lt_matrix){(uint64_t)N, (uint64_t)M, M > 1 ? ldc : (ldc > N ? ldc : N),
                            (int64_t)stride_out, CUDA_R_32F, 0,
@@ -972,6 +970,17 @@ static int run_product(loom_compute *c, float *out, int ldc, int M, int N, int K
     key.batch = batch;
     key.compute = multiply == LOOM_F32 && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                    : CUBLAS_COMPUTE_32F;
+    return key;
+}
+
+/* The product on cuBLASLt, its operands already in the dtype it multiplies. */
+static int run_product(loom_compute *c, float *out, int ldc, int M, int N, int K,
+                       const operand_view *a, const operand_view *b, float alpha, float beta,
+                       loom_dtype multiply, int batch, size_t stride_out)
+{
+    char product[96];
+    product_text(product, sizeof product, multiply, M, N, K, batch);
+    const gemm_key key = product_key(c, out, ldc, M, N, a, b, multiply, batch, stride_out);
     gemm_plan *p = NULL;
     int rc = plan_for(c, &key, product, &p);
     if (rc != LOOM_OK)
