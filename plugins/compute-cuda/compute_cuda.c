@@ -162,6 +162,15 @@ static int cuda_failed(loom_compute *c, const char *op, cudaError_t e)
                   "cuda: %s: %s", op, cudaGetErrorString(e));
 }
 
+/* A query that found work still running is no error, but some runtimes
+ * leave cudaErrorNotReady as the last error, where the next launcher's
+ * cudaGetLastError would take it for its own. */
+static void forget_not_ready(void)
+{
+    if (cudaPeekAtLastError() == cudaErrorNotReady)
+        (void)cudaGetLastError();
+}
+
 static int launched(loom_compute *c, const char *op, cudaError_t e)
 {
     return e == cudaSuccess ? LOOM_OK : cuda_failed(c, op, e);
@@ -257,6 +266,7 @@ static int wait_for(loom_compute *c, cudaStream_t stream, cudaEvent_t event, dou
             return LOOM_OK;
         if (e != cudaErrorNotReady)
             return cuda_failed(c, what, e);
+        forget_not_ready();
         double waited = clock_now_s() - t0;
         if (waited > timeout_s)
             return report(c, 0, LOOM_ERR_TIMEOUT,
@@ -729,7 +739,9 @@ static int gpu_status(loom_compute *c)
 {
     /* a fault of work issued since the last wait, without waiting */
     cudaError_t e = cudaStreamQuery(c->ctx.stream);
-    if (e != cudaSuccess && e != cudaErrorNotReady)
+    if (e == cudaErrorNotReady)
+        forget_not_ready();
+    else if (e != cudaSuccess)
         cuda_failed(c, "queued work", e);
     if (c->pending == LOOM_OK)
         return LOOM_OK;
