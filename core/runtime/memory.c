@@ -310,6 +310,28 @@ static int device_registered(void)
     return registered;
 }
 
+/* The backend's refusal of an allocation, with what loom asked for and
+ * holds: the tier, the purpose and the bytes, as host refusals say them. */
+static int device_refused(int rc, const loom_device_memory *dm, loom_purpose purpose, size_t bytes)
+{
+    char detail[1024], asked[32], held[32], mine[32];
+    snprintf(detail, sizeof detail, "%s", loom_last_error());
+    pthread_mutex_lock(&usage_lock);
+    uint64_t total = 0;
+    for (int p = 0; p < LOOM_PURPOSE_COUNT; p++)
+        total += usage.current[LOOM_TIER_DEVICE][p];
+    uint64_t of_purpose = usage.current[LOOM_TIER_DEVICE][purpose];
+    pthread_mutex_unlock(&usage_lock);
+    loom_mem_format(bytes, asked, sizeof asked);
+    loom_mem_format(total, held, sizeof held);
+    loom_mem_format(of_purpose, mine, sizeof mine);
+    return loom_fail(rc,
+                     "memory: the device tier (the %s backend) cannot give %s more for %s (%s of "
+                     "it held for %s, %s in all): %s",
+                     dm->name, asked, loom_purpose_name(purpose), mine, loom_purpose_name(purpose),
+                     held, detail);
+}
+
 /* A block of the registered device memory, accounted and in the table. */
 static int device_alloc(loom_purpose purpose, size_t bytes, void **out)
 {
@@ -319,7 +341,7 @@ static int device_alloc(loom_purpose purpose, size_t bytes, void **out)
     void *p = NULL;
     int rc = dm.alloc(dm.ctx, bytes ? bytes : 1, &p);
     if (rc != LOOM_OK)
-        return rc;
+        return device_refused(rc, &dm, purpose, bytes);
     if (!p)
         return loom_fail(LOOM_ERR_INTERNAL,
                          "memory: the %s backend's alloc of %zu bytes for %s returned no memory",

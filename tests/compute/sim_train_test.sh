@@ -152,7 +152,9 @@ refusals)
         want=$1; shift
         status=0
         "$LOOM" train "$CFG" --set data.train="$DATA" "$@" > refused.log 2>&1 || status=$?
-        [ "$status" = 78 ] || { cat refused.log; fail "exit status $status, want 78 (a refusal)"; }
+        [ "$status" = "${STATUS:-78}" ] ||
+            { cat refused.log; fail "exit status $status, want ${STATUS:-78}"; }
+        [ "$(wc -l < refused.log)" = 1 ] || { cat refused.log; fail "more than one line"; }
         grep -qF -- "$want" refused.log || { cat refused.log; fail "the refusal does not say: $want"; }
         echo "refused: $(tail -1 refused.log)"
     }
@@ -163,10 +165,18 @@ refusals)
     refused "memory.offload.params=host: moving parameters and gradients out of the sim backend's device memory is not supported yet" \
         --set model.device=sim --set memory.offload.params=host --set parallel.dp.strategy=zero3
     refused "model.device=nosuch: plugin compute 'nosuch' not found" --set model.device=nosuch
-    # auto: no cuda compute plugin here, so the cpu, and the header says why
+    # out of device memory (8 layers of GPT-2 124M's width in a 1 GiB
+    # arena): the tier, the backend, the bytes and the purpose, then the
+    # backend's own reason
+    STATUS=1 refused "memory: the device tier (the sim backend) cannot give 366.7 MiB more for optimizer (0 bytes of it held for optimizer, 965.9 MiB in all): sim: cannot allocate 384497664 bytes" \
+        --set model.device=sim --set compute.sim.size_gib=1 --set model.layers=8 \
+        --set model.channels=768 --set model.heads=12 --set model.vocab=50257 \
+        --set model.padded_vocab=50304 --set model.max_seq=1024 --set train.steps=1
+    # auto: the cpu where no cuda backend can run (no plugin, or no GPU),
+    # and the header says why; cuda where one can
     run auto 1 auto
-    grep -q '^compute: cpu: .*(model.device = "auto": cpu (' auto.log ||
-        { cat auto.log; fail "model.device = auto does not say it chose cpu and why"; }
+    grep -qE '^compute: (cpu: .*\(model.device = "auto": cpu \(|cuda: )' auto.log ||
+        { cat auto.log; fail "model.device = auto does not say what it chose and why"; }
     grep '^compute:' auto.log ;;
 offload_host | offload_host_bf16 | offload_nvme)
     # ZeRO-Offload: the optimizer state in host memory (or nvme through host
