@@ -50,6 +50,10 @@ struct loom_compute {
 
     pthread_mutex_t lock;  /* the pieces, high_water and depth */
     int depth;             /* calls running: the arena is open while > 0 */
+
+    /* An injected device fault (fault_rank, fault_after): the call that
+     * fails first, -1 for none, and the calls so far. */
+    int64_t fault_at, calls;
 };
 
 static const loom_setting_spec sim_settings[] = {
@@ -57,6 +61,13 @@ static const loom_setting_spec sim_settings[] = {
      .help = "GiB of address space reserved for the backend's buffers (pages are used as "
              "buffers are)",
      .bounds = LOOM_SETTING_MIN | LOOM_SETTING_MAX, .min = 1, .max = 65536},
+    {.name = "fault_rank", .type = LOOM_SETTING_INT, .default_value = "-1",
+     .help = "the rank whose device fails (for tests of how a job reports a failed GPU); -1: "
+             "none",
+     .bounds = LOOM_SETTING_MIN, .min = -1},
+    {.name = "fault_after", .type = LOOM_SETTING_INT, .default_value = "0",
+     .help = "calls into the backend on fault_rank that succeed; every later one fails",
+     .bounds = LOOM_SETTING_MIN, .min = 0},
     {0},
 };
 
@@ -75,6 +86,14 @@ static int open_arena(loom_compute *c)
 {
     int rc = LOOM_OK;
     pthread_mutex_lock(&c->lock);
+    if (c->fault_at >= 0 && c->calls++ >= c->fault_at) {
+        pthread_mutex_unlock(&c->lock);
+        return c->host->error(c->host, LOOM_ERR_INTERNAL,
+                              "sim: device fault on rank %d after %lld calls (injected: "
+                              "compute.sim.fault_rank, fault_after); the device is unusable for "
+                              "the rest of this process",
+                              c->host->rank, (long long)c->fault_at);
+    }
     if (c->depth == 0)
         rc = set_protection(c, 0, c->high_water, PROT_READ | PROT_WRITE);
     if (rc == LOOM_OK)
@@ -173,6 +192,16 @@ static int read_size(const loom_host *host, int64_t *gib)
     return LOOM_OK;
 }
 
+/* The call of this rank's that fails first (fault_rank, fault_after), or -1. */
+static int64_t read_fault(const loom_host *host)
+{
+    int64_t rank = -1, after = 0;
+    if (!host->config_int || host->config_int(host, "fault_rank", &rank) != LOOM_OK ||
+        rank != host->rank || host->config_int(host, "fault_after", &after) != LOOM_OK)
+        return -1;
+    return after;
+}
+
 static int sim_create(const loom_host *host, const loom_compute_setup *setup, loom_compute **out)
 {
     *out = NULL;
@@ -193,6 +222,7 @@ static int sim_create(const loom_host *host, const loom_compute_setup *setup, lo
     c->host = host;
     c->cpu = setup->cpu;
     c->size_gib = gib;
+    c->fault_at = read_fault(host);
     c->size = (size_t)gib * GIB;
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     pthread_mutex_init(&c->lock, NULL);

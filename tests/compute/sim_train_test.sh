@@ -143,6 +143,21 @@ checkpoint)
             fail "$rest: resuming on the other backend changed the losses"
     done
     echo "checkpoints: sim's = cpu's bit for bit, and each resumes on the other backend" ;;
+device_fault)
+    # rank 1's device fails mid-run (compute.sim.fault_rank): it exits with
+    # the backend's one line, and the launcher names it and the op the
+    # others wait in, instead of a hang
+    status=0
+    "$LOOM" launch -n 3 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set model.device=sim \
+        --set parallel.dp.size=3 --set comm.default="$BACKEND" --set comm.timeout_s=30 \
+        --set train.steps=20 --set compute.sim.fault_rank=1 --set compute.sim.fault_after=500 \
+        > fault.log 2>&1 || status=$?
+    [ "$status" != 0 ] || { cat fault.log; fail "the job exited 0"; }
+    grep -q '^\[1\] loom train: sim: device fault on rank 1 after 500 calls' fault.log ||
+        { cat fault.log; fail "rank 1 does not say its device failed"; }
+    grep -Eq '^loom launch: rank 1 \(exited with status 1\) is after dp allreduce #[0-9]+ \(step [0-9]+, loss\); ranks 0, 2 wait in dp allreduce #[0-9]+' fault.log ||
+        { cat fault.log; fail "the launcher does not name rank 1 and where the others wait"; }
+    grep '^loom launch: rank 1 (exited' fault.log ;;
 refusals)
     # OLD: a folder holding a ddp built for ABI 1.5 (tests/train's old-abi);
     # HOSTMEM: one holding a ddp of this ABI that keeps the model in host
