@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loom/status.h"
 #include "model/compute.h"
@@ -261,6 +262,67 @@ int loom_backend_install(loom_runtime *rt, const loom_backend *b)
 }
 
 const loom_backend *loom_backend_current(void) { return api_backend; }
+
+/* ---- the backend's matrix-product rate ---- */
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds of n products, all issued then waited for (a device's queue runs
+ * them back to back); negative when one failed. */
+static double timed_products(const loom_backend *b, float *out, const void *x, const void *w,
+                             int M, int N, int K, loom_dtype multiply, int n)
+{
+    loom_compute_operand a = {x, multiply, K, 0}, bt = {w, multiply, K, 1};
+    double t0 = seconds_now();
+    for (int i = 0; i < n; i++)
+        if (b->ops->gemm(b->self, out, N, M, N, K, a, bt, 1.0f, 0.0f, multiply, 1, 0, 0, 0) !=
+            LOOM_OK)
+            return -1;
+    if (b->ops->synchronize(b->self) != LOOM_OK)
+        return -1;
+    return seconds_now() - t0;
+}
+
+double loom_backend_measure_gemm(const loom_backend *b, int M, int N, int K, loom_dtype multiply,
+                                 double seconds)
+{
+    size_t elem = loom_dtype_size(multiply);
+    void *x = NULL, *w = NULL;
+    float *out = NULL;
+    double rate = 0;
+    loom_tier tier = (loom_tier)b->ops->tier;
+    if (loom_mem_alloc(tier, LOOM_PURPOSE_OTHER, (size_t)M * K * elem, &x) != LOOM_OK ||
+        loom_mem_alloc(tier, LOOM_PURPOSE_OTHER, (size_t)N * K * elem, &w) != LOOM_OK ||
+        loom_mem_alloc(tier, LOOM_PURPOSE_OTHER, (size_t)M * N * sizeof(float), (void **)&out) !=
+            LOOM_OK)
+        goto done;
+    /* zeros: a product's time does not depend on the values */
+    double one = timed_products(b, out, x, w, M, N, K, multiply, 2) / 2; /* warm-up too */
+    if (one < 0)
+        goto done;
+    enum { REPEATS = 5 };
+    int per_repeat = (int)(seconds / REPEATS / (one > 1e-6 ? one : 1e-6));
+    per_repeat = per_repeat < 1 ? 1 : per_repeat;
+    for (int r = 0; r < REPEATS; r++) {
+        double took = timed_products(b, out, x, w, M, N, K, multiply, per_repeat);
+        if (took <= 0) {
+            rate = 0;
+            goto done;
+        }
+        double at = 2.0 * M * N * K * per_repeat / took;
+        rate = at > rate ? at : rate; /* the best repeat: a peak, which a busy moment lowers */
+    }
+done:
+    loom_mem_free(x);
+    loom_mem_free(w);
+    loom_mem_free(out);
+    return rate;
+}
 
 /* ---- opening the run's backend (model.device) ---- */
 

@@ -42,5 +42,11 @@ int loom_backend_tier(struct loom_runtime *rt, const char *device, loom_tier *ti
  * yet, the cpu's kernels). */
 int loom_backend_install(struct loom_runtime *rt, const loom_backend *b);
 const loom_backend *loom_backend_current(void);
+/* The backend's rate (FLOP/s) on out (M, N) = a (M, K) * b (K, N)^T with
+ * operands stored in multiply's dtype, its best of several repeats over
+ * about seconds; 0 when it could not run (loom_last_error says why). The
+ * peak MFU is measured against on a device. */
+double loom_backend_measure_gemm(const loom_backend *b, int M, int N, int K, loom_dtype multiply,
+                                 double seconds);
 
 #endif

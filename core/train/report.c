@@ -117,7 +117,8 @@ void trainer_print_progress(trainer *t, const step_result *r)
     loom_mem_usage u;
     loom_mem_usage_get(&u);
     char mem[256], offload[384];
-    tier_parts(&u, LOOM_TIER_HOST, mem, sizeof mem);
+    if (!tier_parts(&u, LOOM_TIER_HOST, mem, sizeof mem))
+        snprintf(mem, sizeof mem, "none"); /* all of it on a device */
     offload_text(t, &u, offload, sizeof offload);
     char bubble[32] = "", val[32] = "";
     if (t->pipe.executor)
@@ -543,6 +544,27 @@ void trainer_count_traffic(trainer *t, int end)
 /* The peak MFU is measured against: train.peak_gflops, or the matrix
  * products' rate on this rank measured at start on the model's MLP-up
  * product of one micro-batch (rows x 4C x C). */
+/* A device's peak: its own products in the dtype the run multiplies in. */
+static int measure_backend_peak(trainer *t, int M, int N, int K)
+{
+    const loom_backend *b = t->job.backend;
+    loom_dtype multiply = b->ops->multiply_dtype(b->self, t->job.dtype);
+    t->report.peak_flops = loom_backend_measure_gemm(b, M, N, K, multiply, 0.2);
+    if (t->report.peak_flops <= 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        return loom_fail(LOOM_ERR_INTERNAL,
+                         "train: measuring the %s backend's matrix products (set "
+                         "train.peak_gflops to skip it): %s",
+                         b->name, why);
+    }
+    snprintf(t->report.peak_source, sizeof t->report.peak_source,
+             "the %s backend's %s products, measured at start on %dx%dx%d", b->name,
+             loom_dtype_name(multiply), M, N, K);
+    t->report.peak_flops *= trainer_test_peak_scale();
+    return LOOM_OK;
+}
+
 int trainer_measure_peak(trainer *t)
 {
     int rc;
@@ -553,6 +575,9 @@ int trainer_measure_peak(trainer *t)
         return LOOM_OK;
     }
     int rows = t->job.micro_batch * t->job.seq, C = t->job.shape.channels;
+    const loom_backend *b = t->job.backend;
+    if (b->ops->tier == LOOM_TIER_DEVICE)
+        return measure_backend_peak(t, rows, 4 * C, C);
     t->report.peak_flops = loom_gemm_measure(rows, 4 * C, C, 0.2);
     if (t->report.peak_flops <= 0)
         return (rc = loom_gemm_take_error()) != LOOM_OK

@@ -146,11 +146,13 @@ checkpoint)
 device_fault)
     # rank 1's device fails mid-run (compute.sim.fault_rank): it exits with
     # the backend's one line, and the launcher names it and the op the
-    # others wait in, instead of a hang
+    # others wait in, instead of a hang (train.peak_gflops: no products
+    # measured at start, so the 500 calls end at the same step each run)
     status=0
     "$LOOM" launch -n 3 -- "$LOOM" train "$CFG" --set data.train="$DATA" --set model.device=sim \
         --set parallel.dp.size=3 --set comm.default="$BACKEND" --set comm.timeout_s=30 \
-        --set train.steps=20 --set compute.sim.fault_rank=1 --set compute.sim.fault_after=500 \
+        --set train.steps=20 --set train.peak_gflops=100 \
+        --set compute.sim.fault_rank=1 --set compute.sim.fault_after=500 \
         > fault.log 2>&1 || status=$?
     [ "$status" != 0 ] || { cat fault.log; fail "the job exited 0"; }
     grep -q '^\[1\] loom train: sim: device fault on rank 1 after 500 calls' fault.log ||
