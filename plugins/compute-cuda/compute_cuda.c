@@ -77,6 +77,7 @@ typedef struct gemm_key {
 typedef struct gemm_plan {
     gemm_key key;
     int used;
+    int no_algorithm; /* cuBLASLt has none for this bf16 shape: it runs widened */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t layout[3];
     cublasLtMatmulAlgo_t algo;
@@ -338,17 +339,21 @@ static int gpu_probe(const loom_host *host, char *why, size_t cap)
     return device_fits(device_of(host ? host->local_rank : 0, count), why, cap);
 }
 
+/* A plan's descriptors released (whole or half made); its slot is free. */
+static void plan_release(gemm_plan *p)
+{
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    for (int k = 0; k < 3; k++)
+        if (p->layout[k])
+            cublasLtMatrixLayoutDestroy(p->layout[k]);
+    memset(p, 0, sizeof *p);
+}
+
 static void destroy_plans(loom_compute *c)
 {
-    for (int i = 0; i < GEMM_PLANS; i++) {
-        gemm_plan *p = &c->plans[i];
-        if (p->op)
-            cublasLtMatmulDescDestroy(p->op);
-        for (int k = 0; k < 3; k++)
-            if (p->layout[k])
-                cublasLtMatrixLayoutDestroy(p->layout[k]);
-        memset(p, 0, sizeof *p);
-    }
+    for (int i = 0; i < GEMM_PLANS; i++)
+        plan_release(&c->plans[i]);
 }
 
 static int gpu_destroy(loom_compute *c)
@@ -899,7 +904,9 @@ static cublasStatus_t choose_algorithm(loom_compute *c, gemm_plan *p, const char
     return s;
 }
 
-/* The descriptors and algorithm of key's product, made into slot p. */
+/* The descriptors and algorithm of key's product, made into slot p. A bf16
+ * shape cuBLASLt has no algorithm for is remembered as such and returns
+ * LOOM_ERR_NOT_SUPPORTED unreported: the caller runs it widened. */
 static int plan_create(loom_compute *c, gemm_plan *p, const gemm_key *key, const char *product)
 {
     p->key = *key;
@@ -922,14 +929,15 @@ static int plan_create(loom_compute *c, gemm_plan *p, const gemm_key *key, const
         s = choose_algorithm(c, p, &call);
     if (s == CUBLAS_STATUS_SUCCESS)
         return LOOM_OK;
-    int rc = lt_failed(c, call, s, product);
-    /* a half-made plan is taken apart; its slot is free again */
-    if (p->op)
-        cublasLtMatmulDescDestroy(p->op);
-    for (int k = 0; k < 3; k++)
-        if (p->layout[k])
-            cublasLtMatrixLayoutDestroy(p->layout[k]);
-    memset(p, 0, sizeof *p);
+    const int widen = s == CUBLAS_STATUS_NOT_SUPPORTED && key->m[0].type == CUDA_R_16BF &&
+                      !strcmp(call, "cublasLtMatmulAlgoGetHeuristic");
+    int rc = widen ? LOOM_ERR_NOT_SUPPORTED : lt_failed(c, call, s, product);
+    plan_release(p);
+    if (widen) {
+        p->key = *key;
+        p->used = 1;
+        p->no_algorithm = 1;
+    }
     return rc;
 }
 
@@ -939,16 +947,11 @@ static int plan_for(loom_compute *c, const gemm_key *key, const char *product, g
     for (int i = 0; i < GEMM_PLANS; i++)
         if (c->plans[i].used && !memcmp(&c->plans[i].key, key, sizeof *key)) {
             *out = &c->plans[i];
-            return LOOM_OK;
+            return c->plans[i].no_algorithm ? LOOM_ERR_NOT_SUPPORTED : LOOM_OK;
         }
     gemm_plan *p = &c->plans[c->next_plan];
     c->next_plan = (c->next_plan + 1) % GEMM_PLANS;
-    if (p->used) {
-        cublasLtMatmulDescDestroy(p->op);
-        for (int k = 0; k < 3; k++)
-            cublasLtMatrixLayoutDestroy(p->layout[k]);
-        memset(p, 0, sizeof *p);
-    }
+    plan_release(p);
     *out = p;
     return plan_create(c, p, key, product);
 }
@@ -1005,6 +1008,46 @@ static int run_product(loom_compute *c, float *out, int ldc, int M, int N, int K
     return LOOM_OK;
 }
 
+/* A bf16 product cuBLASLt has no algorithm for (a leading dimension it
+ * cannot take, say): bf16 values multiply exactly in fp32 (and in TF32),
+ * so the same products run in f32 on f32 copies of the bf16-rounded
+ * operands, summed in fp32 as the bf16 product would be. */
+static int widened_product(loom_compute *c, float *out, int ldc, int M, int N, int K,
+                           operand_view *a, operand_view *b, float alpha, float beta, int batch,
+                           size_t stride_out)
+{
+    operand_view *v[2] = {a, b};
+    size_t span[2], rounded[2], widened[2], total = 0;
+    for (int i = 0; i < 2; i++) {
+        span[i] = span_of(v[i], batch);
+        rounded[i] = total; /* an f32 operand rounded to bf16 first */
+        if (v[i]->dtype == LOOM_F32)
+            total += (span[i] * 2 + 255) / 256 * 256;
+        widened[i] = total;
+        total += (span[i] * 4 + 255) / 256 * 256;
+    }
+    void *room = NULL;
+    int rc = room_for(c, total, &room);
+    for (int i = 0; i < 2 && rc == LOOM_OK; i++) {
+        const void *bf16 = v[i]->data;
+        cudaError_t e = cudaSuccess;
+        if (v[i]->dtype == LOOM_F32) {
+            void *dst = (char *)room + rounded[i];
+            e = cuda_convert(&c->ctx, dst, CUDA_DTYPE_BF16, v[i]->data, CUDA_DTYPE_F32, span[i]);
+            bf16 = dst;
+        }
+        void *f32 = (char *)room + widened[i];
+        if (e == cudaSuccess)
+            e = cuda_convert(&c->ctx, f32, CUDA_DTYPE_F32, bf16, CUDA_DTYPE_BF16, span[i]);
+        rc = launched(c, "gemm (widened operand conversion)", e);
+        v[i]->data = f32;
+        v[i]->dtype = LOOM_F32;
+    }
+    if (rc != LOOM_OK)
+        return rc;
+    return run_product(c, out, ldc, M, N, K, a, b, alpha, beta, LOOM_F32, batch, stride_out);
+}
+
 static int gpu_gemm(loom_compute *c, float *out, int ldc, int M, int N, int K,
                     loom_compute_operand a, loom_compute_operand b, float alpha, float beta,
                     loom_dtype multiply, int batch, size_t stride_a, size_t stride_b,
@@ -1031,7 +1074,12 @@ static int gpu_gemm(loom_compute *c, float *out, int ldc, int M, int N, int K,
     operand_view *both[2] = {&va, &vb};
     if ((rc = convert_operands(c, both, multiply, batch)) != LOOM_OK)
         return rc;
-    return run_product(c, out, ldc, M, N, K, &va, &vb, alpha, beta, multiply, batch, stride_out);
+    rc = run_product(c, out, ldc, M, N, K, &va, &vb, alpha, beta, multiply, batch, stride_out);
+    if (rc != LOOM_ERR_NOT_SUPPORTED)
+        return rc;
+    va = view_of(a, M, K, stride_a);
+    vb = view_of(b, K, N, stride_b);
+    return widened_product(c, out, ldc, M, N, K, &va, &vb, alpha, beta, batch, stride_out);
 }
 
 static loom_dtype gpu_multiply_dtype(loom_compute *c, loom_dtype precision)
