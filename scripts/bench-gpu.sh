@@ -109,23 +109,47 @@ EOF
 }
 
 # llmc_run NAME B: llm.c's trainer, built once
+# first_file PATH...: the first that exists
+first_file() {
+    for f in "$@"; do
+        [ -f "$f" ] && { echo "$f"; return 0; }
+    done
+    return 1
+}
 llmc_build() {
-    [ -d "$LLMC_DIR" ] || { echo "bench-gpu.sh: no llm.c at $LLMC_DIR (set LLMC_DIR): its rows skipped" >&2; return 1; }
+    [ -d "$LLMC_DIR" ] ||
+        { echo "bench-gpu.sh: no llm.c at $LLMC_DIR (set LLMC_DIR): its rows skipped" >&2; return 1; }
     cp -r "$LLMC_DIR" "$TMP/llmc"
     rm -f "$TMP/llmc/train_gpt2cu"
-    make_it() {
-        (cd "$TMP/llmc" && timeout 600 make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 \
-            GPU_COMPUTE_CAPABILITY=90) >> "$TMP/llmc-build.log" 2>&1
-    }
-    echo "+ make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY=90 (in a copy of $LLMC_DIR)" >&2
-    if ! make_it; then
-        # CUDA 13: cudaMemAdvise takes a cudaMemLocation, not a device id
-        grep -q cudaCpuDeviceId "$TMP/llmc/llmc/cuda_utils.cuh" || { tail -20 "$TMP/llmc-build.log" >&2; return 1; }
-        echo "bench-gpu.sh: llm.c did not build; cudaCpuDeviceId -> cudaMemLocation{cudaMemLocationTypeHost, 0} (CUDA 13), again" >&2
-        sed -i 's/cudaCpuDeviceId/cudaMemLocation{cudaMemLocationTypeHost, 0}/' "$TMP/llmc/llmc/cuda_utils.cuh"
-        echo "  (llmc/cuda_utils.cuh: cudaCpuDeviceId -> cudaMemLocation{cudaMemLocationTypeHost, 0})" >> "$TMP/commands.txt"
-        make_it || { tail -20 "$TMP/llmc-build.log" >&2; return 1; }
-    fi
+    set -- make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY=90
+    echo "+ $* (in a copy of $LLMC_DIR)" | tee -a "$TMP/commands.txt" >&2
+    # up to two fixes, each applied once where its error shows
+    for attempt in 1 2 3; do
+        (cd "$TMP/llmc" && timeout 600 "$@") > "$TMP/llmc-build.log" 2>&1 && return 0
+        [ $attempt = 3 ] && break
+        if grep -q 'cudaMemLocation' "$TMP/llmc-build.log" &&
+            grep -q cudaCpuDeviceId "$TMP/llmc/llmc/cuda_utils.cuh"; then
+            # CUDA 13: cudaMemAdvise takes a cudaMemLocation, not a device id
+            fix="llmc/cuda_utils.cuh: cudaCpuDeviceId -> cudaMemLocation{cudaMemLocationTypeHost, 0}"
+            sed -i 's/cudaCpuDeviceId/cudaMemLocation{cudaMemLocationTypeHost, 0}/' \
+                "$TMP/llmc/llmc/cuda_utils.cuh"
+        elif grep -q 'cannot find -lnvidia-ml' "$TMP/llmc-build.log" &&
+            nvml=$(first_file /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 \
+                /usr/lib64/libnvidia-ml.so.1); then
+            # the driver has libnvidia-ml.so.1 but no unversioned name to link
+            mkdir -p "$TMP/nvml"
+            ln -sf "$nvml" "$TMP/nvml/libnvidia-ml.so"
+            fix="NVCC_LDFLAGS=\"-lcublas -lcublasLt -L<dir with libnvidia-ml.so -> $nvml> -lnvidia-ml\""
+            set -- "$@" NVCC_LDFLAGS="-lcublas -lcublasLt -L$TMP/nvml -lnvidia-ml"
+        else
+            break
+        fi
+        echo "bench-gpu.sh: llm.c did not build; again with $fix" >&2
+        echo "  (then: $fix)" >> "$TMP/commands.txt"
+    done
+    grep -E 'error|cannot' "$TMP/llmc-build.log" | head -10 >&2
+    echo "bench-gpu.sh: llm.c did not build ($TMP/llmc-build.log): its rows skipped" >&2
+    return 1
 }
 llmc_run() {
     name=$1; batch=$2

@@ -4,7 +4,7 @@
 #
 #   bash .gpu/build.sh && . .gpu/env.sh && bash scripts/gpu-check.sh
 #
-# Parts, each under its own time limit (about 8 minutes in all), each run
+# Parts, each under its own time limit (at most 7.5 minutes in all), each run
 # whatever the one before gave:
 #   1. nvidia-smi;
 #   2. the cuda backend's conformance (every op against the CPU kernels),
@@ -15,16 +15,16 @@
 #      with the GPU's measured product peak, into $OUT/bench-quick.*;
 # and a summary table of what passed, failed or was skipped.
 #   env: OUT (the device tool's folder; default gpu-check-out), BUILD=build-gpu,
-#        CTEST_JOBS=8, CTEST_REGEX='cuda|nccl|gpu|compute', and each part's limit in seconds: CONFORMANCE_S=60,
-#        CTEST_S=270, BENCH_S=120
+#        CTEST_JOBS=8, CTEST_REGEX='cuda|nccl|gpu|compute', and each part's
+#        limit in seconds: CONFORMANCE_S=60, CTEST_S=240, BENCH_S=110
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-gpu-check-out}
 BUILD=${BUILD:-build-gpu}
 mkdir -p "$OUT"
 CONFORMANCE_S=${CONFORMANCE_S:-60}
-CTEST_S=${CTEST_S:-270}
-BENCH_S=${BENCH_S:-120}
+CTEST_S=${CTEST_S:-240}
+BENCH_S=${BENCH_S:-110}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export LOOM_PLUGIN_PATH="$PWD/$BUILD/lib/loom"
 START=$SECONDS

@@ -37,12 +37,12 @@ echo "(a) refused, status $status, one line"
 # (b)
 echo "+ loom train tiny.cfg --set model.device='\"auto\"' --set train.steps=2"
 "$LOOM" train "$CFG" --set data.train="$DATA" --set model.device='"auto"' --set train.steps=2 \
-    > auto.log 2>&1 || { cat auto.log; fail "(b) model.device = auto failed instead of using the cpu"; }
+    > auto.log 2>&1 || { cat auto.log; fail "(b) model.device = auto failed, not using the cpu"; }
 line=$(grep '^compute:' auto.log) || { cat auto.log; fail "(b) no compute: line in the header"; }
 echo "$line"
 echo "$line" | grep -q '^compute: cpu: .*(model.device = "auto": cpu (cuda: ' ||
     fail "(b) the compute line does not say auto chose the cpu because of cuda"
-echo "$line" | grep -Eqi 'device|gpu' || fail "(b) the compute line does not say why cuda was not chosen"
+echo "$line" | grep -Eqi 'device|gpu' || fail "(b) the compute line does not say why not cuda"
 grep -q '^step    2/2 ' auto.log || { cat auto.log; fail "(b) the auto run did not train 2 steps"; }
 echo "(b) auto trained on the cpu and said why"
 

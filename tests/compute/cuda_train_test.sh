@@ -48,9 +48,8 @@ run() {
     if ! "$@" > "$run_name.log" 2>&1; then
         cat "$run_name.log"
         if [ "$run_ranks" -gt 1 ] && [ "$run_device" = cuda ]; then
-            echo "note: $run_ranks ranks on $(gpus) visible GPU(s): each rank asks for device" \
-                "local_rank (loom_compute_setup.device); the cuda plugin must share them" \
-                "(device = local_rank % count)"
+            echo "note: $run_ranks ranks on $(gpus) visible GPU(s), shared round-robin by" \
+                "the cuda plugin (device = local rank % GPUs; the compute: line says which)"
         fi
         fail "run $run_name failed"
     fi
@@ -64,7 +63,8 @@ steps() {
              if (!match($0, "\"" key "\": [^,}]*")) return "-"
              return substr($0, RSTART + length(key) + 4, RLENGTH - length(key) - 4)
          }
-         /"loss": / { print get("step"), get("loss"), get("grad_norm"), get("val_loss") }' "$1.jsonl"
+         /"loss": / { print get("step"), get("loss"), get("grad_norm"), get("val_loss") }
+        ' "$1.jsonl"
 }
 
 # compare REF GOT MODE: GOT's steps against the same steps of REF, side by
@@ -76,7 +76,9 @@ compare() {
     steps "$2" > got.txt
     [ -s got.txt ] || fail "$2 has no training steps in $2.jsonl"
     awk -v ref="$1" -v got="$2" -v mode="$3" '
-        function rel(a, b) { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d }
+        function rel(a, b) {
+            d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d
+        }
         function bad(v) { return v == "null" || v == "-" || v == "nan" || v == "inf" }
         NR == FNR { rl[$1] = $2; rn[$1] = $3; rv[$1] = $4; next }
         {
@@ -166,7 +168,9 @@ reference() {
     run cpu1 1 cpu $keep
 }
 
-pp() { echo "--set parallel.pp.size=$1 --set parallel.pp.microbatches=$2 --set parallel.pp.schedule=$3"; }
+pp() {
+    echo "--set parallel.pp.size=$1 --set parallel.pp.microbatches=$2 --set parallel.pp.schedule=$3"
+}
 
 case "$CASE" in
 one)      mesh fp32 1 --set train.grad_accum=2 --set data.val="$DATA" --set train.eval_every=5 \
@@ -209,14 +213,16 @@ checkpoint)
             { cat "$ck.log"; fail "cannot consolidate $ck/step-$half"; }
     done
     [ "$(wc -c < dev_ck.bin)" = "$(wc -c < cpu_ck.bin)" ] ||
-        fail "the device's checkpoint ($(wc -c < dev_ck.bin) bytes as llm.c's file) and the cpu's ($(wc -c < cpu_ck.bin)) differ in size"
+        fail "the device's checkpoint ($(wc -c < dev_ck.bin) bytes as llm.c's file) and" \
+            "the cpu's ($(wc -c < cpu_ck.bin)) differ in size"
     run rest_cpu 1 cpu --resume "dev_ck/step-$half"
     run rest_dev 1 "$DEVICE" --resume "cpu_ck/step-$half"
     [ "$(steps rest_cpu | head -1 | cut -d' ' -f1)" = $((half + 1)) ] ||
         fail "the resumed run did not start at step $((half + 1))"
     compare whole rest_cpu fp32
     compare whole rest_dev fp32
-    echo "checkpoints: the device's resumes on the cpu and the cpu's on the device, both as the uninterrupted run" ;;
+    echo "checkpoints: the device's resumes on the cpu and the cpu's on the device," \
+        "both as the uninterrupted run" ;;
 plugin_check)
     # loom plugins --check with the GPU there: the probe passes and the
     # functional checks run against the cpu backend
