@@ -40,6 +40,17 @@ namespace {
 
 constexpr int THREADS = 256; /* 16 x 16 */
 
+/* A block's dynamic shared memory, and a launch. A host emulation of the
+ * kernels (tests/compute/cuda_attention_emulation.cpp, threads and
+ * barriers on the CPU) defines both to its own. */
+#ifndef ATTN_SHARED_MEMORY
+#define ATTN_SHARED_MEMORY(name) extern __shared__ float name[]
+#endif
+#ifndef ATTN_LAUNCH
+#define ATTN_LAUNCH(kernel, blocks, smem, stream, ...)                                           \
+    kernel<<<(blocks), THREADS, (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
 /* ---- storage types ---- */
 
 __device__ __forceinline__ float load_f32(const float *p, size_t i) { return p[i]; }
@@ -191,7 +202,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_forward_kernel(attn_para
     using L = attn_tiles<HSM>;
     constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BK + 16;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
-    extern __shared__ float smem[];
+    ATTN_SHARED_MEMORY(smem);
     float *qs = smem, *ks = qs + BQ * LD, *vs = ks + BK * LD, *ps = vs + BK * LD;
     int *qpos = (int *)(ps + BQ * LDP), *kpos = qpos + BQ;
 
@@ -343,7 +354,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_p
     using L = attn_tiles<HSM>;
     constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BK + 16;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
-    extern __shared__ float smem[];
+    ATTN_SHARED_MEMORY(smem);
     float *qs = smem, *dos = qs + BQ * LD, *ks = dos + BQ * LD, *vs = ks + BK * LD;
     float *dss = vs + BK * LD;
     int *qpos = (int *)(dss + BQ * LDP), *kpos = qpos + BQ;
@@ -447,7 +458,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_kv_kernel(attn_
     using L = attn_tiles<HSM>;
     constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BQ + 16;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
-    extern __shared__ float smem[];
+    ATTN_SHARED_MEMORY(smem);
     float *ks = smem, *vs = ks + BK * LD, *qs = vs + BK * LD, *dos = qs + BQ * LD;
     float *ps = dos + BQ * LD, *dss = ps + BK * LDP, *lse_s = dss + BK * LDP;
     float *delta_s = lse_s + BQ;
@@ -551,13 +562,13 @@ static cudaError_t launch(attn_kernel kernel, size_t blocks, size_t smem, const 
         return cudaSuccess;
     if (blocks > (size_t)INT_MAX)
         return cudaErrorInvalidValue;
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute((const void *)kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* returned here: not left for the next launcher */
         return e;
     }
-    kernel<<<(unsigned)blocks, THREADS, smem, x->stream>>>(p);
+    ATTN_LAUNCH(kernel, (unsigned)blocks, smem, x->stream, p);
     return cudaGetLastError();
 }
 
@@ -585,7 +596,7 @@ static cudaError_t delta_rows(const cuda_ctx *x, const attn_params &p, size_t ro
     const size_t blocks = ceil_div(rows, THREADS / 32);
     if (blocks > (size_t)INT_MAX)
         return cudaErrorInvalidValue;
-    attention_delta_kernel<T><<<(unsigned)blocks, THREADS, 0, x->stream>>>(p, rows);
+    ATTN_LAUNCH(attention_delta_kernel<T>, (unsigned)blocks, 0, x->stream, p, rows);
     return cudaGetLastError();
 }
 
