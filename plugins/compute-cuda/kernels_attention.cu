@@ -92,16 +92,54 @@ struct attn_params {
 __device__ __forceinline__ int position(const int *pos, int i) { return pos ? pos[i] : i; }
 
 /* Tile sizes for heads up to HSM wide: BQ query rows and BK key rows,
- * smaller for wide heads so the staged tiles fit in shared memory. LD, a
- * staged row's stride, is odd: the 16 rows a warp reads a column of fall
- * in 16 different banks. */
+ * smaller for wide heads so the staged tiles fit in shared memory.
+ * A staged tile's row stride is LDA or LDB by the side of a dot product it
+ * is on: an A tile (rows ty + 16a) is read four dims at a time, as float4,
+ * 2 addresses a warp; a B tile (rows tx + 16b) a dim at a time down 16
+ * rows, which an odd stride puts in 16 different banks. */
 template <int HSM>
 struct attn_tiles {
     static_assert(HSM == 32 || HSM == 64 || HSM == 128 || HSM == 256, "head widths");
     static constexpr int BQ = HSM >= 256 ? 32 : 64;
     static constexpr int BK = HSM >= 128 ? 32 : 64;
-    static constexpr int LD = HSM + 1;
+    static constexpr int LDA = HSM + 4, LDB = HSM + 1;
     static constexpr int RQ = BQ / 16, RK = BK / 16, RD = HSM / 16;
+};
+
+/* The shared memory of each kernel, in floats (positions are ints, of the
+ * same size), every float4-read array at a multiple of 4. */
+template <int HSM>
+struct forward_layout {
+    using L = attn_tiles<HSM>;
+    static constexpr int LDP = L::BK + 16; /* P, (BQ, BK): the 16 lanes of a row in 16 banks */
+    static constexpr int QS = 0, KS = QS + L::BQ * L::LDA, VS = KS + L::BK * L::LDB;
+    static constexpr int PS = VS + L::BK * L::LDA, QPOS = PS + L::BQ * LDP, KPOS = QPOS + L::BQ;
+    static constexpr size_t bytes = (size_t)(KPOS + L::BK) * sizeof(float);
+    static_assert(QS % 4 == 0 && PS % 4 == 0 && LDP % 4 == 0, "float4 reads");
+};
+
+template <int HSM>
+struct backward_q_layout {
+    using L = attn_tiles<HSM>;
+    static constexpr int LDP = L::BK + 16; /* dS, (BQ, BK) */
+    static constexpr int QS = 0, DOS = QS + L::BQ * L::LDA, KS = DOS + L::BQ * L::LDA;
+    static constexpr int VS = KS + L::BK * L::LDB, DSS = VS + L::BK * L::LDB;
+    static constexpr int QPOS = DSS + L::BQ * LDP, KPOS = QPOS + L::BQ;
+    static constexpr size_t bytes = (size_t)(KPOS + L::BK) * sizeof(float);
+    static_assert(QS % 4 == 0 && DOS % 4 == 0 && DSS % 4 == 0 && LDP % 4 == 0, "float4 reads");
+};
+
+template <int HSM>
+struct backward_kv_layout {
+    using L = attn_tiles<HSM>;
+    static constexpr int LDP = L::BQ + 16; /* P and dS transposed, (BK, BQ) */
+    static constexpr int KS = 0, VS = KS + L::BK * L::LDA, QS = VS + L::BK * L::LDA;
+    static constexpr int DOS = QS + L::BQ * L::LDB, PS = DOS + L::BQ * L::LDB;
+    static constexpr int DSS = PS + L::BK * LDP, LSE = DSS + L::BK * LDP, DELTA = LSE + L::BQ;
+    static constexpr int KPOS = DELTA + L::BQ, QPOS = KPOS + L::BK;
+    static constexpr size_t bytes = (size_t)(QPOS + L::BQ) * sizeof(float);
+    static_assert(KS % 4 == 0 && VS % 4 == 0 && PS % 4 == 0 && DSS % 4 == 0 && LDP % 4 == 0,
+                  "float4 reads");
 };
 
 /* Rows [0, rows) of a head (row r at src + r * stride, HS elements) into
@@ -115,54 +153,71 @@ __device__ void stage_rows(float *tile, const T *src, int rows, size_t stride, i
     }
 }
 
-/* acc[a][b] = Σ_d A[ty + 16a][d]·B[tx + 16b][d] over two staged tiles */
-template <int RA, int RB, int HSM, int LD>
+__device__ __forceinline__ float lane4(const float4 &x, int i)
+{
+    return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
+}
+
+/* acc[a][b] = Σ_d A[ty + 16a][d]·B[tx + 16b][d] over an A tile of stride
+ * LDA and a B tile of stride LDB */
+template <int RA, int RB, int HSM, int LDA, int LDB>
 __device__ __forceinline__ void tile_dot(float (&acc)[RA][RB], const float *A, const float *B)
 {
+    static_assert(LDA % 4 == 0 && HSM % 4 == 0, "A is read as float4");
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
     for (int a = 0; a < RA; a++)
 #pragma unroll
         for (int b = 0; b < RB; b++)
             acc[a][b] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < HSM; d++) {
-        float av[RA], bv[RB];
+#pragma unroll 2
+    for (int d0 = 0; d0 < HSM; d0 += 4) {
+        float4 av[RA];
 #pragma unroll
         for (int a = 0; a < RA; a++)
-            av[a] = A[(ty + 16 * a) * LD + d];
+            av[a] = *(const float4 *)&A[(ty + 16 * a) * LDA + d0];
 #pragma unroll
-        for (int b = 0; b < RB; b++)
-            bv[b] = B[(tx + 16 * b) * LD + d];
-#pragma unroll
-        for (int a = 0; a < RA; a++)
+        for (int dd = 0; dd < 4; dd++) {
+            float bv[RB];
 #pragma unroll
             for (int b = 0; b < RB; b++)
-                acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
+                bv[b] = B[(tx + 16 * b) * LDB + d0 + dd];
+#pragma unroll
+            for (int a = 0; a < RA; a++)
+#pragma unroll
+                for (int b = 0; b < RB; b++)
+                    acc[a][b] = fmaf(lane4(av[a], dd), bv[b], acc[a][b]);
+        }
     }
 }
 
 /* acc[a][c] += Σ_j P[ty + 16a][j]·V[j][tx + 16c], j < NJ: a (rows, NJ)
- * tile of stride LDP times a staged (NJ, HSM) tile of stride LD */
-template <int RA, int RD, int NJ, int LDP, int LD>
+ * tile of stride LDP, read as float4, times a staged (NJ, HSM) tile of
+ * stride LDV */
+template <int RA, int RD, int NJ, int LDP, int LDV>
 __device__ __forceinline__ void tile_mul_acc(float (&acc)[RA][RD], const float *P,
                                              const float *V)
 {
+    static_assert(LDP % 4 == 0 && NJ % 4 == 0, "P is read as float4");
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-#pragma unroll 4
-    for (int j = 0; j < NJ; j++) {
-        float pv[RA], vv[RD];
+#pragma unroll 2
+    for (int j0 = 0; j0 < NJ; j0 += 4) {
+        float4 pv[RA];
 #pragma unroll
         for (int a = 0; a < RA; a++)
-            pv[a] = P[(ty + 16 * a) * LDP + j];
+            pv[a] = *(const float4 *)&P[(ty + 16 * a) * LDP + j0];
 #pragma unroll
-        for (int c = 0; c < RD; c++)
-            vv[c] = V[j * LD + tx + 16 * c];
-#pragma unroll
-        for (int a = 0; a < RA; a++)
+        for (int jj = 0; jj < 4; jj++) {
+            float vv[RD];
 #pragma unroll
             for (int c = 0; c < RD; c++)
-                acc[a][c] = fmaf(pv[a], vv[c], acc[a][c]);
+                vv[c] = V[(j0 + jj) * LDV + tx + 16 * c];
+#pragma unroll
+            for (int a = 0; a < RA; a++)
+#pragma unroll
+                for (int c = 0; c < RD; c++)
+                    acc[a][c] = fmaf(lane4(pv[a], jj), vv[c], acc[a][c]);
+        }
     }
 }
 
@@ -186,25 +241,18 @@ __device__ __forceinline__ float row_sum16(float x)
 
 /* ---- forward ---- */
 
-template <int HSM>
-constexpr size_t forward_smem()
-{
-    using L = attn_tiles<HSM>;
-    return ((size_t)(L::BQ + 2 * L::BK) * L::LD + (size_t)L::BQ * (L::BK + 16)) * sizeof(float) +
-           (size_t)(L::BQ + L::BK) * sizeof(int);
-}
-
 /* A block per (b, h, query tile), the last tiles first (with ordered
  * positions they see the most keys). */
 template <typename T, int HSM>
 __global__ void __launch_bounds__(THREADS, 2) attention_forward_kernel(attn_params p)
 {
     using L = attn_tiles<HSM>;
-    constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BK + 16;
+    using M = forward_layout<HSM>;
+    constexpr int BQ = L::BQ, BK = L::BK, LDA = L::LDA, LDB = L::LDB, LDP = M::LDP;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
     ATTN_SHARED_MEMORY(smem);
-    float *qs = smem, *ks = qs + BQ * LD, *vs = ks + BK * LD, *ps = vs + BK * LD;
-    int *qpos = (int *)(ps + BQ * LDP), *kpos = qpos + BQ;
+    float *qs = smem + M::QS, *ks = smem + M::KS, *vs = smem + M::VS, *ps = smem + M::PS;
+    int *qpos = (int *)(smem + M::QPOS), *kpos = (int *)(smem + M::KPOS);
 
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     const int q_tiles = (p.tq + BQ - 1) / BQ;
@@ -218,7 +266,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_forward_kernel(attn_para
     T *out = (T *)p.out + ((size_t)b * p.tq + i0) * C + (size_t)h * p.HS;
     float *lse = p.lse + (size_t)bh * p.tq + i0;
 
-    stage_rows<T, BQ, HSM, LD>(qs, q, nq, C, p.HS);
+    stage_rows<T, BQ, HSM, LDA>(qs, q, nq, C, p.HS);
     if (tid < BQ)
         qpos[tid] = tid < nq ? position(p.q_pos, i0 + tid) : 0;
     __syncthreads();
@@ -252,12 +300,12 @@ __global__ void __launch_bounds__(THREADS, 2) attention_forward_kernel(attn_para
         }
         if (!__syncthreads_or(seen))
             continue; /* no query of the tile sees a key of this one */
-        stage_rows<T, BK, HSM, LD>(ks, k + (size_t)j0 * C, nk, C, p.HS);
-        stage_rows<T, BK, HSM, LD>(vs, v + (size_t)j0 * C, nk, C, p.HS);
+        stage_rows<T, BK, HSM, LDB>(ks, k + (size_t)j0 * C, nk, C, p.HS);
+        stage_rows<T, BK, HSM, LDA>(vs, v + (size_t)j0 * C, nk, C, p.HS);
         __syncthreads();
 
         float s[RQ][RK];
-        tile_dot<RQ, RK, HSM, LD>(s, qs, ks);
+        tile_dot<RQ, RK, HSM, LDA, LDB>(s, qs, ks);
 #pragma unroll
         for (int a = 0; a < RQ; a++) {
             bool vis[RK];
@@ -286,7 +334,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_forward_kernel(attn_para
                 acc[a][c] *= alpha;
         }
         __syncthreads();
-        tile_mul_acc<RQ, RD, BK, LDP, LD>(acc, ps, vs);
+        tile_mul_acc<RQ, RD, BK, LDP, LDA>(acc, ps, vs);
     }
     __syncthreads(); /* every lane has read its rows' old lse (also when tk is 0) */
 
@@ -338,26 +386,18 @@ __global__ void __launch_bounds__(THREADS) attention_delta_kernel(attn_params p,
     }
 }
 
-template <int HSM>
-constexpr size_t backward_q_smem()
-{
-    using L = attn_tiles<HSM>;
-    return ((size_t)(2 * L::BQ + 2 * L::BK) * L::LD + (size_t)L::BQ * (L::BK + 16)) *
-               sizeof(float) +
-           (size_t)(L::BQ + L::BK) * sizeof(int);
-}
-
 /* dq += scale·dS·K: a block per (b, h, query tile), the last first. */
 template <typename T, int HSM>
 __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_params p)
 {
     using L = attn_tiles<HSM>;
-    constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BK + 16;
+    using M = backward_q_layout<HSM>;
+    constexpr int BQ = L::BQ, BK = L::BK, LDA = L::LDA, LDB = L::LDB, LDP = M::LDP;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
     ATTN_SHARED_MEMORY(smem);
-    float *qs = smem, *dos = qs + BQ * LD, *ks = dos + BQ * LD, *vs = ks + BK * LD;
-    float *dss = vs + BK * LD;
-    int *qpos = (int *)(dss + BQ * LDP), *kpos = qpos + BQ;
+    float *qs = smem + M::QS, *dos = smem + M::DOS, *ks = smem + M::KS, *vs = smem + M::VS;
+    float *dss = smem + M::DSS;
+    int *qpos = (int *)(smem + M::QPOS), *kpos = (int *)(smem + M::KPOS);
 
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     const int q_tiles = (p.tq + BQ - 1) / BQ;
@@ -370,8 +410,8 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_p
     const T *v = (const T *)p.v + (size_t)b * p.tk * C + (size_t)h * p.HS;
     T *dq = (T *)p.dq + q_head;
 
-    stage_rows<T, BQ, HSM, LD>(qs, (const T *)p.q + q_head, nq, C, p.HS);
-    stage_rows<T, BQ, HSM, LD>(dos, (const T *)p.dout + q_head, nq, C, p.HS);
+    stage_rows<T, BQ, HSM, LDA>(qs, (const T *)p.q + q_head, nq, C, p.HS);
+    stage_rows<T, BQ, HSM, LDA>(dos, (const T *)p.dout + q_head, nq, C, p.HS);
     if (tid < BQ)
         qpos[tid] = tid < nq ? position(p.q_pos, i0 + tid) : 0;
     __syncthreads();
@@ -403,13 +443,13 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_p
         }
         if (!__syncthreads_or(seen))
             continue;
-        stage_rows<T, BK, HSM, LD>(ks, k + (size_t)j0 * C, nk, C, p.HS);
-        stage_rows<T, BK, HSM, LD>(vs, v + (size_t)j0 * C, nk, C, p.HS);
+        stage_rows<T, BK, HSM, LDB>(ks, k + (size_t)j0 * C, nk, C, p.HS);
+        stage_rows<T, BK, HSM, LDB>(vs, v + (size_t)j0 * C, nk, C, p.HS);
         __syncthreads();
 
         float s[RQ][RK], dp[RQ][RK];
-        tile_dot<RQ, RK, HSM, LD>(s, qs, ks);
-        tile_dot<RQ, RK, HSM, LD>(dp, dos, vs);
+        tile_dot<RQ, RK, HSM, LDA, LDB>(s, qs, ks);
+        tile_dot<RQ, RK, HSM, LDA, LDB>(dp, dos, vs);
 #pragma unroll
         for (int a = 0; a < RQ; a++)
 #pragma unroll
@@ -420,7 +460,7 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_p
                 dss[(ty + 16 * a) * LDP + j] = attn_score_grad(pr, dp[a][c], row_delta[a]);
             }
         __syncthreads();
-        tile_mul_acc<RQ, RD, BK, LDP, LD>(acc, dss, ks);
+        tile_mul_acc<RQ, RD, BK, LDP, LDB>(acc, dss, ks);
     }
 
 #pragma unroll
@@ -439,16 +479,6 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_q_kernel(attn_p
     }
 }
 
-template <int HSM>
-constexpr size_t backward_kv_smem()
-{
-    using L = attn_tiles<HSM>;
-    return ((size_t)(2 * L::BK + 2 * L::BQ) * L::LD + 2 * (size_t)L::BK * (L::BQ + 16) +
-            2 * (size_t)L::BQ) *
-               sizeof(float) +
-           (size_t)(L::BQ + L::BK) * sizeof(int);
-}
-
 /* dk += scale·dSᵀ·Q and dv += Pᵀ·dO: a block per (b, h, key tile), the
  * first first; a thread owns key rows ty + 16a and, in the products,
  * query columns tx + 16b. */
@@ -456,13 +486,14 @@ template <typename T, int HSM>
 __global__ void __launch_bounds__(THREADS, 2) attention_backward_kv_kernel(attn_params p)
 {
     using L = attn_tiles<HSM>;
-    constexpr int BQ = L::BQ, BK = L::BK, LD = L::LD, LDP = BQ + 16;
+    using M = backward_kv_layout<HSM>;
+    constexpr int BQ = L::BQ, BK = L::BK, LDA = L::LDA, LDB = L::LDB, LDP = M::LDP;
     constexpr int RQ = L::RQ, RK = L::RK, RD = L::RD;
     ATTN_SHARED_MEMORY(smem);
-    float *ks = smem, *vs = ks + BK * LD, *qs = vs + BK * LD, *dos = qs + BQ * LD;
-    float *ps = dos + BQ * LD, *dss = ps + BK * LDP, *lse_s = dss + BK * LDP;
-    float *delta_s = lse_s + BQ;
-    int *kpos = (int *)(delta_s + BQ), *qpos = kpos + BK;
+    float *ks = smem + M::KS, *vs = smem + M::VS, *qs = smem + M::QS, *dos = smem + M::DOS;
+    float *ps = smem + M::PS, *dss = smem + M::DSS, *lse_s = smem + M::LSE;
+    float *delta_s = smem + M::DELTA;
+    int *kpos = (int *)(smem + M::KPOS), *qpos = (int *)(smem + M::QPOS);
 
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     const int bh = blockIdx.x % p.heads, b = bh / p.NH, h = bh % p.NH;
@@ -475,8 +506,8 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_kv_kernel(attn_
     const float *lse = p.saved_lse + (size_t)bh * p.tq, *delta = p.delta + (size_t)bh * p.tq;
     T *dk = (T *)p.dk + k_head, *dv = (T *)p.dv + k_head;
 
-    stage_rows<T, BK, HSM, LD>(ks, (const T *)p.k + k_head, nk, C, p.HS);
-    stage_rows<T, BK, HSM, LD>(vs, (const T *)p.v + k_head, nk, C, p.HS);
+    stage_rows<T, BK, HSM, LDA>(ks, (const T *)p.k + k_head, nk, C, p.HS);
+    stage_rows<T, BK, HSM, LDA>(vs, (const T *)p.v + k_head, nk, C, p.HS);
     if (tid < BK)
         kpos[tid] = tid < nk ? position(p.k_pos, j0 + tid) : 0;
     __syncthreads();
@@ -510,13 +541,13 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_kv_kernel(attn_
         }
         if (!__syncthreads_or(seen))
             continue; /* no query of this tile sees a key of the block */
-        stage_rows<T, BQ, HSM, LD>(qs, q + (size_t)i0 * C, nq, C, p.HS);
-        stage_rows<T, BQ, HSM, LD>(dos, dout + (size_t)i0 * C, nq, C, p.HS);
+        stage_rows<T, BQ, HSM, LDB>(qs, q + (size_t)i0 * C, nq, C, p.HS);
+        stage_rows<T, BQ, HSM, LDB>(dos, dout + (size_t)i0 * C, nq, C, p.HS);
         __syncthreads();
 
         float s[RK][RQ], dp[RK][RQ];
-        tile_dot<RK, RQ, HSM, LD>(s, ks, qs);
-        tile_dot<RK, RQ, HSM, LD>(dp, vs, dos);
+        tile_dot<RK, RQ, HSM, LDA, LDB>(s, ks, qs);
+        tile_dot<RK, RQ, HSM, LDA, LDB>(dp, vs, dos);
 #pragma unroll
         for (int a = 0; a < RK; a++)
 #pragma unroll
@@ -528,8 +559,8 @@ __global__ void __launch_bounds__(THREADS, 2) attention_backward_kv_kernel(attn_
                 dss[(ty + 16 * a) * LDP + i] = attn_score_grad(pr, dp[a][c], delta_s[i]);
             }
         __syncthreads();
-        tile_mul_acc<RK, RD, BQ, LDP, LD>(dv_acc, ps, dos);
-        tile_mul_acc<RK, RD, BQ, LDP, LD>(dk_acc, dss, qs);
+        tile_mul_acc<RK, RD, BQ, LDP, LDB>(dv_acc, ps, dos);
+        tile_mul_acc<RK, RD, BQ, LDP, LDB>(dk_acc, dss, qs);
     }
 
 #pragma unroll
@@ -578,7 +609,7 @@ template <int HSM>
 static cudaError_t forward_width(const cuda_ctx *x, const attn_params &p, cuda_dtype dtype)
 {
     const size_t blocks = ceil_div((size_t)p.tq, attn_tiles<HSM>::BQ) * (size_t)p.heads;
-    const size_t smem = forward_smem<HSM>();
+    const size_t smem = forward_layout<HSM>::bytes;
     switch (dtype) {
     case CUDA_DTYPE_F32:
         return launch(attention_forward_kernel<float, HSM>, blocks, smem, x, p);
@@ -608,11 +639,11 @@ static cudaError_t backward_typed(const cuda_ctx *x, const attn_params &p)
     if (e != cudaSuccess)
         return e;
     e = launch(attention_backward_q_kernel<T, HSM>, ceil_div((size_t)p.tq, L::BQ) * p.heads,
-               backward_q_smem<HSM>(), x, p);
+               backward_q_layout<HSM>::bytes, x, p);
     if (e != cudaSuccess)
         return e;
     return launch(attention_backward_kv_kernel<T, HSM>, ceil_div((size_t)p.tk, L::BK) * p.heads,
-                  backward_kv_smem<HSM>(), x, p);
+                  backward_kv_layout<HSM>::bytes, x, p);
 }
 
 template <int HSM>
