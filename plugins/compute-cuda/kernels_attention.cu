@@ -44,7 +44,7 @@ constexpr int THREADS = 256; /* 16 x 16 */
  * kernels (tests/compute/cuda_attention_emulation.cpp, threads and
  * barriers on the CPU) defines both to its own. */
 #ifndef ATTN_SHARED_MEMORY
-#define ATTN_SHARED_MEMORY(name) extern __shared__ float name[]
+#define ATTN_SHARED_MEMORY(name) extern __shared__ __align__(16) float name[]
 #endif
 #ifndef ATTN_LAUNCH
 #define ATTN_LAUNCH(kernel, blocks, smem, stream, ...)                                           \
