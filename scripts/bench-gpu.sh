@@ -98,7 +98,7 @@ EOF
         set -- "$@" --set train.peak_gflops="$(awk -v t="$PEAK_TFLOPS" 'BEGIN { print t * 1000 }')"
     set -- "$LOOM" train "$TMP/$name.cfg" --set model.device='"cuda"' --metrics "$TMP/$name.jsonl" "$@"
     [ "$ranks" -gt 1 ] && set -- "$LOOM" launch -n "$ranks" -- "$@"
-    echo "+ $*" | sed "s|$TMP/||g" >> "$TMP/commands.txt"
+    echo "+ $*" | sed "s|$TMP/||g; s|$ROOT/||g" >> "$TMP/commands.txt"
     echo "+ $*" >&2
     memory_watch "$TMP/$name.smi"
     status=0
@@ -155,7 +155,7 @@ llmc_run() {
     name=$1; batch=$2
     set -- ./train_gpt2cu -e d12 -i "$TMP/train.bin" -j "$TMP/val.bin" -b "$batch" -t 1024 \
         -x "$STEPS" -v 10000 -s 10000 -h 0
-    echo "+ $*" | sed "s|$TMP/||g" >> "$TMP/commands.txt"
+    echo "+ $*" | sed "s|$TMP/||g; s|$ROOT/||g" >> "$TMP/commands.txt"
     echo "+ $*" >&2
     memory_watch "$TMP/$name.smi"
     status=0
