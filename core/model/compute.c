@@ -10,6 +10,7 @@
 #include "model/compute.h"
 #include "model/kernels.h"
 #include "runtime/log.h"
+#include "runtime/device.h"
 #include "runtime/loader.h"
 #include "runtime/memory.h"
 #include "runtime/runtime.h"
@@ -384,7 +385,7 @@ static int probe(loom_runtime *rt, const loom_plugin *plugin, char *why, size_t 
 static loom_tier staging_tier(const loom_compute_ops *ops)
 {
 #ifdef LOOM_HAVE_CUDA
-    if (ops->native_queue)
+    if (ops->native_queue && loom_device_available() == LOOM_OK)
         return LOOM_TIER_PINNED;
 #else
     (void)ops;
@@ -456,8 +457,7 @@ int loom_backend_open(loom_runtime *rt, const char *device, const loom_compute_s
         if ((rc = loom_runtime_plugin(rt, LOOM_PLUGIN_COMPUTE, device, &plugin)) == LOOM_OK) {
             char declined[512] = "";
             if ((rc = probe(rt, plugin, declined, sizeof declined)) != LOOM_OK)
-                rc = loom_fail(rc, "model.device = \"%s\": the backend cannot run here: %s",
-                               device, declined);
+                rc = loom_fail(rc, "the %s backend cannot run here: %s", device, declined);
             if (rc == LOOM_OK)
                 rc = create_plugin(rt, plugin, setup, o);
         }
