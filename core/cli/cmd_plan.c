@@ -22,7 +22,7 @@
 
 static const char plan_usage[] =
     "usage: loom plan CONFIG [--cluster FILE] [--set path=value ...] [--json FILE] [--search [--top N]]\n"
-    "       loom plan --calibrate FILE [--data SHARD] [--ranks N]\n";
+    "       loom plan --calibrate FILE [--device NAME] [--reference CONFIG] [--data SHARD] [--ranks N]\n";
 
 /* The reference job whose measured step fits the non-GEMM kernels' rate
  * (tests/zero/tiny.cfg's model: small enough that they dominate). */
@@ -30,30 +30,48 @@ static const char reference_config[] =
     "model = { layers = 2; heads = 4; channels = 64; vocab = 256; padded_vocab = 256; max_seq = 64; };\n"
     "train = { batch = 12; seq = 32; steps = 30; lr = 1e-3; };\n";
 
-/* `loom plan --calibrate FILE [--data SHARD] [--ranks N]`: this machine's
- * cores, memory, the matrix products' and memcpy's rates, `loom bench`'s collectives at 2
- * and 4 ranks (up to N), and the non-GEMM kernels' rate from one rank of a
- * reference job on SHARD (a token shard; examples/data/corpus.bin). */
+/* `loom plan --calibrate FILE [--device NAME] [--reference CONFIG] [--data
+ * SHARD] [--ranks N]`: this machine's cores, memory, the matrix products'
+ * and memcpy's rates, `loom bench`'s collectives at 2 and 4 ranks (up to
+ * N), and the non-GEMM kernels' rate from one rank of a reference job
+ * (CONFIG, else tiny.cfg's model on SHARD: a token shard,
+ * examples/data/corpus.bin). --device: the ranks compute on that backend
+ * ("cuda", "sim"; "auto": cuda where it runs, else the CPU), which gives
+ * the peaks, the memory roof and the reference run. */
 static int calibrate(int argc, char **argv)
 {
-    const char *out = argc > 2 ? argv[2] : NULL, *data = "examples/data/corpus.bin";
+    const char *out = argc > 2 ? argv[2] : NULL, *data = NULL, *device = NULL;
+    const char *reference = NULL;
     int ranks = 4;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             data = argv[++i];
         else if (!strcmp(argv[i], "--ranks") && i + 1 < argc)
             ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--reference") && i + 1 < argc)
+            reference = argv[++i];
         else
             out = NULL;
     }
-    if (!out || out[0] == '-' || ranks < 2) {
+    if (!out || out[0] == '-' || ranks < 2 || (device && !device[0])) {
         fprintf(stderr, "%s", plan_usage);
         return 2;
     }
-    if (access(data, R_OK) != 0) {
+    /* the built-in reference trains on a shard; a config of one's own
+     * names its data, or --data does */
+    if (!reference && !data)
+        data = "examples/data/corpus.bin";
+    if (data && access(data, R_OK) != 0) {
         fprintf(stderr, "loom plan --calibrate: the reference job's data %s: %s; name a token shard "
                 "with --data SHARD (examples/data/corpus.bin in loom's source tree)\n", data,
                 strerror(errno));
+        return 1;
+    }
+    if (reference && access(reference, R_OK) != 0) {
+        fprintf(stderr, "loom plan --calibrate: --reference %s: %s; name a config of one rank "
+                "(e.g. one scripts/bench-gpu.sh writes)\n", reference, strerror(errno));
         return 1;
     }
     char exe[4096];
@@ -64,27 +82,43 @@ static int calibrate(int argc, char **argv)
     }
     exe[n] = '\0';
     char config[] = "/tmp/loom-calibrate-XXXXXX";
-    int fd = mkstemp(config);
-    if (fd < 0 || write(fd, reference_config, sizeof reference_config - 1) !=
-                      (ssize_t)(sizeof reference_config - 1)) {
-        fprintf(stderr, "loom plan --calibrate: cannot write the reference config: %s\n",
-                strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return 1;
+    if (!reference) {
+        int fd = mkstemp(config);
+        if (fd < 0 || write(fd, reference_config, sizeof reference_config - 1) !=
+                          (ssize_t)(sizeof reference_config - 1)) {
+            fprintf(stderr, "loom plan --calibrate: cannot write the reference config: %s\n",
+                    strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return 1;
+        }
+        close(fd);
     }
-    close(fd);
-    char set[4200];
-    snprintf(set, sizeof set, "data.train=%s", data);
-    const char *sets[] = {set};
+    char set[4200], device_set[64] = "";
+    const char *sets[2];
+    int nsets = 0;
+    if (data) {
+        snprintf(set, sizeof set, "data.train=%s", data);
+        sets[nsets++] = set;
+    }
+    const char *ref = reference ? reference : config;
+    char opened[32] = "cpu";
     loom_plan_calibration *cal = calloc(1, sizeof *cal);
-    int rc = cal ? loom_plan_calibrate(exe, ranks, stdout, cal)
-                 : loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory");
+    int rc = !cal ? loom_fail(LOOM_ERR_NO_MEMORY, "plan: out of memory")
+             : device && strcmp(device, "cpu")
+                 ? loom_plan_calibrate_device(exe, ranks, device, ref, sets, nsets, stdout, cal,
+                                              opened, sizeof opened)
+                 : loom_plan_calibrate(exe, ranks, stdout, cal);
+    if (strcmp(opened, "cpu")) { /* the reference trains on the backend measured */
+        snprintf(device_set, sizeof device_set, "model.device=%s", opened);
+        sets[nsets++] = device_set;
+    }
     if (rc == LOOM_OK)
-        rc = loom_plan_calibrate_compute(cal, exe, config, sets, 1, stdout);
+        rc = loom_plan_calibrate_compute(cal, exe, ref, sets, nsets, stdout);
     if (rc == LOOM_OK)
         rc = loom_plan_calibration_write(cal, out);
-    unlink(config);
+    if (!reference)
+        unlink(config);
     if (rc == LOOM_OK)
         printf("loom plan: wrote %s (%.0f s)\n", out, cal->seconds);
     else
@@ -515,6 +549,13 @@ int loom_cmd_plan(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--calibrate"))
         return calibrate(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--device") || !strcmp(argv[i], "--reference")) {
+            fprintf(stderr, "loom plan: %s goes with --calibrate FILE (loom plan --calibrate FILE "
+                    "%s ...); to plan a job on a backend, --set model.device=NAME\n", argv[i],
+                    argv[i]);
+            return 2;
+        }
     const char *json = NULL, *cluster_path = NULL, *top_text = NULL;
     int searching = 0;
     const loom_cli_option options[] = {{"--json", NULL, &json, NULL},

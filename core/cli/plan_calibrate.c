@@ -4,7 +4,17 @@
  * the matrix products on one thread (a rank runs train.threads = 1 here),
  * the memory roof with one thread's memcpy, and the links with `loom bench`
  * itself, run through `loom launch` as a job would be, its rows fitted to
- * seconds = latency + bytes / bandwidth per op and rank count. */
+ * seconds = latency + bytes / bandwidth per op and rank count.
+ *
+ * With a compute backend (--device NAME: "cuda", "sim") the ranks compute
+ * there, so the compute figures come from it: the backend is opened as
+ * `loom train` opens it (the reference config's compute.<name> settings
+ * apply), its memory is the device's (cuda: cudaMemGetInfo's total through
+ * the core's CUDA runtime; sim: its arena, compute.sim.size_gib), its own
+ * products give the peaks and its own copies the roof, and the reference
+ * run trains on it. The collectives stay the host's (ucx, mpi): one GPU
+ * gives no two ranks a GPU each, and ranks sharing the GPU talk through
+ * host memory with those backends. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -18,11 +28,17 @@
 
 #include "cli/plan_calibrate.h"
 #include "loom/status.h"
+#include "model/compute.h"
 #include "model/gemm.h"
 #include "model/kernels.h"
 #include "runtime/config.h"
 #include "runtime/cpu.h"
 #include "runtime/log.h"
+#include "runtime/memory.h"
+#include "runtime/runtime.h"
+#ifdef LOOM_HAVE_CUDA
+#include "runtime/device.h"
+#endif
 
 /* ---- notes ---- */
 
@@ -649,6 +665,264 @@ int loom_plan_calibrate(const char *loom_exe, int max_ranks, FILE *progress,
     return LOOM_OK;
 }
 
+/* ---- a compute backend (--device) ---- */
+
+/* The backend's figures, measured before the host's: a backend that
+ * cannot run here fails at once, not after minutes of loom bench. */
+typedef struct device_figures {
+    char describe[256];
+    int devices; /* GPUs a node has (ranks_per_node); 0: keep the cores */
+    double memory_bytes;
+    char memory_how[192];
+    double flops[LOOM_DTYPE_COUNT];
+    loom_dtype multiply[LOOM_DTYPE_COUNT]; /* what a run of each precision multiplies in */
+    int M, N, K;
+    double copied_per_s;
+    int copy_mib;
+} device_figures;
+
+/* cuda: the GPU's own total (cudaMemGetInfo through the core's CUDA
+ * runtime, the one the backend shares); another device backend: the arena
+ * its size_gib setting reserves (sim's compute.sim.size_gib). */
+static int device_memory(loom_runtime *rt, const loom_backend *b, device_figures *out)
+{
+    if (!strcmp(b->name, "cuda")) {
+#ifdef LOOM_HAVE_CUDA
+        uint64_t bytes = 0;
+        int rc = loom_device_memory_total(0, &bytes);
+        if (rc != LOOM_OK)
+            return rc;
+        out->memory_bytes = (double)bytes;
+        out->devices = loom_device_count();
+        snprintf(out->memory_how, sizeof out->memory_how,
+                 "the total cudaMemGetInfo gives for device 0 (of %d visible)", out->devices);
+        return LOOM_OK;
+#else
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "calibrate: this loom was built without the "
+                         "CUDA toolkit and cannot ask the GPU its memory; build it where CMake "
+                         "finds CUDA");
+#endif
+    }
+    char path[64];
+    snprintf(path, sizeof path, "compute.%s", b->name);
+    const loom_plugin *plugin = NULL;
+    const loom_host *host = NULL;
+    int64_t gib = 0;
+    int rc = loom_runtime_plugin(rt, LOOM_PLUGIN_COMPUTE, b->name, &plugin);
+    if (rc == LOOM_OK)
+        rc = loom_runtime_host(rt, plugin, path, &host);
+    if (rc == LOOM_OK)
+        rc = host->config_int ? host->config_int(host, "size_gib", &gib) : LOOM_ERR_NOT_FOUND;
+    if (rc != LOOM_OK || gib < 1)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "calibrate: the %s backend's memory is not "
+                         "known here (neither cuda nor a %s.size_gib arena); calibrate on cuda "
+                         "or sim", b->name, path);
+    out->memory_bytes = (double)gib * (double)(1u << 30);
+    snprintf(out->memory_how, sizeof out->memory_how, "the arena %s.size_gib = %lld reserves",
+             path, (long long)gib);
+    return LOOM_OK;
+}
+
+/* Plain copies within the backend's memory, synchronized: the roof its
+ * non-GEMM kernels stream under. Bytes copied a second, median of 11. */
+static int measure_device_copy(const loom_backend *b, size_t bytes, double *copied_per_s)
+{
+    void *src = NULL, *dst = NULL;
+    loom_tier tier = (loom_tier)b->ops->tier;
+    int rc = loom_mem_alloc(tier, LOOM_PURPOSE_OTHER, bytes, &src);
+    if (rc == LOOM_OK)
+        rc = loom_mem_alloc(tier, LOOM_PURPOSE_OTHER, bytes, &dst);
+    double rates[MEMCPY_RUNS];
+    for (int i = -1; rc == LOOM_OK && i < MEMCPY_RUNS; i++) { /* -1: first touch, untimed */
+        uint64_t t0 = loom_now_ns();
+        rc = b->ops->copy(b->self, dst, src, bytes);
+        if (rc == LOOM_OK)
+            rc = b->ops->synchronize(b->self);
+        if (i >= 0)
+            rates[i] = (double)bytes / seconds_since(t0);
+    }
+    loom_mem_free(src);
+    loom_mem_free(dst);
+    if (rc != LOOM_OK)
+        return rc;
+    *copied_per_s = median(rates, MEMCPY_RUNS);
+    return LOOM_OK;
+}
+
+/* The products each precision multiplies in, each product dtype timed
+ * once: a run's MLP-up product of one micro-batch (rows = micro-batch x
+ * seq, by 4C x C), as `loom train` measures its MFU peak. */
+static int measure_device_products(const loom_backend *b, const loom_plan_job *job,
+                                   device_figures *out)
+{
+    static const loom_dtype precisions[] = {LOOM_F32, LOOM_BF16, LOOM_F16};
+    out->M = job->micro_batch * job->seq;
+    out->N = 4 * job->shape.channels;
+    out->K = job->shape.channels;
+    double seconds = strcmp(b->name, "cuda") ? 0.3 : 1.0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(precisions); i++) {
+        loom_dtype p = precisions[i], m = b->ops->multiply_dtype(b->self, p);
+        out->multiply[p] = m;
+        if (out->flops[m] > 0) {
+            out->flops[p] = out->flops[m];
+            continue;
+        }
+        double rate = loom_backend_measure_gemm(b, out->M, out->N, out->K, m, seconds);
+        if (!(rate > 0)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            return loom_fail(LOOM_ERR_INTERNAL, "calibrate: the %s backend's %s products of "
+                             "%d x %d x %d did not run: %s", b->name, loom_dtype_name(m),
+                             out->M, out->N, out->K, why);
+        }
+        out->flops[m] = out->flops[p] = rate;
+    }
+    return LOOM_OK;
+}
+
+static int measure_device(loom_runtime *rt, const loom_backend *b, const loom_plan_job *job,
+                          FILE *progress, device_figures *out)
+{
+    if (b->ops->describe)
+        b->ops->describe(b->self, out->describe, sizeof out->describe);
+    if (!out->describe[0])
+        snprintf(out->describe, sizeof out->describe, "%s", b->name);
+    say(progress, "calibrate: compute backend %s\n", out->describe);
+    int rc = device_memory(rt, b, out);
+    if (rc != LOOM_OK)
+        return rc;
+    say(progress, "calibrate: device memory %.2f GiB (%s)\n", out->memory_bytes / (1u << 30),
+        out->memory_how);
+    if ((rc = measure_device_products(b, job, out)) != LOOM_OK)
+        return rc;
+    say(progress, "calibrate: the backend's products of %d x %d x %d: f32 %.1f GFLOP/s, bf16 "
+        "%.1f (multiplied in %s), f16 %.1f (multiplied in %s)\n", out->M, out->N, out->K,
+        out->flops[LOOM_F32] / 1e9, out->flops[LOOM_BF16] / 1e9,
+        loom_dtype_name(out->multiply[LOOM_BF16]), out->flops[LOOM_F16] / 1e9,
+        loom_dtype_name(out->multiply[LOOM_F16]));
+    /* past the GPU's caches (50 MB of L2 on an H100); a CPU's arena needs less */
+    out->copy_mib = strcmp(b->name, "cuda") ? 64 : 256;
+    if ((rc = measure_device_copy(b, (size_t)out->copy_mib << 20, &out->copied_per_s)))
+        return rc;
+    say(progress, "calibrate: the backend's copies of %d MiB: %.2f GB/s copied, %.2f GB/s read "
+        "+ written\n", out->copy_mib, out->copied_per_s / 1e9, 2 * out->copied_per_s / 1e9);
+    return LOOM_OK;
+}
+
+/* Open device as `loom train` would for the reference config (its
+ * compute.<name> settings apply) and measure it; *opened: the backend's
+ * name ("cpu" when device is "auto" and no GPU answered, nothing
+ * measured). The backend is closed on return: the reference run needs the
+ * device to itself. */
+static int open_and_measure(const char *device, const char *config, const char *const *sets,
+                            int nsets, FILE *progress, device_figures *out, char *opened,
+                            size_t cap)
+{
+    loom_config *cfg = NULL;
+    loom_runtime *rt = NULL;
+    loom_backend *b = NULL;
+    loom_plan_job job;
+    memset(&job, 0, sizeof job);
+    char why[512] = "";
+    int rc = loom_config_load(config, sets, nsets, &cfg);
+    if (rc == LOOM_OK)
+        rc = loom_plan_job_read(cfg, &job);
+    if (rc == LOOM_OK)
+        rc = loom_runtime_create(cfg, &rt);
+    if (rc == LOOM_OK) {
+        loom_compute_setup setup = {.struct_size = sizeof setup,
+                                    .device = 0,
+                                    .threads = loom_kernels_threads(),
+                                    .precision = job.dtype,
+                                    .deterministic = 1};
+        rc = loom_backend_open(rt, device, &setup, &b, why, sizeof why);
+        if (rc != LOOM_OK) {
+            char detail[1024];
+            snprintf(detail, sizeof detail, "%s", loom_last_error());
+            rc = loom_fail(rc, "--device %s: %s", device, detail);
+        }
+    }
+    if (rc == LOOM_OK) {
+        snprintf(opened, cap, "%s", b->name);
+        if (!strcmp(device, "auto"))
+            say(progress, "calibrate: %s\n", why);
+        if (strcmp(b->name, "cpu") && b->ops->tier != LOOM_TIER_DEVICE)
+            rc = loom_fail(LOOM_ERR_INVALID, "--device %s: the backend keeps its "
+                           "memory on the host; name a device backend (cuda, sim), or leave "
+                           "--device out for the CPU", device);
+        else if (strcmp(b->name, "cpu"))
+            rc = measure_device(rt, b, &job, progress, out);
+    }
+    loom_backend_close(b);
+    loom_plan_job_free(&job);
+    loom_runtime_destroy(rt);
+    loom_config_free(cfg);
+    return rc;
+}
+
+/* The backend's figures over the host's: device = true, its memory, its
+ * peaks, its copy roof (until the reference run fits the real rate). */
+static void apply_device(loom_plan_calibration *cal, const char *device,
+                         const device_figures *d)
+{
+    loom_plan_cluster *c = &cal->cluster;
+    static const char prefix[] = "this machine: ";
+    char host[128];
+    snprintf(host, sizeof host, "%s",
+             strncmp(c->name, prefix, strlen(prefix)) ? c->name : c->name + strlen(prefix));
+    char name[512];
+    snprintf(name, sizeof name, "this machine: %s; host %s", d->describe, host);
+    name[sizeof c->name - 1] = '\0'; /* the file's name field holds 127 characters */
+    memcpy(c->name, name, sizeof c->name);
+    c->device = 1;
+    c->device_bytes = d->memory_bytes; /* exact: a count, not a measure */
+    if (d->devices > 0) {
+        c->ranks_per_node = d->devices;
+        set_note(cal, "ranks_per_node", "The GPUs the CUDA runtime sees: one rank a GPU.");
+    } else {
+        set_note(cal, "ranks_per_node", "The cores online (sysconf): the %s backend is a "
+                 "simulated device per rank, on the host's cores.", device);
+    }
+    set_note(cal, "device", "model.device = \"%s\": %s.", device, d->describe);
+    set_note(cal, "device_memory", "From %s.", d->memory_how);
+    for (int t = 0; t < LOOM_DTYPE_COUNT; t++)
+        if (d->flops[t] > 0)
+            c->flops[t] = round4(d->flops[t]);
+    cal->gemm_flops = d->flops[LOOM_F32];
+    set_note(cal, "peak",
+             "The %s backend's own matrix products (loom_backend_measure_gemm), %d x %d by %d x %d "
+             "(a run's\nMLP-up product of one micro-batch of the reference), best of 5 repeats: "
+             "fp32 multiplied in %s,\nbf16 in %s, fp16 in %s, as runs of each precision "
+             "multiply on this backend.",
+             device, d->M, d->K, d->K, d->N, loom_dtype_name(d->multiply[LOOM_F32]),
+             loom_dtype_name(d->multiply[LOOM_BF16]), loom_dtype_name(d->multiply[LOOM_F16]));
+    cal->memcpy_bytes_per_s = 2 * d->copied_per_s;
+    c->memory_bytes_per_s = round4(cal->memcpy_bytes_per_s);
+    set_note(cal, "memory_bandwidth",
+             "The %s backend's copies of %d MiB within its memory, synchronized, median of %d: "
+             "%.4g GB/s\ncopied, each byte read once and written once, so %.4g GB/s read + "
+             "written. A pure roofline.",
+             device, d->copy_mib, MEMCPY_RUNS, d->copied_per_s / 1e9,
+             cal->memcpy_bytes_per_s / 1e9);
+}
+
+int loom_plan_calibrate_device(const char *loom_exe, int max_ranks, const char *device,
+                               const char *config, const char *const *sets, int nsets,
+                               FILE *progress, loom_plan_calibration *out, char *opened,
+                               size_t cap)
+{
+    device_figures *d = calloc(1, sizeof *d);
+    if (!d)
+        return loom_fail(LOOM_ERR_NO_MEMORY, "calibrate: out of memory");
+    int rc = open_and_measure(device, config, sets, nsets, progress, d, opened, cap);
+    if (rc == LOOM_OK)
+        rc = loom_plan_calibrate(loom_exe, max_ranks, progress, out);
+    if (rc == LOOM_OK && strcmp(opened, "cpu"))
+        apply_device(out, opened, d);
+    free(d);
+    return rc;
+}
+
 /* ---- the reference run ---- */
 
 int loom_plan_calibrate_reference(const char *loom_exe, const char *config,
@@ -706,30 +980,36 @@ int loom_plan_calibrate_effective_memory(loom_plan_calibration *cal, const char 
                                          double step_s, double gemm_flops, double other_bytes)
 {
     loom_plan_cluster *c = &cal->cluster;
-    double gemm_s = gemm_flops / c->flops[LOOM_F32];
+    /* the rate plan_time.c times the reference's products at */
+    loom_dtype dtype = cal->reference_dtype;
+    double peak = c->flops[dtype] > 0 ? c->flops[dtype] : c->flops[LOOM_F32];
+    double gemm_s = gemm_flops / peak;
     double rest_s = step_s - gemm_s;
     if (!(other_bytes > 0) || !(rest_s > 0.05 * step_s))
         return loom_fail(LOOM_ERR_INVALID, "calibrate: %s's step of %.3f ms is %.3f ms of GEMMs "
                          "at %.4g GFLOP/s, leaving %.3f ms for %.4g MB of other bytes: too "
                          "little to fit a rate to; keep the memcpy roof",
-                         config, step_s * 1e3, gemm_s * 1e3, c->flops[LOOM_F32] / 1e9,
+                         config, step_s * 1e3, gemm_s * 1e3, peak / 1e9,
                          rest_s * 1e3, other_bytes / 1e6);
     double rate = other_bytes / rest_s;
     c->memory_bytes_per_s = round4(rate);
     set_note(cal, "memory_bandwidth",
-             "Effective, not memcpy's: one rank of loom train %s\ntook %.4g ms a step (median "
-             "of steps 3 on); its GEMMs, %.4g GFLOP at the peak above, take\n%.4g ms; the rest, "
-             "%.4g MB the non-GEMM kernels read and write (the planner's count),\ntook %.4g ms: "
-             "%.4g GB/s. memcpy's roof here is %.4g GB/s read + written; loom's non-GEMM\n"
-             "kernels run below it (exp, tanh and divisions on data the caches hold).",
-             config, step_s * 1e3, gemm_flops / 1e9, gemm_s * 1e3, other_bytes / 1e6,
-             rest_s * 1e3, rate / 1e9, cal->memcpy_bytes_per_s / 1e9);
+             "Effective, not a copy's: one rank of loom train %s\ntook %.4g ms a step (median "
+             "of steps 3 on); its GEMMs, %.4g GFLOP at the %s peak above, take\n%.4g ms; the "
+             "rest, %.4g MB the non-GEMM kernels read and write (the planner's count),\ntook "
+             "%.4g ms: %.4g GB/s. A plain copy's roof here is %.4g GB/s read + written; loom's "
+             "non-GEMM\nkernels run below it (exp, tanh, divisions, reductions).",
+             config, step_s * 1e3, gemm_flops / 1e9, loom_dtype_name(dtype), gemm_s * 1e3,
+             other_bytes / 1e6, rest_s * 1e3, rate / 1e9, cal->memcpy_bytes_per_s / 1e9);
     return LOOM_OK;
 }
 
-int loom_plan_calibrate_count(const char *config, const char *const *sets, int nsets,
-                              const loom_plan_cluster *cluster, double *gemm_flops,
-                              double *other_bytes)
+/* The planner's count of the reference's step; *dtype: its precision. A
+ * CPU reference must be fp32 (its products' rate is the fp32 peak); a
+ * device's may be any precision the cluster has a peak for. */
+static int count_reference(const char *config, const char *const *sets, int nsets,
+                           const loom_plan_cluster *cluster, double *gemm_flops,
+                           double *other_bytes, loom_dtype *dtype)
 {
     loom_config *cfg = NULL;
     loom_plan_job job;
@@ -742,15 +1022,19 @@ int loom_plan_calibrate_count(const char *config, const char *const *sets, int n
     int ranks = 1;
     for (int a = 0; rc == LOOM_OK && a < LOOM_AXIS_COUNT; a++)
         ranks *= job.sizes[a];
-    if (rc == LOOM_OK && (ranks != 1 || job.dtype != LOOM_F32))
+    if (rc == LOOM_OK && (ranks != 1 || (job.dtype != LOOM_F32 && !cluster->device)))
         rc = loom_fail(LOOM_ERR_INVALID, "calibrate: the reference %s runs on %d ranks in %s; "
-                       "a reference is one rank in fp32, so that its step is compute alone at "
-                       "the fp32 peak", config, ranks, loom_dtype_name(job.dtype));
+                       "a reference is one rank%s, so that its step is compute alone at "
+                       "the %s peak", config, ranks, loom_dtype_name(job.dtype),
+                       cluster->device ? "" : " in fp32", cluster->device ? "run's" : "fp32");
+    /* the device the reference trains on keeps the model in its tier */
+    job.device_resident = cluster->device;
     if (rc == LOOM_OK)
         rc = loom_plan_make(&job, cluster, NULL, &plan);
     if (rc == LOOM_OK) {
         *gemm_flops = plan.ranks[0].gemm_flops;
         *other_bytes = plan.ranks[0].other_bytes;
+        *dtype = job.dtype;
     }
     loom_plan_free(&plan);
     loom_plan_job_free(&job);
@@ -758,25 +1042,36 @@ int loom_plan_calibrate_count(const char *config, const char *const *sets, int n
     return rc;
 }
 
+int loom_plan_calibrate_count(const char *config, const char *const *sets, int nsets,
+                              const loom_plan_cluster *cluster, double *gemm_flops,
+                              double *other_bytes)
+{
+    loom_dtype dtype;
+    return count_reference(config, sets, nsets, cluster, gemm_flops, other_bytes, &dtype);
+}
+
 int loom_plan_calibrate_compute(loom_plan_calibration *cal, const char *loom_exe,
                                 const char *config, const char *const *sets, int nsets,
                                 FILE *progress)
 {
     double step_s, gemm_flops, other_bytes;
-    int rc = loom_plan_calibrate_count(config, sets, nsets, &cal->cluster, &gemm_flops,
-                                       &other_bytes);
+    int rc = count_reference(config, sets, nsets, &cal->cluster, &gemm_flops, &other_bytes,
+                             &cal->reference_dtype);
     if (rc)
         return rc;
+    loom_dtype dtype = cal->reference_dtype;
+    double peak = cal->cluster.flops[dtype] > 0 ? cal->cluster.flops[dtype]
+                                                : cal->cluster.flops[LOOM_F32];
     say(progress, "calibrate: one rank of loom train %s ...\n", config);
     if ((rc = loom_plan_calibrate_reference(loom_exe, config, sets, nsets, &step_s)))
         return rc;
     say(progress, "calibrate: %.3f ms a step; the planner counts %.4g GFLOP of GEMMs (%.3f ms "
-        "at the peak) and %.4g MB for the other kernels\n", step_s * 1e3, gemm_flops / 1e9,
-        gemm_flops / cal->cluster.flops[LOOM_F32] * 1e3, other_bytes / 1e6);
+        "at the %s peak) and %.4g MB for the other kernels\n", step_s * 1e3, gemm_flops / 1e9,
+        gemm_flops / peak * 1e3, loom_dtype_name(dtype), other_bytes / 1e6);
     if ((rc = loom_plan_calibrate_effective_memory(cal, config, step_s, gemm_flops, other_bytes)))
         return rc;
-    say(progress, "calibrate: the other kernels run at %.4g GB/s (memcpy's roof: %.4g GB/s)\n",
-        cal->cluster.memory_bytes_per_s / 1e9, cal->memcpy_bytes_per_s / 1e9);
+    say(progress, "calibrate: the other kernels run at %.4g GB/s (a plain copy's roof: %.4g "
+        "GB/s)\n", cal->cluster.memory_bytes_per_s / 1e9, cal->memcpy_bytes_per_s / 1e9);
     return LOOM_OK;
 }
 

@@ -43,6 +43,7 @@ typedef struct cudart_api {
     __typeof__(&cudaGetDevice) GetDevice;
     __typeof__(&cudaSetDevice) SetDevice;
     __typeof__(&cudaDeviceGetAttribute) DeviceGetAttribute;
+    __typeof__(&cudaMemGetInfo) MemGetInfo;
     __typeof__(&cudaGetErrorString) GetErrorString;
     __typeof__(&cudaMalloc) Malloc;
     __typeof__(&cudaFree) Free;
@@ -98,6 +99,7 @@ static void load_runtime(void)
     LOAD(GetDevice, "cudaGetDevice");
     LOAD(SetDevice, "cudaSetDevice");
     LOAD(DeviceGetAttribute, "cudaDeviceGetAttribute");
+    LOAD(MemGetInfo, "cudaMemGetInfo");
     LOAD(GetErrorString, "cudaGetErrorString");
     LOAD(Malloc, "cudaMalloc");
     LOAD(Free, "cudaFree");
@@ -163,6 +165,27 @@ int loom_device_count(void)
 }
 
 static const char *cuda_text(cudaError_t e) { return rt.GetErrorString(e); }
+
+int loom_device_memory_total(int device, uint64_t *bytes)
+{
+    int rc = loom_device_available();
+    if (rc != LOOM_OK)
+        return rc;
+    int current = 0;
+    cudaError_t e = rt.GetDevice(&current);
+    if (e == cudaSuccess)
+        e = rt.SetDevice(device);
+    size_t free_bytes = 0, total = 0;
+    if (e == cudaSuccess) {
+        e = rt.MemGetInfo(&free_bytes, &total);
+        rt.SetDevice(current); /* the caller's device stays current */
+    }
+    if (e != cudaSuccess)
+        return loom_fail(LOOM_ERR_NOT_SUPPORTED, "CUDA device %d: cudaMemGetInfo: %s", device,
+                         cuda_text(e));
+    *bytes = total;
+    return LOOM_OK;
+}
 
 /* ------------------------------------------------------ the block table */
 

@@ -17,6 +17,8 @@
 int loom_device_available(void);
 /* How many CUDA devices this process sees (0 without a usable runtime). */
 int loom_device_count(void);
+/* The memory of CUDA device `device` in bytes (cudaMemGetInfo's total). */
+int loom_device_memory_total(int device, uint64_t *bytes);
 /* Raw device (cudaMalloc) or pinned host (cudaMallocHost) memory; memory.c
  * does the accounting. loom_device_free releases a block of ours and says
  * what it was (returns 1), or returns 0 for a pointer it does not know. */
