@@ -19,6 +19,13 @@
  *       -Iplugins/compute-cuda tests/compute/cuda_attention_emulation.cpp \
  *       -o cuda_attention_emulation [-fsanitize=thread]
  *
+ * With -DATTN_EMULATION_CPU_KERNELS and loom's libloom_model.a linked in
+ * (and what it links: libloom_runtime.a, libloom_plugin_common.a, OpenBLAS,
+ * oneDNN where built with it, OpenMP), every case also runs through the
+ * cpu backend's kernels (loom_attention_kernels_cpu), which the GPU's
+ * conformance test compares against: out, lse, dq, dk and dv within the
+ * same tolerances.
+ *
  * Exit 0 when every case passes, 1 naming the first wrong element of each
  * failing case. An argument runs only the cases whose name contains it
  * ("ring", "causal", "zigzag", "wide", "chunks"). */
@@ -514,6 +521,89 @@ static void run_refusals()
     }
 }
 
+/* ---- against loom's cpu kernels (linked in with libloom_model.a) ---- */
+
+#ifdef ATTN_EMULATION_CPU_KERNELS
+/* loom/strategy.h's loom_attention_kernels, its dtype an int (loom_dtype's
+ * values are cuda_dtype's) */
+extern "C" {
+typedef struct {
+    uint32_t struct_size;
+    void (*block_forward)(const void *, const int *, int, const void *, const void *, const int *,
+                          int, int, int, int, int, void *, float *, int);
+    void (*block_backward)(const void *, const int *, int, const void *, const void *,
+                           const int *, int, int, int, int, int, const void *, const void *,
+                           const float *, void *, void *, void *);
+} cpu_attention_kernels;
+extern const cpu_attention_kernels loom_attention_kernels_cpu;
+}
+
+/* The same blocks through both, out and lse compared, then the backward
+ * of each block from the cpu's out and lse. */
+static void against_cpu(cuda_dtype dt, int B, int NH, int HS, const std::vector<int> &qp,
+                        const std::vector<std::vector<int>> &kps)
+{
+    const char *test = "against loom's cpu kernels";
+    printf("%s (%s, B=%d NH=%d HS=%d tq=%zu)\n", test, dtype_name(dt), B, NH, HS, qp.size());
+    std::mt19937 rng(99);
+    const int tq = (int)qp.size();
+    const size_t nq = (size_t)B * tq * NH * HS, nl = (size_t)B * NH * tq;
+    buffer q(dt, nq), dout(dt, nq), o_gpu(dt, nq), o_cpu(dt, nq), dq_gpu(dt, nq), dq_cpu(dt, nq);
+    q.fill_random(rng, -1.5f, 1.5f);
+    dout.fill_random(rng, -1, 1);
+    dq_gpu.fill_random(rng, -1, 1);
+    memcpy(dq_cpu.data, dq_gpu.data, nq * dq_gpu.size());
+    std::vector<float> l_gpu(nl), l_cpu(nl), scratch(1 << 20);
+    cuda_ctx ctx = {};
+    ctx.scratch = scratch.data();
+    ctx.scratch_bytes = scratch.size() * 4;
+    std::vector<buffer *> ks, vs, dkg, dkc, dvg, dvc;
+    for (size_t b = 0; b < kps.size(); b++) {
+        const int tk = (int)kps[b].size();
+        const size_t nk = (size_t)B * tk * NH * HS;
+        for (auto *vec : {&ks, &vs, &dkg, &dkc, &dvg, &dvc})
+            vec->push_back(new buffer(dt, nk));
+        ks[b]->fill_random(rng, -1.5f, 1.5f);
+        vs[b]->fill_random(rng, -1, 1);
+        dkg[b]->fill_random(rng, -1, 1);
+        dvg[b]->fill_random(rng, -1, 1);
+        memcpy(dkc[b]->data, dkg[b]->data, nk * dkg[b]->size());
+        memcpy(dvc[b]->data, dvg[b]->data, nk * dvg[b]->size());
+        cuda_attention_forward(&ctx, q.data, qp.data(), tq, ks[b]->data, vs[b]->data,
+                               kps[b].data(), tk, B, NH, HS, dt, o_gpu.data, l_gpu.data(), b == 0);
+        loom_attention_kernels_cpu.block_forward(q.data, qp.data(), tq, ks[b]->data, vs[b]->data,
+                                                 kps[b].data(), tk, B, NH, HS, dt, o_cpu.data,
+                                                 l_cpu.data(), b == 0);
+    }
+    const double tol = tolerance(dt);
+    expect(test, "out", o_gpu, o_cpu.values(), tol);
+    std::vector<double> lc(l_cpu.begin(), l_cpu.end());
+    expect_lse(test, l_gpu, lc);
+    for (size_t b = 0; b < kps.size(); b++) {
+        const int tk = (int)kps[b].size();
+        /* both from the cpu's forward: only the backward differs */
+        cuda_attention_backward(&ctx, q.data, qp.data(), tq, ks[b]->data, vs[b]->data,
+                                kps[b].data(), tk, B, NH, HS, dt, o_cpu.data, dout.data,
+                                l_cpu.data(), dq_gpu.data, dkg[b]->data, dvg[b]->data);
+        loom_attention_kernels_cpu.block_backward(q.data, qp.data(), tq, ks[b]->data,
+                                                  vs[b]->data, kps[b].data(), tk, B, NH, HS, dt,
+                                                  o_cpu.data, dout.data, l_cpu.data(),
+                                                  dq_cpu.data, dkc[b]->data, dvc[b]->data);
+        expect(test, "dk", *dkg[b], dkc[b]->values(), tol);
+        expect(test, "dv", *dvg[b], dvc[b]->values(), tol);
+    }
+    expect(test, "dq", dq_gpu, dq_cpu.values(), tol);
+    for (auto *vec : {&ks, &vs, &dkg, &dkc, &dvg, &dvc})
+        for (buffer *b : *vec)
+            delete b;
+}
+
+static void run_against_cpu(const attn_case &c)
+{
+    against_cpu(c.dt, c.s.B, c.s.NH, c.s.HS, c.q_pos, c.k_pos);
+}
+#endif
+
 /* argv[1], when given, picks the cases whose name contains it */
 int main(int argc, char **argv)
 {
@@ -547,8 +637,12 @@ int main(int argc, char **argv)
     cases.push_back({"batch chunks", {3, 2, 16}, CUDA_DTYPE_F32, iota(20, 0), {iota(20, 0)},
                      2 * 20 * sizeof(float) + 4});
     for (const attn_case &c : cases)
-        if (!only || strstr(c.name, only))
+        if (!only || strstr(c.name, only)) {
             run_case(c);
+#ifdef ATTN_EMULATION_CPU_KERNELS
+            run_against_cpu(c);
+#endif
+        }
     if (!only) {
         run_empty_block();
         run_refusals();
