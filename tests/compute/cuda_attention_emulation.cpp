@@ -15,9 +15,10 @@
  * block touching the same shared word unordered); with
  * -fsanitize=address, a read or write past a buffer or the shared memory.
  *
- *   g++ -std=c++20 -O1 -g -pthread -Wall -Wextra -I/usr/local/cuda/include \
- *       -Iplugins/compute-cuda tests/compute/cuda_attention_emulation.cpp \
- *       -o cuda_attention_emulation [-fsanitize=thread]
+ *   g++ -std=c++17 -O1 -g -pthread -Wall -Wextra -Wno-unknown-pragmas \
+ *       -I/usr/local/cuda/include -Iplugins/compute-cuda \
+ *       tests/compute/cuda_attention_emulation.cpp -o cuda_attention_emulation \
+ *       [-fsanitize=thread]
  *
  * With -DATTN_EMULATION_CPU_KERNELS and loom's libloom_model.a linked in
  * (and what it links: libloom_runtime.a, libloom_plugin_common.a, OpenBLAS,
