@@ -1249,6 +1249,17 @@ static int gpu_gelu_backward(loom_compute *c, float *dinp, const float *inp, con
 
 /* ------------------------------------------------------------ attention */
 
+/* The kernels tile a head's channels in shared memory, up to 256 of them. */
+static int head_fits(loom_compute *c, const char *op, int HS)
+{
+    if (HS <= 256)
+        return LOOM_OK;
+    return report(c, 0, LOOM_ERR_NOT_SUPPORTED,
+                  "cuda: %s: heads of %d channels, but the attention kernels take at most 256 "
+                  "(model.channels / model.heads); use more heads",
+                  op, HS);
+}
+
 static int gpu_attention_forward(loom_compute *c, const void *q, const int *q_pos, int tq,
                                  const void *k, const void *v, const int *k_pos, int tk, int B,
                                  int NH, int HS, loom_dtype dtype, void *out, float *lse,
@@ -1256,6 +1267,8 @@ static int gpu_attention_forward(loom_compute *c, const void *q, const int *q_po
 {
     cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "attention_forward", dtype, &t);
+    if (rc == LOOM_OK)
+        rc = head_fits(c, "attention_forward", HS);
     if (rc != LOOM_OK)
         return rc;
     KERNEL(c, "attention_forward",
@@ -1273,6 +1286,8 @@ static int gpu_attention_backward(loom_compute *c, const void *q, const int *q_p
 {
     cuda_dtype t = CUDA_DTYPE_F32;
     int rc = dtype_of(c, "attention_backward", dtype, &t);
+    if (rc == LOOM_OK)
+        rc = head_fits(c, "attention_backward", HS);
     if (rc != LOOM_OK)
         return rc;
     KERNEL(c, "attention_backward",
