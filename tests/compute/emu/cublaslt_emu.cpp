@@ -18,7 +18,7 @@
  * counts that differ, type combinations cuBLASLt has no kernel for,
  * operands less aligned than the algorithm was chosen for. The emulation
  * also refuses what a GPU would not report: batch members of D that
- * overlap, and an algorithm not returned by the heuristic.
+ * overlap, D over A or B, and an algorithm not returned by the heuristic.
  *
  * The heuristic has no algorithm (CUBLAS_STATUS_NOT_SUPPORTED, none
  * returned) for a 16-bit product whose A or B is not 16-byte aligned, or
@@ -356,6 +356,26 @@ const char *member(const void *base, int32_t i, const layout_state &l)
         return nullptr;
     return static_cast<const char *>(base) +
            (ptrdiff_t)i * (ptrdiff_t)l.stride * (ptrdiff_t)element_size(l.type);
+}
+
+/* Whether two matrices' memory (first to last element of every member)
+ * meets. */
+bool overlap(const void *x, const layout_state &lx, const void *y, const layout_state &ly)
+{
+    if (!x || !y || !lx.rows || !lx.cols || !ly.rows || !ly.cols)
+        return false;
+    const layout_state *l[2] = {&lx, &ly};
+    const void *p[2] = {x, y};
+    uintptr_t lo[2], hi[2];
+    for (int i = 0; i < 2; i++) {
+        const int64_t last = (l[i]->batch > 1 ? (int64_t)(l[i]->batch - 1) * l[i]->stride : 0);
+        const int64_t lo_el = last < 0 ? last : 0, hi_el = last > 0 ? last : 0;
+        const int64_t es = (int64_t)element_size(l[i]->type);
+        const int64_t span = ((int64_t)(l[i]->cols - 1) * l[i]->ld + (int64_t)l[i]->rows) * es;
+        lo[i] = reinterpret_cast<uintptr_t>(p[i]) + (uintptr_t)(lo_el * es);
+        hi[i] = reinterpret_cast<uintptr_t>(p[i]) + (uintptr_t)(hi_el * es + span);
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
 }
 
 /* One batch member: op(A) packed as rows of k, op(B) as rows of n (one
@@ -915,6 +935,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     }
     if (empty)
         return CUBLAS_STATUS_SUCCESS;
+    /* the emulation's own check: D written over an operand still being read */
+    for (int i = 0; i < 2 && p.k; i++)
+        if (overlap(D, p.d, ptr[i], *lay[i])) {
+            complain(call, "D overlaps %c (the product would read what it has written)",
+                     "AB"[i]);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
     std::vector<float> pa, pb, acc;
     for (int32_t i = 0; i < batch; i++)
         multiply_member(p, member(A, i, p.a), member(B, i, p.b), member(C, i, p.c),

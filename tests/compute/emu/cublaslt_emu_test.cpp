@@ -10,8 +10,8 @@
  *   refusals   what the real library refuses: dimensions that do not fit,
  *              a leading dimension below the rows, batch counts that
  *              differ, an attribute of the wrong size, mixed input types,
- *              an operand less aligned than its algorithm; and the 16-bit
- *              shapes that get no algorithm
+ *              an operand less aligned than its algorithm, D over B; and
+ *              the 16-bit shapes that get no algorithm
  *   plugin     loom's row-major products as compute_cuda.c itself maps
  *              them (its product_key, plans and heuristic preferences,
  *              cublaslt_emu_products.c) against loom's cpu gemm
@@ -411,6 +411,16 @@ void refusals(cublasLtHandle_t lt)
                                   d.at, p.layout[2], d.at, p.layout[2], &blank, nullptr, 0,
                                   nullptr) == CUBLAS_STATUS_INVALID_VALUE,
            "refusals: an algorithm the heuristic never returned accepted");
+    buffer clean(8 * 24, CUDA_R_32F);
+    memset(clean.bytes.data(), 0, clean.bytes.size());
+    EXPECT(made && cublasLtMatmul(lt, p.op, &alpha, clean.at, p.layout[0], b.at, p.layout[1],
+                                  &beta, b.at, p.layout[2], b.at, p.layout[2], &algo, nullptr,
+                                  0, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
+           "refusals: D written over B accepted");
+    EXPECT(made && cublasLtMatmul(lt, p.op, &alpha, clean.at, p.layout[0], b.at, p.layout[1],
+                                  &beta, d.at, p.layout[2], d.at, p.layout[2], &algo, nullptr,
+                                  0, nullptr) == CUBLAS_STATUS_SUCCESS,
+           "refusals: a product of aligned, separate matrices refused");
     printf("refusals: checked\n");
 }
 
