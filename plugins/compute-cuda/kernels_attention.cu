@@ -35,6 +35,7 @@
 
 #include "attention_math.cuh"
 #include "cuda_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
@@ -48,7 +49,7 @@ constexpr int THREADS = 256; /* 16 x 16 */
 #endif
 #ifndef ATTN_LAUNCH
 #define ATTN_LAUNCH(kernel, blocks, smem, stream, ...)                                           \
-    kernel<<<(blocks), THREADS, (smem), (stream)>>>(__VA_ARGS__)
+    LOOM_CUDA_LAUNCH(kernel, (blocks), THREADS, (smem), (stream), __VA_ARGS__)
 #endif
 
 /* ---- storage types ---- */

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_kernels.h"
+#include "launch.cuh"
 
 enum { LOSS_THREADS = 512, FINISH_THREADS = 256 };
 
@@ -184,8 +185,8 @@ extern "C" cudaError_t cuda_crossentropy_forward(const cuda_ctx *x, float *losse
         return N == 0 ? cudaSuccess : cudaErrorInvalidValue;
     if (V < 0 || Vp < V || !losses || !lse || !logits || !targets)
         return cudaErrorInvalidValue;
-    crossentropy_forward_kernel<<<N, LOSS_THREADS, 0, x->stream>>>(losses, lse, logits, targets, V,
-                                                                   Vp, rows_aligned(logits, Vp));
+    LOOM_CUDA_LAUNCH(crossentropy_forward_kernel, N, LOSS_THREADS, 0, x->stream, losses, lse,
+                     logits, targets, V, Vp, rows_aligned(logits, Vp));
     return cudaGetLastError();
 }
 
@@ -223,8 +224,8 @@ extern "C" cudaError_t cuda_crossentropy_backward(const cuda_ctx *x, float *logi
         return N == 0 ? cudaSuccess : cudaErrorInvalidValue;
     if (V < 0 || Vp < V || !logits || !dlosses || !lse || !targets)
         return cudaErrorInvalidValue;
-    crossentropy_backward_kernel<<<N, LOSS_THREADS, 0, x->stream>>>(
-        logits, dlosses, lse, targets, V, Vp, rows_aligned(logits, Vp));
+    LOOM_CUDA_LAUNCH(crossentropy_backward_kernel, N, LOSS_THREADS, 0, x->stream, logits, dlosses,
+                     lse, targets, V, Vp, rows_aligned(logits, Vp));
     return cudaGetLastError();
 }
 
@@ -249,8 +250,8 @@ extern "C" cudaError_t cuda_crossentropy_slice_max(const cuda_ctx *x, float *max
         return N == 0 ? cudaSuccess : cudaErrorInvalidValue;
     if (real < 0 || width < real || !max || (real && !logits))
         return cudaErrorInvalidValue;
-    slice_max_kernel<<<N, LOSS_THREADS, 0, x->stream>>>(max, logits, width, real,
-                                                        real && rows_aligned(logits, width));
+    LOOM_CUDA_LAUNCH(slice_max_kernel, N, LOSS_THREADS, 0, x->stream, max, logits, width, real,
+                     real && rows_aligned(logits, width));
     return cudaGetLastError();
 }
 
@@ -280,9 +281,8 @@ extern "C" cudaError_t cuda_crossentropy_slice_sums(const cuda_ctx *x, float *su
         return N == 0 ? cudaSuccess : cudaErrorInvalidValue;
     if (real < 0 || width < real || !sum || !target || !max || !targets || (real && !logits))
         return cudaErrorInvalidValue;
-    slice_sums_kernel<<<N, LOSS_THREADS, 0, x->stream>>>(sum, target, logits, max, targets, v0,
-                                                         width, real,
-                                                         real && rows_aligned(logits, width));
+    LOOM_CUDA_LAUNCH(slice_sums_kernel, N, LOSS_THREADS, 0, x->stream, sum, target, logits, max,
+                     targets, v0, width, real, real && rows_aligned(logits, width));
     return cudaGetLastError();
 }
 
@@ -309,8 +309,8 @@ extern "C" cudaError_t cuda_crossentropy_slice_finish(const cuda_ctx *x, float *
     if (!lse || !losses || !max || !sum || !target)
         return cudaErrorInvalidValue;
     const unsigned blocks = (unsigned)(((size_t)N + FINISH_THREADS - 1) / FINISH_THREADS);
-    slice_finish_kernel<<<blocks, FINISH_THREADS, 0, x->stream>>>(lse, losses, max, sum, target,
-                                                                  N);
+    LOOM_CUDA_LAUNCH(slice_finish_kernel, blocks, FINISH_THREADS, 0, x->stream, lse, losses, max,
+                     sum, target, N);
     return cudaGetLastError();
 }
 
@@ -353,8 +353,7 @@ extern "C" cudaError_t cuda_crossentropy_slice_backward(const cuda_ctx *x, float
         return cudaErrorInvalidValue;
     if (!width)
         return cudaSuccess;
-    slice_backward_kernel<<<N, LOSS_THREADS, 0, x->stream>>>(logits, dlosses, lse, targets, v0,
-                                                             width, real,
-                                                             rows_aligned(logits, width));
+    LOOM_CUDA_LAUNCH(slice_backward_kernel, N, LOSS_THREADS, 0, x->stream, logits, dlosses, lse,
+                     targets, v0, width, real, rows_aligned(logits, width));
     return cudaGetLastError();
 }

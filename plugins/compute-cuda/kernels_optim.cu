@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_kernels.h"
+#include "launch.cuh"
 
 /* ---- per-element math, on the host and the device ---- */
 
@@ -370,8 +371,9 @@ extern "C" cudaError_t cuda_adamw_update(const cuda_ctx *x, const cuda_adamw *st
                     aligned_for(v, CUDA_DTYPE_F32) && aligned_for(grad, grad_dtype) &&
                     aligned_for(params, params_dtype);
     const size_t units = units_of(n);
-    adamw_kernel<<<elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream>>>(
-        adamw_consts_of(step), master, grad, grad_dtype, m, v, n, params, params_dtype, vec);
+    LOOM_CUDA_LAUNCH(adamw_kernel, elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream,
+                     adamw_consts_of(step), master, grad, grad_dtype, m, v, n, params, params_dtype,
+                     vec);
     return cudaGetLastError();
 }
 
@@ -398,8 +400,8 @@ extern "C" cudaError_t cuda_scale(const cuda_ctx *x, float *xs, float s, size_t 
     if (!xs)
         return cudaErrorInvalidValue;
     const size_t units = units_of(n);
-    scale_kernel<<<elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream>>>(
-        xs, s, n, aligned_for(xs, CUDA_DTYPE_F32));
+    LOOM_CUDA_LAUNCH(scale_kernel, elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream,
+                     xs, s, n, aligned_for(xs, CUDA_DTYPE_F32));
     return cudaGetLastError();
 }
 
@@ -443,8 +445,8 @@ extern "C" cudaError_t cuda_convert(const cuda_ctx *x, void *dst, cuda_dtype dst
         return cudaMemcpyAsync(dst, src, dst_bytes, cudaMemcpyDeviceToDevice, x->stream);
     const int vec = aligned_for(dst, dst_type) && aligned_for(src, src_type);
     const size_t units = units_of(n);
-    convert_kernel<<<elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream>>>(
-        dst, dst_type, src, src_type, n, vec);
+    LOOM_CUDA_LAUNCH(convert_kernel, elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0,
+                     x->stream, dst, dst_type, src, src_type, n, vec);
     return cudaGetLastError();
 }
 
@@ -477,8 +479,8 @@ extern "C" cudaError_t cuda_accumulate(const cuda_ctx *x, void *dst, cuda_dtype 
         return cudaErrorInvalidValue;
     const int vec = aligned_for(dst, dst_type) && aligned_for(src, CUDA_DTYPE_F32);
     const size_t units = units_of(n);
-    accumulate_kernel<<<elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0, x->stream>>>(
-        dst, dst_type, src, n, vec);
+    LOOM_CUDA_LAUNCH(accumulate_kernel, elementwise_blocks(x, units), ELEMENTWISE_THREADS, 0,
+                     x->stream, dst, dst_type, src, n, vec);
     return cudaGetLastError();
 }
 
@@ -592,12 +594,15 @@ static cudaError_t reduce_to_host(const cuda_ctx *x, const void *xs, cuda_dtype 
     T *partials = (T *)x->scratch, *total = partials + REDUCE_BLOCKS;
     const unsigned blocks = reduce_blocks(n);
     const int vec = aligned_for(xs, dtype);
-    reduce_partials_kernel<T, term><<<blocks, REDUCE_THREADS, 0, x->stream>>>(partials, xs, dtype,
-                                                                               n, vec);
+    void (*const partials_kernel)(T *, const void *, cuda_dtype, size_t, int) =
+        reduce_partials_kernel<T, term>;
+    LOOM_CUDA_LAUNCH(partials_kernel, blocks, REDUCE_THREADS, 0, x->stream, partials, xs, dtype, n,
+                     vec);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess)
         return rc;
-    reduce_final_kernel<T><<<1, FINAL_THREADS, 0, x->stream>>>(total, partials, blocks);
+    LOOM_CUDA_LAUNCH(reduce_final_kernel<T>, 1, FINAL_THREADS, 0, x->stream, total, partials,
+                     blocks);
     if ((rc = cudaGetLastError()) != cudaSuccess)
         return rc;
     rc = cudaMemcpyAsync(x->host_scratch, total, sizeof(T), cudaMemcpyDeviceToHost, x->stream);

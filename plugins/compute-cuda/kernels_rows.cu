@@ -25,6 +25,7 @@
  * __host__ __device__ functions, which tests/compute/cuda_rows_host_test.cu
  * checks on the host. */
 #include "cuda_kernels.h"
+#include "launch.cuh"
 
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -451,7 +452,8 @@ static cudaError_t add_grouped_rows(const cuda_ctx *x, const int *host, size_t i
         int *start = dev + (g->start - host), *key = dev + (g->key - host);
         int *row = dev + (g->row - host);
         const dim3 grid((unsigned)g->groups, column_blocks);
-        grouped_rows_add_kernel<<<grid, threads, 0, x->stream>>>(dst[i], src, start, key, row, C);
+        LOOM_CUDA_LAUNCH(grouped_rows_add_kernel, grid, threads, 0, x->stream, dst[i], src, start,
+                         key, row, C);
         rc = cudaGetLastError();
     }
     if (owned) {
@@ -489,8 +491,8 @@ extern "C" cudaError_t cuda_encoder_forward(const cuda_ctx *x, float *out, const
     if (!N || !C)
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
-    encoder_forward_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(out, inp, pos, wte, wpe, N,
-                                                                       T, C, vec);
+    LOOM_CUDA_LAUNCH(encoder_forward_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, out, inp, pos,
+                     wte, wpe, N, T, C, vec);
     return cudaGetLastError();
 }
 
@@ -548,8 +550,8 @@ extern "C" cudaError_t cuda_embedding_rows_forward(const cuda_ctx *x, float *out
     if (!N || !C)
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(out) && aligned16(wte);
-    embedding_rows_forward_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(out, tok, v0, rows,
-                                                                              wte, N, C, vec);
+    LOOM_CUDA_LAUNCH(embedding_rows_forward_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, out,
+                     tok, v0, rows, wte, N, C, vec);
     return cudaGetLastError();
 }
 
@@ -590,7 +592,8 @@ extern "C" cudaError_t cuda_position_forward(const cuda_ctx *x, float *xs, const
     if (!R || !C)
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(xs) && aligned16(wpe);
-    add_rows_kernel<<<row_blocks(R), ROW_BLOCK, 0, x->stream>>>(xs, wpe, pos, R, C, vec);
+    LOOM_CUDA_LAUNCH(add_rows_kernel, row_blocks(R), ROW_BLOCK, 0, x->stream, xs, wpe, pos, R, C,
+                     vec);
     return cudaGetLastError();
 }
 
@@ -704,8 +707,8 @@ extern "C" cudaError_t cuda_layernorm_forward(const cuda_ctx *x, float *out, flo
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) &&
                     aligned16(bias);
-    layernorm_forward_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(out, mean, rstd, inp,
-                                                                         weight, bias, N, C, vec);
+    LOOM_CUDA_LAUNCH(layernorm_forward_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, out, mean,
+                     rstd, inp, weight, bias, N, C, vec);
     return cudaGetLastError();
 }
 
@@ -720,8 +723,8 @@ extern "C" cudaError_t cuda_residual_layernorm_forward(const cuda_ctx *x, float 
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(res) && aligned16(out) && aligned16(a) &&
                     aligned16(b) && aligned16(weight) && aligned16(bias);
-    residual_layernorm_forward_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(
-        res, out, mean, rstd, a, b, weight, bias, N, C, vec);
+    LOOM_CUDA_LAUNCH(residual_layernorm_forward_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, res,
+                     out, mean, rstd, a, b, weight, bias, N, C, vec);
     return cudaGetLastError();
 }
 
@@ -736,8 +739,8 @@ extern "C" cudaError_t cuda_layernorm_backward_input(const cuda_ctx *x, float *d
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
                     aligned16(weight);
-    layernorm_backward_input_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C, vec);
+    LOOM_CUDA_LAUNCH(layernorm_backward_input_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, dinp,
+                     dout, inp, weight, mean, rstd, N, C, vec);
     return cudaGetLastError();
 }
 
@@ -844,20 +847,20 @@ static cudaError_t column_sums(const cuda_ctx *x, float *dbias, float *dweight, 
     const dim3 block(COLUMN_TILE, COLUMN_ROW_LANES);
     const dim3 grid((unsigned)((C + COLUMN_TILE - 1) / COLUMN_TILE), (unsigned)p.chunks);
     if (p.direct) {
-        column_partials_kernel<<<grid, block, 0, x->stream>>>(dbias, dweight, dout, inp, mean,
-                                                              rstd, N, C, p.rows_per_chunk, 1);
+        LOOM_CUDA_LAUNCH(column_partials_kernel, grid, block, 0, x->stream, dbias, dweight, dout,
+                         inp, mean, rstd, N, C, p.rows_per_chunk, 1);
         return cudaGetLastError();
     }
     float *part_b = (float *)x->scratch;
     float *part_w = inp ? part_b + (size_t)p.chunks * C : NULL;
-    column_partials_kernel<<<grid, block, 0, x->stream>>>(part_b, part_w, dout, inp, mean, rstd,
-                                                          N, C, p.rows_per_chunk, 0);
+    LOOM_CUDA_LAUNCH(column_partials_kernel, grid, block, 0, x->stream, part_b, part_w, dout, inp,
+                     mean, rstd, N, C, p.rows_per_chunk, 0);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess)
         return rc;
     const unsigned blocks = (unsigned)((C + ELEMENT_BLOCK - 1) / ELEMENT_BLOCK);
-    column_finish_kernel<<<blocks, ELEMENT_BLOCK, 0, x->stream>>>(
-        dbias, inp ? dweight : NULL, part_b, part_w, p.chunks, C);
+    LOOM_CUDA_LAUNCH(column_finish_kernel, blocks, ELEMENT_BLOCK, 0, x->stream, dbias,
+                     inp ? dweight : NULL, part_b, part_w, p.chunks, C);
     return cudaGetLastError();
 }
 
@@ -913,8 +916,8 @@ extern "C" cudaError_t cuda_residual_forward(const cuda_ctx *x, float *out, cons
     if (!n)
         return cudaSuccess;
     const int vec = aligned16(out) && aligned16(a) && aligned16(b);
-    residual_forward_kernel<<<element_blocks(x, vec ? n / 4 : n), ELEMENT_BLOCK, 0, x->stream>>>(
-        out, a, b, n, vec);
+    LOOM_CUDA_LAUNCH(residual_forward_kernel, element_blocks(x, vec ? n / 4 : n), ELEMENT_BLOCK, 0,
+                     x->stream, out, a, b, n, vec);
     return cudaGetLastError();
 }
 
@@ -926,7 +929,8 @@ extern "C" cudaError_t cuda_bias_forward(const cuda_ctx *x, float *xs, const flo
     if (!rows || !C)
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(xs) && aligned16(bias);
-    add_rows_kernel<<<row_blocks(rows), ROW_BLOCK, 0, x->stream>>>(xs, bias, NULL, rows, C, vec);
+    LOOM_CUDA_LAUNCH(add_rows_kernel, row_blocks(rows), ROW_BLOCK, 0, x->stream, xs, bias, NULL,
+                     rows, C, vec);
     return cudaGetLastError();
 }
 
@@ -965,8 +969,8 @@ extern "C" cudaError_t cuda_bias_gelu_forward(const cuda_ctx *x, float *out, flo
     if (!N || !C)
         return cudaSuccess;
     const int vec = C % 4 == 0 && aligned16(out) && aligned16(pre) && aligned16(bias);
-    bias_gelu_forward_kernel<<<row_blocks(N), ROW_BLOCK, 0, x->stream>>>(out, pre, bias, N, C,
-                                                                         vec);
+    LOOM_CUDA_LAUNCH(bias_gelu_forward_kernel, row_blocks(N), ROW_BLOCK, 0, x->stream, out, pre,
+                     bias, N, C, vec);
     return cudaGetLastError();
 }
 
@@ -1002,7 +1006,7 @@ extern "C" cudaError_t cuda_gelu_backward(const cuda_ctx *x, float *dinp, const 
     if (!n)
         return cudaSuccess;
     const int vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
-    gelu_backward_kernel<<<element_blocks(x, vec ? n / 4 : n), ELEMENT_BLOCK, 0, x->stream>>>(
-        dinp, inp, dout, n, vec);
+    LOOM_CUDA_LAUNCH(gelu_backward_kernel, element_blocks(x, vec ? n / 4 : n), ELEMENT_BLOCK, 0,
+                     x->stream, dinp, inp, dout, n, vec);
     return cudaGetLastError();
 }
