@@ -1,0 +1,4 @@
+/* kernels_optim.cu compiled as host C++ on the CUDA emulation (cuda_emu.h) */
+#include "cuda_emu.h"
+
+#include "kernels_optim.cu"
