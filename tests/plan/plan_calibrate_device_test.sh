@@ -27,6 +27,12 @@ fail() {
     exit 1
 }
 
+# show FILE MESSAGE: FILE's text, then fail with MESSAGE
+show() {
+    cat "$1"
+    fail "$2"
+}
+
 # median_step FILE: the median step_ms of steps 4 on, in seconds
 median_step() {
     sed -n 's/^{"step": \([0-9]*\),.*"step_ms": \([0-9.e+-]*\),.*/\1 \2/p' "$1" |
@@ -70,27 +76,27 @@ sim)
             cat bad.txt
             fail "--calibrate $bad succeeded"
         fi
-        [ "$(grep -c . bad.txt)" = 1 ] || { cat bad.txt; fail "--calibrate $bad: not one line"; }
+        [ "$(grep -c . bad.txt)" = 1 ] || show bad.txt "--calibrate $bad: not one line"
         echo "refused as it should be: $(cat bad.txt)"
     done
     if "$LOOM" plan "$REF" --device sim > bad.txt 2>&1; then
         fail "loom plan CONFIG --device sim (no --calibrate) succeeded"
     fi
-    grep -q -- "--calibrate" bad.txt || { cat bad.txt; fail "--device without --calibrate: no hint"; }
+    grep -q -- "--calibrate" bad.txt || show bad.txt "--device without --calibrate: no hint"
     echo "refused as it should be: $(cat bad.txt)"
 
     "$LOOM" plan --calibrate out.cfg --device sim --reference "$REF" --data "$DATA" --ranks 2 \
-        > calibrate.txt 2>&1 || { cat calibrate.txt; fail "loom plan --calibrate --device sim failed"; }
+        > calibrate.txt 2>&1 || show calibrate.txt "loom plan --calibrate --device sim failed"
     grep '^calibrate: \(compute\|device\|the \)' calibrate.txt || true
-    grep -q '^  device = true;' out.cfg || { cat out.cfg; fail "out.cfg does not say device = true"; }
+    grep -q '^  device = true;' out.cfg || show out.cfg "out.cfg does not say device = true"
     grep -q '^  device_memory = "16 GiB";' out.cfg ||
-        { cat out.cfg; fail "out.cfg's device_memory is not the sim arena's 16 GiB"; }
+        show out.cfg "out.cfg's device_memory is not the sim arena's 16 GiB"
     grep -q '^  peak = { fp32 = "[0-9.]* [GMT]FLOP/s"; bf16 = ' out.cfg ||
-        { cat out.cfg; fail "out.cfg has no fp32 and bf16 peaks"; }
-    grep -q "Effective" out.cfg || { cat out.cfg; fail "out.cfg's memory_bandwidth was not fitted"; }
+        show out.cfg "out.cfg has no fp32 and bf16 peaks"
+    grep -q "Effective" out.cfg || show out.cfg "out.cfg's memory_bandwidth was not fitted"
 
     "$LOOM" plan "$REF" --cluster out.cfg --set model.device=sim --set data.train="$DATA" \
-        --json plan.json > plan.txt 2>&1 || { cat plan.txt; fail "loom plan --cluster out.cfg failed"; }
+        --json plan.json > plan.txt 2>&1 || show plan.txt "loom plan --cluster out.cfg failed"
     grep '^step:' plan.txt
     PLANNED=$(plan_step plan.json)
     "$LOOM" train "$REF" --set model.device=sim --set data.train="$DATA" --set train.steps=10 \
@@ -119,16 +125,18 @@ data = { train = "$TMP/train.bin"; };
 train = { batch = $b; seq = 1024; steps = 10; lr = 6e-4; precision = "bf16"; };
 EOF
     done
-    "$LOOM" plan --calibrate out.cfg --device cuda --reference "gpt2-124m-b$REF_BATCH.cfg" --ranks 2 \
-        > calibrate.txt 2>&1 || { cat calibrate.txt; fail "loom plan --calibrate --device cuda failed"; }
+    "$LOOM" plan --calibrate out.cfg --device cuda --reference "gpt2-124m-b$REF_BATCH.cfg" \
+        --ranks 2 \
+        > calibrate.txt 2>&1 || show calibrate.txt "loom plan --calibrate --device cuda failed"
     cat calibrate.txt
-    grep -q '^  device = true;' out.cfg || { cat out.cfg; fail "out.cfg does not say device = true"; }
+    grep -q '^  device = true;' out.cfg || show out.cfg "out.cfg does not say device = true"
     "$LOOM" plan gpt2-124m-b16.cfg --cluster out.cfg --set model.device=cuda --json plan.json \
-        > plan.txt 2>&1 || { cat plan.txt; fail "loom plan --cluster out.cfg failed"; }
+        > plan.txt 2>&1 || show plan.txt "loom plan --cluster out.cfg failed"
     grep '^step:' plan.txt
     PLANNED=$(plan_step plan.json)
     "$LOOM" train gpt2-124m-b16.cfg --set model.device=cuda --set train.steps=10 \
-        --metrics run.jsonl > run.log 2>&1 || { tail -20 run.log; fail "loom train on cuda failed"; }
+        --metrics run.jsonl > run.log 2>&1 ||
+        { tail -20 run.log; fail "loom train on cuda failed"; }
     MEASURED=$(median_step run.jsonl) || fail "the cuda run wrote no step times"
     echo "reference: GPT-2 124M bf16 B = $REF_BATCH, T = 1024; planned and measured: B = 16"
     compare "$PLANNED" "$MEASURED" 0.15 || fail "the plan is off the GPU run by more than 15%"
