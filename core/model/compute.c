@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "loom/status.h"
 #include "model/compute.h"
@@ -266,27 +265,20 @@ const loom_backend *loom_backend_current(void) { return api_backend; }
 
 /* ---- the backend's matrix-product rate ---- */
 
-static double seconds_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Seconds of n products, all issued then waited for (a device's queue runs
  * them back to back); negative when one failed. */
 static double timed_products(const loom_backend *b, float *out, const void *x, const void *w,
                              int M, int N, int K, loom_dtype multiply, int n)
 {
     loom_compute_operand a = {x, multiply, K, 0}, bt = {w, multiply, K, 1};
-    double t0 = seconds_now();
+    uint64_t t0 = loom_now_ns();
     for (int i = 0; i < n; i++)
         if (b->ops->gemm(b->self, out, N, M, N, K, a, bt, 1.0f, 0.0f, multiply, 1, 0, 0, 0) !=
             LOOM_OK)
             return -1;
     if (b->ops->synchronize(b->self) != LOOM_OK)
         return -1;
-    return seconds_now() - t0;
+    return 1e-9 * (double)(loom_now_ns() - t0);
 }
 
 double loom_backend_measure_gemm(const loom_backend *b, int M, int N, int K, loom_dtype multiply,
