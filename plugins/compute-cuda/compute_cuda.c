@@ -46,8 +46,9 @@
 
 static const loom_setting_spec cuda_settings[] = {
     {.name = "tf32", .type = LOOM_SETTING_BOOL, .default_value = "false",
-     .help = "let f32 products multiply in TF32 (faster, about 3 decimal digits); false keeps "
-             "them exact fp32, as reference runs need; a deterministic run never uses TF32"},
+     .help = "let f32 products multiply in TF32 (faster, about 3 decimal digits, the same "
+             "results run to run but not the cpu backend's); false keeps them exact fp32, as "
+             "reference runs need"},
     {.name = "timeout_s", .type = LOOM_SETTING_FLOAT, .default_value = "300",
      .help = "how long a wait for the device (synchronize, an event, a copy to or from host "
              "memory) may take before it fails as a hung kernel",
@@ -93,7 +94,6 @@ struct loom_compute {
     char device_name[256];
     loom_dtype multiply;       /* the matmul ops' products */
     int tf32;                  /* f32 products in TF32 */
-    int tf32_refused;          /* asked for, but the run is deterministic */
     double timeout_s;
 
     cublasLtHandle_t lt;
@@ -493,10 +493,6 @@ static int gpu_create(const loom_host *host, const loom_compute_setup *setup, lo
         gpu_destroy(c);
         return rc;
     }
-    if (c->tf32 && setup->deterministic) {
-        c->tf32 = 0;
-        c->tf32_refused = 1;
-    }
     *out = c;
     return LOOM_OK;
 }
@@ -513,8 +509,6 @@ static int gpu_describe(const loom_compute *c, char *buf, size_t cap)
         snprintf(share, sizeof share, ", device %d of %d", c->device, c->device_count);
     const char *products = c->multiply == LOOM_BF16 ? "bf16 products (f32 accumulation)"
                            : c->tf32                ? "f32 products in TF32"
-                           : c->tf32_refused        ? "fp32 products exact (tf32 ignored: "
-                                                      "the run is deterministic)"
                                                     : "fp32 products exact";
     snprintf(buf, cap, "cuda: %s (sm_%d%d, %d SMs, %.1f GiB)%s, cuBLASLt %zu, %s",
              c->device_name, c->sm_major, c->sm_minor, c->ctx.sm_count,

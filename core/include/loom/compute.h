@@ -37,7 +37,7 @@ typedef struct loom_compute_setup {
     int device;           /* the device of this machine to use: the local rank's */
     int threads;          /* CPU threads the backend may use (train.threads) */
     loom_dtype precision; /* the run's storage dtype: f32, bf16 or f16 */
-    int deterministic;    /* 1: results identical run to run (no TF32, fixed reduction order) */
+    int deterministic;    /* 1: results identical run to run (fixed reduction order) */
     /* The built-in cpu backend, for a backend that wraps it or runs some of
      * its work on the host (its instances are created with the same setup). */
     const struct loom_compute_plugin_v1_t *cpu;
