@@ -32,9 +32,9 @@ PIN_VALUE(LOOM_SETTING_INT, 1);
 PIN_VALUE(LOOM_SETTING_FLOAT, 2);
 PIN_VALUE(LOOM_SETTING_BOOL, 3);
 PIN_VALUE(LOOM_SETTING_STRING, 4);
-PIN_VALUE(LOOM_HOST_VERSION, 7); /* 4 since 1.6: loom_optimizer_step.update_range;
+PIN_VALUE(LOOM_HOST_VERSION, 8); /* 4 since 1.6: loom_optimizer_step.update_range;
                                      5 since 1.7: update_range_store; 6 since 1.8: crc32c;
-                                     7 since 1.9: compute */
+                                     7 since 1.9: compute; 8 since 1.10: comm_open */
 PIN_VALUE(LOOM_TIERED_READ, 0);
 PIN_VALUE(LOOM_TIERED_OVERWRITE, 1);
 PIN_VALUE(LOOM_OK, 0);
@@ -96,7 +96,7 @@ PIN_VALUE(LOOM_SETTING_ABOVE_MIN, 2);
 PIN_VALUE(LOOM_SETTING_MAX, 4);
 PIN_VALUE(LOOM_SETTING_BELOW_MAX, 8);
 
-PIN_SIZE(loom_comm_plugin_v1_t, 216);
+PIN_SIZE(loom_comm_plugin_v1_t, 224);
 PIN(loom_comm_plugin_v1_t, header, 0);
 PIN(loom_comm_plugin_v1_t, mem_kinds, 40);
 PIN(loom_comm_plugin_v1_t, reserved, 44);
@@ -121,6 +121,8 @@ PIN(loom_comm_plugin_v1_t, group_end, 184);
 PIN(loom_comm_plugin_v1_t, mem_register, 192);
 PIN(loom_comm_plugin_v1_t, mem_deregister, 200);
 PIN(loom_comm_plugin_v1_t, abort, 208);
+PIN(loom_comm_plugin_v1_t, inner, 216); /* since 1.10 */
+PIN_VALUE(LOOM_MEM_KINDS_INNER, 0);  /* since 1.10 */
 
 PIN_SIZE(loom_memtier_plugin_v1_t, 136);
 PIN(loom_memtier_plugin_v1_t, header, 0);
@@ -138,7 +140,7 @@ PIN(loom_memtier_plugin_v1_t, wait, 112);
 PIN(loom_memtier_plugin_v1_t, address, 120);
 PIN(loom_memtier_plugin_v1_t, prefetch, 128);
 
-PIN_SIZE(loom_strategy_plugin_v1_t, 264);
+PIN_SIZE(loom_strategy_plugin_v1_t, 272);
 PIN(loom_strategy_plugin_v1_t, header, 0);
 PIN(loom_strategy_plugin_v1_t, axis, 40);
 PIN(loom_strategy_plugin_v1_t, reserved, 44);
@@ -169,9 +171,14 @@ PIN(loom_strategy_plugin_v1_t, data_get_shard, 232);
 PIN(loom_strategy_plugin_v1_t, capabilities, 240);
 PIN(loom_strategy_plugin_v1_t, pipeline_bubble, 248);
 PIN(loom_strategy_plugin_v1_t, data_eval, 256);
+PIN(loom_strategy_plugin_v1_t, data_replica_state, 264); /* since 1.10 */
+PIN_SIZE(loom_replica_buffer, 24);                       /* since 1.10 */
+PIN(loom_replica_buffer, data, 8);
+PIN(loom_replica_buffer, bytes, 16);
+PIN_VALUE(LOOM_STRATEGY_APPROXIMATE, 8);                 /* since 1.10 */
 PIN_VALUE(LOOM_STRATEGY_PARAMS_SHARDED, 1);
 
-PIN_SIZE(loom_host, 224);
+PIN_SIZE(loom_host, 232);
 PIN(loom_host, struct_size, 0);
 PIN(loom_host, version, 4);
 PIN(loom_host, rank, 8);
@@ -203,6 +210,7 @@ PIN(loom_host, tiered_release, 192);
 PIN(loom_host, crc32c, 200);      /* since 1.8 */
 PIN(loom_host, copy_crc32c, 208); /* since 1.8 */
 PIN(loom_host, compute, 216);     /* since 1.9 */
+PIN(loom_host, comm_open, 224);   /* since 1.10 */
 
 PIN_SIZE(loom_comm_api, 144);
 PIN(loom_comm_api, struct_size, 0);
@@ -237,10 +245,11 @@ PIN_SIZE(loom_attention_kernels, 24);
 PIN_SIZE(loom_attention, 112);
 PIN_SIZE(loom_action, 8);
 PIN_SIZE(loom_pipeline_shape, 32);
-PIN_SIZE(loom_schedule_plugin_v1_t, 56); /* since 1.8 */
+PIN_SIZE(loom_schedule_plugin_v1_t, 64); /* since 1.8; 64 since 1.10 */
 PIN(loom_schedule_plugin_v1_t, header, 0);
 PIN(loom_schedule_plugin_v1_t, build, 40);
 PIN(loom_schedule_plugin_v1_t, bubble, 48);
+PIN(loom_schedule_plugin_v1_t, bubble_with_settings, 56); /* since 1.10 */
 PIN_SIZE(loom_strategy_setup, 112);
 /* micro_batches since 1.8: the same int as grad_accum, its older name */
 PIN(loom_strategy_setup, grad_accum, 104);

@@ -54,7 +54,9 @@ static inline const char *loom_comm_op_name(loom_comm_op op)
 
 typedef struct loom_comm_plugin_v1_t {
     loom_plugin_header header; /* kind = LOOM_PLUGIN_COMM */
-    uint32_t mem_kinds;        /* LOOM_MEM_BIT(LOOM_MEM_HOST) | ... */
+    /* LOOM_MEM_BIT(LOOM_MEM_HOST) | ...; since ABI 1.10, LOOM_MEM_KINDS_INNER
+     * for a wrapper: the kinds of the backend it opened (host->comm_open) */
+    uint32_t mem_kinds;
     uint32_t reserved;
 
     /* ---- lifetime (REQUIRED) ---- */
@@ -125,14 +127,37 @@ typedef struct loom_comm_plugin_v1_t {
     /* Give up on everything in flight after a failure so destroy cannot
      * hang. This core does not call it yet: destroy must not hang either. */
     int (*abort)(loom_comm *comm);
+
+    /* ---- since ABI 1.10 (OPTIONAL) ---- */
+
+    /* A wrapper (a backend that forwards to one it opened with
+     * host->comm_open): the inner backend's communicator that comm forwards
+     * to. The core follows it so that the inner backend's comm_waiting on
+     * that communicator counts as comm's group, and so that mem_kinds
+     * LOOM_MEM_KINDS_INNER resolves. A wrapper may hand back the inner
+     * backend's requests as its own and forward test and wait to it, or
+     * wrap them (to time each op); either way it forwards every op. */
+    loom_comm *(*inner)(const loom_comm *comm);
 } loom_comm_plugin_v1_t;
+
+/* mem_kinds of a wrapper: whatever the backend it opened takes. */
+#define LOOM_MEM_KINDS_INNER 0u
 
 /* ---- the core's side: groups, as strategies and the core use them ---- */
 
 typedef struct loom_group loom_group;     /* a communicator the core manages */
 typedef struct loom_request loom_request; /* an in-flight op on a group */
 
-/* Semantics as in loom_comm_plugin_v1_t. A NULL request is already complete. */
+/* Semantics as in loom_comm_plugin_v1_t, with one rule of its own for
+ * requests. Since ABI 1.10 an op that returns LOOM_OK always sets *req to
+ * a request, complete or not, and one wait, or one test that returns
+ * other than LOOM_IN_PROGRESS, completes and releases it. wait or test on
+ * NULL, or on a request already released, fails with LOOM_ERR_INVALID
+ * naming the op (the released request's op and sequence number on its
+ * group), never reaching the transport; a group torn down with requests
+ * outstanding names each. A plugin built before 1.10 is given the old
+ * rule: an op complete at issue may set *req = NULL, and wait and test
+ * take NULL as complete. */
 typedef struct loom_comm_api {
     uint32_t struct_size;
     int (*rank)(const loom_group *g);

@@ -25,7 +25,7 @@
 #include "loom/tensor.h"
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 9
+#define LOOM_ABI_MINOR 10
 #define LOOM_ABI_VERSION(major, minor) (((uint32_t)(major) << 16) | (uint32_t)(minor))
 #define LOOM_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define LOOM_ABI_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
@@ -171,6 +171,7 @@ typedef enum loom_trace_lane {
 struct loom_comm_api;
 struct loom_comm;
 struct loom_compute_api;
+struct loom_comm_plugin_v1_t;
 
 /* Model state whose home tier memory.offload chooses by purpose, for
  * ZeRO-Offload and ZeRO-Infinity: OPTIMIZER (fp32 master weights and Adam
@@ -193,8 +194,8 @@ typedef struct loom_tiered loom_tiered;
 /* Version 4 (ABI 1.6) adds no member: it says the loom_optimizer_step the
  * core passes has update_range; version 5 (ABI 1.7), update_range_store;
  * version 6 (ABI 1.8) adds crc32c and copy_crc32c; version 7 (ABI 1.9),
- * compute. */
-#define LOOM_HOST_VERSION 7
+ * compute; version 8 (ABI 1.10), comm_open. */
+#define LOOM_HOST_VERSION 8
 
 /* The core's services, one table per plugin instance (its config group and
  * its key prefix in the bootstrap store are bound into it). Grows at its end;
@@ -290,6 +291,19 @@ typedef struct loom_host {
      * touch them. A strategy built before 1.9 is refused with a backend
      * whose memory the host cannot address. */
     const struct loom_compute_api *compute;
+
+    /* Since LOOM_HOST_VERSION 8 (ABI 1.10), for a comm plugin that wraps
+     * another (a tracer, a compressor, a fault injector): open the comm
+     * backend `name` (a short name or a file path, as comm.default takes
+     * it) to forward to. Its settings are its own group, comm.<name>,
+     * validated as if the config had chosen it directly; *inner_host is the
+     * table to create its communicators with, *ops its plugin struct, to be
+     * called as the core would (comm.h). The core keeps it loaded until the
+     * end of the job; opening the same name again gives the same two. NULL
+     * in every host table but a comm plugin's. */
+    int (*comm_open)(const struct loom_host *host, const char *name,
+                     const struct loom_comm_plugin_v1_t **ops,
+                     const struct loom_host **inner_host);
 } loom_host;
 
 #endif

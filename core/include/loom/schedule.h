@@ -70,6 +70,15 @@ typedef struct loom_schedule_plugin_v1_t {
      * closed form for these sizes. `loom schedule` prints it beside the
      * simulated bubble. */
     double (*bubble)(int stages, int virtual_stages, int microbatches, const char **formula);
+
+    /* ---- since ABI 1.10 (OPTIONAL) ---- */
+
+    /* bubble, for a formula that depends on the plugin's settings: host is
+     * its config group (parallel.pp) and log, as build gets it, valid
+     * during the call. The core calls it rather than bubble when both are
+     * set. */
+    double (*bubble_with_settings)(const loom_host *host, int stages, int virtual_stages,
+                                   int microbatches, const char **formula);
 } loom_schedule_plugin_v1_t;
 
 #endif

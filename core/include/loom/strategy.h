@@ -182,6 +182,14 @@ typedef struct loom_attention {
  * below are all it uses, and its create gets the mesh sizes and the
  * micro-batches (micro_batches) only: no groups, no model shape. */
 
+/* ---- data axis: a replica's own state (data_replica_state) ---- */
+
+typedef struct loom_replica_buffer {
+    const char *name; /* "inner params", "inner m", ... */
+    void *data;       /* in the compute backend's memory */
+    size_t bytes;
+} loom_replica_buffer;
+
 /* ---- what the core gives a strategy at create ---- */
 
 /* Valid during create only (copy what you keep); the groups it points to
@@ -357,6 +365,22 @@ typedef struct loom_strategy_plugin_v1_t {
      * evaluated: the core refuses validation with it. Strategies without
      * forward hooks need none. */
     int (*data_eval)(loom_strategy *s, int evaluating);
+
+    /* ---- data axis, since ABI 1.10 (OPTIONAL) ---- */
+
+    /* State a dp rank keeps for itself alone, beyond what data_get_state
+     * gives (DiLoCo's worker weights and Adam moments between two syncs):
+     * the unit's buffers of it, each a label unique in the unit, its
+     * address in the compute backend's memory (host->compute) and its size
+     * in bytes. Called with buffers NULL for *count, then with room for
+     * *count. The core writes the buffers' bytes into every checkpoint as
+     * records of this rank and, on a resume at the same mesh, copies them
+     * back after data_set_state, so the resumed run is bitwise the
+     * uninterrupted one; at another mesh they are left out (the replicas
+     * start from data_set_state's shared state) and the core says so. A
+     * consolidated checkpoint holds no replica state. */
+    int (*data_replica_state)(loom_strategy *s, loom_unit *unit,
+                              loom_replica_buffer *buffers, int *count);
 } loom_strategy_plugin_v1_t;
 
 /* Each bit is a requirement the strategy puts on the rest of the job; the
@@ -377,8 +401,20 @@ typedef struct loom_strategy_plugin_v1_t {
  * backward complete before the next begins. Pipeline schedules interleave
  * micro-batches and split the backward: refused when parallel.pp.size > 1. */
 #define LOOM_STRATEGY_GRADS_IN_ORDER (1u << 2)
+/* Since 1.10. Data axis: my dp ranks train replicas that differ on
+ * purpose between synchronisations (local SGD, DiLoCo, compressed
+ * gradients), so the run is near the single-rank run, not equal to it.
+ * The core then lets me serve dp > 1 without data_grads_ready and
+ * data_finish_backward (nothing need average the gradients each step),
+ * takes data_grad_norm_sq as this rank's own (each replica clips by its
+ * own norm; the first step's cross-rank check is skipped and dp rank 0's
+ * norm is the one reported), and saves each rank's data_replica_state in
+ * checkpoints. `loom plugins --check --train` holds such a strategy to
+ * --tolerance rather than the fp32 contract. */
+#define LOOM_STRATEGY_APPROXIMATE (1u << 3)
 /* The bits this header knows. */
 #define LOOM_STRATEGY_KNOWN_CAPABILITIES                                              \
-    (LOOM_STRATEGY_PARAMS_SHARDED | LOOM_STRATEGY_ONE_MICROBATCH | LOOM_STRATEGY_GRADS_IN_ORDER)
+    (LOOM_STRATEGY_PARAMS_SHARDED | LOOM_STRATEGY_ONE_MICROBATCH |                    \
+     LOOM_STRATEGY_GRADS_IN_ORDER | LOOM_STRATEGY_APPROXIMATE)
 
 #endif
