@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,8 @@ static void plugins_usage(FILE *f)
     fprintf(f, "usage: loom plugins [CONFIG] [--set path=value ...]\n"
                "       loom plugins --check FILE [--set path=value ...] [--train CONFIG "
                "[--ranks 1,2,4]\n"
-               "                                  [--keep DIR] [--timeout S]]\n");
+               "                                  [--keep DIR] [--timeout S]\n"
+               "                                  [--tolerance REL] [--reference NAME]]\n");
 }
 
 static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)
@@ -655,7 +657,7 @@ static const char *option_value(int argc, char **argv, int *i)
 
 int loom_cmd_plugins(int argc, char **argv)
 {
-    const char *config_path = NULL, *check = NULL, *timeout = NULL;
+    const char *config_path = NULL, *check = NULL, *timeout = NULL, *tolerance = NULL;
     loom_harness_options harness = {0};
     const char **overrides = calloc((size_t)argc, sizeof *overrides);
     int noverrides = 0;
@@ -677,6 +679,10 @@ int loom_cmd_plugins(int argc, char **argv)
             value = &harness.keep;
         } else if (!strcmp(a, "--timeout")) {
             value = &timeout;
+        } else if (!strcmp(a, "--tolerance")) {
+            value = &tolerance;
+        } else if (!strcmp(a, "--reference")) {
+            value = &harness.reference;
         } else if (!strcmp(a, "--set")) {
             value = &overrides[noverrides++];
         } else if (!strncmp(a, "--set=", 6)) {
@@ -698,16 +704,27 @@ int loom_cmd_plugins(int argc, char **argv)
             rc = 2;
         }
     }
-    int harness_only = harness.ranks || harness.keep || timeout;
+    if (rc < 0 && tolerance) {
+        char *end;
+        harness.tolerance = strtod(tolerance, &end);
+        if (end == tolerance || *end || !(harness.tolerance > 0) || isinf(harness.tolerance)) {
+            fprintf(stderr, "loom plugins: --tolerance '%s': want the relative drift of the "
+                            "loss to allow at each step, a number > 0, e.g. 0.05\n", tolerance);
+            rc = 2;
+        }
+    }
+    int harness_only =
+        harness.ranks || harness.keep || timeout || tolerance || harness.reference;
     if (rc < 0 && (config_path && check)) {
         fprintf(stderr, "loom plugins: --check FILE takes its config as --train CONFIG\n");
         rc = 2;
     } else if (rc < 0 && (harness.config || harness_only) && !check) {
-        fprintf(stderr, "loom plugins: --train, --ranks, --keep and --timeout go with "
-                        "--check FILE\n");
+        fprintf(stderr, "loom plugins: --train, --ranks, --keep, --timeout, --tolerance and "
+                        "--reference go with --check FILE\n");
         rc = 2;
     } else if (rc < 0 && harness_only && !harness.config) {
-        fprintf(stderr, "loom plugins: --ranks, --keep and --timeout go with --train CONFIG\n");
+        fprintf(stderr, "loom plugins: --ranks, --keep, --timeout, --tolerance and --reference "
+                        "go with --train CONFIG\n");
         rc = 2;
     }
     if (rc < 0 && check) {

@@ -1,7 +1,8 @@
 /* loom CLI — the numerics harness of `loom plugins --check FILE --train
  * CONFIG`: the plugin trains CONFIG at several rank counts, and each run's
  * per-step losses, gradient norms and final weights are compared with the
- * single-rank run of CONFIG. And the functional checks of a compute
+ * single-rank run of CONFIG (or, with a named reference, with that plugin
+ * at the same rank count). And the functional checks of a compute
  * backend, which `loom plugins --check FILE` runs. */
 #ifndef LOOM_CLI_PLUGIN_HARNESS_H
 #define LOOM_CLI_PLUGIN_HARNESS_H
@@ -15,11 +16,17 @@ typedef struct loom_harness_options {
     const char *ranks;            /* "1,2,4"; NULL: that */
     const char *keep;             /* keep the runs' files here; NULL: a temporary directory */
     double timeout_s;             /* per run; 0: the default */
+    double tolerance;             /* --tolerance: the loss's relative drift allowed per
+                                     step; 0: the fp32 contract's bounds */
+    const char *reference;        /* --reference: this plugin on the same axis at the same
+                                     rank count is the reference; NULL: the single-rank
+                                     run with the core's default */
 } loom_harness_options;
 
 /* Runs the harness on a plugin that passed the conformance checks; prints
- * one line per run. 0 when every run matches, 1 on a divergence or a failed
- * run, 2 on bad options. */
+ * one line per run, and with a tolerance a table of the drift per step. 0
+ * when every run checked holds, 1 on a divergence, a failed run or nothing
+ * checked, 2 on bad options. */
 int loom_plugin_harness(const loom_plugin *plugin, const loom_harness_options *o);
 
 /* The functional checks of a compute backend under `loom plugins --check`,

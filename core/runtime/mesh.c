@@ -134,8 +134,11 @@ int loom_comm_auto(loom_runtime *rt, loom_mem_kind memory, const char **name, ch
 
 /* A comm plugin the config names: it must exist and its group
  * (comm.<name>) must hold its settings, whether or not this mesh uses it,
- * so that a job fails the same way at one rank as at many. */
-static int check_backend(loom_runtime *rt, const char *name, const char *path)
+ * so that a job fails the same way at one rank as at many. checked (may
+ * be NULL) gets the plugin's own name: a file path's group is checked
+ * here, under the name the file declares. */
+static int check_backend(loom_runtime *rt, const char *name, const char *path,
+                         const char **checked)
 {
     const loom_config *cfg = loom_runtime_config(rt);
     if (!strcmp(name, "self") || !strcmp(name, "auto")) /* auto: loom_comm_auto says */
@@ -146,6 +149,8 @@ static int check_backend(loom_runtime *rt, const char *name, const char *path)
     if (rc == LOOM_OK) {
         char group[96];
         snprintf(group, sizeof group, "comm.%s", plugin->header->name);
+        if (checked)
+            *checked = plugin->header->name;
         return loom_runtime_host(rt, plugin, group, &host); /* says where itself */
     }
     char why[1024];
@@ -158,23 +163,26 @@ static int check_backend(loom_runtime *rt, const char *name, const char *path)
 static int check_named_backends(loom_runtime *rt)
 {
     const loom_config *cfg = loom_runtime_config(rt);
-    const char *name = NULL;
+    const char *name = NULL, *checked[1 + LOOM_AXIS_COUNT] = {NULL};
     int rc = LOOM_OK;
     if (loom_config_is_set(cfg, "comm.default") &&
         loom_config_string(cfg, "comm.default", &name) == LOOM_OK)
-        rc = check_backend(rt, name, "comm.default");
+        rc = check_backend(rt, name, "comm.default", &checked[0]);
     for (int a = 0; a < LOOM_AXIS_COUNT && rc == LOOM_OK; a++) {
         char path[32];
         snprintf(path, sizeof path, "comm.%s", loom_axis_name((loom_axis)a));
         if (loom_config_is_set(cfg, path) && loom_config_string(cfg, path, &name) == LOOM_OK &&
             name[0])
-            rc = check_backend(rt, name, path);
+            rc = check_backend(rt, name, path, &checked[1 + a]);
     }
     for (int i = 0; rc == LOOM_OK && (name = loom_config_child_name(cfg, "comm", i)); i++) {
         char path[96];
         snprintf(path, sizeof path, "comm.%s", name);
-        if (!loom_config_core_owns(path))
-            rc = check_backend(rt, name, path);
+        int done = 0; /* the group of a backend named by its file above */
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(checked); k++)
+            done |= checked[k] && !strcmp(checked[k], name);
+        if (!done && !loom_config_core_owns(path))
+            rc = check_backend(rt, name, path, NULL);
     }
     return rc;
 }
