@@ -623,6 +623,10 @@ static int check_reference(harness *h, const loom_config *cfg)
 {
     const loom_plugin *p = h->plugin;
     const char *name = h->o->reference;
+    if (p->kind == LOOM_PLUGIN_COMM && !strcmp(name, "auto")) { /* the core's choice, no file */
+        snprintf(h->ref_name, sizeof h->ref_name, "%s", name);
+        return 0;
+    }
     loom_search_path sp;
     loom_plugin *ref = NULL;
     int rc = loom_search_path_init(&sp, cfg);

@@ -182,6 +182,11 @@ approximate)
     [ "$status" = 0 ] || fail "ddp --tolerance 1e-3: exit status $status"
     grep -Eq "^dp=2: 10 steps, losses within 0.001 \(worst [^)]*\), grad norms within 0.001 \(worst [^)]*\), weights drift up to " "$TMP/out" ||
         fail "ddp's norm not held"
+    cat "$TMP/out"
+    # 16-bit rounding breaks the fp32 bounds, not a tolerance
+    check --ranks 2 --tolerance 0.02 --set train.precision=bf16
+    [ "$status" = 0 ] || fail "bf16 --tolerance 0.02: exit status $status"
+    grep -q "^dp=2: 10 steps, losses within 0.02 " "$TMP/out" || fail "bf16 not checked"
     cat "$TMP/out" ;;
 reference)
     check --reference 1f1b
