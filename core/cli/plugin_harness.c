@@ -62,8 +62,8 @@
  * norm; a strategy that declares LOOM_STRATEGY_APPROXIMATE reports dp rank
  * 0's own norm (strategy.h), a gradient of its share of the batch on its
  * own replica, which differs from the single-rank norm by that share's
- * sampling noise, often by more than REL, and says nothing of the error:
- * its norm is reported, not held. The final weights are reported, not
+ * sampling noise whatever the strategy's error: its norm is reported,
+ * not held. The final weights are reported, not
  * held: Adam moves every weight by up to lr a step whatever its gradient's
  * size, so a run a little off moves the weights whose gradients are near
  * zero by whole steps, and no bound on a tensor follows from REL on the
