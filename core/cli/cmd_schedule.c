@@ -1,10 +1,13 @@
-/* `loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]`:
- * build the pipeline schedule the config names (parallel.pp.{size,
- * schedule, microbatches, virtual_stages}), validate it, print each rank's
- * list, simulate it with forward = backward-input = backward-weight = 1
- * (backward = 2) and report the bubble and the activation stash, and draw
- * it. One process: no ranks, no communication, no model. */
+/* `loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]
+ * [--p2p-cost X]`: build the pipeline schedule the config names
+ * (parallel.pp.{size, schedule, microbatches, virtual_stages}), validate
+ * it, print each rank's list, simulate it with forward = backward-input =
+ * backward-weight = 1 (backward = 2) and transfers arriving X after their
+ * send (the latency model in train/schedule.h), report the bubble and the
+ * activation stash, and draw it. One process: no ranks, no communication,
+ * no model. */
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +26,10 @@
 #include "train/schedule.h"
 
 static const char schedule_usage[] =
-    "usage: loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose]\n";
+    "usage: loom schedule CONFIG [--set path=value ...] [--svg FILE] [--verbose] "
+    "[--p2p-cost X]\n"
+    "  --p2p-cost X  each transfer between stages arrives X after its send, in units of\n"
+    "                a forward (default 0: free transfers); the sender is not held up\n";
 
 /* "F3" for a forward of micro-batch 3, "B" backward, "I" backward-input,
  * "W" backward-weight; "ra", "sa", "rg", "sg" the transfers; "v1" after it
@@ -88,13 +94,24 @@ int loom_cli_build_schedule(loom_config *cfg, loom_runtime *rt, loom_schedule *o
     return rc;
 }
 
-static int report(const loom_schedule *s, const loom_plugin *plugin, const char *desc,
-                  int verbose, const char *svg_path)
+/* The plugin's closed-form bubble, through bubble_with_settings (given its
+ * host, parallel.pp) when it has one; < 0 when it has none for this shape. */
+static double theory_bubble(const loom_plugin *plugin, const loom_host *host, int p, int v, int m,
+                            const char **formula)
+{
+    const loom_schedule_ops *ops = &plugin->ops.schedule;
+    if (loom_plugin_provides(plugin, LOOM_OPTIONAL_SCHEDULE_BUBBLE_WITH_SETTINGS))
+        return ops->bubble_with_settings(host, p, v, m, formula);
+    return ops->bubble ? ops->bubble(p, v, m, formula) : -1.0;
+}
+
+static int report(const loom_schedule *s, const loom_plugin *plugin, const loom_host *host,
+                  const char *desc, int verbose, double transfer, const char *svg_path)
 {
     double cost[LOOM_ACT_KIND_COUNT];
     loom_schedule_default_costs(cost);
     loom_schedule_timeline tl;
-    int rc = loom_schedule_simulate(s, cost, &tl);
+    int rc = loom_schedule_simulate_transfers(s, cost, transfer, &tl);
     if (rc != LOOM_OK)
         return rc;
     int p = s->stages, v = s->virtual_stages, m = s->microbatches;
@@ -105,14 +122,15 @@ static int report(const loom_schedule *s, const loom_plugin *plugin, const char 
     for (int r = 0; r < p; r++)
         print_list(s, r, verbose);
     printf("simulated with forward %g, backward-input %g, backward-weight %g, backward %g, "
-           "transfers 0:\n", cost[LOOM_ACT_FORWARD], cost[LOOM_ACT_BACKWARD_INPUT],
-           cost[LOOM_ACT_BACKWARD_WEIGHT], cost[LOOM_ACT_BACKWARD]);
+           "transfers %g:\n", cost[LOOM_ACT_FORWARD], cost[LOOM_ACT_BACKWARD_INPUT],
+           cost[LOOM_ACT_BACKWARD_WEIGHT], cost[LOOM_ACT_BACKWARD], transfer);
     printf("  makespan %g, bubble %.4f", tl.makespan, tl.bubble);
     const char *formula = NULL;
-    const loom_schedule_ops *ops = &plugin->ops.schedule;
-    double th = ops->bubble ? ops->bubble(p, v, m, &formula) : -1.0;
+    double th = theory_bubble(plugin, host, p, v, m, &formula);
+    /* The closed forms know nothing of transfers: say so when they cost. */
     if (th >= 0.0)
-        printf(" (theory %s = %.4f)", formula, th);
+        printf(" (theory%s %s = %.4f)", transfer > 0.0 ? ", free transfers:" : "",
+               formula ? formula : "?", th);
     printf("\n  peak stash (%s alive at once):", v > 1 ? "stage-micro-batches" : "micro-batches");
     for (int r = 0; r < p; r++)
         printf(" rank %d: %d%s", r, tl.peak_stash[r], r + 1 < p ? "," : "\n");
@@ -135,15 +153,27 @@ static int report(const loom_schedule *s, const loom_plugin *plugin, const char 
 
 int loom_cmd_schedule(int argc, char **argv)
 {
-    const char *svg_path = NULL;
+    const char *svg_path = NULL, *p2p_cost = NULL;
     int verbose = 0;
     const loom_cli_option options[] = {{"--svg", NULL, &svg_path, NULL},
                                        {"--verbose", "-v", NULL, &verbose},
+                                       {"--p2p-cost", NULL, &p2p_cost, NULL},
                                        {NULL, NULL, NULL, NULL}};
     loom_cli_config_args args;
     int bad = loom_cli_config_args_parse("loom schedule", schedule_usage, argc, argv, options, &args);
     if (bad)
         return bad;
+    double transfer = 0.0;
+    if (p2p_cost) {
+        char *end = NULL;
+        errno = 0;
+        transfer = strtod(p2p_cost, &end);
+        if (end == p2p_cost || *end || errno || !isfinite(transfer) || transfer < 0.0) {
+            fprintf(stderr, "loom schedule: --p2p-cost '%s': not a time; give a number 0 or "
+                    "more, in units of a forward (e.g. --p2p-cost 0.5)\n", p2p_cost);
+            return 2;
+        }
+    }
     loom_config *cfg = NULL;
     loom_runtime *rt = NULL;
     loom_schedule s;
@@ -155,8 +185,11 @@ int loom_cmd_schedule(int argc, char **argv)
         rc = loom_runtime_create(cfg, &rt);
     if (rc == LOOM_OK)
         rc = loom_cli_build_schedule(cfg, rt, &s, desc, sizeof desc, &plugin);
+    const loom_host *host = NULL;
     if (rc == LOOM_OK)
-        rc = report(&s, plugin, desc, verbose, svg_path);
+        rc = loom_runtime_host(rt, plugin, "parallel.pp", &host);
+    if (rc == LOOM_OK)
+        rc = report(&s, plugin, host, desc, verbose, transfer, svg_path);
     if (rc != LOOM_OK)
         fprintf(stderr, "loom schedule: %s\n", loom_last_error());
     fflush(stdout);

@@ -18,6 +18,34 @@ static void xml_text(FILE *out, const char *text)
         }
 }
 
+/* One arrow per receive, from the sender's row when its send ran to the
+ * receiver's row when the data arrived (send + transfer). */
+static void draw_transfers(FILE *out, const loom_schedule *s, const loom_schedule_timeline *tl,
+                           double left, double top, double row, double gap, double unit)
+{
+    for (int r = 0; r < s->stages; r++)
+        for (int i = 0; i < s->count[r]; i++) {
+            loom_action a = s->actions[r][i];
+            int stage = loom_schedule_stage(s, r, a.virtual_stage);
+            int from;
+            if (a.kind == LOOM_ACT_RECV_ACTIVATION)
+                from = loom_schedule_rank_of(s, stage - 1);
+            else if (a.kind == LOOM_ACT_RECV_GRADIENT)
+                from = loom_schedule_rank_of(s, stage + 1);
+            else
+                continue;
+            double arrival = tl->arrival[r][i], sent = arrival - tl->transfer;
+            double y_from = top + from * (row + gap) + row / 2, y_to = top + r * (row + gap) + row / 2;
+            char what[160];
+            loom_action_describe(s, r, i, what, sizeof what);
+            fprintf(out, "<line class=\"transfer\" x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" "
+                         "y2=\"%.1f\" stroke=\"#333333\" stroke-opacity=\"0.6\" "
+                         "marker-end=\"url(#arrow)\"><title>%s, sent t = %g, arrived t = %g"
+                         "</title></line>\n",
+                    left + sent * unit, y_from, left + arrival * unit, y_to, what, sent, arrival);
+        }
+}
+
 int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, FILE *out)
 {
     /* Colours from one qualitative palette; later virtual stages lighter. */
@@ -39,13 +67,22 @@ int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, 
             width, height, width, height);
     fprintf(out, "<defs><pattern id=\"idle\" width=\"6\" height=\"6\" "
                  "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
-                 "<path d=\"M0 0 V6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern></defs>\n");
+                 "<path d=\"M0 0 V6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern>%s"
+                 "</defs>\n",
+            tl->transfer > 0.0 ? "<marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" "
+                                 "refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" "
+                                 "orient=\"auto\"><path d=\"M0 0 L10 5 L0 10 z\" "
+                                 "fill=\"#333333\"/></marker>"
+                               : "");
     fprintf(out, "<rect class=\"background\" x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" "
                  "fill=\"white\"/>\n", width, height);
     fprintf(out, "<text x=\"%.0f\" y=\"24\" font-size=\"15\">", left);
     xml_text(out, s->name);
-    fprintf(out, ": p = %d, v = %d, m = %d, bubble %.1f%%</text>\n", p, v, s->microbatches,
+    fprintf(out, ": p = %d, v = %d, m = %d, bubble %.1f%%", p, v, s->microbatches,
             100.0 * tl->bubble);
+    if (tl->transfer > 0.0)
+        fprintf(out, ", transfers %g", tl->transfer);
+    fprintf(out, "</text>\n");
     for (int r = 0; r < p; r++) {
         double y = top + r * (row + gap);
         fprintf(out, "<text x=\"8\" y=\"%.1f\" font-size=\"12\">rank %d</text>\n",
@@ -83,6 +120,8 @@ int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, 
                         x + w / 2, y + row / 2 + 4, w >= 16.0 ? 11.0 : 8.0, (int)a.microbatch);
         }
     }
+    if (tl->transfer > 0.0)
+        draw_transfers(out, s, tl, left, top, row, gap, unit);
     double y = top + p * (row + gap) + 10.0, x = left;
     for (int k = 0; k < 4; k++) {
         fprintf(out, "<rect class=\"legend\" x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" "
@@ -94,6 +133,14 @@ int loom_schedule_svg(const loom_schedule *s, const loom_schedule_timeline *tl, 
                  "fill=\"url(#idle)\" stroke=\"#dddddd\"/><text x=\"%.0f\" y=\"%.0f\" "
                  "font-size=\"12\">idle</text>\n",
             x, y, x + 18, y + 11);
+    if (tl->transfer > 0.0) {
+        x += 60;
+        fprintf(out, "<line class=\"legend\" x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" "
+                     "stroke=\"#333333\" marker-end=\"url(#arrow)\"/><text x=\"%.0f\" "
+                     "y=\"%.0f\" font-size=\"12\">transfer</text>\n",
+                x, y + 7, x + 14, y + 7, x + 18, y + 11);
+        x += 60;
+    }
     fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\" fill=\"#555555\">numbers: "
                  "micro-batches%s</text>\n", x + 70, y + 11,
             v > 1 ? "; lighter: later virtual stages" : "");

@@ -468,6 +468,8 @@ static const struct {
                                         OP(loom_memtier_plugin_v1_t, prefetch)},
     [LOOM_OPTIONAL_SCHEDULE_BUBBLE] = {LOOM_PLUGIN_SCHEDULE,
                                        OP(loom_schedule_plugin_v1_t, bubble)},
+    [LOOM_OPTIONAL_SCHEDULE_BUBBLE_WITH_SETTINGS] = {
+        LOOM_PLUGIN_SCHEDULE, OP(loom_schedule_plugin_v1_t, bubble_with_settings)},
     [LOOM_OPTIONAL_COMPUTE_PROBE] = {LOOM_PLUGIN_COMPUTE, CO(probe)},
     [LOOM_OPTIONAL_COMPUTE_NATIVE_QUEUE] = {LOOM_PLUGIN_COMPUTE, CO(native_queue)},
 };

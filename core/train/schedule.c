@@ -506,9 +506,12 @@ void loom_schedule_timeline_free(const loom_schedule *s, loom_schedule_timeline 
             free(tl->start[r]);
         if (tl->end)
             free(tl->end[r]);
+        if (tl->arrival)
+            free(tl->arrival[r]);
     }
     free(tl->start);
     free(tl->end);
+    free(tl->arrival);
     free(tl->busy);
     free(tl->peak_stash);
     memset(tl, 0, sizeof *tl);
@@ -521,13 +524,15 @@ static int timeline_alloc(const loom_schedule *s, loom_schedule_timeline *out)
     memset(out, 0, sizeof *out);
     out->start = calloc((size_t)p, sizeof *out->start);
     out->end = calloc((size_t)p, sizeof *out->end);
+    out->arrival = calloc((size_t)p, sizeof *out->arrival);
     out->busy = calloc((size_t)p, sizeof *out->busy);
     out->peak_stash = calloc((size_t)p, sizeof *out->peak_stash);
-    int ok = out->start && out->end && out->busy && out->peak_stash;
+    int ok = out->start && out->end && out->arrival && out->busy && out->peak_stash;
     for (int r = 0; ok && r < p; r++) {
         size_t n = (size_t)s->count[r] + 1;
         ok = (out->start[r] = calloc(n, sizeof(double))) &&
-             (out->end[r] = calloc(n, sizeof(double)));
+             (out->end[r] = calloc(n, sizeof(double))) &&
+             (out->arrival[r] = calloc(n, sizeof(double)));
     }
     if (ok)
         return LOOM_OK;
@@ -535,8 +540,8 @@ static int timeline_alloc(const loom_schedule *s, loom_schedule_timeline *out)
     return loom_fail(LOOM_ERR_NO_MEMORY, "schedule: out of memory");
 }
 
-/* The deadlock walk again, with clocks: a receive starts when its send
- * has ended. pc: per rank, the actions walked. */
+/* The deadlock walk again, with clocks: a receive starts when its send's
+ * data has arrived (schedule.h). pc: per rank, the actions walked. */
 static void walk_clocks(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
                         const action_index *ix, int *pc, loom_schedule_timeline *out)
 {
@@ -552,8 +557,9 @@ static void walk_clocks(const loom_schedule *s, const double cost[LOOM_ACT_KIND_
                     send_of(s, ix, r, a, &pr, &pi);
                     if (pi < 0 || pc[pr] <= pi)
                         break;
-                    if (out->end[pr][pi] > t)
-                        t = out->end[pr][pi];
+                    out->arrival[r][i] = out->end[pr][pi] + out->transfer;
+                    if (out->arrival[r][i] > t)
+                        t = out->arrival[r][i];
                 }
                 out->start[r][i] = t;
                 out->end[r][i] = t + cost[a.kind];
@@ -590,10 +596,22 @@ static void count_stash_and_bubble(const loom_schedule *s, loom_schedule_timelin
 int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
                            loom_schedule_timeline *out)
 {
+    return loom_schedule_simulate_transfers(s, cost, 0.0, out);
+}
+
+int loom_schedule_simulate_transfers(const loom_schedule *s,
+                                     const double cost[LOOM_ACT_KIND_COUNT], double transfer,
+                                     loom_schedule_timeline *out)
+{
     int p = s->stages;
+    if (!(transfer >= 0.0))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "schedule \"%s\": transfer time %g: give 0 or more", s->name,
+                         transfer);
     int rc = timeline_alloc(s, out);
     if (rc != LOOM_OK)
         return rc;
+    out->transfer = transfer;
     int *pc = calloc((size_t)p, sizeof *pc);
     action_index ix;
     if (!pc || (rc = index_init(&ix, s)) != LOOM_OK) {

@@ -89,11 +89,23 @@ void loom_schedule_default_costs(double cost[LOOM_ACT_KIND_COUNT]);
 
 /* Every action's start and end time when each rank runs its list in order,
  * an action starting when the previous one on its rank has ended and (a
- * receive) when its send has ended. */
+ * receive) when its data has arrived.
+ *
+ * Transfers cost link latency only: a send's data arrives `transfer` time
+ * units after the send (which ends with the compute that produced it, as
+ * sends cost 0); the sender is not held up, the receive waits for the
+ * arrival. So a schedule whose rank has other work between a send's
+ * compute and the receive that needs it hides the latency; one whose
+ * receive waits on a transfer it just asked for does not. Bandwidth (a
+ * link busy with one transfer delaying the next) is not modelled. */
 typedef struct loom_schedule_timeline {
     double makespan;  /* the last action's end; the first starts at 0 */
     double bubble;    /* idle compute: 1 − busy / (p × makespan) */
+    double transfer;  /* the latency it was simulated with */
     double **start, **end; /* [p][count[r]] */
+    /* [p][count[r]] for a receive, when its data arrived (its send's end +
+     * transfer); 0 for the other actions */
+    double **arrival;
     double *busy;     /* [p] compute time of each rank */
     /* [p] most stage-micro-batches alive at once on the rank: forward run,
      * backward (or backward-weight) not yet. One per (virtual stage, mb),
@@ -101,9 +113,13 @@ typedef struct loom_schedule_timeline {
     int *peak_stash;
 } loom_schedule_timeline;
 
-/* s must be valid (loom_schedule_validate). */
+/* s must be valid (loom_schedule_validate). Free transfers (0). */
 int loom_schedule_simulate(const loom_schedule *s, const double cost[LOOM_ACT_KIND_COUNT],
                            loom_schedule_timeline *out);
+/* The same with a transfer latency >= 0, in the units of cost. */
+int loom_schedule_simulate_transfers(const loom_schedule *s,
+                                     const double cost[LOOM_ACT_KIND_COUNT], double transfer,
+                                     loom_schedule_timeline *out);
 void loom_schedule_timeline_free(const loom_schedule *s, loom_schedule_timeline *tl);
 
 #endif

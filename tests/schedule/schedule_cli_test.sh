@@ -131,6 +131,53 @@ adapted)
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "filldrain with v = 2 accepted"
     expect_line "$TMP/err" "loom schedule: $TMP/pp.cfg:5: filldrain: one virtual stage per rank only (got 2)"
     ;;
+p2p_cost)
+    # --p2p-cost 0 is the default, to the byte
+    write_cfg 2 1f1b 2 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/free" 2>&1 || { cat "$TMP/free"; fail "exit $?"; }
+    "$LOOM" schedule "$TMP/pp.cfg" --p2p-cost 0 > "$TMP/zero" 2>&1 || { cat "$TMP/zero"; fail "exit $?"; }
+    cmp -s "$TMP/free" "$TMP/zero" || { diff "$TMP/free" "$TMP/zero"; fail "--p2p-cost 0 changed the output"; }
+    # p = 2, m = 2, transfers X. Rank 0: F0 sa0 F1 sa1 rg0 B0 rg1 B1, rank 1:
+    # ra0 F0 B0 sg0 ra1 F1 B1 sg1. Rank 1's F0 starts at 1 + X, B0 ends at
+    # 4 + X (F1's activation, sent at 2, arrived long before), B1 ends at
+    # 7 + X; rank 0's B0 waits for the gradient until 4 + 2X, its B1 until
+    # 7 + 2X and ends at 9 + 2X: two transfers on the critical path.
+    "$LOOM" schedule "$TMP/pp.cfg" --p2p-cost 1 --svg "$TMP/t.svg" > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "simulated with forward 1, backward-input 1, backward-weight 1, backward 2, transfers 1:"
+    # busy 12 of 2 x 11
+    expect_line "$TMP/out" "  makespan 11, bubble 0.4545 (theory, free transfers: (p-1)/(m+p-1) = 0.3333)"
+    "$LOOM" schedule "$TMP/pp.cfg" --p2p-cost 0.5 > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "  makespan 10, bubble 0.4000 (theory, free transfers: (p-1)/(m+p-1) = 0.3333)"
+    "$LOOM" schedule "$TMP/pp.cfg" --svg "$TMP/free.svg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    python3 - "$TMP/t.svg" "$TMP/free.svg" <<'PY' || fail "SVG check"
+import sys
+from xml.dom import minidom
+doc = minidom.parse(sys.argv[1])
+lines = [l for l in doc.getElementsByTagName("line") if l.getAttribute("class") == "transfer"]
+# two activations and two gradients, each drawn 1 unit long
+assert len(lines) == 4, len(lines)
+spans = sorted(round(float(l.getAttribute("x2")) - float(l.getAttribute("x1")), 2) for l in lines)
+assert len(set(spans)) == 1 and spans[0] > 0, spans
+title = doc.getElementsByTagName("text")[0].firstChild.data
+assert title == "1f1b: p = 2, v = 1, m = 2, bubble 45.5%, transfers 1", title
+free = minidom.parse(sys.argv[2])
+assert not [l for l in free.getElementsByTagName("line") if l.getAttribute("class") == "transfer"]
+PY
+    # 1F1B's steady state waits on each transfer it asks for; GPipe's
+    # forwards run ahead of theirs, so at p = 4, m = 8 it hides more of them
+    write_cfg 4 1f1b 8 1
+    "$LOOM" schedule "$TMP/pp.cfg" --p2p-cost 1 > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "  makespan 49, bubble 0.5102 (theory, free transfers: (p-1)/(m+p-1) = 0.2727)"
+    "$LOOM" schedule "$TMP/pp.cfg" --set parallel.pp.schedule=gpipe --p2p-cost 1 > "$TMP/out" 2>&1 ||
+        { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "  makespan 39, bubble 0.3846 (theory, free transfers: (p-1)/(m+p-1) = 0.2727)"
+    for bad in -1 abc 1x inf; do
+        "$LOOM" schedule "$TMP/pp.cfg" --p2p-cost "$bad" > "$TMP/out" 2> "$TMP/err" && fail "--p2p-cost $bad accepted"
+        [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "not one line"; }
+        expect_line "$TMP/err" "loom schedule: --p2p-cost '$bad': not a time; give a number 0 or more, in units of a forward (e.g. --p2p-cost 0.5)"
+    done
+    ;;
 bad_size)
     write_cfg 1 1f1b 4 1
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "pp.size = 1 accepted"
