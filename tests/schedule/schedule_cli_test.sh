@@ -178,6 +178,23 @@ PY
         expect_line "$TMP/err" "loom schedule: --p2p-cost '$bad': not a time; give a number 0 or more, in units of a forward (e.g. --p2p-cost 0.5)"
     done
     ;;
+bubble_with_settings)
+    # FILLDRAIN is the flushes test schedule here: GPipe over
+    # parallel.pp.flushes groups, bubble k(p-1)/(m+k(p-1)) from its setting
+    write_cfg 2 "$FILLDRAIN" 4 1
+    "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 0: F0 F1 F2 F3 B0 B1 B2 B3"
+    expect_line "$TMP/out" "  makespan 15, bubble 0.2000 (theory (p-1)/(m+p-1) with flushes = 1 = 0.2000)"
+    "$LOOM" schedule "$TMP/pp.cfg" --set parallel.pp.flushes=2 > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "rank 0: F0 F1 B0 B1 F2 F3 B2 B3"
+    # 2 x 3(2+1) = 18; 2/(4+2)
+    expect_line "$TMP/out" "  makespan 18, bubble 0.3333 (theory k(p-1)/(m+k(p-1)) with k = flushes = 0.3333)"
+    "$LOOM" schedule "$TMP/pp.cfg" --set parallel.pp.flushes=4 > "$TMP/out" 2>&1 || { cat "$TMP/out"; fail "exit $?"; }
+    expect_line "$TMP/out" "  makespan 24, bubble 0.5000 (theory k(p-1)/(m+k(p-1)) with k = flushes = 0.5000)"
+    "$LOOM" schedule "$TMP/pp.cfg" --set parallel.pp.flushes=3 > "$TMP/out" 2> "$TMP/err" && fail "flushes = 3 of 4 accepted"
+    grep -F "flushes: parallel.pp.flushes = 3 does not divide parallel.pp.microbatches = 4" "$TMP/err" > /dev/null ||
+        { cat "$TMP/err"; fail "flushes = 3 not refused"; }
+    ;;
 bad_size)
     write_cfg 1 1f1b 4 1
     "$LOOM" schedule "$TMP/pp.cfg" > "$TMP/out" 2> "$TMP/err" && fail "pp.size = 1 accepted"
