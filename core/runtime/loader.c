@@ -727,8 +727,10 @@ static int check_allowed(probe *pr, const loom_setting_spec *s, int i, char *why
         return -1;
     }
     if (!has_default) {
-        snprintf(why, cap, "settings[%d] '%s': the default \"%s\" is not among its allowed "
-                 "values", i, s->name, s->default_value);
+        size_t n = strlen(s->default_value);
+        int quoted = n >= 2 && s->default_value[0] == '"' && s->default_value[n - 1] == '"';
+        snprintf(why, cap, "settings[%d] '%s': the default \"%.*s\" is not among its allowed "
+                 "values", i, s->name, (int)(quoted ? n - 2 : n), s->default_value + quoted);
         return -1;
     }
     return 0;

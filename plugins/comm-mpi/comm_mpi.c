@@ -70,9 +70,9 @@ static const loom_setting_spec mpi_settings[] = {
      "after a timeout, how long the core collects the other ranks' reports before naming the "
      "ranks that did not arrive",
      .bounds = LOOM_SETTING_MIN, .min = 0},
-    {.name = "ompi_server", .type = LOOM_SETTING_STRING, .default_value = "\"ompi-server\"",
+    {.name = "ompi_server", .type = LOOM_SETTING_STRING, .default_value = "ompi-server",
      .help = "program that joins ranks started without mpirun (Open MPI's ompi-server)"},
-    {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "\"\"",
+    {.name = "tcp_interface", .type = LOOM_SETTING_STRING, .default_value = "",
      .help = "network interface for MPI's TCP traffic between ranks joined under loom launch "
              "(\"\": lo on one machine; across machines the one that reaches MASTER_ADDR)"},
     {0},

@@ -95,7 +95,7 @@ static const char *const small_setting[UOP_COUNT] = {
  * bench reports for the op (allgather: the gathered buffer; reducescatter
  * and alltoall: the whole send buffer). */
 const loom_setting_spec ucx_settings_spec[] = {
-    {.name = "tls", .type = LOOM_SETTING_STRING, .default_value = "\"\"", .help =
+    {.name = "tls", .type = LOOM_SETTING_STRING, .default_value = "", .help =
      "UCX_TLS for the process's UCX context, e.g. \"shm,self\" or \"tcp\"; \"\" lets UCX choose "
      "(shared memory on one host, TCP or verbs across hosts)"},
     {.name = "progress_thread", .type = LOOM_SETTING_BOOL, .default_value = "false", .help =
@@ -104,19 +104,19 @@ const loom_setting_spec ucx_settings_spec[] = {
     {.name = "peer_errors", .type = LOOM_SETTING_BOOL, .default_value = "false", .help =
      "UCX reports failed peers itself (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 then cannot use "
      "shared memory or cma, so this is much slower on one host"},
-    {.name = "allreduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "allreduce", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, recursive_doubling, ring, rabenseifner or direct"},
-    {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "allgather", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, ring, recursive_doubling, bruck or direct"},
-    {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "reducescatter", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, ring, recursive_halving or direct"},
-    {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "broadcast", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, binomial, chain, scatter_allgather or direct"},
-    {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "reduce", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, binomial, chain, direct or scatter_gather"},
-    {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "\"auto\"",
+    {.name = "alltoall", .type = LOOM_SETTING_STRING, .default_value = "auto",
      .help = "auto, pairwise, bruck or posted"},
-    {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "\"dissemination\"",
+    {.name = "barrier", .type = LOOM_SETTING_STRING, .default_value = "dissemination",
      .help = "dissemination (the only one)"},
     {.name = "allreduce_small_bytes", .type = LOOM_SETTING_INT, .default_value = "16384",
      .help = "auto allreduce below this: recursive doubling",

@@ -954,6 +954,33 @@ typedef struct test_case {
     void (*run)(void);
 } test_case;
 
+/* A string setting's default, written bare ("one", as in the plugin
+ * guide) or quoted as in a config ("\"one\"", as older plugins did), is
+ * the same value; an empty one either way is "". */
+static const loom_setting_spec quoting[] = {
+    {.name = "bare", .type = LOOM_SETTING_STRING, .default_value = "one", .help = "",
+     .allowed = (const char *const[]){"one", "two", NULL}},
+    {.name = "quoted", .type = LOOM_SETTING_STRING, .default_value = "\"one\"", .help = "",
+     .allowed = (const char *const[]){"one", "two", NULL}},
+    {.name = "empty", .type = LOOM_SETTING_STRING, .default_value = "", .help = ""},
+    {.name = "empty_quoted", .type = LOOM_SETTING_STRING, .default_value = "\"\"",
+     .help = ""},
+    {0},
+};
+
+static void case_quoted_default(void)
+{
+    const char *path = write_cfg("quoted.cfg", "comm = { quoting = { }; };\n");
+    loom_config *cfg = NULL;
+    CHECK(loom_config_load(path, NULL, 0, &cfg) == LOOM_OK);
+    CHECK(loom_config_check_group(cfg, "comm.quoting", quoting, NULL) == LOOM_OK);
+    CHECK_STR(get_str(cfg, "comm.quoting.bare"), "one");
+    CHECK_STR(get_str(cfg, "comm.quoting.quoted"), "one");
+    CHECK_STR(get_str(cfg, "comm.quoting.empty"), "");
+    CHECK_STR(get_str(cfg, "comm.quoting.empty_quoted"), "");
+    loom_config_free(cfg);
+}
+
 static const test_case cases[] = {
     {"defaults", case_defaults},
     {"typo", case_typo},
@@ -966,6 +993,7 @@ static const test_case cases[] = {
     {"lists", case_lists},
     {"files", case_files},
     {"plugin_group", case_plugin_group},
+    {"quoted_default", case_quoted_default},
     {"syntax", case_syntax},
     {"checkpoint", case_checkpoint},
     {"parse", case_parse},

@@ -11,6 +11,11 @@ static const loom_setting_spec flushes_settings[] = {
     {.name = "flushes", .type = LOOM_SETTING_INT, .default_value = "1",
      .help = "groups of micro-batches, each a fill and drain of the pipeline",
      .bounds = LOOM_SETTING_MIN, .min = 1},
+    /* written quoted, as plugins did before defaults were bare words: it
+     * must read, and list, as the bare word (tests/config settings.cli) */
+    {.name = "order", .type = LOOM_SETTING_STRING, .default_value = "\"forward\"",
+     .help = "the order of each group's backwards",
+     .allowed = (const char *const[]){"forward", NULL}},
     {0}};
 
 static int emit(const loom_pipeline_shape *shape, int rank, loom_action_kind kind, int mb)
