@@ -36,7 +36,9 @@ static void plugins_usage(FILE *f)
                "       loom plugins --check FILE [--set path=value ...] [--train CONFIG "
                "[--ranks 1,2,4]\n"
                "                                  [--keep DIR] [--timeout S]\n"
-               "                                  [--tolerance REL] [--reference NAME]]\n");
+               "                                  [--tolerance REL] [--reference NAME]]\n"
+               "  --timeout S  each training run of --train is stopped after S seconds "
+               "(default 600)\n");
 }
 
 static int list_plugins(const char *config_path, const char *const *overrides, int noverrides)

@@ -1,0 +1,21 @@
+#!/bin/sh
+# Each command's --help names the options the docs give it (README's command
+# list, docs/pipeline.md, docs/plugin-guide.md): a documented option missing
+# from the usage, or the other way round, is a mismatch a user trips on.
+#   cli_help_test.sh LOOM
+set -u
+LOOM=$1
+fail() { echo "cli_help_test: $*"; exit 1; }
+
+# usage goes to stdout or stderr, with exit 0 or 2: read both
+help_of() { "$LOOM" "$@" --help 2>&1; }
+
+for option in "--timeout S" "--tolerance REL" "--reference NAME" "--keep DIR" "--ranks" "--train CONFIG"; do
+    help_of plugins | grep -F -- "$option" > /dev/null || fail "loom plugins --help lacks $option"
+done
+help_of plugins | grep -F -- "--timeout S  each training run" > /dev/null ||
+    fail "loom plugins --help does not say what --timeout S is"
+help_of settings | grep -F -- "loom settings [CONFIG] [--set path=value ...]" > /dev/null ||
+    fail "loom settings --help lacks --set"
+help_of schedule | grep -F -- "[--p2p-cost X]" > /dev/null || fail "loom schedule --help lacks --p2p-cost X"
+exit 0
