@@ -91,7 +91,9 @@ typedef enum loom_setting_type {
 typedef struct loom_setting_spec {
     const char *name;          /* NULL ends the list */
     loom_setting_type type;
-    const char *default_value; /* as it would be written in the config; NULL: required */
+    /* the value as text: "4", "0.5", "true", a string bare ("one"; a
+     * quoted "\"one\"" reads the same); NULL: required */
+    const char *default_value;
     const char *help;          /* one line */
     /* ---- since ABI 1.3: rules the core checks ---- */
     const char *const *allowed; /* STRING: the values allowed, NULL-ended; NULL: any */
