@@ -70,7 +70,8 @@ static void print_plugin_settings(const row_list *rows)
             loom_config_spec_rules(spec, rules, sizeof rules);
             char shown[256];
             printf("  %-34s %-8s %-12s %s%s%s%s\n", path, setting_type_name(spec->type),
-                   default_text(spec, shown, sizeof shown), spec->help ? spec->help : "", rules[0] ? " (" : "", rules, rules[0] ? ")" : "");
+                   default_text(spec, shown, sizeof shown), spec->help ? spec->help : "",
+                   rules[0] ? " (" : "", rules, rules[0] ? ")" : "");
         }
         loom_plugin_unload(p);
     }

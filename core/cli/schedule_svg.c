@@ -35,7 +35,8 @@ static void draw_transfers(FILE *out, const loom_schedule *s, const loom_schedul
             else
                 continue;
             double arrival = tl->arrival[r][i], sent = arrival - tl->transfer;
-            double y_from = top + from * (row + gap) + row / 2, y_to = top + r * (row + gap) + row / 2;
+            double y_from = top + from * (row + gap) + row / 2;
+            double y_to = top + r * (row + gap) + row / 2;
             char what[160];
             loom_action_describe(s, r, i, what, sizeof what);
             fprintf(out, "<line class=\"transfer\" x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" "
