@@ -91,13 +91,14 @@ void loom_schedule_default_costs(double cost[LOOM_ACT_KIND_COUNT]);
  * an action starting when the previous one on its rank has ended and (a
  * receive) when its data has arrived.
  *
- * Transfers cost link latency only: a send's data arrives `transfer` time
- * units after the send (which ends with the compute that produced it, as
- * sends cost 0); the sender is not held up, the receive waits for the
- * arrival. So a schedule whose rank has other work between a send's
- * compute and the receive that needs it hides the latency; one whose
- * receive waits on a transfer it just asked for does not. Bandwidth (a
- * link busy with one transfer delaying the next) is not modelled. */
+ * Transfers cost link latency: a send's data arrives `transfer` time units
+ * after the send has ended (its own cost, 0 under `loom schedule`, holds
+ * its rank; the latency does not), and the receive waits for the arrival.
+ * A schedule that posts a send early (right after the compute that
+ * produced it) and gives the receiving rank other work until it needs the
+ * data hides the latency; one whose receive waits on a transfer just
+ * started does not. Bandwidth (a link busy with one transfer delaying the
+ * next) is not modelled. */
 typedef struct loom_schedule_timeline {
     double makespan;  /* the last action's end; the first starts at 0 */
     double bubble;    /* idle compute: 1 − busy / (p × makespan) */

@@ -332,6 +332,55 @@ static void case_simulate(void)
     loom_schedule_free(&s);
 }
 
+/* Transfer latency: a receive waits for its send's end + X; the send's
+ * own cost still holds its rank, the latency does not. */
+static void case_transfers(void)
+{
+    const char *lists[] = {"F0 sa0 rg0 B0", "ra0 F0 B0 sg0"};
+    loom_schedule s;
+    make(&s, "timed", 2, 1, 1, lists);
+    CHECK(loom_schedule_validate(&s) == LOOM_OK);
+    double cost[LOOM_ACT_KIND_COUNT] = {0};
+    cost[LOOM_ACT_FORWARD] = 1.0;
+    cost[LOOM_ACT_BACKWARD] = 2.0;
+    cost[LOOM_ACT_SEND_ACTIVATION] = 0.5;
+    cost[LOOM_ACT_SEND_GRADIENT] = 0.25;
+    loom_schedule_timeline tl;
+    CHECK(loom_schedule_simulate_transfers(&s, cost, 1.0, &tl) == LOOM_OK);
+    /* rank 0: F0 [0,1], sa0 [1,1.5]; rank 1: ra0 arrives 2.5, F0 [2.5,3.5],
+     * B0 [3.5,5.5], sg0 [5.5,5.75]; rank 0: rg0 arrives 6.75, B0 [6.75,8.75] */
+    const double start0[] = {0, 1, 6.75, 6.75}, end0[] = {1, 1.5, 6.75, 8.75};
+    const double start1[] = {2.5, 2.5, 3.5, 5.5}, end1[] = {2.5, 3.5, 5.5, 5.75};
+    for (int i = 0; i < 4; i++) {
+        CHECK_NEAR(tl.start[0][i], start0[i], 1e-12);
+        CHECK_NEAR(tl.end[0][i], end0[i], 1e-12);
+        CHECK_NEAR(tl.start[1][i], start1[i], 1e-12);
+        CHECK_NEAR(tl.end[1][i], end1[i], 1e-12);
+    }
+    CHECK_NEAR(tl.arrival[1][0], 2.5, 1e-12);
+    CHECK_NEAR(tl.arrival[0][2], 6.75, 1e-12);
+    CHECK(tl.arrival[0][0] == 0.0 && tl.arrival[1][3] == 0.0);
+    CHECK_NEAR(tl.makespan, 8.75, 1e-12); /* 6.75 without latency, + 2 transfers */
+    CHECK(tl.transfer == 1.0);
+    CHECK_NEAR(tl.bubble, 1.0 - 6.0 / 17.5, 1e-12);
+    loom_schedule_timeline_free(&s, &tl);
+    /* 0 is loom_schedule_simulate, to the bit */
+    loom_schedule_timeline free_tl;
+    CHECK(loom_schedule_simulate_transfers(&s, cost, 0.0, &tl) == LOOM_OK);
+    CHECK(loom_schedule_simulate(&s, cost, &free_tl) == LOOM_OK);
+    CHECK(tl.makespan == free_tl.makespan && tl.bubble == free_tl.bubble);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 4; i++)
+            CHECK(tl.start[r][i] == free_tl.start[r][i] && tl.end[r][i] == free_tl.end[r][i]);
+    loom_schedule_timeline_free(&s, &tl);
+    loom_schedule_timeline_free(&s, &free_tl);
+    /* a negative or NaN latency is refused */
+    CHECK(loom_schedule_simulate_transfers(&s, cost, -1.0, &tl) == LOOM_ERR_INVALID);
+    CHECK_STR(loom_last_error(), "schedule \"timed\": transfer time -1: give 0 or more");
+    CHECK(loom_schedule_simulate_transfers(&s, cost, NAN, &tl) == LOOM_ERR_INVALID);
+    loom_schedule_free(&s);
+}
+
 /* ------------------------------------------------------ shipped schedules */
 
 typedef struct schedule_source {
@@ -625,6 +674,7 @@ int main(int argc, char **argv)
                  {"ranges", case_ranges},
                  {"describe", case_describe},
                  {"simulate", case_simulate},
+                 {"transfers", case_transfers},
                  {"shipped", case_shipped},
                  {"bubble", case_bubble},
                  {"zero_bubble", case_zero_bubble},
