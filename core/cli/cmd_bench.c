@@ -504,14 +504,11 @@ static int bench_backend(loom_runtime *rt, const char *backend, const char *why,
             printf("#\n# loom bench: backend %s unavailable: %s\n", backend, unavailable);
         return LOOM_OK;
     }
-    /* A backend takes the memory kinds it declares (comm.h); the built-in
-     * self group copies with memcpy, so host only. */
+    /* A backend takes the memory kinds it declares (comm.h), a wrapper those
+     * of the backend it opened; the built-in self group copies with memcpy,
+     * so host only. */
     int device = !strcmp(st->memory, "device");
-    uint32_t kinds = LOOM_MEM_BIT(LOOM_MEM_HOST);
-    const loom_plugin *plugin = NULL;
-    if (strcmp(backend, "self") != 0 &&
-        loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, backend, &plugin) == LOOM_OK)
-        kinds = plugin->ops.comm.mem_kinds;
+    uint32_t kinds = loom_group_mem_kinds(g);
     if (!(kinds & LOOM_MEM_BIT(device ? LOOM_MEM_DEVICE : LOOM_MEM_HOST))) {
         snprintf(unavailable, why_cap, "comm %s does not take %s memory (bench.memory = \"%s\"; set "
                  "\"%s\" for it)", backend, st->memory, st->memory, device ? "host" : "device");

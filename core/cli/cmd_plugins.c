@@ -228,12 +228,30 @@ static void check_comm_instance(checker *c, const loom_comm_ops *vt, loom_comm *
         report_check(c, check, NULL);
 }
 
-static void check_comm_functional(checker *c, const loom_comm_ops *vt, const loom_host *host)
+static void check_comm_functional(checker *c, loom_runtime *rt, const loom_plugin *p,
+                                  const loom_host *host)
 {
+    const loom_comm_ops *vt = &p->ops.comm;
     loom_comm *comm = NULL;
     int rc = vt->create_world(host, &comm);
     if (!check_made(c, "create_world", rc, comm, "communicator"))
         return;
+    /* a wrapper's kinds are those of the backend its create_world opened */
+    uint32_t kinds = 0;
+    if (vt->mem_kinds == LOOM_MEM_KINDS_INNER) {
+        if (loom_runtime_comm_mem_kinds(rt, p, &kinds) != LOOM_OK) {
+            fail_check(c, "mem_kinds", "%s", loom_last_error());
+            vt->destroy(comm);
+            return;
+        }
+        report_check(c, "mem_kinds", NULL);
+        if (!(kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
+            printf("note: functional checks skipped: they move host buffers, and the backend %s "
+                   "opened takes device memory only\n", p->header->name);
+            vt->destroy(comm);
+            return;
+        }
+    }
     check_comm_instance(c, vt, comm, "world");
 
     for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
@@ -450,7 +468,7 @@ static void check_functional(checker *c, const loom_plugin *p, const char *const
                "trains one with it at several rank counts\n");
         return;
     }
-    if (p->kind == LOOM_PLUGIN_COMM &&
+    if (p->kind == LOOM_PLUGIN_COMM && p->ops.comm.mem_kinds != LOOM_MEM_KINDS_INNER &&
         !(p->ops.comm.mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))) {
         printf("note: functional checks skipped: they move host buffers, and %s takes device "
                "memory only (its own tests run on a GPU)\n", p->header->name);
@@ -482,7 +500,7 @@ static void check_functional(checker *c, const loom_plugin *p, const char *const
     } else {
         report_check(c, "host", NULL);
         if (p->kind == LOOM_PLUGIN_COMM)
-            check_comm_functional(c, &p->ops.comm, host);
+            check_comm_functional(c, rt, p, host);
         else if (p->kind == LOOM_PLUGIN_SCHEDULE)
             check_schedule_functional(c, p, host);
         else if (p->kind == LOOM_PLUGIN_COMPUTE)

@@ -46,6 +46,7 @@ struct loom_group {
     const char *backend;
     const loom_plugin *plugin;         /* NULL for self */
     const loom_comm_ops *ops;          /* NULL for self */
+    uint32_t mem_kinds;                /* the backend's, a wrapper's resolved; 0 for self */
     loom_comm *comm;
     int rank, size;
     int *world_ranks;                  /* world rank of each member; NULL for self */
@@ -67,6 +68,7 @@ struct loom_group {
     unsigned splits_made;              /* names a split's colours in the store */
     self_message *unmatched_sends, *pending_recvs;
     struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
+    struct loom_request *outstanding;  /* posted, not yet waited on (request_lock) */
 };
 
 /* Host copies of an op's device buffers, for a backend that does not take
@@ -80,9 +82,20 @@ typedef struct staging {
     size_t recv_bytes;
 } staging;
 
+/* A request's state, read on every wait and test: a released one keeps
+ * its op, number and group name for the message (its group may be gone). */
+typedef enum request_state {
+    REQUEST_LIVE = 0x4c495645,     /* posted, not yet released */
+    REQUEST_RELEASED = 0x52454c53, /* completed by a wait or a test */
+    REQUEST_ORPHANED = 0x4f525048, /* its group was destroyed before a wait */
+} request_state;
+
 struct loom_request {
-    loom_group *group;
-    loom_comm_request *inner; /* NULL: complete (self) */
+    request_state state;
+    int complete;             /* complete at issue: nothing to ask the transport */
+    loom_group *group;        /* NULL once released */
+    char group_name[24];      /* its group's name, for messages after release */
+    loom_comm_request *inner; /* NULL: complete at issue, or a self recv */
     loom_comm_op op;
     uint64_t start_ns, bytes; /* start_ns: for the trace (span_clock) */
     uint64_t seq;             /* its number among the collectives, or the sends and receives */
@@ -90,7 +103,20 @@ struct loom_request {
     uint64_t ticket;          /* in the flight recorder */
     int *self_done;           /* self recv: set when matched */
     staging stage;
+    /* live: the group's outstanding list; released: the quarantine or the
+     * free list (request_lock) */
+    struct loom_request *prev, *next;
 };
+
+/* Released requests wait this many releases in a FIFO before their memory
+ * is reused, so that a second wait or test on one within that window is
+ * caught and named; the memory is never freed, only reused. A process
+ * holds at most this many plus its outstanding requests. */
+#define REQUEST_QUARANTINE 1024
+
+static pthread_mutex_t request_lock = PTHREAD_MUTEX_INITIALIZER;
+static loom_request *quarantine_head, *quarantine_tail, *free_requests;
+static int quarantined;
 
 /* The groups over a backend, so the core finds the group of a loom_comm a
  * backend hands back (comm_waiting) from any thread. */
@@ -187,18 +213,25 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
     if (rc != LOOM_OK)
         return rc;
     const loom_comm_ops *ops = &plugin->ops.comm;
-    if (!(ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)))
-        loom_log(LOOM_LOG_DEBUG, "comm-%s does not accept host memory", plugin->header->name);
     loom_comm *comm = NULL;
     rc = ops->create_world(host, &comm);
     if (rc != LOOM_OK)
         return rc;
+    uint32_t mem_kinds = 0; /* a wrapper's are known once it has opened its inner */
+    rc = loom_runtime_comm_mem_kinds(rt, plugin, &mem_kinds);
+    if (rc != LOOM_OK) {
+        ops->destroy(comm);
+        return rc;
+    }
+    if (!(mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)))
+        loom_log(LOOM_LOG_DEBUG, "comm-%s does not accept host memory", plugin->header->name);
     rc = make_group(rt, plugin->header->name, plugin, comm, out);
     if (rc != LOOM_OK) {
         ops->destroy(comm);
         return rc;
     }
     loom_group *g = *out;
+    g->mem_kinds = mem_kinds;
     g->is_world = 1;
     for (int r = 0; r < g->size; r++)
         g->world_ranks[r] = r;
@@ -235,7 +268,7 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
     /* A rank alone needs no backend, unless the buffers are the backend's
      * kind only (device memory: the core cannot copy them), and then every
      * rank of the parent calls create_subgroup, as NCCL's split needs. */
-    if (!parent->ops || (nranks == 1 && (parent->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))))
+    if (!parent->ops || (nranks == 1 && (parent->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST))))
         return make_group(parent->rt, "self", NULL, NULL, out);
     uint64_t list_hash = loom_rank_list_hash(ranks, nranks);
     int made_before = count_subgroup(parent, list_hash);
@@ -251,6 +284,7 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
         return rc;
     }
     loom_group *g = *out;
+    g->mem_kinds = parent->mem_kinds;
     for (int r = 0; r < nranks; r++)
         g->world_ranks[r] = parent->world_ranks[ranks[r]];
     snprintf(g->id, sizeof g->id, "%.60s.%llx.%d", parent->id, (unsigned long long)list_hash,
@@ -310,6 +344,11 @@ void loom_group_set_name(loom_group *g, const char *name)
 
 const char *loom_group_name(const loom_group *g) { return g->name; }
 
+uint32_t loom_group_mem_kinds(const loom_group *g)
+{
+    return g->ops ? g->mem_kinds : LOOM_MEM_BIT(LOOM_MEM_HOST);
+}
+
 static int g_rank(const loom_group *g) { return g->rank; }
 static int g_size(const loom_group *g) { return g->size; }
 static const char *g_backend(const loom_group *g) { return g->backend; }
@@ -347,7 +386,7 @@ static uint64_t span_clock(void) { return loom_trace_enabled() ? loom_now_ns() :
 
 static int takes_device(const loom_group *g)
 {
-    return g->ops && (g->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_DEVICE));
+    return g->ops && (g->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_DEVICE));
 }
 
 static int stage_copy(loom_comm_op op, void *dst, const void *src, size_t bytes, int to_host)
@@ -836,9 +875,14 @@ void loom_group_comm_waiting(const loom_host *host, loom_comm *comm)
 {
     (void)host;
     pthread_mutex_lock(&backed_lock);
+    /* comm is a group's backend communicator, or one a wrapper forwards to */
     loom_group *g = backed_groups;
     while (g && g->comm != comm)
         g = g->next_backed;
+    if (!g)
+        for (g = backed_groups; g; g = g->next_backed)
+            if (loom_runtime_comm_forwards_to(g->rt, g->plugin, g->comm, comm))
+                break;
     if (g)
         atomic_store(&g->reports_while_waiting, 1);
     pthread_mutex_unlock(&backed_lock);
@@ -1103,7 +1147,7 @@ static int exchange_colours(loom_group *parent, const int mine[2], int *all)
         all[1] = mine[1];
         return LOOM_OK;
     }
-    if (parent->ops->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)) {
+    if (parent->mem_kinds & LOOM_MEM_BIT(LOOM_MEM_HOST)) {
         loom_request *req = NULL;
         int rc = g_allgather(parent, mine, all, 2, LOOM_I32, &req);
         return rc == LOOM_OK ? g_wait(req) : rc;

@@ -34,6 +34,9 @@ void loom_group_counters(const loom_group *g, loom_comm_counters *out);
  * "<parent>.split". */
 void loom_group_set_name(loom_group *g, const char *name);
 const char *loom_group_name(const loom_group *g);
+/* The memory kinds the group's backend takes (LOOM_MEM_BIT(...)), a
+ * wrapper's resolved to its inner backend's; host only for self. */
+uint32_t loom_group_mem_kinds(const loom_group *g);
 
 /* Bytes each rank sends over its link per byte of op's payload on n ranks,
  * by the ring and pipelined algorithms (nccl-tests' bus factor): all-reduce

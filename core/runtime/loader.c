@@ -437,6 +437,7 @@ static const struct {
     [LOOM_OPTIONAL_COMM_MEM_DEREGISTER] = {LOOM_PLUGIN_COMM,
                                            OP(loom_comm_plugin_v1_t, mem_deregister)},
     [LOOM_OPTIONAL_COMM_ABORT] = {LOOM_PLUGIN_COMM, OP(loom_comm_plugin_v1_t, abort)},
+    [LOOM_OPTIONAL_COMM_INNER] = {LOOM_PLUGIN_COMM, OP(loom_comm_plugin_v1_t, inner)},
     [LOOM_OPTIONAL_DATA_BEFORE_FORWARD] = {LOOM_PLUGIN_STRATEGY,
                                            OP(loom_strategy_plugin_v1_t, data_before_forward)},
     [LOOM_OPTIONAL_DATA_AFTER_FORWARD] = {LOOM_PLUGIN_STRATEGY,
@@ -1956,6 +1957,14 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
                           loom_axis_name((loom_axis)a), sym);
         passed(r, "axis");
     }
+
+    /* mem_kinds 0 says "the kinds of the backend I opened" since 1.10; before, it said none */
+    if (r->kind == LOOM_PLUGIN_COMM && ((const loom_comm_plugin_v1_t *)h)->mem_kinds == 0 &&
+        h->abi_version < LOOM_ABI_VERSION(1, 10))
+        return refuse(r, LOOM_ERR_INVALID, "mem_kinds",
+                      "mem_kinds is 0: the backend takes no kind of memory; set "
+                      "LOOM_MEM_BIT(LOOM_MEM_HOST) and/or LOOM_MEM_BIT(LOOM_MEM_DEVICE), or, for a "
+                      "wrapper, rebuild against loom ABI 1.10 for LOOM_MEM_KINDS_INNER");
 
     if (r->kind == LOOM_PLUGIN_COMPUTE) {
         int rc = check_compute_fields(r, (const loom_compute_plugin_v1_t *)h);

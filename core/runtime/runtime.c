@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/comm.h"
 #include "loom/compute.h"
 #include "loom/plugin.h"
 #include "loom/status.h"
@@ -27,6 +28,10 @@ typedef struct host_slot {
     const loom_plugin *plugin;
     char settings[128]; /* where its settings live in the config, "comm.ucx" */
     char prefix[96];  /* bootstrap-store key prefix, "comm-ucx/" */
+    /* the comm backend this plugin opened with comm_open (a wrapper's
+     * inner), and the host table it got for it; NULL if none */
+    const loom_plugin *opened;
+    const loom_host *opened_host;
     struct host_slot *next;
 } host_slot;
 
@@ -361,6 +366,88 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
     return LOOM_OK;
 }
 
+static int host_comm_open(const loom_host *host, const char *name,
+                          const loom_comm_plugin_v1_t **ops, const loom_host **inner_host)
+{
+    host_slot *s = slot_of(host);
+    const char *self = s->plugin->header->name;
+    if (!name || !name[0] || !strcmp(name, "self") || !strcmp(name, "auto"))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm-%s: comm_open(\"%s\"): name a comm backend to forward to, such "
+                         "as \"ucx\" or \"mpi\" (\"self\" and \"auto\" are the core's)",
+                         self, name ? name : "");
+    const loom_plugin *inner = NULL;
+    int rc = loom_runtime_plugin(s->rt, LOOM_PLUGIN_COMM, name, &inner);
+    if (rc != LOOM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        return loom_fail(rc, "comm-%s: comm_open(\"%s\"): %s", self, name, why);
+    }
+    /* a wrapper that reaches itself would forward each op forever (the
+     * same file loaded by path and by name is two plugins of one name) */
+    for (const loom_plugin *p = inner; p; p = loom_runtime_comm_opened(s->rt, p, NULL))
+        if (p == s->plugin || !strcmp(p->header->name, self))
+            return loom_fail(LOOM_ERR_INVALID,
+                             "comm-%s: comm_open(\"%s\"): that is comm-%s itself%s; name "
+                             "another backend to forward to",
+                             self, name, self, p == inner ? "" : " (through the backends it opens)");
+    if (s->opened && s->opened != inner)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm-%s: comm_open(\"%s\"): it has opened comm-%s already; a wrapper "
+                         "forwards to one backend",
+                         self, name, s->opened->header->name);
+    char group[128];
+    snprintf(group, sizeof group, "comm.%s", inner->header->name);
+    rc = loom_runtime_host(s->rt, inner, group, inner_host); /* says where itself */
+    if (rc != LOOM_OK)
+        return rc;
+    s->opened = inner;
+    s->opened_host = *inner_host;
+    *ops = &inner->ops.comm;
+    return LOOM_OK;
+}
+
+const loom_plugin *loom_runtime_comm_opened(loom_runtime *rt, const loom_plugin *plugin,
+                                            const loom_host **inner_host)
+{
+    for (host_slot *s = rt->hosts; s; s = s->next) {
+        if (s->plugin == plugin && s->opened) {
+            if (inner_host)
+                *inner_host = s->opened_host;
+            return s->opened;
+        }
+    }
+    return NULL;
+}
+
+int loom_runtime_comm_mem_kinds(loom_runtime *rt, const loom_plugin *plugin, uint32_t *kinds)
+{
+    const loom_plugin *p = plugin;
+    while (p && p->ops.comm.mem_kinds == LOOM_MEM_KINDS_INNER)
+        p = loom_runtime_comm_opened(rt, p, NULL);
+    if (!p)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm-%s: mem_kinds is LOOM_MEM_KINDS_INNER, the kinds of the backend it "
+                         "opens, but it opened none with host->comm_open in create_world; a "
+                         "wrapper opens its inner backend there",
+                         plugin->header->name);
+    *kinds = p->ops.comm.mem_kinds;
+    return LOOM_OK;
+}
+
+int loom_runtime_comm_forwards_to(loom_runtime *rt, const loom_plugin *plugin, loom_comm *comm,
+                                  const loom_comm *target)
+{
+    for (const loom_plugin *p = plugin; p && comm; p = loom_runtime_comm_opened(rt, p, NULL)) {
+        if (comm == target)
+            return 1;
+        if (!(p->provided & ((uint64_t)1 << LOOM_OPTIONAL_COMM_INNER)))
+            return 0;
+        comm = p->ops.comm.inner(comm);
+    }
+    return comm && comm == target;
+}
+
 const loom_compute_api *loom_runtime_compute(const loom_runtime *rt) { return rt->compute; }
 
 int loom_runtime_set_compute(loom_runtime *rt, const loom_compute_api *api)
@@ -427,6 +514,8 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->crc32c = loom_crc32c_extend;
     h->copy_crc32c = loom_copy_crc32c;
     h->compute = rt->compute;
+    if (plugin->kind == LOOM_PLUGIN_COMM)
+        h->comm_open = host_comm_open;
     s->next = rt->hosts;
     rt->hosts = s;
     *out = h;

@@ -36,5 +36,17 @@ const loom_compute_api *loom_runtime_compute(const loom_runtime *rt);
  * destroy). */
 int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *name,
                         const loom_plugin **out);
+/* The comm backend plugin opened with host->comm_open (a wrapper's inner),
+ * and (inner_host, may be NULL) its host table; NULL if it opened none. */
+const loom_plugin *loom_runtime_comm_opened(loom_runtime *rt, const loom_plugin *plugin,
+                                            const loom_host **inner_host);
+/* The memory kinds a comm plugin takes: its mem_kinds, or for
+ * LOOM_MEM_KINDS_INNER those of the backend it opened (followed through
+ * nested wrappers); an error if it opened none. */
+int loom_runtime_comm_mem_kinds(loom_runtime *rt, const loom_plugin *plugin, uint32_t *kinds);
+/* Whether comm, a communicator of plugin, is target or forwards to it
+ * through the inner ops of the wrappers on the way. */
+int loom_runtime_comm_forwards_to(loom_runtime *rt, const loom_plugin *plugin,
+                                  struct loom_comm *comm, const struct loom_comm *target);
 
 #endif
