@@ -1,9 +1,10 @@
 /* comm-trace: a communicator that wraps another. It opens the backend named
  * by comm.trace.inner with host->comm_open, forwards every op to it and
- * times each one from post to completion; at the world's destroy it writes
- * <output>.<rank>.json: per communicator (the world, then each subgroup with
- * its world ranks), per op kind, the calls, payload bytes (count * element
- * size, as the core counts them: one rank's send side) and seconds. */
+ * times each one from post to completion; when its last communicator is
+ * destroyed it writes <output>.<rank>.json: per communicator (the world,
+ * then each subgroup with its world ranks), per op kind, the calls, payload
+ * bytes (count * element size, as the core counts them: this rank's send
+ * side; 0 for a barrier) and seconds. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -19,10 +20,9 @@ static const loom_setting_spec trace_settings[] = {
 
 struct loom_comm {
     const loom_host *host;
-    loom_comm *inner;
-    struct loom_comm *world;     /* NULL for the world, and once the world is gone */
-    struct loom_comm *next;      /* the world's list of its subgroups */
-    int size, is_world, destroyed, *world_ranks;
+    loom_comm *inner;            /* NULL once destroyed: the counts stay until written */
+    struct loom_comm *next;      /* every communicator of this process, in creation order */
+    int size, *world_ranks;
     uint64_t calls[LOOM_OP_COUNT], bytes[LOOM_OP_COUNT], ns[LOOM_OP_COUNT];
 };
 
@@ -36,8 +36,10 @@ struct loom_comm_request {
 /* one inner backend per process: comm_open gives the same two every time */
 static const loom_comm_plugin_v1_t *in;
 static const loom_host *in_host;
+static loom_comm *comms;
+static int live;
 
-static loom_comm *new_comm(const loom_host *host, loom_comm *inner, loom_comm *world)
+static int add_comm(const loom_host *host, loom_comm *inner, loom_comm **out)
 {
     loom_comm *c = calloc(1, sizeof *c);
     int size = in->size(inner);
@@ -45,11 +47,16 @@ static loom_comm *new_comm(const loom_host *host, loom_comm *inner, loom_comm *w
     if (!c || !ranks) {
         free(c);
         free(ranks);
-        return NULL;
+        in->destroy(inner);
+        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-trace: out of memory");
     }
-    *c = (loom_comm){.host = host, .inner = inner, .world = world, .size = size,
-                     .world_ranks = ranks};
-    return c;
+    *c = (loom_comm){.host = host, .inner = inner, .size = size, .world_ranks = ranks};
+    loom_comm **tail = &comms;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = *out = c;
+    live++;
+    return LOOM_OK;
 }
 
 static int trace_create_world(const loom_host *host, loom_comm **out)
@@ -61,42 +68,26 @@ static int trace_create_world(const loom_host *host, loom_comm **out)
         rc = host->comm_open(host, inner_name, &in, &in_host);
     if (rc == LOOM_OK)
         rc = in->create_world(in_host, &inner);
-    if (rc != LOOM_OK)
-        return rc;
-    if (!(*out = new_comm(host, inner, NULL))) {
-        in->destroy(inner);
-        return host->error(host, LOOM_ERR_NO_MEMORY, "comm-trace: out of memory");
-    }
-    (*out)->is_world = 1;
-    for (int r = 0; r < (*out)->size; r++)
-        (*out)->world_ranks[r] = r;
-    return LOOM_OK;
+    if (rc == LOOM_OK && (rc = add_comm(host, inner, out)) == LOOM_OK)
+        for (int r = 0; r < (*out)->size; r++)
+            (*out)->world_ranks[r] = r;
+    return rc;
 }
 
 static int trace_create_subgroup(loom_comm *parent, const int *ranks, int nranks, loom_comm **out)
 {
-    loom_comm *inner = NULL, *world = parent->world ? parent->world : parent;
+    loom_comm *inner = NULL;
     int rc = in->create_subgroup(parent->inner, ranks, nranks, &inner);
-    if (rc != LOOM_OK)
-        return rc;
-    loom_comm *c = new_comm(parent->host, inner, world);
-    if (!c) {
-        in->destroy(inner);
-        return parent->host->error(parent->host, LOOM_ERR_NO_MEMORY, "comm-trace: out of memory");
-    }
-    for (int r = 0; r < nranks; r++)
-        c->world_ranks[r] = parent->world_ranks[ranks[r]];
-    loom_comm **tail = &world->next;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = c;
-    *out = c;
-    return LOOM_OK;
+    if (rc == LOOM_OK && (rc = add_comm(parent->host, inner, out)) == LOOM_OK)
+        for (int r = 0; r < nranks; r++)
+            (*out)->world_ranks[r] = parent->world_ranks[ranks[r]];
+    return rc;
 }
 
-static void write_group(FILE *f, const loom_comm *c, const char *name)
+static void write_comm(FILE *f, const loom_comm *c)
 {
-    fprintf(f, "    {\"group\": \"%s\", \"size\": %d, \"world_ranks\": [", name, c->size);
+    fprintf(f, "    {\"group\": \"%s\", \"size\": %d, \"world_ranks\": [",
+            c == comms ? "world" : "sub", c->size);
     for (int r = 0; r < c->size; r++)
         fprintf(f, "%s%d", r ? ", " : "", c->world_ranks[r]);
     fprintf(f, "],\n     \"ops\": {");
@@ -105,12 +96,11 @@ static void write_group(FILE *f, const loom_comm *c, const char *name)
                 op ? "," : "", loom_comm_op_name((loom_comm_op)op),
                 (unsigned long long)c->calls[op], (unsigned long long)c->bytes[op],
                 (double)c->ns[op] * 1e-9);
-    fprintf(f, "}}");
+    fprintf(f, "}}%s\n", c->next ? "," : "");
 }
 
-static int write_trace(const loom_comm *world)
+static int write_trace(const loom_host *host)
 {
-    const loom_host *host = world->host;
     const char *output, *inner_name;
     char path[4096];
     host->config_string(host, "output", &output);
@@ -118,60 +108,36 @@ static int write_trace(const loom_comm *world)
     snprintf(path, sizeof path, "%s.%d.json", output, host->rank);
     FILE *f = fopen(path, "w");
     if (!f)
-        return host->error(host, LOOM_ERR_INVALID, "comm-trace: cannot write %s (comm.trace.output)",
-                           path);
+        return host->error(host, LOOM_ERR_INVALID, "comm-trace: cannot write %s "
+                           "(comm.trace.output)", path);
     fprintf(f, "{\"rank\": %d, \"inner\": \"%s\", \"groups\": [\n", host->rank, inner_name);
-    write_group(f, world, "world");
-    for (const loom_comm *c = world->next; c; c = c->next) {
-        fprintf(f, ",\n");
-        write_group(f, c, "sub");
-    }
-    fprintf(f, "\n]}\n");
+    for (const loom_comm *c = comms; c; c = c->next)
+        write_comm(f, c);
+    fprintf(f, "]}\n");
     return fclose(f) == 0 ? LOOM_OK : host->error(host, LOOM_ERR_INVALID, "comm-trace: %s", path);
 }
 
-static void free_comm(loom_comm *c)
-{
-    free(c->world_ranks);
-    free(c);
-}
-
-/* A subgroup's counts stay until its world writes them. */
+/* The file is written when the last communicator goes (the core may destroy
+ * a world before the subgroups made from it). */
 static int trace_destroy(loom_comm *comm)
 {
     int rc = in->destroy(comm->inner);
-    comm->destroyed = 1;
-    if (comm->world)
+    comm->inner = NULL;
+    if (--live > 0)
         return rc;
-    if (comm->is_world) {
-        int wrote = write_trace(comm);
-        rc = rc != LOOM_OK ? rc : wrote;
-        for (loom_comm *c = comm->next, *next; c; c = next) {
-            next = c->next;
-            if (c->destroyed)
-                free_comm(c);
-            else
-                c->world = NULL; /* freed at its own destroy */
-        }
+    int wrote = write_trace(comm->host);
+    while (comms) {
+        loom_comm *next = comms->next;
+        free(comms->world_ranks);
+        free(comms);
+        comms = next;
     }
-    free_comm(comm);
-    return rc;
+    return rc != LOOM_OK ? rc : wrote;
 }
 
-static int trace_rank(const loom_comm *comm)
-{
-    return in->rank(comm->inner);
-}
-
-static int trace_size(const loom_comm *comm)
-{
-    return comm->size;
-}
-
-static loom_comm *trace_inner(const loom_comm *comm)
-{
-    return comm->inner;
-}
+static int trace_rank(const loom_comm *comm) { return in->rank(comm->inner); }
+static int trace_size(const loom_comm *comm) { return comm->size; }
+static loom_comm *trace_inner(const loom_comm *comm) { return comm->inner; }
 
 /* Count the op and hand back a request of our own that times it. An op
  * the inner backend completed at issue (no request) is timed here. */
@@ -204,15 +170,8 @@ static int completed(loom_comm_request *req, int rc)
     return rc;
 }
 
-static int trace_test(loom_comm_request *req)
-{
-    return completed(req, in->test(req->inner));
-}
-
-static int trace_wait(loom_comm_request *req)
-{
-    return completed(req, in->wait(req->inner));
-}
+static int trace_test(loom_comm_request *req) { return completed(req, in->test(req->inner)); }
+static int trace_wait(loom_comm_request *req) { return completed(req, in->wait(req->inner)); }
 
 /* Forward an op: call is the inner backend's op with &inner as its request. */
 #define FORWARD(op, bytes, call)                                                                   \
@@ -283,16 +242,10 @@ static int trace_barrier(loom_comm *c, loom_comm_request **req)
 }
 
 /* The optional ops: the struct is const, so each is forwarded if the inner
- * backend has it; without it, nothing to bracket or register, no abort. */
-static int trace_group_start(loom_comm *c)
-{
-    return in->group_start ? in->group_start(c->inner) : LOOM_OK;
-}
-
-static int trace_group_end(loom_comm *c)
-{
-    return in->group_end ? in->group_end(c->inner) : LOOM_OK;
-}
+ * backend has it (the core gives every backend group_start and group_end);
+ * without it, nothing to register, and no abort. */
+static int trace_group_start(loom_comm *c) { return in->group_start(c->inner); }
+static int trace_group_end(loom_comm *c) { return in->group_end(c->inner); }
 
 static int trace_mem_register(loom_comm *c, void *ptr, size_t bytes, loom_mem_kind kind,
                               void **handle)
