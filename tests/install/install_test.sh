@@ -4,7 +4,8 @@
 # loom_add_plugin), and no loom library (plugins link none); the out-of-tree
 # example plugins build against it alone with loom_add_plugin, export the
 # plugin struct and nothing else, and pass `loom plugins --check`, the
-# numerics harness too (the installed loom launching itself). The prefix
+# numerics harness too (the installed loom launching itself; comm-trace over
+# each installed host backend, its JSON read back). The prefix
 # and the plugins' build stay in INSTALLED for the paramserver tests
 # (paramserver_test.sh).
 #   usage: install_test.sh BUILD_DIR SOURCE_DIR INSTALLED
@@ -51,7 +52,8 @@ cp -r "$SRC/examples/out-of-tree-plugin" "$TMP/plugin-src"
 cmake -S "$TMP/plugin-src" -B "$PLUGINS" -DCMAKE_PREFIX_PATH="$PREFIX" > "$TMP/plugin.log" ||
     { cat "$TMP/plugin.log"; exit 1; }
 cmake --build "$PLUGINS" >> "$TMP/plugin.log" || { cat "$TMP/plugin.log"; exit 1; }
-for plugin in schedule-filldrain strategy-paramserver; do
+cd "$TMP" # comm-trace's --check writes comm-trace.0.json where it runs
+for plugin in schedule-filldrain strategy-paramserver comm-trace; do
     kind=${plugin%%-*}
     name=${plugin#*-}
     file=$PLUGINS/libloom-$plugin.so
@@ -72,4 +74,18 @@ done
     { cat "$TMP/harness.log"; echo "install_test: the harness fails with the installed loom"; exit 1; }
 grep -q "^pp=2: 10 steps, losses match" "$TMP/harness.log" ||
     { cat "$TMP/harness.log"; echo "install_test: no pp=2 line"; exit 1; }
+# comm-trace over each installed host backend: it opens the backend from
+# the installed loom's prefix, and each rank writes its trace
+for inner in mpi ucx; do
+    [ -e "$PREFIX/lib/loom/libloom-comm-$inner.so" ] || continue
+    (cd "$SRC" && "$PREFIX/bin/loom" plugins --check "$PLUGINS/libloom-comm-trace.so" \
+        --train examples/harness.cfg --ranks 2 --set comm.trace.inner=$inner \
+        --set comm.trace.output="$TMP/trace-$inner") > "$TMP/harness.log" 2>&1 ||
+        { cat "$TMP/harness.log"; echo "install_test: comm-trace over $inner fails"; exit 1; }
+    for rank in 0 1; do
+        python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); assert t["groups"][0]["ops"]["allreduce"]["calls"] > 0' \
+            "$TMP/trace-$inner.$rank.json" ||
+            { echo "install_test: comm-trace over $inner: no allreduce in rank $rank's trace"; exit 1; }
+    done
+done
 echo "install_test: ok"
