@@ -3,8 +3,8 @@
  * times each one from post to completion; when its last communicator is
  * destroyed it writes <output>.<rank>.json: per communicator (the world,
  * then each subgroup with its world ranks), per op kind, the calls, payload
- * bytes (count * element size, as the core counts them: this rank's send
- * side; 0 for a barrier) and seconds. */
+ * bytes (count * element size, as the core counts them; 0 for a barrier)
+ * and seconds. */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -384,6 +384,8 @@ static const loom_setting_spec settings[] = {
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR + 1)
 #elif defined(VARIANT_OLDMINOR)
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, 0)
+#elif defined(VARIANT_NOKINDS)
+#define ABI LOOM_ABI_VERSION(1, 9) /* before mem_kinds 0 meant a wrapper's inner kinds */
 #else
 #define ABI LOOM_ABI_VERSION(LOOM_ABI_MAJOR, LOOM_ABI_MINOR)
 #endif
@@ -514,6 +516,8 @@ LOOM_PLUGIN_EXPORT const comm_plugin_v1_newer plugin SYMBOL_NAME(loom_comm_plugi
 /* Declares device memory only, as comm-nccl does (its buffers are host
  * memory all the same): the core must hand even a group of one to it. */
 #define MEM_KINDS LOOM_MEM_BIT(LOOM_MEM_DEVICE)
+#elif defined(VARIANT_NOKINDS)
+#define MEM_KINDS 0u
 #else
 #define MEM_KINDS LOOM_MEM_BIT(LOOM_MEM_HOST)
 #endif
