@@ -118,6 +118,9 @@ static pthread_mutex_t request_lock = PTHREAD_MUTEX_INITIALIZER;
 static loom_request *quarantine_head, *quarantine_tail, *free_requests;
 static int quarantined;
 
+static loom_request *take_outstanding(loom_group *g);
+static void orphan_requests(loom_request *left, const char *group_name);
+
 /* The groups over a backend, so the core finds the group of a loom_comm a
  * backend hands back (comm_waiting) from any thread. */
 static pthread_mutex_t backed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -312,10 +315,15 @@ void loom_group_destroy(loom_group *g)
         if (*p)
             *p = g->next_split_child;
     }
+    loom_request *left = take_outstanding(g);
     if (g->ops) {
         remove_backed(g);
+        /* what is in flight is given up first, so that destroy cannot hang on it */
+        if (left && loom_plugin_provides(g->plugin, LOOM_OPTIONAL_COMM_ABORT))
+            g->ops->abort(g->comm);
         g->ops->destroy(g->comm);
     }
+    orphan_requests(left, g->name);
     loom_flight_leave(g->flight);
     for (subgroup_count *sc = g->subgroups, *next; sc; sc = next) {
         next = sc->next;
@@ -473,35 +481,174 @@ static int unstage(loom_comm_op op, staging *s)
     return rc;
 }
 
+/* A request for the op st on g, on g's outstanding list: from the free
+ * list (released requests past their quarantine), so a step's ops do not
+ * allocate. NULL: out of memory. */
+static loom_request *request_new(loom_group *g, const op_start *st)
+{
+    pthread_mutex_lock(&request_lock);
+    loom_request *r = free_requests;
+    if (r)
+        free_requests = r->next;
+    pthread_mutex_unlock(&request_lock);
+    if (!r && !(r = malloc(sizeof *r)))
+        return NULL;
+    *r = (loom_request){.state = REQUEST_LIVE, .group = g, .op = st->op, .start_ns = st->t0,
+                        .bytes = st->bytes, .seq = st->seq, .peer = st->peer,
+                        .ticket = st->ticket, .stage = st->stage};
+    pthread_mutex_lock(&request_lock);
+    r->next = g->outstanding;
+    if (r->next)
+        r->next->prev = r;
+    g->outstanding = r;
+    pthread_mutex_unlock(&request_lock);
+    return r;
+}
+
+/* Into the quarantine, as state; the oldest there goes to the free list. */
+static void quarantine(loom_request *r, request_state state, const char *group_name)
+{
+    free(r->self_done);
+    r->self_done = NULL;
+    snprintf(r->group_name, sizeof r->group_name, "%s", group_name);
+    r->group = NULL;
+    r->inner = NULL;
+    r->state = state;
+    r->prev = r->next = NULL;
+    if (quarantine_tail)
+        quarantine_tail->next = r;
+    else
+        quarantine_head = r;
+    quarantine_tail = r;
+    if (++quarantined > REQUEST_QUARANTINE) {
+        loom_request *oldest = quarantine_head;
+        quarantine_head = oldest->next;
+        quarantined--;
+        oldest->next = free_requests;
+        free_requests = oldest;
+    }
+}
+
+/* Completed by a wait or a test: off its group's list, into the quarantine. */
+static void request_release(loom_request *r)
+{
+    pthread_mutex_lock(&request_lock);
+    loom_group *g = r->group;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        g->outstanding = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    quarantine(r, REQUEST_RELEASED, g->name);
+    pthread_mutex_unlock(&request_lock);
+}
+
+/* "allreduce #3 on group dp", "send #2 to rank 1 on group pp" */
+static void describe_request(const loom_request *r, const char *group_name, char *buf, size_t cap)
+{
+    const char *op = loom_comm_op_name(r->op);
+    unsigned long long seq = (unsigned long long)r->seq;
+    if (is_p2p(r->op))
+        snprintf(buf, cap, "%s #%llu %s rank %d on group %s", op, seq,
+                 r->op == LOOM_OP_SEND ? "to" : "from", r->peer, group_name);
+    else
+        snprintf(buf, cap, "%s #%llu on group %s", op, seq, group_name);
+}
+
+/* wait or test (what) may go on with r: a request handed out and not yet
+ * released. A pointer that never was a request cannot be told apart from
+ * one; a released one can until its memory is reused (REQUEST_QUARANTINE). */
+static int check_request(loom_request *r, const char *what)
+{
+    if (!r)
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm: %s on a NULL request: no op set it (every op that returns "
+                         "LOOM_OK sets one, complete or not; one that fails sets none)",
+                         what);
+    char named[160] = "";
+    pthread_mutex_lock(&request_lock);
+    request_state state = r->state;
+    if (state == REQUEST_RELEASED || state == REQUEST_ORPHANED)
+        describe_request(r, r->group_name, named, sizeof named);
+    pthread_mutex_unlock(&request_lock);
+    switch (state) {
+    case REQUEST_LIVE: return LOOM_OK;
+    case REQUEST_RELEASED:
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm: %s on %s, a request already completed and released: wait on a "
+                         "request once (a test that returns other than LOOM_IN_PROGRESS "
+                         "releases it too)",
+                         what, named);
+    case REQUEST_ORPHANED:
+        return loom_fail(LOOM_ERR_INVALID,
+                         "comm: %s on %s, whose group was destroyed before the request was "
+                         "waited on",
+                         what, named);
+    }
+    return loom_fail(LOOM_ERR_INVALID,
+                     "comm: %s on %p, which is not a request the comm api handed out", what,
+                     (void *)r);
+}
+
+/* The group is going: its outstanding requests, named one line each; the
+ * caller destroys the backend before orphan_requests lets their memory go. */
+static loom_request *take_outstanding(loom_group *g)
+{
+    pthread_mutex_lock(&request_lock);
+    loom_request *left = g->outstanding;
+    g->outstanding = NULL;
+    pthread_mutex_unlock(&request_lock);
+    for (loom_request *r = left; r; r = r->next) {
+        char named[160];
+        describe_request(r, g->name, named, sizeof named);
+        loom_log(LOOM_LOG_ERROR,
+                 "comm: group %s destroyed with %s outstanding: wait or test each request "
+                 "before destroying its group",
+                 g->name, named);
+    }
+    return left;
+}
+
+static void orphan_requests(loom_request *left, const char *group_name)
+{
+    pthread_mutex_lock(&request_lock);
+    for (loom_request *r = left, *next; r; r = next) {
+        next = r->next;
+        staging_free(&r->stage); /* the backend is gone: nothing writes them now */
+        quarantine(r, REQUEST_ORPHANED, group_name);
+    }
+    pthread_mutex_unlock(&request_lock);
+}
+
 static int issued(loom_group *g, op_start *st, loom_comm_request *inner, loom_request **req)
 {
     count_op(g, st->op, st->bytes);
+    *req = NULL;
     if (!inner) {
         int rc = unstage(st->op, &st->stage);
         loom_flight_mark(g->flight, st->ticket,
                          rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
         loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(st->op), st->t0, span_clock(),
                         st->bytes);
-        *req = NULL;
-        return rc;
+        if (rc != LOOM_OK)
+            return rc;
+        st->stage = (staging){0};
+        loom_request *r = request_new(g, st);
+        if (!r)
+            return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
+        r->complete = 1;
+        *req = r;
+        return LOOM_OK;
     }
-    loom_request *r = malloc(sizeof *r);
+    loom_request *r = request_new(g, st);
     if (!r) {
         if (g->ops->wait(inner) == LOOM_OK)
             staging_free(&st->stage);
         loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
         return loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory");
     }
-    r->group = g;
     r->inner = inner;
-    r->op = st->op;
-    r->start_ns = st->t0;
-    r->bytes = st->bytes;
-    r->seq = st->seq;
-    r->peer = st->peer;
-    r->ticket = st->ticket;
-    r->self_done = NULL;
-    r->stage = st->stage;
     *req = r;
     return LOOM_OK;
 }
@@ -519,8 +666,6 @@ static int post_failed(loom_group *g, op_start *st, int rc)
  * and sends and receives separately), so a timeout names the same op. */
 static uint64_t number_op(loom_group *g, loom_comm_op op)
 {
-    if (!g->ops)
-        return 0;
     return atomic_fetch_add(is_p2p(op) ? &g->sends_recvs : &g->collectives, 1) + 1;
 }
 
@@ -786,11 +931,10 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
         return issued(g, &st, NULL, req);
     }
     /* No send yet: the request completes when one arrives. */
-    loom_request *r = calloc(1, sizeof *r);
     self_message *m = calloc(1, sizeof *m);
     int *done = calloc(1, sizeof *done);
-    if (!r || !m || !done) {
-        free(r);
+    loom_request *r = m && done ? request_new(g, &st) : NULL;
+    if (!r) {
         free(m);
         free(done);
         return post_failed(g, &st, loom_fail(LOOM_ERR_NO_MEMORY, "comm: out of memory"));
@@ -804,12 +948,7 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
         tail = &(*tail)->next;
     *tail = m;
     count_op(g, LOOM_OP_RECV, bytes);
-    r->group = g;
-    r->op = LOOM_OP_RECV;
-    r->start_ns = st.t0;
-    r->bytes = bytes;
     r->self_done = done;
-    r->stage = st.stage;
     *req = r;
     return LOOM_OK;
 }
@@ -1084,17 +1223,21 @@ static int timed_out(loom_request *r)
 
 static void finished(loom_request *r)
 {
-    loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(r->op), r->start_ns, span_clock(),
-                    r->bytes);
-    free(r->self_done);
-    free(r);
+    if (!r->complete) /* else traced at issue */
+        loom_trace_span(LOOM_LANE_COMM, loom_comm_op_name(r->op), r->start_ns, span_clock(),
+                        r->bytes);
+    request_release(r);
 }
 
 static int g_test(loom_request *r)
 {
-    if (!r)
+    int rc = check_request(r, "test");
+    if (rc != LOOM_OK)
+        return rc;
+    if (r->complete) {
+        finished(r);
         return LOOM_OK;
-    int rc;
+    }
     if (r->self_done)
         rc = *r->self_done ? LOOM_OK : LOOM_IN_PROGRESS;
     else if ((rc = r->group->ops->test(r->inner)) == LOOM_ERR_TIMEOUT)
@@ -1113,11 +1256,15 @@ static int g_test(loom_request *r)
 
 static int g_wait(loom_request *r)
 {
-    if (!r)
+    int rc = check_request(r, "wait");
+    if (rc != LOOM_OK)
+        return rc;
+    if (r->complete) {
+        finished(r);
         return LOOM_OK;
+    }
     loom_flight_group *fg = r->group->flight;
     loom_flight_mark(fg, r->ticket, LOOM_FLIGHT_WAITING);
-    int rc;
     if (r->self_done)
         rc = *r->self_done ? LOOM_OK
                            : loom_fail(LOOM_ERR_TIMEOUT,
@@ -1237,6 +1384,101 @@ const loom_comm_api loom_core_comm_api = {
     .group_end = g_group_end,
     .test = g_test,
     .wait = g_wait,
+    .split = g_split,
+};
+
+/* The rule of plugins built before ABI 1.10: an op complete at issue
+ * hands back NULL, and wait and test take NULL as complete. */
+static int old_rule(int rc, loom_request **req)
+{
+    if (rc == LOOM_OK && (*req)->complete) {
+        request_release(*req);
+        *req = NULL;
+    }
+    return rc;
+}
+
+static int g_allreduce_v1_9(loom_group *g, const void *send, void *recv, size_t count,
+                            loom_dtype dtype, loom_redop op, loom_request **req)
+{
+    return old_rule(g_allreduce(g, send, recv, count, dtype, op, req), req);
+}
+
+static int g_broadcast_v1_9(loom_group *g, void *buf, size_t count, loom_dtype dtype, int root,
+                            loom_request **req)
+{
+    return old_rule(g_broadcast(g, buf, count, dtype, root, req), req);
+}
+
+static int g_reduce_v1_9(loom_group *g, const void *send, void *recv, size_t count,
+                         loom_dtype dtype, loom_redop op, int root, loom_request **req)
+{
+    return old_rule(g_reduce(g, send, recv, count, dtype, op, root, req), req);
+}
+
+static int g_allgather_v1_9(loom_group *g, const void *send, void *recv, size_t count,
+                            loom_dtype dtype, loom_request **req)
+{
+    return old_rule(g_allgather(g, send, recv, count, dtype, req), req);
+}
+
+static int g_reducescatter_v1_9(loom_group *g, const void *send, void *recv, size_t count,
+                                loom_dtype dtype, loom_redop op, loom_request **req)
+{
+    return old_rule(g_reducescatter(g, send, recv, count, dtype, op, req), req);
+}
+
+static int g_alltoall_v1_9(loom_group *g, const void *send, void *recv, size_t count,
+                           loom_dtype dtype, loom_request **req)
+{
+    return old_rule(g_alltoall(g, send, recv, count, dtype, req), req);
+}
+
+static int g_send_v1_9(loom_group *g, const void *buf, size_t count, loom_dtype dtype, int peer,
+                       int tag, loom_request **req)
+{
+    return old_rule(g_send(g, buf, count, dtype, peer, tag, req), req);
+}
+
+static int g_recv_v1_9(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer,
+                       int tag, loom_request **req)
+{
+    return old_rule(g_recv(g, buf, count, dtype, peer, tag, req), req);
+}
+
+static int g_barrier_v1_9(loom_group *g, loom_request **req)
+{
+    return old_rule(g_barrier(g, req), req);
+}
+
+static int g_test_v1_9(loom_request *r)
+{
+    return r ? g_test(r) : LOOM_OK;
+}
+
+static int g_wait_v1_9(loom_request *r)
+{
+    return r ? g_wait(r) : LOOM_OK;
+}
+
+const loom_comm_api loom_core_comm_api_v1_9 = {
+    .struct_size = sizeof(loom_comm_api),
+    .rank = g_rank,
+    .size = g_size,
+    .backend = g_backend,
+    .allreduce = g_allreduce_v1_9,
+    .broadcast = g_broadcast_v1_9,
+    .reduce = g_reduce_v1_9,
+    .allgather = g_allgather_v1_9,
+    .reducescatter = g_reducescatter_v1_9,
+    .alltoall = g_alltoall_v1_9,
+    .send = g_send_v1_9,
+    .recv = g_recv_v1_9,
+    .barrier = g_barrier_v1_9,
+    .group_start = g_group_start,
+    .group_end = g_group_end,
+    .test = g_test_v1_9,
+    .wait = g_wait_v1_9,
     .split = g_split,
 };
 

@@ -16,6 +16,10 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
 int loom_group_self(loom_runtime *rt, loom_group **out);
 void loom_group_destroy(loom_group *g);
 extern const loom_comm_api loom_core_comm_api;
+/* The same groups under the rule of plugins built before ABI 1.10: an op
+ * complete at issue may hand back NULL, and wait and test take NULL as
+ * complete (loom_core_comm_api refuses NULL, comm.h). */
+extern const loom_comm_api loom_core_comm_api_v1_9;
 /* The host table's comm_waiting: the backend of comm waits long on an op,
  * so this rank's arrival on its group goes to the store now, for a rank
  * whose wait times out to read. */

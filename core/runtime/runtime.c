@@ -504,7 +504,8 @@ int loom_runtime_host(loom_runtime *rt, const loom_plugin *plugin, const char *s
     h->mem_free = host_mem_free;
     h->now_ns = loom_now_ns;
     h->trace = host_trace;
-    h->comm = &loom_core_comm_api;
+    h->comm = plugin->header->abi_version >= LOOM_ABI_VERSION(1, 10) ? &loom_core_comm_api
+                                                                       : &loom_core_comm_api_v1_9;
     h->comm_waiting = loom_group_comm_waiting;
     h->tiered_alloc = host_tiered_alloc;
     h->tiered_free = host_tiered_free;
