@@ -20,8 +20,8 @@ static const loom_setting_spec trace_settings[] = {
 
 struct loom_comm {
     const loom_host *host;
-    loom_comm *inner;            /* NULL once destroyed: the counts stay until written */
-    struct loom_comm *next;      /* every communicator of this process, in creation order */
+    loom_comm *inner;       /* NULL once destroyed: the counts stay until written */
+    struct loom_comm *next; /* every communicator of this process, in creation order */
     int size, *world_ranks;
     uint64_t calls[LOOM_OP_COUNT], bytes[LOOM_OP_COUNT], ns[LOOM_OP_COUNT];
 };
@@ -108,8 +108,8 @@ static int write_trace(const loom_host *host)
     snprintf(path, sizeof path, "%s.%d.json", output, host->rank);
     FILE *f = fopen(path, "w");
     if (!f)
-        return host->error(host, LOOM_ERR_INVALID, "comm-trace: cannot write %s "
-                           "(comm.trace.output)", path);
+        return host->error(host, LOOM_ERR_INVALID,
+                           "comm-trace: cannot write %s (comm.trace.output)", path);
     fprintf(f, "{\"rank\": %d, \"inner\": \"%s\", \"groups\": [\n", host->rank, inner_name);
     for (const loom_comm *c = comms; c; c = c->next)
         write_comm(f, c);
@@ -135,9 +135,20 @@ static int trace_destroy(loom_comm *comm)
     return rc != LOOM_OK ? rc : wrote;
 }
 
-static int trace_rank(const loom_comm *comm) { return in->rank(comm->inner); }
-static int trace_size(const loom_comm *comm) { return comm->size; }
-static loom_comm *trace_inner(const loom_comm *comm) { return comm->inner; }
+static int trace_rank(const loom_comm *comm)
+{
+    return in->rank(comm->inner);
+}
+
+static int trace_size(const loom_comm *comm)
+{
+    return comm->size;
+}
+
+static loom_comm *trace_inner(const loom_comm *comm)
+{
+    return comm->inner;
+}
 
 /* Count the op and hand back a request of our own that times it. An op
  * the inner backend completed at issue (no request) is timed here. */
@@ -170,8 +181,15 @@ static int completed(loom_comm_request *req, int rc)
     return rc;
 }
 
-static int trace_test(loom_comm_request *req) { return completed(req, in->test(req->inner)); }
-static int trace_wait(loom_comm_request *req) { return completed(req, in->wait(req->inner)); }
+static int trace_test(loom_comm_request *req)
+{
+    return completed(req, in->test(req->inner));
+}
+
+static int trace_wait(loom_comm_request *req)
+{
+    return completed(req, in->wait(req->inner));
+}
 
 /* Forward an op: call is the inner backend's op with &inner as its request. */
 #define FORWARD(op, bytes, call)                                                                   \
@@ -194,8 +212,8 @@ static int trace_broadcast(loom_comm *c, void *buf, size_t count, loom_dtype dty
             broadcast(c->inner, buf, count, dtype, root, &inner));
 }
 
-static int trace_reduce(loom_comm *c, const void *send, void *recv, size_t count,
-                        loom_dtype dtype, loom_redop redop, int root, loom_comm_request **req)
+static int trace_reduce(loom_comm *c, const void *send, void *recv, size_t count, loom_dtype dtype,
+                        loom_redop redop, int root, loom_comm_request **req)
 {
     FORWARD(LOOM_OP_REDUCE, count * loom_dtype_size(dtype),
             reduce(c->inner, send, recv, count, dtype, redop, root, &inner));
@@ -244,8 +262,15 @@ static int trace_barrier(loom_comm *c, loom_comm_request **req)
 /* The optional ops: the struct is const, so each is forwarded if the inner
  * backend has it (the core gives every backend group_start and group_end);
  * without it, nothing to register, and no abort. */
-static int trace_group_start(loom_comm *c) { return in->group_start(c->inner); }
-static int trace_group_end(loom_comm *c) { return in->group_end(c->inner); }
+static int trace_group_start(loom_comm *c)
+{
+    return in->group_start(c->inner);
+}
+
+static int trace_group_end(loom_comm *c)
+{
+    return in->group_end(c->inner);
+}
 
 static int trace_mem_register(loom_comm *c, void *ptr, size_t bytes, loom_mem_kind kind,
                               void **handle)
