@@ -240,7 +240,11 @@ int loom_group_world(loom_runtime *rt, const char *backend, loom_group **out)
         g->world_ranks[r] = r;
     snprintf(g->id, sizeof g->id, "%s.w%d", g->backend, worlds_made++);
     g->flight = loom_flight_join(g->id, "world", g->backend, g->rank, g->size);
-    g->grace_s = grace_setting(host);
+    /* a wrapper's late_grace_s is the setting of the backend it forwards to */
+    const loom_host *grace_host = host;
+    for (const loom_plugin *p = plugin; p; p = loom_runtime_comm_opened(rt, p, &grace_host))
+        continue;
+    g->grace_s = grace_setting(grace_host);
     add_backed(g);
     return LOOM_OK;
 }
