@@ -227,7 +227,7 @@ static int issue(loom_group *g, bench_op op, const bench_settings *st, bench_buf
     if (rc != LOOM_OK)
         return rc;
     rc = c->wait(req);
-    int rc2 = c->wait(req2);
+    int rc2 = op == BENCH_SENDRECV ? c->wait(req2) : LOOM_OK;
     return rc != LOOM_OK ? rc : rc2;
 }
 

@@ -361,6 +361,11 @@ uint32_t loom_group_mem_kinds(const loom_group *g)
     return g->ops ? g->mem_kinds : LOOM_MEM_BIT(LOOM_MEM_HOST);
 }
 
+int loom_request_completed_at_issue(const loom_request *req)
+{
+    return req->complete;
+}
+
 static int g_rank(const loom_group *g) { return g->rank; }
 static int g_size(const loom_group *g) { return g->size; }
 static const char *g_backend(const loom_group *g) { return g->backend; }

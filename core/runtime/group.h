@@ -20,6 +20,9 @@ extern const loom_comm_api loom_core_comm_api;
  * complete at issue may hand back NULL, and wait and test take NULL as
  * complete (loom_core_comm_api refuses NULL, comm.h). */
 extern const loom_comm_api loom_core_comm_api_v1_9;
+/* 1 when req's op completed as it was posted (nothing of it is in flight
+ * before its wait), for tests that account what an op in flight holds. */
+int loom_request_completed_at_issue(const loom_request *req);
 /* The host table's comm_waiting: the backend of comm waits long on an op,
  * so this rank's arrival on its group goes to the store now, for a rank
  * whose wait times out to read. */

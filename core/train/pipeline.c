@@ -501,14 +501,16 @@ static int exchange_tied_grads(loom_pipeline *pl)
 int loom_pipeline_sync_tied(loom_pipeline *pl)
 {
     size_t n = pl->units[0].numel;
+    if (!pl->holds_first && !pl->holds_last)
+        return LOOM_OK; /* a stage between holds no tied weights */
     loom_request *req = NULL;
-    int rc = LOOM_OK;
+    int rc;
     if (pl->holds_first)
         rc = C->send(pl->s.group, pl->units[0].params, n, pl->s.dtype, (pl->S - 1) % pl->p,
                      tied_tag(pl, 1), &req);
-    else if (pl->holds_last)
+    else
         rc = C->recv(pl->s.group, pl->tied_params, n, pl->s.dtype, 0, tied_tag(pl, 1), &req);
-    return rc == LOOM_OK && req ? C->wait(req) : rc;
+    return rc == LOOM_OK ? C->wait(req) : rc;
 }
 
 /* ---- a step ---- */

@@ -126,8 +126,7 @@ static int post(loom_strategy *s, direction d, void *buf, size_t n, loom_dtype t
             s->broken = 1;
             return rc; /* the core's detail names the op and the group */
         }
-        if (req) /* NULL: already complete */
-            s->inflight[s->ninflight++] = req;
+        s->inflight[s->ninflight++] = req;
     }
     return LOOM_OK;
 }
@@ -408,7 +407,7 @@ static int paramserver_data_grad_norm_sq(loom_strategy *s, double *out)
         }
     loom_request *req = NULL;
     rc = s->comm->allreduce(s->dp, &sum, out, 1, LOOM_F64, LOOM_SUM, &req);
-    return rc == LOOM_OK && req ? s->comm->wait(req) : rc;
+    return rc == LOOM_OK ? s->comm->wait(req) : rc;
 }
 
 static void zero_grads(loom_strategy *s)

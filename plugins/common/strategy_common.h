@@ -218,7 +218,7 @@ static inline int strategy_gather_positions(const loom_host *h, const char *name
         return h->error(h, LOOM_ERR_NO_MEMORY, "%s: out of memory", name);
     loom_request *req = NULL;
     int rc = h->comm->allgather(sp, a->positions, *out, (size_t)a->T, LOOM_I32, &req);
-    if (rc == LOOM_OK && req)
+    if (rc == LOOM_OK)
         rc = h->comm->wait(req);
     return rc;
 }

@@ -112,7 +112,7 @@ static int post_bucket(loom_strategy *s, int b)
         s->failed = 1;
         return rc;
     }
-    return bk->req ? LOOM_OK : bucket_completed(s, b);
+    return LOOM_OK; /* complete_posted completes it, as every bucket */
 }
 
 /* Post, in bucket order, every bucket whose units have all reported. */

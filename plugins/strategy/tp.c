@@ -149,7 +149,7 @@ static int check_views(loom_strategy *s, const char *op, loom_region region,
 
 static int finish(loom_strategy *s, int rc, loom_request *req)
 {
-    if (rc == LOOM_OK && req)
+    if (rc == LOOM_OK)
         rc = s->host->comm->wait(req);
     if (rc != LOOM_OK)
         s->failed = 1; /* the comm layer's detail names the op and the ranks */

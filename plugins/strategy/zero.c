@@ -383,10 +383,10 @@ static int wait_gather(loom_strategy *s, zero_unit *z)
 }
 
 /* A collective of `elems` elements was just posted (rc and req as the comm
- * layer returned them): track it until it completes, which it may have
- * already. */
-static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, size_t elems,
-                 int rc, loom_request *req)
+ * layer returned them): track it until a test or a wait completes it, even
+ * one complete at issue (its request is released by that test or wait). */
+static int track(loom_strategy *s, zero_op *op, const char *what, size_t elems, int rc,
+                 loom_request *req)
 {
     if (rc != LOOM_OK)
         return op_failed(s, rc);
@@ -394,8 +394,6 @@ static int track(loom_strategy *s, zero_unit *z, zero_op *op, const char *what, 
     op->active = 1;
     op->what = what;
     op->bytes = (uint64_t)(elems * s->esize);
-    if (!req)
-        op_done(s, z, op, what);
     return LOOM_OK;
 }
 
@@ -410,7 +408,7 @@ static int post_reduce(loom_strategy *s, zero_unit *z, void *recv)
         return rc; /* nothing posted */
     rc = s->host->comm->reducescatter(s->shard_group, z->grads, recv, z->shard, s->dtype,
                                           average, &req);
-    return track(s, z, &z->reduce, "reducescatter", z->padded, rc, req);
+    return track(s, &z->reduce, "reducescatter", z->padded, rc, req);
 }
 
 /* send: the owned shard (zero1/2: in place inside recv). */
@@ -419,7 +417,7 @@ static int post_gather(loom_strategy *s, zero_unit *z, const void *send, void *r
     z->gather.start_ns = s->host->now_ns();
     loom_request *req = NULL;
     int rc = s->host->comm->allgather(s->shard_group, send, recv, z->shard, s->dtype, &req);
-    return track(s, z, &z->gather, "allgather", z->padded, rc, req);
+    return track(s, &z->gather, "allgather", z->padded, rc, req);
 }
 
 /* HSDP: the shard group's average of a gradient shard (in recv), averaged
@@ -436,7 +434,7 @@ static int post_average(loom_strategy *s, zero_unit *z)
         return rc; /* nothing posted */
     rc = s->host->comm->allreduce(s->replica, s->recv, s->recv, z->shard, s->dtype, average,
                                       &req);
-    return track(s, z, &z->reduce, "allreduce", z->shard, rc, req);
+    return track(s, &z->reduce, "allreduce", z->shard, rc, req);
 }
 
 /* ---------------------------------------------- zero2/3 gradient shards */
@@ -1128,7 +1126,7 @@ static int zero_data_grad_norm_sq(loom_strategy *s, double *out)
     double global = local;
     loom_request *req = NULL;
     rc = s->host->comm->allreduce(s->shard_group, &local, &global, 1, LOOM_F64, LOOM_SUM, &req);
-    if (rc == LOOM_OK && req)
+    if (rc == LOOM_OK)
         rc = s->host->comm->wait(req);
     if (rc != LOOM_OK)
         return op_failed(s, rc);
@@ -1259,7 +1257,7 @@ static int zero_data_get_state(loom_strategy *s, loom_unit *unit, float *params,
             continue;
         loom_request *req = NULL;
         rc = s->host->comm->allgather(s->shard_group, shard[k], full, z->shard, LOOM_F32, &req);
-        if (rc == LOOM_OK && req)
+        if (rc == LOOM_OK)
             rc = s->host->comm->wait(req);
         if (rc != LOOM_OK) {
             op_failed(s, rc);

@@ -469,10 +469,9 @@ static void run(fixture *fx, const scenario *sc)
         /* The shards' updates cover the model once over the dp group. */
         if (!skipped) {
             int64_t elems = (int64_t)stepped_elems, sum = 0;
-            loom_request *req;
+            loom_request *req = NULL;
             OK(loom_core_comm_api.allreduce(fx->dp, &elems, &sum, 1, LOOM_I64, LOOM_SUM, &req));
-            if (req)
-                OK(loom_core_comm_api.wait(req));
+            OK(loom_core_comm_api.wait(req));
             /* ddp steps the whole model on every rank, HSDP in every replica */
             int64_t want = (int64_t)psi * (kd == DDP ? N : R);
             CHECK(sum == want, "%s: updates over the dp group cover %lld elements, want %lld", dname,
