@@ -16,6 +16,7 @@
 #include "loom/status.h"
 #include "runtime/config.h"
 #include "runtime/group.h"
+#include "runtime/loader.h"
 #include "runtime/runtime.h"
 #include "rank_check.h"
 
@@ -89,6 +90,29 @@ static void old_rule(loom_group *self, loom_group *world)
     CHECK_EQ(sum, C->size(world));
 }
 
+/* The host table of a plugin gets the rule it was built for. */
+static void host_tables(loom_runtime *rt)
+{
+    static loom_plugin plugins[2];
+    static const char *const names[2] = {"abi19", "abi110"};
+    const loom_comm_api *want[2] = {&loom_core_comm_api_v1_9, &loom_core_comm_api};
+    for (int i = 0; i < 2; i++) {
+        loom_plugin *p = &plugins[i];
+        p->kind = p->built_as = LOOM_PLUGIN_STRATEGY;
+        p->ops.strategy.header = (loom_plugin_header){
+            .abi_version = LOOM_ABI_VERSION(1, 9 + i),
+            .kind = LOOM_PLUGIN_STRATEGY,
+            .name = names[i],
+        };
+        p->header = &p->ops.strategy.header;
+        char group[64];
+        snprintf(group, sizeof group, "strategy.%s", names[i]);
+        const loom_host *h = NULL;
+        OK(loom_runtime_host(rt, p, group, &h));
+        CHECK(h->comm == want[i], "a plugin built for 1.%d got the other comm api table", 9 + i);
+    }
+}
+
 /* What a destroyed group says on stderr, caught in a file. */
 static void teardown(loom_runtime *rt)
 {
@@ -145,6 +169,7 @@ int main(int argc, char **argv)
     twice(world, named);
     p2p_twice(world);
     old_rule(self, world);
+    host_tables(rt);
     teardown(rt);
 
     loom_group_destroy(self);
