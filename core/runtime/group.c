@@ -69,6 +69,7 @@ struct loom_group {
     self_message *unmatched_sends, *pending_recvs;
     struct loom_group *next_backed;    /* backed_groups: loom_comm to group */
     struct loom_request *outstanding;  /* posted, not yet waited on (request_lock) */
+    int destroyed;                     /* a tombstone: ops on it are refused */
 };
 
 /* Host copies of an op's device buffers, for a backend that does not take
@@ -120,6 +121,14 @@ static int quarantined;
 
 static loom_request *take_outstanding(loom_group *g);
 static void orphan_requests(loom_request *left, const char *group_name);
+
+/* Destroyed groups stay readable for this many more destroys, so that an
+ * op posted on one is refused and named instead of reaching a backend
+ * communicator that is gone. */
+#define GROUP_TOMBSTONES 64
+
+static loom_group *tombstones[GROUP_TOMBSTONES];
+static unsigned groups_buried;
 
 /* The groups over a backend, so the core finds the group of a loom_comm a
  * backend hands back (comm_waiting) from any thread. */
@@ -303,6 +312,31 @@ int loom_group_subgroup(loom_group *parent, const int *ranks, int nranks, loom_g
     return LOOM_OK;
 }
 
+/* g's backend and buffers are gone: it is kept as a tombstone, and the
+ * oldest one goes. */
+static void bury(loom_group *g)
+{
+    g->destroyed = 1;
+    g->world_ranks = NULL;
+    g->subgroups = NULL;
+    g->unmatched_sends = g->pending_recvs = NULL;
+    g->split_children = g->split_parent = NULL;
+    pthread_mutex_lock(&request_lock);
+    loom_group **slot = &tombstones[groups_buried++ % GROUP_TOMBSTONES];
+    loom_group *oldest = *slot;
+    *slot = g;
+    pthread_mutex_unlock(&request_lock);
+    free(oldest);
+}
+
+/* An op on a group already destroyed (while it is a tombstone). */
+static int refuse_destroyed(const loom_group *g, const char *what)
+{
+    return loom_fail(LOOM_ERR_INVALID,
+                     "comm: %s on group %s, which was destroyed: post ops only on a live group",
+                     what, g->name);
+}
+
 void loom_group_destroy(loom_group *g)
 {
     if (!g)
@@ -343,7 +377,7 @@ void loom_group_destroy(loom_group *g)
         next = m->next;
         free(m);
     }
-    free(g);
+    bury(g);
 }
 
 void loom_group_counters(const loom_group *g, loom_comm_counters *out) { *out = g->counters; }
@@ -694,6 +728,8 @@ static int begin_op(loom_group *g, loom_comm_op op, loom_dtype dtype, int reduce
                     int rank, int tag, uint64_t bytes, op_start *st)
 {
     const char *name = loom_comm_op_name(op);
+    if (g->destroyed)
+        return refuse_destroyed(g, name);
     if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
         return loom_fail(LOOM_ERR_INVALID, "comm: %s: unknown dtype %d", name, (int)dtype);
     if (reduces && (unsigned)redop >= LOOM_REDOP_COUNT)
@@ -964,6 +1000,8 @@ static int g_recv(loom_group *g, void *buf, size_t count, loom_dtype dtype, int 
 
 static int g_barrier(loom_group *g, loom_request **req)
 {
+    if (g->destroyed)
+        return refuse_destroyed(g, "barrier");
     op_start st;
     start_op(g, LOOM_OP_BARRIER, 0, -1, &st);
     loom_comm_request *inner = NULL;
@@ -977,6 +1015,8 @@ static int g_barrier(loom_group *g, loom_request **req)
 
 static int g_group_start(loom_group *g)
 {
+    if (g->destroyed)
+        return refuse_destroyed(g, "group_start");
     if (g->ops)
         return g->ops->group_start(g->comm);
     return LOOM_OK;
@@ -984,6 +1024,8 @@ static int g_group_start(loom_group *g)
 
 static int g_group_end(loom_group *g)
 {
+    if (g->destroyed)
+        return refuse_destroyed(g, "group_end");
     if (g->ops)
         return g->ops->group_end(g->comm);
     return LOOM_OK;
@@ -1334,6 +1376,8 @@ static int g_split(loom_group *parent, int colour, int key, loom_group **out)
     if (!parent || !out)
         return loom_fail(LOOM_ERR_INVALID, "comm: split needs a parent group and an out pointer");
     *out = NULL;
+    if (parent->destroyed)
+        return refuse_destroyed(parent, "split");
     int n = parent->size, mine[2] = {colour, key};
     int *all = malloc((size_t)n * 2 * sizeof *all), *list = malloc((size_t)n * sizeof *list);
     if (!all || !list) {

@@ -113,7 +113,8 @@ static void host_tables(loom_runtime *rt)
     }
 }
 
-/* What a destroyed group says on stderr, caught in a file. */
+/* What a destroyed group says on stderr, caught in a file; an op posted
+ * on it afterwards is refused. */
 static void teardown(loom_runtime *rt)
 {
     loom_group *g;
@@ -144,6 +145,11 @@ static void teardown(loom_runtime *rt)
           "stderr: %s", said);
     CHECK_EQ(C->wait(pending), LOOM_ERR_INVALID);
     CHECK_ERROR("recv #1 from rank 0 on group self, whose group was destroyed");
+    loom_request *late = NULL; /* g is a tombstone for the next destroys */
+    CHECK_EQ(C->allreduce(g, &one, &sum, 1, LOOM_F32, LOOM_SUM, &late), LOOM_ERR_INVALID);
+    CHECK_ERROR("comm: allreduce on group self, which was destroyed");
+    CHECK_EQ(C->barrier(g, &late), LOOM_ERR_INVALID);
+    CHECK_ERROR("comm: barrier on group self, which was destroyed");
 }
 
 int main(int argc, char **argv)
