@@ -7,10 +7,16 @@
  * at the world's destroy.
  *
  *   interpose_test host             under `loom launch -n 1`, comm.trace.inner = mpi
- *   interpose_test device PLUGIN    the same over the device-only backend PLUGIN */
+ *   interpose_test device PLUGIN    the same over the device-only backend PLUGIN
+ *   interpose_test waiting          under `loom launch -n 2`, over ucx: rank 1 never
+ *       comes to an allreduce; comm-ucx reports rank 0's arrival through the wrapper
+ *       (comm_waiting on its own communicator), so the core's grace after the timeout
+ *       is a quarter of comm.timeout_s, not comm.ucx.late_grace_s = 1000: the wait
+ *       names rank 1 within seconds, and without the lookup the test would hang */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/comm.h"
 #include "runtime/config.h"
@@ -20,15 +26,15 @@
 
 static const loom_comm_api *C = &loom_core_comm_api;
 
-static loom_runtime *start(const char *inner)
+static loom_runtime *start(const char *inner, const char *timeout)
 {
     char inner_setting[512];
     snprintf(inner_setting, sizeof inner_setting, "comm.trace.inner=\"%s\"", inner);
-    const char *overrides[] = {"comm.timeout_s=60", inner_setting,
-                               "comm.trace.output=interpose-test"};
+    const char *overrides[] = {timeout, inner_setting, "comm.trace.output=interpose-test",
+                               "comm.ucx.late_grace_s=1000"};
     loom_config *cfg;
     loom_runtime *rt;
-    OK(loom_config_load(NULL, overrides, 3, &cfg));
+    OK(loom_config_load(NULL, overrides, 4, &cfg));
     OK(loom_runtime_create(cfg, &rt));
     return rt;
 }
@@ -80,15 +86,35 @@ static void check_trace_file(void)
     CHECK(strstr(text, "\"group\": \"world\", \"size\": 1, \"world_ranks\": [0]") != NULL);
 }
 
+static int waiting(void)
+{
+    loom_runtime *rt = start("ucx", "comm.timeout_s=2");
+    loom_group *world;
+    OK(loom_group_world(rt, "trace", &world));
+    if (C->rank(world) == 1) { /* never comes */
+        sleep(6);
+        _exit(0);
+    }
+    float x = 1, y = 0;
+    loom_request *req = NULL;
+    OK(C->allreduce(world, &x, &y, 1, LOOM_F32, LOOM_SUM, &req));
+    CHECK_EQ(C->wait(req), LOOM_ERR_TIMEOUT);
+    CHECK_ERROR("rank 1 did not arrive");
+    fflush(stdout);
+    _exit(check_done("interpose_test waiting"));
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "waiting"))
+        return waiting();
     int device = argc == 3 && !strcmp(argv[1], "device");
     if (!device && !(argc == 2 && !strcmp(argv[1], "host"))) {
-        fprintf(stderr, "usage: interpose_test host | device PLUGIN\n");
+        fprintf(stderr, "usage: interpose_test host | device PLUGIN | waiting\n");
         return 2;
     }
     remove("interpose-test.0.json");
-    loom_runtime *rt = start(device ? argv[2] : "mpi");
+    loom_runtime *rt = start(device ? argv[2] : "mpi", "comm.timeout_s=60");
     const loom_plugin *trace, *inner;
     uint32_t kinds = 0;
     OK(loom_runtime_plugin(rt, LOOM_PLUGIN_COMM, "trace", &trace));
