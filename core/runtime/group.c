@@ -130,6 +130,10 @@ static void orphan_requests(loom_request *left, const char *group_name);
 static loom_group *tombstones[GROUP_TOMBSTONES];
 static unsigned groups_buried;
 
+/* An op of this process failed: callers stop waiting on the rest then, so
+ * requests left at a group's destroy are expected, not a misuse. */
+static atomic_int an_op_failed;
+
 /* The groups over a backend, so the core finds the group of a loom_comm a
  * backend hands back (comm_waiting) from any thread. */
 static pthread_mutex_t backed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -642,13 +646,18 @@ static loom_request *take_outstanding(loom_group *g)
     loom_request *left = g->outstanding;
     g->outstanding = NULL;
     pthread_mutex_unlock(&request_lock);
+    int after_failure = atomic_load(&an_op_failed);
     for (loom_request *r = left; r; r = r->next) {
         char named[160];
         describe_request(r, g->name, named, sizeof named);
-        loom_log(LOOM_LOG_ERROR,
-                 "comm: group %s destroyed with %s outstanding: wait or test each request "
-                 "before destroying its group",
-                 g->name, named);
+        if (after_failure)
+            loom_log(LOOM_LOG_INFO, "comm: group %s destroyed with %s outstanding, left after "
+                     "an op failed", g->name, named);
+        else
+            loom_log(LOOM_LOG_ERROR,
+                     "comm: group %s destroyed with %s outstanding: wait or test each request "
+                     "before destroying its group",
+                     g->name, named);
     }
     return left;
 }
@@ -699,6 +708,7 @@ static int issued(loom_group *g, op_start *st, loom_comm_request *inner, loom_re
 /* The backend refused to post it (or its buffers could not be staged). */
 static int post_failed(loom_group *g, op_start *st, int rc)
 {
+    atomic_store(&an_op_failed, 1);
     staging_free(&st->stage);
     loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
     return rc;
@@ -1300,6 +1310,8 @@ static int g_test(loom_request *r)
     if (rc != LOOM_IN_PROGRESS) {
         loom_flight_mark(r->group->flight, r->ticket,
                          rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
+        if (rc != LOOM_OK)
+            atomic_store(&an_op_failed, 1);
         finished(r);
     }
     return rc;
@@ -1325,6 +1337,8 @@ static int g_wait(loom_request *r)
     if (rc == LOOM_OK) /* after an error, as in g_test */
         rc = unstage(r->op, &r->stage);
     loom_flight_mark(fg, r->ticket, rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
+    if (rc != LOOM_OK)
+        atomic_store(&an_op_failed, 1);
     finished(r);
     return rc;
 }
