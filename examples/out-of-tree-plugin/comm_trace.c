@@ -259,9 +259,10 @@ static int trace_barrier(loom_comm *c, loom_comm_request **req)
     FORWARD(LOOM_OP_BARRIER, 0, barrier(c->inner, &inner));
 }
 
-/* The optional ops: the struct is const, so each is forwarded if the inner
- * backend has it (the core gives every backend group_start and group_end);
- * without it, nothing to register, and no abort. */
+/* The struct is const, so it cannot mirror which optional ops the inner
+ * backend has: the core gives every backend group_start and group_end, and
+ * calls mem_register, mem_deregister and abort on none yet, so those stay
+ * NULL here. */
 static int trace_group_start(loom_comm *c)
 {
     return in->group_start(c->inner);
@@ -270,23 +271,6 @@ static int trace_group_start(loom_comm *c)
 static int trace_group_end(loom_comm *c)
 {
     return in->group_end(c->inner);
-}
-
-static int trace_mem_register(loom_comm *c, void *ptr, size_t bytes, loom_mem_kind kind,
-                              void **handle)
-{
-    *handle = NULL;
-    return in->mem_register ? in->mem_register(c->inner, ptr, bytes, kind, handle) : LOOM_OK;
-}
-
-static int trace_mem_deregister(loom_comm *c, void *handle)
-{
-    return in->mem_deregister && handle ? in->mem_deregister(c->inner, handle) : LOOM_OK;
-}
-
-static int trace_abort(loom_comm *c)
-{
-    return in->abort ? in->abort(c->inner) : LOOM_ERR_NOT_SUPPORTED;
 }
 
 LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
@@ -313,8 +297,5 @@ LOOM_PLUGIN_EXPORT const loom_comm_plugin_v1_t loom_comm_plugin_v1 = {
     .wait = trace_wait,
     .group_start = trace_group_start,
     .group_end = trace_group_end,
-    .mem_register = trace_mem_register,
-    .mem_deregister = trace_mem_deregister,
-    .abort = trace_abort,
     .inner = trace_inner,
 };
