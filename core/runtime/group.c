@@ -540,9 +540,15 @@ static loom_request *request_new(loom_group *g, const op_start *st)
     pthread_mutex_unlock(&request_lock);
     if (!r && !(r = malloc(sizeof *r)))
         return NULL;
-    *r = (loom_request){.state = REQUEST_LIVE, .group = g, .op = st->op, .start_ns = st->t0,
-                        .bytes = st->bytes, .seq = st->seq, .peer = st->peer,
-                        .ticket = st->ticket, .stage = st->stage};
+    *r = (loom_request){.state = REQUEST_LIVE,
+                        .group = g,
+                        .op = st->op,
+                        .start_ns = st->t0,
+                        .bytes = st->bytes,
+                        .seq = st->seq,
+                        .peer = st->peer,
+                        .ticket = st->ticket,
+                        .stage = st->stage};
     pthread_mutex_lock(&request_lock);
     r->next = g->outstanding;
     if (r->next)
@@ -651,8 +657,9 @@ static loom_request *take_outstanding(loom_group *g)
         char named[160];
         describe_request(r, g->name, named, sizeof named);
         if (after_failure)
-            loom_log(LOOM_LOG_INFO, "comm: group %s destroyed with %s outstanding, left after "
-                     "an op failed", g->name, named);
+            loom_log(LOOM_LOG_INFO,
+                     "comm: group %s destroyed with %s outstanding, left after an op failed",
+                     g->name, named);
         else
             loom_log(LOOM_LOG_ERROR,
                      "comm: group %s destroyed with %s outstanding: wait or test each request "
@@ -1507,8 +1514,8 @@ static int g_send_v1_9(loom_group *g, const void *buf, size_t count, loom_dtype 
     return old_rule(g_send(g, buf, count, dtype, peer, tag, req), req);
 }
 
-static int g_recv_v1_9(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer,
-                       int tag, loom_request **req)
+static int g_recv_v1_9(loom_group *g, void *buf, size_t count, loom_dtype dtype, int peer, int tag,
+                       loom_request **req)
 {
     return old_rule(g_recv(g, buf, count, dtype, peer, tag, req), req);
 }
