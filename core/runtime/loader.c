@@ -459,6 +459,8 @@ static const struct {
     [LOOM_OPTIONAL_DATA_GET_SHARD] = {LOOM_PLUGIN_STRATEGY,
                                       OP(loom_strategy_plugin_v1_t, data_get_shard)},
     [LOOM_OPTIONAL_DATA_EVAL] = {LOOM_PLUGIN_STRATEGY, OP(loom_strategy_plugin_v1_t, data_eval)},
+    [LOOM_OPTIONAL_DATA_REPLICA_STATE] = {LOOM_PLUGIN_STRATEGY,
+                                          OP(loom_strategy_plugin_v1_t, data_replica_state)},
     [LOOM_OPTIONAL_SEQUENCE_POSITIONS] = {LOOM_PLUGIN_STRATEGY,
                                           OP(loom_strategy_plugin_v1_t, sequence_positions)},
     [LOOM_OPTIONAL_PIPELINE_BUBBLE] = {LOOM_PLUGIN_STRATEGY,
@@ -2019,6 +2021,13 @@ static int check_file(load_run *r, void **dl_out, const loom_plugin_header **hea
                           "capabilities has bits 0x%llx this loom does not know, so it cannot "
                           "honour what they require; use a loom as new as the plugin's headers",
                           (unsigned long long)unknown);
+        const loom_strategy_plugin_v1_t *strategy = (const loom_strategy_plugin_v1_t *)h;
+        if ((strategy->capabilities & LOOM_STRATEGY_APPROXIMATE) && strategy->axis != LOOM_AXIS_DP)
+            return refuse(r, LOOM_ERR_INVALID, "capabilities",
+                          "capabilities has LOOM_STRATEGY_APPROXIMATE on a strategy of axis %s; "
+                          "only a data strategy (axis dp) trains replicas that differ: remove "
+                          "the bit",
+                          loom_axis_name((loom_axis)strategy->axis));
         passed(r, "capabilities");
     }
 
@@ -2200,9 +2209,13 @@ int loom_plugin_check_dp_size(const loom_plugin *p, int dp_size)
 {
     if (p->kind != LOOM_PLUGIN_STRATEGY || p->ops.strategy.axis != LOOM_AXIS_DP || dp_size <= 1)
         return LOOM_OK;
+    /* Replicas that differ on purpose need no gradient average each step. */
+    int approximate = (p->ops.strategy.capabilities & LOOM_STRATEGY_APPROXIMATE) != 0;
     for (size_t i = 0; i < LOOM_ARRAY_LEN(dp_group_hooks); i++) {
         const loom_optional_op *ops = dp_group_hooks[i].ops;
         int two = ops[1] != LOOM_OPTIONAL_COUNT;
+        if (approximate && ops[0] == LOOM_OPTIONAL_DATA_GRADS_READY)
+            continue;
         if (loom_plugin_provides(p, ops[0]) || (two && loom_plugin_provides(p, ops[1])))
             continue;
         const char *first = loom_optional_op_name(ops[0]);

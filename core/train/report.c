@@ -333,6 +333,8 @@ void trainer_print_header(const trainer *t)
     char desc[768] = "";
     if (t->data_axis.ops->describe)
         t->data_axis.ops->describe(t->data_axis.strategy, desc, 256);
+    if (t->data_axis.ops->capabilities & LOOM_STRATEGY_APPROXIMATE)
+        snprintf(desc + strlen(desc), sizeof desc - strlen(desc), " (approximate)");
     const axis_strategy *axes[2] = {&t->axes.tp, &t->axes.sp};
     for (int i = 0; i < 2; i++) {
         size_t n = strlen(desc);

@@ -213,6 +213,31 @@ static int grads_norm_sq(trainer *t, double *out)
     return rc;
 }
 
+/* The strategy's replicas differ on purpose (LOOM_STRATEGY_APPROXIMATE):
+ * each dp rank's norm is its own. */
+static int approximate(const trainer *t)
+{
+    return (t->data_axis.ops->capabilities & LOOM_STRATEGY_APPROXIMATE) &&
+           t->job.mesh->sizes[LOOM_AXIS_DP] > 1;
+}
+
+/* With replicas that differ, each clips by its own norm, but the step is
+ * skipped everywhere or nowhere (a rank alone skipping would leave its
+ * replica a step behind the others' schedule), and every rank reports dp
+ * rank 0's norm. One allreduce: a sum of non-finite flags, and the norm
+ * of dp rank 0 added to zeros, which is exact. */
+static int reported_norm(trainer *t, float own, float *reported, int *any_nonfinite)
+{
+    double both[2] = {isfinite(own) ? 0.0 : 1.0,
+                      t->job.mesh->coords[LOOM_AXIS_DP] == 0 && isfinite(own) ? own : 0.0};
+    loom_flight_issuer("gradient norm of dp rank 0");
+    int rc =
+        trainer_group_allreduce(t->job.mesh->groups[LOOM_AXIS_DP], both, 2, LOOM_F64, LOOM_SUM);
+    *any_nonfinite = both[0] > 0;
+    *reported = *any_nonfinite ? NAN : (float)both[1];
+    return rc;
+}
+
 /* Every dp rank must clip by one norm, or the replicas drift apart
  * silently: a strategy whose data_grad_norm_sq returns a rank's own share
  * is stopped at the first step of a run. Once per run, not per step, so a
@@ -220,7 +245,7 @@ static int grads_norm_sq(trainer *t, double *out)
  * of their reductions only. */
 static int check_norm_agrees(trainer *t, double norm_sq)
 {
-    if (t->job.mesh->sizes[LOOM_AXIS_DP] == 1 || t->job.norm_checked)
+    if (t->job.mesh->sizes[LOOM_AXIS_DP] == 1 || t->job.norm_checked || approximate(t))
         return LOOM_OK;
     t->job.norm_checked = 1;
     double spread[2] = {norm_sq, -norm_sq};
@@ -344,7 +369,7 @@ static int global_norm(trainer *t, float *norm)
 
 /* The optimizer's step, or on a skipped step the gradients dropped; the
  * loss scaler told either way. */
-static int apply_or_skip(trainer *t, step_result *r)
+static int apply_or_skip(trainer *t, step_result *r, float norm)
 {
     int rc;
     if (r->skipped) {
@@ -356,7 +381,7 @@ static int apply_or_skip(trainer *t, step_result *r)
         return LOOM_OK;
     }
     loom_flight_issuer("optimizer");
-    if ((rc = optimizer_step(t, r, r->grad_norm)) != LOOM_OK)
+    if ((rc = optimizer_step(t, r, norm)) != LOOM_OK)
         return rc;
     /* the step's write-backs land within the step they belong to */
     if ((rc = loom_tiers_flush(t->job.tiers)) != LOOM_OK)
@@ -384,11 +409,15 @@ int trainer_step(trainer *t, step_result *r)
         rc = global_norm(t, &norm);
     if (rc != LOOM_OK)
         return rc;
+    float reported = norm;
+    int any_nonfinite = 0;
+    if (approximate(t) && (rc = reported_norm(t, norm, &reported, &any_nonfinite)) != LOOM_OK)
+        return rc;
     r->loss = loss;
-    r->grad_norm = norm;
+    r->grad_norm = reported;
     r->lr = loom_lr_at(&t->opt.lr_schedule, t->job.step);
-    trainer_scaler_judge(t, loss, norm, r);
-    if ((rc = apply_or_skip(t, r)) != LOOM_OK)
+    trainer_scaler_judge(t, loss, any_nonfinite ? NAN : norm, r);
+    if ((rc = apply_or_skip(t, r, norm)) != LOOM_OK)
         return rc;
     uint64_t end = loom_now_ns();
     r->seconds = (double)(end - t0) / 1e9;
