@@ -127,12 +127,119 @@ typedef struct ckpt_record {
  * checkpoint step. A synchronous checkpoint holds one unit at a time and
  * writes it at once; train.checkpoint_async holds them all while the
  * writer thread writes them. */
+/* One buffer of a dp rank's own state, its bytes at offset in the
+ * replica snapshot's data. */
+typedef struct replica_entry {
+    int unit;
+    char label[LOOM_CKPT_REPLICA_LABEL];
+    size_t bytes, offset;
+} replica_entry;
+
+/* This rank's replica records (data_replica_state), copied to the host at
+ * the checkpoint step. */
+typedef struct replica_snapshot {
+    unsigned char *data;
+    size_t used;
+    replica_entry *entries;
+    int count, dp_rank, dp_size;
+} replica_snapshot;
+
 typedef struct ckpt_snapshot {
     float *data;
     size_t capacity, used; /* floats */
     ckpt_record *records;
     int nrecords;
+    replica_snapshot replicas;
 } ckpt_snapshot;
+
+static void free_replicas(replica_snapshot *s)
+{
+    free(s->data);
+    free(s->entries);
+    memset(s, 0, sizeof *s);
+}
+
+/* The strategy's replica buffers of a unit (*out malloc'd, *count of them). */
+static int replica_buffers(trainer *t, loom_unit *u, loom_replica_buffer **out, int *count)
+{
+    const char *name = t->data_axis.plugin->header->name;
+    *out = NULL;
+    *count = 0;
+    int rc = t->data_axis.ops->data_replica_state(t->data_axis.strategy, u, NULL, count);
+    if (rc != LOOM_OK || *count == 0)
+        return rc;
+    if (*count < 0)
+        return loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_replica_state gave %s a count of "
+                         "%d buffers", name, u->name, *count);
+    int room = *count;
+    if (!(*out = calloc((size_t)room, sizeof **out)))
+        return loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    rc = t->data_axis.ops->data_replica_state(t->data_axis.strategy, u, *out, count);
+    if (rc == LOOM_OK && (*count < 0 || *count > room))
+        rc = loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_replica_state gave %s %d buffers "
+                       "after saying %d", name, u->name, *count, room);
+    for (int b = 0; rc == LOOM_OK && b < *count; b++)
+        if (!(*out)[b].name || strlen((*out)[b].name) >= LOOM_CKPT_REPLICA_LABEL ||
+            ((*out)[b].bytes && !(*out)[b].data))
+            rc = loom_fail(LOOM_ERR_INTERNAL, "strategy %s: data_replica_state's buffer %d of %s "
+                           "has no label, a label of %d characters or more, or no data", name, b,
+                           u->name, LOOM_CKPT_REPLICA_LABEL);
+    if (rc != LOOM_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Copies this rank's replica buffers of every unit it holds to the host;
+ * local to the rank (no collective). */
+static int snapshot_replicas(trainer *t, replica_snapshot *s)
+{
+    free_replicas(s);
+    s->dp_rank = t->job.mesh->coords[LOOM_AXIS_DP];
+    s->dp_size = t->job.mesh->sizes[LOOM_AXIS_DP];
+    if (!t->data_axis.ops->data_replica_state)
+        return LOOM_OK;
+    int rc = LOOM_OK;
+    for (int i = 0; rc == LOOM_OK && i < t->job.nunits; i++) {
+        if (!holds(t, i))
+            continue;
+        loom_replica_buffer *buffers;
+        int count;
+        if ((rc = replica_buffers(t, dp_unit(t, i), &buffers, &count)) != LOOM_OK)
+            break;
+        size_t bytes = 0;
+        for (int b = 0; b < count; b++)
+            bytes += buffers[b].bytes;
+        unsigned char *data = realloc(s->data, s->used + bytes + 1);
+        replica_entry *entries = realloc(s->entries, ((size_t)s->count + count + 1) *
+                                                         sizeof *entries);
+        s->data = data ? data : s->data;
+        s->entries = entries ? entries : s->entries;
+        if (!data || !entries)
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        for (int b = 0; rc == LOOM_OK && b < count; b++) {
+            replica_entry *e = &s->entries[s->count++];
+            *e = (replica_entry){i, "", buffers[b].bytes, s->used};
+            snprintf(e->label, sizeof e->label, "%s", buffers[b].name);
+            if (buffers[b].bytes)
+                rc = BACKEND(t, to_host, s->data + s->used, buffers[b].data, buffers[b].bytes);
+            s->used += buffers[b].bytes;
+        }
+        free(buffers);
+    }
+    return rc;
+}
+
+static int write_replicas(loom_ckpt_shard_writer *w, const replica_snapshot *s)
+{
+    int rc = LOOM_OK;
+    for (int e = 0; rc == LOOM_OK && e < s->count; e++)
+        rc = loom_ckpt_shard_put_replica(w, s->entries[e].unit, s->dp_rank, s->dp_size,
+                                         s->entries[e].label, s->data + s->entries[e].offset,
+                                         s->entries[e].bytes);
+    return rc;
+}
 
 /* Copies what this rank writes of unit i into the snapshot: a record, or
  * nothing when another rank writes it. ok = 0 after a failure:
@@ -396,7 +503,7 @@ int trainer_save_sharded(trainer *t, const char *dir)
     for (int i = 0; i < t->job.nunits; i++)
         biggest = t->job.units[i].numel > biggest ? t->job.units[i].numel : biggest;
     ckpt_record record;
-    ckpt_snapshot snap = {malloc(3 * biggest * sizeof(float) + 1), 3 * biggest, 0, &record, 0};
+    ckpt_snapshot snap = {malloc(3 * biggest * sizeof(float) + 1), 3 * biggest, 0, &record, 0, {0}};
     loom_ckpt_shard_writer w;
     memset(&w, 0, sizeof w);
     if (!snap.data)
@@ -413,8 +520,13 @@ int trainer_save_sharded(trainer *t, const char *dir)
             if (rc == LOOM_OK)
                 rc = write_records(&w, &snap, NULL);
         }
+    if (rc == LOOM_OK)
+        rc = snapshot_replicas(t, &snap.replicas);
+    if (rc == LOOM_OK)
+        rc = write_replicas(&w, &snap.replicas);
     int closed = loom_ckpt_shard_close(&w, rc == LOOM_OK);
     rc = rc == LOOM_OK ? closed : rc;
+    free_replicas(&snap.replicas);
     free(snap.data);
     rc = finish_save(t, &s, rc);
     end_save(&s);
@@ -512,6 +624,8 @@ static void *write_in_background(void *arg)
     int rc = loom_ckpt_shard_open(&w, a->save.tmp, a->rank, a->run_id, a->save.step);
     if (rc == LOOM_OK)
         rc = write_records(&w, &a->snap, &a->stop);
+    if (rc == LOOM_OK)
+        rc = write_replicas(&w, &a->snap.replicas);
     int closed = loom_ckpt_shard_close(&w, rc == LOOM_OK);
     rc = rc == LOOM_OK ? closed : rc;
     a->rc = rc;
@@ -591,6 +705,8 @@ static int start_async(trainer *t, const char *parent, int64_t keep)
             int unit_rc = snapshot_unit(t, &a->snap, i, rc == LOOM_OK);
             rc = rc == LOOM_OK ? unit_rc : rc;
         }
+    if (rc == LOOM_OK)
+        rc = snapshot_replicas(t, &a->snap.replicas);
     atomic_store(&a->stop, 0);
     atomic_store(&a->done, 0);
     if (rc == LOOM_OK && pthread_create(&a->thread, NULL, write_in_background, a) != 0)
@@ -674,6 +790,7 @@ void trainer_checkpoint_abandon(trainer *t)
     }
     loom_mem_free(a->snap.data);
     free(a->snap.records);
+    free_replicas(&a->snap.replicas);
     free(a);
     t->ckpt.async = NULL;
 }
@@ -976,6 +1093,87 @@ static int check_resume(const trainer *t, const loom_ckpt *ck, const char *path)
     return LOOM_OK;
 }
 
+/* This rank's replica records back into the strategy's buffers of unit i:
+ * each buffer by its label, of the size saved. */
+static int restore_unit_replicas(trainer *t, loom_ckpt *ck, int i, const char *path)
+{
+    loom_replica_buffer *buffers;
+    int count;
+    int rc = replica_buffers(t, dp_unit(t, i), &buffers, &count);
+    int saved = 0;
+    for (int r = 0; r < loom_ckpt_replica_count(ck); r++) {
+        const loom_ckpt_replica *rec = loom_ckpt_replica_at(ck, r);
+        saved += rec->file == t->job.rank && rec->unit == i;
+    }
+    const char *name = t->job.units[i].name;
+    if (rc == LOOM_OK && saved != count)
+        rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: unit %d (%s) has %d replica records of "
+                       "rank %d, and strategy %s gives %d buffers; resume with the strategy "
+                       "(and settings) that wrote it", path, i, name, saved, t->job.rank,
+                       t->data_axis.plugin->header->name, count);
+    for (int b = 0; rc == LOOM_OK && b < count; b++) {
+        const loom_ckpt_replica *rec = NULL;
+        int index = -1;
+        for (int r = 0; r < loom_ckpt_replica_count(ck) && !rec; r++) {
+            const loom_ckpt_replica *c = loom_ckpt_replica_at(ck, r);
+            if (c->file == t->job.rank && c->unit == i && !strcmp(c->label, buffers[b].name))
+                rec = c, index = r;
+        }
+        if (!rec) {
+            rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: unit %d (%s): no replica record "
+                           "'%s' for rank %d; resume with the strategy (and settings) that "
+                           "wrote it", path, i, name, buffers[b].name, t->job.rank);
+            break;
+        }
+        if (rec->bytes != buffers[b].bytes) {
+            rc = loom_fail(LOOM_ERR_INVALID, "--resume %s: unit %d (%s): replica record '%s' "
+                           "holds %llu bytes, and the strategy's buffer is %zu; resume with the "
+                           "settings that wrote it", path, i, name, rec->label,
+                           (unsigned long long)rec->bytes, buffers[b].bytes);
+            break;
+        }
+        void *host = malloc(rec->bytes + 1);
+        if (!host)
+            rc = loom_fail(LOOM_ERR_NO_MEMORY, "train: out of memory for a checkpoint");
+        if (rc == LOOM_OK)
+            rc = loom_ckpt_read_replica(ck, index, host);
+        if (rc == LOOM_OK && rec->bytes)
+            rc = BACKEND(t, to_device, buffers[b].data, host, rec->bytes);
+        free(host);
+    }
+    free(buffers);
+    return rc;
+}
+
+/* After data_set_state: at the mesh that wrote them, each rank's own state
+ * back; otherwise every replica keeps the shared state, said once. */
+static int restore_replicas(trainer *t, loom_ckpt *ck, const char *path)
+{
+    if (!t->data_axis.ops->data_replica_state)
+        return LOOM_OK;
+    int saved_dp = 0;
+    if (loom_ckpt_replica_count(ck) > 0)
+        saved_dp = loom_ckpt_replica_at(ck, 0)->dp_size;
+    int dp = t->job.mesh->sizes[LOOM_AXIS_DP];
+    if (saved_dp != dp || loom_ckpt_files(ck) != t->job.world) {
+        if (t->job.rank == 0 && saved_dp)
+            loom_log(LOOM_LOG_INFO, "--resume %s: the checkpoint holds the replicas' own state "
+                     "for %d dp ranks; this run has %d%s: every replica starts from the shared "
+                     "state", path, saved_dp, dp,
+                     saved_dp == dp ? " (on another mesh)" : "");
+        else if (t->job.rank == 0)
+            loom_log(LOOM_LOG_INFO, "--resume %s: the checkpoint holds no replica's own state "
+                     "(%s): every replica starts from the shared state", path,
+                     loom_ckpt_files(ck) ? "written without it" : "consolidated");
+        return LOOM_OK;
+    }
+    int rc = LOOM_OK;
+    for (int i = 0; rc == LOOM_OK && i < t->job.nunits; i++)
+        if (holds(t, i))
+            rc = restore_unit_replicas(t, ck, i, path);
+    return rc;
+}
+
 /* Any checkpoint, sharded or consolidated, on any mesh: unit by unit, the
  * whole arrays are read and each rank keeps its part. The ranks share the
  * reading of the shard files' checksums, and agree that all is well before
@@ -1021,6 +1219,8 @@ int trainer_load_state(trainer *t, const char *path)
         if (rc == LOOM_OK)
             rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
+    if (rc == LOOM_OK)
+        rc = restore_replicas(t, ck, path);
     trainer_sync_units(t);
     rc = trainer_agree(t, failed, rc);
     if (rc == LOOM_OK && t->pipe.executor) /* the last stage's copy of unit 0 */

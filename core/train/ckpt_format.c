@@ -28,9 +28,10 @@
  * of the consolidated file and of meta.loom; 3 the stamp (ckpt_format.h) after
  * every file's fixed header; 4 the lineage after the stamp of meta.loom and
  * of the consolidated file. 1 to 3 are still read. */
-#define FORMAT_VERSION 4u
+#define FORMAT_VERSION 5u
 #define FORMAT_STAMPED 3u
 #define FORMAT_LINEAGE 4u
+#define FORMAT_REPLICAS 5u
 #define FORMAT_OLDEST 1u
 /* Far above any real job, low enough that a damaged count cannot make the
  * reader allocate without bound. */
@@ -317,6 +318,14 @@ int loom_ckpt_sync_dir(const char *dir)
                           strerror(err));
 }
 
+/* Format 5: after a shard file's unit records, to its end, the replica
+ * records of the rank that wrote it, each followed by its bytes. */
+typedef struct replica_disk {
+    int32_t unit, dp_rank, dp_size, reserved; /* reserved 0 */
+    char label[LOOM_CKPT_REPLICA_LABEL];      /* NUL-terminated */
+    uint64_t bytes;
+} replica_disk;
+
 /* ---- sharded: writing ---- */
 
 int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, uint64_t run_id,
@@ -343,6 +352,21 @@ int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t
         return rc;
     w->records++;
     return LOOM_OK;
+}
+
+int loom_ckpt_shard_put_replica(loom_ckpt_shard_writer *w, int unit, int dp_rank, int dp_size,
+                                const char *label, const void *data, size_t bytes)
+{
+    replica_disk r = {unit, dp_rank, dp_size, 0, "", bytes};
+    if (strlen(label) >= sizeof r.label)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint: the replica buffer label '%s' of unit %d "
+                         "is longer than %zu characters", label, unit, sizeof r.label - 1);
+    memcpy(r.label, label, strlen(label));
+    int rc = file_write(&w->file, &r, sizeof r);
+    if (rc == LOOM_OK && bytes)
+        rc = file_write(&w->file, data, bytes);
+    w->replicas += rc == LOOM_OK;
+    return rc;
 }
 
 int loom_ckpt_shard_close(loom_ckpt_shard_writer *w, int ok)
@@ -579,6 +603,8 @@ struct loom_ckpt {
     FILE **f;
     shard_record *rec;
     int nrec;
+    loom_ckpt_replica *replicas;
+    int nreplicas;
 };
 
 /* The path of meta.loom (file -1) or of a shard file, or the consolidated
@@ -823,8 +849,53 @@ static int index_shard_file(loom_ckpt *ck, int file)
         if (fseek(f, (long)(3 * r.count * sizeof(float)), SEEK_CUR) != 0)
             return damaged(path, "it ends inside record %u", i);
     }
+    for (int i = 0; h.version >= FORMAT_REPLICAS && ftell(f) < size; i++) {
+        replica_disk r;
+        if (!read_all(f, &r, sizeof r))
+            return damaged(path, "it ends inside replica record %d", i);
+        at = ftell(f);
+        if (r.unit < 0 || r.unit >= ck->h.nunits || r.dp_size < 1 || r.dp_rank < 0 ||
+            r.dp_rank >= r.dp_size || r.reserved != 0 || !memchr(r.label, 0, sizeof r.label))
+            return damaged(path, "replica record %d (unit %d, dp rank %d of %d) is malformed", i,
+                           r.unit, r.dp_rank, r.dp_size);
+        if (r.bytes > (uint64_t)(size - at))
+            return damaged(path, "replica record %d (unit %d, '%s') holds %llu bytes, and the "
+                           "file has %lld more (cut short)", i, r.unit, r.label,
+                           (unsigned long long)r.bytes, size - (long long)at);
+        loom_ckpt_replica *grown_replicas =
+            realloc(ck->replicas, ((size_t)ck->nreplicas + 1) * sizeof *grown_replicas);
+        if (!grown_replicas)
+            return loom_fail(LOOM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        ck->replicas = grown_replicas;
+        loom_ckpt_replica *rep = &ck->replicas[ck->nreplicas++];
+        *rep = (loom_ckpt_replica){file, r.unit, r.dp_rank, r.dp_size, "", r.bytes, at};
+        memcpy(rep->label, r.label, sizeof rep->label);
+        if (fseek(f, (long)r.bytes, SEEK_CUR) != 0)
+            return damaged(path, "it ends inside replica record %d", i);
+    }
     if (ftell(f) != size)
         return damaged(path, "%lld bytes follow its last record", size - (long long)ftell(f));
+    return LOOM_OK;
+}
+
+int loom_ckpt_replica_count(const loom_ckpt *ck)
+{
+    return ck->nreplicas;
+}
+
+const loom_ckpt_replica *loom_ckpt_replica_at(const loom_ckpt *ck, int i)
+{
+    return i >= 0 && i < ck->nreplicas ? &ck->replicas[i] : NULL;
+}
+
+int loom_ckpt_read_replica(loom_ckpt *ck, int i, void *data)
+{
+    const loom_ckpt_replica *r = &ck->replicas[i];
+    char path[4200];
+    file_path(ck, r->file, path, sizeof path);
+    FILE *f = ck->f[r->file];
+    if (fseek(f, r->offset, SEEK_SET) != 0 || !read_all(f, data, r->bytes))
+        return damaged(path, "cannot read replica record '%s' of unit %d", r->label, r->unit);
     return LOOM_OK;
 }
 
@@ -1123,6 +1194,7 @@ void loom_ckpt_close(loom_ckpt *ck)
     free(ck->ntensors);
     free(ck->f);
     free(ck->rec);
+    free(ck->replicas);
     free(ck->data_position);
     free(ck->settings);
     free(ck);
@@ -1303,6 +1375,14 @@ void loom_ckpt_print_info(const loom_ckpt *ck, const loom_unit *units, FILE *f)
                 records++, elems += ck->rec[i].count;
         fprintf(f, "  shard-%d   %d records, %llu elements (%.2f MiB of params, m and v)\n", fi,
                records, (unsigned long long)elems, (double)elems * 12.0 / (1024.0 * 1024.0));
+        int replicas = 0, dp_rank = 0;
+        uint64_t bytes = 0;
+        for (int i = 0; i < ck->nreplicas; i++)
+            if (ck->replicas[i].file == fi)
+                replicas++, bytes += ck->replicas[i].bytes, dp_rank = ck->replicas[i].dp_rank;
+        if (replicas)
+            fprintf(f, "            %d replica records of dp rank %d, %llu bytes (its own state)\n",
+                    replicas, dp_rank, (unsigned long long)bytes);
     }
 }
 

@@ -27,6 +27,10 @@
  * Formats 1 and 2 (no stamp) are still read, range-checked but unverified.
  * Format 4 adds the run's lineage right after the stamp of meta.loom and of
  * the consolidated file (loom_ckpt_lineage); format 3 is read without one.
+ * Format 5 lets a shard file end with replica records after its unit
+ * records: a dp rank's own state (data_replica_state), each record the
+ * unit, the dp rank and dp size of the writer, a label and the bytes; the
+ * file's checksum covers them. A consolidated file never holds any.
  * Every file is fsync'd before it is closed. */
 #ifndef LOOM_CKPT_H
 #define LOOM_CKPT_H
@@ -86,7 +90,11 @@ typedef struct loom_ckpt_shard_writer {
     uint64_t run_id;
     int64_t step;
     uint32_t records;
+    uint32_t replicas;
 } loom_ckpt_shard_writer;
+
+/* Room for a replica buffer's label, its NUL included. */
+#define LOOM_CKPT_REPLICA_LABEL 48
 
 int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, uint64_t run_id,
                          int64_t step);
@@ -94,6 +102,10 @@ int loom_ckpt_shard_open(loom_ckpt_shard_writer *w, const char *dir, int rank, u
  * buffer of a unit. */
 int loom_ckpt_shard_put(loom_ckpt_shard_writer *w, int unit, int tp_rank, size_t begin,
                         size_t count, const float *params, const float *m, const float *v);
+/* One replica record, after the unit records: bytes of the dp rank's own
+ * state of a unit under label. */
+int loom_ckpt_shard_put_replica(loom_ckpt_shard_writer *w, int unit, int dp_rank, int dp_size,
+                                const char *label, const void *data, size_t bytes);
 /* ok: stamp, fsync and close; otherwise (or if that fails) remove the file. */
 int loom_ckpt_shard_close(loom_ckpt_shard_writer *w, int ok);
 
@@ -164,6 +176,19 @@ void loom_ckpt_print_info(const loom_ckpt *ck, const loom_unit *units, FILE *f);
 int loom_ckpt_read_unit(loom_ckpt *ck, const loom_unit *units, int unit, float *params,
                         float *m, float *v);
 void loom_ckpt_close(loom_ckpt *ck);
+
+/* A sharded checkpoint's replica records (format 5): file is the shard
+ * file, the world rank that wrote it. */
+typedef struct loom_ckpt_replica {
+    int file, unit, dp_rank, dp_size;
+    char label[LOOM_CKPT_REPLICA_LABEL];
+    uint64_t bytes;
+    long offset; /* of the bytes in the file */
+} loom_ckpt_replica;
+int loom_ckpt_replica_count(const loom_ckpt *ck);
+const loom_ckpt_replica *loom_ckpt_replica_at(const loom_ckpt *ck, int i);
+/* Record i's bytes into data (its bytes long). */
+int loom_ckpt_read_replica(loom_ckpt *ck, int i, void *data);
 
 /* Consolidation: one resumable file; llm.c's weights (model: any model of
  * the checkpoint's shape), as a file (dtype LOOM_F32 or LOOM_BF16: llm.c's
