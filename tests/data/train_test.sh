@@ -122,8 +122,9 @@ import struct, sys
 data = bytearray(open(sys.argv[1], 'rb').read())
 # the header: magic, version, dtype, shape[6], step, good_steps, data, loss_scale, nunits;
 # format 3 then stamps it (run id, step, length, checksum: 32 bytes), and
-# format 4 adds the lineage (32 bytes, the settings' text of the length at 24)
-assert data[:8] == b'LOOMSTAT' and struct.unpack_from('<I', data, 8)[0] == 4
+# format 4 adds the lineage (32 bytes, the settings' text of the length at 24);
+# format 5 changes shard files only
+assert data[:8] == b'LOOMSTAT' and struct.unpack_from('<I', data, 8)[0] in (4, 5)
 size = struct.unpack_from('<Q', data, 56)[0]
 lineage = 32 + struct.unpack_from('<I', data, 72 + 32 + 24)[0]
 struct.pack_into('<I', data, 8, 1)
