@@ -1146,8 +1146,9 @@ static int restore_unit_replicas(trainer *t, loom_ckpt *ck, int i, const char *p
 }
 
 /* After data_set_state: at the mesh that wrote them, each rank's own state
- * back; otherwise every replica keeps the shared state, said once. */
-static int restore_replicas(trainer *t, loom_ckpt *ck, const char *path)
+ * back; otherwise every replica keeps the shared state, said once.
+ * Collective: every rank calls it, ok = 0 after its own failure. */
+static int restore_replicas(trainer *t, loom_ckpt *ck, const char *path, int ok)
 {
     if (!t->data_axis.ops->data_replica_state)
         return LOOM_OK;
@@ -1155,7 +1156,25 @@ static int restore_replicas(trainer *t, loom_ckpt *ck, const char *path)
     if (loom_ckpt_replica_count(ck) > 0)
         saved_dp = loom_ckpt_replica_at(ck, 0)->dp_size;
     int dp = t->job.mesh->sizes[LOOM_AXIS_DP];
-    if (saved_dp != dp || loom_ckpt_files(ck) != t->job.world) {
+    /* The world, dp and tp sizes may match on another mesh (pp and sp
+     * traded): the ranks agree that each holds the units of its own
+     * records, as the dp rank that wrote them. */
+    double fits = !ok ? -1
+                  : saved_dp == dp && loom_ckpt_files(ck) == t->job.world &&
+                      loom_ckpt_tp(ck) == t->job.mesh->sizes[LOOM_AXIS_TP];
+    for (int r = 0; fits > 0 && r < loom_ckpt_replica_count(ck); r++) {
+        const loom_ckpt_replica *rec = loom_ckpt_replica_at(ck, r);
+        if (rec->file == t->job.rank &&
+            (rec->dp_rank != t->job.mesh->coords[LOOM_AXIS_DP] || !holds(t, rec->unit)))
+            fits = 0;
+    }
+    int rc = LOOM_OK;
+    if (t->job.world > 1 && (rc = trainer_group_allreduce(t->job.mesh->world, &fits, 1, LOOM_F64,
+                                                          LOOM_MIN)) != LOOM_OK)
+        return rc;
+    if (fits < 0) /* a rank failed: the agreement that follows says so */
+        return LOOM_OK;
+    if (!fits) {
         if (t->job.rank == 0 && saved_dp)
             loom_log(LOOM_LOG_INFO, "--resume %s: the checkpoint holds the replicas' own state "
                      "for %d dp ranks; this run has %d%s: every replica starts from the shared "
@@ -1167,7 +1186,6 @@ static int restore_replicas(trainer *t, loom_ckpt *ck, const char *path)
                      loom_ckpt_files(ck) ? "written without it" : "consolidated");
         return LOOM_OK;
     }
-    int rc = LOOM_OK;
     for (int i = 0; rc == LOOM_OK && i < t->job.nunits; i++)
         if (holds(t, i))
             rc = restore_unit_replicas(t, ck, i, path);
@@ -1219,8 +1237,8 @@ int trainer_load_state(trainer *t, const char *path)
         if (rc == LOOM_OK)
             rc = set_unit_state(t, i, whole, whole + n, whole + 2 * n);
     }
-    if (rc == LOOM_OK)
-        rc = restore_replicas(t, ck, path);
+    int replicas_rc = restore_replicas(t, ck, path, rc == LOOM_OK);
+    rc = rc == LOOM_OK ? replicas_rc : rc;
     trainer_sync_units(t);
     rc = trainer_agree(t, failed, rc);
     if (rc == LOOM_OK && t->pipe.executor) /* the last stage's copy of unit 0 */

@@ -1087,6 +1087,8 @@ int loom_ckpt_open_unverified(const char *path, loom_ckpt **out)
 
 int loom_ckpt_files(const loom_ckpt *ck) { return ck->sharded ? ck->files : 0; }
 
+int loom_ckpt_tp(const loom_ckpt *ck) { return ck->sharded ? ck->tp : 1; }
+
 int loom_ckpt_verify_file(loom_ckpt *ck, int file)
 {
     if (!ck->sharded || ck->format < FORMAT_STAMPED || file < 0 || file >= ck->files)

@@ -161,6 +161,8 @@ int loom_ckpt_open_unverified(const char *path, loom_ckpt **out);
 /* Shard files of a sharded checkpoint; 0 for a consolidated file (checked
  * whole at open). */
 int loom_ckpt_files(const loom_ckpt *ck);
+/* The tp size of the mesh that wrote a sharded checkpoint (1 if consolidated). */
+int loom_ckpt_tp(const loom_ckpt *ck);
 int loom_ckpt_verify_file(loom_ckpt *ck, int file);
 /* The checkpoint against a model of its shape (units, nunits): the unit
  * count, each unit's tensors and the shard table's slices. Before any

@@ -129,7 +129,22 @@ records)
         --set train.steps=4 --resume "$TMP/ck/step-2" > resume.log 2>&1 || status=$?
     [ "$status" != 0 ] && grep -q "CRC32C" resume.log ||
         { cat resume.log; fail "--resume of a damaged replica record was not refused by its checksum"; }
-    echo "$TEST: a damaged replica record is caught by the checksum" ;;
+    echo "$TEST: a damaged replica record is caught by the checksum"
+    # records that do not fit the strategy's buffers: one line naming the
+    # unit, the label and the sizes
+    run whole 2 --set train.steps=2 --set train.checkpoint_every=2 --set train.checkpoint_dir="$TMP/ck2"
+    for what in RENAME SHORTEN; do
+        status=0
+        env "LOCALSGD_$what=1" "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+            --set parallel.dp.size=2 --set train.steps=4 --resume "$TMP/ck2/step-2" > "$what.log" 2>&1 ||
+            status=$?
+        [ "$status" != 0 ] || { cat "$what.log"; fail "$what: a resume with records that do not fit ran"; }
+    done
+    grep -q "unit 0 (.*): no replica record 'adam m (renamed)' for rank 0" RENAME.log ||
+        { cat RENAME.log; fail "a label missing from the checkpoint is not named"; }
+    grep -q "unit 0 (.*): replica record 'adam v' holds [0-9]* bytes, and the strategy's buffer is [0-9]*" SHORTEN.log ||
+        { cat SHORTEN.log; fail "a size mismatch is not named"; }
+    echo "$TEST: records that do not fit the strategy's buffers are refused, naming unit, label and sizes" ;;
 *)
     fail "unknown case $CASE" ;;
 esac

@@ -6,6 +6,8 @@
  * each rank's, and data_get_state gives dp rank 0's as the shared state.
  * Built a second time with LOCALSGD_UNDECLARED: the same hooks without the
  * capability, which the core must refuse at dp > 1. */
+#include <stdlib.h>
+
 #include "loom/plugin.h"
 #include "loom/strategy.h"
 
@@ -50,6 +52,11 @@ static int localsgd_replica_state(loom_strategy *s, loom_unit *unit, loom_replic
     if (wanted == 4)
         buffers[3] = (loom_replica_buffer){
             "params", (char *)s->params + s->slots[i].offset * s->esize, n * s->esize};
+    /* the test's mismatches: a label or a size other than the checkpoint's */
+    if (getenv("LOCALSGD_RENAME"))
+        buffers[1].name = "adam m (renamed)";
+    if (getenv("LOCALSGD_SHORTEN"))
+        buffers[2].bytes -= sizeof(float);
     *count = wanted;
     /* without memory.offload the state stays where it was acquired */
     return opt_state_release(&s->opt, i, 1);
