@@ -367,7 +367,7 @@ int loom_runtime_plugin(loom_runtime *rt, loom_plugin_kind kind, const char *nam
 }
 
 static int host_comm_open(const loom_host *host, const char *name,
-                          const loom_comm_plugin_v1_t **ops, const loom_host **inner_host)
+                          const loom_comm_ops **ops, const loom_host **inner_host)
 {
     host_slot *s = slot_of(host);
     const char *self = s->plugin->header->name;
