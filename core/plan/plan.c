@@ -124,12 +124,13 @@ static void add_comm(loom_plan_rank *r, loom_axis axis, loom_comm_op op, uint64_
     r->comm[axis][op].bytes += calls * bytes_each;
 }
 
-/* The shipped data strategies: 0 ddp, 1..3 the ZeRO stage; -1 another
- * (loom_plan_make refuses it before any rank is planned). */
+/* The shipped data strategies: 0 ddp, 1..3 the ZeRO stage, 4 diloco; -1
+ * another (loom_plan_make refuses it before any rank is planned). */
+#define DP_DILOCO 4
 static int dp_stage(const loom_plan_job *j)
 {
-    static const char *const names[] = {"ddp", "zero1", "zero2", "zero3"};
-    for (int k = 0; k < 4; k++)
+    static const char *const names[] = {"ddp", "zero1", "zero2", "zero3", "diloco"};
+    for (int k = 0; k < 5; k++)
         if (!strcmp(j->dp_strategy, names[k]))
             return k;
     return -1;
@@ -158,14 +159,36 @@ static void plan_ddp(const loom_plan_job *j, const stage_units *su, loom_plan_ra
     }
 }
 
+/* diloco (plugins/strategy/diloco.c): ddp's whole parameters and
+ * gradients, each worker's fp32 weights (16-bit runs) and Adam moments,
+ * the outer weights and their momentum (fp32, host memory, never
+ * offloaded); one all-reduce of the fp32 weights every sync_every steps,
+ * planned per step as 1/sync_every of it. */
+static void plan_diloco(const loom_plan_job *j, const stage_units *su, loom_plan_rank *r)
+{
+    uint64_t e = loom_dtype_size(j->dtype), numel = 0;
+    uint64_t *host = r->peak[LOOM_TIER_HOST];
+    for (int i = 0; i < su->n; i++)
+        numel += su->numel[i];
+    host[LOOM_PURPOSE_PARAMS] += numel * e;
+    host[LOOM_PURPOSE_GRADS] += numel * e;
+    host[LOOM_PURPOSE_OPTIMIZER] += numel * 4 * (j->dtype == LOOM_F32 ? 4 : 5);
+    uint64_t every = j->sync_every > 0 ? (uint64_t)j->sync_every : 1;
+    add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, (numel * 4 + every - 1) / every);
+    /* the core's, for a strategy that trains approximately: dp rank 0's
+     * norm to every rank, and whether any rank's is not finite (two f64) */
+    if (j->sizes[LOOM_AXIS_DP] > 1)
+        add_comm(r, LOOM_AXIS_DP, LOOM_OP_ALLREDUCE, 1, 16);
+}
+
 static int plan_data_strategy(const loom_plan_job *j, const stage_units *su, int tied,
                               loom_plan_rank *r)
 {
     uint64_t e = loom_dtype_size(j->dtype);
     uint64_t *host = r->peak[LOOM_TIER_HOST];
     int n = su->n, stage = dp_stage(j);
-    if (stage == 0) {
-        plan_ddp(j, su, r);
+    if (stage == 0 || stage == DP_DILOCO) {
+        (stage ? plan_diloco : plan_ddp)(j, su, r);
         return LOOM_OK;
     }
     int shard_ranks = j->shard_size > 0 ? j->shard_size : j->sizes[LOOM_AXIS_DP];
@@ -1055,7 +1078,7 @@ int loom_plan_make(const loom_plan_job *job, const loom_plan_cluster *cluster,
                  ? LOOM_OK
                  : loom_fail(LOOM_ERR_NOT_SUPPORTED,
                              "plan: parallel.dp.strategy = \"%s\": loom plan knows ddp, zero1, "
-                             "zero2 and zero3; a strategy of its own is not planned",
+                             "zero2, zero3 and diloco; a strategy of its own is not planned",
                              job->dp_strategy);
     loom_schedule_timeline tl;
     memset(&tl, 0, sizeof tl);

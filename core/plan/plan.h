@@ -55,9 +55,10 @@ typedef struct loom_plan_job {
     loom_dtype dtype; /* f32, bf16, f16 */
     int recompute;    /* 1: train.recompute = "block", each block keeps only its input */
     int sizes[LOOM_AXIS_COUNT]; /* tp, sp, pp, dp */
-    char dp_strategy[32];       /* ddp, zero1, zero2, zero3 */
+    char dp_strategy[32];       /* ddp, zero1, zero2, zero3, diloco */
     int prefetch;               /* zero3: units gathered ahead */
     double bucket_mb;           /* ddp: gradient bytes per all-reduce bucket, MiB */
+    int sync_every;             /* diloco: steps between two syncs of the weights */
     int shard_size;             /* zero3 HSDP: ranks a shard group; 0 = dp */
     int sequence_parallel;      /* Megatron's, on the tp axis */
     char sp_strategy[32];       /* ulysses, ring */

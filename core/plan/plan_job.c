@@ -116,7 +116,7 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     read_name(cfg, "parallel.dp.strategy", j.dp_strategy, sizeof j.dp_strategy);
     read_name(cfg, "model.device", j.device, sizeof j.device);
     /* the shipped strategies' own settings, at their defaults when unset
-     * (plugins/strategy/zero.c, ddp.c) */
+     * (plugins/strategy/zero.c, ddp.c, diloco.c) */
     j.prefetch = 1;
     if (loom_config_is_set(cfg, "parallel.dp.prefetch"))
         read_int(cfg, "parallel.dp.prefetch", &j.prefetch);
@@ -124,6 +124,9 @@ int loom_plan_job_read(loom_config *cfg, loom_plan_job *out)
     j.bucket_mb = 25.0;
     if (loom_config_is_set(cfg, "parallel.dp.bucket_mb"))
         loom_config_float(cfg, "parallel.dp.bucket_mb", &j.bucket_mb);
+    j.sync_every = 16;
+    if (loom_config_is_set(cfg, "parallel.dp.sync_every"))
+        read_int(cfg, "parallel.dp.sync_every", &j.sync_every);
     loom_config_bool(cfg, "parallel.tp.sequence_parallel", &j.sequence_parallel);
     read_name(cfg, "parallel.sp.strategy", j.sp_strategy, sizeof j.sp_strategy);
     read_name(cfg, "parallel.pp.schedule", j.schedule, sizeof j.schedule);

@@ -2,7 +2,7 @@
 # DiLoCo (parallel.dp.strategy = "diloco") against the single-rank run and
 # itself.
 #   usage: diloco_test.sh LOOM SOURCE_DIR CASE
-#   CASE: one_rank | ranks.np2 | ranks.np3 | ranks.np4 | resume.np2 | resume.np4 | bytes
+#   CASE: one_rank | ranks.np2 | ranks.np3 | ranks.np4 | resume.np2 | resume.np4 | bytes | plan
 #   one_rank    outer lr 1 and momentum 0 on one rank: the single-rank run
 #               (ddp), within 1e-6 per step, at H = 1, 3 and 4, f32 and bf16
 #   ranks.npN   N workers, H = 4: the loss falls, within 5% of the
@@ -12,6 +12,7 @@
 #               two syncs) is bitwise the uninterrupted run's steps 3-8
 #   bytes       the dp traffic: one all-reduce of the fp32 weights per sync,
 #               H times fewer bytes than ddp's gradient all-reduces (fp32)
+#   plan        loom plan gives diloco's dp bytes a step as 1/H of ddp's
 set -eu
 LOOM=$1
 SRC=$2
@@ -114,6 +115,23 @@ bytes)
     [ "$(bytes ddp | sed -n 2p)" -ge "$weights" ] && [ "$(bytes ddp | sed -n 2p)" -lt $(( weights + 64 )) ] ||
         fail "ddp moved $(bytes ddp | sed -n 2p) bytes at step 2, want the gradients' $weights"
     echo "$TEST: 8 steps at H = 4: diloco moved the weights ($weights bytes) twice, ddp the gradients 8 times"
+    ;;
+plan)
+    dp_bytes() {
+        "$LOOM" plan "$CFG" --set data.train="$DATA" --set parallel.dp.size=4 "$@" --json p.json > p.log 2>&1 ||
+            { cat p.log; fail "loom plan $*"; }
+        python3 -c 'import json; print(json.load(open("p.json"))["ranks"][0]["comm_bytes"]["dp.allreduce"])'
+    }
+    ddp=$(dp_bytes --set parallel.dp.strategy=ddp --set parallel.dp.bucket_mb=1000)
+    for H in 1 8 16; do
+        d=$(dp_bytes --set parallel.dp.sync_every=$H)
+        # ddp: the gradients and the loss (4 bytes); diloco: 1/H of the
+        # weights, the loss and the core's norm exchange (16 bytes)
+        [ $(( d - 20 )) = $(( (ddp - 4 + H - 1) / H )) ] ||
+            fail "loom plan: diloco at H = $H moves $d bytes a step on dp, ddp $ddp: want 1/$H of the weights"
+        grep -q "dp diloco" p.log || { cat p.log; fail "the plan does not name diloco"; }
+    done
+    echo "$TEST: loom plan: ddp $ddp bytes a step on dp, diloco 1/H of the weights"
     ;;
 *) fail "unknown case $CASE" ;;
 esac
