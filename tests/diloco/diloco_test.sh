@@ -2,7 +2,7 @@
 # DiLoCo (parallel.dp.strategy = "diloco") against the single-rank run and
 # itself.
 #   usage: diloco_test.sh LOOM SOURCE_DIR CASE
-#   CASE: one_rank | ranks.np2 | ranks.np3 | ranks.np4 | resume.np2 | resume.np4 | bytes | plan
+#   CASE: one_rank | ranks.np2 | ranks.np3 | ranks.np4 | resume.np2 | resume.np4 | bytes | plan | harness
 #   one_rank    outer lr 1 and momentum 0 on one rank: the single-rank run
 #               (ddp), within 1e-6 per step, at H = 1, 3 and 4, f32 and bf16
 #   ranks.npN   N workers, H = 4: the loss falls, within 5% of the
@@ -13,6 +13,10 @@
 #   bytes       the dp traffic: one all-reduce of the fp32 weights per sync,
 #               H times fewer bytes than ddp's gradient all-reduces (fp32)
 #   plan        loom plan gives diloco's dp bytes a step as 1/H of ddp's
+#   harness     loom plugins --check diloco --train: refused without --tolerance
+#               (it declares LOOM_STRATEGY_APPROXIMATE), passes with 0.05 at
+#               2 and 3 ranks (H = 4, the plain average: the paper's outer
+#               momentum runs ahead of the single-rank run by 6% here)
 set -eu
 LOOM=$1
 SRC=$2
@@ -132,6 +136,17 @@ plan)
         grep -q "dp diloco" p.log || { cat p.log; fail "the plan does not name diloco"; }
     done
     echo "$TEST: loom plan: ddp $ddp bytes a step on dp, diloco 1/H of the weights"
+    ;;
+harness)
+    plugin=$(dirname "$LOOM")/../lib/loom/libloom-strategy-diloco.so
+    status=0
+    (cd "$SRC" && "$LOOM" plugins --check "$plugin" --train examples/harness.cfg --ranks 2) > refused.log 2>&1 || status=$?
+    [ "$status" = 2 ] && grep -q "declares LOOM_STRATEGY_APPROXIMATE" refused.log ||
+        { cat refused.log; fail "the harness took diloco without --tolerance (status $status)"; }
+    (cd "$SRC" && "$LOOM" plugins --check "$plugin" --train examples/harness.cfg --ranks 2,3 \
+        --tolerance 0.05 --set parallel.dp.sync_every=4 $outer_plain) > harness.log 2>&1 || { cat harness.log; fail "the harness failed diloco at 0.05"; }
+    grep -q "^dp=3: 10 steps, losses within 0.05" harness.log || { cat harness.log; fail "no dp=3 line"; }
+    echo "$TEST: the harness holds diloco to --tolerance 0.05 at 2 and 3 ranks"
     ;;
 *) fail "unknown case $CASE" ;;
 esac
