@@ -23,11 +23,6 @@ TEST=approx_test
 
 fail() { echo "$TEST: $*"; exit 1; }
 
-# step_fields NAME: each step's number, loss, lr, grad norm and skip, as written
-step_fields() {
-    sed 's/\("step": [0-9]*\).*\("loss": [^,]*\).*\("lr": [^,]*\).*\("grad_norm": [^,]*\).*\("skipped": [a-z]*\).*/\1 \2 \3 \4 \5/' "$1.jsonl"
-}
-
 # resumes RANKS [--set ...]: 6 steps with a checkpoint every 2 (written
 # as the settings say), then a resume from step 2's to step 6: steps 3-6 as
 # the uninterrupted run's, bit for bit

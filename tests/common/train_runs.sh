@@ -20,6 +20,12 @@ run() {
 # losses NAME: one loss per line
 losses() { sed 's/.*"loss": \([^,]*\),.*/\1/' "$1.jsonl"; }
 
+# step_fields NAME: each step's number, loss, lr, grad norm and skip, as
+# written (a resume is the same run when these are, byte for byte)
+step_fields() {
+    sed 's/\("step": [0-9]*\).*\("loss": [^,]*\).*\("lr": [^,]*\).*\("grad_norm": [^,]*\).*\("skipped": [a-z]*\).*/\1 \2 \3 \4 \5/' "$1.jsonl"
+}
+
 # compare A B TOL [FIRST]: per-step relative difference <= TOL from step FIRST on
 compare() {
     losses "$1" > a.txt

@@ -33,15 +33,10 @@ TEST=diloco_test
 
 fail() { echo "$TEST: $*"; exit 1; }
 
-# fields NAME: each step's loss, lr, grad norm and skip, as written
-fields() {
-    sed 's/\("step": [0-9]*\).*\("loss": [^,]*\).*\("lr": [^,]*\).*\("grad_norm": [^,]*\).*\("skipped": [a-z]*\).*/\1 \2 \3 \4 \5/' "$1.jsonl"
-}
-
 # near A B TOL: loss and grad norm of every step within TOL (relative)
 near() {
-    fields "$1" > a.txt
-    fields "$2" > b.txt
+    step_fields "$1" > a.txt
+    step_fields "$2" > b.txt
     [ "$(wc -l < a.txt)" = "$(wc -l < b.txt)" ] || fail "$1 and $2 ran different step counts"
     paste -d ' ' a.txt b.txt | tr -d '",' | awk -v tol="$3" -v a="$1" -v b="$2" '
         { for (k = 0; k < 2; k++) { x = $(4 + 2 * k); y = $(14 + 2 * k);
@@ -74,8 +69,8 @@ ranks.np*)
     run ref 1 --set parallel.dp.strategy=ddp
     run workers "$n" $H4
     run again "$n" $H4
-    fields workers > w.txt
-    fields again > a.txt
+    step_fields workers > w.txt
+    step_fields again > a.txt
     cmp -s w.txt a.txt || { paste -d '\n' w.txt a.txt; fail "two identical runs differ"; }
     grep -q "diloco over $n ranks, sync every 4 steps, outer lr 0.7, momentum 0.9 (approximate)" workers.log ||
         { cat workers.log; fail "the header does not describe diloco"; }
@@ -90,14 +85,14 @@ resume.np*)
     run resumed "$n" $H4 --set train.steps=8 --resume "$TMP/ck/step-2"
     ! grep -q "starts from the shared state" resumed.log ||
         { cat resumed.log; fail "a resume at the same mesh dropped the workers' own state"; }
-    fields whole | tail -n 6 > w.txt
-    fields resumed > r.txt
+    step_fields whole | tail -n 6 > w.txt
+    step_fields resumed > r.txt
     [ "$(wc -l < r.txt)" = 6 ] || { cat resumed.log; fail "the resume ran $(wc -l < r.txt) steps, want 6"; }
     cmp -s w.txt r.txt || { paste -d '\n' w.txt r.txt; fail "the resume differs from steps 3-8 of the uninterrupted run"; }
     echo "$TEST: a resume at $n ranks between two syncs: steps 3-8 identical to the uninterrupted run"
     # the workers' own state is what makes it so: from the shared state alone it differs
     run remeshed "$n" --set train.steps=8 --resume "$TMP/ck/step-2" --set parallel.dp.strategy=ddp
-    fields remeshed > s.txt
+    step_fields remeshed > s.txt
     ! cmp -s w.txt s.txt || fail "ddp from the same checkpoint matched diloco: the test proves nothing"
     ;;
 bytes)
