@@ -1,0 +1,165 @@
+# A private one-node Slurm cluster under one folder, for the tests (sourced).
+#   . tests/slurm/cluster.sh
+#   slurm_up DIR     munged, slurmctld and slurmd, all of their state, logs,
+#                    sockets and pid files under DIR; ports free at the time;
+#                    exports SLURM_CONF so srun, sbatch, salloc, sinfo,
+#                    squeue and scontrol talk to this cluster. Non-zero, with
+#                    the reason on stderr, when it cannot start.
+#   slurm_down DIR   cancels every job and stops what slurm_up started; safe
+#                    to call after a failed or partial slurm_up, and twice.
+# The system's /etc/slurm and /etc/munge are never read or touched. The
+# daemons need root (slurmd starts each task as the job's user).
+
+# slurm_free_port: a TCP port nobody listens on now
+slurm_free_port() {
+    if command -v python3 > /dev/null 2>&1; then
+        python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    else
+        # no python: a port from a pid-dependent range, tried until unused
+        slurm_port=$((30000 + ($$ * 7 + ${1:-0} * 13) % 20000))
+        while ss -Htln "sport = :$slurm_port" 2>/dev/null | grep -q .; do
+            slurm_port=$((slurm_port + 1))
+        done
+        echo "$slurm_port"
+    fi
+}
+
+# slurm_logs DIR: the end of each daemon's log, to explain a failed start
+slurm_logs() {
+    for slurm_log in "$1/munged.log" "$1/slurmctld.log" "$1/slurmd.log"; do
+        [ -f "$slurm_log" ] || continue
+        echo "--- $slurm_log (last lines)" >&2
+        tail -n 15 "$slurm_log" >&2
+    done
+}
+
+slurm_fail() {
+    echo "slurm_up: $*" >&2
+    slurm_logs "$SLURM_DIR"
+    return 1
+}
+
+slurm_up() {
+    SLURM_DIR=$1
+    [ "$(id -u)" = 0 ] || { echo "slurm_up: the Slurm and munge daemons need root" >&2; return 1; }
+    for slurm_bin in munged slurmctld slurmd srun sbatch salloc sinfo scontrol scancel; do
+        command -v "$slurm_bin" > /dev/null 2>&1 || PATH=$PATH:/usr/sbin
+        command -v "$slurm_bin" > /dev/null 2>&1 ||
+            { echo "slurm_up: $slurm_bin is not installed (scripts/setup.sh installs slurm-wlm and munge)" >&2; return 1; }
+    done
+    mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" || return 1
+    # munged refuses a key or socket folder others can write to
+    chmod 700 "$SLURM_DIR" "$SLURM_DIR/state" "$SLURM_DIR/spool"
+
+    dd if=/dev/urandom of="$SLURM_DIR/munge.key" bs=1024 count=1 2> /dev/null || return 1
+    chmod 400 "$SLURM_DIR/munge.key"
+    munged --force --socket="$SLURM_DIR/munge.socket" --key-file="$SLURM_DIR/munge.key" \
+        --pid-file="$SLURM_DIR/munged.pid" --log-file="$SLURM_DIR/munged.log" \
+        --seed-file="$SLURM_DIR/munged.seed" > "$SLURM_DIR/munged.out" 2>&1 ||
+        { cat "$SLURM_DIR/munged.out" >&2; slurm_fail "munged did not start"; return 1; }
+
+    slurm_host=$(hostname -s)
+    slurm_cpus=$(nproc)
+    # a name of its own per cluster, so two at once never share state
+    slurm_name=loom$$$(date +%s | tail -c 5)
+    slurm_ctld_port=$(slurm_free_port 1)
+    slurm_d_port=$(slurm_free_port 2)
+    while [ "$slurm_d_port" = "$slurm_ctld_port" ]; do slurm_d_port=$(slurm_free_port 3); done
+    : > "$SLURM_DIR/plugstack.conf"
+    cat > "$SLURM_DIR/slurm.conf" << EOF
+ClusterName=$slurm_name
+SlurmctldHost=$slurm_host(127.0.0.1)
+SlurmctldPort=$slurm_ctld_port
+SlurmdPort=$slurm_d_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$SLURM_DIR/munge.socket
+CredType=cred/munge
+StateSaveLocation=$SLURM_DIR/state
+SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
+SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmctldLogFile=$SLURM_DIR/slurmctld.log
+SlurmdLogFile=$SLURM_DIR/slurmd.log
+PlugStackConfig=$SLURM_DIR/plugstack.conf
+SlurmctldDebug=info
+SlurmdDebug=info
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MessageTimeout=10
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=30
+NodeName=$slurm_host NodeAddr=127.0.0.1 CPUs=$slurm_cpus State=UNKNOWN
+PartitionName=debug Nodes=$slurm_host Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
+EOF
+    export SLURM_CONF="$SLURM_DIR/slurm.conf"
+    # the daemons and clients read nothing of the system's configuration
+    unset SLURM_JOB_ID SLURM_JOBID SLURM_STEP_ID SLURM_PROCID SLURM_NTASKS
+
+    slurmctld -f "$SLURM_CONF" -i > "$SLURM_DIR/slurmctld.out" 2>&1 ||
+        { cat "$SLURM_DIR/slurmctld.out" >&2; slurm_fail "slurmctld did not start"; return 1; }
+    slurmd -f "$SLURM_CONF" -N "$slurm_host" > "$SLURM_DIR/slurmd.out" 2>&1 ||
+        { cat "$SLURM_DIR/slurmd.out" >&2; slurm_fail "slurmd did not start"; return 1; }
+
+    # bounded: the node is idle within a few seconds, or something is wrong
+    slurm_waited=0
+    while :; do
+        slurm_state=$(sinfo -h -N -n "$slurm_host" -o %t 2> /dev/null | head -n 1)
+        [ "$slurm_state" = idle ] && break
+        [ "$slurm_waited" -ge 30 ] &&
+            { slurm_fail "node $slurm_host is not idle after 30 s (sinfo says '${slurm_state:-nothing}')"; return 1; }
+        for slurm_daemon in slurmctld slurmd; do
+            slurm_pid=$(cat "$SLURM_DIR/$slurm_daemon.pid" 2> /dev/null)
+            [ -n "$slurm_pid" ] && kill -0 "$slurm_pid" 2> /dev/null ||
+                { [ "$slurm_waited" -lt 2 ] || { slurm_fail "$slurm_daemon died"; return 1; }; }
+        done
+        sleep 1
+        slurm_waited=$((slurm_waited + 1))
+    done
+    return 0
+}
+
+# slurm_kill_pidfile FILE: end the daemon FILE names, waiting for it (bounded)
+slurm_kill_pidfile() {
+    slurm_pid=$(cat "$1" 2> /dev/null) || return 0
+    [ -n "$slurm_pid" ] || return 0
+    kill "$slurm_pid" 2> /dev/null || return 0
+    slurm_n=0
+    while kill -0 "$slurm_pid" 2> /dev/null && [ "$slurm_n" -lt 50 ]; do
+        sleep 0.2
+        slurm_n=$((slurm_n + 1))
+    done
+    kill -9 "$slurm_pid" 2> /dev/null || true
+}
+
+slurm_down() {
+    [ -n "${1:-}" ] && [ -d "$1" ] || return 0
+    if [ -f "$1/slurm.conf" ] && [ -f "$1/slurmctld.pid" ]; then
+        SLURM_CONF="$1/slurm.conf" scancel --full --quiet --user=root > /dev/null 2>&1 || true
+        # tasks that outlive their job's cancel: slurmstepd ends them, give it a moment
+        slurm_n=0
+        while [ -n "$(SLURM_CONF="$1/slurm.conf" squeue -h -o %i 2> /dev/null)" ] && [ "$slurm_n" -lt 20 ]; do
+            sleep 0.5
+            slurm_n=$((slurm_n + 1))
+        done
+    fi
+    slurm_kill_pidfile "$1/slurmd.pid"
+    slurm_kill_pidfile "$1/slurmctld.pid"
+    # slurmstepd processes of this cluster's jobs (their command line names our spool folder)
+    for slurm_pid in $(pgrep -f "slurmstepd.*" 2> /dev/null); do
+        grep -qs "$1" "/proc/$slurm_pid/environ" "/proc/$slurm_pid/cmdline" && kill -9 "$slurm_pid" 2> /dev/null
+    done
+    slurm_kill_pidfile "$1/munged.pid"
+    return 0
+}
