@@ -284,6 +284,9 @@ int loom_runtime_create(loom_config *cfg, loom_runtime **out)
              "rank %d of %d, local rank %d of %d (launch environment: %s); comm.timeout_s = %g",
              rt->env.rank, rt->env.world_size, rt->env.local_rank,
              rt->env.local_size, rt->env.source, rt->timeout_s);
+    /* every rank of the job usually sees the same leftovers: one line */
+    if (rt->env.conflict[0] && rt->env.rank == 0)
+        loom_log(LOOM_LOG_WARN, "%s", rt->env.conflict);
     loom_flight_open(rt->env.rank, rt->env.world_size);
     rc = loom_search_path_init(&rt->search_path, cfg);
     if (rc != LOOM_OK)

@@ -202,6 +202,32 @@ static void job_identity(char *job, size_t cap)
     }
 }
 
+int loom_store_job_port(void)
+{
+    char job[128];
+    job_identity(job, sizeof job);
+    return job[0] ? 20000 + (int)(fnv1a(job, strlen(job)) % 12000) : 0;
+}
+
+/* srun places task 0 on the first node of its step, so that node's name
+ * reaches rank 0 from every node, as MASTER_ADDR would. */
+static int slurm_store_host(const loom_launch_env *env, char *host, size_t cap)
+{
+    const char *list = getenv("SLURM_STEP_NODELIST");
+    if (!loom_slurm_first_host(list, host, cap))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "bootstrap: the Slurm step spans several nodes but SLURM_STEP_NODELIST "
+                         "('%s') names none; set MASTER_ADDR to rank 0's host and MASTER_PORT to "
+                         "a free port", list ? list : "");
+    const char *node = getenv("SLURMD_NODENAME");
+    if (env->rank == 0 && node && strcmp(node, host))
+        return loom_fail(LOOM_ERR_INVALID,
+                         "bootstrap: rank 0 runs on %s, not on the step's first node %s, where "
+                         "the other ranks would look for it; set MASTER_ADDR to %s (and "
+                         "MASTER_PORT to a free port)", node, host, node);
+    return LOOM_OK;
+}
+
 static int store_address_get(const loom_launch_env *env, store_address *a)
 {
     const char *host = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
@@ -220,6 +246,10 @@ static int store_address_get(const loom_launch_env *env, store_address *a)
             return loom_fail(LOOM_ERR_INVALID, "bootstrap: %s is longer than %zu characters",
                              host_name, sizeof a->host - 1);
         snprintf(a->host, sizeof a->host, "%s", host);
+    } else if (env->local_size < env->world_size && !strcmp(env->source, "SLURM")) {
+        int rc = slurm_store_host(env, a->host, sizeof a->host);
+        if (rc)
+            return rc;
     } else {
         /* 127.0.0.1 reaches rank 0 only when every rank shares its machine;
          * say so now rather than time out on the other machines later. */
@@ -238,7 +268,7 @@ static int store_address_get(const loom_launch_env *env, store_address *a)
     } else if (a->job[0]) {
         /* 20000-31999: below Linux's ephemeral range (32768 up), where an
          * outgoing connection of this or another job could hold the port. */
-        a->port = 20000 + (int)(fnv1a(a->job, strlen(a->job)) % 12000);
+        a->port = loom_store_job_port();
     } else {
         a->port = env->world_size == 1 ? 0 : DEFAULT_PORT;
     }

@@ -367,6 +367,9 @@ void trainer_print_header(const trainer *t)
     printf("compute: %s (%s)\n", compute, t->job.device_why);
     if (t->job.mesh->comm_choice[0])
         printf("comm: %s\n", t->job.mesh->comm_choice);
+    char ranks[128];
+    loom_launch_env_describe(loom_runtime_env(t->job.rt), ranks, sizeof ranks);
+    printf("ranks: %s\n", ranks);
     if (loom_launch_binding())
         printf("launch: %s\n", loom_launch_binding());
     if (t->pipe.executor)

@@ -38,6 +38,9 @@ static const char *const all_vars[] = {
     "SLURM_NNODES",
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_STEP_NODELIST",
+    "SLURMD_NODENAME",
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -121,13 +124,13 @@ static void detect(void)
                1, 2, "LOOM");
     expect_env("PMI_RANK=3 PMI_SIZE=6 MPI_LOCALRANKID=0 MPI_LOCALNRANKS=3", 3, 6, 0, 3, "PMI");
     expect_env("PMI_RANK=1 PMI_SIZE=2 PMI_LOCAL_RANK=1 PMI_LOCAL_SIZE=2", 1, 2, 1, 2, "PMI");
-    expect_env("SLURM_PROCID=3 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_NODEID=1 "
+    expect_env("SLURM_STEP_ID=0 SLURM_PROCID=3 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_NODEID=1 "
                "SLURM_STEP_NUM_NODES=4 SLURM_STEP_TASKS_PER_NODE=2(x4)",
                3, 8, 1, 2, "SLURM");
-    expect_env("SLURM_PROCID=6 SLURM_NTASKS=7 SLURM_LOCALID=0 SLURM_NODEID=2 "
+    expect_env("SLURM_STEPID=1 SLURM_PROCID=6 SLURM_NTASKS=7 SLURM_LOCALID=0 SLURM_NODEID=2 "
                "SLURM_STEP_NUM_NODES=3 SLURM_STEP_TASKS_PER_NODE=3(x2),1",
                6, 7, 0, 1, "SLURM");
-    expect_env("SLURM_PROCID=2 SLURM_NTASKS=4 SLURM_LOCALID=2 SLURM_STEP_NUM_NODES=1 "
+    expect_env("SLURM_STEP_ID=2 SLURM_PROCID=2 SLURM_NTASKS=4 SLURM_LOCALID=2 SLURM_STEP_NUM_NODES=1 "
                "SLURM_STEP_TASKS_PER_NODE=4",
                2, 4, 2, 4, "SLURM");
     expect_env("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2", 1, 2, 1, 2, "torchrun");
@@ -148,6 +151,70 @@ static void detect(void)
     expect_error("SLURM_PROCID=x SLURM_NTASKS=2", "SLURM_PROCID");
     expect_error("RANK=1", "WORLD_SIZE");
     expect_error("RANK=2 WORLD_SIZE=2", "RANK=2 is not below WORLD_SIZE=2");
+}
+
+/* The conflict line for pairs, "" when there is none. */
+static const char *conflict(const char *pairs)
+{
+    static loom_launch_env e;
+    clear_env();
+    set_env(pairs);
+    int rc = loom_bootstrap_detect(&e);
+    CHECK(rc == LOOM_OK, "%s: rc %d (%s)", pairs, rc, loom_last_error());
+    return e.conflict;
+}
+
+/* Where the rank came from, and the launchers that disagree with it. */
+static void sources(void)
+{
+    /* the allocation's shell and the batch script are one process each */
+    expect_error("SLURM_JOB_ID=7 SLURM_NTASKS=2", "Slurm job 7's allocation (SLURM_NTASKS=2)");
+    expect_error("SLURM_JOB_ID=7 SLURM_NTASKS=2", "srun -n 2");
+    expect_error("SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=3", "not a task of a job step");
+    expect_error("SLURM_JOB_ID=7 SLURM_STEP_ID=4294967291 SLURM_PROCID=0 SLURM_NTASKS=3",
+                 "not a task of a job step");
+    expect_env("SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=1", 0, 1, 0, 1, "SLURM");
+    expect_env("SLURM_JOB_ID=7 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2", 1, 2, 1, 2,
+               "SLURM");
+
+    loom_launch_env e;
+    char text[128];
+    clear_env();
+    set_env("SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2");
+    CHECK(loom_bootstrap_detect(&e) == LOOM_OK, "slurm step");
+    loom_launch_env_describe(&e, text, sizeof text);
+    CHECK(!strcmp(text, "2 from Slurm (SLURM_PROCID)"), "'%s'", text);
+    clear_env();
+    CHECK(loom_bootstrap_detect(&e) == LOOM_OK, "no launcher");
+    loom_launch_env_describe(&e, text, sizeof text);
+    CHECK(!strcmp(text, "1 (no launcher)"), "'%s'", text);
+
+    const char *c = conflict("SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_NTASKS=1 RANK=1 WORLD_SIZE=2");
+    CHECK(strstr(c, "Slurm says rank 0 of 1 (SLURM_PROCID, SLURM_NTASKS)") &&
+              strstr(c, "torchrun says RANK=1 WORLD_SIZE=2"),
+          "'%s'", c);
+    c = conflict("LOOM_RANK=1 LOOM_WORLD_SIZE=2 WORLD_SIZE=4");
+    CHECK(strstr(c, "RANK=unset WORLD_SIZE=4"), "'%s'", c);
+    /* agreeing launchers, and Slurm's variables under mpirun, are not one */
+    c = conflict("SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 PMI_RANK=1 PMI_SIZE=2");
+    CHECK(!strcmp(c, "") && !strcmp(conflict("OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 "
+                                             "SLURM_PROCID=0 SLURM_NTASKS=1"), ""),
+          "'%s'", c);
+}
+
+static void first_host(void)
+{
+    static const char *const cases[][2] = {
+        {"node[07-09,12],gpu3", "node07"}, {"n1,n2", "n1"},       {"solo", "solo"},
+        {"rack[1-2]-n[01-04]", "rack1-n01"}, {"a-[3,5]-b", "a-3-b"}, {"[", ""},
+        {"", ""},
+    };
+    char host[64];
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
+        int ok = loom_slurm_first_host(cases[i][0], host, sizeof host);
+        CHECK(ok == (cases[i][1][0] != 0) && (!ok || !strcmp(host, cases[i][1])),
+              "'%s' gave %d '%s'", cases[i][0], ok, host);
+    }
 }
 
 static void format_ranks(void)
@@ -198,7 +265,7 @@ static int derived_port(const char *pairs)
 {
     clear_env();
     set_env(pairs);
-    loom_launch_env e = {1, 2, 1, 2, "test"};
+    loom_launch_env e = {.rank = 1, .world_size = 2, .local_rank = 1, .local_size = 2, .source = "test"};
     loom_store *s;
     int rc = loom_store_open(&e, 0.1, &s);
     CHECK(rc == LOOM_ERR_TIMEOUT, "%s: open gave %d", pairs, rc);
@@ -208,7 +275,9 @@ static int derived_port(const char *pairs)
 
 static void store_errors(void)
 {
-    loom_launch_env rank1 = {1, 2, 1, 2, "test"}, rank0 = {0, 2, 0, 2, "test"};
+    loom_launch_env rank1 = {.rank = 1, .world_size = 2, .local_rank = 1, .local_size = 2,
+                           .source = "test"};
+    loom_launch_env rank0 = {.world_size = 2, .local_size = 2, .source = "test"};
     loom_store *s;
     char want[256];
 
@@ -255,9 +324,26 @@ static void store_errors(void)
 
     /* Several machines and no address: said at once, not after a timeout. */
     clear_env();
-    loom_launch_env spread = {1, 4, 1, 2, "test"};
+    loom_launch_env spread = {.rank = 1, .world_size = 4, .local_rank = 1, .local_size = 2, .source = "test"};
     rc = loom_store_open(&spread, 10.0, &s);
     CHECK(rc == LOOM_ERR_INVALID && strstr(loom_last_error(), "MASTER_ADDR"), "spread: rc %d", rc);
+
+    /* A Slurm step over several nodes: the store is on the step's first
+     * node (unresolvable here, so the message names it), and a rank 0
+     * elsewhere says so. */
+    loom_launch_env slurm1 = spread, slurm0 = spread;
+    slurm1.source = slurm0.source = "SLURM";
+    slurm0.rank = slurm0.local_rank = 0;
+    clear_env();
+    set_env("SLURM_JOB_ID=77 SLURM_STEP_ID=0 SLURM_STEP_NODELIST=nosuch-n[07-09],gpu3 "
+            "SLURMD_NODENAME=nosuch-n08");
+    rc = loom_store_open(&slurm1, 0.2, &s);
+    CHECK(rc != LOOM_OK && strstr(loom_last_error(), "'nosuch-n07'"), "slurm host: rc %d: %s", rc,
+          loom_last_error());
+    rc = loom_store_open(&slurm0, 0.2, &s);
+    CHECK(rc == LOOM_ERR_INVALID && strstr(loom_last_error(), "rank 0 runs on nosuch-n08, not on "
+                                                              "the step's first node nosuch-n07"),
+          "slurm rank 0: rc %d: %s", rc, loom_last_error());
 
     /* The port follows the job identity. */
     int a = derived_port("PMIX_NAMESPACE=job-a");
@@ -294,6 +380,8 @@ static void store_errors(void)
 int main(void)
 {
     detect();
+    sources();
+    first_host();
     format_ranks();
     world_of_one();
     store_errors();
