@@ -636,6 +636,34 @@ static int init_mpi(const loom_host *host)
     return LOOM_OK;
 }
 
+/* Whether a PMI-1/2 launcher (MPICH's mpiexec, srun --mpi=pmi2) started
+ * us in a way this MPI can use. Open MPI builds its world from PMIx only
+ * (Debian's has no PMI-2), so there PMI_* variables are not a world. */
+static int pmi_launched(void)
+{
+#ifdef OPEN_MPI
+    return 0;
+#else
+    return getenv("PMI_SIZE") != NULL;
+#endif
+}
+
+/* srun started this process without PMIx (plain srun, or --mpi=pmi2): its
+ * step variables make Open MPI's MPI_Init take it for a direct launch it
+ * cannot serve and abort the process ("OMPI was not built with SLURM's PMI
+ * support"). Without SLURM_STEP_ID it starts as a singleton and the ranks
+ * join through ompi-server, as under loom launch. loom read the rank from
+ * the environment long before; nothing reads SLURM_STEP_ID after this. */
+static void leave_slurm_step(const loom_host *host)
+{
+    unsetenv("SLURM_STEP_ID");
+    if (host->rank == 0 && host->world_size > 1)
+        host->log(host, LOOM_LOG_INFO,
+                  "srun started the ranks without PMIx, so MPI cannot build its world from "
+                  "Slurm: comm-mpi joins them through ompi-server over TCP instead (srun "
+                  "--mpi=pmix lets MPI do it, with shared memory between a node's ranks)");
+}
+
 /* Bring MPI up once per process and make proc.base. Called with proc.lock. */
 static int process_start(const loom_host *host, const mpi_settings_t *s)
 {
@@ -656,8 +684,10 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
     /* mpirun sets OMPI_COMM_WORLD_*; a PMIx/PMI direct launch (srun
      * --mpi=pmix) sets PMIX_RANK or PMI_SIZE. Either way MPI_Init makes the
      * world itself. */
-    int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+    int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || pmi_launched();
     MPI_Initialized(&flag);
+    if (!flag && !mpi_launched && getenv("SLURM_STEP_ID"))
+        leave_slurm_step(host);
     if (s->yield)
         setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 
