@@ -1,6 +1,6 @@
 /* `loom launch -n N [--timeout S] [--] CMD [ARGS...]`: N ranks of CMD on this
- * machine, for development and tests; across machines jobs run under
- * mpirun or srun (docs/architecture.md).
+ * machine; across machines one launcher per machine (--nnodes, which srun
+ * fills in), or mpirun or srun alone (docs/architecture.md, docs/slurm.md).
  *
  * This file is the command line: its options into loom_launch_options,
  * checked against each other, for the supervisor (supervisor.h), which
@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/supervisor.h"
+#include "runtime/bootstrap.h"
 
 static const char usage_text[] =
     "usage: loom launch -n N [--timeout S] [--max-restarts R] [--bind core|none] "
@@ -85,6 +86,66 @@ static const char *take_value(const char *name, const char *value, loom_launch_o
     return NULL;
 }
 
+/* A Slurm variable as a count >= 1 (the step's own, else the job's); 0
+ * when neither is set or it is not one. */
+static int slurm_count(const char *step_name, const char *job_name)
+{
+    const char *text = getenv(step_name);
+    if (!text)
+        text = getenv(job_name);
+    char *end;
+    long v = text ? strtol(text, &end, 10) : 0;
+    return text && end != text && !*end && v >= 1 && v <= 1000000 ? (int)v : 0;
+}
+
+/* Under srun, one launcher per node: what --nnodes, --node-rank and
+ * --master leave unsaid comes from the step, as torchrun's flags would
+ * give it (the store on the step's first node, at the port the job's
+ * identity gives). given: which of the three the command line set. NULL,
+ * or what is wrong. */
+static const char *fill_from_slurm(loom_launch_options *a, int nnodes_given, int node_rank_given,
+                                   int master_given, char *why, size_t cap)
+{
+    if (!loom_slurm_step() || (nnodes_given && a->nnodes == 1))
+        return NULL;
+    int nodes = slurm_count("SLURM_STEP_NUM_NODES", "SLURM_NNODES");
+    int tasks = slurm_count("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
+    if (!nnodes_given) {
+        if (!nodes || !tasks)
+            return NULL; /* not enough of Slurm's picture: as outside it */
+        if (tasks != nodes) {
+            snprintf(why, cap,
+                     "srun started %d copies of loom launch on %d node%s, but loom launch runs "
+                     "once per node and starts that node's ranks itself: run srun -N %d "
+                     "--ntasks-per-node=1 loom launch -n RANKS_PER_NODE ..., or srun -n RANKS "
+                     "loom train ... without loom launch",
+                     tasks, nodes, nodes == 1 ? "" : "s", nodes);
+            return why;
+        }
+        a->nnodes = nodes;
+    }
+    if (a->nnodes == 1)
+        return NULL;
+    if (!node_rank_given) {
+        const char *id = getenv("SLURM_NODEID");
+        if (!id)
+            return "srun gave no SLURM_NODEID: pass --node-rank";
+        a->node_rank = atoi(id);
+    }
+    if (!master_given) {
+        char host[sizeof a->master];
+        if (!loom_slurm_first_host(getenv("SLURM_STEP_NODELIST"), host, sizeof host))
+            return "the Slurm step's node list (SLURM_STEP_NODELIST) names no node: pass "
+                   "--master HOST:PORT";
+        snprintf(a->master, sizeof a->master, "%s", host);
+        a->master_port = loom_store_job_port();
+    }
+    if (a->verbose)
+        fprintf(stderr, "loom launch: from Slurm: --nnodes %d --node-rank %d --master %s:%d\n",
+                a->nnodes, a->node_rank, a->master, a->master_port);
+    return NULL;
+}
+
 /* argv into *a: -1 when the job is to run, else the launcher's exit status
  * (0 after --help; 2 after a usage error, said on stderr). */
 static int parse_args(int argc, char **argv, loom_launch_options *a)
@@ -93,7 +154,7 @@ static int parse_args(int argc, char **argv, loom_launch_options *a)
                                           "--nnodes",    "--node-rank", "--master",
                                           "--flight",    "--bind",      NULL};
     *a = (loom_launch_options){.nnodes = 1, .bind = LOOM_BIND_FIT};
-    int i = 1;
+    int i = 1, nnodes_given = 0, node_rank_given = 0, master_given = 0;
     while (i < argc) {
         const char *arg = argv[i], *value = NULL, *name = NULL;
         if (!strcmp(arg, "--")) {
@@ -132,12 +193,22 @@ static int parse_args(int argc, char **argv, loom_launch_options *a)
         if (!value)
             value = argv[++i];
         i++;
+        nnodes_given |= !strcmp(name, "--nnodes");
+        node_rank_given |= !strcmp(name, "--node-rank");
+        master_given |= !strcmp(name, "--master");
         const char *wrong = take_value(name, value, a);
         if (wrong)
             return usage_error(wrong);
     }
     if (a->n < 1)
         return usage_error("-n N is required");
+    char why[320];
+    const char *wrong =
+        fill_from_slurm(a, nnodes_given, node_rank_given, master_given, why, sizeof why);
+    if (wrong) {
+        fprintf(stderr, "loom launch: %s\n", wrong);
+        return 2;
+    }
     if (a->nnodes > 1 && !a->master[0])
         return usage_error("--nnodes > 1 needs --master HOST:PORT, where rank 0's node listens");
     if (a->nnodes == 1 && (a->master[0] || a->node_rank))
