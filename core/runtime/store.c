@@ -225,6 +225,9 @@ static int slurm_store_host(const loom_launch_env *env, char *host, size_t cap)
                          "bootstrap: rank 0 runs on %s, not on the step's first node %s, where "
                          "the other ranks would look for it; set MASTER_ADDR to %s (and "
                          "MASTER_PORT to a free port)", node, host, node);
+    /* as if the user had set it: what looks for rank 0's node after the
+     * store (comm-mpi's choice of interface) finds it there too */
+    setenv("MASTER_ADDR", host, 0);
     return LOOM_OK;
 }
 

@@ -651,13 +651,16 @@ static int pmi_launched(void)
 /* srun started this process without PMIx (plain srun, or --mpi=pmi2): its
  * step variables make Open MPI's MPI_Init take it for a direct launch it
  * cannot serve and abort the process ("OMPI was not built with SLURM's PMI
- * support"). Without SLURM_STEP_ID it starts as a singleton and the ranks
- * join through ompi-server, as under loom launch. loom read the rank from
- * the environment long before; nothing reads SLURM_STEP_ID after this. */
+ * support"; SLURM_STEP_ID, or SLURM_NODELIST without SLURM_JOBID, is
+ * enough). Without the two it starts as a singleton and the ranks join
+ * through ompi-server, as under loom launch. loom read the rank from the
+ * environment long before; nothing reads these two after this. */
 static void leave_slurm_step(const loom_host *host)
 {
+    int started_by_srun = getenv("SLURM_STEP_ID") && !getenv("LOOM_RANK");
     unsetenv("SLURM_STEP_ID");
-    if (host->rank == 0 && host->world_size > 1)
+    unsetenv("SLURM_NODELIST");
+    if (started_by_srun && host->rank == 0 && host->world_size > 1)
         host->log(host, LOOM_LOG_INFO,
                   "srun started the ranks without PMIx, so MPI cannot build its world from "
                   "Slurm: comm-mpi joins them through ompi-server over TCP instead (srun "
@@ -686,7 +689,7 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
      * world itself. */
     int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || pmi_launched();
     MPI_Initialized(&flag);
-    if (!flag && !mpi_launched && getenv("SLURM_STEP_ID"))
+    if (!flag && !mpi_launched && (getenv("SLURM_STEP_ID") || getenv("SLURM_NODELIST")))
         leave_slurm_step(host);
     if (s->yield)
         setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
