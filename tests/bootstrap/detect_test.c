@@ -340,6 +340,9 @@ static void store_errors(void)
     rc = loom_store_open(&slurm1, 0.2, &s);
     CHECK(rc != LOOM_OK && strstr(loom_last_error(), "'nosuch-n07'"), "slurm host: rc %d: %s", rc,
           loom_last_error());
+    /* and what looks for rank 0's node later finds it as MASTER_ADDR */
+    CHECK(getenv("MASTER_ADDR") && !strcmp(getenv("MASTER_ADDR"), "nosuch-n07"), "MASTER_ADDR");
+    unsetenv("MASTER_ADDR");
     rc = loom_store_open(&slurm0, 0.2, &s);
     CHECK(rc == LOOM_ERR_INVALID && strstr(loom_last_error(), "rank 0 runs on nosuch-n08, not on "
                                                               "the step's first node nosuch-n07"),
