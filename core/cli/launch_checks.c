@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,21 +167,42 @@ int loom_launch_check_limits(int n)
  *
  * Node k's launcher connects to node 0's and sends
  *   "LOOMNODE", version, node rank, --nnodes, -n, command length (u32 each,
- *   big-endian), then the command's arguments, each ended by a NUL;
+ *   big-endian), its machine (MACHINE_BYTES: node_machine in the order of
+ *   its fields, numbers big-endian), then the command's arguments, each
+ *   ended by a NUL;
  * node 0's answers, once every node has come (or at the first that
- * disagrees), with a verdict and the line every launcher prints:
- *   verdict, text length (u32 each), text. */
+ * disagrees), with a verdict, the node's placement (zeros unless agreed)
+ * and the line every launcher prints:
+ *   verdict, cpu_first, cpu_ranks, local_first, local_ranks, text length
+ *   (u32 each), text. */
 
 #define NODE_MAGIC "LOOMNODE"
-#define NODE_VERSION 1u
+#define NODE_VERSION 2u
 #define NODE_HEADER 28
+#define VERDICT_HEADER 24
 #define MAX_COMMAND (4u << 20)
 #define DEFAULT_WAIT_S 300.0
 
 enum { AGREED = 0, DISAGREED = 1, GAVE_UP = 2 };
 
+/* Which launchers share a machine, and in what sense. The cpus are the
+ * kernel's: launchers in other network namespaces or containers of one
+ * kernel (the multinode test's two "nodes") run on the same cpus, so
+ * binding counts every launcher with this kernel's boot_id. Loopback and
+ * shared memory reach only the ranks in the same network and IPC
+ * namespaces as well, and the local ranks (LOOM_LOCAL_RANK) mean exactly
+ * that to the store and the transports, so they count only those. */
+typedef struct node_machine {
+    char kernel[64];               /* boot_id; "host NAME" where /proc does not say */
+    uint64_t net_ns, ipc_ns;       /* the namespaces' inode numbers, 0 unknown */
+    uint8_t cpus[CPU_SETSIZE / 8]; /* the affinity mask: cpu c is bit c % 8 of byte c / 8 */
+} node_machine;
+
+#define MACHINE_BYTES (64 + 8 + 8 + CPU_SETSIZE / 8)
+
 typedef struct node_hello {
     uint32_t node_rank, nnodes, n, len;
+    node_machine machine;
     char *cmd; /* len bytes: the arguments, each ended by a NUL */
 } node_hello;
 
@@ -193,6 +215,71 @@ static void put_u32(uint8_t *p, uint32_t v)
 static uint32_t get_u32(const uint8_t *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    put_u32(p, (uint32_t)(v >> 32));
+    put_u32(p + 4, (uint32_t)v);
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    return (uint64_t)get_u32(p) << 32 | get_u32(p + 4);
+}
+
+static uint64_t namespace_inode(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* This launcher's machine, as node_machine says. */
+static void describe_machine(node_machine *m)
+{
+    memset(m, 0, sizeof *m);
+    char boot_id[40] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot_id, sizeof boot_id, f))
+            boot_id[0] = '\0';
+        fclose(f);
+    }
+    boot_id[strcspn(boot_id, "\n")] = '\0';
+    if (boot_id[0]) {
+        snprintf(m->kernel, sizeof m->kernel, "%s", boot_id);
+    } else {
+        char name[58] = "";
+        gethostname(name, sizeof name - 1);
+        snprintf(m->kernel, sizeof m->kernel, "host %s", name);
+    }
+    m->net_ns = namespace_inode("/proc/self/ns/net");
+    m->ipc_ns = namespace_inode("/proc/self/ns/ipc");
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        memset(m->cpus, 0xff, sizeof m->cpus); /* unknown: it may use any */
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed))
+            m->cpus[c / 8] |= (uint8_t)(1u << (c % 8));
+}
+
+static void pack_machine(uint8_t *p, const node_machine *m)
+{
+    memcpy(p, m->kernel, sizeof m->kernel);
+    put_u64(p + 64, m->net_ns);
+    put_u64(p + 72, m->ipc_ns);
+    memcpy(p + 80, m->cpus, sizeof m->cpus);
+}
+
+static void unpack_machine(const uint8_t *p, node_machine *m)
+{
+    memcpy(m->kernel, p, sizeof m->kernel);
+    m->kernel[sizeof m->kernel - 1] = '\0';
+    m->net_ns = get_u64(p + 64);
+    m->ipc_ns = get_u64(p + 72);
+    memcpy(m->cpus, p + 80, sizeof m->cpus);
 }
 
 static int ms_until(uint64_t deadline)
@@ -247,13 +334,14 @@ static char *pack_command(char *const *cmd, uint32_t *len)
 
 static int send_hello(int fd, const node_hello *h, uint64_t deadline)
 {
-    uint8_t head[NODE_HEADER];
+    uint8_t head[NODE_HEADER + MACHINE_BYTES];
     memcpy(head, NODE_MAGIC, 8);
     put_u32(head + 8, NODE_VERSION);
     put_u32(head + 12, h->node_rank);
     put_u32(head + 16, h->nnodes);
     put_u32(head + 20, h->n);
     put_u32(head + 24, h->len);
+    pack_machine(head + NODE_HEADER, &h->machine);
     return move_bytes(fd, head, sizeof head, deadline, 1) ||
            move_bytes(fd, h->cmd, h->len, deadline, 1);
 }
@@ -261,14 +349,16 @@ static int send_hello(int fd, const node_hello *h, uint64_t deadline)
 /* 0 and *h filled (h->cmd malloc'd), or -1: not a launcher of this loom. */
 static int recv_hello(int fd, node_hello *h, uint64_t deadline)
 {
-    uint8_t head[NODE_HEADER];
-    if (move_bytes(fd, head, sizeof head, deadline, 0) || memcmp(head, NODE_MAGIC, 8) ||
-        get_u32(head + 8) != NODE_VERSION)
+    uint8_t head[NODE_HEADER + MACHINE_BYTES];
+    if (move_bytes(fd, head, NODE_HEADER, deadline, 0) || memcmp(head, NODE_MAGIC, 8) ||
+        get_u32(head + 8) != NODE_VERSION ||
+        move_bytes(fd, head + NODE_HEADER, MACHINE_BYTES, deadline, 0))
         return -1;
     h->node_rank = get_u32(head + 12);
     h->nnodes = get_u32(head + 16);
     h->n = get_u32(head + 20);
     h->len = get_u32(head + 24);
+    unpack_machine(head + NODE_HEADER, &h->machine);
     if (h->len > MAX_COMMAND || !(h->cmd = malloc(h->len + 1)))
         return -1;
     h->cmd[h->len] = '\0';
@@ -280,12 +370,20 @@ static int recv_hello(int fd, node_hello *h, uint64_t deadline)
     return 0;
 }
 
-static void send_verdict(int fd, int verdict, const char *text, uint64_t deadline)
+static void send_verdict(int fd, int verdict, const loom_launch_placement *place,
+                         const char *text, uint64_t deadline)
 {
-    uint8_t head[8];
+    static const loom_launch_placement none;
+    uint8_t head[VERDICT_HEADER];
     size_t len = strlen(text);
+    if (!place)
+        place = &none;
     put_u32(head, (uint32_t)verdict);
-    put_u32(head + 4, (uint32_t)len);
+    put_u32(head + 4, (uint32_t)place->cpu_first);
+    put_u32(head + 8, (uint32_t)place->cpu_ranks);
+    put_u32(head + 12, (uint32_t)place->local_first);
+    put_u32(head + 16, (uint32_t)place->local_ranks);
+    put_u32(head + 20, (uint32_t)len);
     if (move_bytes(fd, head, sizeof head, deadline, 1) == 0)
         move_bytes(fd, (void *)(uintptr_t)text, len, deadline, 1);
 }
@@ -456,7 +554,7 @@ static void judge_hello(gathering *g, int fd, node_hello h)
         g->hellos[k] = h;
         g->joined++;
     } else {
-        send_verdict(fd, g->verdict, g->text, loom_now_ns() + 2000000000ull);
+        send_verdict(fd, g->verdict, NULL, g->text, loom_now_ns() + 2000000000ull);
         close(fd);
         free(h.cmd);
     }
@@ -490,13 +588,57 @@ static void wait_for_nodes(gathering *g, int listener)
     }
 }
 
-/* The verdict to every node that joined. */
+static const node_hello *hello_of(const gathering *g, int k)
+{
+    return k == 0 ? g->mine : &g->hellos[k];
+}
+
+static int masks_overlap(const node_machine *a, const node_machine *b)
+{
+    for (size_t i = 0; i < sizeof a->cpus; i++)
+        if (a->cpus[i] & b->cpus[i])
+            return 1;
+    return 0;
+}
+
+/* Node k's place among the launchers of its machine, once every node has
+ * joined. Launchers whose masks do not overlap (Slurm gave each its own
+ * cpus) pin within their own masks without counting each other; one that
+ * overlaps only in part still counts, which may leave a cpu idle but never
+ * puts two ranks on one while a cpu is free. */
+static loom_launch_placement place_node(const gathering *g, int k)
+{
+    const node_machine *mine = &hello_of(g, k)->machine;
+    loom_launch_placement p = {0};
+    for (int j = 0; j < g->nnodes; j++) {
+        const node_hello *other = hello_of(g, j);
+        int n = (int)other->n;
+        if (strcmp(mine->kernel, other->machine.kernel))
+            continue;
+        if (masks_overlap(mine, &other->machine)) {
+            p.cpu_ranks += n;
+            p.cpu_first += j < k ? n : 0;
+        }
+        if (mine->net_ns == other->machine.net_ns && mine->ipc_ns == other->machine.ipc_ns) {
+            p.local_ranks += n;
+            p.local_first += j < k ? n : 0;
+        }
+    }
+    return p;
+}
+
+/* The verdict, and where they agreed its placement, to every node that
+ * joined. */
 static void answer_nodes(gathering *g)
 {
     uint64_t reply_deadline = loom_now_ns() + 2000000000ull;
-    for (int k = 1; k < g->nnodes; k++)
+    for (int k = 1; k < g->nnodes; k++) {
+        loom_launch_placement place = {0};
+        if (g->verdict == AGREED)
+            place = place_node(g, k);
         if (g->fds[k] >= 0)
-            send_verdict(g->fds[k], g->verdict, g->text, reply_deadline);
+            send_verdict(g->fds[k], g->verdict, &place, g->text, reply_deadline);
+    }
     /* Their launchers close first, so the port's TIME_WAIT lands on their
      * side, not on the port rank 0's store binds next. */
     for (int k = 1; k < g->nnodes; k++) {
@@ -510,7 +652,8 @@ static void answer_nodes(gathering *g)
 }
 
 /* Node 0: every other node's hello, then the verdict to each. */
-static int gather_nodes(const char *host, int port, const node_hello *mine, double wait_s)
+static int gather_nodes(const char *host, int port, const node_hello *mine, double wait_s,
+                        loom_launch_placement *placement)
 {
     int listener = listen_at(host, port);
     if (listener < 0)
@@ -530,6 +673,8 @@ static int gather_nodes(const char *host, int port, const node_hello *mine, doub
         g.fds[k] = -1;
     wait_for_nodes(&g, listener);
     close(listener);
+    if (g.verdict == AGREED)
+        *placement = place_node(&g, 0);
     answer_nodes(&g);
     free(g.fds);
     free(g.hellos);
@@ -539,25 +684,31 @@ static int gather_nodes(const char *host, int port, const node_hello *mine, doub
 }
 
 /* Node k > 0: tell node 0's launcher, and hear its verdict. */
-static int join_node0(const char *host, int port, const node_hello *mine, double wait_s)
+static int join_node0(const char *host, int port, const node_hello *mine, double wait_s,
+                      loom_launch_placement *placement)
 {
     uint64_t deadline = loom_now_ns() + (uint64_t)(wait_s * 1e9);
     int pause_ms = 20, heard = 0;
     while (loom_now_ns() < deadline) {
         uint64_t try_deadline = loom_now_ns() + 2000000000ull;
         int fd = connect_to(host, port, try_deadline < deadline ? try_deadline : deadline);
-        uint8_t head[8];
+        uint8_t head[VERDICT_HEADER];
         if (fd >= 0 && send_hello(fd, mine, deadline) == 0) {
             heard = 1;
             if (move_bytes(fd, head, sizeof head, deadline, 0) == 0) {
-                uint32_t verdict = get_u32(head), len = get_u32(head + 4);
+                uint32_t verdict = get_u32(head), len = get_u32(head + 20);
                 char text[1024] = "";
                 uint32_t take = len < sizeof text - 1 ? len : (uint32_t)sizeof text - 1;
                 move_bytes(fd, text, take, deadline, 0);
                 text[take] = '\0';
                 close(fd);
-                if (verdict == AGREED)
+                if (verdict == AGREED) {
+                    *placement = (loom_launch_placement){
+                        .cpu_first = (int)get_u32(head + 4), .cpu_ranks = (int)get_u32(head + 8),
+                        .local_first = (int)get_u32(head + 12),
+                        .local_ranks = (int)get_u32(head + 16)};
                     return 0;
+                }
                 fprintf(stderr, "loom launch: %s\n", text);
                 return verdict == DISAGREED ? LOOM_EXIT_CONFIG : 1;
             }
@@ -581,17 +732,18 @@ static int join_node0(const char *host, int port, const node_hello *mine, double
 }
 
 int loom_launch_nodes_agree(const char *host, int port, int nnodes, int node_rank, int n,
-                            char *const *cmd, double timeout_s)
+                            char *const *cmd, double timeout_s, loom_launch_placement *placement)
 {
     node_hello mine = {.node_rank = (uint32_t)node_rank, .nnodes = (uint32_t)nnodes,
                        .n = (uint32_t)n};
+    describe_machine(&mine.machine);
     if (!(mine.cmd = pack_command(cmd, &mine.len))) {
         fprintf(stderr, "loom launch: out of memory\n");
         return 1;
     }
     double wait_s = timeout_s > 0 && timeout_s < DEFAULT_WAIT_S ? timeout_s : DEFAULT_WAIT_S;
-    int rc = node_rank == 0 ? gather_nodes(host, port, &mine, wait_s)
-                            : join_node0(host, port, &mine, wait_s);
+    int rc = node_rank == 0 ? gather_nodes(host, port, &mine, wait_s, placement)
+                            : join_node0(host, port, &mine, wait_s, placement);
     free(mine.cmd);
     return rc;
 }

@@ -128,12 +128,19 @@ static void remove_job_tmpdir(char *job_tmpdir)
 /* ------------------------------------------------------- the ranks' cpus */
 
 /* The cpus the launcher may use (its own affinity: a cgroup, taskset or an
- * outer launcher's binding) and, by --bind, the one each rank gets. */
-static void plan_binding(const loom_launch_options *a, launch_binding *b)
+ * outer launcher's binding) and, by --bind, the one each rank gets: the
+ * ranks of every launcher on this machine that may use these cpus take
+ * them in turn (place), so two launchers on one machine do not both pin
+ * their first rank to the first cpu. */
+static void plan_binding(const loom_launch_options *a, const loom_launch_placement *place,
+                         launch_binding *b)
 {
     cpu_set_t allowed;
     b->on = 0;
     b->ncpus = 0;
+    b->first = place->cpu_first;
+    /* the ranks that take these cpus in turn, and how many are another launcher's */
+    int sharing = place->cpu_ranks, others = place->cpu_ranks - a->n;
     int got = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
     for (int c = 0; got && c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &allowed))
@@ -146,10 +153,14 @@ static void plan_binding(const loom_launch_options *a, launch_binding *b)
         snprintf(b->text, sizeof b->text, "not bound: sched_getaffinity: %s", strerror(errno));
         return;
     }
-    if (a->bind == LOOM_BIND_FIT && a->n > b->ncpus) {
+    if (a->bind == LOOM_BIND_FIT && sharing > b->ncpus) {
+        char whose[128] = "";
+        if (others > 0)
+            snprintf(whose, sizeof whose, ", %d of them started by other launchers on this "
+                     "machine", others);
         snprintf(b->text, sizeof b->text,
-                 "not bound: %d ranks on %d cpu%s (--bind core would pin them, sharing cpus)",
-                 a->n, b->ncpus, b->ncpus == 1 ? "" : "s");
+                 "not bound: %d ranks on %d cpu%s%s (--bind core would pin them, sharing cpus)",
+                 sharing, b->ncpus, b->ncpus == 1 ? "" : "s", whose);
         return;
     }
     b->on = 1;
@@ -158,13 +169,17 @@ static void plan_binding(const loom_launch_options *a, launch_binding *b)
     int first = a->node_rank * a->n;
     for (int r = 0; r < a->n && r < SHOWN; r++)
         len += (size_t)snprintf(b->text + len, sizeof b->text - len, "%s rank %d to cpu %d",
-                                r ? "," : "", first + r, b->cpus[r % b->ncpus]);
+                                r ? "," : "", first + r, b->cpus[(b->first + r) % b->ncpus]);
     /* at most 8 of ~30 characters above: room for the rest */
     if (a->n > SHOWN)
         len += (size_t)snprintf(b->text + len, sizeof b->text - len, ", ... (%d ranks, one cpu "
                                 "each in turn)", a->n);
-    if (a->n > b->ncpus)
-        snprintf(b->text + len, sizeof b->text - len, " (%d ranks share %d cpu%s)", a->n,
+    if (sharing > b->ncpus && others > 0)
+        snprintf(b->text + len, sizeof b->text - len, " (%d ranks, %d of them other launchers' "
+                 "on this machine, share %d cpu%s)", sharing, others, b->ncpus,
+                 b->ncpus == 1 ? "" : "s");
+    else if (sharing > b->ncpus)
+        snprintf(b->text + len, sizeof b->text - len, " (%d ranks share %d cpu%s)", sharing,
                  b->ncpus, b->ncpus == 1 ? "" : "s");
 }
 
@@ -183,17 +198,19 @@ static const char *failure_that_repeats(int status)
 }
 
 /* Every rank, and again as --max-restarts allows: the last run's status. */
-static int run_with_restarts(const loom_launch_options *a, const char *job_tmpdir)
+static int run_with_restarts(const loom_launch_options *a, const loom_launch_placement *place,
+                             const char *job_tmpdir)
 {
     static launch_binding bind; /* CPU_SETSIZE cpus: not on the stack */
-    plan_binding(a, &bind);
+    plan_binding(a, place, &bind);
     if (a->verbose)
         fprintf(stderr, "loom launch: %s\n", bind.text);
     /* the --timeout covers the whole job, restarts included */
     uint64_t end_deadline = a->timeout_s > 0 ? loom_now_ns() + (uint64_t)(a->timeout_s * 1e9) : 0;
     for (int restart = 0;; restart++) {
         int stop = 0, rank;
-        int rc = loom_run_ranks(a, &bind, job_tmpdir, restart, end_deadline, &stop, &rank);
+        int rc = loom_run_ranks(a, &bind, place, job_tmpdir, restart, end_deadline, &stop,
+                                &rank);
         if (rc == 0 || stop || restart == a->max_restarts)
             return rc;
         const char *repeats = failure_that_repeats(rc);
@@ -215,13 +232,17 @@ int loom_supervise(const loom_launch_options *opts)
     if ((opts->flight_out && (rc = loom_launch_check_flight(opts->flight_out))) ||
         (rc = loom_launch_check_limits(opts->n)))
         return rc;
+    /* alone on its machine unless the nodes' launchers find otherwise */
+    loom_launch_placement place = {.cpu_first = 0, .cpu_ranks = opts->n, .local_first = 0,
+                                   .local_ranks = opts->n};
     if (opts->nnodes > 1 &&
         (rc = loom_launch_nodes_agree(opts->master, opts->master_port, opts->nnodes,
-                                      opts->node_rank, opts->n, opts->cmd, opts->timeout_s)))
+                                      opts->node_rank, opts->n, opts->cmd, opts->timeout_s,
+                                      &place)))
         return rc;
     char job_tmpdir[4096];
     make_job_tmpdir(job_tmpdir, sizeof job_tmpdir);
-    rc = run_with_restarts(opts, job_tmpdir);
+    rc = run_with_restarts(opts, &place, job_tmpdir);
     remove_job_tmpdir(job_tmpdir);
     return rc;
 }

@@ -240,6 +240,74 @@ static void set_env_int(const char *name, int value)
     setenv(name, text, 1);
 }
 
+/* What an outer launcher (srun, mpirun, torchrun) told the process that
+ * started loom launch about its own tasks: a rank of ours sees none of it,
+ * only loom launch's variables. Left there, loom's bootstrap finds two
+ * launchers, and Open MPI's MPI_Init in a rank (comm-mpi joins loom
+ * launch's ranks as singletons through ompi-server) takes srun's step or a
+ * PMIx server's rank for a launch of its own and aborts ("OMPI was not
+ * built with SLURM support", or a world of 1). What describes the job or
+ * the machine stays (SLURM_JOB_ID, the allocation's nodes and cpus), and
+ * so do the user's settings (OMPI_MCA_mpi_*, PMIX_MCA_*). A '*' at the end
+ * matches any rest of the name. */
+static const char *const outer_launcher_vars[] = {
+    /* srun's task: its rank, its place on its node, the cpus srun bound */
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASK_PID", "SLURM_GTIDS",
+    "SLURM_CPU_BIND*",
+    /* srun's step, whose tasks these are not: Open MPI takes SLURM_STEP_ID
+     * for a launch by srun; the step's PMIx and srun's own addresses */
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEPID", "SLURM_STEP_*", "SLURM_DISTRIBUTION",
+    "SLURM_SRUN_COMM_*", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_PMIX*",
+    /* a PMIx or PMI server and this process's rank in it (srun --mpi=pmix or
+     * pmi2, mpirun, MPICH's Hydra): MPI_Init would join that server's job */
+    "PMIX_*", "PMI_*", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    /* mpirun's ranks: their place, and the daemon, session folders and
+     * components of mpirun's job (OMPI_MCA_ess=^singleton forbids ours) */
+    "OMPI_COMM_WORLD_*", "OMPI_APP_CTX_NUM_PROCS", "OMPI_ARGV", "OMPI_COMMAND",
+    "OMPI_FILE_LOCATION", "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_UNIVERSE_SIZE",
+    "OMPI_MCA_ess", "OMPI_MCA_ess_base_*", "OMPI_MCA_orte_*", "OMPI_MCA_pmix",
+    "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+    /* torchrun's workers, and its agent's store */
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_*",
+};
+
+/* The user's PMIx settings, not a server's: they stay. */
+#define KEPT_PREFIX "PMIX_MCA_"
+
+/* Whether environ's entry "NAME=value" is one of outer_launcher_vars. */
+static int from_outer_launcher(const char *entry)
+{
+    size_t name_len = strcspn(entry, "=");
+    if (!strncmp(entry, KEPT_PREFIX, strlen(KEPT_PREFIX)))
+        return 0;
+    for (size_t i = 0; i < sizeof outer_launcher_vars / sizeof *outer_launcher_vars; i++) {
+        const char *pattern = outer_launcher_vars[i];
+        size_t len = strlen(pattern);
+        if (pattern[len - 1] == '*' ? name_len >= len - 1 && !strncmp(entry, pattern, len - 1)
+                                    : name_len == len && !strncmp(entry, pattern, len))
+            return 1;
+    }
+    return 0;
+}
+
+static void drop_outer_launcher_vars(void)
+{
+    int dropped;
+    do { /* unsetenv reorders environ: look again from the start */
+        dropped = 0;
+        for (char **e = environ; *e && !dropped; e++) {
+            char name[256];
+            size_t len = strcspn(*e, "=");
+            if (len >= sizeof name || !from_outer_launcher(*e))
+                continue;
+            memcpy(name, *e, len);
+            name[len] = '\0';
+            dropped = unsetenv(name) == 0;
+        }
+    } while (dropped);
+}
+
 /* In the child, between fork and exec. Only this process runs here (the
  * launcher has no threads), so setenv and friends are safe. */
 static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err_fd,
@@ -273,19 +341,21 @@ static void child_exec(const launcher *L, int r, char **cmd, int out_fd, int err
         if (null >= 0)
             dup2(null, 0);
     }
+    drop_outer_launcher_vars();
     set_env_int("LOOM_RANK", L->first_rank + r);
     set_env_int("LOOM_WORLD_SIZE", L->world);
-    set_env_int("LOOM_LOCAL_RANK", r);
-    set_env_int("LOOM_LOCAL_SIZE", L->n);
+    set_env_int("LOOM_LOCAL_RANK", L->local_first + r);
+    set_env_int("LOOM_LOCAL_SIZE", L->local_size);
     set_env_int("LOOM_RESTART", L->restart);
     setenv("LOOM_BIND", L->bind->text, 1);
     if (L->bind->on) {
+        int cpu = L->bind->cpus[(L->bind->first + r) % L->bind->ncpus];
         cpu_set_t one;
         CPU_ZERO(&one);
-        CPU_SET(L->bind->cpus[r % L->bind->ncpus], &one);
+        CPU_SET(cpu, &one);
         if (sched_setaffinity(0, sizeof one, &one) != 0)
             fprintf(stderr, "loom launch: cannot bind rank %d to cpu %d: %s; it runs unbound\n",
-                    L->first_rank + r, L->bind->cpus[r % L->bind->ncpus], strerror(errno));
+                    L->first_rank + r, cpu, strerror(errno));
     }
     if (L->job_tmpdir[0])
         setenv("TMPDIR", L->job_tmpdir, 1);
@@ -518,8 +588,8 @@ static void make_flight_dir(launcher *L)
 }
 
 int loom_run_ranks(const loom_launch_options *a, const launch_binding *bind,
-                   const char *job_tmpdir, int restart, uint64_t end_deadline, int *stop,
-                   int *rank)
+                   const loom_launch_placement *place, const char *job_tmpdir, int restart,
+                   uint64_t end_deadline, int *stop, int *rank)
 {
     *rank = -1;
     launcher L;
@@ -529,6 +599,8 @@ int loom_run_ranks(const loom_launch_options *a, const launch_binding *bind,
     }
     L.first_rank = a->node_rank * a->n;
     L.world = a->nnodes * a->n;
+    L.local_first = place->local_first;
+    L.local_size = place->local_ranks;
     L.master = a->nnodes > 1 ? a->master : "127.0.0.1";
     L.master_port = a->nnodes > 1 ? a->master_port : pick_free_port();
     if (L.master_port < 0) {

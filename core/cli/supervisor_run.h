@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "cli/launch_checks.h"
 #include "cli/supervisor.h"
 
 /* Which cpu each local rank gets, and the sentence the ranks' headers
@@ -18,6 +19,7 @@ typedef struct launch_binding {
     int on;
     int cpus[CPU_SETSIZE]; /* the allowed cpus, in order */
     int ncpus;
+    int first;             /* rank r gets cpus[(first + r) % ncpus] */
     char text[512];
 } launch_binding;
 
@@ -40,6 +42,7 @@ typedef struct rank_proc {
 typedef struct launcher {
     int n;                  /* ranks here: the job's first_rank .. first_rank + n - 1 */
     int first_rank, world;
+    int local_first, local_size; /* rank r is local rank local_first + r of local_size */
     const char *master;     /* rank 0's host: 127.0.0.1 on one machine */
     int master_port;
     int restart;            /* 0, then 1.. for each restart (LOOM_RESTART of the ranks) */
@@ -68,8 +71,8 @@ typedef struct launcher {
  * (the user's signal, the --timeout, or a failure of the launcher
  * itself). */
 int loom_run_ranks(const loom_launch_options *opts, const launch_binding *bind,
-                   const char *job_tmpdir, int restart, uint64_t end_deadline, int *stop,
-                   int *rank);
+                   const loom_launch_placement *place, const char *job_tmpdir, int restart,
+                   uint64_t end_deadline, int *stop, int *rank);
 
 /* Signal every rank still running, and everything each started. */
 void loom_signal_running(launcher *L, int sig);

@@ -17,6 +17,12 @@ fail() {
     exit 1
 }
 expect_rc() { [ "$rc" = "$1" ] || fail "exit status $rc, want $1"; }
+skip() { echo "launch_test $CASE: skipped ($*)"; exit 77; }
+# The cpus this test may run on, one a line.
+allowed_cpus() {
+    sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status | tr ',' '\n' |
+        awk -F- '{ last = NF > 1 ? $2 : $1; for (c = $1; c <= last; c++) print c }'
+}
 expect_line() { grep -qxF -- "$2" "$1" || fail "no line '$2' in $1"; }
 # Seconds since the case began; "must finish fast" proves ranks were stopped.
 START=$(date +%s)
@@ -165,6 +171,98 @@ bind)
     expect_rc 2
     [ "$(wc -l <err)" = 1 ] || fail "--bind socket wants one line"
     grep -q '^loom launch: --bind needs core (one core per rank) or none; usage: ' err || fail "--bind socket: no reason"
+    ;;
+bind_nodes)
+    # Two launchers on this machine as two nodes of one job, -n 1 each:
+    # their ranks take the cpus in turn, node 0's first, wherever their
+    # affinity masks overlap, and their local ranks count both.
+    set -- $(allowed_cpus)
+    [ $# -ge 2 ] || skip "two launchers on different cpus need two cpus, and this test has $#"
+    a=$1 b=$2
+    PORT=$((12000 + $$ % 8000))
+    report='echo "local $LOOM_LOCAL_RANK/$LOOM_LOCAL_SIZE cpus $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status) | $LOOM_BIND"'
+    # two_nodes "PREFIX0" "PREFIX1" [ARG]: node K's launcher started under PREFIXK
+    two_nodes() {
+        # shellcheck disable=SC2086
+        $2 "$LOOM" launch --timeout 60 --nnodes 2 --node-rank 1 --master "127.0.0.1:$PORT" -n 1 \
+            $3 -- sh -c "$report" >out1 2>err1 & one=$!
+        # shellcheck disable=SC2086
+        $1 "$LOOM" launch --timeout 60 --nnodes 2 --node-rank 0 --master "127.0.0.1:$PORT" -n 1 \
+            $3 -- sh -c "$report" >out0 2>err0
+        rc=$?
+        expect_rc 0
+        wait $one
+        rc=$?
+        expect_rc 0
+    }
+    # the launchers may use every cpu: one each, different ones
+    two_nodes env env
+    expect_line out0 "[0] local 0/2 cpus $a | bound rank 0 to cpu $a"
+    expect_line out1 "[1] local 1/2 cpus $b | bound rank 1 to cpu $b"
+    # both held to one cpu: two ranks do not fit it, counted across both
+    two_nodes "taskset -c $a" "taskset -c $a"
+    expect_line out0 "[0] local 0/2 cpus $a | not bound: 2 ranks on 1 cpu, 1 of them started by other launchers on this machine (--bind core would pin them, sharing cpus)"
+    expect_line out1 "[1] local 1/2 cpus $a | not bound: 2 ranks on 1 cpu, 1 of them started by other launchers on this machine (--bind core would pin them, sharing cpus)"
+    two_nodes "taskset -c $a" "taskset -c $a" "--bind core"
+    expect_line out1 "[1] local 1/2 cpus $a | bound rank 1 to cpu $a (2 ranks, 1 of them other launchers' on this machine, share 1 cpu)"
+    # a cpu each (as Slurm gives each task its own): each fits in its own
+    two_nodes "taskset -c $a" "taskset -c $b"
+    expect_line out0 "[0] local 0/2 cpus $a | bound rank 0 to cpu $a"
+    expect_line out1 "[1] local 1/2 cpus $b | bound rank 1 to cpu $b"
+    ;;
+bind_taskset)
+    # A launcher held to one cpu (taskset, a cgroup, Slurm) pins within it.
+    set -- $(allowed_cpus)
+    [ $# -ge 2 ] || skip "a launcher held to its second cpu needs two cpus, and this test has $#"
+    report='echo "cpus $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status) | $LOOM_BIND"'
+    taskset -c "$2" "$LOOM" launch -n 1 -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    expect_line out "[0] cpus $2 | bound rank 0 to cpu $2"
+    taskset -c "$2" "$LOOM" launch -n 2 --bind core -- sh -c "$report" >out 2>err
+    rc=$?
+    expect_rc 0
+    expect_line out "[1] cpus $2 | bound rank 0 to cpu $2, rank 1 to cpu $2 (2 ranks share 1 cpu)"
+    ;;
+clean_env)
+    # A rank sees loom launch's launcher variables only: not those an
+    # outer srun, mpirun or torchrun left, but still the job's and the
+    # user's settings.
+    gone="SLURM_PROCID SLURM_NTASKS SLURM_NPROCS SLURM_STEP_ID SLURM_STEPID SLURM_LOCALID SLURM_NODEID SLURM_STEP_NUM_TASKS SLURM_STEP_NODELIST SLURM_CPU_BIND_TYPE SLURM_GTIDS PMIX_RANK PMIX_NAMESPACE PMIX_SERVER_URI41 PMI_RANK PMI_SIZE PMI_FD OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_MCA_ess OMPI_MCA_ess_base_vpid OMPI_MCA_orte_hnp_uri OMPI_MCA_pmix RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK TORCHELASTIC_RUN_ID"
+    kept="SLURM_JOB_ID=42 SLURM_JOB_NODELIST=node1 SLURM_CPUS_ON_NODE=2 PMIX_MCA_gds=hash OMPI_MCA_mpi_yield_when_idle=1 RANKING=kept"
+    dirty=$kept
+    for v in $gone; do dirty="$dirty $v=5"; done
+    # shellcheck disable=SC2086
+    env $dirty "$LOOM" launch -n 2 -- sh -c 'env; echo "as loom launch: $LOOM_RANK of $LOOM_WORLD_SIZE"' >out 2>err
+    rc=$?
+    expect_rc 0
+    for r in 0 1; do
+        for v in $gone; do
+            grep -q "^\[$r\] $v=" out && fail "rank $r sees $v"
+        done
+        for v in $kept; do
+            expect_line out "[$r] $v"
+        done
+        expect_line out "[$r] as loom launch: $r of 2"
+    done
+    [ -s err ] && fail "unexpected stderr"
+    ;;
+clean_env_mpi)
+    # Under srun's variables (a step, a PMIx rank), Open MPI's MPI_Init in
+    # a rank of loom launch aborted or saw a world of one; with the
+    # environment cleaned the job trains as in a clean shell.
+    CFG=$SRC/tests/zero/tiny.cfg
+    DATA=$SRC/examples/data/corpus.bin
+    TEST="launch_test $CASE"
+    . "$SRC/tests/common/train_runs.sh"
+    sets="--set comm.default=mpi --set train.steps=3 --set comm.timeout_s=60"
+    # shellcheck disable=SC2086
+    run clean 2 $sets
+    # shellcheck disable=SC2086
+    SLURM_JOB_ID=1 SLURM_NODELIST=localhost SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_PROCID=0 \
+        SLURM_NTASKS=1 PMIX_RANK=0 PMIX_NAMESPACE=slurm.pmix.1.0 RANK=0 WORLD_SIZE=1 run dirty 2 $sets
+    grep -i 'warn' dirty.log && fail "warnings under the outer launcher's variables"
+    compare clean dirty 0 || fail "the losses differ"
     ;;
 usage)
     for args in "" "-n" "-n 0 true" "-n x true" "-n 2" "-n 2 --" "-x 2 true" "--timeout -1 -n 2 true" "-n 2 --timeout" "-n 2 --bind" "-n 2 --bind all true"; do
