@@ -171,15 +171,16 @@ int loom_launch_check_limits(int n)
  *   its fields, numbers big-endian), then the command's arguments, each
  *   ended by a NUL;
  * node 0's answers, once every node has come (or at the first that
- * disagrees), with a verdict, the node's placement (zeros unless agreed)
- * and the line every launcher prints:
- *   verdict, cpu_first, cpu_ranks, local_first, local_ranks, text length
- *   (u32 each), text. */
+ * disagrees), with a verdict and the line every launcher prints, and when
+ * they agreed the node's placement:
+ *   verdict, text length (u32 each), text[, cpu_first, cpu_ranks,
+ *   local_first, local_ranks (u32 each)].
+ * Version 1 had no machine and no placement; a launcher of version 1 still
+ * reads the verdict, so it can be told to run the same loom. */
 
 #define NODE_MAGIC "LOOMNODE"
 #define NODE_VERSION 2u
 #define NODE_HEADER 28
-#define VERDICT_HEADER 24
 #define MAX_COMMAND (4u << 20)
 #define DEFAULT_WAIT_S 300.0
 
@@ -201,7 +202,7 @@ typedef struct node_machine {
 #define MACHINE_BYTES (64 + 8 + 8 + CPU_SETSIZE / 8)
 
 typedef struct node_hello {
-    uint32_t node_rank, nnodes, n, len;
+    uint32_t version, node_rank, nnodes, n, len;
     node_machine machine;
     char *cmd; /* len bytes: the arguments, each ended by a NUL */
 } node_hello;
@@ -346,15 +347,19 @@ static int send_hello(int fd, const node_hello *h, uint64_t deadline)
            move_bytes(fd, h->cmd, h->len, deadline, 1);
 }
 
-/* 0 and *h filled (h->cmd malloc'd), or -1: not a launcher of this loom. */
+/* 0 and *h filled (h->cmd malloc'd); 1 for a launcher of another version
+ * (only h->version and h->node_rank filled); -1: not a launcher. */
 static int recv_hello(int fd, node_hello *h, uint64_t deadline)
 {
     uint8_t head[NODE_HEADER + MACHINE_BYTES];
-    if (move_bytes(fd, head, NODE_HEADER, deadline, 0) || memcmp(head, NODE_MAGIC, 8) ||
-        get_u32(head + 8) != NODE_VERSION ||
-        move_bytes(fd, head + NODE_HEADER, MACHINE_BYTES, deadline, 0))
+    if (move_bytes(fd, head, NODE_HEADER, deadline, 0) || memcmp(head, NODE_MAGIC, 8))
         return -1;
+    h->version = get_u32(head + 8);
     h->node_rank = get_u32(head + 12);
+    if (h->version != NODE_VERSION)
+        return 1;
+    if (move_bytes(fd, head + NODE_HEADER, MACHINE_BYTES, deadline, 0))
+        return -1;
     h->nnodes = get_u32(head + 16);
     h->n = get_u32(head + 20);
     h->len = get_u32(head + 24);
@@ -370,22 +375,22 @@ static int recv_hello(int fd, node_hello *h, uint64_t deadline)
     return 0;
 }
 
+/* The verdict, and with AGREED the node's placement. */
 static void send_verdict(int fd, int verdict, const loom_launch_placement *place,
                          const char *text, uint64_t deadline)
 {
-    static const loom_launch_placement none;
-    uint8_t head[VERDICT_HEADER];
+    uint8_t head[8], tail[16];
     size_t len = strlen(text);
-    if (!place)
-        place = &none;
     put_u32(head, (uint32_t)verdict);
-    put_u32(head + 4, (uint32_t)place->cpu_first);
-    put_u32(head + 8, (uint32_t)place->cpu_ranks);
-    put_u32(head + 12, (uint32_t)place->local_first);
-    put_u32(head + 16, (uint32_t)place->local_ranks);
-    put_u32(head + 20, (uint32_t)len);
-    if (move_bytes(fd, head, sizeof head, deadline, 1) == 0)
-        move_bytes(fd, (void *)(uintptr_t)text, len, deadline, 1);
+    put_u32(head + 4, (uint32_t)len);
+    if (move_bytes(fd, head, sizeof head, deadline, 1) ||
+        move_bytes(fd, (void *)(uintptr_t)text, len, deadline, 1) || verdict != AGREED || !place)
+        return;
+    put_u32(tail, (uint32_t)place->cpu_first);
+    put_u32(tail + 4, (uint32_t)place->cpu_ranks);
+    put_u32(tail + 8, (uint32_t)place->local_first);
+    put_u32(tail + 12, (uint32_t)place->local_ranks);
+    move_bytes(fd, tail, sizeof tail, deadline, 1);
 }
 
 /* Where node k's command first differs from node 0's, into why; 0 when
@@ -560,6 +565,33 @@ static void judge_hello(gathering *g, int fd, node_hello h)
     }
 }
 
+/* A launcher of another loom: what follows its hello's header, and what
+ * it reads back beyond the verdict, may differ from ours; every version
+ * reads the verdict, so it hears why too. */
+static void refuse_other_version(gathering *g, int fd, const node_hello *h)
+{
+    uint64_t deadline = loom_now_ns() + 2000000000ull;
+    snprintf(g->text, sizeof g->text, "the nodes' launchers disagree, so no rank starts: node "
+             "%u runs another loom (its launcher's rendezvous is version %u, node 0's %u); run "
+             "the same loom on every node", h->node_rank, h->version, NODE_VERSION);
+    g->verdict = DISAGREED;
+    send_verdict(fd, g->verdict, NULL, g->text, deadline);
+    /* The rest of its hello is unread: closing now would reset the
+     * connection, and the verdict with it. Close once it has. */
+    shutdown(fd, SHUT_WR);
+    char rest[4096];
+    while (loom_now_ns() < deadline) {
+        ssize_t got = recv(fd, rest, sizeof rest, 0);
+        if (got > 0 || (got < 0 && errno == EINTR))
+            continue;
+        struct pollfd w = {.fd = fd, .events = POLLIN};
+        if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) ||
+            poll(&w, 1, ms_until(deadline)) <= 0)
+            break;
+    }
+    close(fd);
+}
+
 /* Until every other node joined, one disagrees, or the wait is over. */
 static void wait_for_nodes(gathering *g, int listener)
 {
@@ -580,11 +612,13 @@ static void wait_for_nodes(gathering *g, int listener)
          * gets a few seconds to show it is a launcher */
         uint64_t hello_deadline = loom_now_ns() + 5000000000ull;
         node_hello h = {0};
-        if (recv_hello(fd, &h, hello_deadline < deadline ? hello_deadline : deadline)) {
+        int got = recv_hello(fd, &h, hello_deadline < deadline ? hello_deadline : deadline);
+        if (got < 0)
             close(fd);
-            continue;
-        }
-        judge_hello(g, fd, h);
+        else if (got > 0)
+            refuse_other_version(g, fd, &h);
+        else
+            judge_hello(g, fd, h);
     }
 }
 
@@ -692,21 +726,26 @@ static int join_node0(const char *host, int port, const node_hello *mine, double
     while (loom_now_ns() < deadline) {
         uint64_t try_deadline = loom_now_ns() + 2000000000ull;
         int fd = connect_to(host, port, try_deadline < deadline ? try_deadline : deadline);
-        uint8_t head[VERDICT_HEADER];
+        uint8_t head[8], tail[16];
         if (fd >= 0 && send_hello(fd, mine, deadline) == 0) {
             heard = 1;
+            uint32_t verdict = 0, len = 0;
+            char text[1024] = "";
+            int answered = 0;
             if (move_bytes(fd, head, sizeof head, deadline, 0) == 0) {
-                uint32_t verdict = get_u32(head), len = get_u32(head + 20);
-                char text[1024] = "";
-                uint32_t take = len < sizeof text - 1 ? len : (uint32_t)sizeof text - 1;
-                move_bytes(fd, text, take, deadline, 0);
-                text[take] = '\0';
+                verdict = get_u32(head);
+                len = get_u32(head + 4);
+                answered = len < sizeof text && move_bytes(fd, text, len, deadline, 0) == 0 &&
+                           (verdict != AGREED ||
+                            move_bytes(fd, tail, sizeof tail, deadline, 0) == 0);
+            }
+            if (answered) {
                 close(fd);
                 if (verdict == AGREED) {
                     *placement = (loom_launch_placement){
-                        .cpu_first = (int)get_u32(head + 4), .cpu_ranks = (int)get_u32(head + 8),
-                        .local_first = (int)get_u32(head + 12),
-                        .local_ranks = (int)get_u32(head + 16)};
+                        .cpu_first = (int)get_u32(tail), .cpu_ranks = (int)get_u32(tail + 4),
+                        .local_first = (int)get_u32(tail + 8),
+                        .local_ranks = (int)get_u32(tail + 12)};
                     return 0;
                 }
                 fprintf(stderr, "loom launch: %s\n", text);

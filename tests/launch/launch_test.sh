@@ -172,6 +172,40 @@ bind)
     [ "$(wc -l <err)" = 1 ] || fail "--bind socket wants one line"
     grep -q '^loom launch: --bind needs core (one core per rank) or none; usage: ' err || fail "--bind socket: no reason"
     ;;
+nodes_version)
+    # A launcher of another loom (version 1 of the nodes' rendezvous, which
+    # had no machine in its hello) is refused, and told why.
+    command -v python3 >/dev/null 2>&1 || skip "python3 plays the other launcher"
+    PORT=$((12000 + $$ % 8000))
+    "$LOOM" launch --timeout 60 --nnodes 2 --node-rank 0 --master "127.0.0.1:$PORT" -n 1 \
+        -- sh -c 'touch ran.$LOOM_RANK' >out0 2>err0 & zero=$!
+    python3 - "$PORT" >out1 <<'PY' || fail "the version 1 launcher heard no verdict"
+import socket, struct, sys, time
+cmd = b"sh\0-c\0touch ran.$LOOM_RANK\0"
+for _ in range(200):
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+        break
+    except OSError:
+        time.sleep(0.05)
+s.sendall(b"LOOMNODE" + struct.pack(">5I", 1, 1, 2, 1, len(cmd)) + cmd)
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+verdict, length = struct.unpack(">2I", data[:8])
+print(verdict, data[8:8 + length].decode())
+PY
+    wait $zero
+    rc=$?
+    expect_rc 78
+    want="loom launch: the nodes' launchers disagree, so no rank starts: node 1 runs another loom (its launcher's rendezvous is version 1, node 0's 2); run the same loom on every node"
+    expect_line err0 "$want"
+    expect_line out1 "1 ${want#loom launch: }"
+    ls ran.* >/dev/null 2>&1 && fail "ranks started"
+    ;;
 bind_nodes)
     # Two launchers on this machine as two nodes of one job, -n 1 each:
     # their ranks take the cpus in turn, node 0's first, wherever their
