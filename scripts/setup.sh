@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 # libdnnl-dev: oneDNN, the model's matrix products (model.gemm; without it
 # they run on OpenBLAS). For the test suite: python3 (an SVG check, checkpoint editing), procps
 # (pgrep: finding a rank's process), iproute2 (two network namespaces as
-# two nodes), clang and its libFuzzer runtime (the fuzzers).
+# two nodes), clang and its libFuzzer runtime (the fuzzers), slurm-wlm and
+# munge (tests/slurm starts a private one-node Slurm cluster under its
+# scratch folder; neither /etc/slurm nor the system's daemons are used).
 PACKAGES="build-essential cmake pkg-config libconfig-dev libopenmpi-dev openmpi-bin
 libucx-dev ucx-utils libopenblas-dev libdnnl-dev liburing-dev python3 procps iproute2 clang
-libclang-rt-14-dev"
+libclang-rt-14-dev slurm-wlm munge"
 
 missing=""
 for p in $PACKAGES; do

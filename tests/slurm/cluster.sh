@@ -5,6 +5,8 @@
 #                    exports SLURM_CONF so srun, sbatch, salloc, sinfo,
 #                    squeue and scontrol talk to this cluster. Non-zero, with
 #                    the reason on stderr, when it cannot start.
+#   slurm_batch [SBATCH OPTIONS] SCRIPT
+#                    sbatch SCRIPT and wait for the job to end.
 #   slurm_down DIR   cancels every job and stops what slurm_up started; safe
 #                    to call after a failed or partial slurm_up, and twice.
 # The system's /etc/slurm and /etc/munge are never read or touched. The
@@ -93,6 +95,7 @@ MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
 JobCompType=jobcomp/none
+SchedulerParameters=batch_sched_delay=0
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MessageTimeout=10
@@ -103,9 +106,12 @@ MinJobAge=30
 NodeName=$slurm_host NodeAddr=127.0.0.1 CPUs=$slurm_cpus State=UNKNOWN
 PartitionName=debug Nodes=$slurm_host Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
 EOF
+    # an outer job's variables (a test suite run under Slurm) would send
+    # srun to that job's allocation on another cluster
+    for slurm_var in $(env | sed -n 's/^\(SLURM_[A-Z0-9_]*\)=.*/\1/p'); do
+        unset "$slurm_var"
+    done
     export SLURM_CONF="$SLURM_DIR/slurm.conf"
-    # the daemons and clients read nothing of the system's configuration
-    unset SLURM_JOB_ID SLURM_JOBID SLURM_STEP_ID SLURM_PROCID SLURM_NTASKS
 
     slurmctld -f "$SLURM_CONF" -i > "$SLURM_DIR/slurmctld.out" 2>&1 ||
         { cat "$SLURM_DIR/slurmctld.out" >&2; slurm_fail "slurmctld did not start"; return 1; }
@@ -130,36 +136,75 @@ EOF
     return 0
 }
 
-# slurm_kill_pidfile FILE: end the daemon FILE names, waiting for it (bounded)
-slurm_kill_pidfile() {
-    slurm_pid=$(cat "$1" 2> /dev/null) || return 0
-    [ -n "$slurm_pid" ] || return 0
-    kill "$slurm_pid" 2> /dev/null || return 0
+# slurm_batch [SBATCH OPTIONS] SCRIPT: sbatch SCRIPT and wait for the job
+# to end (bounded: 120 s); 0 when it completed, else 1 with its state.
+# sbatch --wait does the same but looks only every few seconds.
+slurm_batch() {
+    slurm_job=$(sbatch --parsable "$@") || return 1
+    slurm_job=${slurm_job%%;*}
     slurm_n=0
-    while kill -0 "$slurm_pid" 2> /dev/null && [ "$slurm_n" -lt 50 ]; do
+    while [ "$slurm_n" -lt 600 ]; do
+        slurm_state=$(scontrol show job "$slurm_job" -o 2> /dev/null |
+            sed -n 's/.*JobState=\([A-Z_]*\).*ExitCode=\([0-9:]*\).*/\1 \2/p')
+        case $slurm_state in
+        COMPLETED*) return 0 ;;
+        PENDING* | CONFIGURING* | RUNNING* | COMPLETING* | "") ;;
+        *)
+            echo "slurm_batch: job $slurm_job ended $slurm_state (state, exit code:signal)" >&2
+            return 1
+            ;;
+        esac
         sleep 0.2
         slurm_n=$((slurm_n + 1))
     done
-    kill -9 "$slurm_pid" 2> /dev/null || true
+    echo "slurm_batch: job $slurm_job still ${slurm_state:-unknown} after 120 s" >&2
+    scancel "$slurm_job" 2> /dev/null
+    return 1
+}
+
+# slurm_stop DIR NAME...: end the daemons whose pid files DIR/NAME.pid
+# name, all at once (each takes a second or two to exit), waiting for them
+# (bounded) and killing what is left
+slurm_stop() {
+    slurm_stop_dir=$1
+    shift
+    slurm_pids=""
+    for slurm_daemon in "$@"; do
+        slurm_pid=$(cat "$slurm_stop_dir/$slurm_daemon.pid" 2> /dev/null) || continue
+        [ -n "$slurm_pid" ] && kill "$slurm_pid" 2> /dev/null && slurm_pids="$slurm_pids $slurm_pid"
+    done
+    slurm_n=0
+    while [ "$slurm_n" -lt 50 ]; do
+        slurm_alive=""
+        for slurm_pid in $slurm_pids; do
+            kill -0 "$slurm_pid" 2> /dev/null && slurm_alive="$slurm_alive $slurm_pid"
+        done
+        [ -n "$slurm_alive" ] || return 0
+        sleep 0.2
+        slurm_n=$((slurm_n + 1))
+    done
+    for slurm_pid in $slurm_alive; do
+        kill -9 "$slurm_pid" 2> /dev/null
+    done
+    return 0
 }
 
 slurm_down() {
     [ -n "${1:-}" ] && [ -d "$1" ] || return 0
     if [ -f "$1/slurm.conf" ] && [ -f "$1/slurmctld.pid" ]; then
         SLURM_CONF="$1/slurm.conf" scancel --full --quiet --user=root > /dev/null 2>&1 || true
-        # tasks that outlive their job's cancel: slurmstepd ends them, give it a moment
+        # slurmstepd ends a cancelled job's tasks: give it a moment
         slurm_n=0
         while [ -n "$(SLURM_CONF="$1/slurm.conf" squeue -h -o %i 2> /dev/null)" ] && [ "$slurm_n" -lt 20 ]; do
             sleep 0.5
             slurm_n=$((slurm_n + 1))
         done
     fi
-    slurm_kill_pidfile "$1/slurmd.pid"
-    slurm_kill_pidfile "$1/slurmctld.pid"
-    # slurmstepd processes of this cluster's jobs (their command line names our spool folder)
-    for slurm_pid in $(pgrep -f "slurmstepd.*" 2> /dev/null); do
-        grep -qs "$1" "/proc/$slurm_pid/environ" "/proc/$slurm_pid/cmdline" && kill -9 "$slurm_pid" 2> /dev/null
+    slurm_stop "$1" slurmd slurmctld munged
+    # a job step's slurmstepd outlives slurmd; ours carry SLURM_CONF=DIR/...
+    for slurm_pid in $(pgrep -x slurmstepd 2> /dev/null); do
+        tr '\0' '\n' < "/proc/$slurm_pid/environ" 2> /dev/null | grep -qF "SLURM_CONF=$1/" &&
+            kill -9 "$slurm_pid" 2> /dev/null
     done
-    slurm_kill_pidfile "$1/munged.pid"
     return 0
 }

@@ -1,0 +1,215 @@
+#!/bin/sh
+# loom under a real Slurm: a private one-node cluster (cluster.sh) under
+# this test's scratch folder, and one way of starting the ranks per MODE,
+# each held to the losses of the same job under loom launch.
+#   usage: slurm_test.sh LOOM SOURCE_DIR MODE
+#   srun        srun -n 2 loom train over comm-ucx and auto; the header names Slurm
+#   overcommit  srun -n 4 --overcommit: 4 ranks on 2 cpus
+#   sbatch      sbatch of docs/slurm.md's job script
+#   pmix        srun --mpi=pmix -n 2 over comm-mpi
+#   mpi_plain   srun -n 2 over comm-mpi without --mpi=pmix: trains, or one
+#               line saying --mpi=pmix; never an Open MPI abort
+#   launch      srun -N1 -n1 loom launch -n 2, over comm-ucx and comm-mpi
+#   kill        a task killed with SIGKILL: the other names it and srun ends
+#               within comm.timeout_s + 10 s
+#   refuse      loom train in a salloc shell or an sbatch script without
+#               srun fails at once, pointing at srun
+#   conflict    torchrun's RANK=1 WORLD_SIZE=2 inside a one-task step: a
+#               warning naming both launchers' variables
+set -eu
+LOOM=$1
+SRC=$2
+MODE=$3
+CFG=$SRC/tests/zero/tiny.cfg
+DATA=$SRC/examples/data/corpus.bin
+TEST="slurm.$MODE"
+TMP=$(mktemp -d)
+. "$SRC/tests/slurm/cluster.sh"
+cleanup() {
+    slurm_down "$TMP/cluster"
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+cd "$TMP"
+. "$SRC/tests/common/train_runs.sh"
+fail() { echo "$TEST: $*"; exit 1; }
+skip() { echo "$TEST: skipped ($*)"; exit 77; }
+show() { echo "--- $1"; cat "$1"; }
+
+[ "$(id -u)" = 0 ] || skip "a private Slurm cluster needs root for munged, slurmctld and slurmd"
+for program in munged slurmctld slurmd srun sbatch salloc; do
+    command -v "$program" > /dev/null 2>&1 || [ -x "/usr/sbin/$program" ] ||
+        skip "$program is not installed (scripts/setup.sh installs slurm-wlm and munge)"
+done
+slurm_up "$TMP/cluster" || skip "the Slurm daemons did not start (their logs are above)"
+
+# every rank single-threaded: 2 cores for up to 4 ranks
+export OMP_NUM_THREADS=1
+SETS="--set train.steps=6 --set comm.timeout_s=30"
+
+# srun_train NAME RANKS "SRUN OPTIONS" [--set ...]: srun -n RANKS loom train
+# as a dp group of RANKS; rank 0's metrics in NAME.jsonl, everything said in
+# NAME.log. LOOM_OPTS: loom's own options (-v).
+srun_train() {
+    st_name=$1; st_ranks=$2; st_opts=$3; shift 3
+    # shellcheck disable=SC2086
+    timeout 120 srun $st_opts -n "$st_ranks" "$LOOM" ${LOOM_OPTS:-} train "$CFG" \
+        --set data.train="$DATA" --set parallel.dp.size="$st_ranks" --metrics "$st_name.jsonl" \
+        "$@" > "$st_name.log" 2>&1 || { show "$st_name.log"; fail "srun $st_opts -n $st_ranks failed"; }
+}
+
+# elapsed_since T0: whole seconds since T0 (date +%s)
+elapsed_since() { echo $(($(date +%s) - $1)); }
+
+case $MODE in
+srun)
+    # shellcheck disable=SC2086
+    run ref 2 $SETS --set comm.default=ucx
+    # shellcheck disable=SC2086
+    LOOM_OPTS=-v srun_train ucx 2 "" $SETS --set comm.default=ucx
+    compare ref ucx 1e-6
+    # shellcheck disable=SC2086
+    srun_train auto 2 "" $SETS --set comm.default=auto
+    compare ref auto 1e-6
+    grep -q "launch environment: SLURM" ucx.log ||
+        { show ucx.log; fail "loom -v train under srun does not say 'launch environment: SLURM'"; }
+    grep -q "^ranks: 2 from Slurm (SLURM_PROCID)" ucx.log ||
+        { show ucx.log; fail "the header does not say 'ranks: 2 from Slurm (SLURM_PROCID)'"; }
+    ;;
+overcommit)
+    # shellcheck disable=SC2086
+    run ref 4 $SETS --set comm.default=ucx
+    # shellcheck disable=SC2086
+    srun_train over 4 --overcommit $SETS --set comm.default=ucx
+    compare ref over 1e-6
+    grep -q "^ranks: 4 from Slurm (SLURM_PROCID)" over.log || { show over.log; fail "not 4 ranks from Slurm"; }
+    ;;
+sbatch)
+    # docs/slurm.md's job script as written, with `loom` and train.cfg
+    # standing for this build's program and the tiny model
+    awk '/<!-- job script -->/ { mark = 1; next }
+         mark && /^```/ { if (inside) exit; inside = 1; next }
+         inside { print }' "$SRC/docs/slurm.md" > job.sh
+    grep -q "^srun " job.sh || { show job.sh; fail "no job script (with an srun line) in docs/slurm.md"; }
+    mkdir bin
+    ln -s "$LOOM" bin/loom
+    cp "$CFG" train.cfg
+    echo "data = { train = \"$DATA\"; };" >> train.cfg
+    CFG=$TMP/train.cfg
+    run ref 2 --set comm.default=ucx
+    PATH=$TMP/bin:$PATH slurm_batch job.sh > sbatch.log 2>&1 ||
+        { show sbatch.log; cat loom-*.out; fail "sbatch job.sh failed"; }
+    [ -f metrics.jsonl ] || { show job.sh; cat loom-*.out; fail "the job script wrote no metrics.jsonl"; }
+    compare ref metrics 1e-6
+    grep -q "^ranks: 2 from Slurm (SLURM_PROCID)" loom-*.out || { cat loom-*.out; fail "not 2 ranks from Slurm"; }
+    ;;
+pmix)
+    srun --mpi=list > mpi.txt 2>&1 || true
+    grep -q pmix mpi.txt || { cat mpi.txt; skip "this Slurm has no PMIx plugin (srun --mpi=list)"; }
+    # shellcheck disable=SC2086
+    run ref 2 $SETS --set comm.default=mpi
+    # shellcheck disable=SC2086
+    srun_train pmix 2 --mpi=pmix $SETS --set comm.default=mpi
+    compare ref pmix 1e-6
+    ;;
+mpi_plain)
+    # shellcheck disable=SC2086
+    run ref 2 $SETS --set comm.default=mpi
+    # shellcheck disable=SC2086
+    if timeout 120 srun -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+        $SETS --set comm.default=mpi --metrics plain.jsonl > plain.log 2>&1; then
+        compare ref plain 1e-6
+    else
+        grep -q -- "--mpi=pmix" plain.log ||
+            { show plain.log; fail "plain srun over comm-mpi failed without a line saying --mpi=pmix"; }
+        echo "$TEST: refused, saying: $(grep -- "--mpi=pmix" plain.log | head -n 1)"
+    fi
+    ! grep -q -e "MPI_ERRORS_ARE_FATAL" -e "OMPI was not built" plain.log ||
+        { show plain.log; fail "Open MPI aborted under plain srun"; }
+    ;;
+launch)
+    for comm in ucx mpi; do
+        # shellcheck disable=SC2086
+        run "ref$comm" 2 $SETS --set comm.default=$comm
+        # shellcheck disable=SC2086
+        timeout 120 srun -N1 -n1 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+            --set parallel.dp.size=2 $SETS --set comm.default=$comm --metrics "$comm.jsonl" \
+            > "$comm.log" 2>&1 || { show "$comm.log"; fail "srun -N1 -n1 loom launch -n 2 over $comm failed"; }
+        compare "ref$comm" "$comm" 1e-6
+        # loom launch gives its ranks an environment of their own: the
+        # step's one-task Slurm variables must not reach them
+        ! grep -q "warning: bootstrap" "$comm.log" ||
+            { show "$comm.log"; fail "loom launch's ranks saw the Slurm step's variables"; }
+    done
+    # one loom launch per node: two on one node is refused before any rank starts
+    t0=$(date +%s)
+    ! timeout 60 srun -n 2 "$LOOM" launch -n 1 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
+        > twice.log 2>&1 || { show twice.log; fail "two copies of loom launch on one node ran"; }
+    grep -q "loom launch: .*once per node" twice.log || { show twice.log; fail "no line saying once per node"; }
+    [ "$(elapsed_since "$t0")" -le 10 ] || fail "two copies of loom launch took $(elapsed_since "$t0") s to be refused"
+    ;;
+kill)
+    for comm in ucx mpi; do
+        # each task writes its pid, then becomes loom train
+        # shellcheck disable=SC2016
+        timeout 120 srun -n 2 sh -c 'echo $$ > pid.$SLURM_PROCID; exec "$0" "$@"' "$LOOM" train "$CFG" \
+            --set data.train="$DATA" --set parallel.dp.size=2 --set train.steps=1000000 \
+            --set comm.timeout_s=10 --set comm.default="$comm" > "kill$comm.log" 2>&1 &
+        step=$!
+        n=0
+        until grep -q "step  *3/" "kill$comm.log" 2> /dev/null && [ -s pid.1 ]; do
+            [ "$n" -lt 300 ] || { show "kill$comm.log"; fail "the $comm run did not reach step 3"; }
+            sleep 0.1
+            n=$((n + 1))
+        done
+        t0=$(date +%s)
+        kill -9 "$(cat pid.1)"
+        rc=0
+        wait "$step" || rc=$?
+        took=$(elapsed_since "$t0")
+        echo "$TEST: $comm: srun ended $took s after rank 1 was killed (comm.timeout_s = 10), status $rc"
+        [ "$rc" != 0 ] || { show "kill$comm.log"; fail "srun succeeded although rank 1 was killed"; }
+        [ "$rc" != 124 ] && [ "$took" -le 20 ] ||
+            { show "kill$comm.log"; fail "$comm: srun took $took s to end after rank 1 was killed"; }
+        # rank 0's words, not srun's or rank 1's own
+        grep -v -e "^srun:" -e "^\[rank 1\]" "kill$comm.log" | grep -q "rank 1\([^0-9]\|$\)" ||
+            { show "kill$comm.log"; fail "$comm: rank 0 does not name rank 1"; }
+        rm -f pid.0 pid.1
+    done
+    ;;
+refuse)
+    # the allocation's shell: SLURM_NTASKS=2 but no step
+    t0=$(date +%s)
+    ! timeout 60 salloc -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+        > salloc.log 2>&1 || { show salloc.log; fail "loom train in a salloc shell succeeded"; }
+    took=$(elapsed_since "$t0")
+    grep "loom train" salloc.log | grep -q srun || { show salloc.log; fail "salloc: no line saying srun"; }
+    [ "$took" -le 10 ] || { show salloc.log; fail "salloc: refused only after $took s"; }
+    # a batch script: SLURM_PROCID=0 of SLURM_NTASKS=2, no step either; it
+    # times loom train itself (the job's queueing is not loom's)
+    cat > nosrun.sh << EOF
+#!/bin/sh
+t0=\$(date +%s)
+"$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 && exit 0
+echo "took \$((\$(date +%s) - t0)) s"
+exit 3
+EOF
+    ! slurm_batch -n 2 -o nosrun.out nosrun.sh > sbatch.log 2>&1 ||
+        { show sbatch.log; show nosrun.out; fail "loom train in a batch script without srun succeeded"; }
+    grep "loom train" nosrun.out | grep -q srun || { show nosrun.out; fail "sbatch: no line saying srun"; }
+    took=$(sed -n 's/^took \([0-9]*\) s$/\1/p' nosrun.out)
+    [ -n "$took" ] && [ "$took" -le 10 ] || { show nosrun.out; fail "sbatch: refused only after ${took:-?} s"; }
+    ;;
+conflict)
+    RANK=1 WORLD_SIZE=2 timeout 60 srun -n 1 "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set train.steps=2 --metrics one.jsonl > conflict.log 2>&1 ||
+        { show conflict.log; fail "a one-task step with RANK=1 WORLD_SIZE=2 set failed"; }
+    grep "warning" conflict.log | grep "SLURM_PROCID" | grep -q "\([^_A-Z]\|^\)RANK" ||
+        { show conflict.log; fail "no warning naming both RANK and SLURM_PROCID"; }
+    grep -q "^ranks: 1 from Slurm (SLURM_PROCID)" conflict.log || { show conflict.log; fail "not Slurm's rank"; }
+    ;;
+*)
+    fail "unknown mode $MODE"
+    ;;
+esac
+echo "$TEST: ok"
