@@ -41,7 +41,7 @@ for program in munged slurmctld slurmd srun sbatch salloc; do
     command -v "$program" > /dev/null 2>&1 || [ -x "/usr/sbin/$program" ] ||
         skip "$program is not installed (scripts/setup.sh installs slurm-wlm and munge)"
 done
-slurm_up "$TMP/cluster" || skip "the Slurm daemons did not start (their logs are above)"
+slurm_up "$TMP/cluster" || skip "the Slurm daemons did not start; the end of their logs is above"
 
 # every rank single-threaded: 2 cores for up to 4 ranks
 export OMP_NUM_THREADS=1
@@ -174,6 +174,9 @@ kill)
         # rank 0's words, not srun's or rank 1's own
         grep -v -e "^srun:" -e "^\[rank 1\]" "kill$comm.log" | grep -q "rank 1\([^0-9]\|$\)" ||
             { show "kill$comm.log"; fail "$comm: rank 0 does not name rank 1"; }
+        # the user hears about ranks, not about loom's bootstrap store
+        ! grep -v "^srun:" "kill$comm.log" | grep -qiw store ||
+            { show "kill$comm.log"; fail "$comm: a killed task is reported in terms of the store"; }
         rm -f pid.0 pid.1
     done
     ;;
