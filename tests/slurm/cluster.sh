@@ -15,7 +15,8 @@
 # slurm_free_port: a TCP port nobody listens on now
 slurm_free_port() {
     if command -v python3 > /dev/null 2>&1; then
-        python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+        python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
     else
         # no python: a port from a pid-dependent range, tried until unused
         slurm_port=$((30000 + ($$ * 7 + ${1:-0} * 13) % 20000))
@@ -46,8 +47,11 @@ slurm_up() {
     [ "$(id -u)" = 0 ] || { echo "slurm_up: the Slurm and munge daemons need root" >&2; return 1; }
     for slurm_bin in munged slurmctld slurmd srun sbatch salloc sinfo scontrol scancel; do
         command -v "$slurm_bin" > /dev/null 2>&1 || PATH=$PATH:/usr/sbin
-        command -v "$slurm_bin" > /dev/null 2>&1 ||
-            { echo "slurm_up: $slurm_bin is not installed (scripts/setup.sh installs slurm-wlm and munge)" >&2; return 1; }
+        if ! command -v "$slurm_bin" > /dev/null 2>&1; then
+            echo "slurm_up: $slurm_bin is not installed" \
+                "(scripts/setup.sh installs slurm-wlm and munge)" >&2
+            return 1
+        fi
     done
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" || return 1
     # munged refuses a key or socket folder others can write to
@@ -119,21 +123,27 @@ EOF
         { cat "$SLURM_DIR/slurmd.out" >&2; slurm_fail "slurmd did not start"; return 1; }
 
     # bounded: the node is idle within a few seconds, or something is wrong
-    slurm_waited=0
+    slurm_waited=0 # tenths of a second
     while :; do
         slurm_state=$(sinfo -h -N -n "$slurm_host" -o %t 2> /dev/null | head -n 1)
-        [ "$slurm_state" = idle ] && break
-        [ "$slurm_waited" -ge 30 ] &&
-            { slurm_fail "node $slurm_host is not idle after 30 s (sinfo says '${slurm_state:-nothing}')"; return 1; }
+        [ "$slurm_state" = idle ] && return 0
+        if [ "$slurm_waited" -ge 300 ]; then
+            slurm_fail "node $slurm_host is not idle after 30 s" \
+                "(sinfo says '${slurm_state:-nothing}')"
+            return 1
+        fi
+        # a daemon writes its pid file once it runs: give it 2 s to
         for slurm_daemon in slurmctld slurmd; do
             slurm_pid=$(cat "$SLURM_DIR/$slurm_daemon.pid" 2> /dev/null)
-            [ -n "$slurm_pid" ] && kill -0 "$slurm_pid" 2> /dev/null ||
-                { [ "$slurm_waited" -lt 2 ] || { slurm_fail "$slurm_daemon died"; return 1; }; }
+            if [ "$slurm_waited" -ge 20 ] &&
+                { [ -z "$slurm_pid" ] || ! kill -0 "$slurm_pid" 2> /dev/null; }; then
+                slurm_fail "$slurm_daemon died"
+                return 1
+            fi
         done
-        sleep 1
-        slurm_waited=$((slurm_waited + 1))
+        sleep 0.2
+        slurm_waited=$((slurm_waited + 2))
     done
-    return 0
 }
 
 # slurm_batch [SBATCH OPTIONS] SCRIPT: sbatch SCRIPT and wait for the job
@@ -195,7 +205,8 @@ slurm_down() {
         SLURM_CONF="$1/slurm.conf" scancel --full --quiet --user=root > /dev/null 2>&1 || true
         # slurmstepd ends a cancelled job's tasks: give it a moment
         slurm_n=0
-        while [ -n "$(SLURM_CONF="$1/slurm.conf" squeue -h -o %i 2> /dev/null)" ] && [ "$slurm_n" -lt 20 ]; do
+        while [ "$slurm_n" -lt 20 ] &&
+            [ -n "$(SLURM_CONF="$1/slurm.conf" squeue -h -o %i 2> /dev/null)" ]; do
             sleep 0.5
             slurm_n=$((slurm_n + 1))
         done

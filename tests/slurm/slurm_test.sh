@@ -47,6 +47,11 @@ slurm_up "$TMP/cluster" || skip "the Slurm daemons did not start; the end of the
 export OMP_NUM_THREADS=1
 SETS="--set train.steps=6 --set comm.timeout_s=30"
 
+# has FILE PATTERN WHAT: FILE has a line matching PATTERN, or the test
+# fails saying WHAT is missing; lacks FILE PATTERN WHAT: the opposite
+has() { grep -q -- "$2" "$1" || { show "$1"; fail "$3"; }; }
+lacks() { ! grep -q -- "$2" "$1" || { show "$1"; fail "$3"; }; }
+
 # srun_train NAME RANKS "SRUN OPTIONS" [--set ...]: srun -n RANKS loom train
 # as a dp group of RANKS; rank 0's metrics in NAME.jsonl, everything said in
 # NAME.log. LOOM_OPTS: loom's own options (-v).
@@ -54,8 +59,9 @@ srun_train() {
     st_name=$1; st_ranks=$2; st_opts=$3; shift 3
     # shellcheck disable=SC2086
     timeout 120 srun $st_opts -n "$st_ranks" "$LOOM" ${LOOM_OPTS:-} train "$CFG" \
-        --set data.train="$DATA" --set parallel.dp.size="$st_ranks" --metrics "$st_name.jsonl" \
-        "$@" > "$st_name.log" 2>&1 || { show "$st_name.log"; fail "srun $st_opts -n $st_ranks failed"; }
+        --set data.train="$DATA" --set parallel.dp.size="$st_ranks" \
+        --metrics "$st_name.jsonl" "$@" > "$st_name.log" 2>&1 ||
+        { show "$st_name.log"; fail "srun $st_opts -n $st_ranks failed"; }
 }
 
 # elapsed_since T0: whole seconds since T0 (date +%s)
@@ -71,10 +77,8 @@ srun)
     # shellcheck disable=SC2086
     srun_train auto 2 "" $SETS --set comm.default=auto
     compare ref auto 1e-6
-    grep -q "launch environment: SLURM" ucx.log ||
-        { show ucx.log; fail "loom -v train under srun does not say 'launch environment: SLURM'"; }
-    grep -q "^ranks: 2 from Slurm (SLURM_PROCID)" ucx.log ||
-        { show ucx.log; fail "the header does not say 'ranks: 2 from Slurm (SLURM_PROCID)'"; }
+    has ucx.log "launch environment: SLURM" "loom -v train does not say 'launch environment: SLURM'"
+    has ucx.log "^ranks: 2 from Slurm (SLURM_PROCID)" "the header does not name Slurm as the source"
     ;;
 overcommit)
     # shellcheck disable=SC2086
@@ -82,7 +86,7 @@ overcommit)
     # shellcheck disable=SC2086
     srun_train over 4 --overcommit $SETS --set comm.default=ucx
     compare ref over 1e-6
-    grep -q "^ranks: 4 from Slurm (SLURM_PROCID)" over.log || { show over.log; fail "not 4 ranks from Slurm"; }
+    has over.log "^ranks: 4 from Slurm (SLURM_PROCID)" "not 4 ranks from Slurm"
     ;;
 sbatch)
     # docs/slurm.md's job script as written, with `loom` and train.cfg
@@ -90,7 +94,7 @@ sbatch)
     awk '/<!-- job script -->/ { mark = 1; next }
          mark && /^```/ { if (inside) exit; inside = 1; next }
          inside { print }' "$SRC/docs/slurm.md" > job.sh
-    grep -q "^srun " job.sh || { show job.sh; fail "no job script (with an srun line) in docs/slurm.md"; }
+    has job.sh "^srun " "docs/slurm.md has no job script with an srun line after its marker"
     mkdir bin
     ln -s "$LOOM" bin/loom
     cp "$CFG" train.cfg
@@ -99,9 +103,10 @@ sbatch)
     run ref 2 --set comm.default=ucx
     PATH=$TMP/bin:$PATH slurm_batch job.sh > sbatch.log 2>&1 ||
         { show sbatch.log; cat loom-*.out; fail "sbatch job.sh failed"; }
-    [ -f metrics.jsonl ] || { show job.sh; cat loom-*.out; fail "the job script wrote no metrics.jsonl"; }
+    cat loom-*.out > job.log
+    [ -f metrics.jsonl ] || { show job.log; fail "the job script wrote no metrics.jsonl"; }
     compare ref metrics 1e-6
-    grep -q "^ranks: 2 from Slurm (SLURM_PROCID)" loom-*.out || { cat loom-*.out; fail "not 2 ranks from Slurm"; }
+    has job.log "^ranks: 2 from Slurm (SLURM_PROCID)" "not 2 ranks from Slurm"
     ;;
 pmix)
     srun --mpi=list > mpi.txt 2>&1 || true
@@ -116,49 +121,52 @@ mpi_plain)
     # shellcheck disable=SC2086
     run ref 2 $SETS --set comm.default=mpi
     # shellcheck disable=SC2086
-    if timeout 120 srun -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
-        $SETS --set comm.default=mpi --metrics plain.jsonl > plain.log 2>&1; then
+    if timeout 120 srun -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set parallel.dp.size=2 $SETS --set comm.default=mpi --metrics plain.jsonl \
+        > plain.log 2>&1; then
         compare ref plain 1e-6
     else
-        grep -q -- "--mpi=pmix" plain.log ||
-            { show plain.log; fail "plain srun over comm-mpi failed without a line saying --mpi=pmix"; }
+        has plain.log "--mpi=pmix" "plain srun over comm-mpi failed without saying --mpi=pmix"
         echo "$TEST: refused, saying: $(grep -- "--mpi=pmix" plain.log | head -n 1)"
     fi
-    ! grep -q -e "MPI_ERRORS_ARE_FATAL" -e "OMPI was not built" plain.log ||
-        { show plain.log; fail "Open MPI aborted under plain srun"; }
+    lacks plain.log "MPI_ERRORS_ARE_FATAL" "Open MPI aborted under plain srun"
+    lacks plain.log "OMPI was not built" "Open MPI aborted under plain srun"
     ;;
 launch)
     for comm in ucx mpi; do
         # shellcheck disable=SC2086
         run "ref$comm" 2 $SETS --set comm.default=$comm
         # shellcheck disable=SC2086
-        timeout 120 srun -N1 -n1 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
-            --set parallel.dp.size=2 $SETS --set comm.default=$comm --metrics "$comm.jsonl" \
-            > "$comm.log" 2>&1 || { show "$comm.log"; fail "srun -N1 -n1 loom launch -n 2 over $comm failed"; }
+        timeout 120 srun -N1 -n1 "$LOOM" launch -n 2 -- "$LOOM" train "$CFG" \
+            --set data.train="$DATA" --set parallel.dp.size=2 $SETS --set comm.default=$comm \
+            --metrics "$comm.jsonl" > "$comm.log" 2>&1 ||
+            { show "$comm.log"; fail "srun -N1 -n1 loom launch -n 2 over $comm failed"; }
         compare "ref$comm" "$comm" 1e-6
         # loom launch gives its ranks an environment of their own: the
         # step's one-task Slurm variables must not reach them
-        ! grep -q "warning: bootstrap" "$comm.log" ||
-            { show "$comm.log"; fail "loom launch's ranks saw the Slurm step's variables"; }
+        lacks "$comm.log" "warning: bootstrap" "loom launch's ranks saw the Slurm step's variables"
     done
     # one loom launch per node: two on one node is refused before any rank starts
     t0=$(date +%s)
     ! timeout 60 srun -n 2 "$LOOM" launch -n 1 -- "$LOOM" train "$CFG" --set data.train="$DATA" \
         > twice.log 2>&1 || { show twice.log; fail "two copies of loom launch on one node ran"; }
-    grep -q "loom launch: .*once per node" twice.log || { show twice.log; fail "no line saying once per node"; }
-    [ "$(elapsed_since "$t0")" -le 10 ] || fail "two copies of loom launch took $(elapsed_since "$t0") s to be refused"
+    took=$(elapsed_since "$t0")
+    has twice.log "loom launch: .*once per node" "no line saying loom launch runs once per node"
+    [ "$took" -le 10 ] || fail "two copies of loom launch on one node took $took s to be refused"
     ;;
 kill)
     for comm in ucx mpi; do
+        log=kill$comm.log
         # each task writes its pid, then becomes loom train
         # shellcheck disable=SC2016
-        timeout 120 srun -n 2 sh -c 'echo $$ > pid.$SLURM_PROCID; exec "$0" "$@"' "$LOOM" train "$CFG" \
-            --set data.train="$DATA" --set parallel.dp.size=2 --set train.steps=1000000 \
-            --set comm.timeout_s=10 --set comm.default="$comm" > "kill$comm.log" 2>&1 &
+        timeout 120 srun -n 2 sh -c 'echo $$ > pid.$SLURM_PROCID; exec "$0" "$@"' \
+            "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+            --set train.steps=1000000 --set comm.timeout_s=10 --set comm.default="$comm" \
+            > "$log" 2>&1 &
         step=$!
         n=0
-        until grep -q "step  *3/" "kill$comm.log" 2> /dev/null && [ -s pid.1 ]; do
-            [ "$n" -lt 300 ] || { show "kill$comm.log"; fail "the $comm run did not reach step 3"; }
+        until grep -q "step  *3/" "$log" 2> /dev/null && [ -s pid.1 ]; do
+            [ "$n" -lt 300 ] || { show "$log"; fail "the $comm run did not reach step 3"; }
             sleep 0.1
             n=$((n + 1))
         done
@@ -167,29 +175,32 @@ kill)
         rc=0
         wait "$step" || rc=$?
         took=$(elapsed_since "$t0")
-        echo "$TEST: $comm: srun ended $took s after rank 1 was killed (comm.timeout_s = 10), status $rc"
-        [ "$rc" != 0 ] || { show "kill$comm.log"; fail "srun succeeded although rank 1 was killed"; }
-        [ "$rc" != 124 ] && [ "$took" -le 20 ] ||
-            { show "kill$comm.log"; fail "$comm: srun took $took s to end after rank 1 was killed"; }
+        echo "$TEST: $comm: srun ended $took s after rank 1 was killed" \
+            "(comm.timeout_s = 10), status $rc"
+        [ "$rc" != 0 ] || { show "$log"; fail "srun succeeded although rank 1 was killed"; }
+        if [ "$rc" = 124 ] || [ "$took" -gt 20 ]; then
+            show "$log"
+            fail "$comm: srun took $took s to end after rank 1 was killed"
+        fi
         # rank 0's words, not srun's or rank 1's own
-        grep -v -e "^srun:" -e "^\[rank 1\]" "kill$comm.log" | grep -q "rank 1\([^0-9]\|$\)" ||
-            { show "kill$comm.log"; fail "$comm: rank 0 does not name rank 1"; }
+        grep -v -e "^srun:" -e "^\[rank 1\]" "$log" > rank0.log
+        has rank0.log "rank 1\([^0-9]\|$\)" "$comm: rank 0 does not name rank 1"
         # UCX's complaint about the send the dead rank never took is noise
-        ! grep -q "was not returned to mpool" "kill$comm.log" ||
-            { show "kill$comm.log"; fail "$comm: UCX's request-leak warning is shown"; }
+        lacks "$log" "was not returned to mpool" "$comm: UCX's request-leak warning is shown"
         # the user hears about ranks, not about loom's bootstrap store
-        ! grep -v "^srun:" "kill$comm.log" | grep -qiw store ||
-            { show "kill$comm.log"; fail "$comm: a killed task is reported in terms of the store"; }
+        ! grep -qiw store rank0.log ||
+            { show "$log"; fail "$comm: a killed task is reported in terms of the store"; }
         rm -f pid.0 pid.1
     done
     ;;
 refuse)
     # the allocation's shell: SLURM_NTASKS=2 but no step
     t0=$(date +%s)
-    ! timeout 60 salloc -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
-        > salloc.log 2>&1 || { show salloc.log; fail "loom train in a salloc shell succeeded"; }
+    ! timeout 60 salloc -n 2 "$LOOM" train "$CFG" --set data.train="$DATA" \
+        --set parallel.dp.size=2 > salloc.log 2>&1 ||
+        { show salloc.log; fail "loom train in a salloc shell succeeded"; }
     took=$(elapsed_since "$t0")
-    grep "loom train" salloc.log | grep -q srun || { show salloc.log; fail "salloc: no line saying srun"; }
+    has salloc.log "^loom train: .*srun" "salloc: no line from loom train saying srun"
     [ "$took" -le 10 ] || { show salloc.log; fail "salloc: refused only after $took s"; }
     # a batch script: SLURM_PROCID=0 of SLURM_NTASKS=2, no step either; it
     # times loom train itself (the job's queueing is not loom's)
@@ -201,18 +212,18 @@ echo "took \$((\$(date +%s) - t0)) s"
 exit 3
 EOF
     ! slurm_batch -n 2 -o nosrun.out nosrun.sh > sbatch.log 2>&1 ||
-        { show sbatch.log; show nosrun.out; fail "loom train in a batch script without srun succeeded"; }
-    grep "loom train" nosrun.out | grep -q srun || { show nosrun.out; fail "sbatch: no line saying srun"; }
+        { show nosrun.out; fail "loom train in a batch script without srun succeeded"; }
+    has nosrun.out "^loom train: .*srun" "sbatch: no line from loom train saying srun"
     took=$(sed -n 's/^took \([0-9]*\) s$/\1/p' nosrun.out)
-    [ -n "$took" ] && [ "$took" -le 10 ] || { show nosrun.out; fail "sbatch: refused only after ${took:-?} s"; }
+    [ "${took:-99}" -le 10 ] || { show nosrun.out; fail "sbatch: refused only after ${took:-?} s"; }
     ;;
 conflict)
     RANK=1 WORLD_SIZE=2 timeout 60 srun -n 1 "$LOOM" train "$CFG" --set data.train="$DATA" \
         --set train.steps=2 --metrics one.jsonl > conflict.log 2>&1 ||
         { show conflict.log; fail "a one-task step with RANK=1 WORLD_SIZE=2 set failed"; }
-    grep "warning" conflict.log | grep "SLURM_PROCID" | grep -q "\([^_A-Z]\|^\)RANK" ||
-        { show conflict.log; fail "no warning naming both RANK and SLURM_PROCID"; }
-    grep -q "^ranks: 1 from Slurm (SLURM_PROCID)" conflict.log || { show conflict.log; fail "not Slurm's rank"; }
+    has conflict.log "warning: .*SLURM_PROCID.*[^_A-Z]RANK=1" \
+        "no warning naming both SLURM_PROCID and RANK"
+    has conflict.log "^ranks: 1 from Slurm (SLURM_PROCID)" "Slurm's rank was not the one used"
     ;;
 *)
     fail "unknown mode $MODE"
