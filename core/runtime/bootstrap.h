@@ -42,6 +42,10 @@ const char *loom_launch_binding(void);
 typedef struct loom_store loom_store;
 int loom_store_open(const loom_launch_env *env, double timeout_s, loom_store **out);
 void loom_store_close(loom_store *store);
+/* The job failed here (an op failed, a peer stopped or died): from now on
+ * replies are waited for only briefly, and rank 0's close waits only a
+ * moment for the ranks still open, and does not warn about them. */
+void loom_store_job_failed(loom_store *store);
 /* The store port derived from the launcher's job identity (as above); 0
  * outside a launcher's job. */
 int loom_store_job_port(void);

@@ -134,6 +134,14 @@ static unsigned groups_buried;
  * requests left at a group's destroy are expected, not a misuse. */
 static atomic_int an_op_failed;
 
+/* An op failed: the job is going down, and a rank that stopped will never
+ * answer, so from now on nothing waits long on the bootstrap store. */
+static void note_op_failed(const loom_group *g)
+{
+    atomic_store(&an_op_failed, 1);
+    loom_store_job_failed(loom_runtime_store(g->rt));
+}
+
 /* The groups over a backend, so the core finds the group of a loom_comm a
  * backend hands back (comm_waiting) from any thread. */
 static pthread_mutex_t backed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -715,7 +723,7 @@ static int issued(loom_group *g, op_start *st, loom_comm_request *inner, loom_re
 /* The backend refused to post it (or its buffers could not be staged). */
 static int post_failed(loom_group *g, op_start *st, int rc)
 {
-    atomic_store(&an_op_failed, 1);
+    note_op_failed(g);
     staging_free(&st->stage);
     loom_flight_mark(g->flight, st->ticket, LOOM_FLIGHT_FAILED);
     return rc;
@@ -1173,8 +1181,8 @@ static double now_s(void) { return (double)loom_now_ns() / 1e9; }
 /* The store runs on a thread of rank 0, so when it does not answer, rank 0
  * as a whole does not run: that rank is named, not "unknown". */
 static const char rank0_silent[] =
-    "rank 0 does not answer (its bootstrap store timed out): it is stopped, hung or gone, and "
-    "may be the rank that did not arrive; whether the others did is unknown";
+    "rank 0 does not answer (the ranks report to it while they wait): it is stopped, hung or "
+    "gone, and may be the rank that did not arrive; whether the others did is unknown";
 
 static void sleep_s(double s)
 {
@@ -1228,7 +1236,7 @@ static void diagnose_collective(loom_group *g, uint64_t seq, char *why, size_t c
         size_t len = strnlen(why, cap);
         if (lost && len < cap)
             snprintf(why + len, cap - len,
-                     " (rank 0, the bootstrap store, went away while the ranks reported)");
+                     " (rank 0 went away while the ranks reported)");
     }
     free(got);
 }
@@ -1273,6 +1281,8 @@ static int timed_out(loom_request *r)
     loom_group *g = r->group;
     char said[2048], why[sizeof g->timeout_why];
     snprintf(said, sizeof said, "%s", loom_last_error());
+    /* before the diagnosis: a stopped rank 0 must not hold it a timeout more */
+    note_op_failed(g);
     loom_flight_mark(g->flight, r->ticket, LOOM_FLIGHT_FAILED);
     dump_once();
     pthread_mutex_lock(&backed_lock); /* requests of g may be waited on from several threads */
@@ -1318,7 +1328,7 @@ static int g_test(loom_request *r)
         loom_flight_mark(r->group->flight, r->ticket,
                          rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
         if (rc != LOOM_OK)
-            atomic_store(&an_op_failed, 1);
+            note_op_failed(r->group);
         finished(r);
     }
     return rc;
@@ -1345,7 +1355,7 @@ static int g_wait(loom_request *r)
         rc = unstage(r->op, &r->stage);
     loom_flight_mark(fg, r->ticket, rc == LOOM_OK ? LOOM_FLIGHT_COMPLETED : LOOM_FLIGHT_FAILED);
     if (rc != LOOM_OK)
-        atomic_store(&an_op_failed, 1);
+        note_op_failed(r->group);
     finished(r);
     return rc;
 }

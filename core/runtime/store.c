@@ -44,6 +44,11 @@
 #define SLICE_MS 100
 #define DEFAULT_PORT 29500
 #define DEFAULT_TIMEOUT_S 30.0
+/* Once the job failed (loom_store_job_failed), nobody waits a whole
+ * timeout on the store any more: not a rank for a stopped rank 0's answer,
+ * nor rank 0 for a stopped rank to close. The live ranks answer, say which
+ * ranks did not arrive and close in far less. */
+#define FAILED_WAIT_S 2.0
 /* A HELLO answered with this status should be retried: the server there
  * belongs to an earlier (or later) opening of the store by rank 0. */
 #define STATUS_RETRY LOOM_IN_PROGRESS
@@ -419,6 +424,7 @@ typedef struct store_server {
     unsigned char *rank_state;
     int stopping;
     uint64_t stop_deadline;
+    atomic_uint_least64_t failed_at; /* loom_now_ns of the job's failure; 0: none */
 } store_server;
 
 static void server_reply(store_server *sv, server_conn *c, int status, const void *v1, size_t n1,
@@ -836,6 +842,19 @@ static int server_all_left(const store_server *sv)
     return 1;
 }
 
+/* Until when rank 0's close waits for the others to close: a clean exit
+ * gives them the store's timeout, since they may still be reading from it;
+ * in a failed job the live ranks fail about when rank 0 did and report
+ * within FAILED_WAIT_S of it, so the wait ends then. */
+static uint64_t server_close_deadline(const store_server *sv)
+{
+    uint64_t deadline = deadline_after(sv->timeout_s);
+    uint64_t failed_at = atomic_load(&sv->failed_at);
+    if (failed_at && failed_at + (uint64_t)(FAILED_WAIT_S * 1e9) < deadline)
+        deadline = failed_at + (uint64_t)(FAILED_WAIT_S * 1e9);
+    return deadline;
+}
+
 static void *server_main(void *arg)
 {
     store_server *sv = arg;
@@ -873,7 +892,7 @@ static void *server_main(void *arg)
                 char byte;
                 if (read(sv->wake[0], &byte, 1) >= 0 && !sv->stopping) {
                     sv->stopping = 1;
-                    sv->stop_deadline = deadline_after(sv->timeout_s);
+                    sv->stop_deadline = server_close_deadline(sv);
                 }
             }
             /* Connections first: accepting appends to conns, which would
@@ -896,10 +915,16 @@ static void *server_main(void *arg)
         char ranks[256] = "some ranks";
         if (still)
             loom_format_ranks(ranks, sizeof ranks, still, n);
-        loom_log(LOOM_LOG_WARN,
-                 "bootstrap: rank 0 stops serving the store after waiting %g s for %s to "
-                 "close it",
-                 sv->timeout_s, ranks);
+        /* After a failure the ranks that did not close are the ones the
+         * failure already named (stopped or gone): nothing new to say. */
+        if (atomic_load(&sv->failed_at))
+            loom_log(LOOM_LOG_DEBUG, "bootstrap: rank 0 exits without waiting longer for %s",
+                     ranks);
+        else
+            loom_log(LOOM_LOG_WARN,
+                     "rank 0 finished, but %s did not finish within %g s (comm.timeout_s) "
+                     "after it: stopped, hung or unreachable; rank 0 exits without %s",
+                     ranks, sv->timeout_s, n == 1 ? "it" : "them");
         free(still);
     }
     free(fds);
@@ -1050,6 +1075,7 @@ struct loom_store {
     int broken_status;    /* once the connection is unusable: why, for every */
     char broken[512];     /* later call */
     store_server *server; /* rank 0 only */
+    atomic_int job_failed;
 };
 
 typedef struct store_reply {
@@ -1065,8 +1091,17 @@ static const char *io_reason(int io, int err)
     return strerror(err);
 }
 
+/* How long a reply may take beyond the time the server may park the
+ * request: the store's timeout, or only a moment once the job failed. */
+static double reply_wait(const loom_store *s)
+{
+    if (atomic_load(&s->job_failed) && s->timeout_s > FAILED_WAIT_S)
+        return FAILED_WAIT_S;
+    return s->timeout_s;
+}
+
 /* One request and its reply. wait_ms is how long the server may park it;
- * the reply must come within that plus the store's timeout. */
+ * the reply must come within that plus reply_wait. */
 static int client_call(loom_store *s, int op, const char *key, uint32_t wait_ms, const void *value,
                        size_t len, store_reply *reply, const char *what)
 {
@@ -1095,7 +1130,8 @@ static int client_call(loom_store *s, int op, const char *key, uint32_t wait_ms,
     if (len)
         memcpy(msg + REQUEST_HEADER + key_len, value, len);
 
-    uint64_t deadline = deadline_after(wait_ms / 1000.0 + s->timeout_s);
+    double patience = reply_wait(s);
+    uint64_t deadline = deadline_after(wait_ms / 1000.0 + patience);
     int io = send_all(s->fd, msg, total, deadline);
     int err = errno;
     if (msg != small)
@@ -1128,7 +1164,7 @@ static int client_call(loom_store *s, int op, const char *key, uint32_t wait_ms,
             snprintf(s->broken, sizeof s->broken,
                      "bootstrap: the store served by rank 0 at %s did not answer %s within "
                      "%g s (is rank 0 stuck?)",
-                     s->addr.shown, what, s->timeout_s + wait_ms / 1000.0);
+                     s->addr.shown, what, patience + wait_ms / 1000.0);
         } else {
             s->broken_status = LOOM_ERR_REMOTE;
             snprintf(s->broken, sizeof s->broken,
@@ -1261,6 +1297,16 @@ int loom_store_open(const loom_launch_env *env, double timeout_s, loom_store **o
     }
     *out = s;
     return LOOM_OK;
+}
+
+void loom_store_job_failed(loom_store *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->job_failed, 1);
+    uint_least64_t none = 0;
+    if (s->server)
+        atomic_compare_exchange_strong(&s->server->failed_at, &none, loom_now_ns());
 }
 
 void loom_store_close(loom_store *s)

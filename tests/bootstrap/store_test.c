@@ -5,8 +5,13 @@
  *             others still use the store;
  *   missing   rank 2 skips a barrier: the others must be told "rank 2";
  *   lost      rank 0 exits without closing: the others must hear that the
- *             store is lost, fast. */
+ *             store is lost, fast;
+ *   failed_close  the job failed and rank 2 keeps its store open: rank 0's
+ *             close waits a moment for it, not the store's timeout;
+ *   failed_reply  the job failed and rank 0 is stopped (SIGSTOP): a call
+ *             gives up after a moment, not the store's timeout. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,10 +207,72 @@ static void lost(loom_store *s)
     CHECK(rc == LOOM_ERR_REMOTE, "put after loss gave %s", loom_status_string(rc));
 }
 
+/* Rank 2 holds its store open past rank 0's close, as a stopped rank would. */
+static void failed_close(loom_store **s)
+{
+    CHECK(loom_store_barrier(*s, "up", 10.0) == LOOM_OK, "barrier up");
+    if (env.rank == 2) {
+        sleep_s(6.0);
+    } else if (env.rank == 0) {
+        loom_store_job_failed(*s);
+        double t0 = seconds();
+        loom_store_close(*s);
+        *s = NULL;
+        CHECK(seconds() - t0 < 3.5, "rank 0's close after a failure took %.2f s, want ~2",
+              seconds() - t0);
+    }
+}
+
+/* Whether process pid is stopped, within 2 s: a signal lands a little after
+ * kill returns. */
+static int wait_stopped(int pid)
+{
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    for (int i = 0; i < 200; i++) {
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+        if (f)
+            fclose(f);
+        stat[len] = '\0';
+        const char *close = strrchr(stat, ')');
+        if (close && close[1] == ' ' && close[2] == 'T')
+            return 1;
+        sleep_s(0.01);
+    }
+    return 0;
+}
+
+static void failed_reply(loom_store *s)
+{
+    int pid = (int)getpid();
+    if (env.rank == 0)
+        CHECK(loom_store_put(s, "pid0", &pid, sizeof pid) == LOOM_OK, "put pid0");
+    CHECK(loom_store_barrier(s, "up", 10.0) == LOOM_OK, "barrier up");
+    if (env.rank == 0) {
+        sleep_s(5.0); /* stopped for a while in here */
+        return;
+    }
+    if (env.rank != 1)
+        return;
+    size_t len = 0;
+    CHECK(loom_store_get(s, "pid0", &pid, sizeof pid, &len, 10.0) == LOOM_OK, "get pid0");
+    kill(pid, SIGSTOP);
+    CHECK(wait_stopped(pid), "rank 0 (pid %d) did not stop", pid);
+    loom_store_job_failed(s);
+    double t0 = seconds();
+    int64_t v;
+    int rc = loom_store_add(s, "count", 1, &v);
+    double took = seconds() - t0;
+    kill(pid, SIGCONT);
+    CHECK(rc == LOOM_ERR_TIMEOUT, "add to a stopped rank 0 gave %s", loom_status_string(rc));
+    CHECK(took < 3.5, "add to a stopped rank 0 after a failure took %.2f s, want ~2", took);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: store_test basic|missing|lost\n");
+        fprintf(stderr, "usage: store_test basic|missing|lost|failed_close|failed_reply\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -240,6 +307,10 @@ int main(int argc, char **argv)
         missing(s);
     } else if (!strcmp(mode, "lost")) {
         lost(s);
+    } else if (!strcmp(mode, "failed_close")) {
+        failed_close(&s);
+    } else if (!strcmp(mode, "failed_reply")) {
+        failed_reply(s);
     } else {
         fprintf(stderr, "store_test: unknown mode %s\n", mode);
         return 2;

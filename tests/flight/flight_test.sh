@@ -75,7 +75,7 @@ stopped_ucx)
 stopped_rank0)
     stopped 0 mpi
     # the ranks that timed out name rank 0 too
-    grep -q "rank 0 does not answer (its bootstrap store timed out): it is stopped, hung or gone" out ||
+    grep -q "rank 0 does not answer (the ranks report to it while they wait): it is stopped, hung or gone" out ||
         fail "no rank named rank 0"
     if grep -q "unreachable" out; then fail "rank 0 reported as unreachable"; fi ;;
 sigusr1)
