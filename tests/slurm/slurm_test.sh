@@ -1,7 +1,8 @@
 #!/bin/sh
-# loom under a real Slurm: a private one-node cluster (cluster.sh) under
-# this test's scratch folder, and one way of starting the ranks per MODE,
-# each held to the losses of the same job under loom launch.
+# loom under a real Slurm: a private cluster (cluster.sh: one node, or two
+# on network namespaces) under this test's scratch folder, and one way of
+# starting the ranks per MODE, each held to the losses of the same job
+# under loom launch.
 #   usage: slurm_test.sh LOOM SOURCE_DIR MODE
 #   srun        srun -n 2 loom train over comm-ucx and auto; the header names Slurm
 #   overcommit  srun -n 4 --overcommit: 4 ranks on 2 cpus
@@ -16,6 +17,11 @@
 #               srun fails at once, pointing at srun
 #   conflict    torchrun's RANK=1 WORLD_SIZE=2 inside a one-task step: a
 #               warning naming both launchers' variables
+#   twonode     a two-node cluster (two network namespaces): srun -N2 -n4
+#               loom train, and srun -N2 --ntasks-per-node=1 loom launch -n 2
+#               taking --nnodes, --node-rank and --master from Slurm, over
+#               comm-ucx and comm-mpi; the two launchers bind their ranks to
+#               different cpus
 set -eu
 LOOM=$1
 SRC=$2
@@ -41,7 +47,10 @@ for program in munged slurmctld slurmd srun sbatch salloc; do
     command -v "$program" > /dev/null 2>&1 || [ -x "/usr/sbin/$program" ] ||
         skip "$program is not installed (scripts/setup.sh installs slurm-wlm and munge)"
 done
-slurm_up "$TMP/cluster" || skip "the Slurm daemons did not start; the end of their logs is above"
+NODES=1
+[ "$MODE" = twonode ] && NODES=2
+slurm_up "$TMP/cluster" "$NODES" ||
+    skip "the Slurm cluster did not start; the reason and the end of its logs are above"
 
 # every rank single-threaded: 2 cores for up to 4 ranks
 export OMP_NUM_THREADS=1
@@ -224,6 +233,41 @@ conflict)
     has conflict.log "warning: .*SLURM_PROCID.*[^_A-Z]RANK=1" \
         "no warning naming both SLURM_PROCID and RANK"
     has conflict.log "^ranks: 1 from Slurm (SLURM_PROCID)" "Slurm's rank was not the one used"
+    ;;
+twonode)
+    # srun, sinfo and the others run on the first node ($SLURM_ON_FIRST)
+    for comm in ucx mpi; do
+        # shellcheck disable=SC2086
+        run "ref$comm" 4 $SETS --set comm.default=$comm
+        # shellcheck disable=SC2086
+        $SLURM_ON_FIRST timeout 120 srun -N2 --ntasks-per-node=2 "$LOOM" train "$CFG" \
+            --set data.train="$DATA" --set parallel.dp.size=4 $SETS --set comm.default=$comm \
+            --metrics "srun$comm.jsonl" > "srun$comm.log" 2>&1 ||
+            { show "srun$comm.log"; fail "srun -N2 -n4 over $comm failed"; }
+        compare "ref$comm" "srun$comm" 1e-6
+        has "srun$comm.log" "^ranks: 4 from Slurm (SLURM_PROCID)" "not 4 ranks from Slurm"
+        # shellcheck disable=SC2086
+        $SLURM_ON_FIRST timeout 120 srun -N2 --ntasks-per-node=1 "$LOOM" launch -v -n 2 -- \
+            "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=4 $SETS \
+            --set comm.default=$comm --metrics "launch$comm.jsonl" > "launch$comm.log" 2>&1 ||
+            { show "launch$comm.log"; fail "srun -N2 loom launch -n 2 over $comm failed"; }
+        compare "ref$comm" "launch$comm" 1e-6
+        for node in 0 1; do
+            derived="--nnodes 2 --node-rank $node --master [0-9.]*\.1:[0-9]*$"
+            has "launch$comm.log" "^loom launch: from Slurm: $derived" \
+                "node $node's loom launch did not take its flags from Slurm"
+        done
+    done
+    # one rank per launcher, two launchers on one machine: their own cpus each
+    if [ "$(nproc)" -ge 2 ]; then
+        $SLURM_ON_FIRST timeout 120 srun -N2 --ntasks-per-node=1 "$LOOM" launch -v -n 1 -- \
+            "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \
+            --set train.steps=2 --set comm.default=ucx > bind.log 2>&1 ||
+            { show bind.log; fail "srun -N2 loom launch -n 1 failed"; }
+        cpus=$(sed -n 's/^loom launch: bound rank [01] to cpu \([0-9]*\)$/\1/p' bind.log | sort -u)
+        [ "$(echo "$cpus" | wc -w)" = 2 ] ||
+            { show bind.log; fail "the two launchers did not bind their ranks to two cpus"; }
+    fi
     ;;
 *)
     fail "unknown mode $MODE"
