@@ -65,7 +65,10 @@ slurm_on() {
 # namespaces of its own, as on another machine, with a /sys that lists the
 # node's network interfaces (UCX finds its devices there) and still has the
 # machine's cgroups (slurmd will not start without them), moved there
-# through CGROUP_DIR. Just COMMAND when NODE_NS is empty.
+# through CGROUP_DIR; a /dev/shm of its own (Open MPI names its
+# shared-memory files by host name, and both nodes are this host); and a
+# PMIx client folder of its own (CGROUP_DIR.pmix mounted on DIR/pmix).
+# Just COMMAND when NODE_NS is empty.
 slurm_node_start() {
     slurm_ns=$1
     slurm_cg=$2
@@ -73,8 +76,10 @@ slurm_node_start() {
     [ -n "$slurm_ns" ] || { "$@"; return; }
     # shellcheck disable=SC2016
     slurm_on "$slurm_ns" unshare --ipc --mount sh -c 'mount --make-rprivate / &&
-        mkdir -p "$0" && mount --rbind /sys/fs/cgroup "$0" && mount -t sysfs sysfs /sys &&
-        mount --move "$0" /sys/fs/cgroup && exec "$@"' "$slurm_cg" "$@"
+        mkdir -p "$0" "$0.pmix" && mount --bind "$0.pmix" "$1" &&
+        mount --rbind /sys/fs/cgroup "$0" && mount -t sysfs sysfs /sys &&
+        mount --move "$0" /sys/fs/cgroup && mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
+        shift && exec "$@"' "$slurm_cg" "$SLURM_DIR/pmix" "$@"
 }
 
 # slurm_netns DIR: two network namespaces, their names in DIR/netns (for
@@ -152,6 +157,12 @@ slurm_up() {
     slurm_d_port=$(slurm_free_port 2)
     while [ "$slurm_d_port" = "$slurm_ctld_port" ]; do slurm_d_port=$(slurm_free_port 3); done
     : > "$SLURM_DIR/plugstack.conf"
+    # Slurm's PMIx plugin makes each step's client folder under /tmp by
+    # default, named by job and step only: every private cluster counts
+    # jobs from 1, so two would collide there. Under DIR, each node's own
+    # (slurm_node_start mounts one there).
+    mkdir -p "$SLURM_DIR/pmix"
+    echo "PMIxCliTmpDirBase=$SLURM_DIR/pmix" > "$SLURM_DIR/mpi.conf"
     cat > "$SLURM_DIR/slurm.conf" << EOF
 ClusterName=$slurm_name
 SlurmctldHost=$slurm_host($slurm_ctld_addr)

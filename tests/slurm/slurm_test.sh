@@ -20,8 +20,8 @@
 #   twonode     a two-node cluster (two network namespaces): srun -N2 -n4
 #               loom train, and srun -N2 --ntasks-per-node=1 loom launch -n 2
 #               taking --nnodes, --node-rank and --master from Slurm, over
-#               comm-ucx and comm-mpi; the two launchers bind their ranks to
-#               different cpus
+#               comm-ucx and comm-mpi, srun --mpi=pmix -N2 -n4 over comm-mpi;
+#               the two launchers bind their ranks to different cpus
 set -eu
 LOOM=$1
 SRC=$2
@@ -258,6 +258,17 @@ twonode)
                 "node $node's loom launch did not take its flags from Slurm"
         done
     done
+    # Open MPI's own world across the nodes, from Slurm's PMIx
+    if $SLURM_ON_FIRST srun --mpi=list 2>&1 | grep -q pmix; then
+        # shellcheck disable=SC2086
+        $SLURM_ON_FIRST timeout 120 srun --mpi=pmix -N2 --ntasks-per-node=2 "$LOOM" train \
+            "$CFG" --set data.train="$DATA" --set parallel.dp.size=4 $SETS \
+            --set comm.default=mpi --metrics pmix.jsonl > pmix.log 2>&1 ||
+            { show pmix.log; fail "srun --mpi=pmix -N2 -n4 over mpi failed"; }
+        compare refmpi pmix 1e-6
+    else
+        echo "$TEST: srun --mpi=pmix not checked: this Slurm has no PMIx plugin"
+    fi
     # one rank per launcher, two launchers on one machine: their own cpus each
     if [ "$(nproc)" -ge 2 ]; then
         $SLURM_ON_FIRST timeout 120 srun -N2 --ntasks-per-node=1 "$LOOM" launch -v -n 1 -- \
