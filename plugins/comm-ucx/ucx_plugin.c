@@ -755,6 +755,9 @@ static int ucx_wait(loom_comm_request *r)
         /* Its messages may still arrive later, so the group cannot be trusted. */
         if (r->collective && r->comm)
             ucx_comm_fail(r->comm, LOOM_ERR_TIMEOUT, r->error);
+        /* a send or receive too: the peer may be stopped, and the teardown
+         * must not wait to flush messages to it */
+        ucx.failed = 1;
     }
     pthread_mutex_unlock(&ucx.lock);
     return finish(r);
