@@ -507,8 +507,8 @@ static int barrier_answer(store_server *sv, server_conn *c, const char *name, in
     } else if (nleft > 0) {
         loom_format_ranks(text, sizeof text, left, nleft);
         size_t n = strlen(text);
-        snprintf(text + n, sizeof text - n, " left the store without arriving (%s or died)",
-                 nleft == 1 ? "it closed its store" : "they closed their stores");
+        snprintf(text + n, sizeof text - n, " left without arriving (%s)",
+                 nleft == 1 ? "it finished or died" : "they finished or died");
         server_reply(sv, c, LOOM_ERR_REMOTE, gen, 8, text, strlen(text));
     } else if (final) {
         loom_format_ranks(text, sizeof text, missing, nmissing);
@@ -1412,7 +1412,8 @@ int loom_store_get(loom_store *s, const char *key, void *buf, size_t cap, size_t
             const char *left = (const char *)reply.value;
             rc = loom_fail(LOOM_ERR_TIMEOUT,
                            "bootstrap: key '%s' did not appear in the store within %g s%s%s%s", key,
-                           timeout_s, *left ? " (" : "", left, *left ? " left the store)" : "");
+                           timeout_s, *left ? " (" : "", left,
+                           *left ? " finished or died meanwhile)" : "");
             free(reply.value);
             return rc;
         }
