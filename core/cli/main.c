@@ -101,6 +101,25 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    /* `loom train CONFIG -v` means `loom -v train CONFIG`, for the commands
+     * whose own options have no -v (launch's and schedule's do); what
+     * follows a "--" is another command's. */
+    if (strcmp(name, "launch") && strcmp(name, "schedule")) {
+        int kept = first + 1;
+        for (int i = first + 1; i < argc; i++) {
+            if (!strcmp(argv[i], "--")) {
+                while (i < argc)
+                    argv[kept++] = argv[i++];
+                break;
+            }
+            if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose"))
+                be_verbose();
+            else
+                argv[kept++] = argv[i];
+        }
+        argc = kept;
+        argv[argc] = NULL;
+    }
     for (size_t i = 0; i < LOOM_ARRAY_LEN(commands); i++)
         if (!strcmp(name, commands[i].name))
             return commands[i].run(argc - first, argv + first);
