@@ -371,6 +371,7 @@ static void op_failed(loom_comm_request *r, const sop *o, ucs_status_t s, size_t
         r->dead_world = r->comm->group.world_ranks[o->peer];
         sched_fail(r, ucx_to_loom(s), "comm-ucx: %s: %s rank %s failed%s: %s", what,
                    is_send ? "sending to" : "receiving from", nm, step, ucs_status_string(s));
+        ucx.failed = 1; /* the teardown must not wait to flush messages to it */
     }
     /* A collective that broke half way leaves the group out of step. */
     if (r->collective && r->comm)
