@@ -8,6 +8,8 @@
  *             store is lost, fast;
  *   failed_close  the job failed and rank 2 keeps its store open: rank 0's
  *             close waits a moment for it, not the store's timeout;
+ *   clean_close   the same without a failure: rank 0 waits the timeout (the
+ *             others may still read) and then says which rank it leaves;
  *   failed_reply  the job failed and rank 0 is stopped (SIGSTOP): a call
  *             gives up after a moment, not the store's timeout. */
 #include <pthread.h>
@@ -208,18 +210,22 @@ static void lost(loom_store *s)
 }
 
 /* Rank 2 holds its store open past rank 0's close, as a stopped rank would. */
-static void failed_close(loom_store **s)
+static void held_open(loom_store **s, int failed)
 {
     CHECK(loom_store_barrier(*s, "up", 10.0) == LOOM_OK, "barrier up");
     if (env.rank == 2) {
-        sleep_s(6.0);
+        sleep_s(failed ? 6.0 : 11.0);
     } else if (env.rank == 0) {
-        loom_store_job_failed(*s);
+        if (failed)
+            loom_store_job_failed(*s);
         double t0 = seconds();
         loom_store_close(*s);
         *s = NULL;
-        CHECK(seconds() - t0 < 3.5, "rank 0's close after a failure took %.2f s, want ~2",
-              seconds() - t0);
+        double took = seconds() - t0;
+        if (failed)
+            CHECK(took < 3.5, "rank 0's close after a failure took %.2f s, want ~2", took);
+        else
+            CHECK(took > 9.5, "rank 0's clean close took %.2f s, want the timeout (10 s)", took);
     }
 }
 
@@ -272,7 +278,8 @@ static void failed_reply(loom_store *s)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: store_test basic|missing|lost|failed_close|failed_reply\n");
+        fprintf(stderr,
+                "usage: store_test basic|missing|lost|failed_close|clean_close|failed_reply\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -307,8 +314,8 @@ int main(int argc, char **argv)
         missing(s);
     } else if (!strcmp(mode, "lost")) {
         lost(s);
-    } else if (!strcmp(mode, "failed_close")) {
-        failed_close(&s);
+    } else if (!strcmp(mode, "failed_close") || !strcmp(mode, "clean_close")) {
+        held_open(&s, !strcmp(mode, "failed_close"));
     } else if (!strcmp(mode, "failed_reply")) {
         failed_reply(s);
     } else {
