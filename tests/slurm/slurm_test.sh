@@ -17,6 +17,9 @@
 #               srun fails at once, pointing at srun
 #   conflict    torchrun's RANK=1 WORLD_SIZE=2 inside a one-task step: a
 #               warning naming both launchers' variables
+#   mpirun      mpirun -np 2 inside an sbatch script, over comm-mpi and
+#               comm-ucx: Open MPI's ranks, and the batch step's Slurm
+#               variables are no conflict (no warning)
 #   twonode     a two-node cluster (two network namespaces): srun -N2 -n4
 #               loom train, and srun -N2 --ntasks-per-node=1 loom launch -n 2
 #               taking --nnodes, --node-rank and --master from Slurm, over
@@ -116,6 +119,24 @@ sbatch)
     [ -f metrics.jsonl ] || { show job.log; fail "the job script wrote no metrics.jsonl"; }
     compare ref metrics 1e-6
     has job.log "^ranks: 2 from Slurm (SLURM_PROCID)" "not 2 ranks from Slurm"
+    ;;
+mpirun)
+    for comm in mpi ucx; do
+        # shellcheck disable=SC2086
+        run "ref$comm" 2 $SETS --set comm.default=$comm
+        cat > "mpirun$comm.sh" << EOF
+#!/bin/sh
+exec mpirun -np 2 "$LOOM" train "$CFG" --set data.train="$DATA" --set parallel.dp.size=2 \\
+    $SETS --set comm.default=$comm --metrics "$TMP/mpirun$comm.jsonl"
+EOF
+        slurm_batch -n 2 -o "$TMP/mpirun$comm.log" "mpirun$comm.sh" > "sbatch$comm.log" 2>&1 ||
+            { show "sbatch$comm.log"; show "mpirun$comm.log"; fail "mpirun in sbatch over $comm failed"; }
+        compare "ref$comm" "mpirun$comm" 1e-6
+        has "mpirun$comm.log" "^ranks: 2 from Open MPI (OMPI_COMM_WORLD_RANK)" \
+            "the header does not name Open MPI as the source"
+        lacks "mpirun$comm.log" "warning: bootstrap" \
+            "the batch step's Slurm variables were taken for a conflict"
+    done
     ;;
 pmix)
     srun --mpi=list > mpi.txt 2>&1 || true
