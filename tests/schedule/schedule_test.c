@@ -285,27 +285,43 @@ static void case_describe(void)
 /* The clocks by hand: rank 0 F [0,1], send 0.5 -> [1,1.5]; rank 1 receives
  * at 1.5, F [1.5,2.5], B [2.5,4.5], sends the gradient [4.5,4.75]; rank 0
  * receives at 4.75, B [4.75,6.75]. Busy 3 + 3 of 2 × 6.75. */
-static void case_simulate(void)
+/* Two stages, one micro-batch, each rank's four actions timed: F 1, B 2,
+ * an activation's send 0.5, a gradient's 0.25. */
+static void make_timed(loom_schedule *s, double cost[LOOM_ACT_KIND_COUNT])
 {
     const char *lists[] = {"F0 sa0 rg0 B0", "ra0 F0 B0 sg0"};
-    loom_schedule s;
-    make(&s, "timed", 2, 1, 1, lists);
-    CHECK(loom_schedule_validate(&s) == LOOM_OK);
-    double cost[LOOM_ACT_KIND_COUNT] = {0};
+    make(s, "timed", 2, 1, 1, lists);
+    CHECK(loom_schedule_validate(s) == LOOM_OK);
+    for (int k = 0; k < LOOM_ACT_KIND_COUNT; k++)
+        cost[k] = 0.0;
     cost[LOOM_ACT_FORWARD] = 1.0;
     cost[LOOM_ACT_BACKWARD] = 2.0;
     cost[LOOM_ACT_SEND_ACTIVATION] = 0.5;
     cost[LOOM_ACT_SEND_GRADIENT] = 0.25;
+}
+
+/* Each action's start and end on both ranks of make_timed's schedule. */
+static void check_clocks(const loom_schedule_timeline *tl, const double start0[4],
+                         const double end0[4], const double start1[4], const double end1[4])
+{
+    for (int i = 0; i < 4; i++) {
+        CHECK_NEAR(tl->start[0][i], start0[i], 1e-12);
+        CHECK_NEAR(tl->end[0][i], end0[i], 1e-12);
+        CHECK_NEAR(tl->start[1][i], start1[i], 1e-12);
+        CHECK_NEAR(tl->end[1][i], end1[i], 1e-12);
+    }
+}
+
+static void case_simulate(void)
+{
+    loom_schedule s;
+    double cost[LOOM_ACT_KIND_COUNT];
+    make_timed(&s, cost);
     loom_schedule_timeline tl;
     CHECK(loom_schedule_simulate(&s, cost, &tl) == LOOM_OK);
     const double start0[] = {0, 1, 4.75, 4.75}, end0[] = {1, 1.5, 4.75, 6.75};
     const double start1[] = {1.5, 1.5, 2.5, 4.5}, end1[] = {1.5, 2.5, 4.5, 4.75};
-    for (int i = 0; i < 4; i++) {
-        CHECK_NEAR(tl.start[0][i], start0[i], 1e-12);
-        CHECK_NEAR(tl.end[0][i], end0[i], 1e-12);
-        CHECK_NEAR(tl.start[1][i], start1[i], 1e-12);
-        CHECK_NEAR(tl.end[1][i], end1[i], 1e-12);
-    }
+    check_clocks(&tl, start0, end0, start1, end1);
     CHECK_NEAR(tl.makespan, 6.75, 1e-12);
     CHECK_NEAR(tl.busy[0], 3.0, 1e-12);
     CHECK_NEAR(tl.bubble, 1.0 - 6.0 / 13.5, 1e-12);
@@ -336,27 +352,16 @@ static void case_simulate(void)
  * own cost still holds its rank, the latency does not. */
 static void case_transfers(void)
 {
-    const char *lists[] = {"F0 sa0 rg0 B0", "ra0 F0 B0 sg0"};
     loom_schedule s;
-    make(&s, "timed", 2, 1, 1, lists);
-    CHECK(loom_schedule_validate(&s) == LOOM_OK);
-    double cost[LOOM_ACT_KIND_COUNT] = {0};
-    cost[LOOM_ACT_FORWARD] = 1.0;
-    cost[LOOM_ACT_BACKWARD] = 2.0;
-    cost[LOOM_ACT_SEND_ACTIVATION] = 0.5;
-    cost[LOOM_ACT_SEND_GRADIENT] = 0.25;
+    double cost[LOOM_ACT_KIND_COUNT];
+    make_timed(&s, cost);
     loom_schedule_timeline tl;
     CHECK(loom_schedule_simulate_transfers(&s, cost, 1.0, &tl) == LOOM_OK);
     /* rank 0: F0 [0,1], sa0 [1,1.5]; rank 1: ra0 arrives 2.5, F0 [2.5,3.5],
      * B0 [3.5,5.5], sg0 [5.5,5.75]; rank 0: rg0 arrives 6.75, B0 [6.75,8.75] */
     const double start0[] = {0, 1, 6.75, 6.75}, end0[] = {1, 1.5, 6.75, 8.75};
     const double start1[] = {2.5, 2.5, 3.5, 5.5}, end1[] = {2.5, 3.5, 5.5, 5.75};
-    for (int i = 0; i < 4; i++) {
-        CHECK_NEAR(tl.start[0][i], start0[i], 1e-12);
-        CHECK_NEAR(tl.end[0][i], end0[i], 1e-12);
-        CHECK_NEAR(tl.start[1][i], start1[i], 1e-12);
-        CHECK_NEAR(tl.end[1][i], end1[i], 1e-12);
-    }
+    check_clocks(&tl, start0, end0, start1, end1);
     CHECK_NEAR(tl.arrival[1][0], 2.5, 1e-12);
     CHECK_NEAR(tl.arrival[0][2], 6.75, 1e-12);
     CHECK(tl.arrival[0][0] == 0.0 && tl.arrival[1][3] == 0.0);
