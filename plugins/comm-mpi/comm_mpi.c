@@ -2,10 +2,11 @@
  *
  * Every loom collective maps onto an MPI non-blocking collective on an MPI
  * communicator of its own. Two ways to get an MPI world:
- *  - under mpirun, MPI_COMM_WORLD is the job;
- *  - under `loom launch`, which starts independent processes, each process is
- *    an MPI singleton. Rank 0 runs ompi-server, every rank points MPI at it
- *    before MPI_Init, and the ranks join one at a time by connect/accept and
+ *  - under mpirun or `srun --mpi=pmix`, MPI_COMM_WORLD is the job;
+ *  - under `loom launch` (or plain srun, whose step Open MPI cannot join),
+ *    which starts independent processes, each process is an MPI singleton.
+ *    Rank 0 runs ompi-server, every rank points MPI at it before MPI_Init,
+ *    and the ranks join one at a time by connect/accept and
  *    MPI_Intercomm_merge, taking turns through the bootstrap store.
  *
  * MPI_Init and MPI_Finalize happen once per process, so the only state
@@ -684,9 +685,9 @@ static int process_start(const loom_host *host, const mpi_settings_t *s)
                            "comm-mpi: MPI in this process is unusable after an earlier failure "
                            "(see the first error)");
 
-    /* mpirun sets OMPI_COMM_WORLD_*; a PMIx/PMI direct launch (srun
-     * --mpi=pmix) sets PMIX_RANK or PMI_SIZE. Either way MPI_Init makes the
-     * world itself. */
+    /* mpirun sets OMPI_COMM_WORLD_*; a PMIx direct launch (srun
+     * --mpi=pmix) sets PMIX_RANK, a PMI one PMI_SIZE (pmi_launched). Either
+     * way MPI_Init makes the world itself. */
     int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || pmi_launched();
     MPI_Initialized(&flag);
     if (!flag && !mpi_launched && (getenv("SLURM_STEP_ID") || getenv("SLURM_NODELIST")))
